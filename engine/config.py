@@ -1,0 +1,82 @@
+"""Frozen engine configuration: one dataclass per concern, built once at start-up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+AttentionBackendName = Literal["torch", "triton", "auto"]
+PrefixCacheMode = Literal["hash", "radix", "off"]
+
+
+@dataclass(frozen=True)
+class ModelArchitecture:
+    """Shape of a Llama-family decoder, read from the model's own metadata."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    # HF-style rope scaling dict ({"rope_type": "llama3", "factor": ..., ...}) or None.
+    rope_scaling: tuple[tuple[str, float | str], ...] | None = None
+    attention_bias: bool = False
+    architecture: str = "llama"
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of K and V per token over all layers, for fp32 (scale for other dtypes)."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * 4
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which model to load and how to run it."""
+
+    path: str
+    dtype: torch.dtype = torch.float32
+    device: str = "cpu"
+    max_model_len: int | None = None  # None: the model's own context length
+    revision: str = ""  # part of the cache key; defaults to a digest of the file
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The paged KV pool: fixed-size blocks allocated once from a memory budget."""
+
+    block_size: int = 16
+    kv_cache_bytes: int | None = None  # explicit budget; wins over the fraction
+    memory_fraction: float = 0.25  # of free memory, when no explicit budget is given
+    num_blocks: int | None = None  # tests may pin the pool size directly
+    prefix_cache: PrefixCacheMode = "hash"
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Per-step token budget and queue bounds."""
+
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 64
+    max_waiting: int = 1024
+    max_n: int = 16
+    max_tokens_limit: int | None = None  # None: bounded by max_model_len only
+    prefill_chunk_size: int | None = None  # None: bounded by the token budget only
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs, frozen after construction."""
+
+    model: ModelConfig
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    attention_backend: AttentionBackendName = "auto"
+    seed: int = 0

@@ -1,0 +1,1 @@
+"""Llama-family models, their loaders (GGUF, Hugging Face folders) and tokenizers."""
