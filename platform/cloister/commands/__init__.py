@@ -1,0 +1,1 @@
+"""Subcommands of the `cloister` CLI; each module exposes `commands: list[click.Command]`."""

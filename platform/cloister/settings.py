@@ -1,0 +1,51 @@
+"""The one settings object: environment variables with the CLOISTER_ prefix, flags override."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEV_PEPPER = "cloister-development-pepper-change-me"
+
+
+class Settings(BaseSettings):
+    """Service settings. Built once at start-up and passed down; never mutated."""
+
+    model_config = SettingsConfigDict(env_prefix="CLOISTER_", frozen=True, extra="ignore")
+
+    environment: Literal["development", "production"] = "development"
+    data_dir: Path = Path("./var")
+    database_url: str | None = None  # None: SQLite at <data_dir>/cloister.db
+    redis_url: str | None = None  # None: the in-memory limiter
+    host: str = "127.0.0.1"
+    port: int = 8000
+    # HMAC pepper for API-key hashes. The development default is refused in production.
+    key_pepper: SecretStr = SecretStr(DEV_PEPPER)
+    limiter_fail_mode: Literal["open", "closed"] = "open"
+    limiter_local_cap_rpm: int = 600  # per-process cap applied while Redis is unreachable
+    config_refresh_s: float = 2.0  # how stale tenant/key/limit data may be on a running server
+    model: str | None = None  # None: the bundled SmolLM2-135M-Instruct GGUF
+    model_name: str = "smollm2-135m-instruct"
+    attention_backend: Literal["torch", "triton", "auto"] = "auto"
+    kv_cache_bytes: int | None = None
+    max_num_seqs: int = 64
+    max_waiting: int = 256
+    max_model_len: int | None = 8192
+    log_level: str = "INFO"
+    metrics_top_tenants: int = Field(default=20, ge=1)
+
+    @model_validator(mode="after")
+    def _refuse_dev_secrets_in_production(self) -> Settings:
+        if self.environment == "production" and self.key_pepper.get_secret_value() == DEV_PEPPER:
+            raise ValueError("CLOISTER_KEY_PEPPER must be set in production")
+        return self
+
+    @property
+    def resolved_database_url(self) -> str:
+        """The database URL, defaulting to SQLite inside the data directory."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'cloister.db').resolve()}"
