@@ -1,0 +1,252 @@
+"""Paged decode attention: one query token per sequence, GQA-aware, optional split-K.
+
+Grid: (sequence, KV head, split). A program loads the query rows of every head in its
+KV head's group at once ([BLOCK_G, head_dim], the group padded to >= 16 rows so that
+`tl.dot` can run on tensor cores) and streams the keys of its context slice tile by
+tile, so each K/V byte is read from memory once per group, not once per query head.
+
+    context of sequence i:  |<-- split 0 -->|<-- split 1 -->| ... |<- split S-1 ->|
+                             `part` tokens each (a multiple of TILE_N); empty tail
+                             splits report m = -inf, l = 0 and weigh nothing.
+
+A tile of TILE_N tokens may span several KV blocks (block_size < TILE_N) or part of
+one; each token's address is looked up through the block table, so any block size
+works. With one split the kernel normalises and writes the output directly; with more,
+it writes (acc, m, l) per split and `_decode_reduce_kernel` merges them (log-sum-exp).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.kernels.common import KernelInputError, dot_precision, next_pow2, num_sms
+
+TILE_N = 32
+PARTITION = 512  # tokens per split in the split-K variant; a multiple of TILE_N
+MAX_SPLITS = 32
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr,
+    cache_ptr,
+    out_ptr,
+    acc_ptr,
+    ml_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    scale,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_c_kv,
+    stride_c_blk,
+    stride_c_tok,
+    stride_c_h,
+    stride_bt,
+    head_dim,
+    part,
+    GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    lo = split * part
+    hi = tl.minimum(seq_len, lo + part)
+
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    g_mask = g < GROUP
+    d_mask = d < head_dim
+    heads = kvh * GROUP + g
+    q = tl.load(
+        q_ptr + seq * stride_qt + heads[:, None] * stride_qh + d[None, :],
+        mask=g_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+    # exp2 is the fast path; fold log2(e) into the scale once.
+    qk_scale = scale * 1.4426950408889634
+
+    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_sum = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    k_base = cache_ptr + kvh * stride_c_h
+    bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    for start in range(lo, hi, TILE):
+        toks = start + tl.arange(0, TILE)
+        t_mask = toks < hi
+        blk = tl.load(bt_row + toks // BLOCK_SIZE, mask=t_mask, other=0).to(tl.int64)
+        row = blk * stride_c_blk + (toks % BLOCK_SIZE) * stride_c_tok
+        kv_mask = t_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_base + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(k_base + stride_c_kv + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * qk_scale
+        s = tl.where(t_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m - m_new)
+        l_sum = l_sum * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PREC)
+        m = m_new
+
+    out_mask = g_mask[:, None] & d_mask[None, :]
+    if NUM_SPLITS == 1:
+        # A zero-length sequence (padding) yields zeros rather than 0/0.
+        denom = tl.where(l_sum > 0, l_sum, 1.0)
+        o = acc / denom[:, None]
+        dst = out_ptr + seq * stride_ot + heads[:, None] * stride_oh + d[None, :]
+        tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        # Scratch layout: acc [seqs, heads, splits, BLOCK_D]; ml [seqs, heads, splits, 2].
+        num_heads = tl.num_programs(1) * GROUP
+        part = (seq * num_heads + heads) * NUM_SPLITS + split
+        tl.store(acc_ptr + part[:, None] * BLOCK_D + d[None, :], acc, mask=out_mask)
+        tl.store(ml_ptr + part * 2, m, mask=g_mask)
+        tl.store(ml_ptr + part * 2 + 1, l_sum, mask=g_mask)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    acc_ptr,
+    ml_ptr,
+    out_ptr,
+    stride_ot,
+    stride_oh,
+    head_dim,
+    BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    num_heads = tl.num_programs(1)
+    s = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    s_mask = s < NUM_SPLITS
+    base = (seq * num_heads + head) * NUM_SPLITS
+    m = tl.load(ml_ptr + (base + s) * 2, mask=s_mask, other=float("-inf"))
+    l_sum = tl.load(ml_ptr + (base + s) * 2 + 1, mask=s_mask, other=0.0)
+    m_max = tl.max(m, 0)
+    # Empty splits have m = -inf; guard the all-empty case (zero-length padding rows).
+    m_ref = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.exp2(m - m_ref)
+    acc = tl.load(
+        acc_ptr + (base + s)[:, None] * BLOCK_D + d[None, :],
+        mask=s_mask[:, None] & (d[None, :] < head_dim),
+        other=0.0,
+    )
+    num = tl.sum(acc * w[:, None], 0)
+    den = tl.sum(l_sum * w, 0)
+    den = tl.where(den > 0, den, 1.0)
+    o = num / den
+    dst = out_ptr + seq * stride_ot + head * stride_oh + d
+    tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=d < head_dim)
+
+
+def choose_num_splits(max_seq_len: int, num_programs: int, sm_count: int) -> int:
+    """Split count for a decode batch: 1 unless the context is long and the grid is thin.
+
+    Splitting pays when (sequences x KV heads) programs leave SMs idle and each program
+    would stream a long context; it costs an extra scratch write and a reduction launch.
+    """
+    if max_seq_len <= PARTITION:
+        return 1
+    by_length = triton.cdiv(max_seq_len, PARTITION)
+    # Aim for about two waves of programs over the SMs; never split an already full grid.
+    wanted = triton.cdiv(2 * max(sm_count, 1), max(num_programs, 1))
+    return int(max(1, min(by_length, wanted, MAX_SPLITS)))
+
+
+def decode_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    max_seq_len: int,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Attention of one query token per sequence over its paged context.
+
+    q: [num_seqs, num_heads, head_dim] (row i belongs to sequence i); kv_cache:
+    [2, blocks, block_size, kv_heads, head_dim]; block_tables: int32 [num_seqs, max_blocks];
+    seq_lens: int32 [num_seqs] (context including the token itself, already in the cache).
+    `num_splits` overrides the split-K heuristic (tests use it to force both paths).
+    Returns out: [num_seqs, num_heads, head_dim] in q's dtype.
+    """
+    num_seqs, num_heads, head_dim = q.shape
+    _, _, block_size, num_kv_heads, cache_dim = kv_cache.shape
+    if cache_dim != head_dim or num_heads % num_kv_heads != 0:
+        raise KernelInputError(f"q {tuple(q.shape)} does not fit the cache {tuple(kv_cache.shape)}")
+    if q.stride(-1) != 1 or kv_cache.stride(-1) != 1:
+        raise KernelInputError("q and kv_cache must be contiguous in head_dim")
+    if out is None:
+        out = torch.empty_like(q)
+    if num_seqs == 0:
+        return out
+    group = num_heads // num_kv_heads
+    if num_splits is None:
+        num_splits = choose_num_splits(max_seq_len, num_seqs * num_kv_heads, num_sms(q.device))
+    block_d = next_pow2(head_dim)
+    # Each split covers `part` tokens (a TILE_N multiple) so the splits tile max_seq_len.
+    part = max(TILE_N, triton.cdiv(triton.cdiv(max(max_seq_len, 1), num_splits), TILE_N) * TILE_N)
+    if num_splits > 1:
+        acc = torch.empty(
+            num_seqs, num_heads, num_splits, block_d, dtype=torch.float32, device=q.device
+        )
+        ml = torch.empty(num_seqs, num_heads, num_splits, 2, dtype=torch.float32, device=q.device)
+    else:
+        acc = ml = out  # unused by the single-split path
+    _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+        q,
+        kv_cache,
+        out,
+        acc,
+        ml,
+        block_tables,
+        seq_lens,
+        scale,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        kv_cache.stride(0),
+        kv_cache.stride(1),
+        kv_cache.stride(2),
+        kv_cache.stride(3),
+        block_tables.stride(0),
+        head_dim,
+        part,
+        GROUP=group,
+        BLOCK_G=max(16, next_pow2(group)),
+        BLOCK_D=block_d,
+        BLOCK_SIZE=block_size,
+        TILE=TILE_N,
+        NUM_SPLITS=num_splits,
+        DOT_PREC=dot_precision(q.dtype),
+        num_warps=4,
+    )
+    if num_splits > 1:
+        _decode_reduce_kernel[(num_seqs, num_heads)](
+            acc,
+            ml,
+            out,
+            out.stride(0),
+            out.stride(1),
+            head_dim,
+            BLOCK_D=block_d,
+            NUM_SPLITS=num_splits,
+            BLOCK_S=next_pow2(num_splits),
+        )
+    return out

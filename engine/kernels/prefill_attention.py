@@ -1,0 +1,177 @@
+"""Paged prefill attention for a variable-length batch (chunked prefill, mixed batches).
+
+Each sequence's new tokens are rows `query_start_loc[i]:query_start_loc[i+1]` of q; its
+K/V (cached prefix and the new tokens alike, the backend has just written them) are
+read from the paged cache through the block table:
+
+    keys:    0 ............ context_len ............ seq_len
+             |<- prefix: all visible ->|<- new: causal ->|
+    query row r sits at position context_len + r and sees keys 0..context_len + r
+
+Grid: (sequence, query tile of BLOCK_M rows, query head). A program streams key tiles
+of BLOCK_N tokens with an online softmax and stops at the last key its tile can see,
+so the causal upper triangle is never loaded. Tiles past a sequence's query length do
+no work (their loop bound is 0) and store nothing. A query length of 1 is just a
+one-row tile, which is how decode rows of a mixed batch go through this kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.kernels.common import KernelInputError, dot_precision, next_pow2
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr,
+    cache_ptr,
+    out_ptr,
+    block_tables_ptr,
+    query_start_ptr,
+    seq_lens_ptr,
+    scale,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_c_kv,
+    stride_c_blk,
+    stride_c_tok,
+    stride_c_h,
+    stride_bt,
+    head_dim,
+    GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    m_tile = tl.program_id(1)
+    head = tl.program_id(2)
+    kvh = head // GROUP
+    q_start = tl.load(query_start_ptr + seq)
+    q_len = tl.load(query_start_ptr + seq + 1) - q_start
+    seq_len = tl.load(seq_lens_ptr + seq)
+    ctx_len = seq_len - q_len
+
+    rows = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    d = tl.arange(0, BLOCK_D)
+    r_mask = rows < q_len
+    d_mask = d < head_dim
+    q_rows = (q_start + rows).to(tl.int64)
+    q = tl.load(
+        q_ptr + q_rows[:, None] * stride_qt + head * stride_qh + d[None, :],
+        mask=r_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+    q_pos = ctx_len + rows
+    # The last row of this tile sees keys up to its own position; later keys are skipped.
+    kv_hi = tl.minimum(seq_len, ctx_len + (m_tile + 1) * BLOCK_M)
+    kv_hi = tl.where(m_tile * BLOCK_M < q_len, kv_hi, 0)
+    qk_scale = scale * 1.4426950408889634
+
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_sum = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    k_base = cache_ptr + kvh * stride_c_h
+    bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    # The first tile (keys from 0) gives every row a finite max, so later fully masked
+    # rows of a tile never produce exp(-inf - -inf).
+    for start in range(0, kv_hi, BLOCK_N):
+        toks = start + tl.arange(0, BLOCK_N)
+        t_mask = toks < kv_hi
+        blk = tl.load(bt_row + toks // BLOCK_SIZE, mask=t_mask, other=0).to(tl.int64)
+        row = blk * stride_c_blk + (toks % BLOCK_SIZE) * stride_c_tok
+        kv_mask = t_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_base + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(k_base + stride_c_kv + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * qk_scale
+        visible = t_mask[None, :] & (toks[None, :] <= q_pos[:, None])
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m - m_new)
+        l_sum = l_sum * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PREC)
+        m = m_new
+
+    denom = tl.where(l_sum > 0, l_sum, 1.0)
+    o = acc / denom[:, None]
+    dst = out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + d[None, :]
+    tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=r_mask[:, None] & d_mask[None, :])
+
+
+def prefill_tile_sizes(max_query_len: int, head_dim: int) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N): query rows and keys per tile.
+
+    Rows shrink to the batch's longest query (never under 16, the `tl.dot` minimum) so
+    short chunks and decode rows do not pay for empty rows; keys per tile shrink with
+    the head size to keep the K/V tiles in registers.
+    """
+    block_m = min(64, max(16, next_pow2(max_query_len)))
+    block_n = 64 if head_dim <= 64 else 32
+    return block_m, block_n
+
+
+def prefill_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    max_query_len: int,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal attention of every new token over its sequence's paged context.
+
+    q: [num_tokens, num_heads, head_dim]; kv_cache: [2, blocks, block_size, kv_heads,
+    head_dim] already holding the new tokens' K/V; block_tables int32 [num_seqs, max_blocks];
+    query_start_loc int32 [num_seqs + 1]; seq_lens int32 [num_seqs]. Rows of q past
+    query_start_loc[-1] (padding) are left untouched in `out`.
+    """
+    num_tokens, num_heads, head_dim = q.shape
+    _, _, block_size, num_kv_heads, cache_dim = kv_cache.shape
+    if cache_dim != head_dim or num_heads % num_kv_heads != 0:
+        raise KernelInputError(f"q {tuple(q.shape)} does not fit the cache {tuple(kv_cache.shape)}")
+    if q.stride(-1) != 1 or kv_cache.stride(-1) != 1:
+        raise KernelInputError("q and kv_cache must be contiguous in head_dim")
+    if out is None:
+        out = torch.empty_like(q)
+    num_seqs = seq_lens.shape[0]
+    if num_seqs == 0 or num_tokens == 0 or max_query_len == 0:
+        return out
+    block_m, block_n = prefill_tile_sizes(max_query_len, head_dim)
+    grid = (num_seqs, triton.cdiv(max_query_len, block_m), num_heads)
+    _prefill_kernel[grid](
+        q,
+        kv_cache,
+        out,
+        block_tables,
+        query_start_loc,
+        seq_lens,
+        scale,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        kv_cache.stride(0),
+        kv_cache.stride(1),
+        kv_cache.stride(2),
+        kv_cache.stride(3),
+        block_tables.stride(0),
+        head_dim,
+        GROUP=num_heads // num_kv_heads,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_D=next_pow2(head_dim),
+        BLOCK_SIZE=block_size,
+        DOT_PREC=dot_precision(q.dtype),
+        num_warps=4 if block_m < 64 else 8,
+    )
+    return out
