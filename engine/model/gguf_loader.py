@@ -1,0 +1,207 @@
+"""Load Llama-family weights from a GGUF file, dequantized to the requested dtype.
+
+GGUF names tensors llama.cpp's way (`blk.3.attn_q.weight`); they are renamed to
+Hugging Face's (`model.layers.3.self_attn.q_proj.weight`) so one `load_weights`
+serves both formats. llama.cpp's converter reorders the rows of Llama's Q and K
+projections for its interleaved rotary; we undo that to get HF's "rotate half" layout.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
+from gguf.quants import dequantize
+from tqdm import tqdm
+
+from engine.config import ModelArchitecture
+from engine.errors import UnsupportedModelError
+from engine.model.llama import LlamaForCausalLM
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+SUPPORTED_TENSOR_TYPES = frozenset(
+    {
+        GGMLQuantizationType.F32,
+        GGMLQuantizationType.F16,
+        GGMLQuantizationType.BF16,
+        GGMLQuantizationType.Q4_0,
+        GGMLQuantizationType.Q4_1,
+        GGMLQuantizationType.Q8_0,
+    }
+)
+
+_TOP_LEVEL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
+ROPE_FREQS = "rope_freqs.weight"
+
+
+def field_value(reader: GGUFReader, key: str, default: Any = None) -> Any:
+    """A metadata value as a plain Python value (str, number, list), or `default`."""
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def gguf_architecture(reader: GGUFReader) -> str:
+    """The `general.architecture` string, checked against the ones we can run."""
+    arch = field_value(reader, "general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"GGUF architecture {arch!r} is not supported; "
+            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    return str(arch)
+
+
+def read_architecture(reader: GGUFReader) -> ModelArchitecture:
+    """Maps the `{arch}.*` metadata keys onto ModelArchitecture."""
+    arch = gguf_architecture(reader)
+
+    def get(key: str, default: Any = None) -> Any:
+        value = field_value(reader, f"{arch}.{key}", default)
+        if value is None:
+            raise UnsupportedModelError(f"GGUF metadata lacks {arch}.{key}")
+        return value
+
+    hidden = int(get("embedding_length"))
+    num_heads = int(get("attention.head_count"))
+    names = {t.name for t in reader.tensors}
+    return ModelArchitecture(
+        vocab_size=_vocab_size(reader, arch),
+        hidden_size=hidden,
+        intermediate_size=int(get("feed_forward_length")),
+        num_layers=int(get("block_count")),
+        num_heads=num_heads,
+        num_kv_heads=int(get("attention.head_count_kv", num_heads)),
+        head_dim=int(get("attention.key_length", hidden // num_heads)),
+        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_theta=float(get("rope.freq_base", 10000.0)),
+        max_position_embeddings=int(get("context_length")),
+        tie_word_embeddings="output.weight" not in names,
+        rope_scaling=_rope_scaling(reader, arch),
+        attention_bias="blk.0.attn_q.bias" in names,
+        architecture=arch,
+    )
+
+
+def _vocab_size(reader: GGUFReader, arch: str) -> int:
+    """From the token list; the embedding's row count wins if the vocab was padded."""
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    vocab = len(tokens.data) if tokens is not None else field_value(reader, f"{arch}.vocab_size")
+    for t in reader.tensors:
+        if t.name == "token_embd.weight":
+            # GGUF shapes list the fastest-varying dimension first: [hidden, vocab].
+            return int(t.shape[-1])
+    if vocab is None:
+        raise UnsupportedModelError("GGUF file has neither a token list nor token_embd.weight")
+    return int(vocab)
+
+
+def _rope_scaling(reader: GGUFReader, arch: str) -> tuple[tuple[str, float | str], ...] | None:
+    """`{arch}.rope.scaling.*` -> HF-style pairs. Llama 3 instead ships a rope_freqs tensor."""
+    kind = field_value(reader, f"{arch}.rope.scaling.type")
+    if kind is None or kind == "none":
+        return None
+    pairs: list[tuple[str, float | str]] = [("rope_type", str(kind))]
+    factor = field_value(reader, f"{arch}.rope.scaling.factor")
+    if factor is not None:
+        pairs.append(("factor", float(factor)))
+    original = field_value(reader, f"{arch}.rope.scaling.original_context_length")
+    if original is not None:
+        pairs.append(("original_max_position_embeddings", float(original)))
+    return tuple(pairs)
+
+
+def unpermute_qk(weight: np.ndarray, n_head: int) -> np.ndarray:
+    """Inverts llama.cpp's rotary row permutation for one Q or K weight (or bias).
+
+    The converter maps HF rows, viewed as [head, 2, pair, ...], to [head, pair, 2, ...];
+    here rows are viewed as [head, pair, 2, ...] and the two axes swapped back.
+    """
+    pairs = weight.shape[0] // n_head // 2
+    w = weight.reshape(n_head, pairs, 2, *weight.shape[1:])
+    return w.swapaxes(1, 2).reshape(weight.shape)
+
+
+def hf_name(gguf_name: str) -> str:
+    """llama.cpp tensor name -> HF parameter name; unknown names raise."""
+    if gguf_name in _TOP_LEVEL_NAMES:
+        return _TOP_LEVEL_NAMES[gguf_name]
+    match = _BLOCK_RE.match(gguf_name)
+    if match and match.group(2) in _BLOCK_NAMES:
+        layer, part, kind = match.groups()
+        return f"model.layers.{layer}.{_BLOCK_NAMES[part]}.{kind}"
+    raise UnsupportedModelError(f"unexpected GGUF tensor {gguf_name!r}")
+
+
+def dequantize_tensor(tensor: ReaderTensor) -> np.ndarray:
+    """One tensor as float32 numpy in HF layout ([out, in] for matrices)."""
+    qtype = GGMLQuantizationType(tensor.tensor_type)
+    if qtype not in SUPPORTED_TENSOR_TYPES:
+        raise UnsupportedModelError(
+            f"GGUF tensor {tensor.name!r} has unsupported type {qtype.name}; "
+            f"supported: {', '.join(sorted(t.name for t in SUPPORTED_TENSOR_TYPES))}"
+        )
+    array = dequantize(tensor.data, qtype)
+    shape = tuple(int(d) for d in reversed(tensor.shape))
+    # F32 data is a read-only view of the memory map; torch needs a writable array.
+    return np.require(array.reshape(shape), dtype=np.float32, requirements=["C", "W"])
+
+
+def iter_weights(
+    reader: GGUFReader, arch: ModelArchitecture, *, progress: bool = False
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yields (HF name, float32 tensor) for every weight, un-permuting Llama's Q and K."""
+    tensors = [t for t in reader.tensors if t.name != ROPE_FREQS]
+    for tensor in tqdm(tensors, desc="loading weights", unit="tensor", disable=not progress):
+        name = hf_name(tensor.name)
+        array = dequantize_tensor(tensor)
+        if arch.architecture == "llama":
+            if ".self_attn.q_proj." in name:
+                array = unpermute_qk(array, arch.num_heads)
+            elif ".self_attn.k_proj." in name:
+                array = unpermute_qk(array, arch.num_kv_heads)
+        yield name, torch.from_numpy(array)
+
+
+def rope_freq_factors(reader: GGUFReader) -> torch.Tensor | None:
+    """llama.cpp's per-frequency divisors (Llama 3 rope scaling), if the file has them."""
+    for tensor in reader.tensors:
+        if tensor.name == ROPE_FREQS:
+            return torch.from_numpy(dequantize_tensor(tensor).reshape(-1))
+    return None
+
+
+def load_gguf_model(
+    path: str,
+    *,
+    dtype: torch.dtype,
+    device: str | torch.device,
+    progress: bool = False,
+) -> tuple[LlamaForCausalLM, ModelArchitecture]:
+    """Reads metadata and weights from a GGUF file into a ready, eval-mode model."""
+    reader = GGUFReader(path)
+    arch = read_architecture(reader)
+    model = LlamaForCausalLM.empty(
+        arch, dtype=dtype, device=device, rope_freq_factors=rope_freq_factors(reader)
+    )
+    model.load_weights(iter_weights(reader, arch, progress=progress))
+    return model, arch
