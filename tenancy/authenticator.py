@@ -1,0 +1,185 @@
+"""Bearer key -> Principal, with rows cached for at most `refresh_s` seconds.
+
+A running gateway sees CLI and admin changes (revocations, suspensions, new
+limits) within `refresh_s`, without a restart, while a steady stream of requests
+costs one small query per key per `refresh_s`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from tenancy.errors import AuthenticationError, PermissionDeniedError
+from tenancy.keys import find_key, hash_secret
+from tenancy.limits import EffectiveLimits, LimitValues, merge_limits
+from tenancy.models import ApiKey, Limit, Tenant
+from tenancy.principal import IsolationLevel, Principal
+
+MAX_CACHED_KEYS = 10_000  # bounds memory under a flood of random bearer tokens
+
+
+@dataclass(frozen=True)
+class _KeyState:
+    """What the database said about one key at one moment."""
+
+    principal: Principal
+    tenant_active: bool
+    expires_at: dt.datetime | None
+    revoked: bool
+
+
+def limit_values(row: Limit | None) -> LimitValues | None:
+    """A limits row as plain values."""
+    if row is None:
+        return None
+    return LimitValues(
+        rpm=row.rpm,
+        tpm=row.tpm,
+        max_concurrent=row.max_concurrent,
+        token_budget=row.token_budget,
+        budget_period=row.budget_period,  # type: ignore[arg-type]
+        max_output_tokens=row.max_output_tokens,
+        max_prompt_tokens=row.max_prompt_tokens,
+        allowed_models=frozenset(row.allowed_models) if row.allowed_models is not None else None,
+    )
+
+
+def load_effective_limits(session: Session, tenant_id: str, key_id: str | None) -> EffectiveLimits:
+    """The limits in force for a key (or for the tenant when key_id is None)."""
+    rows = session.scalars(select(Limit).where(Limit.tenant_id == tenant_id)).all()
+    tenant_row = next((r for r in rows if r.key_id is None), None)
+    key_row = next((r for r in rows if key_id is not None and r.key_id == key_id), None)
+    return merge_limits(limit_values(tenant_row), limit_values(key_row))
+
+
+def _intersect(a: frozenset[str] | None, b: frozenset[str] | None) -> frozenset[str] | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a & b
+
+
+class Authenticator:
+    """Verifies bearer keys; thread-safe; see the module docstring."""
+
+    def __init__(
+        self,
+        session_factory: sessionmaker[Session],
+        pepper: str,
+        refresh_s: float = 2.0,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._sessions = session_factory
+        self._pepper = pepper
+        self._refresh_s = refresh_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        # secret hash -> (loaded at, state or None for "no such key")
+        self._cache: OrderedDict[str, tuple[float, _KeyState | None]] = OrderedDict()
+
+    def authenticate(self, bearer: str | None) -> Principal:
+        """The principal behind `bearer` (the token, or "Bearer <token>").
+
+        Raises AuthenticationError with reason missing|invalid|expired|revoked|suspended.
+        """
+        token = (bearer or "").strip()
+        if token[:7].lower() == "bearer ":
+            token = token[7:].strip()
+        if not token:
+            raise AuthenticationError("missing", "no API key provided")
+        state = self._state(token)
+        if state is None:
+            raise AuthenticationError("invalid", "invalid API key")
+        if state.revoked:
+            raise AuthenticationError("revoked", "API key has been revoked")
+        if state.expires_at is not None and state.expires_at <= dt.datetime.now(dt.UTC):
+            raise AuthenticationError("expired", "API key has expired")
+        if not state.tenant_active:
+            raise AuthenticationError("suspended", "tenant is suspended")
+        return state.principal
+
+    def invalidate(self) -> None:
+        """Forget every cached row (the next call per key reads the database)."""
+        with self._lock:
+            self._cache.clear()
+
+    def _state(self, token: str) -> _KeyState | None:
+        digest = hash_secret(self._pepper, token)
+        now = self._clock()
+        with self._lock:
+            hit = self._cache.get(digest)
+            if hit is not None and now - hit[0] < self._refresh_s:
+                self._cache.move_to_end(digest)
+                return hit[1]
+        state = self._load(token)
+        with self._lock:
+            self._cache[digest] = (now, state)
+            self._cache.move_to_end(digest)
+            while len(self._cache) > MAX_CACHED_KEYS:
+                self._cache.popitem(last=False)
+        return state
+
+    def _load(self, token: str) -> _KeyState | None:
+        with self._sessions() as session:
+            key = find_key(session, self._pepper, token)
+            if key is None:
+                return None
+            tenant = session.get(Tenant, key.tenant_id)
+            if tenant is None:
+                return None
+            limits = load_effective_limits(session, tenant.id, key.id)
+            key_models = frozenset(key.allowed_models) if key.allowed_models is not None else None
+            principal = Principal(
+                tenant_id=tenant.id,
+                tenant_name=tenant.name,
+                key_id=key.id,
+                isolation_level=_isolation(tenant.isolation_level),
+                weight=tenant.weight,
+                limits=limits,
+                allowed_models=_intersect(key_models, limits.allowed_models),
+            )
+            state = _KeyState(
+                principal=principal,
+                tenant_active=tenant.status == "active",
+                expires_at=key.expires_at,
+                revoked=key.revoked_at is not None,
+            )
+            # Recorded once per refresh, not per request: a write per call would not scale.
+            session.execute(
+                update(ApiKey)
+                .where(ApiKey.id == key.id)
+                .values(last_used_at=dt.datetime.now(dt.UTC))
+            )
+            session.commit()
+            return state
+
+
+def _isolation(value: str) -> IsolationLevel:
+    if value == "key":
+        return "key"
+    if value == "user":
+        return "user"
+    return "tenant"
+
+
+def allowed_models(principal: Principal, registry_names: Iterable[str]) -> list[str]:
+    """The registry's model (and adapter) names this principal may use, in registry order."""
+    if principal.allowed_models is None:
+        return list(registry_names)
+    return [name for name in registry_names if name in principal.allowed_models]
+
+
+def check_model(principal: Principal, model: str) -> None:
+    """Raise PermissionDeniedError unless the principal may use `model`."""
+    if principal.allowed_models is not None and model not in principal.allowed_models:
+        raise PermissionDeniedError(model)

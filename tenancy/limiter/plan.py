@@ -1,0 +1,55 @@
+"""What one acquire has to check: the limits of a principal resolved to counter scopes.
+
+Both limiters build the same `AcquirePlan`, so their keys and semantics agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tenancy.errors import InvalidValueError
+from tenancy.limiter.base import period_bounds
+from tenancy.principal import Principal
+
+
+@dataclass(frozen=True)
+class AcquirePlan:
+    """The counters one request touches; a None limit is not checked or counted."""
+
+    tenant_id: str
+    cost: int
+    rpm: int | None
+    rpm_scope: str
+    tpm: int | None
+    tpm_scope: str
+    max_concurrent: int | None
+    concurrency_scope: str
+    token_budget: int | None
+    budget_scope: str
+    budget_start: int
+    budget_end: int
+
+
+def plan_acquire(
+    principal: Principal, *, prompt_tokens: int, max_tokens: int, now: float
+) -> AcquirePlan:
+    """Resolve a principal's effective limits into the counters to check and consume."""
+    if prompt_tokens < 0 or max_tokens < 0:
+        raise InvalidValueError("token counts must be non-negative")
+    lim = principal.limits
+    tid, kid = principal.tenant_id, principal.key_id
+    start, end = period_bounds(lim.budget_period, now)
+    return AcquirePlan(
+        tenant_id=tid,
+        cost=prompt_tokens + max_tokens,
+        rpm=lim.rpm,
+        rpm_scope=lim.scope_of("rpm", tid, kid),
+        tpm=lim.tpm,
+        tpm_scope=lim.scope_of("tpm", tid, kid),
+        max_concurrent=lim.max_concurrent,
+        concurrency_scope=lim.scope_of("max_concurrent", tid, kid),
+        token_budget=lim.token_budget,
+        budget_scope=f"{lim.scope_of('token_budget', tid, kid)}/{lim.budget_period}",
+        budget_start=start,
+        budget_end=end,
+    )

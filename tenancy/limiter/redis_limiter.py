@@ -1,0 +1,196 @@
+"""The Redis limiter: exact across any number of gateway processes.
+
+Each operation is one Lua script (registered with redis-py's `register_script`),
+so a check-and-consume can never interleave with another process's. When Redis
+is unreachable the `fail_mode` decides: "closed" raises `LimiterUnavailableError`
+(the gateway answers 503); "open" admits through a per-process in-memory limiter
+capped at `local_cap_rpm` per tenant. Raw redis exceptions never escape.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import redis
+
+from tenancy.errors import LimiterUnavailableError, RateInfo, RateLimitedError
+from tenancy.limiter.base import DEFAULT_LEASE_TTL_S, Admission, FailMode
+from tenancy.limiter.lua import ACQUIRE, RELEASE
+from tenancy.limiter.memory import CONCURRENCY_RETRY_S, MemoryLimiter
+from tenancy.limiter.plan import AcquirePlan, plan_acquire
+from tenancy.limits import EffectiveLimits
+from tenancy.principal import Principal
+
+
+def _num(limit: int | None) -> int:
+    return -1 if limit is None else limit
+
+
+def _info(limit: int | None, level: float) -> RateInfo | None:
+    if limit is None:
+        return None
+    return RateInfo(
+        limit=limit,
+        remaining=max(0, math.floor(level)),
+        reset_s=max(0.0, (limit - level) * 60.0 / max(limit, 1)),
+    )
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class RedisLimiter:
+    """A `Limiter` whose counters live in Redis; see the module docstring."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        fail_mode: FailMode = "open",
+        local_cap_rpm: int = 600,
+        key_prefix: str = "cloister:lim:",
+        lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
+        on_backend_error: Callable[[Exception], None] | None = None,
+    ) -> None:
+        self._client = client
+        self._fail_mode = fail_mode
+        self._local_cap_rpm = local_cap_rpm
+        self._prefix = key_prefix
+        self._lease_ttl_s = lease_ttl_s
+        self._on_backend_error = on_backend_error
+        self._acquire_script = client.register_script(ACQUIRE)
+        self._release_script = client.register_script(RELEASE)
+        self._local = MemoryLimiter(lease_ttl_s=lease_ttl_s)
+        self._errors_lock = threading.Lock()
+        self.backend_errors: int = 0  # Redis calls that failed; the gateway exports it
+
+    def _key(self, tenant_id: str, kind: str, scope: str) -> str:
+        # The {tenant} hash tag keeps one call's keys in one Redis Cluster slot.
+        return f"{self._prefix}{{{tenant_id}}}:{kind}:{scope}"
+
+    def _backend_failed(self, exc: Exception) -> None:
+        with self._errors_lock:
+            self.backend_errors += 1
+        if self._on_backend_error is not None:
+            self._on_backend_error(exc)
+
+    def acquire(
+        self, principal: Principal, *, prompt_tokens: int, max_tokens: int, now: float | None = None
+    ) -> Admission:
+        """See `Limiter.acquire`; may raise `LimiterUnavailableError` in fail-closed mode."""
+        t = time.time() if now is None else now
+        p = plan_acquire(principal, prompt_tokens=prompt_tokens, max_tokens=max_tokens, now=t)
+        lease_id = secrets.token_hex(12)
+        try:
+            result = self._acquire_script(
+                keys=self._acquire_keys(p, lease_id),
+                args=[
+                    repr(t),
+                    _num(p.rpm),
+                    _num(p.tpm),
+                    p.cost,
+                    _num(p.max_concurrent),
+                    _num(p.token_budget),
+                    p.budget_end,
+                    repr(self._lease_ttl_s),
+                    lease_id,
+                    repr(CONCURRENCY_RETRY_S),
+                ],
+            )
+        except redis.RedisError as exc:
+            self._backend_failed(exc)
+            return self._fallback_acquire(principal, prompt_tokens, max_tokens, t, exc)
+        ok, reason, retry, rq, tk, used = (_text(v) for v in result)
+        rq_info, tk_info = _info(p.rpm, float(rq)), _info(p.tpm, float(tk))
+        if ok != "1":
+            raise RateLimitedError(reason, float(retry), requests=rq_info, tokens=tk_info)  # type: ignore[arg-type]
+        return Admission(
+            lease_id=lease_id,
+            tenant_id=p.tenant_id,
+            reserved_tokens=p.cost,
+            requests=rq_info,
+            tokens=tk_info,
+            budget_remaining=(
+                p.token_budget - int(float(used)) if p.token_budget is not None else None
+            ),
+            tpm_scope=p.tpm_scope,
+            budget_scope=p.budget_scope,
+            budget_period_start=p.budget_start,
+            concurrency_scope=p.concurrency_scope,
+            backend="redis",
+        )
+
+    def _acquire_keys(self, p: AcquirePlan, lease_id: str) -> list[str]:
+        tid = p.tenant_id
+        return [
+            self._key(tid, "rq", p.rpm_scope),
+            self._key(tid, "tk", p.tpm_scope),
+            self._key(tid, "cc", p.concurrency_scope),
+            self._key(tid, "bd", f"{p.budget_scope}:{p.budget_start}"),
+            self._key(tid, "lease", lease_id),
+        ]
+
+    def _fallback_acquire(
+        self, principal: Principal, prompt_tokens: int, max_tokens: int, now: float, exc: Exception
+    ) -> Admission:
+        if self._fail_mode == "closed":
+            raise LimiterUnavailableError("rate limiter backend unavailable") from None
+        # Fail open, but never unbounded: this process caps each tenant on its own.
+        # Budgets are not enforced here: the shared totals are out of reach.
+        lim = principal.limits
+        cap = self._local_cap_rpm if lim.rpm is None else min(lim.rpm, self._local_cap_rpm)
+        local_limits = EffectiveLimits(
+            rpm=cap,
+            tpm=lim.tpm,
+            max_concurrent=lim.max_concurrent,
+            budget_period=lim.budget_period,
+            key_scoped=lim.key_scoped - {"token_budget"},
+        )
+        local = Principal(
+            tenant_id=principal.tenant_id,
+            tenant_name=principal.tenant_name,
+            key_id=principal.key_id,
+            isolation_level=principal.isolation_level,
+            weight=principal.weight,
+            limits=local_limits,
+            allowed_models=principal.allowed_models,
+        )
+        admission = self._local.acquire(
+            local, prompt_tokens=prompt_tokens, max_tokens=max_tokens, now=now
+        )
+        return _with_backend(admission, "local")
+
+    def release(
+        self, admission: Admission, *, actual_tokens: int, now: float | None = None
+    ) -> None:
+        """See `Limiter.release`. Never raises for a backend failure: the lease TTL cleans up."""
+        t = time.time() if now is None else now
+        if admission.backend == "local":
+            self._local.release(admission, actual_tokens=actual_tokens, now=t)
+            return
+        tid = admission.tenant_id
+        keys = [
+            self._key(tid, "tk", admission.tpm_scope or ""),
+            self._key(tid, "cc", admission.concurrency_scope or ""),
+            self._key(tid, "bd", f"{admission.budget_scope}:{admission.budget_period_start}"),
+            self._key(tid, "lease", admission.lease_id),
+        ]
+        try:
+            self._release_script(
+                keys=keys, args=[repr(t), max(0, actual_tokens), admission.lease_id]
+            )
+        except redis.RedisError as exc:
+            # The slot frees itself when its lease expires; refunds are lost, which
+            # errs on the side of the limit.
+            self._backend_failed(exc)
+
+
+def _with_backend(admission: Admission, backend: str) -> Admission:
+    return replace(admission, backend=backend)

@@ -1,0 +1,135 @@
+"""Database tables of the tenancy layer (SQLAlchemy 2.0 typed declarative).
+
+Schema changes go through a new Alembic revision in migrations/versions/.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    TypeDecorator,
+    text,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class UTCDateTime(TypeDecorator[dt.datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite drops the zone)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> Any:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime; use datetime.now(UTC)")
+        return value.astimezone(dt.UTC)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=dt.UTC)
+        return value.astimezone(dt.UTC)
+
+
+def utcnow() -> dt.datetime:
+    """The current time, timezone-aware UTC."""
+    return dt.datetime.now(dt.UTC)
+
+
+class Base(DeclarativeBase):
+    """Declarative base for every Cloister table (Alembic's target metadata)."""
+
+
+class Tenant(Base):
+    """A customer organisation; every key and limit belongs to one."""
+
+    __tablename__ = "tenants"
+    __table_args__ = (
+        CheckConstraint("status IN ('active', 'suspended')", name="ck_tenants_status"),
+        CheckConstraint(
+            "isolation_level IN ('tenant', 'key', 'user')", name="ck_tenants_isolation"
+        ),
+        CheckConstraint("weight > 0", name="ck_tenants_weight"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    status: Mapped[str] = mapped_column(String(16), default="active")
+    isolation_level: Mapped[str] = mapped_column(String(16), default="tenant")
+    weight: Mapped[float] = mapped_column(Float, default=1.0)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class ApiKey(Base):
+    """An API key, stored only as an HMAC of its secret plus a display prefix."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("tenants.id", ondelete="CASCADE"), index=True
+    )
+    prefix: Mapped[str] = mapped_column(String(32))
+    secret_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    name: Mapped[str | None] = mapped_column(String(128), default=None)
+    allowed_models: Mapped[list[str] | None] = mapped_column(JSON, default=None)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    expires_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), default=None)
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), default=None)
+    last_used_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), default=None)
+
+
+class Limit(Base):
+    """Limits of a tenant (key_id NULL) or a per-key override. NULL: unlimited / inherit."""
+
+    __tablename__ = "limits"
+    __table_args__ = (
+        # One tenant-wide row per tenant and one override row per key.
+        Index(
+            "uq_limits_tenant",
+            "tenant_id",
+            unique=True,
+            sqlite_where=text("key_id IS NULL"),
+            postgresql_where=text("key_id IS NULL"),
+        ),
+        Index(
+            "uq_limits_key",
+            "key_id",
+            unique=True,
+            sqlite_where=text("key_id IS NOT NULL"),
+            postgresql_where=text("key_id IS NOT NULL"),
+        ),
+        CheckConstraint(
+            "budget_period IS NULL OR budget_period IN ('day', 'month')",
+            name="ck_limits_budget_period",
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(String(32), ForeignKey("tenants.id", ondelete="CASCADE"))
+    key_id: Mapped[str | None] = mapped_column(
+        String(32), ForeignKey("api_keys.id", ondelete="CASCADE"), default=None
+    )
+    rpm: Mapped[int | None] = mapped_column(Integer, default=None)
+    tpm: Mapped[int | None] = mapped_column(Integer, default=None)
+    max_concurrent: Mapped[int | None] = mapped_column(Integer, default=None)
+    token_budget: Mapped[int | None] = mapped_column(Integer, default=None)
+    budget_period: Mapped[str | None] = mapped_column(String(8), default=None)
+    max_output_tokens: Mapped[int | None] = mapped_column(Integer, default=None)
+    max_prompt_tokens: Mapped[int | None] = mapped_column(Integer, default=None)
+    allowed_models: Mapped[list[str] | None] = mapped_column(JSON, default=None)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)

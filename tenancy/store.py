@@ -1,0 +1,203 @@
+"""Data functions for tenants, keys and limits (used by the CLI and the admin API).
+
+Flat keyword-only functions over a Session; they raise tenancy errors
+(NotFoundError, ConflictError, InvalidValueError) and commit their own change.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from tenancy.authenticator import load_effective_limits
+from tenancy.errors import ConflictError, InvalidValueError, NotFoundError
+from tenancy.keys import generate_key, new_id
+from tenancy.limits import EffectiveLimits
+from tenancy.models import ApiKey, Limit, Tenant
+
+ISOLATION_LEVELS = ("tenant", "key", "user")
+BUDGET_PERIODS = ("day", "month")
+LIMIT_FIELDS = (
+    "rpm",
+    "tpm",
+    "max_concurrent",
+    "token_budget",
+    "budget_period",
+    "max_output_tokens",
+    "max_prompt_tokens",
+    "allowed_models",
+)
+UNSET: Any = object()  # "leave this field as it is" (None means "clear it")
+
+
+@dataclass(frozen=True)
+class CreatedKey:
+    """A new key; `secret` exists only here, never in the database."""
+
+    id: str
+    tenant_id: str
+    prefix: str
+    secret: str = field(repr=False)
+
+
+def get_tenant(session: Session, name: str) -> Tenant:
+    """The tenant called `name`, or NotFoundError."""
+    tenant = session.scalars(select(Tenant).where(Tenant.name == name)).first()
+    if tenant is None:
+        raise NotFoundError(f"no tenant named {name!r}")
+    return tenant
+
+
+def create_tenant(
+    session: Session, *, name: str, isolation_level: str = "tenant", weight: float = 1.0
+) -> Tenant:
+    """Create an active tenant; ConflictError when the name is taken."""
+    name = name.strip()
+    if not name or len(name) > 128:
+        raise InvalidValueError("tenant name must be 1-128 characters")
+    if isolation_level not in ISOLATION_LEVELS:
+        raise InvalidValueError(f"isolation must be one of {', '.join(ISOLATION_LEVELS)}")
+    if not weight > 0:
+        raise InvalidValueError("weight must be positive")
+    if session.scalars(select(Tenant.id).where(Tenant.name == name)).first() is not None:
+        raise ConflictError(f"tenant {name!r} already exists")
+    tenant = Tenant(
+        id=new_id("ten"), name=name, status="active", isolation_level=isolation_level, weight=weight
+    )
+    session.add(tenant)
+    try:
+        session.commit()
+    except IntegrityError as exc:  # a concurrent create won the race
+        session.rollback()
+        raise ConflictError(f"tenant {name!r} already exists") from exc
+    return tenant
+
+
+def list_tenants(session: Session) -> Sequence[Tenant]:
+    """Every tenant, by name."""
+    return session.scalars(select(Tenant).order_by(Tenant.name)).all()
+
+
+def set_tenant_status(session: Session, *, name: str, status: str) -> Tenant:
+    """Suspend ("suspended") or resume ("active") a tenant."""
+    if status not in ("active", "suspended"):
+        raise InvalidValueError("status must be active or suspended")
+    tenant = get_tenant(session, name)
+    tenant.status = status
+    session.commit()
+    return tenant
+
+
+def _check_limit_value(name: str, value: Any) -> None:
+    if value is None or value is UNSET:
+        return
+    if name == "budget_period":
+        if value not in BUDGET_PERIODS:
+            raise InvalidValueError("budget period must be day or month")
+    elif name == "allowed_models":
+        if not isinstance(value, list | tuple | frozenset | set) or not all(
+            isinstance(m, str) and m for m in value
+        ):
+            raise InvalidValueError("allowed models must be a list of names")
+    elif not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidValueError(f"{name} must be a non-negative integer")
+
+
+def set_limits(
+    session: Session, *, tenant_name: str, key_id: str | None = None, **values: Any
+) -> EffectiveLimits:
+    """Set limit fields of a tenant (or a per-key override); returns the limits in force.
+
+    Fields not passed (or UNSET) keep their value; None clears one (unlimited / inherit).
+    """
+    unknown = set(values) - set(LIMIT_FIELDS)
+    if unknown:
+        raise InvalidValueError(f"unknown limit fields: {', '.join(sorted(unknown))}")
+    for name, value in values.items():
+        _check_limit_value(name, value)
+    tenant = get_tenant(session, tenant_name)
+    if key_id is not None:
+        key = session.get(ApiKey, key_id)
+        if key is None or key.tenant_id != tenant.id:
+            raise NotFoundError(f"tenant {tenant_name!r} has no key {key_id!r}")
+    row = session.scalars(
+        select(Limit).where(
+            Limit.tenant_id == tenant.id,
+            Limit.key_id.is_(None) if key_id is None else Limit.key_id == key_id,
+        )
+    ).first()
+    if row is None:
+        row = Limit(tenant_id=tenant.id, key_id=key_id)
+        session.add(row)
+    for name, value in values.items():
+        if value is UNSET:
+            continue
+        if name == "allowed_models" and value is not None:
+            value = sorted(set(value))
+        setattr(row, name, value)
+    if row.token_budget is not None and row.budget_period is None and key_id is None:
+        row.budget_period = "month"
+    session.commit()
+    return load_effective_limits(session, tenant.id, key_id)
+
+
+def get_limits(session: Session, *, tenant_name: str, key_id: str | None = None) -> EffectiveLimits:
+    """The limits in force for a tenant (or one of its keys)."""
+    tenant = get_tenant(session, tenant_name)
+    return load_effective_limits(session, tenant.id, key_id)
+
+
+def create_key(
+    session: Session,
+    *,
+    tenant_name: str,
+    pepper: str,
+    name: str | None = None,
+    allowed_models: Sequence[str] | None = None,
+    expires_in_days: float | None = None,
+) -> CreatedKey:
+    """Create a key for a tenant; the secret is returned once and stored only as a hash."""
+    _check_limit_value("allowed_models", list(allowed_models) if allowed_models else None)
+    if expires_in_days is not None and not expires_in_days > 0:
+        raise InvalidValueError("expires-in-days must be positive")
+    tenant = get_tenant(session, tenant_name)
+    generated = generate_key(pepper)
+    now = dt.datetime.now(dt.UTC)
+    key = ApiKey(
+        id=new_id("key"),
+        tenant_id=tenant.id,
+        prefix=generated.prefix,
+        secret_hash=generated.secret_hash,
+        name=name,
+        allowed_models=sorted(set(allowed_models)) if allowed_models else None,
+        created_at=now,
+        expires_at=now + dt.timedelta(days=expires_in_days) if expires_in_days else None,
+    )
+    session.add(key)
+    session.commit()
+    return CreatedKey(id=key.id, tenant_id=tenant.id, prefix=key.prefix, secret=generated.secret)
+
+
+def list_keys(session: Session, *, tenant_name: str) -> Sequence[ApiKey]:
+    """A tenant's keys, oldest first (hashes included; never print them)."""
+    tenant = get_tenant(session, tenant_name)
+    return session.scalars(
+        select(ApiKey).where(ApiKey.tenant_id == tenant.id).order_by(ApiKey.created_at, ApiKey.id)
+    ).all()
+
+
+def revoke_key(session: Session, *, key_id: str) -> ApiKey:
+    """Revoke a key (idempotent: the first revocation time is kept)."""
+    key = session.get(ApiKey, key_id)
+    if key is None:
+        raise NotFoundError(f"no key {key_id!r}")
+    if key.revoked_at is None:
+        key.revoked_at = dt.datetime.now(dt.UTC)
+        session.commit()
+    return key
