@@ -1,0 +1,276 @@
+"""The synchronous engine core: step = schedule -> run -> postprocess."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import uuid
+from collections.abc import Sequence as Seq
+from typing import Any
+
+import torch
+
+from engine.attention.backend import get_attention_backend
+from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from engine.errors import EngineOverloadedError, InvalidRequestError
+from engine.kv_cache.block_pool import BlockPool
+from engine.kv_cache.manager import KVCacheManager
+from engine.kv_cache.sizing import plan_kv_capacity
+from engine.model.loader import LoadedModel, load_model
+from engine.outputs import StreamEvent
+from engine.request_state import RequestState
+from engine.runner.model_runner import ModelRunner
+from engine.sampling_params import SamplingParams
+from engine.scheduler.scheduler import Scheduler
+from engine.sequence import Sequence
+from engine.stats import EngineStats
+from engine.validation import validate_request
+
+log = logging.getLogger("engine")
+
+
+def build_config(model: str | None = None, **options: Any) -> EngineConfig:
+    """Builds the frozen config from flat keyword options (the vLLM-style `LLM(...)` call)."""
+    groups: dict[type, dict[str, Any]] = {ModelConfig: {}, CacheConfig: {}, SchedulerConfig: {}}
+    top: dict[str, Any] = {}
+    top_fields = {f.name for f in dataclasses.fields(EngineConfig)} - {
+        "model",
+        "cache",
+        "scheduler",
+    }
+    for key, value in options.items():
+        for cls, bucket in groups.items():
+            if key in {f.name for f in dataclasses.fields(cls)}:
+                bucket[key] = value
+                break
+        else:
+            if key not in top_fields:
+                raise TypeError(f"unknown engine option {key!r}")
+            top[key] = value
+    if isinstance(groups[ModelConfig].get("dtype"), str):
+        groups[ModelConfig]["dtype"] = getattr(torch, groups[ModelConfig]["dtype"])
+    return EngineConfig(
+        model=ModelConfig(path=model or "", **groups[ModelConfig]),
+        cache=CacheConfig(**groups[CacheConfig]),
+        scheduler=SchedulerConfig(**groups[SchedulerConfig]),
+        **top,
+    )
+
+
+class LLMEngine:
+    """Owns the model runner, the scheduler and the state of every live request.
+
+    Not thread-safe: one thread drives `step()`; `AsyncEngine` wraps it for asyncio.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        loaded: LoadedModel | None = None,
+        *,
+        keep_finished: bool = False,
+    ) -> None:
+        self.config = config
+        # The offline LLM collects finished requests from here; a server streams events instead.
+        self.keep_finished = keep_finished
+        self.finished: dict[str, RequestState] = {}
+        device = torch.device(config.model.device)
+        torch.manual_seed(config.seed)
+        if loaded is None:
+            loaded = load_model(
+                config.model.path or None, dtype=config.model.dtype, device=device, progress=False
+            )
+        self.loaded = loaded
+        self.tokenizer = loaded.tokenizer
+        self.arch = loaded.arch
+        self.model_name = loaded.name
+        self.max_model_len = min(
+            config.model.max_model_len or loaded.arch.max_position_embeddings,
+            loaded.arch.max_position_embeddings,
+        )
+        self.capacity = plan_kv_capacity(loaded.arch, config.cache, config.model.dtype, device)
+        log.info(self.capacity.describe())
+        self.kv = KVCacheManager(BlockPool(self.capacity.num_blocks), config.cache.block_size)
+        eos = loaded.tokenizer.eos_token_ids
+        self.scheduler = Scheduler(
+            config.scheduler, self.kv, eos_token_ids=eos, max_model_len=self.max_model_len
+        )
+        self.runner = ModelRunner(
+            loaded.model,
+            loaded.arch,
+            get_attention_backend(config.attention_backend, device),
+            num_blocks=self.capacity.num_blocks,
+            block_size=config.cache.block_size,
+            dtype=config.model.dtype,
+            device=device,
+            eos_token_ids=eos,
+        )
+        self.requests: dict[str, RequestState] = {}
+        self._num_finished = 0
+        self._num_generated = 0
+
+    @classmethod
+    def from_options(cls, model: str | None = None, **options: Any) -> LLMEngine:
+        """`LLMEngine.from_options(model=None, block_size=16, ...)`."""
+        return cls(build_config(model, **options))
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the model's output layer."""
+        return self.arch.vocab_size
+
+    # -- requests ---------------------------------------------------------------
+
+    def validate(self, prompt_token_ids: Seq[int], params: SamplingParams) -> int:
+        """Raises a typed error for a bad request; returns its resolved max_tokens. Pure."""
+        cfg = self.config.scheduler
+        return validate_request(
+            prompt_token_ids,
+            params,
+            vocab_size=self.vocab_size,
+            max_model_len=self.max_model_len,
+            pool_tokens=self.capacity.num_tokens,
+            max_n=cfg.max_n,
+            max_tokens_limit=cfg.max_tokens_limit,
+        )
+
+    def add_request(
+        self,
+        prompt_token_ids: Seq[int],
+        params: SamplingParams,
+        *,
+        request_id: str | None = None,
+        cache_domain: str = "default",
+        adapter: str | None = None,
+        use_cache: bool = True,
+        prompt: str | None = None,
+        arrival_time: float | None = None,
+    ) -> str:
+        """Validates and queues a request; raises at once if it is bad or the queue is full."""
+        max_tokens = self.validate(prompt_token_ids, params)
+        if self.scheduler.num_waiting >= self.config.scheduler.max_waiting:
+            raise EngineOverloadedError(
+                f"the waiting queue is full ({self.config.scheduler.max_waiting} requests)"
+            )
+        request_id = request_id or uuid.uuid4().hex
+        if request_id in self.requests:
+            raise InvalidRequestError(
+                f"request id {request_id!r} is already live", param="request_id"
+            )
+        if not isinstance(cache_domain, str) or not cache_domain:
+            raise InvalidRequestError(
+                "cache_domain must be a non-empty string", param="cache_domain"
+            )
+        now = arrival_time if arrival_time is not None else time.time()
+        prompt_ids = [int(t) for t in prompt_token_ids]
+        seqs = [
+            Sequence(
+                seq_id=f"{request_id}#{i}",
+                request_id=request_id,
+                index=i,
+                prompt_token_ids=prompt_ids,
+                params=params,
+                max_tokens=max_tokens,
+                cache_domain=cache_domain,
+                adapter=adapter,
+                use_cache=use_cache,
+                arrival_time=now,
+            )
+            for i in range(params.n)
+        ]
+        self.requests[request_id] = RequestState(
+            request_id, prompt, prompt_ids, seqs, self.tokenizer, now
+        )
+        for seq in seqs:
+            self.scheduler.add(seq)
+        return request_id
+
+    def abort(self, request_id: str) -> StreamEvent | None:
+        """Ends a request now and frees its blocks; returns its final event, if it was live."""
+        state = self.requests.get(request_id)
+        if state is None:
+            return None
+        self.scheduler.finish_all(state.seqs, "abort")
+        return self._finalize(state, time.time())
+
+    def fail_requests(self, request_ids: Seq[str]) -> None:
+        """Drops requests whose step failed, freeing their blocks (the engine goes on)."""
+        for request_id in request_ids:
+            state = self.requests.pop(request_id, None)
+            if state is not None:
+                self.scheduler.finish_all(state.seqs, "error")
+                for seq in state.seqs:
+                    self.runner.release(seq.seq_id)
+
+    def has_unfinished(self) -> bool:
+        """True while any request is live."""
+        return bool(self.requests)
+
+    # -- the step -----------------------------------------------------------------
+
+    def step(self) -> list[StreamEvent]:
+        """Schedules, runs and post-processes one step; returns the events it produced."""
+        output = self.scheduler.schedule()
+        if output.is_empty:
+            return []
+        now = time.time()
+        for item in output.scheduled:
+            state = self.requests[item.seq.request_id]
+            if state.first_scheduled_time is None:
+                state.first_scheduled_time = now
+        try:
+            sampled = self.runner.execute(output)
+        except Exception as exc:
+            # The caller drops these requests with `fail_requests` (freeing their blocks)
+            # and reports the error to their owners; other requests carry on.
+            raise StepFailed({item.seq.request_id for item in output.scheduled}) from exc
+        progressed = self.scheduler.update(output, {k: v.token_id for k, v in sampled.items()})
+        now = time.time()
+        touched: dict[str, RequestState] = {}
+        for seq in progressed:
+            state = self.requests[seq.request_id]
+            touched[seq.request_id] = state
+            self._num_generated += 1
+            stop = state.add_token(seq, sampled[seq.seq_id], now)
+            if stop is not None and not seq.is_finished:
+                self.scheduler.finish(seq, "stop", stop)
+        events: list[StreamEvent] = []
+        for state in touched.values():
+            event = self._finalize(state, now) if state.finished else state.take_event(now)
+            if event is not None:
+                events.append(event)
+        return events
+
+    def _finalize(self, state: RequestState, now: float) -> StreamEvent | None:
+        event = state.take_event(now)
+        del self.requests[state.request_id]
+        self._num_finished += 1
+        for seq in state.seqs:
+            self.runner.release(seq.seq_id)
+        if self.keep_finished:
+            self.finished[state.request_id] = state
+        return event
+
+    def stats(self) -> EngineStats:
+        """Counters and gauges for metrics."""
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=self.scheduler.num_waiting,
+            kv_cache_usage=self.kv.usage,
+            prefix_cache_queries=0,
+            prefix_cache_hits=0,
+            num_preemptions=self.scheduler.num_preemptions,
+            num_blocks=self.capacity.num_blocks,
+            block_size=self.capacity.block_size,
+            num_requests_finished=self._num_finished,
+            num_generated_tokens=self._num_generated,
+        )
+
+
+class StepFailed(Exception):
+    """A forward pass or sampling step raised; `request_ids` were in that step."""
+
+    def __init__(self, request_ids: set[str]) -> None:
+        super().__init__(f"engine step failed for {len(request_ids)} requests")
+        self.request_ids = request_ids

@@ -1,0 +1,100 @@
+"""Everything on the device: the KV tensors, the forward pass and sampling."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention.backend import AttentionBackend
+from engine.config import ModelArchitecture
+from engine.model.forward_context import ForwardContext
+from engine.runner.inputs import build_step_inputs
+from engine.sampling.sampler import Sampler, SamplingRow, make_generator
+from engine.scheduler.output import SchedulerOutput
+from engine.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    """A token chosen for one sequence, with its logprobs when they were asked for."""
+
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+
+
+class ModelRunner:
+    """Runs the model on a step's flat batch and samples the sequences that reached their end.
+
+    It makes no scheduling decision: it does exactly what `SchedulerOutput` says.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        arch: ModelArchitecture,
+        backend: AttentionBackend,
+        *,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        eos_token_ids: frozenset[int],
+    ) -> None:
+        self.model = model
+        self.arch = arch
+        self.backend = backend
+        self.block_size = block_size
+        self.device = device
+        self.eos_token_ids = eos_token_ids
+        shape = (2, num_blocks, block_size, arch.num_kv_heads, arch.head_dim)
+        # Allocated once; block ids from the pool index dimension 1.
+        self.kv_caches = [
+            torch.zeros(shape, dtype=dtype, device=device) for _ in range(arch.num_layers)
+        ]
+        self.sampler = Sampler()
+        self._generators: dict[str, torch.Generator] = {}
+
+    @torch.inference_mode()
+    def execute(self, output: SchedulerOutput) -> dict[str, SampledToken]:
+        """Runs one step; returns the sampled token of every sequence that samples."""
+        inputs = build_step_inputs(output, self.block_size, self.device)
+        ctx = ForwardContext(backend=self.backend, meta=inputs.meta, kv_caches=self.kv_caches)
+        hidden = self.model(inputs.input_ids, inputs.positions, ctx)
+        if not inputs.sampling_positions:
+            return {}
+        logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        seqs = [output.scheduled[i].seq for i in inputs.sampling_positions]
+        rows = [self._row(seq) for seq in seqs]
+        result = self.sampler.sample(logits, rows)
+        sampled: dict[str, SampledToken] = {}
+        for seq, token, lp in zip(seqs, result.token_ids, result.logprobs, strict=True):
+            if lp is None:
+                sampled[seq.seq_id] = SampledToken(token)
+            else:
+                chosen, top = lp
+                sampled[seq.seq_id] = SampledToken(token, chosen, tuple(top))
+        return sampled
+
+    def _row(self, seq: Sequence) -> SamplingRow:
+        gen = self._generators.get(seq.seq_id)
+        if gen is None:
+            gen = make_generator(seq.params.seed, seq.index, self.device)
+            self._generators[seq.seq_id] = gen
+        suppress = (
+            self.eos_token_ids | frozenset(seq.params.stop_token_ids)
+            if seq.num_output_tokens < seq.params.min_tokens
+            else frozenset()
+        )
+        return SamplingRow(
+            params=seq.params,
+            generator=gen,
+            prompt_token_ids=seq.prompt_token_ids,
+            output_token_ids=seq.output_token_ids,
+            suppress_eos=suppress,
+        )
+
+    def release(self, seq_id: str) -> None:
+        """Forgets a finished sequence's sampling state."""
+        self._generators.pop(seq_id, None)

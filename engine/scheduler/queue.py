@@ -1,0 +1,81 @@
+"""The waiting queue: which waiting sequence is considered for admission next."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from typing import Protocol
+
+from engine.sequence import Sequence
+
+
+class WaitingQueue(Protocol):
+    """Order of admission. `peek` names the next candidate without removing it."""
+
+    def __len__(self) -> int:
+        """Number of waiting sequences."""
+        ...
+
+    def __iter__(self) -> Iterator[Sequence]:
+        """Waiting sequences, in no particular order."""
+        ...
+
+    def push(self, seq: Sequence) -> None:
+        """Adds a newly arrived sequence."""
+        ...
+
+    def push_front(self, seq: Sequence) -> None:
+        """Returns a preempted sequence, ahead of newer arrivals."""
+        ...
+
+    def peek(self) -> Sequence | None:
+        """The next sequence to admit, or None when empty."""
+        ...
+
+    def pop(self, seq: Sequence) -> None:
+        """Removes `seq` (the one `peek` returned) after its admission."""
+        ...
+
+    def remove(self, seq: Sequence) -> bool:
+        """Removes `seq` wherever it is (abort); False if it was not queued."""
+        ...
+
+
+class FcfsQueue:
+    """First come, first served; preempted sequences go back to the front."""
+
+    def __init__(self) -> None:
+        self._q: deque[Sequence] = deque()
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def __iter__(self) -> Iterator[Sequence]:
+        return iter(self._q)
+
+    def push(self, seq: Sequence) -> None:
+        """Appends at the back."""
+        self._q.append(seq)
+
+    def push_front(self, seq: Sequence) -> None:
+        """Puts back at the front."""
+        self._q.appendleft(seq)
+
+    def peek(self) -> Sequence | None:
+        """The oldest waiting sequence."""
+        return self._q[0] if self._q else None
+
+    def pop(self, seq: Sequence) -> None:
+        """Removes the head (which must be `seq`)."""
+        if self._q and self._q[0] is seq:
+            self._q.popleft()
+        else:
+            self._q.remove(seq)
+
+    def remove(self, seq: Sequence) -> bool:
+        """Removes `seq` if present."""
+        try:
+            self._q.remove(seq)
+        except ValueError:
+            return False
+        return True

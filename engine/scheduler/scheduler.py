@@ -1,0 +1,179 @@
+"""Continuous batching under one token budget per step (after vLLM V1).
+
+There is no prefill or decode phase: every running sequence's computed-token
+count catches up with its known tokens, a chunk at a time, and all of them
+share `max_num_batched_tokens`. The scheduler never touches tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from engine.config import SchedulerConfig
+from engine.kv_cache.manager import KVCacheManager
+from engine.scheduler.output import ScheduledSequence, SchedulerOutput
+from engine.scheduler.queue import FcfsQueue, WaitingQueue
+from engine.sequence import Sequence, SequenceStatus
+
+
+class Scheduler:
+    """Owns the waiting and running sequences and decides each step's batch."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv: KVCacheManager,
+        *,
+        eos_token_ids: frozenset[int],
+        max_model_len: int,
+        waiting: WaitingQueue | None = None,
+    ) -> None:
+        self.config = config
+        self.kv = kv
+        self.eos_token_ids = eos_token_ids
+        self.max_model_len = max_model_len
+        self.waiting: WaitingQueue = waiting if waiting is not None else FcfsQueue()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    # -- queue ------------------------------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        """Queues a validated sequence for admission."""
+        seq.status = SequenceStatus.WAITING
+        self.waiting.push(seq)
+
+    def has_unfinished(self) -> bool:
+        """True while any sequence waits or runs."""
+        return bool(self.running) or len(self.waiting) > 0
+
+    @property
+    def num_waiting(self) -> int:
+        """Sequences waiting for admission (preempted ones included)."""
+        return len(self.waiting)
+
+    # -- one step ---------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        """Picks this step's sequences and token counts; allocates their KV slots."""
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[ScheduledSequence] = []
+        preempted: list[Sequence] = []
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            num_new = self._chunk(seq, budget)
+            while not self.kv.allocate_slots(seq, num_new):
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+            else:
+                scheduled.append(ScheduledSequence(seq, seq.num_computed_tokens, num_new))
+                budget -= num_new
+                i += 1
+
+        # Admitting while the pool is short would only preempt again next step.
+        if not preempted:
+            budget = self._admit(budget, scheduled)
+
+        return SchedulerOutput(
+            scheduled=tuple(scheduled),
+            num_batched_tokens=self.config.max_num_batched_tokens - budget,
+            preempted=tuple(preempted),
+        )
+
+    def _admit(self, budget: int, scheduled: list[ScheduledSequence]) -> int:
+        while budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting.peek()
+            if seq is None:
+                break
+            computed_blocks, num_computed = ([], 0)
+            if seq.use_cache and not seq.block_ids:
+                computed_blocks, num_computed = self.kv.get_computed_blocks(seq)
+            seq.num_computed_tokens = num_computed
+            num_new = self._chunk(seq, budget)
+            if not self.kv.allocate_slots(seq, num_new, computed_blocks):
+                seq.num_computed_tokens = 0
+                break
+            self.waiting.pop(seq)
+            if not seq.admitted_once:
+                seq.admitted_once = True
+                seq.num_cached_tokens = num_computed
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            scheduled.append(ScheduledSequence(seq, seq.num_computed_tokens, num_new))
+            budget -= num_new
+        return budget
+
+    def _chunk(self, seq: Sequence, budget: int) -> int:
+        """Tokens to compute for `seq` now: what is left, capped by budget and chunk size."""
+        left = seq.num_tokens - seq.num_computed_tokens
+        cap = self.config.prefill_chunk_size
+        if cap is not None and left > 1:
+            left = min(left, cap)
+        return min(left, budget)
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Frees a running sequence's blocks; it will be recomputed from scratch."""
+        self.kv.free(seq)
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        seq.status = SequenceStatus.WAITING
+        self.num_preemptions += 1
+        self.waiting.push_front(seq)
+
+    # -- after the step -----------------------------------------------------------
+
+    def update(self, output: SchedulerOutput, sampled: dict[str, int]) -> list[Sequence]:
+        """Advances computed counts, appends sampled tokens and finishes sequences.
+
+        Returns the sequences that received a token this step.
+        """
+        progressed: list[Sequence] = []
+        for item in output.scheduled:
+            seq = item.seq
+            if seq.is_finished:  # aborted while the step ran
+                continue
+            seq.num_computed_tokens = item.end
+            token = sampled.get(seq.seq_id)
+            if token is None:
+                continue
+            seq.output_token_ids.append(token)
+            progressed.append(seq)
+            reason = self._stop_reason(seq, token)
+            if reason is not None:
+                self.finish(seq, *reason)
+        return progressed
+
+    def _stop_reason(self, seq: Sequence, token: int) -> tuple[str, int | None] | None:
+        params = seq.params
+        if seq.num_output_tokens >= params.min_tokens:
+            if token in params.stop_token_ids:
+                return "stop", token
+            if not params.ignore_eos and token in self.eos_token_ids:
+                return "stop", token
+        if seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length", None
+        return None
+
+    def finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
+        """Ends a sequence wherever it is and frees its blocks at once."""
+        if seq.is_finished:
+            return
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        self.kv.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        seq.stop_reason = stop_reason
+        seq.num_computed_tokens = 0
+
+    def finish_all(self, seqs: Iterable[Sequence], reason: str) -> None:
+        """Ends several sequences (an aborted request's samples)."""
+        for seq in seqs:
+            self.finish(seq, reason)

@@ -1,0 +1,82 @@
+"""Token-level state of one sequence (one of a request's `n` samples). State only, no logic
+beyond what is derived from the state itself."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    """Where a sequence is in its life."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One sample being generated. The scheduler owns its queue position and blocks.
+
+    `num_computed_tokens` counts the tokens whose K/V are in the cache; it catches
+    up with `num_tokens` through prefill chunks, then grows by one per decode step.
+    After a preemption it drops to 0 and the whole sequence, outputs included, is
+    recomputed as if it were a prompt.
+    """
+
+    seq_id: str
+    request_id: str
+    index: int
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    max_tokens: int  # resolved from params and the context length
+    cache_domain: str
+    adapter: str | None = None
+    use_cache: bool = True
+    arrival_time: float = 0.0
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
+    block_ids: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    num_preemptions: int = 0
+    admitted_once: bool = False
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Length of the prompt."""
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated tokens."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Generated tokens so far."""
+        return len(self.output_token_ids)
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """Tokens [start, end) of prompt + output, without building the whole list."""
+        p = len(self.prompt_token_ids)
+        if end <= p:
+            return self.prompt_token_ids[start:end]
+        if start >= p:
+            return self.output_token_ids[start - p : end - p]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - p]
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        """Prompt plus generated tokens, as one new list."""
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def is_finished(self) -> bool:
+        """True once the sequence has a finish reason."""
+        return self.status is SequenceStatus.FINISHED

@@ -1,0 +1,21 @@
+"""A snapshot of the engine's counters, for metrics and the admin console."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """Gauges and monotonic counters; counters only grow over the engine's life."""
+
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float  # 0..1
+    prefix_cache_queries: int  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int  # of those, tokens served from it
+    num_preemptions: int
+    num_blocks: int
+    block_size: int
+    num_requests_finished: int = 0
+    num_generated_tokens: int = 0

@@ -1,0 +1,65 @@
+"""Checks a request against the engine's limits before anything is queued."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from engine.errors import (
+    ContextLengthExceededError,
+    InvalidRequestError,
+    RequestTooLargeError,
+)
+from engine.sampling_params import SamplingParams
+
+
+def validate_request(
+    prompt_token_ids: Sequence[int],
+    params: SamplingParams,
+    *,
+    vocab_size: int,
+    max_model_len: int,
+    pool_tokens: int,
+    max_n: int,
+    max_tokens_limit: int | None,
+) -> int:
+    """Raises a typed error for a request that must not be queued; returns its max_tokens.
+
+    A request is refused at once when it could never finish: a prompt past the
+    context, or more tokens than the whole KV pool holds (it would wait forever).
+    """
+    if not isinstance(params, SamplingParams):
+        raise InvalidRequestError("sampling params must be a SamplingParams", param="params")
+    if len(prompt_token_ids) == 0:
+        raise InvalidRequestError("the prompt is empty", param="prompt")
+    for token in prompt_token_ids:
+        if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < vocab_size:
+            raise InvalidRequestError(
+                f"prompt token id {token!r} is outside the vocabulary (0..{vocab_size - 1})",
+                param="prompt",
+            )
+    params.check_against(vocab_size=vocab_size, max_n=max_n, max_tokens_limit=max_tokens_limit)
+    n_prompt = len(prompt_token_ids)
+    if n_prompt >= max_model_len:
+        raise ContextLengthExceededError(
+            f"this model's maximum context length is {max_model_len} tokens; the prompt has "
+            f"{n_prompt} tokens and leaves no room for output",
+            param="prompt",
+        )
+    if params.max_tokens is None:
+        max_tokens = max_model_len - n_prompt
+    else:
+        max_tokens = params.max_tokens
+        if n_prompt + max_tokens > max_model_len:
+            raise ContextLengthExceededError(
+                f"this model's maximum context length is {max_model_len} tokens; you asked for "
+                f"{n_prompt + max_tokens} ({n_prompt} in the prompt, {max_tokens} to generate)",
+                param="max_tokens",
+            )
+    # The last sampled token is never written to the cache, hence the -1.
+    needed = n_prompt + max_tokens - 1
+    if needed > pool_tokens:
+        raise RequestTooLargeError(
+            f"the request needs up to {needed} KV tokens but the whole cache holds {pool_tokens}",
+            param="max_tokens",
+        )
+    return max_tokens
