@@ -1,0 +1,127 @@
+"""Load Llama-family models from a Hugging Face folder (config.json + safetensors).
+
+Parameter names already match ours, so weights stream straight from the
+(possibly sharded) safetensors files into the model.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from tqdm import tqdm
+
+from engine.config import ModelArchitecture
+from engine.errors import UnsupportedModelError
+from engine.model.llama import LlamaForCausalLM
+
+# HF architecture class -> our family name (SmolLM checkpoints declare LlamaForCausalLM).
+SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def read_config(folder: str | Path) -> dict[str, Any]:
+    """The folder's config.json as a dict."""
+    path = Path(folder) / "config.json"
+    try:
+        config: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UnsupportedModelError(f"cannot read {path}: {exc}") from exc
+    return config
+
+
+def architecture_from_config(config: Mapping[str, Any]) -> ModelArchitecture:
+    """Maps a transformers config (v4 or v5 spelling of rope settings) onto ModelArchitecture."""
+    declared = list(config.get("architectures") or [])
+    family = next(
+        (SUPPORTED_ARCHITECTURES[a] for a in declared if a in SUPPORTED_ARCHITECTURES), None
+    )
+    if family is None:
+        raise UnsupportedModelError(
+            f"model architecture {declared or config.get('model_type')!r} is not supported; "
+            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    hidden = int(config["hidden_size"])
+    num_heads = int(config["num_attention_heads"])
+    theta, scaling = _rope_settings(config)
+    return ModelArchitecture(
+        vocab_size=int(config["vocab_size"]),
+        hidden_size=hidden,
+        intermediate_size=int(config["intermediate_size"]),
+        num_layers=int(config["num_hidden_layers"]),
+        num_heads=num_heads,
+        num_kv_heads=int(config.get("num_key_value_heads") or num_heads),
+        head_dim=int(config.get("head_dim") or hidden // num_heads),
+        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        rope_theta=theta,
+        max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        rope_scaling=scaling,
+        # Qwen2 always biases q/k/v; Llama only when its config says so.
+        attention_bias=family == "qwen2" or bool(config.get("attention_bias", False)),
+        architecture=family,
+    )
+
+
+def _rope_settings(
+    config: Mapping[str, Any],
+) -> tuple[float, tuple[tuple[str, float | str], ...] | None]:
+    """(theta, scaling pairs). transformers v5 folds both into `rope_parameters`."""
+    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    theta = float(params.pop("rope_theta", config.get("rope_theta", 10000.0)))
+    if "type" in params and "rope_type" not in params:
+        params["rope_type"] = params.pop("type")
+    params.pop("type", None)
+    if params.get("rope_type", "default") == "default":
+        return theta, None
+    pairs = tuple(
+        (str(k), v if isinstance(v, str) else float(v))
+        for k, v in sorted(params.items())
+        if isinstance(v, str | int | float) and not isinstance(v, bool)
+    )
+    return theta, pairs
+
+
+def safetensors_files(folder: str | Path) -> list[Path]:
+    """The weight files: those named by the shard index, else every *.safetensors."""
+    folder = Path(folder)
+    index = folder / INDEX_FILE
+    if index.exists():
+        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+        files = [folder / name for name in sorted(set(weight_map.values()))]
+    else:
+        files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise UnsupportedModelError(f"no *.safetensors weights in {folder}")
+    return files
+
+
+def iter_weights(
+    folder: str | Path, *, progress: bool = False
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yields (name, tensor) from every safetensors file of the folder."""
+    files = safetensors_files(folder)
+    with tqdm(desc="loading weights", unit="tensor", disable=not progress) as bar:
+        for path in files:
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                    yield name, f.get_tensor(name)
+                    bar.update()
+
+
+def load_hf_model(
+    folder: str | Path,
+    *,
+    dtype: torch.dtype,
+    device: str | torch.device,
+    progress: bool = False,
+) -> tuple[LlamaForCausalLM, ModelArchitecture]:
+    """Reads config.json and the safetensors weights into a ready, eval-mode model."""
+    arch = architecture_from_config(read_config(folder))
+    model = LlamaForCausalLM.empty(arch, dtype=dtype, device=device)
+    model.load_weights(iter_weights(folder, progress=progress))
+    return model, arch
