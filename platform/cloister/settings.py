@@ -36,6 +36,8 @@ class Settings(BaseSettings):
     max_model_len: int | None = 8192
     log_level: str = "INFO"
     metrics_top_tenants: int = Field(default=20, ge=1)
+    max_n: int = Field(default=16, ge=1)  # most choices one request may ask for
+    otel_exporter: Literal["none", "console", "otlp"] = "none"
 
     @model_validator(mode="after")
     def _refuse_dev_secrets_in_production(self) -> Settings:

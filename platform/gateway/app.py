@@ -1,0 +1,69 @@
+"""The gateway's FastAPI app: routes, error mapping, and a lifespan owning its objects."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from cloister.settings import Settings
+from fastapi import FastAPI
+from opentelemetry.sdk.trace import TracerProvider
+
+from gateway.engine_client import EngineClient
+from gateway.errors import install_error_handlers
+from gateway.metrics import GatewayMetrics
+from gateway.routes import chat, completions, metrics, models
+from gateway.state import AppState, AuthenticatorLike
+from gateway.tracing import gateway_tracer, make_tracer_provider
+from gateway.usage import LoggingUsageSink, UsageSink
+from tenancy.limiter.base import Limiter
+
+
+def create_app(
+    settings: Settings,
+    *,
+    engine_client: EngineClient,
+    authenticator: AuthenticatorLike,
+    limiter: Limiter,
+    usage_sink: UsageSink | None = None,
+    tracer_provider: TracerProvider | None = None,
+    manage_engine: bool = True,
+) -> FastAPI:
+    """An app serving the OpenAI-compatible API over `engine_client`.
+
+    The lifespan starts the engine (when `manage_engine`) and shuts it and the
+    tracer provider down on exit. Nothing lives in module globals: two apps in one
+    process (tests, benchmarks) share nothing.
+    """
+    provider = tracer_provider or make_tracer_provider(settings.otel_exporter)
+    state = AppState(
+        settings=settings,
+        engine=engine_client,
+        authenticator=authenticator,
+        limiter=limiter,
+        usage_sink=usage_sink or LoggingUsageSink(),
+        metrics=GatewayMetrics(
+            model_name=engine_client.model_name, top_tenants=settings.metrics_top_tenants
+        ),
+        tracer=gateway_tracer(provider),
+        started_at=int(time.time()),
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if manage_engine:
+            await engine_client.start()
+        try:
+            yield
+        finally:
+            if manage_engine:
+                await engine_client.shutdown()
+            provider.shutdown()
+
+    app = FastAPI(title="Cloister", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.cloister = state
+    install_error_handlers(app)
+    for module in (chat, completions, models, metrics):
+        app.include_router(module.router)
+    return app

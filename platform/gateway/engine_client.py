@@ -1,0 +1,152 @@
+"""The gateway's view of an engine: one Protocol, an in-process implementation.
+
+The remote implementation (the engine's internal HTTP API) will implement the same
+Protocol, so nothing above this module knows where the engine runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from engine.outputs import StreamEvent
+from engine.sampling_params import SamplingParams
+
+
+class TokenizerLike(Protocol):
+    """The part of the engine's tokenizer the gateway uses to count and template."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`."""
+        ...
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of `ids`."""
+        ...
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> str:
+        """The model's chat template rendered over `messages`."""
+        ...
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """Engine counters the gateway exports; cumulative ones only ever grow."""
+
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_preemptions: int
+
+
+class EngineClient(Protocol):
+    """What the gateway needs from an engine.
+
+    Contract: `submit` validates at once and raises `InvalidRequestError` or
+    `EngineOverloadedError` with nothing queued; otherwise the returned iterator
+    yields `StreamEvent`s until one has `finished=True`. `abort` frees the request's
+    KV blocks at once and is a no-op for unknown ids.
+    """
+
+    model_name: str
+    max_model_len: int
+    vocab_size: int
+
+    @property
+    def tokenizer(self) -> TokenizerLike:
+        """The tokenizer of the served model."""
+        ...
+
+    def submit(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        request_id: str,
+        cache_domain: str,
+        adapter: str | None = None,
+    ) -> AsyncIterator[StreamEvent]:
+        """Queues one request; raises at once when it cannot be queued."""
+        ...
+
+    async def abort(self, request_id: str) -> None:
+        """Stops a request and frees its KV blocks."""
+        ...
+
+    def stats(self) -> EngineSnapshot:
+        """Current engine load and cumulative cache counters."""
+        ...
+
+    async def start(self) -> None:
+        """Starts the engine (idempotent for clients that do not own it)."""
+        ...
+
+    async def shutdown(self) -> None:
+        """Stops the engine."""
+        ...
+
+
+class InProcessEngineClient:
+    """An `EngineClient` over an `AsyncEngine` living in this process."""
+
+    def __init__(self, engine: Any, *, model_name: str | None = None) -> None:
+        # `engine` is an engine.async_engine.AsyncEngine; typed loosely so that the
+        # gateway's tests can hand in a fake with the same surface.
+        self._engine = engine
+        self.model_name: str = model_name or engine.model_name
+        self.max_model_len: int = int(engine.max_model_len)
+        self.vocab_size: int = int(engine.vocab_size)
+
+    @property
+    def tokenizer(self) -> TokenizerLike:
+        """The engine's tokenizer."""
+        tokenizer: TokenizerLike = self._engine.tokenizer
+        return tokenizer
+
+    def submit(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        request_id: str,
+        cache_domain: str,
+        adapter: str | None = None,
+    ) -> AsyncIterator[StreamEvent]:
+        """Forwards to `AsyncEngine.submit`; its stream is already an async iterator."""
+        stream: AsyncIterator[StreamEvent] = self._engine.submit(
+            prompt_token_ids,
+            params,
+            request_id=request_id,
+            cache_domain=cache_domain,
+            adapter=adapter,
+        )
+        return stream
+
+    async def abort(self, request_id: str) -> None:
+        """Forwards to `AsyncEngine.abort`."""
+        await self._engine.abort(request_id)
+
+    def stats(self) -> EngineSnapshot:
+        """Copies the fields the gateway exports out of `AsyncEngine.stats()`."""
+        s = self._engine.stats()
+        return EngineSnapshot(
+            num_running=int(s.num_running),
+            num_waiting=int(s.num_waiting),
+            kv_cache_usage=float(s.kv_cache_usage),
+            prefix_cache_queries=int(s.prefix_cache_queries),
+            prefix_cache_hits=int(s.prefix_cache_hits),
+            num_preemptions=int(s.num_preemptions),
+        )
+
+    async def start(self) -> None:
+        """Starts the engine loop."""
+        await self._engine.start()
+
+    async def shutdown(self) -> None:
+        """Stops the engine loop."""
+        await self._engine.shutdown()

@@ -1,0 +1,242 @@
+"""Every error becomes an OpenAI error body here, once, at the gateway's edge.
+
+Mapping: bad input -> 400 (never 422, never 500); authentication -> 401; model not
+allowed -> 403; unknown model or route -> 404; limits -> 429 with Retry-After and
+x-ratelimit-*; engine queue full, dead engine or limiter fail-closed -> 503.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from engine.errors import EngineDeadError, EngineOverloadedError, InvalidRequestError
+from gateway.ratelimit_headers import rate_limit_headers
+from tenancy.errors import (
+    AuthenticationError,
+    LimiterUnavailableError,
+    PermissionDeniedError,
+    RateLimitedError,
+)
+
+logger = logging.getLogger("cloister.gateway")
+
+
+class GatewayError(Exception):
+    """An error the gateway raises itself, already carrying its HTTP shape."""
+
+    status: int = 400
+    type: str = "invalid_request_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = dict(headers or {})
+
+
+class InvalidParameterError(GatewayError):
+    """A parameter is malformed, out of range or not supported (400)."""
+
+
+class ModelNotFoundError(GatewayError):
+    """No model of that name is served here (404)."""
+
+    status = 404
+
+
+def error_response(
+    status: int,
+    message: str,
+    *,
+    type_: str,
+    param: str | None = None,
+    code: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
+    """The OpenAI error body with `status`."""
+    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status, headers=dict(headers or {}))
+
+
+def retry_after_header(seconds: float) -> dict[str, str]:
+    """Retry-After in whole seconds, at least 1 so clients never spin."""
+    return {"Retry-After": str(max(1, math.ceil(seconds)))}
+
+
+def _param_from_loc(loc: Sequence[Any]) -> str | None:
+    # loc is ("body", "messages", 0, "content") for a body field; report the top field.
+    parts = [str(p) for p in loc if p != "body"]
+    return parts[0] if parts else None
+
+
+async def _validation(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = exc.errors()
+    first = errors[0] if errors else {}
+    if first.get("type") == "json_invalid":
+        return error_response(
+            400, "the request body is not valid JSON", type_="invalid_request_error"
+        )
+    param = _param_from_loc(first.get("loc", ()))
+    message = f"{param}: {first.get('msg', 'invalid value')}" if param else "invalid request body"
+    return error_response(400, message, type_="invalid_request_error", param=param)
+
+
+async def _gateway(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, GatewayError)
+    return error_response(
+        exc.status,
+        exc.message,
+        type_=exc.type,
+        param=exc.param,
+        code=exc.code,
+        headers=exc.headers,
+    )
+
+
+async def _engine_invalid(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, InvalidRequestError)
+    return error_response(
+        400, exc.message, type_="invalid_request_error", param=exc.param, code=exc.code
+    )
+
+
+async def _engine_overloaded(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, EngineOverloadedError)
+    return error_response(
+        503,
+        "the engine is at capacity; retry later",
+        type_="server_error",
+        code="engine_overloaded",
+        headers=retry_after_header(exc.retry_after_s),
+    )
+
+
+async def _engine_dead(request: Request, exc: Exception) -> JSONResponse:
+    return error_response(
+        503,
+        "the engine is not serving",
+        type_="server_error",
+        code="engine_unavailable",
+        headers=retry_after_header(5.0),
+    )
+
+
+async def _auth(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, AuthenticationError)
+    message = {
+        "missing": "no API key provided; send Authorization: Bearer <key>",
+        "invalid": "incorrect API key provided",
+        "expired": "this API key has expired",
+        "revoked": "this API key has been revoked",
+        "suspended": "this tenant is suspended",
+    }.get(exc.reason, "authentication failed")
+    return error_response(
+        401,
+        message,
+        type_="invalid_request_error",
+        code="invalid_api_key",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+async def _denied(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, PermissionDeniedError)
+    return error_response(
+        403, str(exc), type_="permission_error", param="model", code="model_not_allowed"
+    )
+
+
+async def _rate_limited(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RateLimitedError)
+    budget = exc.reason == "budget"
+    headers = {**retry_after_header(exc.retry_after_s)}
+    headers.update(rate_limit_headers(exc.requests, exc.tokens))
+    return error_response(
+        429,
+        str(exc),
+        type_="insufficient_quota" if budget else exc.reason,
+        code="insufficient_quota" if budget else "rate_limit_exceeded",
+        headers=headers,
+    )
+
+
+async def _limiter_down(request: Request, exc: Exception) -> JSONResponse:
+    return error_response(
+        503,
+        "rate limiting is unavailable; retry later",
+        type_="server_error",
+        code="limiter_unavailable",
+        headers=retry_after_header(1.0),
+    )
+
+
+async def _http(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
+    return error_response(
+        exc.status_code,
+        str(exc.detail),
+        type_=type_,
+        headers=getattr(exc, "headers", None),
+    )
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    logger.exception("unhandled error", extra={"path": request.url.path})
+    return error_response(500, "internal server error", type_="server_error")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Registers the one mapping from exception types to OpenAI error responses."""
+    app.add_exception_handler(RequestValidationError, _validation)
+    app.add_exception_handler(GatewayError, _gateway)
+    app.add_exception_handler(InvalidRequestError, _engine_invalid)
+    app.add_exception_handler(EngineOverloadedError, _engine_overloaded)
+    app.add_exception_handler(EngineDeadError, _engine_dead)
+    app.add_exception_handler(AuthenticationError, _auth)
+    app.add_exception_handler(PermissionDeniedError, _denied)
+    app.add_exception_handler(RateLimitedError, _rate_limited)
+    app.add_exception_handler(LimiterUnavailableError, _limiter_down)
+    app.add_exception_handler(StarletteHTTPException, _http)
+    app.add_exception_handler(Exception, _unexpected)
+
+
+def status_of(exc: BaseException) -> int:
+    """The HTTP status the handlers above give `exc` (for metrics and usage records).
+
+    499 (client closed request) for a cancellation: the client went away first.
+    """
+    if isinstance(exc, GatewayError):
+        return exc.status
+    if isinstance(exc, (RequestValidationError, InvalidRequestError)):
+        return 400
+    if isinstance(exc, (EngineOverloadedError, EngineDeadError, LimiterUnavailableError)):
+        return 503
+    if isinstance(exc, AuthenticationError):
+        return 401
+    if isinstance(exc, PermissionDeniedError):
+        return 403
+    if isinstance(exc, RateLimitedError):
+        return 429
+    if isinstance(exc, StarletteHTTPException):
+        return exc.status_code
+    if not isinstance(exc, Exception):
+        return 499
+    return 500

@@ -1,0 +1,92 @@
+"""The steps chat and completions share once the prompt is tokenized.
+
+Clamp max_tokens, build the sampling parameters, consume the limits, derive the
+cache domain, submit; and, for non-streaming calls, collect every choice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from engine.outputs import PositionLogprobs, StreamEvent
+from gateway.lifecycle import RequestLifecycle
+from gateway.params import build_sampling_params, resolve_max_tokens
+from gateway.schemas.common import SamplingFields
+from tenancy.principal import derive_cache_domain
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """Engine streams of an admitted request and the headers to send with its response."""
+
+    streams: list[AsyncIterator[StreamEvent]]
+    headers: dict[str, str]
+    n: int
+
+
+@dataclass
+class ChoiceState:
+    """One choice accumulated from its deltas."""
+
+    index: int
+    text: str = ""
+    logprobs: list[PositionLogprobs] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+async def admit_and_submit(
+    life: RequestLifecycle,
+    body: SamplingFields,
+    prompts: list[list[int]],
+    *,
+    requested_max_tokens: int | None,
+    max_tokens_param: str,
+    logprobs: int | None,
+) -> Submitted:
+    """Everything between a tokenized prompt and running engine requests."""
+    state = life.state
+    principal = life.principal
+    assert principal is not None, "authenticate first"
+    max_tokens = resolve_max_tokens(
+        requested_max_tokens,
+        param=max_tokens_param,
+        prompt_tokens=max(len(p) for p in prompts),
+        max_model_len=state.engine.max_model_len,
+        limits=principal.limits,
+    )
+    params = build_sampling_params(
+        body,
+        max_tokens=max_tokens,
+        logprobs=logprobs,
+        vocab_size=state.engine.vocab_size,
+        max_n=state.settings.max_n,
+    )
+    headers = await life.admit(
+        prompt_tokens=sum(len(p) for p in prompts),
+        reserve_tokens=max_tokens * body.n * len(prompts),
+    )
+    domain = derive_cache_domain(principal, body.user)
+    streams = life.submit(prompts, params, cache_domain=domain)
+    return Submitted(streams=streams, headers=headers, n=body.n)
+
+
+def choice_index(prompt_index: int, sample_index: int, n: int) -> int:
+    """OpenAI numbers choices over prompts times n."""
+    return prompt_index * n + sample_index
+
+
+async def collect(life: RequestLifecycle, submitted: Submitted) -> list[ChoiceState]:
+    """Runs every stream to its end and returns the choices in index order."""
+    total = submitted.n * len(submitted.streams)
+    choices = [ChoiceState(index=i) for i in range(total)]
+    async for prompt_index, event in life.events(submitted.streams):
+        for delta in event.deltas:
+            choice = choices[choice_index(prompt_index, delta.index, submitted.n)]
+            choice.text += delta.text
+            if delta.logprobs:
+                choice.logprobs.extend(delta.logprobs)
+            if delta.finish_reason is not None:
+                choice.finish_reason = delta.finish_reason
+    life.completed = True
+    return choices

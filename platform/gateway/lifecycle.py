@@ -1,0 +1,249 @@
+"""One request's path through the gateway, from key to usage record.
+
+    authenticate -> resolve model -> (route: parse, tokenize, clamp) -> admit
+    (limiter) -> submit (engine) -> events -> close
+
+`close` is the single exit: it aborts unfinished engine requests (freeing their
+KV blocks), settles the limiter, records metrics, ends the span and emits the
+usage record. It is idempotent and shielded from cancellation, so it also runs
+to completion when the client disconnects mid-stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+
+import anyio
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
+from engine.outputs import StreamEvent
+from engine.sampling_params import SamplingParams
+from gateway.errors import ModelNotFoundError
+from gateway.ratelimit_headers import rate_limit_headers
+from gateway.state import AppState
+from gateway.tracing import extract_context
+from gateway.usage import UsageGuard, UsageRecord
+from tenancy.authenticator import check_model
+from tenancy.errors import LimiterUnavailableError, RateLimitedError
+from tenancy.limiter.base import Admission
+from tenancy.principal import Principal
+
+logger = logging.getLogger("cloister.gateway")
+
+
+class RequestLifecycle:
+    """State and steps of one API request; see the module docstring."""
+
+    def __init__(self, state: AppState, *, id_prefix: str, headers: Mapping[str, str]) -> None:
+        self.state = state
+        self.request_id = f"{id_prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.started = time.monotonic()
+        self.span: Span = state.tracer.start_span(
+            "gen_ai.request", context=extract_context(headers), kind=SpanKind.SERVER
+        )
+        self.principal: Principal | None = None
+        self.model: str = ""
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.cached_tokens = 0
+        self.finish_reason: str | None = None
+        self.completed = False  # set by the route once the whole response was produced
+        self._admission: Admission | None = None
+        self._engine_ids: list[str] = []
+        self._finished_ids: set[str] = set()
+        self._cached: dict[str, int] = {}
+        self._first_token_at: float | None = None
+        self._last_token_at: float | None = None
+        self._gaps: list[float] = []
+        self._queue_s: float | None = None
+        self._usage = UsageGuard(state.usage_sink)
+        self._closed = False
+
+    async def authenticate(self, authorization: str | None) -> Principal:
+        """The caller's principal (the authenticator may touch the database: off the loop)."""
+        principal = await asyncio.to_thread(self.state.authenticator.authenticate, authorization)
+        self.principal = principal
+        self.span.set_attribute("cloister.tenant_id", principal.tenant_id)
+        return principal
+
+    def resolve_model(self, name: str) -> str:
+        """404 for a model not served here, 403 for one this key may not use."""
+        if name not in self.state.served_models:
+            raise ModelNotFoundError(
+                f"the model {name!r} does not exist", param="model", code="model_not_found"
+            )
+        assert self.principal is not None, "authenticate first"
+        check_model(self.principal, name)
+        self.model = name
+        self.span.set_attribute("gen_ai.request.model", name)
+        return name
+
+    async def admit(self, *, prompt_tokens: int, reserve_tokens: int) -> dict[str, str]:
+        """Consumes the caller's limits; returns the x-ratelimit-* headers to send."""
+        assert self.principal is not None, "authenticate first"
+        principal = self.principal
+        self.prompt_tokens = prompt_tokens
+        metrics = self.state.metrics
+        try:
+            admission = await asyncio.to_thread(
+                self.state.limiter.acquire,
+                principal,
+                prompt_tokens=prompt_tokens,
+                max_tokens=reserve_tokens,
+            )
+        except RateLimitedError as exc:
+            metrics.observe_rejection(tenant=principal.tenant_name, reason=exc.reason)
+            raise
+        except LimiterUnavailableError:
+            metrics.limiter_backend_errors.inc()
+            raise
+        if admission.backend == "local":
+            # Fail-open fallback: the shared backend failed for this call.
+            metrics.limiter_backend_errors.inc()
+        self._admission = admission
+        return rate_limit_headers(admission.requests, admission.tokens)
+
+    def submit(
+        self, prompts: list[list[int]], params: SamplingParams, *, cache_domain: str
+    ) -> list[AsyncIterator[StreamEvent]]:
+        """Queues one engine request per prompt; on a refusal, aborts the ones already queued."""
+        streams: list[AsyncIterator[StreamEvent]] = []
+        self.span.set_attribute("gen_ai.request.max_tokens", params.max_tokens or 0)
+        for i, prompt in enumerate(prompts):
+            engine_id = self.request_id if len(prompts) == 1 else f"{self.request_id}-{i}"
+            # Raises InvalidRequestError / EngineOverloadedError with nothing queued for it;
+            # `close` aborts the earlier prompts' requests.
+            streams.append(
+                self.state.engine.submit(
+                    prompt, params, request_id=engine_id, cache_domain=cache_domain
+                )
+            )
+            self._engine_ids.append(engine_id)
+        return streams
+
+    async def events(
+        self, streams: list[AsyncIterator[StreamEvent]]
+    ) -> AsyncIterator[tuple[int, StreamEvent]]:
+        """(prompt index, event) pairs from all streams, as they arrive."""
+        if len(streams) == 1:
+            async for event in streams[0]:
+                self._observe(event)
+                yield 0, event
+            return
+        queue: asyncio.Queue[tuple[int, StreamEvent | None]] = asyncio.Queue()
+
+        async def pump(i: int, stream: AsyncIterator[StreamEvent]) -> None:
+            try:
+                async for event in stream:
+                    await queue.put((i, event))
+            finally:
+                await queue.put((i, None))
+
+        tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+        try:
+            live = len(tasks)
+            while live:
+                i, item = await queue.get()
+                if item is None:
+                    live -= 1
+                    if tasks[i].done() and tasks[i].exception() is not None:
+                        raise tasks[i].exception()  # type: ignore[misc]
+                    continue
+                self._observe(item)
+                yield i, item
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    def _observe(self, event: StreamEvent) -> None:
+        now = time.monotonic()
+        new_tokens = sum(len(d.token_ids) for d in event.deltas)
+        if new_tokens:
+            self.completion_tokens += new_tokens
+            if self._first_token_at is None:
+                self._first_token_at = now
+            elif self._last_token_at is not None:
+                self._gaps.append(now - self._last_token_at)
+            self._last_token_at = now
+        self._cached[event.request_id] = event.num_cached_tokens
+        self.cached_tokens = sum(self._cached.values())
+        for delta in event.deltas:
+            if delta.finish_reason is not None:
+                self.finish_reason = delta.finish_reason
+        if event.finished:
+            self._finished_ids.add(event.request_id)
+        m = event.metrics
+        if m is not None and m.first_scheduled_time is not None and self._queue_s is None:
+            self._queue_s = m.first_scheduled_time - m.arrival_time
+
+    async def close(self, status: int, *, disconnected: bool = False) -> None:
+        """The single exit; idempotent and run to the end even under cancellation."""
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            await self._close(status, disconnected)
+
+    async def _close(self, status: int, disconnected: bool) -> None:
+        state = self.state
+        for engine_id in self._engine_ids:
+            if engine_id not in self._finished_ids:
+                try:
+                    await state.engine.abort(engine_id)
+                except Exception:
+                    logger.exception("abort failed", extra={"request_id": engine_id})
+        if disconnected and self.finish_reason is None:
+            self.finish_reason = "abort"
+        if self._admission is not None:
+            actual = self.prompt_tokens + self.completion_tokens
+            try:
+                await asyncio.to_thread(
+                    state.limiter.release, self._admission, actual_tokens=actual
+                )
+            except Exception:
+                logger.exception("limiter release failed", extra={"request_id": self.request_id})
+        latency = time.monotonic() - self.started
+        ttft = None if self._first_token_at is None else self._first_token_at - self.started
+        principal = self.principal
+        tenant = principal.tenant_name if principal else "anonymous"
+        state.metrics.observe_request(tenant=tenant, status=status, model=self.model or "none")
+        if self._engine_ids:
+            state.metrics.observe_timings(
+                ttft_s=ttft, e2e_s=latency, queue_s=self._queue_s, itl_s=self._gaps
+            )
+        self._end_span(status)
+        if principal is not None:
+            self._usage.emit(
+                UsageRecord(
+                    request_id=self.request_id,
+                    tenant_id=principal.tenant_id,
+                    key_id=principal.key_id,
+                    model=self.model,
+                    prompt_tokens=self.prompt_tokens,
+                    cached_tokens=self.cached_tokens,
+                    completion_tokens=self.completion_tokens,
+                    ttft_s=ttft,
+                    latency_s=latency,
+                    status=status,
+                    finish_reason=self.finish_reason,
+                    client_disconnected=disconnected,
+                )
+            )
+
+    def _end_span(self, status: int) -> None:
+        span = self.span
+        span.set_attribute("gen_ai.operation.name", "chat")
+        span.set_attribute("gen_ai.system", "cloister")
+        span.set_attribute("gen_ai.usage.input_tokens", self.prompt_tokens)
+        span.set_attribute("gen_ai.usage.output_tokens", self.completion_tokens)
+        span.set_attribute("http.response.status_code", status)
+        if self.finish_reason:
+            span.set_attribute("gen_ai.response.finish_reasons", [self.finish_reason])
+        if status >= 500:
+            span.set_status(Status(StatusCode.ERROR))
+        span.end()

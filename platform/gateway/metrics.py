@@ -1,0 +1,147 @@
+"""Prometheus metrics of one gateway app, in a registry the app owns.
+
+Engine-side series use vLLM's names so that existing dashboards work; gauges and
+counters derived from `EngineClient.stats()` are refreshed when /metrics is scraped.
+Tenant labels are bounded: the first `top_tenants` distinct tenants keep their
+name, every later one is reported as "other".
+"""
+
+from __future__ import annotations
+
+import threading
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from gateway.engine_client import EngineSnapshot
+
+OTHER_TENANT = "other"
+_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class TenantLabeler:
+    """Maps tenant names to a bounded label set (first come, first kept)."""
+
+    def __init__(self, top_n: int) -> None:
+        self._top_n = top_n
+        self._kept: set[str] = set()
+        self._lock = threading.Lock()
+
+    def label(self, tenant: str) -> str:
+        """`tenant` itself while fewer than `top_n` names are kept, else "other"."""
+        with self._lock:
+            if tenant in self._kept:
+                return tenant
+            if len(self._kept) < self._top_n:
+                self._kept.add(tenant)
+                return tenant
+        return OTHER_TENANT
+
+
+class GatewayMetrics:
+    """All series of one app; `render` refreshes the engine-derived ones first."""
+
+    def __init__(self, *, model_name: str, top_tenants: int) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.model_name = model_name
+        self.tenants = TenantLabeler(top_tenants)
+        r = self.registry
+        m = ["model_name"]
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds", "Time to first token.", m, registry=r,
+            buckets=_LATENCY_BUCKETS,
+        )  # fmt: skip
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds", "Time between streamed tokens.", m, registry=r,
+            buckets=_ITL_BUCKETS,
+        )  # fmt: skip
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds", "End-to-end request latency.", m, registry=r,
+            buckets=_LATENCY_BUCKETS,
+        )  # fmt: skip
+        self.queue_time = Histogram(
+            "vllm:request_queue_time_seconds", "Time spent waiting to be scheduled.", m,
+            registry=r, buckets=_LATENCY_BUCKETS,
+        )  # fmt: skip
+        self.running = Gauge("vllm:num_requests_running", "Requests running.", m, registry=r)
+        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting.", m, registry=r)
+        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV cache usage (0..1).", m, registry=r)
+        self.prefix_queries = Counter(
+            "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", m,
+            registry=r,
+        )  # fmt: skip
+        self.prefix_hits = Counter(
+            "vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", m, registry=r
+        )
+        self.preemptions = Counter(
+            "vllm:num_preemptions", "Requests preempted by the engine.", m, registry=r
+        )
+        self.requests = Counter(
+            "cloister_requests", "Gateway requests by outcome.", ["tenant", "status", "model"],
+            registry=r,
+        )  # fmt: skip
+        self.limiter_rejections = Counter(
+            "cloister_limiter_rejections", "Requests denied by a limit.", ["tenant", "reason"],
+            registry=r,
+        )  # fmt: skip
+        self.limiter_backend_errors = Counter(
+            "cloister_limiter_backend_errors", "Limiter backend failures.", registry=r
+        )
+        self._last: EngineSnapshot | None = None
+        self._lock = threading.Lock()
+
+    def observe_request(self, *, tenant: str, status: int, model: str) -> None:
+        """Counts one finished request under its bounded tenant label."""
+        self.requests.labels(self.tenants.label(tenant), str(status), model).inc()
+
+    def observe_rejection(self, *, tenant: str, reason: str) -> None:
+        """Counts one limiter denial."""
+        self.limiter_rejections.labels(self.tenants.label(tenant), reason).inc()
+
+    def observe_timings(
+        self,
+        *,
+        ttft_s: float | None,
+        e2e_s: float,
+        queue_s: float | None,
+        itl_s: list[float],
+    ) -> None:
+        """Records one request's latency histograms."""
+        name = self.model_name
+        if ttft_s is not None:
+            self.ttft.labels(name).observe(ttft_s)
+        self.e2e.labels(name).observe(e2e_s)
+        if queue_s is not None:
+            self.queue_time.labels(name).observe(max(0.0, queue_s))
+        itl = self.itl.labels(name)
+        for gap in itl_s:
+            itl.observe(gap)
+
+    def update_engine(self, snap: EngineSnapshot) -> None:
+        """Sets the gauges and advances the counters by the change since the last snapshot."""
+        name = self.model_name
+        with self._lock:
+            self.running.labels(name).set(snap.num_running)
+            self.waiting.labels(name).set(snap.num_waiting)
+            self.kv_usage.labels(name).set(snap.kv_cache_usage)
+            last = self._last
+            for counter, now, before in (
+                (
+                    self.prefix_queries,
+                    snap.prefix_cache_queries,
+                    last and last.prefix_cache_queries,
+                ),
+                (self.prefix_hits, snap.prefix_cache_hits, last and last.prefix_cache_hits),
+                (self.preemptions, snap.num_preemptions, last and last.num_preemptions),
+            ):
+                # A smaller value means the engine restarted: count from its zero.
+                delta = now - before if before is not None and now >= before else now
+                if delta > 0:
+                    counter.labels(name).inc(delta)
+            self._last = snap
+
+    def render(self, snap: EngineSnapshot | None) -> bytes:
+        """The exposition text, after folding in `snap` when given."""
+        if snap is not None:
+            self.update_engine(snap)
+        return generate_latest(self.registry)

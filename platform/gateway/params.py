@@ -1,0 +1,151 @@
+"""From an OpenAI body to engine `SamplingParams`: vet, validate and clamp.
+
+Runs after the prompt is tokenized (the default max_tokens depends on its length)
+and before the limiter (which reserves prompt + max_tokens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from engine.errors import ContextLengthExceededError, InvalidRequestError
+from engine.sampling_params import SamplingParams
+from gateway.errors import InvalidParameterError
+from gateway.schemas.common import SamplingFields
+from tenancy.limits import EffectiveLimits
+
+# Accepted but ignored because they never change the generated tokens.
+_HARMLESS_EXTRAS = frozenset(
+    {"metadata", "store", "service_tier", "parallel_tool_calls", "stream_options", "top_k"}
+)
+# Unknown fields that would change the output: refused rather than silently dropped.
+_OUTPUT_CHANGING = frozenset(
+    {
+        "tools",
+        "functions",
+        "function_call",
+        "response_format",
+        "audio",
+        "modalities",
+        "prediction",
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "guided_grammar",
+        "structured_outputs",
+        "reasoning_effort",
+        "web_search_options",
+        "cache_salt",
+    }
+)
+
+
+def vet_extra_fields(extra: Mapping[str, Any]) -> None:
+    """400 naming the first unknown field that would change the output; others pass."""
+    for name, value in extra.items():
+        if name not in _OUTPUT_CHANGING or value is None:
+            continue
+        # Values that ask for the default behaviour are harmless.
+        if name == "response_format" and isinstance(value, dict) and value.get("type") == "text":
+            continue
+        if name == "modalities" and value == ["text"]:
+            continue
+        if name in ("tools", "functions") and value == []:
+            continue
+        raise InvalidParameterError(
+            f"parameter {name!r} is not supported by this server", param=name, code="unsupported"
+        )
+
+
+def parse_logit_bias(raw: Mapping[str, float] | None, vocab_size: int) -> dict[int, float]:
+    """OpenAI's {"token id": bias} map, with ids inside the vocabulary and bias in [-100, 100]."""
+    out: dict[int, float] = {}
+    for key, bias in (raw or {}).items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise InvalidParameterError(
+                f"logit_bias keys must be token ids, got {key!r}", param="logit_bias"
+            ) from None
+        if not 0 <= token < vocab_size:
+            raise InvalidParameterError(
+                f"logit_bias token id {token} is outside the vocabulary", param="logit_bias"
+            )
+        if not -100.0 <= bias <= 100.0:
+            raise InvalidParameterError(
+                f"logit_bias value for {token} must be in [-100, 100]", param="logit_bias"
+            )
+        out[token] = float(bias)
+    return out
+
+
+def resolve_max_tokens(
+    requested: int | None,
+    *,
+    param: str,
+    prompt_tokens: int,
+    max_model_len: int,
+    limits: EffectiveLimits,
+) -> int:
+    """The output budget: explicit, or what is left of the context (capped by the tenant)."""
+    if limits.max_prompt_tokens is not None and prompt_tokens > limits.max_prompt_tokens:
+        raise InvalidParameterError(
+            f"the prompt has {prompt_tokens} tokens; this key allows {limits.max_prompt_tokens}",
+            param="messages" if param == "max_completion_tokens" else "prompt",
+            code="prompt_too_long",
+        )
+    remaining = max_model_len - prompt_tokens
+    if remaining < 1:
+        raise ContextLengthExceededError(
+            f"the prompt has {prompt_tokens} tokens but the model's context is {max_model_len}",
+            param="messages" if param == "max_completion_tokens" else "prompt",
+        )
+    cap = limits.max_output_tokens
+    if requested is None:
+        return remaining if cap is None else min(remaining, cap)
+    if requested < 1:
+        raise InvalidParameterError(f"{param} must be at least 1", param=param)
+    if cap is not None and requested > cap:
+        raise InvalidParameterError(
+            f"{param} is {requested}; this key allows at most {cap}", param=param
+        )
+    if requested > remaining:
+        raise ContextLengthExceededError(
+            f"{prompt_tokens} prompt tokens + {param} {requested} exceed the model's "
+            f"context of {max_model_len}",
+            param=param,
+        )
+    return requested
+
+
+def build_sampling_params(
+    body: SamplingFields,
+    *,
+    max_tokens: int,
+    logprobs: int | None,
+    vocab_size: int,
+    max_n: int,
+) -> SamplingParams:
+    """The engine parameters; any range error becomes a 400 naming the parameter."""
+    if body.n > max_n:
+        raise InvalidParameterError(f"n must be at most {max_n}, got {body.n}", param="n")
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    if len(stop) > 4 or any(not s for s in stop):
+        raise InvalidParameterError("stop takes up to 4 non-empty strings", param="stop")
+    try:
+        params = SamplingParams(
+            n=body.n,
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            seed=body.seed,
+            presence_penalty=body.presence_penalty,
+            frequency_penalty=body.frequency_penalty,
+            max_tokens=max_tokens,
+            stop=tuple(stop),
+            logprobs=logprobs,
+            logit_bias=tuple(parse_logit_bias(body.logit_bias, vocab_size).items()),
+        )
+    except InvalidRequestError as exc:
+        raise InvalidParameterError(exc.message, param=exc.param) from None
+    return params

@@ -1,0 +1,176 @@
+"""POST /v1/chat/completions."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from engine.outputs import PositionLogprobs
+from gateway.body import parse_body
+from gateway.errors import InvalidParameterError, status_of
+from gateway.generation import Submitted, admit_and_submit, choice_index, collect
+from gateway.lifecycle import RequestLifecycle
+from gateway.params import vet_extra_fields
+from gateway.schemas.chat import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChoiceLogprobs,
+    ChunkChoice,
+    ChunkDelta,
+    TokenLogprobEntry,
+    TopLogprob,
+)
+from gateway.schemas.common import make_usage
+from gateway.sse import DONE, SettlingStreamingResponse, sse_event
+from gateway.state import app_state
+
+router = APIRouter(tags=["chat"])
+
+
+def chat_logprobs(
+    positions: list[PositionLogprobs] | tuple[PositionLogprobs, ...],
+) -> ChoiceLogprobs:
+    """Engine logprobs in the chat shape (token, logprob, bytes, top_logprobs)."""
+    return ChoiceLogprobs(
+        content=[
+            TokenLogprobEntry(
+                token=p.chosen.text,
+                logprob=p.chosen.logprob,
+                bytes=list(p.chosen.text.encode()),
+                top_logprobs=[
+                    TopLogprob(token=t.text, logprob=t.logprob, bytes=list(t.text.encode()))
+                    for t in p.top
+                ],
+            )
+            for p in positions
+        ]
+    )
+
+
+def _engine_logprobs(body: ChatCompletionRequest) -> int | None:
+    if body.top_logprobs is not None and not body.logprobs:
+        raise InvalidParameterError("top_logprobs requires logprobs=true", param="top_logprobs")
+    if not body.logprobs:
+        return None
+    return body.top_logprobs or 0
+
+
+def _prompt_ids(life: RequestLifecycle, body: ChatCompletionRequest) -> list[int]:
+    if not body.messages:
+        raise InvalidParameterError("messages must not be empty", param="messages")
+    tokenizer = life.state.engine.tokenizer
+    messages: list[dict[str, Any]] = [{"role": m.role, "content": m.text()} for m in body.messages]
+    try:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    except Exception as exc:  # a template may reject a conversation shape (e.g. role order)
+        raise InvalidParameterError(f"messages: {exc}", param="messages") from None
+    # The template already carries the model's BOS where it wants one.
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+@router.post("/v1/chat/completions")
+async def create_chat_completion(request: Request) -> Response:
+    """Creates a model response for a conversation; streamed as SSE with stream=true."""
+    life = RequestLifecycle(app_state(request), id_prefix="chatcmpl", headers=request.headers)
+    try:
+        await life.authenticate(request.headers.get("authorization"))
+        body = await parse_body(request, ChatCompletionRequest)
+        life.resolve_model(body.model)
+        vet_extra_fields(body.extra_fields())
+        if body.max_tokens is not None and body.max_completion_tokens is not None:
+            raise InvalidParameterError(
+                "give max_tokens or max_completion_tokens, not both", param="max_tokens"
+            )
+        requested = body.max_completion_tokens or body.max_tokens
+        param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+        submitted = await admit_and_submit(
+            life,
+            body,
+            [_prompt_ids(life, body)],
+            requested_max_tokens=requested,
+            max_tokens_param=param,
+            logprobs=_engine_logprobs(body),
+        )
+        if body.stream:
+            return SettlingStreamingResponse(
+                _stream(life, body, submitted),
+                on_close=lambda: life.close(200, disconnected=not life.completed),
+                headers=submitted.headers,
+            )
+        choices = await collect(life, submitted)
+    except BaseException as exc:
+        await life.close(status_of(exc))
+        raise
+    await life.close(200)
+    response = ChatCompletion(
+        id=life.request_id,
+        created=life.created,
+        model=life.model,
+        choices=[
+            ChatChoice(
+                index=c.index,
+                message=AssistantMessage(content=c.text),
+                logprobs=chat_logprobs(c.logprobs) if body.logprobs else None,
+                finish_reason=c.finish_reason,
+            )
+            for c in choices
+        ],
+        usage=make_usage(life.prompt_tokens, life.completion_tokens, life.cached_tokens),
+    )
+    return JSONResponse(response.model_dump(), headers=submitted.headers)
+
+
+async def _stream(
+    life: RequestLifecycle, body: ChatCompletionRequest, submitted: Submitted
+) -> AsyncIterator[bytes]:
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    exclude = None if include_usage else {"usage"}
+
+    def chunk(choices: list[ChunkChoice]) -> bytes:
+        c = ChatCompletionChunk(
+            id=life.request_id, created=life.created, model=life.model, choices=choices
+        )
+        return sse_event(c.model_dump(exclude=exclude))
+
+    for index in range(submitted.n * len(submitted.streams)):
+        yield chunk([ChunkChoice(index=index, delta=ChunkDelta(role="assistant", content=""))])
+    try:
+        async for prompt_index, event in life.events(submitted.streams):
+            for d in event.deltas:
+                index = choice_index(prompt_index, d.index, submitted.n)
+                if d.text or d.logprobs:
+                    logprobs = chat_logprobs(d.logprobs) if body.logprobs and d.logprobs else None
+                    yield chunk(
+                        [
+                            ChunkChoice(
+                                index=index, delta=ChunkDelta(content=d.text), logprobs=logprobs
+                            )
+                        ]
+                    )
+                if d.finish_reason is not None:
+                    yield chunk(
+                        [
+                            ChunkChoice(
+                                index=index, delta=ChunkDelta(), finish_reason=d.finish_reason
+                            )
+                        ]
+                    )
+    except Exception as exc:  # the engine failed mid-stream: tell the client in-band
+        yield sse_event(
+            {"error": {"message": str(exc), "type": "server_error", "param": None, "code": None}}
+        )
+        return
+    if include_usage:
+        usage = make_usage(life.prompt_tokens, life.completion_tokens, life.cached_tokens)
+        final = ChatCompletionChunk(
+            id=life.request_id, created=life.created, model=life.model, choices=[], usage=usage
+        )
+        yield sse_event(final.model_dump())
+    life.completed = True
+    yield DONE

@@ -1,0 +1,170 @@
+"""POST /v1/completions (legacy text completions)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from engine.outputs import PositionLogprobs
+from gateway.body import parse_body
+from gateway.errors import InvalidParameterError, status_of
+from gateway.generation import Submitted, admit_and_submit, choice_index, collect
+from gateway.lifecycle import RequestLifecycle
+from gateway.params import vet_extra_fields
+from gateway.schemas.common import make_usage
+from gateway.schemas.completions import (
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+)
+from gateway.sse import DONE, SettlingStreamingResponse, sse_event
+from gateway.state import app_state
+
+router = APIRouter(tags=["completions"])
+MAX_PROMPTS = 64
+
+
+def completion_logprobs(
+    positions: Sequence[PositionLogprobs], offset: int = 0
+) -> CompletionLogprobs:
+    """Engine logprobs in the legacy shape (parallel lists; text offsets from `offset`)."""
+    offsets: list[int] = []
+    for p in positions:
+        offsets.append(offset)
+        offset += len(p.chosen.text)
+    return CompletionLogprobs(
+        tokens=[p.chosen.text for p in positions],
+        token_logprobs=[p.chosen.logprob for p in positions],
+        top_logprobs=[{t.text: t.logprob for t in p.top} for p in positions],
+        text_offset=offsets,
+    )
+
+
+def _prompts(life: RequestLifecycle, body: CompletionRequest) -> list[list[int]]:
+    """Strings are encoded with the model's special tokens; token id lists are used as given."""
+    raw = body.prompt
+    tokenizer = life.state.engine.tokenizer
+    vocab = life.state.engine.vocab_size
+    if isinstance(raw, str):
+        items: list[str | list[int]] = [raw]
+    elif raw and all(isinstance(x, int) for x in raw):
+        items = [list(raw)]  # type: ignore[arg-type]
+    else:
+        items = list(raw)  # type: ignore[arg-type]
+    if not items or len(items) > MAX_PROMPTS:
+        raise InvalidParameterError(f"give 1 to {MAX_PROMPTS} prompts", param="prompt")
+    prompts: list[list[int]] = []
+    for item in items:
+        ids = tokenizer.encode(item) if isinstance(item, str) else list(item)
+        if not ids:
+            raise InvalidParameterError("a prompt must not be empty", param="prompt")
+        if any(not 0 <= t < vocab for t in ids):
+            raise InvalidParameterError(
+                "prompt token ids must be inside the vocabulary", param="prompt"
+            )
+        prompts.append(ids)
+    return prompts
+
+
+def _vet_legacy(body: CompletionRequest) -> None:
+    if body.echo:
+        raise InvalidParameterError("echo is not supported", param="echo", code="unsupported")
+    if body.suffix:
+        raise InvalidParameterError("suffix is not supported", param="suffix", code="unsupported")
+    if body.best_of is not None and body.best_of != body.n:
+        raise InvalidParameterError("best_of must equal n", param="best_of", code="unsupported")
+
+
+@router.post("/v1/completions")
+async def create_completion(request: Request) -> Response:
+    """Completes one or more prompts; streamed as SSE with stream=true."""
+    life = RequestLifecycle(app_state(request), id_prefix="cmpl", headers=request.headers)
+    try:
+        await life.authenticate(request.headers.get("authorization"))
+        body = await parse_body(request, CompletionRequest)
+        life.resolve_model(body.model)
+        vet_extra_fields(body.extra_fields())
+        _vet_legacy(body)
+        submitted = await admit_and_submit(
+            life,
+            body,
+            _prompts(life, body),
+            requested_max_tokens=body.max_tokens,
+            max_tokens_param="max_tokens",
+            logprobs=body.logprobs,
+        )
+        if body.stream:
+            return SettlingStreamingResponse(
+                _stream(life, body, submitted),
+                on_close=lambda: life.close(200, disconnected=not life.completed),
+                headers=submitted.headers,
+            )
+        choices = await collect(life, submitted)
+    except BaseException as exc:
+        await life.close(status_of(exc))
+        raise
+    await life.close(200)
+    response = Completion(
+        id=life.request_id,
+        created=life.created,
+        model=life.model,
+        choices=[
+            CompletionChoice(
+                index=c.index,
+                text=c.text,
+                logprobs=completion_logprobs(c.logprobs) if body.logprobs is not None else None,
+                finish_reason=c.finish_reason,
+            )
+            for c in choices
+        ],
+        usage=make_usage(life.prompt_tokens, life.completion_tokens, life.cached_tokens),
+    )
+    return JSONResponse(response.model_dump(), headers=submitted.headers)
+
+
+async def _stream(
+    life: RequestLifecycle, body: CompletionRequest, submitted: Submitted
+) -> AsyncIterator[bytes]:
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    exclude = None if include_usage else {"usage"}
+    offsets = [0] * (submitted.n * len(submitted.streams))
+    try:
+        async for prompt_index, event in life.events(submitted.streams):
+            for d in event.deltas:
+                index = choice_index(prompt_index, d.index, submitted.n)
+                logprobs = None
+                if body.logprobs is not None and d.logprobs:
+                    logprobs = completion_logprobs(d.logprobs, offsets[index])
+                offsets[index] += len(d.text)
+                if not (d.text or logprobs or d.finish_reason):
+                    continue
+                c = Completion(
+                    id=life.request_id,
+                    created=life.created,
+                    model=life.model,
+                    choices=[
+                        CompletionChoice(
+                            index=index,
+                            text=d.text,
+                            logprobs=logprobs,
+                            finish_reason=d.finish_reason,
+                        )
+                    ],
+                )
+                yield sse_event(c.model_dump(exclude=exclude))
+    except Exception as exc:  # the engine failed mid-stream: tell the client in-band
+        yield sse_event(
+            {"error": {"message": str(exc), "type": "server_error", "param": None, "code": None}}
+        )
+        return
+    if include_usage:
+        usage = make_usage(life.prompt_tokens, life.completion_tokens, life.cached_tokens)
+        final = Completion(
+            id=life.request_id, created=life.created, model=life.model, choices=[], usage=usage
+        )
+        yield sse_event(final.model_dump())
+    life.completed = True
+    yield DONE

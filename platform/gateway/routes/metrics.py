@@ -1,0 +1,24 @@
+"""GET /metrics: Prometheus exposition of the app's own registry."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from gateway.state import app_state
+
+router = APIRouter(tags=["metrics"])
+
+
+@router.get("/metrics", include_in_schema=False)
+async def metrics(request: Request) -> Response:
+    """The gateway's and the engine's series, engine gauges refreshed now."""
+    state = app_state(request)
+    snap = state.engine.stats()
+    return Response(state.metrics.render(snap), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/health", include_in_schema=False)
+async def health() -> dict[str, str]:
+    """Liveness: the process answers."""
+    return {"status": "ok"}

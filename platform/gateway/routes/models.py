@@ -1,0 +1,28 @@
+"""GET /v1/models: the models the caller's key may use."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from gateway.schemas.models import ModelCard, ModelList
+from gateway.state import app_state
+from tenancy.authenticator import allowed_models
+
+router = APIRouter(tags=["models"])
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> JSONResponse:
+    """Lists the served models this key is allowed to use."""
+    state = app_state(request)
+    principal = await asyncio.to_thread(
+        state.authenticator.authenticate, request.headers.get("authorization")
+    )
+    names = allowed_models(principal, state.served_models)
+    body = ModelList(
+        data=[ModelCard(id=name, created=state.started_at, owned_by="cloister") for name in names]
+    )
+    return JSONResponse(body.model_dump())

@@ -1,0 +1,1 @@
+"""OpenAI-shaped request and response bodies (pydantic)."""

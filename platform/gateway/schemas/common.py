@@ -1,0 +1,79 @@
+"""Fields shared by the chat and completions bodies, and the usage block."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class StreamOptions(BaseModel):
+    """`stream_options`: only `include_usage` changes what we send."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    include_usage: bool = False
+
+
+class SamplingFields(BaseModel):
+    """Parameters both endpoints accept. Unknown fields are kept so they can be vetted."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    max_tokens: int | None = Field(default=None)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    n: int = Field(default=1, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    user: str | None = Field(default=None, max_length=256)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+    def extra_fields(self) -> dict[str, Any]:
+        """Fields the client sent that this schema does not name."""
+        return dict(self.model_extra or {})
+
+
+class PromptTokensDetails(BaseModel):
+    """How much of the prompt came out of the prefix cache."""
+
+    cached_tokens: int = 0
+
+
+class Usage(BaseModel):
+    """Token counts of one request, summed over all its choices."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+def make_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usage:
+    """Builds a `Usage` whose total is always the sum of its parts."""
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+    )
+
+
+class ErrorDetail(BaseModel):
+    """The inside of an OpenAI error body."""
+
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(BaseModel):
+    """`{"error": {...}}` as OpenAI sends it."""
+
+    error: ErrorDetail

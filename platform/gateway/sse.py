@@ -1,0 +1,46 @@
+"""Server-sent events as OpenAI sends them, and a response that always settles its request."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import anyio
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse_event(payload: dict[str, Any]) -> bytes:
+    """One `data: {json}` event."""
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+class SettlingStreamingResponse(StreamingResponse):
+    """A StreamingResponse that awaits `on_close` however the stream ends.
+
+    Starlette cancels the body when the client disconnects; the body's own
+    `finally` may then run late (at garbage collection). This hook runs when the
+    response itself ends, shielded, so the engine request is aborted and the
+    limiter settled at once.
+    """
+
+    def __init__(
+        self,
+        content: AsyncIterator[bytes],
+        *,
+        on_close: Callable[[], Awaitable[None]],
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(content, media_type="text/event-stream", headers=headers)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Streams the body, then settles the request even on disconnect or cancellation."""
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._on_close()

@@ -1,0 +1,44 @@
+"""OpenTelemetry for the gateway: a tracer the app owns, W3C trace context from headers."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal
+
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+from opentelemetry.trace import Tracer
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+ExporterName = Literal["none", "console", "otlp"]
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+
+def make_tracer_provider(
+    exporter: ExporterName = "none", *, extra_processor: SpanProcessor | None = None
+) -> TracerProvider:
+    """A provider private to one app (never the global one). Exports nothing by default."""
+    provider = TracerProvider()
+    if exporter == "console":
+        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+    elif exporter == "otlp":
+        # Optional dependency: only needed when someone turns the exporter on.
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[import-not-found]
+            OTLPSpanExporter,
+        )
+
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    if extra_processor is not None:
+        provider.add_span_processor(extra_processor)
+    return provider
+
+
+def gateway_tracer(provider: TracerProvider) -> Tracer:
+    """The tracer the request spans come from."""
+    return provider.get_tracer("cloister.gateway")
+
+
+def extract_context(headers: Mapping[str, str]) -> Context:
+    """The parent context named by an incoming `traceparent` header (empty when absent)."""
+    return _PROPAGATOR.extract(carrier=dict(headers))

@@ -1,0 +1,66 @@
+"""The metering seam: one `UsageRecord` per request id, handed to a `UsageSink` once."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from typing import Protocol
+
+logger = logging.getLogger("cloister.usage")
+
+
+@dataclass(frozen=True)
+class UsageRecord:
+    """What one request consumed and how it ended. Partial output counts on disconnect."""
+
+    request_id: str
+    tenant_id: str
+    key_id: str
+    model: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    ttft_s: float | None
+    latency_s: float
+    status: int  # the HTTP status the client got (200 also for a stream cut short)
+    finish_reason: str | None
+    client_disconnected: bool
+
+
+class UsageSink(Protocol):
+    """Receives each request's usage exactly once; must not raise into the request path."""
+
+    def record(self, usage: UsageRecord) -> None:
+        """Stores or forwards one record. Called once per request id."""
+        ...
+
+
+class LoggingUsageSink:
+    """Default sink: one structured log line per request (the admin service stores them later)."""
+
+    def record(self, usage: UsageRecord) -> None:
+        """Logs the record as the `usage` extra field."""
+        logger.info("usage", extra={"usage": asdict(usage)})
+
+
+class UsageGuard:
+    """Makes the exactly-once rule local: a second `emit` for the same request is ignored."""
+
+    def __init__(self, sink: UsageSink) -> None:
+        self._sink = sink
+        self._done = False
+
+    @property
+    def emitted(self) -> bool:
+        """True once the record went out."""
+        return self._done
+
+    def emit(self, usage: UsageRecord) -> None:
+        """Hands `usage` to the sink the first time; sink failures are logged, not raised."""
+        if self._done:
+            return
+        self._done = True
+        try:
+            self._sink.record(usage)
+        except Exception:  # a metering outage must not fail the tenant's request
+            logger.exception("usage sink failed", extra={"request_id": usage.request_id})
