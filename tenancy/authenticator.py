@@ -93,8 +93,9 @@ class Authenticator:
         Raises AuthenticationError with reason missing|invalid|expired|revoked|suspended.
         """
         token = (bearer or "").strip()
-        if token[:7].lower() == "bearer ":
-            token = token[7:].strip()
+        scheme, _, rest = token.partition(" ")
+        if scheme.lower() == "bearer":
+            token = rest.strip()
         if not token:
             raise AuthenticationError("missing", "no API key provided")
         state = self._state(token)

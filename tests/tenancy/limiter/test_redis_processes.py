@@ -1,0 +1,96 @@
+"""Exactness across OS processes, and behaviour when Redis goes away."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import redis
+
+from tenancy.errors import LimiterUnavailableError, RateLimitedError
+from tenancy.limiter.factory import make_limiter
+from tenancy.limiter.redis_limiter import RedisLimiter
+from tests.tenancy.conftest import make_principal
+from tests.utils.services import private_redis_server
+
+LIMIT = 20
+
+
+def _hammer(url: str, prefix: str, calls: int, start_at: float, out: mp.Queue) -> None:  # type: ignore[type-arg]
+    """One gateway process: `calls` concurrent acquires at the same instant."""
+    limiter = RedisLimiter(redis.Redis.from_url(url), fail_mode="closed", key_prefix=prefix)
+    p = make_principal(rpm=LIMIT)
+    while time.time() < start_at:
+        time.sleep(0.001)
+
+    def one(_: int) -> int:
+        try:
+            limiter.acquire(p, prompt_tokens=1, max_tokens=1)
+            return 1
+        except RateLimitedError:
+            return 0
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        out.put(sum(pool.map(one, range(calls))))
+
+
+def test_two_processes_admit_at_most_the_limit(redis_prefix: tuple[str, str]) -> None:
+    url, prefix = redis_prefix
+    ctx = mp.get_context("spawn")
+    out: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
+    start_at = time.time() + 3.0  # spawn start-up is slow; meet at a shared instant
+    procs = [
+        ctx.Process(target=_hammer, args=(url, prefix, 3 * LIMIT // 2, start_at, out))
+        for _ in range(2)
+    ]
+    for proc in procs:
+        proc.start()
+    admitted = sum(out.get(timeout=60) for _ in procs)
+    for proc in procs:
+        proc.join(timeout=30)
+        assert proc.exitcode == 0
+    # 3L attempts at limit L: exactly L, or L-1 if a refill fraction lands late.
+    assert LIMIT - 1 <= admitted <= LIMIT
+
+
+def test_redis_stopped_fail_open_admits_within_local_cap() -> None:
+    with private_redis_server() as (url, proc):
+        limiter = make_limiter(url, fail_mode="open", local_cap_rpm=3)
+        assert isinstance(limiter, RedisLimiter)
+        p = make_principal(rpm=100, token_budget=10)
+        adm = limiter.acquire(p, prompt_tokens=1, max_tokens=1)
+        assert adm.backend == "redis"
+        limiter.release(adm, actual_tokens=1)
+        proc.terminate()
+        proc.wait(timeout=10)
+        admitted = []
+        for _ in range(3):
+            admitted.append(limiter.acquire(p, prompt_tokens=1, max_tokens=1))
+        assert all(a.backend == "local" for a in admitted)
+        with pytest.raises(RateLimitedError) as err:
+            limiter.acquire(p, prompt_tokens=1, max_tokens=1)
+        assert err.value.reason == "requests"
+        for a in admitted:
+            limiter.release(a, actual_tokens=2)  # no raw redis error either
+        assert limiter.backend_errors == 4
+
+
+def test_redis_stopped_fail_closed_raises_unavailable() -> None:
+    with private_redis_server() as (url, proc):
+        seen: list[Exception] = []
+        limiter = RedisLimiter(
+            redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5),
+            fail_mode="closed",
+            on_backend_error=seen.append,
+        )
+        p = make_principal(rpm=10, max_concurrent=1)
+        adm = limiter.acquire(p, prompt_tokens=1, max_tokens=1)
+        proc.terminate()
+        proc.wait(timeout=10)
+        with pytest.raises(LimiterUnavailableError):
+            limiter.acquire(p, prompt_tokens=1, max_tokens=1)
+        limiter.release(adm, actual_tokens=1)  # swallowed and counted
+        assert limiter.backend_errors == 2
+        assert len(seen) == 2 and all(isinstance(e, redis.RedisError) for e in seen)
