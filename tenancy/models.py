@@ -40,9 +40,10 @@ class UTCDateTime(TypeDecorator[dt.datetime]):
     def process_result_value(self, value: Any, dialect: Dialect) -> dt.datetime | None:
         if value is None:
             return None
-        if value.tzinfo is None:
-            return value.replace(tzinfo=dt.UTC)
-        return value.astimezone(dt.UTC)
+        stamp: dt.datetime = value
+        if stamp.tzinfo is None:
+            return stamp.replace(tzinfo=dt.UTC)
+        return stamp.astimezone(dt.UTC)
 
 
 def utcnow() -> dt.datetime:

@@ -130,7 +130,7 @@ def set_limits(
     """Set a tenant's limits (only the options given change) and print those in force."""
     if budget_period is not None and budget is None:
         raise click.BadParameter("needs --budget", param_hint="--budget-period")
-    given = {
+    given: dict[str, Any] = {
         "rpm": rpm,
         "tpm": tpm,
         "max_concurrent": concurrency,
