@@ -1,0 +1,116 @@
+"""`cloister serve`: gateway + in-process engine on one port (SQLite and in-memory limiter by default)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from cloister.settings import Settings
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+FIRST_START_HINT = """\
+No tenants yet. Create one and a key for it:
+
+    cloister tenants create acme
+    cloister keys create --tenant acme
+
+then call the API:
+
+    curl http://{host}:{port}/v1/chat/completions \\
+      -H "Authorization: Bearer <the key>" -H "Content-Type: application/json" \\
+      -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello"}}]}}'
+"""
+
+
+def prepare_database(settings: Settings) -> bool:
+    """Creates the data dir and migrates the database; True when it has no tenant yet."""
+    from sqlalchemy import func, select
+
+    from tenancy.db import make_engine, upgrade_database
+    from tenancy.models import Tenant
+
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    url = settings.resolved_database_url
+    upgrade_database(url)
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(Tenant)).scalar_one()) == 0
+    finally:
+        engine.dispose()
+
+
+def build_app(settings: Settings, *, engine: Any | None = None, **engine_options: Any) -> FastAPI:
+    """The wired gateway: authenticator on the database, limiter from settings, engine in-process.
+
+    `engine` may be an already built AsyncEngine (tests, benchmarks); otherwise one is
+    loaded from `settings.model` (None: the bundled SmolLM2) with `engine_options`.
+    """
+    from gateway.app import create_app
+    from gateway.engine_client import InProcessEngineClient
+
+    from tenancy.authenticator import Authenticator
+    from tenancy.db import make_engine, make_session_factory
+    from tenancy.limiter import make_limiter
+
+    if engine is None:
+        from engine.async_engine import AsyncEngine
+
+        options: dict[str, Any] = {
+            "max_model_len": settings.max_model_len,
+            "kv_cache_bytes": settings.kv_cache_bytes,
+            "max_num_seqs": settings.max_num_seqs,
+            "max_waiting": settings.max_waiting,
+            "attention_backend": settings.attention_backend,
+            "prefix_cache": "hash",
+        }
+        options.update(engine_options)
+        engine = AsyncEngine.from_options(model=settings.model, **options)
+    client = InProcessEngineClient(engine, model_name=settings.model_name)
+    sessions = make_session_factory(make_engine(settings.resolved_database_url))
+    authenticator = Authenticator(
+        sessions, settings.key_pepper.get_secret_value(), refresh_s=settings.config_refresh_s
+    )
+    limiter = make_limiter(
+        settings.redis_url,
+        fail_mode=settings.limiter_fail_mode,
+        local_cap_rpm=settings.limiter_local_cap_rpm,
+    )
+    return create_app(settings, engine_client=client, authenticator=authenticator, limiter=limiter)
+
+
+@click.command()
+@click.option("--host", default=None, help="Interface to bind (default 127.0.0.1).")
+@click.option("--port", type=int, default=None, help="Port to bind (default 8000).")
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Data folder.")
+@click.option("--model", default=None, help="GGUF file or HF folder (default: bundled SmolLM2).")
+@click.option("--model-name", default=None, help="The name clients use in `model`.")
+@click.option("--redis-url", default=None, help="Share limiter state through Redis.")
+@click.option("--max-model-len", type=int, default=None, help="Context length cap.")
+@click.option("--kv-cache-bytes", type=int, default=None, help="KV pool size in bytes.")
+@click.option("--log-level", default=None, help="DEBUG, INFO, WARNING, ...")
+def serve(**flags: Any) -> None:
+    """Serve the OpenAI-compatible API with an in-process engine."""
+    import uvicorn
+
+    from cloister.logging_setup import configure_logging
+
+    overrides = {k: v for k, v in flags.items() if v is not None}
+    settings = Settings(**overrides)
+    configure_logging(settings.log_level)
+    first_start = prepare_database(settings)
+    app = build_app(settings)
+    if first_start:
+        click.echo(
+            FIRST_START_HINT.format(
+                host=settings.host, port=settings.port, model=settings.model_name
+            )
+        )
+    uvicorn.run(app, host=settings.host, port=settings.port, log_config=None)
+
+
+commands: list[click.Command] = [serve]

@@ -1,0 +1,180 @@
+"""A small fake of the AsyncEngine surface the gateway uses (byte tokenizer, scripted text)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from engine.errors import ContextLengthExceededError, EngineOverloadedError
+from engine.outputs import (
+    CompletionDelta,
+    PositionLogprobs,
+    RequestMetrics,
+    StreamEvent,
+    TokenLogprob,
+)
+from engine.sampling_params import SamplingParams
+
+EOS = 256
+BLOCK = 16
+REPLY = "the quick brown fox jumps over the lazy dog. " * 40
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as token ids; 256 is EOS."""
+
+    eos_token_ids = (EOS,)
+    vocab_size = 260
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Bytes of `text`."""
+        return list(text.encode())
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of the byte ids (others dropped)."""
+        return bytes(i for i in ids if i < 256).decode(errors="replace")
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> str:
+        """A fixed, simple template."""
+        text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
+        return text + ("<assistant>" if add_generation_prompt else "")
+
+
+@dataclass(frozen=True)
+class FakeStats:
+    """Same fields as engine.stats.EngineStats."""
+
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_preemptions: int
+    num_blocks: int = 64
+    block_size: int = BLOCK
+
+
+class FakeEngine:
+    """Streams scripted text token by token; tracks aborts and a per-domain prefix cache."""
+
+    def __init__(
+        self, *, max_model_len: int = 512, token_delay_s: float = 0.002, max_waiting: int = 64
+    ) -> None:
+        self.tokenizer = ByteTokenizer()
+        self.max_model_len = max_model_len
+        self.vocab_size = ByteTokenizer.vocab_size
+        self.model_name = "fake-model"
+        self.token_delay_s = token_delay_s
+        self.max_waiting = max_waiting
+        self.running: set[str] = set()
+        self.aborted: list[str] = []
+        self.domains: list[str] = []
+        self._seen: dict[str, list[tuple[int, ...]]] = {}
+        self._queries = 0
+        self._hits = 0
+
+    async def start(self) -> None:
+        """Nothing to start."""
+
+    async def shutdown(self) -> None:
+        """Nothing to stop."""
+
+    def submit(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        request_id: str,
+        cache_domain: str,
+        adapter: str | None = None,
+        cache: bool = True,
+    ) -> AsyncIterator[StreamEvent]:
+        """Validates like the engine, then returns the stream."""
+        if len(prompt_token_ids) + (params.max_tokens or 1) > self.max_model_len:
+            raise ContextLengthExceededError("too long", param="prompt")
+        if len(self.running) >= self.max_waiting:
+            raise EngineOverloadedError("full", retry_after_s=2.0)
+        self.running.add(request_id)
+        self.domains.append(cache_domain)
+        cached = self._lookup(cache_domain, tuple(prompt_token_ids))
+        return self._run(request_id, list(prompt_token_ids), params, cached)
+
+    def _lookup(self, domain: str, prompt: tuple[int, ...]) -> int:
+        best = 0
+        for seen in self._seen.get(domain, []):
+            common = 0
+            for a, b in zip(seen, prompt, strict=False):
+                if a != b:
+                    break
+                common += 1
+            best = max(best, common)
+        self._seen.setdefault(domain, []).append(prompt)
+        cached = min(best, len(prompt) - 1) // BLOCK * BLOCK
+        self._queries += len(prompt)
+        self._hits += cached
+        return cached
+
+    async def _run(
+        self, rid: str, prompt: list[int], params: SamplingParams, cached: int
+    ) -> AsyncIterator[StreamEvent]:
+        arrival = time.time()
+        texts = [""] * params.n
+        done = [False] * params.n
+        rngs = [
+            random.Random(None if params.seed is None else params.seed + i) for i in range(params.n)
+        ]
+        try:
+            for step in range(params.max_tokens or self.max_model_len):
+                await asyncio.sleep(self.token_delay_s)
+                if rid not in self.running:
+                    deltas = tuple(
+                        CompletionDelta(i, "", (), None, "abort")
+                        for i in range(params.n)
+                        if not done[i]
+                    )
+                    yield StreamEvent(rid, deltas, tuple(prompt), cached, True)
+                    return
+                deltas = []
+                for i in range(params.n):
+                    if done[i]:
+                        continue
+                    ch = REPLY[step % len(REPLY)] if params.greedy else rngs[i].choice("abcdefgh ")
+                    texts[i] += ch
+                    finish = None
+                    hit = next((s for s in params.stop if s in texts[i]), None)
+                    if hit is not None:
+                        ch = ch[: len(ch) - (len(texts[i]) - texts[i].index(hit))]
+                        finish = "stop"
+                    elif step + 1 == params.max_tokens:
+                        finish = "length"
+                    lp = None
+                    if params.logprobs is not None:
+                        tok = TokenLogprob(ord(ch[0]) if ch else 32, -0.5, ch)
+                        lp = (PositionLogprobs(tok, tuple(tok for _ in range(params.logprobs))),)
+                    deltas.append(CompletionDelta(i, ch, (ord(ch[0]) if ch else 32,), lp, finish))
+                    done[i] = finish is not None
+                finished = all(done)
+                metrics = RequestMetrics(
+                    arrival, arrival, time.time(), time.time() if finished else None
+                )
+                yield StreamEvent(rid, tuple(deltas), tuple(prompt), cached, finished, metrics)
+                if finished:
+                    return
+        finally:
+            self.running.discard(rid)
+
+    async def abort(self, request_id: str) -> None:
+        """Marks the request aborted; its stream ends at the next step."""
+        if request_id in self.running:
+            self.aborted.append(request_id)
+            self.running.discard(request_id)
+
+    def stats(self) -> FakeStats:
+        """Current counters."""
+        return FakeStats(len(self.running), 0, len(self.running) / 64, self._queries, self._hits, 0)
