@@ -92,14 +92,22 @@ def read_architecture(reader: GGUFReader) -> ModelArchitecture:
         num_heads=num_heads,
         num_kv_heads=int(get("attention.head_count_kv", num_heads)),
         head_dim=int(get("attention.key_length", hidden // num_heads)),
-        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_theta=float(get("rope.freq_base", 10000.0)),
+        rms_norm_eps=_decimal(get("attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_theta=_decimal(get("rope.freq_base", 10000.0)),
         max_position_embeddings=int(get("context_length")),
         tie_word_embeddings="output.weight" not in names,
         rope_scaling=_rope_scaling(reader, arch),
         attention_bias="blk.0.attn_q.bias" in names,
         architecture=arch,
     )
+
+
+def _decimal(value: Any) -> float:
+    """A float32 metadata value as the shortest decimal that round-trips (1e-5, not 9.99e-6).
+
+    That recovers the number the converter was given, as written in the HF config.
+    """
+    return float(str(np.float32(value)))
 
 
 def _vocab_size(reader: GGUFReader, arch: str) -> int:
@@ -123,7 +131,7 @@ def _rope_scaling(reader: GGUFReader, arch: str) -> tuple[tuple[str, float | str
     pairs: list[tuple[str, float | str]] = [("rope_type", str(kind))]
     factor = field_value(reader, f"{arch}.rope.scaling.factor")
     if factor is not None:
-        pairs.append(("factor", float(factor)))
+        pairs.append(("factor", _decimal(factor)))
     original = field_value(reader, f"{arch}.rope.scaling.original_context_length")
     if original is not None:
         pairs.append(("original_max_position_embeddings", float(original)))

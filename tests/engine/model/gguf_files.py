@@ -1,0 +1,116 @@
+"""Writes small GGUF files for tests, the way llama.cpp's converter lays them out."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.quants import quantize
+
+from engine.config import ModelArchitecture
+
+_HF_TO_GGUF_BLOCK = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+_HF_TO_GGUF_TOP = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+
+
+def llama_cpp_permute(weight: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's converter: rows viewed as [head, 2, pair] become [head, pair, 2]."""
+    return (
+        weight.reshape(n_head, 2, weight.shape[0] // n_head // 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
+
+
+def gguf_name(hf_name: str) -> str:
+    """HF parameter name -> llama.cpp tensor name."""
+    if hf_name in _HF_TO_GGUF_TOP:
+        return _HF_TO_GGUF_TOP[hf_name]
+    _, _, layer, rest = hf_name.split(".", 3)
+    module, kind = rest.rsplit(".", 1)
+    return f"blk.{layer}.{_HF_TO_GGUF_BLOCK[module]}.{kind}"
+
+
+def add_tensor(
+    writer: GGUFWriter, name: str, array: np.ndarray, qtype: GGMLQuantizationType
+) -> None:
+    """Adds a float32 array stored as `qtype` (quantized when it is a block type)."""
+    array = np.ascontiguousarray(array, dtype=np.float32)
+    if qtype == GGMLQuantizationType.F32:
+        writer.add_tensor(name, array)
+    elif qtype == GGMLQuantizationType.F16:
+        writer.add_tensor(name, array.astype(np.float16))
+    else:
+        writer.add_tensor(name, quantize(array, qtype), raw_dtype=qtype)
+
+
+def write_model_gguf(
+    path: Path,
+    arch: ModelArchitecture,
+    state: Mapping[str, torch.Tensor],
+    *,
+    qtype: GGMLQuantizationType = GGMLQuantizationType.F32,
+    permute_qk: bool = True,
+) -> Path:
+    """A full model file: metadata from `arch`, 2-D weights stored as `qtype`, norms F32."""
+    writer = GGUFWriter(str(path), arch.architecture)
+    writer.add_block_count(arch.num_layers)
+    writer.add_context_length(arch.max_position_embeddings)
+    writer.add_embedding_length(arch.hidden_size)
+    writer.add_feed_forward_length(arch.intermediate_size)
+    writer.add_head_count(arch.num_heads)
+    writer.add_head_count_kv(arch.num_kv_heads)
+    writer.add_layer_norm_rms_eps(arch.rms_norm_eps)
+    writer.add_rope_freq_base(arch.rope_theta)
+    for name, tensor in state.items():
+        array = tensor.float().numpy()
+        if permute_qk and ".q_proj." in name:
+            array = llama_cpp_permute(array, arch.num_heads)
+        elif permute_qk and ".k_proj." in name:
+            array = llama_cpp_permute(array, arch.num_kv_heads)
+        add_tensor(
+            writer, gguf_name(name), array, qtype if array.ndim == 2 else GGMLQuantizationType.F32
+        )
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def write_single_tensor_gguf(
+    path: Path,
+    name: str,
+    array: np.ndarray,
+    qtype: GGMLQuantizationType,
+    *,
+    arch: str = "llama",
+) -> Path:
+    """A file holding one tensor (plus the architecture key), for dequantization tests."""
+    writer = GGUFWriter(str(path), arch)
+    if qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16) or array.dtype != np.uint8:
+        add_tensor(writer, name, array, qtype)
+    else:
+        writer.add_tensor(name, array, raw_dtype=qtype)  # raw bytes of an exotic type
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
