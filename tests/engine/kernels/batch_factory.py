@@ -83,3 +83,54 @@ def make_batch(
         kv_cache=kv_cache.to(dev, dtype),
         meta=meta,
     )
+
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Low-precision cases need real hardware: numpy (the interpreter) has no bfloat16.
+DTYPES = [torch.float32] + ([torch.float16, torch.bfloat16] if DEVICE == "cuda" else [])
+_TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 3e-2}
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    """Absolute and relative tolerance for comparing a kernel in `dtype` with fp32 math."""
+    return _TOLERANCE[dtype]
+
+
+def dtype_id(dtype: torch.dtype) -> str:
+    """Short test id for a dtype parameter."""
+    return str(dtype).removeprefix("torch.")
+
+
+def reference_output(batch: PagedBatch, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(attention output, cache after the write), computed naively in fp64, returned in fp32.
+
+    Deliberately independent of the engine's torch backend (which may grow fast paths):
+    token by token, position by position, straight from the definition. The inputs are
+    the batch's own (possibly rounded) values, so only the kernel's arithmetic is judged.
+    """
+    m = batch.meta
+    cache = batch.kv_cache.double().cpu().clone()
+    block_size = cache.shape[2]
+    k, v = batch.k.double().cpu(), batch.v.double().cpu()
+    for row, slot in enumerate(m.slot_mapping.tolist()):
+        if slot >= 0:
+            cache[0, slot // block_size, slot % block_size] = k[row]
+            cache[1, slot // block_size, slot % block_size] = v[row]
+    q = batch.q.double().cpu()
+    num_heads, num_kv_heads = q.shape[1], cache.shape[3]
+    group = num_heads // num_kv_heads
+    out = torch.zeros_like(q)
+    tables = m.block_tables.cpu().tolist()
+    start = 0
+    for i, (q_len, s_len) in enumerate(zip(m.query_lens_cpu, m.seq_lens_cpu, strict=True)):
+        pos = torch.arange(s_len)
+        blocks = torch.tensor([tables[i][t // block_size] for t in range(s_len)], dtype=torch.long)
+        keys = cache[0, blocks, pos % block_size]  # [s_len, kv_heads, D]
+        values = cache[1, blocks, pos % block_size]
+        for r in range(q_len):
+            visible = s_len - q_len + r + 1  # causal: up to and including its own position
+            for h in range(num_heads):
+                logits = keys[:visible, h // group] @ q[start + r, h] * scale
+                out[start + r, h] = torch.softmax(logits, 0) @ values[:visible, h // group]
+        start += q_len
+    return out.float().to(batch.q.device), cache.float().to(batch.q.device)

@@ -1,0 +1,137 @@
+"""Paged varlen prefill attention against the torch reference backend."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from engine.attention.torch_backend import write_kv
+from engine.kernels.prefill_attention import prefill_attention, prefill_tile_sizes
+from tests.engine.kernels.batch_factory import (
+    DEVICE,
+    DTYPES,
+    PagedBatch,
+    dtype_id,
+    make_batch,
+    reference_output,
+    tolerance,
+)
+
+GQA = [(4, 4), (6, 2), (16, 2)]  # group sizes 1, 3 and 8
+SCALE = 0.125
+
+
+def _run_prefill(batch: PagedBatch) -> torch.Tensor:
+    write_kv(batch.k, batch.v, batch.kv_cache, batch.meta.slot_mapping)
+    m = batch.meta
+    return prefill_attention(
+        batch.q,
+        batch.kv_cache,
+        m.block_tables,
+        m.query_start_loc,
+        m.seq_lens,
+        SCALE,
+        m.max_query_len,
+    )
+
+
+def _ragged_spec(block_size: int, seed: int) -> list[tuple[int, int]]:
+    """A fresh prompt, a chunk after a prefix ending mid-block, a decode row, a random one."""
+    rng = random.Random(seed)
+    return [
+        (0, rng.randint(9, 30)),
+        (block_size + 3, rng.randint(2, 12)),
+        (rng.randint(1, 40), 1),
+        (rng.randint(0, 25), rng.randint(1, 20)),
+    ]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), GQA, ids=["gqa1", "gqa3", "gqa8"])
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+def test_prefill_matches_reference(
+    block_size: int, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> None:
+    batch = make_batch(
+        _ragged_spec(block_size, seed=block_size * 3 + head_dim),
+        block_size=block_size,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        device=DEVICE,
+        seed=num_heads + head_dim,
+    )
+    expected, _ = reference_output(batch, SCALE)
+    got = _run_prefill(batch)
+    assert got.dtype == dtype
+    tol = tolerance(dtype)
+    torch.testing.assert_close(got.float(), expected, atol=tol, rtol=tol)
+
+
+def test_prefill_spanning_several_query_tiles() -> None:
+    # 70 new rows after a 21-token prefix: two 64-row tiles, the second mostly empty.
+    block_m, _ = prefill_tile_sizes(70, 64)
+    assert block_m == 64
+    batch = make_batch(
+        [(21, 70), (3, 5)], block_size=16, num_heads=2, num_kv_heads=1, head_dim=64, device=DEVICE
+    )
+    expected, _ = reference_output(batch, SCALE)
+    torch.testing.assert_close(_run_prefill(batch).float(), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_sequence_with_no_new_tokens_is_skipped() -> None:
+    # The middle sequence contributes no rows; its neighbours' rows must stay aligned.
+    batch = make_batch(
+        [(4, 6), (12, 0), (9, 3)],
+        block_size=8,
+        num_heads=3,
+        num_kv_heads=1,
+        head_dim=64,
+        device=DEVICE,
+    )
+    expected, _ = reference_output(batch, SCALE)
+    torch.testing.assert_close(_run_prefill(batch).float(), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_padding_rows_after_the_batch_are_left_untouched() -> None:
+    batch = make_batch(
+        [(0, 5), (7, 2)],
+        block_size=8,
+        num_heads=2,
+        num_kv_heads=2,
+        head_dim=64,
+        device=DEVICE,
+        pad_slots=3,
+    )
+    write_kv(batch.k, batch.v, batch.kv_cache, batch.meta.slot_mapping)
+    m = batch.meta
+    out = torch.full_like(batch.q, 7.0)
+    prefill_attention(
+        batch.q,
+        batch.kv_cache,
+        m.block_tables,
+        m.query_start_loc,
+        m.seq_lens,
+        SCALE,
+        m.max_query_len,
+        out=out,
+    )
+    assert torch.equal(out[7:], torch.full_like(out[7:], 7.0))
+    assert not torch.equal(out[:7], torch.full_like(out[:7], 7.0))
+
+
+def test_prefill_is_causal_within_the_new_tokens() -> None:
+    # Changing the last new token's K/V must not change any earlier row's output.
+    batch = make_batch(
+        [(6, 9)], block_size=8, num_heads=2, num_kv_heads=1, head_dim=64, device=DEVICE
+    )
+    first = _run_prefill(batch).clone()
+    batch.k[-1].add_(5.0)
+    batch.v[-1].add_(5.0)
+    second = _run_prefill(batch)
+    torch.testing.assert_close(second[:-1], first[:-1], atol=0, rtol=0)
+    assert not torch.allclose(second[-1], first[-1])
