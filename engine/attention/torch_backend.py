@@ -51,14 +51,23 @@ class TorchAttentionBackend:
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        """Stores the new K/V, then attends sequence by sequence over the gathered cache."""
+        """Stores the new K/V; decode rows attend in one batched call, prefill rows one by one."""
         write_kv(k, v, kv_cache, meta.slot_mapping)
         num_heads, num_kv_heads = q.shape[1], kv_cache.shape[3]
         group = num_heads // num_kv_heads
         out = torch.empty_like(q)
+        decode_rows = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
+        if len(decode_rows) > 1:
+            _batched_decode(q, kv_cache, meta, scale, decode_rows, out)
+            done = set(decode_rows)
+        else:
+            done = set()
         start = 0
-        for i, (q_len, s_len) in enumerate(zip(meta.query_lens_cpu, meta.seq_lens_cpu, strict=True)):
-            if q_len == 0:
+        for i, (q_len, s_len) in enumerate(
+            zip(meta.query_lens_cpu, meta.seq_lens_cpu, strict=True)
+        ):
+            if q_len == 0 or i in done:
+                start += q_len
                 continue
             qi = q[start : start + q_len].transpose(0, 1)  # [H, q_len, D]
             ki, vi = gather_kv(kv_cache, meta.block_tables[i], s_len)
@@ -69,6 +78,37 @@ class TorchAttentionBackend:
             out[start : start + q_len] = oi.transpose(0, 1)
             start += q_len
         return out
+
+
+def _batched_decode(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    rows: list[int],
+    out: torch.Tensor,
+) -> None:
+    """One-token queries of many sequences at once, over K/V gathered into a padded batch."""
+    starts = meta.query_start_loc.tolist() if len(rows) != meta.num_seqs else None
+    token_rows = [starts[i] for i in rows] if starts is not None else rows
+    index = torch.tensor(token_rows, device=q.device)
+    seq_index = torch.tensor(rows, device=q.device)
+    lens = meta.seq_lens.index_select(0, seq_index).long()
+    block_size, num_kv_heads, head_dim = kv_cache.shape[2], kv_cache.shape[3], kv_cache.shape[4]
+    max_len = int(max(meta.seq_lens_cpu[i] for i in rows))
+    num_blocks = (max_len + block_size - 1) // block_size
+    tables = meta.block_tables.index_select(0, seq_index)[:, :num_blocks].long()
+    b = len(rows)
+    keys = kv_cache[0][tables].reshape(b, num_blocks * block_size, num_kv_heads, head_dim)
+    values = kv_cache[1][tables].reshape(b, num_blocks * block_size, num_kv_heads, head_dim)
+    group = q.shape[1] // num_kv_heads
+    qb = q.index_select(0, index).reshape(b, num_kv_heads, group, head_dim)
+    scores = torch.einsum("bhgd,bthd->bhgt", qb, keys.to(q.dtype)) * scale
+    valid = torch.arange(num_blocks * block_size, device=q.device).unsqueeze(0) < lens.unsqueeze(1)
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    ob = torch.einsum("bhgt,bthd->bhgd", probs, values.to(q.dtype))
+    out.index_copy_(0, index, ob.reshape(b, q.shape[1], head_dim))
 
 
 def _causal_mask(q_len: int, s_len: int, device: torch.device) -> torch.Tensor | None:

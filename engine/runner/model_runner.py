@@ -10,7 +10,7 @@ from engine.attention.backend import AttentionBackend
 from engine.config import ModelArchitecture
 from engine.model.forward_context import ForwardContext
 from engine.runner.inputs import build_step_inputs
-from engine.sampling.sampler import Sampler, SamplingRow, make_generator
+from engine.sampling import Sampler, SamplingRow, make_generator
 from engine.scheduler.output import SchedulerOutput
 from engine.sequence import Sequence
 

@@ -6,9 +6,13 @@ import importlib
 
 import click
 
-# Each module exposes `commands: list[click.Command]`; imported lazily so that
-# `cloister generate` never pays for the web stack's imports.
-COMMAND_MODULES: tuple[str, ...] = ()
+# Each module exposes `commands: list[click.Command]`. The modules keep their heavy imports
+# inside the command functions, so `cloister --help` stays fast.
+COMMAND_MODULES: tuple[str, ...] = (
+    "cloister.commands.generate",
+    "cloister.commands.tenants",
+    "cloister.commands.keys",
+)
 
 
 @click.group()

@@ -1,0 +1,72 @@
+"""`cloister generate`: stream a completion for one prompt from the in-process engine."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+
+@click.command()
+@click.argument("prompt")
+@click.option(
+    "--model", default=None, help="GGUF file or Hugging Face folder (default: bundled SmolLM2)."
+)
+@click.option("--max-tokens", default=128, show_default=True, type=click.IntRange(min=1))
+@click.option("--temperature", default=0.0, show_default=True, type=float)
+@click.option("--top-p", default=1.0, show_default=True, type=float)
+@click.option("--seed", default=None, type=int)
+@click.option("--chat/--raw", default=True, show_default=True, help="Apply the chat template.")
+@click.option(
+    "--attention-backend",
+    type=click.Choice(["auto", "torch", "triton"]),
+    default="auto",
+    show_default=True,
+)
+def generate(
+    prompt: str,
+    model: str | None,
+    max_tokens: int,
+    temperature: float,
+    top_p: float,
+    seed: int | None,
+    chat: bool,
+    attention_backend: str,
+) -> None:
+    """Streams a completion for PROMPT to standard output."""
+    from engine.config import EngineConfig, ModelConfig
+    from engine.errors import EngineError
+    from engine.llm_engine import LLMEngine
+    from engine.model.loader import load_model
+    from engine.sampling_params import SamplingParams
+
+    try:
+        params = SamplingParams(
+            max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed
+        )
+        loaded = load_model(model, dtype=ModelConfig.dtype, device="cpu", progress=True)
+        config = EngineConfig(
+            model=ModelConfig(path=model or ""), attention_backend=attention_backend
+        )  # type: ignore[arg-type]
+        engine = LLMEngine(config, loaded)
+        tokenizer = engine.tokenizer
+        if chat:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+            ids = tokenizer.encode(text, add_special_tokens=False)
+        else:
+            ids = tokenizer.encode(prompt)
+        engine.add_request(ids, params, prompt=prompt)
+        finish = None
+        while engine.has_unfinished():
+            for event in engine.step():
+                for delta in event.deltas:
+                    sys.stdout.write(delta.text)
+                    finish = delta.finish_reason or finish
+                sys.stdout.flush()
+        sys.stdout.write("\n")
+        click.echo(f"[finish_reason={finish}]", err=True)
+    except EngineError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+commands: list[click.Command] = [generate]
