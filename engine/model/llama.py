@@ -73,7 +73,8 @@ class LlamaAttention(nn.Module):
         q, k = rotary(positions, q, k)
         kv_cache = ctx.kv_caches[self.layer_idx]
         out = ctx.backend.forward(q, k, v, kv_cache, ctx.meta, self.scale)
-        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+        projected: torch.Tensor = self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+        return projected
 
 
 class LlamaMLP(nn.Module):
@@ -87,7 +88,8 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]."""
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return out
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -108,8 +110,9 @@ class LlamaDecoderLayer(nn.Module):
         ctx: ForwardContext,
     ) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]."""
-        h = x + self.self_attn(self.input_layernorm(x), positions, rotary, ctx)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        h: torch.Tensor = x + self.self_attn(self.input_layernorm(x), positions, rotary, ctx)
+        out: torch.Tensor = h + self.mlp(self.post_attention_layernorm(h))
+        return out
 
 
 class LlamaModel(nn.Module):
@@ -172,14 +175,16 @@ class LlamaForCausalLM(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
     ) -> torch.Tensor:
         """input_ids, positions [T] -> final hidden states [T, hidden] (after the norm)."""
-        x = self.model.embed_tokens(input_ids)
+        x: torch.Tensor = self.model.embed_tokens(input_ids)
         for layer in self.model.layers:
             x = layer(x, positions, self.rotary, ctx)
-        return self.model.norm(x)
+        hidden: torch.Tensor = self.model.norm(x)
+        return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> float32 logits [N, vocab]."""
-        return self.lm_head(hidden).float()
+        logits: torch.Tensor = self.lm_head(hidden)
+        return logits.float()
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
