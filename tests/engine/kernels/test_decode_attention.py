@@ -13,6 +13,7 @@ from engine.kernels.decode_attention import PARTITION, choose_num_splits, decode
 from tests.engine.kernels.batch_factory import (
     DEVICE,
     DTYPES,
+    MATRIX_DTYPES,
     PagedBatch,
     dtype_id,
     make_batch,
@@ -45,7 +46,7 @@ def _run_decode(batch: PagedBatch, num_splits: int | None = None) -> torch.Tenso
     )
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("dtype", MATRIX_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), GQA, ids=["gqa1", "gqa3", "gqa8"])
 @pytest.mark.parametrize("block_size", [8, 16, 32])

@@ -11,7 +11,7 @@ from engine.attention.torch_backend import write_kv
 from engine.kernels.prefill_attention import prefill_attention, prefill_tile_sizes
 from tests.engine.kernels.batch_factory import (
     DEVICE,
-    DTYPES,
+    MATRIX_DTYPES,
     PagedBatch,
     dtype_id,
     make_batch,
@@ -48,7 +48,7 @@ def _ragged_spec(block_size: int, seed: int) -> list[tuple[int, int]]:
     ]
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("dtype", MATRIX_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), GQA, ids=["gqa1", "gqa3", "gqa8"])
 @pytest.mark.parametrize("block_size", [8, 16, 32])

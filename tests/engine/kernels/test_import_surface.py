@@ -1,0 +1,73 @@
+"""The kernels, the triton backend and these tests import only torch/triton/numpy/pytest.
+
+The GPU machine's image has nothing else (no gguf, tokenizers, web stack), so an
+accidental import there would turn the whole GPU check into an import error.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+FORBIDDEN = [
+    "gguf",
+    "safetensors",
+    "tokenizers",
+    "transformers",
+    "tqdm",
+    "jinja2",
+    "fastapi",
+    "pydantic",
+    "sqlalchemy",
+    "redis",
+    "httpx",
+    "click",
+    "tenancy",
+    "gateway",
+    "admin",
+    "cloister",
+    "prometheus_client",
+    "opentelemetry",
+]
+MODULES = [
+    "engine.attention.triton_backend",
+    "engine.attention.torch_backend",
+    "engine.kernels.kv_write",
+    "engine.kernels.decode_attention",
+    "engine.kernels.prefill_attention",
+    "engine.kernels.fused_ops",
+    "tests.engine.kernels.batch_factory",
+]
+
+_PROBE = """
+import importlib, importlib.abc, sys
+forbidden = set(sys.argv[1].split())
+
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in forbidden:
+            raise ImportError("forbidden on the GPU image: " + name)
+        return None
+
+sys.meta_path.insert(0, Block())
+for module in sys.argv[2].split():
+    importlib.import_module(module)
+print("ok")
+"""
+
+
+def test_kernel_modules_need_only_the_gpu_image_packages() -> None:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, " ".join(FORBIDDEN), " ".join(MODULES)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "ok"
