@@ -84,6 +84,19 @@ def apply_presence_frequency(logits: torch.Tensor, rows: Sequence[SamplingRow]) 
         logits[i, seen] -= frequency * counts.to(logits.dtype) + presence
 
 
+def needs_adjustment(rows: Sequence[SamplingRow]) -> bool:
+    """True when some row's logits would be changed by `apply_all`."""
+    for row in rows:
+        params = row.params
+        if params.logit_bias or params.repetition_penalty != 1.0:
+            return True
+        if row.suppress_eos and len(row.output_token_ids) < params.min_tokens:
+            return True
+        if row.output_token_ids and (params.presence_penalty or params.frequency_penalty):
+            return True
+    return False
+
+
 def apply_all(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
     """Applies every history-dependent adjustment in the sampler's fixed order."""
     apply_logit_bias(logits, rows)

@@ -15,9 +15,9 @@ trick) costs nothing on the CPU at large batches, and float64 keeps tokens with
 tiny probabilities reachable.
 
 Truncation needs probabilities sorted; a full sort of [B, 49152] is the most
-expensive step here, so rows first try a `torch.topk` prefix of
-`candidate_width` tokens and fall back to the full sort only when their kept
-set may not fit into it. Both paths give the same token for the same draw.
+expensive step here, so rows first try `torch.topk` prefixes of growing
+`candidate_widths` and fall back to the full sort only when their kept set may
+not fit into any. All paths give the same token for the same draw.
 """
 
 from __future__ import annotations
@@ -28,9 +28,12 @@ from dataclasses import dataclass
 import torch
 
 from engine.sampling.logprobs import RowLogprobs, compute_logprobs
-from engine.sampling.penalties import apply_all
+from engine.sampling.penalties import apply_all, needs_adjustment
 from engine.sampling.row import SamplingError, SamplingRow
 from engine.sampling.truncation import NO_TOP_K, fits_in_prefix, keep_sorted, top_k_tensor
+
+# Positions per block of the two-level inverse CDF.
+_BLOCK = 256
 
 
 @dataclass(frozen=True)
@@ -44,10 +47,11 @@ class SamplerOutput:
 class Sampler:
     """Turns float logits [B, V] into tokens, following each row's SamplingParams."""
 
-    def __init__(self, *, candidate_width: int = 256) -> None:
-        if candidate_width < 1:
-            raise SamplingError(f"candidate_width must be at least 1, got {candidate_width}")
-        self._candidate_width = candidate_width
+    def __init__(self, *, candidate_widths: Sequence[int] = (256, 4096)) -> None:
+        """`candidate_widths`: growing topk prefixes tried before a full sort."""
+        if any(width < 1 for width in candidate_widths):
+            raise SamplingError(f"candidate widths must be positive, got {candidate_widths}")
+        self._candidate_widths = tuple(sorted(candidate_widths))
 
     def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SamplerOutput:
         """Picks one token per row. `logits` is left untouched."""
@@ -55,19 +59,20 @@ class Sampler:
             raise SamplingError(
                 f"logits of shape {tuple(logits.shape)} do not match {len(rows)} rows"
             )
-        work = logits.detach().to(torch.float32, copy=True)
-        apply_all(work, rows)
+        work = logits.detach().to(torch.float32)
+        if needs_adjustment(rows):
+            # Adjust a copy: the raw logits are still needed for logprobs.
+            work = work.clone()
+            apply_all(work, rows)
         tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)
         greedy = [i for i, row in enumerate(rows) if row.params.greedy]
         sampled = [i for i, row in enumerate(rows) if not row.params.greedy]
         if greedy:
             index = torch.tensor(greedy, device=logits.device)
-            tokens[index] = work.index_select(0, index).argmax(dim=-1)
+            tokens[index] = _take(work, index).argmax(dim=-1)
         if sampled:
             index = torch.tensor(sampled, device=logits.device)
-            tokens[index] = self._sample_rows(
-                work.index_select(0, index), [rows[i] for i in sampled]
-            )
+            tokens[index] = self._sample_rows(_take(work, index), [rows[i] for i in sampled])
         logprobs = compute_logprobs(logits.detach(), tokens, rows)
         return SamplerOutput(token_ids=tokens.tolist(), logprobs=logprobs)
 
@@ -78,7 +83,9 @@ class Sampler:
         temperature = torch.tensor(
             [row.params.temperature for row in rows], dtype=logits.dtype, device=device
         )
-        probs = torch.softmax(logits / temperature.unsqueeze(1), dim=-1)
+        if bool((temperature != 1.0).any()):
+            logits = logits / temperature.unsqueeze(1)
+        probs = torch.softmax(logits, dim=-1)
         uniforms = _draw_uniforms(rows, device)
         top_k = top_k_tensor([row.params.top_k for row in rows], vocab_size, device)
         top_p = torch.tensor([row.params.top_p for row in rows], dtype=probs.dtype, device=device)
@@ -88,11 +95,11 @@ class Sampler:
         truncated = (top_k < NO_TOP_K) | (top_p < 1.0)
         plain = (~truncated).nonzero().squeeze(1)
         if plain.numel():
-            chosen[plain] = _draw_plain(probs[plain], min_p[plain], uniforms[plain])
+            chosen[plain] = _draw_plain(_take(probs, plain), min_p[plain], uniforms[plain])
         cut = truncated.nonzero().squeeze(1)
         if cut.numel():
             chosen[cut] = self._draw_truncated(
-                probs[cut], top_k[cut], top_p[cut], min_p[cut], uniforms[cut]
+                _take(probs, cut), top_k[cut], top_p[cut], min_p[cut], uniforms[cut]
             )
         return chosen
 
@@ -104,23 +111,35 @@ class Sampler:
         min_p: torch.Tensor,
         uniforms: torch.Tensor,
     ) -> torch.Tensor:
-        """Token ids for rows with top-k or top-p: topk prefix first, full sort if needed."""
-        width = min(self._candidate_width, probs.shape[-1])
-        prefix, prefix_ids = probs.topk(width, dim=-1)
-        fits = fits_in_prefix(prefix, top_k, top_p)
+        """Token ids for rows with top-k or top-p: topk prefixes first, full sort if needed."""
         chosen = torch.empty(probs.shape[0], dtype=torch.long, device=probs.device)
-        inside = fits.nonzero().squeeze(1)
-        if inside.numel():
-            keep = keep_sorted(prefix[inside], top_k[inside], top_p[inside], min_p[inside])
-            position = _inverse_cdf(prefix[inside] * keep, uniforms[inside])
-            chosen[inside] = prefix_ids[inside].gather(1, position.unsqueeze(1)).squeeze(1)
-        outside = (~fits).nonzero().squeeze(1)
-        if outside.numel():
-            ordered, order = probs[outside].sort(dim=-1, descending=True, stable=True)
-            keep = keep_sorted(ordered, top_k[outside], top_p[outside], min_p[outside])
-            position = _inverse_cdf(ordered * keep, uniforms[outside])
-            chosen[outside] = order.gather(1, position.unsqueeze(1)).squeeze(1)
+        left = torch.arange(probs.shape[0], device=probs.device)  # rows still to draw
+        for width in self._candidate_widths:
+            if width >= probs.shape[-1]:
+                break
+            prefix, prefix_ids = _take(probs, left).topk(width, dim=-1)
+            fits = fits_in_prefix(prefix, top_k[left], top_p[left])
+            inside = fits.nonzero().squeeze(1)
+            if inside.numel():
+                rows = left[inside]
+                keep = keep_sorted(prefix[inside], top_k[rows], top_p[rows], min_p[rows])
+                position = _inverse_cdf(prefix[inside] * keep, uniforms[rows])
+                chosen[rows] = prefix_ids[inside].gather(1, position.unsqueeze(1)).squeeze(1)
+            left = left[~fits]
+            if not left.numel():
+                return chosen
+        ordered, order = _take(probs, left).sort(dim=-1, descending=True, stable=True)
+        keep = keep_sorted(ordered, top_k[left], top_p[left], min_p[left])
+        position = _inverse_cdf(ordered * keep, uniforms[left])
+        chosen[left] = order.gather(1, position.unsqueeze(1)).squeeze(1)
         return chosen
+
+
+def _take(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Rows `index` (sorted, distinct) of `tensor`, without a copy when that is all of them."""
+    if index.numel() == tensor.shape[0]:
+        return tensor
+    return tensor.index_select(0, index)
 
 
 def _draw_uniforms(rows: Sequence[SamplingRow], device: torch.device) -> torch.Tensor:
@@ -137,18 +156,47 @@ def _draw_uniforms(rows: Sequence[SamplingRow], device: torch.device) -> torch.T
 
 def _draw_plain(probs: torch.Tensor, min_p: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """Token ids for rows without top-k/top-p, in vocabulary order (no sort needed)."""
-    floor = min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
-    return _inverse_cdf(probs * (probs >= floor), uniforms)
+    if bool((min_p > 0).any()):
+        floor = min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
+        probs = probs * (probs >= floor)
+    return _inverse_cdf(probs, uniforms)
 
 
 def _inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Position [R] with P(j) proportional to weights[:, j], selected by uniforms [R].
+    """Position [R] with P(j) proportional to weights[:, j] >= 0, selected by uniforms [R].
 
-    Zero-weight positions are never returned: the cumulative sum is flat over
-    them, and rounding past the end is clamped to the last positive weight.
+    Two levels, both in float64: find the block of `_BLOCK` positions by the
+    cumulative block masses, then the position inside it. That costs one pass
+    over the weights instead of a float64 cumulative sum of all of them, and
+    gives the same answer for a sorted prefix as for the whole sorted row
+    (blocks start at 0, and zero weights add nothing). Zero-weight positions are
+    never returned; rounding past a block's end falls back to a positive one.
     """
-    cumulative = weights.to(torch.float64).cumsum(dim=-1)
-    target = (uniforms * cumulative[:, -1]).unsqueeze(1)
-    position = torch.searchsorted(cumulative, target, right=True).squeeze(1)
-    last_positive = (weights > 0).cumsum(dim=-1).argmax(dim=-1)
-    return torch.minimum(position, last_positive)
+    rows, width = weights.shape
+    padded = torch.nn.functional.pad(weights, (0, (-width) % _BLOCK))
+    blocks = padded.view(rows, -1, _BLOCK)
+    # Block masses summed in float32 (a float64 sum would first copy every weight);
+    # the cumulative sums and the search are float64.
+    block_cum = blocks.sum(dim=-1).to(torch.float64).cumsum(dim=-1)
+    target = uniforms * block_cum[:, -1]
+    block = torch.searchsorted(block_cum, target.unsqueeze(1), right=True).squeeze(1)
+    block = block.clamp(max=blocks.shape[1] - 1)
+    before = torch.where(
+        block > 0, block_cum.gather(1, (block - 1).clamp(min=0).unsqueeze(1)).squeeze(1), 0.0
+    )
+    row_index = torch.arange(rows, device=weights.device)
+    inner = blocks[row_index, block].to(torch.float64).cumsum(dim=-1)
+    offset = torch.searchsorted(inner, (target - before).unsqueeze(1), right=True).squeeze(1)
+    position = block * _BLOCK + offset.clamp(max=_BLOCK - 1)
+    chosen = padded.gather(1, position.unsqueeze(1)).squeeze(1)
+    for row in (chosen <= 0).nonzero().squeeze(1).tolist():
+        position[row] = _positive_near(padded[row], int(position[row]))
+    return position
+
+
+def _positive_near(weights: torch.Tensor, position: int) -> int:
+    """The last positive-weight position at or before `position`, else the first one."""
+    earlier = (weights[: position + 1] > 0).nonzero()
+    if earlier.numel():
+        return int(earlier[-1])
+    return int((weights > 0).nonzero()[0])

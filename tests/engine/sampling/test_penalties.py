@@ -10,6 +10,7 @@ from engine.sampling.penalties import (
     apply_min_tokens,
     apply_presence_frequency,
     apply_repetition_penalty,
+    needs_adjustment,
 )
 from engine.sampling.row import SamplingRow
 from engine.sampling_params import SamplingParams
@@ -84,3 +85,17 @@ def test_min_tokens_masks_eos_until_enough_output() -> None:
     assert logits[0, [1, 3, 4, 5]].tolist() == [-1.0, -3.0, 1.0, 0.0]
     assert logits[1].tolist() == BASE
     assert logits[2].tolist() == BASE
+
+
+def test_needs_adjustment_only_when_something_applies() -> None:
+    assert not needs_adjustment([_row(SamplingParams(), prompt=[1], output=[2])])
+    assert not needs_adjustment([_row(SamplingParams(presence_penalty=1.0), prompt=[1])])
+    assert not needs_adjustment(
+        [_row(SamplingParams(min_tokens=1), output=[3], suppress_eos=frozenset({0}))]
+    )
+    assert needs_adjustment([_row(SamplingParams(presence_penalty=1.0), output=[1])])
+    assert needs_adjustment([_row(SamplingParams(repetition_penalty=1.2))])
+    assert needs_adjustment([_row(SamplingParams(logit_bias={1: 1.0}))])
+    assert needs_adjustment(
+        [_row(SamplingParams(min_tokens=2), output=[3], suppress_eos=frozenset({0}))]
+    )

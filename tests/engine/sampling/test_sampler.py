@@ -116,13 +116,17 @@ def test_prefix_and_full_sort_paths_agree() -> None:
         SamplingParams(top_p=0.95),
         SamplingParams(top_k=50, top_p=0.9),
         SamplingParams(top_p=0.3),
+        SamplingParams(top_k=5, top_p=0.99, min_p=0.01),
     ]
 
-    def run(width: int) -> list[int]:
-        rows = [SamplingRow(params[i % 3], make_generator(i, 0)) for i in range(40)]
-        return Sampler(candidate_width=width).sample(logits, rows).token_ids
+    def run(widths: tuple[int, ...]) -> list[int]:
+        rows = [SamplingRow(params[i % 4], make_generator(i, 0)) for i in range(40)]
+        return Sampler(candidate_widths=widths).sample(logits, rows).token_ids
 
-    assert run(8) == run(64) == run(vocab)
+    full_sort = run(())
+    assert run((8,)) == full_sort
+    assert run((8, 300)) == full_sort
+    assert run((64, 600)) == full_sort
 
 
 def _seeded_stream(others: int, steps: int = 12) -> list[int]:
@@ -149,7 +153,7 @@ def _seeded_stream(others: int, steps: int = 12) -> list[int]:
             for j in range(others + 1)
         ]
         rows[slot] = SamplingRow(target, my_gen, output_token_ids=tokens.copy())
-        tokens.append(Sampler(candidate_width=16).sample(logits, rows).token_ids[slot])
+        tokens.append(Sampler(candidate_widths=(16, 64)).sample(logits, rows).token_ids[slot])
     return tokens
 
 
