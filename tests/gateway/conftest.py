@@ -110,9 +110,12 @@ class LiveGateway:
 
 
 def start_gateway(
-    tmp_path: Path, *, engine: Any, limiter: Limiter, **settings: Any
+    tmp_path: Path, *, engine: Any, limiter: Limiter, refresh_s: float = 0.0, **settings: Any
 ) -> tuple[LiveGateway, Callable[[], None]]:
-    """Starts uvicorn in a thread; returns the gateway and its stop function."""
+    """Starts uvicorn in a thread; returns the gateway and its stop function.
+
+    `refresh_s` 0 makes revocations visible at once (tests); production caches rows.
+    """
     url = f"sqlite:///{tmp_path / 'cloister.db'}"
     upgrade_database(url)
     sessions = make_session_factory(make_engine(url))
@@ -122,7 +125,7 @@ def start_gateway(
     app = create_app(
         cfg,
         engine_client=client,
-        authenticator=Authenticator(sessions, PEPPER, refresh_s=0.0),
+        authenticator=Authenticator(sessions, PEPPER, refresh_s=refresh_s),
         limiter=limiter,
         usage_sink=usage,
     )
