@@ -110,7 +110,8 @@ def time_ms(
         torch.cuda.synchronize()
         once = max(time.perf_counter() - probe_start, 1e-6)
         iters = int(max(3, min(max_iters, budget_s / once)))
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         start.record()
         for _ in range(iters):
             fn()
