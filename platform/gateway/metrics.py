@@ -125,15 +125,20 @@ class GatewayMetrics:
             self.waiting.labels(name).set(snap.num_waiting)
             self.kv_usage.labels(name).set(snap.kv_cache_usage)
             last = self._last
-            for counter, now, before in (
+            pairs = (
                 (
                     self.prefix_queries,
                     snap.prefix_cache_queries,
-                    last and last.prefix_cache_queries,
+                    last.prefix_cache_queries if last else None,
                 ),
-                (self.prefix_hits, snap.prefix_cache_hits, last and last.prefix_cache_hits),
-                (self.preemptions, snap.num_preemptions, last and last.num_preemptions),
-            ):
+                (
+                    self.prefix_hits,
+                    snap.prefix_cache_hits,
+                    last.prefix_cache_hits if last else None,
+                ),
+                (self.preemptions, snap.num_preemptions, last.num_preemptions if last else None),
+            )
+            for counter, now, before in pairs:
                 # A smaller value means the engine restarted: count from its zero.
                 delta = now - before if before is not None and now >= before else now
                 if delta > 0:
