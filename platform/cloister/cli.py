@@ -9,6 +9,7 @@ import click
 # Each module exposes `commands: list[click.Command]`. The modules keep their heavy imports
 # inside the command functions, so `cloister --help` stays fast.
 COMMAND_MODULES: tuple[str, ...] = (
+    "cloister.commands.serve",
     "cloister.commands.generate",
     "cloister.commands.tenants",
     "cloister.commands.keys",
