@@ -89,7 +89,13 @@ class LLMEngine:
             config.model.max_model_len or loaded.arch.max_position_embeddings,
             loaded.arch.max_position_embeddings,
         )
-        self.capacity = plan_kv_capacity(loaded.arch, config.cache, config.model.dtype, device)
+        self.capacity = plan_kv_capacity(
+            loaded.arch,
+            config.cache,
+            config.model.dtype,
+            device,
+            max_useful_tokens=config.scheduler.max_num_seqs * self.max_model_len,
+        )
         log.info(self.capacity.describe())
         self.kv = KVCacheManager(BlockPool(self.capacity.num_blocks), config.cache.block_size)
         eos = loaded.tokenizer.eos_token_ids

@@ -54,17 +54,28 @@ def available_memory_bytes(device: torch.device) -> int:
 
 
 def plan_kv_capacity(
-    arch: ModelArchitecture, cache: CacheConfig, dtype: torch.dtype, device: torch.device
+    arch: ModelArchitecture,
+    cache: CacheConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    max_useful_tokens: int | None = None,
 ) -> KVCapacity:
-    """Sizes the pool: an explicit block count, else a byte budget, else a memory fraction."""
+    """Sizes the pool: an explicit block count, else a byte budget, else a memory fraction.
+
+    A pool sized from a memory fraction is capped at `max_useful_tokens` (every running
+    sequence at full context, plus room for the prefix cache): more would only hold memory.
+    """
     per_block = bytes_per_block(arch, cache.block_size, dtype)
     if cache.num_blocks is not None:
         num_blocks = cache.num_blocks
+    elif cache.kv_cache_bytes is not None:
+        num_blocks = cache.kv_cache_bytes // per_block
     else:
-        budget = cache.kv_cache_bytes
-        if budget is None:
-            budget = int(available_memory_bytes(device) * cache.memory_fraction)
+        budget = int(available_memory_bytes(device) * cache.memory_fraction)
         num_blocks = budget // per_block
+        if max_useful_tokens is not None:
+            num_blocks = min(num_blocks, -(-max_useful_tokens // cache.block_size))
     if num_blocks < 1:
         raise ValueError(f"the KV budget holds no block of {per_block} bytes; raise kv_cache_bytes")
     return KVCapacity(num_blocks=num_blocks, block_size=cache.block_size, bytes_per_block=per_block)
