@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import admin.models  # noqa: F401  (registers the admin tables on Base.metadata)
 from alembic import context
 
 from tenancy.db import make_engine

@@ -1,0 +1,186 @@
+"""`AuditLog`: appends hash-chained records to audit_events, checkpoints them, verifies, exports.
+
+Every admin action and every denied access (401/403, gateway and admin) goes
+through `record`. Secret-looking detail fields are dropped before hashing, so no
+secret ever reaches the log.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from admin.audit_chain import (
+    GENESIS,
+    RECORD_FIELDS,
+    VerifyReport,
+    checkpoint_digest,
+    make_checkpoint,
+    make_manifest,
+    seal,
+    verify,
+)
+from admin.models import AuditCheckpoint, AuditEvent
+
+SECRET_NAME = re.compile(r"secret|token|password|authorization|api_key|pepper|signing", re.I)
+CHECKPOINT_FIELDS = ("seq", "record_hash", "prev_digest", "public_key", "signature", "created_at")
+
+
+def scrub(detail: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """`detail` without any field whose name suggests a secret (recursively)."""
+    if detail is None:
+        return None
+    clean: dict[str, Any] = {}
+    for k, v in detail.items():
+        if SECRET_NAME.search(k):
+            continue
+        clean[k] = scrub(v) if isinstance(v, Mapping) else v
+    return clean
+
+
+def _iso(when: dt.datetime) -> str:
+    return when.astimezone(dt.UTC).isoformat(timespec="microseconds")
+
+
+def event_dict(row: AuditEvent) -> dict[str, Any]:
+    """A stored record as the dict the chain hashes."""
+    out = {k: getattr(row, k) for k in RECORD_FIELDS}
+    out["hash"] = row.hash
+    return out
+
+
+def checkpoint_dict(row: AuditCheckpoint) -> dict[str, Any]:
+    """A stored checkpoint as a dict."""
+    return {k: getattr(row, k) for k in CHECKPOINT_FIELDS}
+
+
+class AuditLog:
+    """Thread-safe appender; other processes may append too (seq conflicts are retried)."""
+
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        *,
+        signing_key: Ed25519PrivateKey | None,
+        checkpoint_every: int = 1000,
+        clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+    ) -> None:
+        self._sessions = sessions
+        self._key = signing_key
+        self._every = checkpoint_every
+        self._clock = clock
+        self._lock = threading.Lock()
+
+    def record(
+        self,
+        *,
+        actor: str,
+        role: str,
+        action: str,
+        resource: str,
+        outcome: str,
+        tenant_id: str | None = None,
+        source_ip: str | None = None,
+        request_id: str | None = None,
+        detail: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Appends one record (and a checkpoint when one is due); returns the sealed record."""
+        fields = {
+            "at": _iso(self._clock()),
+            "actor": actor[:256],
+            "role": role,
+            "tenant_id": tenant_id,
+            "action": action,
+            "resource": resource[:512],
+            "outcome": outcome,
+            "source_ip": source_ip,
+            "request_id": request_id,
+            "detail": json.loads(json.dumps(scrub(detail), default=str)) if detail else None,
+        }
+        with self._lock:
+            for _attempt in range(20):
+                with self._sessions() as session:
+                    last = session.scalars(
+                        select(AuditEvent).order_by(AuditEvent.seq.desc()).limit(1)
+                    ).first()
+                    seq = (last.seq if last else 0) + 1
+                    sealed = seal(fields, seq=seq, prev_hash=last.hash if last else GENESIS)
+                    session.add(AuditEvent(**sealed))
+                    try:
+                        session.commit()
+                    except IntegrityError:  # another process took this seq
+                        session.rollback()
+                        continue
+                if self._key is not None and seq % self._every == 0:
+                    self.checkpoint(at_seq=seq)
+                return sealed
+        raise RuntimeError("audit log append kept conflicting")
+
+    def checkpoint(self, at_seq: int | None = None) -> dict[str, Any] | None:
+        """Signs record `at_seq` (default: the head); no-op without a key or if already covered."""
+        if self._key is None:
+            return None
+        with self._sessions() as session:
+            query = select(AuditEvent).order_by(AuditEvent.seq.desc()).limit(1)
+            if at_seq is not None:
+                query = select(AuditEvent).where(AuditEvent.seq == at_seq)
+            head = session.scalars(query).first()
+            prev = session.scalars(
+                select(AuditCheckpoint).order_by(AuditCheckpoint.seq.desc()).limit(1)
+            ).first()
+            if head is None or (prev is not None and prev.seq >= head.seq):
+                return None
+            cp = make_checkpoint(
+                self._key,
+                seq=head.seq,
+                record_hash=head.hash,
+                prev_digest=checkpoint_digest(checkpoint_dict(prev)) if prev else GENESIS,
+                created_at=_iso(self._clock()),
+            )
+            session.add(AuditCheckpoint(**cp))
+            try:
+                session.commit()
+            except IntegrityError:
+                session.rollback()
+                return None
+            return cp
+
+    def load(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Every record and checkpoint, in seq order."""
+        with self._sessions() as session:
+            records = [
+                event_dict(r) for r in session.scalars(select(AuditEvent).order_by(AuditEvent.seq))
+            ]
+            cps = [
+                checkpoint_dict(c)
+                for c in session.scalars(select(AuditCheckpoint).order_by(AuditCheckpoint.seq))
+            ]
+        return records, cps
+
+    def verify(self, *, public_key: str) -> VerifyReport:
+        """Verifies the stored chain and checkpoints (periodic ones are expected)."""
+        records, cps = self.load()
+        return verify(records, cps, public_key=public_key, interval=self._every)
+
+    def export_jsonl(self) -> str:
+        """A signed manifest line, then records and checkpoints in seq order (JSON lines)."""
+        if self._key is None:
+            raise RuntimeError("export needs the audit signing key")
+        records, cps = self.load()
+        manifest = make_manifest(self._key, records, cps)
+        lines = [json.dumps({"type": "manifest", **manifest}, sort_keys=True)]
+        by_seq = {c["seq"]: c for c in cps}
+        for r in records:
+            lines.append(json.dumps({"type": "record", **r}, sort_keys=True, separators=(",", ":")))
+            if r["seq"] in by_seq:
+                lines.append(json.dumps({"type": "checkpoint", **by_seq[r["seq"]]}, sort_keys=True))
+        return "\n".join(lines) + "\n"

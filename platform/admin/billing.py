@@ -1,0 +1,165 @@
+"""Usage queries and billing exports, both from the hourly rollups.
+
+Money leaves as a decimal string of USD with 12 places (pico-USD exactly), so a
+spreadsheet's sum of the cost column equals the sum of the usage records.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from decimal import Decimal
+from typing import Literal
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from admin.models import UsageHourly
+from tenancy.errors import InvalidValueError
+
+Granularity = Literal["hour", "day"]
+PICO = Decimal(10) ** 12
+EXPORT_FIELDS = (
+    "day",
+    "tenant_id",
+    "model",
+    "adapter",
+    "requests",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "cost_pico_usd",
+    "cost_usd",
+)
+
+
+def pico_to_usd(pico: int) -> str:
+    """pico-USD as an exact decimal string of USD."""
+    return f"{Decimal(pico) / PICO:.12f}"
+
+
+def parse_period(period: str) -> tuple[dt.datetime, dt.datetime]:
+    """ "2026-11" (a month) or "2026-11-05" (a day) -> [start, end) in UTC."""
+    try:
+        if len(period) == 7:
+            start = dt.datetime.strptime(period, "%Y-%m").replace(tzinfo=dt.UTC)
+            end = (start + dt.timedelta(days=32)).replace(day=1)
+        else:
+            start = dt.datetime.strptime(period, "%Y-%m-%d").replace(tzinfo=dt.UTC)
+            end = start + dt.timedelta(days=1)
+    except ValueError as exc:
+        raise InvalidValueError("period must be YYYY-MM or YYYY-MM-DD") from exc
+    return start, end
+
+
+@dataclass(frozen=True)
+class UsageBucket:
+    """Summed usage of one group in one hour or day."""
+
+    start: str
+    tenant_id: str
+    key_id: str | None
+    model: str
+    adapter: str
+    requests: int
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    cost_pico_usd: int
+
+
+def query_usage(
+    session: Session,
+    *,
+    start: dt.datetime,
+    end: dt.datetime,
+    granularity: Granularity = "day",
+    tenant_id: str | None = None,
+    key_id: str | None = None,
+    model: str | None = None,
+    adapter: str | None = None,
+    by_key: bool = False,
+) -> list[UsageBucket]:
+    """Usage in [start, end) per hour or UTC day, per tenant x model x adapter (x key)."""
+    if granularity not in ("hour", "day"):
+        raise InvalidValueError("granularity must be hour or day")
+    h = UsageHourly
+    query = select(h).where(h.hour >= start, h.hour < end)
+    for column, value in (
+        (h.tenant_id, tenant_id),
+        (h.key_id, key_id),
+        (h.model, model),
+        (h.adapter, adapter),
+    ):
+        if value is not None:
+            query = query.where(column == value)
+    sums: dict[tuple[str, str, str | None, str, str], list[int]] = {}
+    for row in session.scalars(query):
+        stamp = row.hour if granularity == "hour" else row.hour.replace(hour=0)
+        label = stamp.isoformat() if granularity == "hour" else stamp.date().isoformat()
+        group = (
+            label,
+            row.tenant_id,
+            row.key_id if by_key or key_id else None,
+            row.model,
+            row.adapter,
+        )
+        acc = sums.setdefault(group, [0, 0, 0, 0, 0])
+        for i, v in enumerate(
+            (
+                row.requests,
+                row.prompt_tokens,
+                row.cached_tokens,
+                row.completion_tokens,
+                row.cost_pico_usd,
+            )
+        ):
+            acc[i] += int(v)
+    return [
+        UsageBucket(*group, *acc) for group, acc in sorted(sums.items(), key=lambda kv: str(kv[0]))
+    ]
+
+
+def billing_lines(
+    session: Session, *, period: str, tenant_id: str | None = None
+) -> list[dict[str, object]]:
+    """One line per tenant x model x adapter x day of `period`."""
+    start, end = parse_period(period)
+    lines: list[dict[str, object]] = []
+    for b in query_usage(session, start=start, end=end, granularity="day", tenant_id=tenant_id):
+        line = asdict(b)
+        line["day"] = line.pop("start")
+        line.pop("key_id")
+        line["cost_usd"] = pico_to_usd(b.cost_pico_usd)
+        lines.append({k: line[k] for k in EXPORT_FIELDS})
+    lines.sort(
+        key=lambda r: (str(r["tenant_id"]), str(r["day"]), str(r["model"]), str(r["adapter"]))
+    )
+    return lines
+
+
+def render(lines: Sequence[dict[str, object]], fmt: Literal["csv", "jsonl"]) -> str:
+    """Billing lines as CSV (with a header) or JSON lines."""
+    if fmt == "jsonl":
+        return "".join(json.dumps(line, sort_keys=True) + "\n" for line in lines)
+    if fmt != "csv":
+        raise InvalidValueError("format must be csv or jsonl")
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(EXPORT_FIELDS), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(lines)
+    return out.getvalue()
+
+
+def total_pico_usd(session: Session, *, start: dt.datetime, end: dt.datetime) -> int:
+    """Sum of rolled-up cost in [start, end) (for reconciliation checks)."""
+    value = session.scalar(
+        select(func.coalesce(func.sum(UsageHourly.cost_pico_usd), 0)).where(
+            UsageHourly.hour >= start, UsageHourly.hour < end
+        )
+    )
+    return int(value or 0)

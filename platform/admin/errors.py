@@ -1,0 +1,23 @@
+"""Errors of the admin service; the router maps them to HTTP once."""
+
+from __future__ import annotations
+
+
+class AdminError(Exception):
+    """Base class for errors the admin service raises on purpose."""
+
+
+class Unauthenticated(AdminError):
+    """No valid admin credential (HTTP 401)."""
+
+
+class Forbidden(AdminError):
+    """The caller's role may not do this (HTTP 403)."""
+
+
+class AdapterValidationError(AdminError, ValueError):
+    """An uploaded adapter is malformed or does not fit its base model (HTTP 422)."""
+
+
+class AuditSigningKeyMissing(AdminError):
+    """Checkpoints need `audit_signing_key` in the admin settings."""

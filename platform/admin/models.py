@@ -1,0 +1,194 @@
+"""Tables owned by the admin service, on tenancy's declarative Base (one metadata for Alembic).
+
+Money is integer: prices are micro-USD per million tokens, costs are pico-USD
+(tokens x micro-USD-per-million = pico-USD exactly), so sums never round.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import Mapped, mapped_column
+
+from tenancy.models import Base, UTCDateTime, utcnow
+
+MODEL_STATUSES = ("registered", "loaded", "retired")
+ADAPTER_STATUSES = ("registered", "loaded", "retired")
+ROLES = ("admin", "viewer", "tenant-admin")
+
+
+class RegisteredModel(Base):
+    """A model in the registry; `allowed_tenants` None means every tenant may use it."""
+
+    __tablename__ = "registry_models"
+    __table_args__ = (
+        CheckConstraint(
+            "status IN ('registered', 'loaded', 'retired')", name="ck_registry_models_status"
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    revision: Mapped[str] = mapped_column(String(128), default="main")
+    source: Mapped[str] = mapped_column(String(1024))
+    format: Mapped[str] = mapped_column(String(16))
+    context_length: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16), default="registered")
+    allowed_tenants: Mapped[list[str] | None] = mapped_column(JSON, default=None)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class ModelPrice(Base):
+    """One price of a model from `effective_from` on (the history is never rewritten)."""
+
+    __tablename__ = "model_prices"
+    __table_args__ = (UniqueConstraint("model_name", "effective_from", name="uq_model_prices"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    model_name: Mapped[str] = mapped_column(String(128), index=True)
+    effective_from: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    input_micros_per_m: Mapped[int] = mapped_column(BigInteger)
+    cached_input_micros_per_m: Mapped[int] = mapped_column(BigInteger)
+    output_micros_per_m: Mapped[int] = mapped_column(BigInteger)
+
+
+class LoraAdapter(Base):
+    """A PEFT LoRA adapter; `owner_tenant_id` None means public."""
+
+    __tablename__ = "lora_adapters"
+    __table_args__ = (
+        CheckConstraint(
+            "status IN ('registered', 'loaded', 'retired')", name="ck_lora_adapters_status"
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    base_model: Mapped[str] = mapped_column(String(128))
+    owner_tenant_id: Mapped[str | None] = mapped_column(
+        String(32), ForeignKey("tenants.id", ondelete="CASCADE"), default=None, index=True
+    )
+    rank: Mapped[int] = mapped_column(Integer)
+    source_path: Mapped[str] = mapped_column(String(1024))
+    status: Mapped[str] = mapped_column(String(16), default="registered")
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class SharedPrefix(Base):
+    """A prefix an admin published into the public cache domain (token ids or text)."""
+
+    __tablename__ = "shared_prefixes"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    model: Mapped[str] = mapped_column(String(128))
+    token_ids: Mapped[list[int] | None] = mapped_column(JSON, default=None)
+    text: Mapped[str | None] = mapped_column(Text, default=None)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class AdminToken(Base):
+    """An admin API token, stored as an HMAC like tenant keys."""
+
+    __tablename__ = "admin_tokens"
+    __table_args__ = (
+        CheckConstraint("role IN ('admin', 'viewer', 'tenant-admin')", name="ck_admin_tokens_role"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str | None] = mapped_column(String(128), default=None)
+    role: Mapped[str] = mapped_column(String(16))
+    tenant_id: Mapped[str | None] = mapped_column(
+        String(32), ForeignKey("tenants.id", ondelete="CASCADE"), default=None
+    )
+    prefix: Mapped[str] = mapped_column(String(32))
+    secret_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), default=None)
+
+
+class UsageRow(Base):
+    """One request's usage; the primary key makes a second write of the same id a no-op."""
+
+    __tablename__ = "usage_records"
+    __table_args__ = (Index("ix_usage_records_tenant_time", "tenant_id", "occurred_at"),)
+
+    request_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    occurred_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), index=True)
+    tenant_id: Mapped[str] = mapped_column(String(32))
+    key_id: Mapped[str] = mapped_column(String(32))
+    model: Mapped[str] = mapped_column(String(128))
+    adapter: Mapped[str] = mapped_column(String(128), default="")
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    cached_tokens: Mapped[int] = mapped_column(Integer)
+    completion_tokens: Mapped[int] = mapped_column(Integer)
+    cost_pico_usd: Mapped[int] = mapped_column(BigInteger)
+    ttft_s: Mapped[float | None] = mapped_column(Float, default=None)
+    latency_s: Mapped[float] = mapped_column(Float)
+    status: Mapped[int] = mapped_column(Integer)
+    finish_reason: Mapped[str | None] = mapped_column(String(32), default=None)
+    client_disconnected: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class UsageHourly(Base):
+    """Hourly sums of usage_records, updated in the same transaction as each insert."""
+
+    __tablename__ = "usage_hourly"
+
+    hour: Mapped[dt.datetime] = mapped_column(UTCDateTime(), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    key_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    model: Mapped[str] = mapped_column(String(128), primary_key=True)
+    adapter: Mapped[str] = mapped_column(String(128), primary_key=True)
+    requests: Mapped[int] = mapped_column(BigInteger, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cost_pico_usd: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class AuditEvent(Base):
+    """One audit record; `hash` = sha256(prev_hash + canonical JSON of the fields)."""
+
+    __tablename__ = "audit_events"
+
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    at: Mapped[str] = mapped_column(String(40))  # ISO-8601 UTC, hashed as text
+    actor: Mapped[str] = mapped_column(String(256))
+    role: Mapped[str] = mapped_column(String(32))
+    tenant_id: Mapped[str | None] = mapped_column(String(32), default=None)
+    action: Mapped[str] = mapped_column(String(128))
+    resource: Mapped[str] = mapped_column(String(512))
+    outcome: Mapped[str] = mapped_column(String(32))
+    source_ip: Mapped[str | None] = mapped_column(String(64), default=None)
+    request_id: Mapped[str | None] = mapped_column(String(128), default=None)
+    detail: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(64))
+
+
+class AuditCheckpoint(Base):
+    """An Ed25519 signature over (seq, hash of that record, previous checkpoint's digest)."""
+
+    __tablename__ = "audit_checkpoints"
+
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    record_hash: Mapped[str] = mapped_column(String(64))
+    prev_digest: Mapped[str] = mapped_column(String(64))
+    public_key: Mapped[str] = mapped_column(String(64))
+    signature: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[str] = mapped_column(String(40))

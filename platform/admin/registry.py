@@ -1,0 +1,272 @@
+"""Model registry with price history, LoRA adapters and shared prefixes (flat data functions).
+
+Like tenancy.store: keyword-only functions over a Session that commit their own
+change and raise tenancy's NotFoundError / ConflictError / InvalidValueError.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from admin.models import (
+    ADAPTER_STATUSES,
+    MODEL_STATUSES,
+    LoraAdapter,
+    ModelPrice,
+    RegisteredModel,
+    SharedPrefix,
+)
+from tenancy.errors import ConflictError, InvalidValueError, NotFoundError
+from tenancy.keys import new_id
+
+MODEL_FORMATS = ("gguf", "safetensors")
+
+
+@dataclass(frozen=True)
+class Prices:
+    """Micro-USD per million tokens; cost in pico-USD is tokens x price, exactly."""
+
+    input: int
+    cached_input: int
+    output: int
+
+    def cost_pico_usd(
+        self, *, prompt_tokens: int, cached_tokens: int, completion_tokens: int
+    ) -> int:
+        """Cost of one request; cached prompt tokens are billed at the cached price."""
+        fresh = max(prompt_tokens - cached_tokens, 0)
+        return (
+            fresh * self.input + cached_tokens * self.cached_input + completion_tokens * self.output
+        )
+
+
+FREE = Prices(0, 0, 0)
+
+
+def _check_price(value: int, what: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidValueError(f"{what} must be a non-negative integer (micro-USD per M tokens)")
+
+
+def get_model(session: Session, name: str) -> RegisteredModel:
+    """The registered model called `name`, or NotFoundError."""
+    row = session.scalars(select(RegisteredModel).where(RegisteredModel.name == name)).first()
+    if row is None:
+        raise NotFoundError(f"no model named {name!r}")
+    return row
+
+
+def register_model(
+    session: Session,
+    *,
+    name: str,
+    source: str,
+    format: str,
+    context_length: int,
+    revision: str = "main",
+    prices: Prices = FREE,
+    allowed_tenants: Sequence[str] | None = None,
+    now: dt.datetime | None = None,
+) -> RegisteredModel:
+    """Register a model with its first price (effective now)."""
+    if format not in MODEL_FORMATS:
+        raise InvalidValueError(f"format must be one of {', '.join(MODEL_FORMATS)}")
+    if not name or len(name) > 128 or context_length <= 0:
+        raise InvalidValueError("name must be 1-128 characters and context_length positive")
+    if session.scalars(select(RegisteredModel.id).where(RegisteredModel.name == name)).first():
+        raise ConflictError(f"model {name!r} already exists")
+    row = RegisteredModel(
+        id=new_id("mdl"),
+        name=name,
+        revision=revision,
+        source=source,
+        format=format,
+        context_length=context_length,
+        status="registered",
+        allowed_tenants=sorted(set(allowed_tenants)) if allowed_tenants is not None else None,
+    )
+    session.add(row)
+    session.flush()
+    _add_price(session, name, prices, now or dt.datetime.now(dt.UTC))
+    session.commit()
+    return row
+
+
+def update_model(
+    session: Session,
+    *,
+    name: str,
+    status: str | None = None,
+    allowed_tenants: Sequence[str] | None = None,
+    clear_allowed_tenants: bool = False,
+) -> RegisteredModel:
+    """Change a model's status or tenant allow-list (None keeps it; clear: every tenant)."""
+    row = get_model(session, name)
+    if status is not None:
+        if status not in MODEL_STATUSES:
+            raise InvalidValueError(f"status must be one of {', '.join(MODEL_STATUSES)}")
+        row.status = status
+    if clear_allowed_tenants:
+        row.allowed_tenants = None
+    elif allowed_tenants is not None:
+        row.allowed_tenants = sorted(set(allowed_tenants))
+    session.commit()
+    return row
+
+
+def list_models(session: Session, *, status: str | None = None) -> Sequence[RegisteredModel]:
+    """Registered models by name, optionally filtered by status."""
+    query = select(RegisteredModel).order_by(RegisteredModel.name)
+    if status is not None:
+        query = query.where(RegisteredModel.status == status)
+    return session.scalars(query).all()
+
+
+def _add_price(session: Session, model: str, prices: Prices, when: dt.datetime) -> ModelPrice:
+    _check_price(prices.input, "input price")
+    _check_price(prices.cached_input, "cached input price")
+    _check_price(prices.output, "output price")
+    row = ModelPrice(
+        model_name=model,
+        effective_from=when,
+        input_micros_per_m=prices.input,
+        cached_input_micros_per_m=prices.cached_input,
+        output_micros_per_m=prices.output,
+    )
+    session.add(row)
+    return row
+
+
+def set_price(
+    session: Session, *, model: str, prices: Prices, effective_from: dt.datetime | None = None
+) -> ModelPrice:
+    """Add a price from `effective_from` (default now); earlier usage keeps its old price."""
+    get_model(session, model)
+    row = _add_price(session, model, prices, effective_from or dt.datetime.now(dt.UTC))
+    session.commit()
+    return row
+
+
+def price_history(session: Session, *, model: str) -> Sequence[ModelPrice]:
+    """Every price of `model`, oldest first."""
+    return session.scalars(
+        select(ModelPrice).where(ModelPrice.model_name == model).order_by(ModelPrice.effective_from)
+    ).all()
+
+
+def price_at(session: Session, *, model: str, when: dt.datetime) -> Prices:
+    """The price in force for `model` at `when`; FREE for an unregistered model."""
+    row = session.scalars(
+        select(ModelPrice)
+        .where(ModelPrice.model_name == model, ModelPrice.effective_from <= when)
+        .order_by(ModelPrice.effective_from.desc())
+        .limit(1)
+    ).first()
+    if row is None:
+        return FREE
+    return Prices(row.input_micros_per_m, row.cached_input_micros_per_m, row.output_micros_per_m)
+
+
+def get_adapter(session: Session, name: str) -> LoraAdapter:
+    """The adapter called `name`, or NotFoundError."""
+    row = session.scalars(select(LoraAdapter).where(LoraAdapter.name == name)).first()
+    if row is None:
+        raise NotFoundError(f"no adapter named {name!r}")
+    return row
+
+
+def register_adapter(
+    session: Session,
+    *,
+    name: str,
+    base_model: str,
+    rank: int,
+    source_path: str,
+    owner_tenant_id: str | None = None,
+) -> LoraAdapter:
+    """Register a LoRA adapter of a registered base model (owner None: public)."""
+    get_model(session, base_model)
+    if rank <= 0:
+        raise InvalidValueError("rank must be positive")
+    if session.scalars(select(LoraAdapter.id).where(LoraAdapter.name == name)).first():
+        raise ConflictError(f"adapter {name!r} already exists")
+    row = LoraAdapter(
+        id=new_id("lora"),
+        name=name,
+        base_model=base_model,
+        owner_tenant_id=owner_tenant_id,
+        rank=rank,
+        source_path=source_path,
+        status="registered",
+    )
+    session.add(row)
+    session.commit()
+    return row
+
+
+def set_adapter_status(session: Session, *, name: str, status: str) -> LoraAdapter:
+    """Move an adapter to registered | loaded | retired."""
+    if status not in ADAPTER_STATUSES:
+        raise InvalidValueError(f"status must be one of {', '.join(ADAPTER_STATUSES)}")
+    row = get_adapter(session, name)
+    row.status = status
+    session.commit()
+    return row
+
+
+def list_adapters(
+    session: Session, *, visible_to_tenant: str | None = None, base_model: str | None = None
+) -> Sequence[LoraAdapter]:
+    """Adapters by name; with `visible_to_tenant`, only that tenant's and public ones."""
+    query = select(LoraAdapter).order_by(LoraAdapter.name)
+    if visible_to_tenant is not None:
+        query = query.where(
+            (LoraAdapter.owner_tenant_id.is_(None))
+            | (LoraAdapter.owner_tenant_id == visible_to_tenant)
+        )
+    if base_model is not None:
+        query = query.where(LoraAdapter.base_model == base_model)
+    return session.scalars(query).all()
+
+
+def publish_prefix(
+    session: Session,
+    *,
+    name: str,
+    model: str,
+    token_ids: Sequence[int] | None = None,
+    text: str | None = None,
+) -> SharedPrefix:
+    """Publish a shared prefix (token ids or text, exactly one) into the public domain."""
+    if (token_ids is None) == (text is None):
+        raise InvalidValueError("give exactly one of token_ids and text")
+    if token_ids is not None and (
+        not token_ids or not all(isinstance(t, int) and t >= 0 for t in token_ids)
+    ):
+        raise InvalidValueError("token_ids must be non-negative integers")
+    get_model(session, model)
+    if session.scalars(select(SharedPrefix.id).where(SharedPrefix.name == name)).first():
+        raise ConflictError(f"shared prefix {name!r} already exists")
+    row = SharedPrefix(
+        id=new_id("pfx"),
+        name=name,
+        model=model,
+        token_ids=list(token_ids) if token_ids is not None else None,
+        text=text,
+    )
+    session.add(row)
+    session.commit()
+    return row
+
+
+def list_prefixes(session: Session, *, model: str | None = None) -> Sequence[SharedPrefix]:
+    """Published prefixes by name."""
+    query = select(SharedPrefix).order_by(SharedPrefix.name)
+    if model is not None:
+        query = query.where(SharedPrefix.model == model)
+    return session.scalars(query).all()
