@@ -1,0 +1,167 @@
+"""Who is calling the admin API: admin API tokens (hashed at rest) and signed session tokens.
+
+Session tokens are what an OIDC sign-in yields: "ses.<payload>.<mac>", an
+HMAC-SHA256 (key derived from the pepper) over a JSON payload with an expiry.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import hmac
+import json
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from admin.errors import Unauthenticated
+from admin.models import ROLES, AdminToken
+from tenancy.errors import InvalidValueError, NotFoundError
+from tenancy.keys import hash_secret, new_id
+from tenancy.models import Tenant
+
+Role = Literal["admin", "viewer", "tenant-admin"]
+TOKEN_PREFIX = "clo-adm-"
+SESSION_PREFIX = "ses."
+
+
+@dataclass(frozen=True)
+class AdminIdentity:
+    """An authenticated admin caller; `tenant_id` is set exactly for tenant-admin."""
+
+    actor: str
+    role: Role
+    tenant_id: str | None = None
+
+
+@dataclass(frozen=True)
+class CreatedToken:
+    """A new admin token; `secret` exists only here."""
+
+    id: str
+    role: Role
+    tenant_id: str | None
+    secret: str = field(repr=False)
+
+
+def check_role(role: str, tenant_id: str | None) -> Role:
+    """Validates a role and its tenant binding."""
+    if role not in ROLES:
+        raise InvalidValueError(f"role must be one of {', '.join(ROLES)}")
+    if (role == "tenant-admin") != (tenant_id is not None):
+        raise InvalidValueError("a tenant is required for tenant-admin and only for it")
+    return role  # type: ignore[return-value]
+
+
+def create_admin_token(
+    session: Session,
+    *,
+    pepper: str,
+    role: str,
+    tenant_name: str | None = None,
+    name: str | None = None,
+) -> CreatedToken:
+    """Creates an admin API token (tenant-admin needs `tenant_name`)."""
+    tenant_id = None
+    if tenant_name is not None:
+        tenant = session.scalars(select(Tenant).where(Tenant.name == tenant_name)).first()
+        if tenant is None:
+            raise NotFoundError(f"no tenant named {tenant_name!r}")
+        tenant_id = tenant.id
+    checked = check_role(role, tenant_id)
+    secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    row = AdminToken(
+        id=new_id("adm"),
+        name=name,
+        role=checked,
+        tenant_id=tenant_id,
+        prefix=secret[: len(TOKEN_PREFIX) + 4],
+        secret_hash=hash_secret(pepper, secret),
+    )
+    session.add(row)
+    session.commit()
+    return CreatedToken(id=row.id, role=checked, tenant_id=tenant_id, secret=secret)
+
+
+def revoke_admin_token(session: Session, *, token_id: str) -> AdminToken:
+    """Revokes an admin token (idempotent)."""
+    row = session.get(AdminToken, token_id)
+    if row is None:
+        raise NotFoundError(f"no admin token {token_id!r}")
+    if row.revoked_at is None:
+        row.revoked_at = dt.datetime.now(dt.UTC)
+        session.commit()
+    return row
+
+
+def _session_key(pepper: str) -> bytes:
+    return hashlib.sha256(b"cloister-admin-session:" + pepper.encode()).digest()
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def issue_session(
+    pepper: str, identity: AdminIdentity, ttl_s: int, now: float | None = None
+) -> str:
+    """A session token for `identity`, valid `ttl_s` seconds."""
+    payload = {
+        "sub": identity.actor,
+        "role": identity.role,
+        "tenant": identity.tenant_id,
+        "exp": int((now or time.time()) + ttl_s),
+    }
+    body = _b64(json.dumps(payload, sort_keys=True).encode())
+    mac = _b64(hmac.new(_session_key(pepper), body.encode(), hashlib.sha256).digest())
+    return f"{SESSION_PREFIX}{body}.{mac}"
+
+
+def _from_session(pepper: str, token: str) -> AdminIdentity:
+    try:
+        body, mac = token[len(SESSION_PREFIX) :].split(".")
+        expected = _b64(hmac.new(_session_key(pepper), body.encode(), hashlib.sha256).digest())
+        if not hmac.compare_digest(mac, expected):
+            raise Unauthenticated("bad session signature")
+        payload = json.loads(_unb64(body))
+    except (ValueError, json.JSONDecodeError) as exc:
+        raise Unauthenticated("malformed session token") from exc
+    if payload["exp"] <= time.time():
+        raise Unauthenticated("session expired")
+    return AdminIdentity(
+        actor=str(payload["sub"]),
+        role=check_role(payload["role"], payload["tenant"]),
+        tenant_id=payload["tenant"],
+    )
+
+
+def authenticate_admin(session: Session, pepper: str, bearer: str | None) -> AdminIdentity:
+    """The identity behind an Authorization header value (token or session); Unauthenticated."""
+    token = (bearer or "").strip()
+    scheme, _, rest = token.partition(" ")
+    if scheme.lower() == "bearer":
+        token = rest.strip()
+    if not token:
+        raise Unauthenticated("no admin credential")
+    if token.startswith(SESSION_PREFIX):
+        return _from_session(pepper, token)
+    if not token.startswith(TOKEN_PREFIX):
+        raise Unauthenticated("invalid admin token")
+    digest = hash_secret(pepper, token)
+    row = session.scalars(select(AdminToken).where(AdminToken.secret_hash == digest)).first()
+    if row is None or not hmac.compare_digest(row.secret_hash, digest):
+        raise Unauthenticated("invalid admin token")
+    if row.revoked_at is not None:
+        raise Unauthenticated("admin token revoked")
+    return AdminIdentity(
+        actor=f"token:{row.id}", role=check_role(row.role, row.tenant_id), tenant_id=row.tenant_id
+    )

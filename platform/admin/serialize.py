@@ -1,0 +1,125 @@
+"""Rows as JSON-ready dicts (never a hash or a secret), and offset pagination."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import Select, func, select
+from sqlalchemy.orm import Session
+
+from admin import registry
+from admin.models import AdminToken, LoraAdapter, RegisteredModel, SharedPrefix
+from tenancy.models import ApiKey, Tenant
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def page(
+    session: Session,
+    query: Select[Any],
+    limit: int,
+    offset: int,
+    fn: Callable[[Any], dict[str, Any]],
+) -> dict[str, Any]:
+    """One page of `query` and the total count."""
+    total = session.scalar(select(func.count()).select_from(query.order_by(None).subquery())) or 0
+    rows = session.scalars(query.limit(limit).offset(offset)).all()
+    return {"items": [fn(r) for r in rows], "total": int(total), "limit": limit, "offset": offset}
+
+
+def tenant_dict(t: Tenant) -> dict[str, Any]:
+    """A tenant."""
+    return {
+        "id": t.id,
+        "name": t.name,
+        "status": t.status,
+        "isolation_level": t.isolation_level,
+        "weight": t.weight,
+        "created_at": _iso(t.created_at),
+    }
+
+
+def key_dict(k: ApiKey) -> dict[str, Any]:
+    """A key by its display prefix; the hash stays in the database."""
+    return {
+        "id": k.id,
+        "tenant_id": k.tenant_id,
+        "prefix": k.prefix,
+        "name": k.name,
+        "allowed_models": k.allowed_models,
+        "created_at": _iso(k.created_at),
+        "expires_at": _iso(k.expires_at),
+        "revoked_at": _iso(k.revoked_at),
+        "last_used_at": _iso(k.last_used_at),
+    }
+
+
+def model_dict(session: Session, m: RegisteredModel, *, history: bool = False) -> dict[str, Any]:
+    """A model with its current price (and its price history on request)."""
+    prices = registry.price_history(session, model=m.name)
+    out: dict[str, Any] = {
+        "id": m.id,
+        "name": m.name,
+        "revision": m.revision,
+        "source": m.source,
+        "format": m.format,
+        "context_length": m.context_length,
+        "status": m.status,
+        "allowed_tenants": m.allowed_tenants,
+        "created_at": _iso(m.created_at),
+    }
+    rows = [
+        {
+            "effective_from": _iso(p.effective_from),
+            "input_price": p.input_micros_per_m,
+            "cached_input_price": p.cached_input_micros_per_m,
+            "output_price": p.output_micros_per_m,
+        }
+        for p in prices
+    ]
+    out["price"] = rows[-1] if rows else None
+    if history:
+        out["price_history"] = rows
+    return out
+
+
+def adapter_dict(a: LoraAdapter) -> dict[str, Any]:
+    """A LoRA adapter."""
+    return {
+        "id": a.id,
+        "name": a.name,
+        "base_model": a.base_model,
+        "owner_tenant_id": a.owner_tenant_id,
+        "rank": a.rank,
+        "source_path": a.source_path,
+        "status": a.status,
+        "created_at": _iso(a.created_at),
+    }
+
+
+def prefix_dict(p: SharedPrefix) -> dict[str, Any]:
+    """A published shared prefix."""
+    return {
+        "id": p.id,
+        "name": p.name,
+        "model": p.model,
+        "token_ids": p.token_ids,
+        "text": p.text,
+        "created_at": _iso(p.created_at),
+    }
+
+
+def token_dict(t: AdminToken) -> dict[str, Any]:
+    """An admin token by its prefix."""
+    return {
+        "id": t.id,
+        "name": t.name,
+        "role": t.role,
+        "tenant_id": t.tenant_id,
+        "prefix": t.prefix,
+        "created_at": _iso(t.created_at),
+        "revoked_at": _iso(t.revoked_at),
+    }
