@@ -9,6 +9,7 @@ import torch
 
 AttentionBackendName = Literal["torch", "triton", "auto"]
 PrefixCacheMode = Literal["hash", "radix", "off"]
+SchedulingPolicy = Literal["fcfs", "lpm", "fair"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,8 @@ class ModelConfig:
     device: str = "cpu"
     max_model_len: int | None = None  # None: the model's own context length
     revision: str = ""  # part of the cache key; defaults to a digest of the file
+    enforce_eager: bool = False  # True: never capture CUDA graphs (debugging, profiling)
+    cuda_graph_max_batch: int | None = None  # largest captured decode batch; None: max_num_seqs
 
 
 @dataclass(frozen=True)
@@ -54,9 +57,19 @@ class CacheConfig:
 
     block_size: int = 16
     kv_cache_bytes: int | None = None  # explicit budget; wins over the fraction
-    memory_fraction: float = 0.25  # of free memory, when no explicit budget is given
+    memory_fraction: float = 0.25  # of free memory, when no explicit budget is given (CPU)
+    # CUDA (vLLM semantics): the fraction of TOTAL device memory the engine may use;
+    # the KV pool gets what is left of it after weights and the profiled activation peak.
+    gpu_memory_utilization: float = 0.9
     num_blocks: int | None = None  # tests may pin the pool size directly
     prefix_cache: PrefixCacheMode = "hash"
+    # Per-domain floor: cached blocks no other domain's traffic can evict (the larger wins).
+    min_cached_blocks: int = 0
+    min_cached_share: float = 0.0
+    strict_partition: bool = False  # no cross-domain eviction; a domain caches <= its floor
+    retention_ttl_s: float | None = None  # idle cached blocks older than this are dropped
+    scrub_freed_blocks: bool = False  # zero KV blocks when they leave a domain
+    published_prefixes: tuple[tuple[int, ...], ...] = ()  # token ids shared by every domain
 
 
 @dataclass(frozen=True)
@@ -69,6 +82,8 @@ class SchedulerConfig:
     max_n: int = 16
     max_tokens_limit: int | None = None  # None: bounded by max_model_len only
     prefill_chunk_size: int | None = None  # None: bounded by the token budget only
+    scheduling_policy: SchedulingPolicy = "fcfs"
+    domain_weights: tuple[tuple[str, float], ...] = ()  # fair policy; others weigh 1
 
 
 @dataclass(frozen=True)
