@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from tqdm import tqdm
 
@@ -75,12 +75,15 @@ class LLM:
         """Applies the model's chat template to each conversation, then generates."""
         if not messages:
             raise InvalidRequestError("messages is empty", param="messages")
-        conversations = [messages] if isinstance(messages[0], dict) else messages
+        conversations = cast(
+            "Sequence[Sequence[dict[str, str]]]",
+            [messages] if isinstance(messages[0], dict) else messages,
+        )
         prompts: list[list[int]] = []
         for conversation in conversations:
             if not conversation:
                 raise InvalidRequestError("a conversation has no messages", param="messages")
-            text = self.tokenizer.apply_chat_template(list(conversation))
+            text = self.tokenizer.apply_chat_template([dict(m) for m in conversation])
             prompts.append(self.tokenizer.encode(text, add_special_tokens=False))
         return self.generate(prompts, sampling_params, **kwargs)
 
@@ -101,8 +104,8 @@ def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
         return [prompts]
     items = list(prompts)
     if items and all(isinstance(t, int) for t in items):
-        return [items]  # a single token-id prompt
-    return items
+        return [cast("list[int]", items)]  # a single token-id prompt
+    return cast("list[Prompt]", items)
 
 
 def _as_params_list(
