@@ -58,6 +58,13 @@ def dims_from_hf_config(config: dict[str, Any]) -> BaseDims:
 
 def dims_from_source(source: str) -> BaseDims:
     """BaseDims of a registered model's source: an HF folder or a GGUF file."""
+    try:
+        return _dims_from_source(source)
+    except (OSError, KeyError, ValueError, IndexError) as exc:
+        raise AdapterValidationError(f"cannot read the base model's shapes from {source}") from exc
+
+
+def _dims_from_source(source: str) -> BaseDims:
     path = Path(source)
     if path.is_dir():
         return dims_from_hf_config(json.loads((path / "config.json").read_text()))

@@ -1,0 +1,299 @@
+"""The authorization matrix: every admin endpoint x every role, and tenant-admin A against B."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi.routing import APIRoute
+
+from admin import registry
+from admin.identity import create_admin_token
+from admin.models import AuditEvent
+from tenancy import store
+from tests.admin.conftest import PEPPER, AdminEnv
+
+OK = {200, 201}
+DENY = {403}
+HIDDEN = {404}
+_counter = itertools.count()
+
+
+def _n() -> str:
+    return f"x{next(_counter)}"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One endpoint: how to call it against a tenant, and the expected statuses per role."""
+
+    method: str
+    template: str
+    call: Callable[[dict[str, Any], str], tuple[str, dict[str, Any]]]
+    admin: set[int]
+    viewer: set[int]
+    own: set[int]  # tenant-admin of alpha, on alpha (or a global resource)
+    other: set[int] | None = None  # tenant-admin of alpha, on beta's resource
+
+
+def _cells() -> list[Cell]:
+    P = "/admin/api/v1"
+    reads = {"admin": OK, "viewer": OK}
+    ga = dict(reads, own=DENY)  # global read: tenant-admin has no business there
+    gw = {"admin": OK, "viewer": DENY, "own": DENY}  # global write
+    return [
+        Cell("GET", "/whoami", lambda f, t: (f"{P}/whoami", {}), OK, OK, OK),
+        Cell("GET", "/tenants", lambda f, t: (f"{P}/tenants?limit=10", {}), OK, OK, OK),
+        Cell("POST", "/tenants", lambda f, t: (f"{P}/tenants", {"json": {"name": _n()}}), **gw),
+        Cell("GET", "/tenants/{name}", lambda f, t: (f"{P}/tenants/{t}", {}), OK, OK, OK, HIDDEN),
+        Cell(
+            "PATCH",
+            "/tenants/{name}",
+            lambda f, t: (f"{P}/tenants/{t}", {"json": {"status": "active"}}),
+            OK,
+            DENY,
+            DENY,
+            DENY,
+        ),
+        Cell(
+            "GET",
+            "/tenants/{name}/limits",
+            lambda f, t: (f"{P}/tenants/{t}/limits", {}),
+            OK,
+            OK,
+            OK,
+            HIDDEN,
+        ),
+        Cell(
+            "PUT",
+            "/tenants/{name}/limits",
+            lambda f, t: (f"{P}/tenants/{t}/limits", {"json": {"rpm": 5}}),
+            OK,
+            DENY,
+            DENY,
+            DENY,
+        ),
+        Cell(
+            "GET",
+            "/tenants/{name}/keys",
+            lambda f, t: (f"{P}/tenants/{t}/keys", {}),
+            OK,
+            OK,
+            OK,
+            HIDDEN,
+        ),
+        Cell(
+            "POST",
+            "/tenants/{name}/keys",
+            lambda f, t: (f"{P}/tenants/{t}/keys", {"json": {}}),
+            OK,
+            DENY,
+            OK,
+            HIDDEN,
+        ),
+        Cell(
+            "POST",
+            "/tenants/{name}/keys/{key_id}/revoke",
+            lambda f, t: (f"{P}/tenants/{t}/keys/{f['new_key'](t)}/revoke", {}),
+            OK,
+            DENY,
+            OK,
+            HIDDEN,
+        ),
+        Cell("GET", "/models", lambda f, t: (f"{P}/models", {}), **ga),
+        Cell(
+            "POST",
+            "/models",
+            lambda f, t: (
+                f"{P}/models",
+                {"json": {"name": _n(), "source": "/m", "format": "gguf", "context_length": 8}},
+            ),
+            **gw,
+        ),
+        Cell("GET", "/models/{name}", lambda f, t: (f"{P}/models/base", {}), **ga),
+        Cell(
+            "PATCH",
+            "/models/{name}",
+            lambda f, t: (f"{P}/models/base", {"json": {"status": "loaded"}}),
+            **gw,
+        ),
+        Cell(
+            "POST",
+            "/models/{name}/prices",
+            lambda f, t: (
+                f"{P}/models/base/prices",
+                {"json": {"input_price": 1, "cached_input_price": 1, "output_price": 2}},
+            ),
+            **gw,
+        ),
+        Cell("GET", "/adapters", lambda f, t: (f"{P}/adapters", {}), **ga),
+        Cell(
+            "POST",
+            "/adapters",
+            lambda f, t: (
+                f"{P}/adapters",
+                {"json": {"name": _n(), "base_model": "base", "rank": 4, "source_path": "/a"}},
+            ),
+            **gw,
+        ),
+        Cell(
+            "POST",
+            "/adapters/upload",
+            lambda f, t: (
+                f"{P}/adapters/upload?name={_n()}&base_model=base",
+                {"content": b"not a zip"},
+            ),
+            {422},
+            DENY,
+            DENY,
+        ),
+        Cell(
+            "PATCH",
+            "/adapters/{name}",
+            lambda f, t: (f"{P}/adapters/ad1", {"json": {"status": "loaded"}}),
+            **gw,
+        ),
+        Cell("GET", "/prefixes", lambda f, t: (f"{P}/prefixes", {}), **ga),
+        Cell(
+            "POST",
+            "/prefixes",
+            lambda f, t: (
+                f"{P}/prefixes",
+                {"json": {"name": _n(), "model": "base", "token_ids": [1, 2]}},
+            ),
+            **gw,
+        ),
+        Cell(
+            "GET",
+            "/usage",
+            lambda f, t: (
+                f"{P}/usage?start=2026-01-01T00:00:00Z&end=2027-01-01T00:00:00Z&tenant_id={f['ids'][t]}",
+                {},
+            ),
+            OK,
+            OK,
+            OK,
+            HIDDEN,
+        ),
+        Cell(
+            "GET",
+            "/billing/export",
+            lambda f, t: (f"{P}/billing/export?period=2026-11&tenant_id={f['ids'][t]}", {}),
+            OK,
+            OK,
+            OK,
+            HIDDEN,
+        ),
+        Cell("GET", "/audit", lambda f, t: (f"{P}/audit", {}), **ga),
+        Cell("GET", "/audit/export", lambda f, t: (f"{P}/audit/export", {}), **ga),
+        Cell("GET", "/audit/verify", lambda f, t: (f"{P}/audit/verify", {}), **ga),
+        Cell("GET", "/tokens", lambda f, t: (f"{P}/tokens", {}), **ga),
+        Cell("POST", "/tokens", lambda f, t: (f"{P}/tokens", {"json": {"role": "viewer"}}), **gw),
+        Cell(
+            "POST",
+            "/tokens/{token_id}/revoke",
+            lambda f, t: (f"{P}/tokens/{f['new_token']()}/revoke", {}),
+            **gw,
+        ),
+    ]
+
+
+PUBLIC = {("GET", "/auth/login"), ("GET", "/auth/callback")}  # the OIDC flow itself
+
+
+def _routes(env: AdminEnv) -> set[tuple[str, str]]:
+    from admin.router import create_admin_router
+
+    out = set()
+    for route in create_admin_router(env.services).routes:
+        if isinstance(route, APIRoute):
+            for method in route.methods:
+                out.add((method, route.path.removeprefix("/admin/api/v1")))
+    return out
+
+
+def _fixtures(env: AdminEnv) -> dict[str, Any]:
+    with env.sessions() as s:
+        registry.register_model(s, name="base", source="/m", format="gguf", context_length=8)
+        registry.register_adapter(s, name="ad1", base_model="base", rank=4, source_path="/a")
+        ids = {t.name: t.id for t in store.list_tenants(s)}
+
+    def new_key(tenant: str) -> str:
+        with env.sessions() as s:
+            return store.create_key(s, tenant_name=tenant, pepper=PEPPER).id
+
+    def new_token() -> str:
+        with env.sessions() as s:
+            return create_admin_token(s, pepper=PEPPER, role="viewer").id
+
+    return {"ids": ids, "new_key": new_key, "new_token": new_token}
+
+
+def test_matrix_covers_every_route(env: AdminEnv) -> None:
+    covered = {(c.method, c.template) for c in _cells()}
+    assert covered | PUBLIC == _routes(env)
+
+
+def test_no_endpoint_without_authentication(env: AdminEnv) -> None:
+    fx = _fixtures(env)
+    for cell in _cells():
+        path, kwargs = cell.call(fx, "alpha")
+        for headers in (
+            {},
+            {"Authorization": "Bearer clo-adm-forged"},
+            {"Authorization": "Bearer ses.e30.bad"},
+        ):
+            r = env.client.request(cell.method, path, headers=headers, **kwargs)
+            assert r.status_code == 401, (cell.method, path, headers, r.status_code)
+
+
+def test_every_endpoint_times_every_role(env: AdminEnv) -> None:
+    fx = _fixtures(env)
+    roles = {
+        "admin": env.token("admin"),
+        "viewer": env.token("viewer"),
+        "own": env.token("tenant-admin", "alpha"),
+    }
+    failures = []
+    for cell in _cells():
+        for role, headers in roles.items():
+            path, kwargs = cell.call(fx, "alpha")
+            got = env.client.request(cell.method, path, headers=headers, **kwargs).status_code
+            if got not in getattr(cell, role):
+                failures.append((cell.method, cell.template, role, got))
+        if cell.other is not None:
+            path, kwargs = cell.call(fx, "beta")
+            got = env.client.request(cell.method, path, headers=roles["own"], **kwargs).status_code
+            if got not in cell.other:
+                failures.append((cell.method, cell.template, "tenant-admin(alpha) on beta", got))
+    assert failures == []
+
+
+def test_tenant_admin_lists_only_its_tenant_and_denials_are_audited(env: AdminEnv) -> None:
+    headers = env.token("tenant-admin", "alpha")
+    names = [
+        t["name"] for t in env.client.get("/admin/api/v1/tenants", headers=headers).json()["items"]
+    ]
+    assert names == ["alpha"]
+    assert env.client.get("/admin/api/v1/tokens", headers=headers).status_code == 403
+    assert env.client.get("/admin/api/v1/tenants").status_code == 401
+    with env.sessions() as s:
+        outcomes = [e.outcome for e in s.query(AuditEvent).order_by(AuditEvent.seq)]
+    assert outcomes[-2:] == ["denied:403", "denied:401"]
+
+
+def test_secrets_never_reach_the_audit_log(env: AdminEnv) -> None:
+    headers = env.token("admin")
+    secret = env.client.post("/admin/api/v1/tenants/alpha/keys", json={}, headers=headers).json()[
+        "secret"
+    ]
+    token = env.client.post(
+        "/admin/api/v1/tokens", json={"role": "viewer"}, headers=headers
+    ).json()["token"]
+    export = env.client.get("/admin/api/v1/audit/export", headers=headers).text
+    assert secret not in export and token not in export
+    assert "key.create" in export and "token.create" in export
+    keys = env.client.get("/admin/api/v1/tenants/alpha/keys", headers=headers).json()["items"]
+    assert all("secret" not in k and "secret_hash" not in k for k in keys)
