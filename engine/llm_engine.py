@@ -14,7 +14,6 @@ import torch
 from engine.attention.backend import get_attention_backend
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from engine.errors import EngineOverloadedError, InvalidRequestError
-from engine.kv_cache.block_pool import BlockPool
 from engine.kv_cache.manager import KVCacheManager
 from engine.kv_cache.sizing import plan_kv_capacity
 from engine.model.loader import LoadedModel, load_model
@@ -97,7 +96,9 @@ class LLMEngine:
             max_useful_tokens=config.scheduler.max_num_seqs * self.max_model_len,
         )
         log.info(self.capacity.describe())
-        self.kv = KVCacheManager(BlockPool(self.capacity.num_blocks), config.cache.block_size)
+        self.kv = KVCacheManager.from_config(
+            config.cache, self.capacity.num_blocks, config.model.revision or loaded.revision
+        )
         eos = loaded.tokenizer.eos_token_ids
         self.scheduler = Scheduler(
             config.scheduler, self.kv, eos_token_ids=eos, max_model_len=self.max_model_len
@@ -152,8 +153,12 @@ class LLMEngine:
         use_cache: bool = True,
         prompt: str | None = None,
         arrival_time: float | None = None,
+        weight: float | None = None,
     ) -> str:
-        """Validates and queues a request; raises at once if it is bad or the queue is full."""
+        """Validates and queues a request; raises at once if it is bad or the queue is full.
+
+        `weight` (the tenant's share) sets the domain's weight for the fair policy.
+        """
         max_tokens = self.validate(prompt_token_ids, params)
         if self.scheduler.num_waiting >= self.config.scheduler.max_waiting:
             raise EngineOverloadedError(
@@ -188,9 +193,18 @@ class LLMEngine:
         self.requests[request_id] = RequestState(
             request_id, prompt, prompt_ids, seqs, self.tokenizer, now
         )
+        if weight is not None:
+            self.scheduler.waiting.set_weight(cache_domain, weight)
         for seq in seqs:
             self.scheduler.add(seq)
         return request_id
+
+    def publish_prefix(self, token_ids: Seq[int]) -> int:
+        """Shares a prefix (e.g. the platform's system prompt) with every cache domain.
+
+        Returns the number of full blocks shared; tokens after them stay per domain.
+        """
+        return self.kv.publish_prefix([int(t) for t in token_ids])
 
     def abort(self, request_id: str) -> StreamEvent | None:
         """Ends a request now and frees its blocks; returns its final event, if it was live."""
@@ -225,6 +239,9 @@ class LLMEngine:
             state = self.requests[item.seq.request_id]
             if state.first_scheduled_time is None:
                 state.first_scheduled_time = now
+        scrub = self.kv.take_blocks_to_scrub()
+        if scrub:
+            self.runner.scrub_blocks(scrub)
         try:
             sampled = self.runner.execute(output)
         except Exception as exc:
@@ -264,13 +281,14 @@ class LLMEngine:
             num_running=len(self.scheduler.running),
             num_waiting=self.scheduler.num_waiting,
             kv_cache_usage=self.kv.usage,
-            prefix_cache_queries=0,
-            prefix_cache_hits=0,
+            prefix_cache_queries=self.kv.query_tokens,
+            prefix_cache_hits=self.kv.hit_tokens,
             num_preemptions=self.scheduler.num_preemptions,
             num_blocks=self.capacity.num_blocks,
             block_size=self.capacity.block_size,
             num_requests_finished=self._num_finished,
             num_generated_tokens=self._num_generated,
+            prefix_cache_domains=self.kv.domain_stats(),
         )
 
 

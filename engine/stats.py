@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from engine.kv_cache.counters import DomainCacheStats
 
 
 @dataclass(frozen=True)
@@ -19,3 +21,5 @@ class EngineStats:
     block_size: int
     num_requests_finished: int = 0
     num_generated_tokens: int = 0
+    # Per cache domain: lookups, hits, cached tokens, evictions (the public domain is "<public>").
+    prefix_cache_domains: dict[str, DomainCacheStats] = field(default_factory=dict)

@@ -95,6 +95,15 @@ class ModelRunner:
             suppress_eos=suppress,
         )
 
+    @torch.inference_mode()
+    def scrub_blocks(self, block_ids: list[int]) -> None:
+        """Zeroes the K and V of `block_ids` in every layer (blocks leaving a cache domain)."""
+        if not block_ids:
+            return
+        index = torch.tensor(sorted(set(block_ids)), dtype=torch.long, device=self.device)
+        for cache in self.kv_caches:
+            cache.index_fill_(1, index, 0)
+
     def release(self, seq_id: str) -> None:
         """Forgets a finished sequence's sampling state."""
         self._generators.pop(seq_id, None)

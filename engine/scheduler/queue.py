@@ -40,6 +40,14 @@ class WaitingQueue(Protocol):
         """Removes `seq` wherever it is (abort); False if it was not queued."""
         ...
 
+    def charge(self, seq: Sequence, tokens: int) -> None:
+        """Records `tokens` of service (prompt tokens + 2 x output tokens) given to `seq`."""
+        ...
+
+    def set_weight(self, domain: str, weight: float) -> None:
+        """Sets a domain's share for policies that weigh domains (others ignore it)."""
+        ...
+
 
 class FcfsQueue:
     """First come, first served; preempted sequences go back to the front."""
@@ -79,3 +87,9 @@ class FcfsQueue:
         except ValueError:
             return False
         return True
+
+    def charge(self, seq: Sequence, tokens: int) -> None:
+        """FCFS keeps no service accounts."""
+
+    def set_weight(self, domain: str, weight: float) -> None:
+        """FCFS ignores weights."""

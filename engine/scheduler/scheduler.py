@@ -12,7 +12,8 @@ from collections.abc import Iterable
 from engine.config import SchedulerConfig
 from engine.kv_cache.manager import KVCacheManager
 from engine.scheduler.output import ScheduledSequence, SchedulerOutput
-from engine.scheduler.queue import FcfsQueue, WaitingQueue
+from engine.scheduler.policies import make_waiting_queue
+from engine.scheduler.queue import WaitingQueue
 from engine.sequence import Sequence, SequenceStatus
 
 
@@ -32,7 +33,9 @@ class Scheduler:
         self.kv = kv
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
-        self.waiting: WaitingQueue = waiting if waiting is not None else FcfsQueue()
+        self.waiting: WaitingQueue = (
+            waiting if waiting is not None else make_waiting_queue(config, kv)
+        )
         self.running: list[Sequence] = []
         self.num_preemptions = 0
 
@@ -102,6 +105,7 @@ class Scheduler:
             if not seq.admitted_once:
                 seq.admitted_once = True
                 seq.num_cached_tokens = num_computed
+                self.waiting.charge(seq, seq.num_prompt_tokens)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             scheduled.append(ScheduledSequence(seq, seq.num_computed_tokens, num_new))
@@ -138,10 +142,12 @@ class Scheduler:
             if seq.is_finished:  # aborted while the step ran
                 continue
             seq.num_computed_tokens = item.end
+            self.kv.cache_full_blocks(seq)
             token = sampled.get(seq.seq_id)
             if token is None:
                 continue
             seq.output_token_ids.append(token)
+            self.waiting.charge(seq, 2)  # an output token weighs two prompt tokens (VTC)
             progressed.append(seq)
             reason = self._stop_reason(seq, token)
             if reason is not None:

@@ -1,0 +1,86 @@
+"""The prefix index interface: which cached KV blocks hold a given token prefix.
+
+An index is pure bookkeeping over block ids; the manager owns reference counts,
+eviction and domains. Every lookup starts from a chain root (a `CacheKey` digest,
+or the continuation root after a published prefix), so a lookup never touches an
+entry made under another root: that is the isolation invariant in data-structure
+form, and `work` counts what a lookup touched so tests can prove it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
+
+
+class MatchResult(NamedTuple):
+    """The cached blocks of the longest block-aligned prefix, and the lookup's work."""
+
+    block_ids: list[int]
+    work: int  # dict probes (hash) or tree nodes visited (radix)
+
+
+class PrefixIndex(Protocol):
+    """Maps (chain root, full-block token runs) to KV block ids.
+
+    Contract:
+    - `match` is read-only and returns at most `max_blocks` blocks, each holding
+      exactly the corresponding full block of `tokens`, under the same root.
+    - `insert` registers full blocks that follow `parent` (None: the chain start).
+      Where a block with the same prefix is already registered it is kept, and its
+      id is returned in place of the new one (the caller adopts it, drops its copy).
+    - `remove` drops a block that has no registered children.
+    - `lock`/`unlock` mark the path ending at a block as in use (a no-op where the
+      reference counts of the pool already suffice).
+    """
+
+    name: str
+    block_size: int
+
+    def match(self, root: bytes, tokens: Sequence[int], max_blocks: int) -> MatchResult:
+        """Longest cached prefix of `tokens` under `root`, at most `max_blocks` blocks."""
+        ...
+
+    def insert(
+        self, root: bytes, parent: int | None, tokens: Sequence[int], block_ids: Sequence[int]
+    ) -> list[int]:
+        """Registers `block_ids` (full blocks of `tokens`) after `parent`; canonical ids back."""
+        ...
+
+    def remove(self, block_id: int) -> None:
+        """Forgets a registered block without registered children."""
+        ...
+
+    def lock(self, block_id: int) -> None:
+        """Protects the path from the root to `block_id` from removal."""
+        ...
+
+    def unlock(self, block_id: int) -> None:
+        """Undoes one `lock` of the same block."""
+        ...
+
+    def __len__(self) -> int:
+        """Registered blocks."""
+        ...
+
+    def check_integrity(self) -> None:
+        """Raises if the index's internal invariants are broken."""
+        ...
+
+
+class PrefixIndexError(Exception):
+    """An index invariant was broken (a bug, never a user error)."""
+
+
+def make_prefix_index(mode: str, block_size: int) -> PrefixIndex | None:
+    """The index for `prefix_cache="hash" | "radix" | "off"` (None for off)."""
+    from engine.kv_cache.hash_index import HashIndex
+    from engine.kv_cache.radix_index import RadixIndex
+
+    if mode == "off":
+        return None
+    if mode == "hash":
+        return HashIndex(block_size)
+    if mode == "radix":
+        return RadixIndex(block_size)
+    raise ValueError(f"unknown prefix_cache mode {mode!r}; use 'hash', 'radix' or 'off'")
