@@ -128,12 +128,12 @@ class MeteringSink:
             self._thread = None
 
     def _replay(self) -> None:
-        rows = self.spool.read()
+        rows, lines = self.spool.read()
         for start in range(0, len(rows), self._batch):
             with self._sessions() as session:
                 write_usage(session, rows[start : start + self._batch])
-        if rows:
-            self.spool.clear(len(rows))
+        if lines:
+            self.spool.clear(lines)
             logger.info("replayed %d spooled usage records", len(rows))
 
     def _take_batch(self) -> tuple[list[dict[str, Any]], int]:

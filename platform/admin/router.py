@@ -1,6 +1,5 @@
 """`create_admin_router`: the admin API under /admin/api/v1 (see deps.py for who may do what)."""
 
-
 import datetime as dt
 from typing import Annotated, Any
 

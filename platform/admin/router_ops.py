@@ -1,6 +1,5 @@
 """Admin routes for adapters, shared prefixes, usage, billing, audit, admin tokens and OIDC."""
 
-
 import base64
 import datetime as dt
 import hashlib

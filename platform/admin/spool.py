@@ -33,6 +33,11 @@ class UsageSpool:
             return
         data = "".join(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n" for r in rows)
         with self._lock:
+            if self.path.exists() and self.path.stat().st_size:
+                with open(self.path, "rb") as f:
+                    f.seek(-1, os.SEEK_END)
+                    if f.read(1) != b"\n":  # never glue a row onto a torn line
+                        data = "\n" + data
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             try:
                 os.write(fd, data.encode("utf-8"))
@@ -40,25 +45,21 @@ class UsageSpool:
             finally:
                 os.close(fd)
 
-    def read(self) -> list[dict[str, Any]]:
-        """Every complete row, in append order."""
+    def read(self) -> tuple[list[dict[str, Any]], int]:
+        """Every complete row in append order, and how many lines they (and a torn tail) span."""
         with self._lock:
             if not self.path.exists():
-                return []
+                return [], 0
             text = self.path.read_text(encoding="utf-8")
         rows: list[dict[str, Any]] = []
-        lines = text.split("\n")
+        lines = [ln for ln in text.split("\n") if ln]
         for i, line in enumerate(lines):
-            if not line:
-                continue
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError:
-                if i == len(lines) - 1:  # torn tail of an interrupted append
-                    logger.warning("skipping a torn spool line")
-                    continue
-                raise
-        return rows
+                # a torn append: it failed, so it was never acknowledged
+                logger.warning("skipping torn spool line %d", i + 1)
+        return rows, len(lines)
 
     def pending(self) -> bool:
         """True when the spool holds anything."""
