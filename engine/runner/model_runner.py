@@ -1,4 +1,9 @@
-"""Everything on the device: the KV tensors, the forward pass and sampling."""
+"""Everything on the device: the KV tensors, the forward pass and sampling.
+
+Per step the host waits for the device once: when the sampled token ids (and the
+logprobs, when asked for) come back. Pure-decode steps replay a CUDA graph when
+`capture_decode_graphs` was called on a CUDA device; all other steps run eagerly.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +14,10 @@ import torch
 from engine.attention.backend import AttentionBackend
 from engine.config import ModelArchitecture
 from engine.model.forward_context import ForwardContext
-from engine.runner.inputs import build_step_inputs
+from engine.runner.cuda_graphs import DecodeGraphRunner
+from engine.runner.inputs import StepInputs, build_step_inputs
 from engine.sampling import Sampler, SamplingRow, make_generator
+from engine.sampling.penalties import needs_adjustment
 from engine.scheduler.output import SchedulerOutput
 from engine.sequence import Sequence
 
@@ -55,18 +62,46 @@ class ModelRunner:
         ]
         self.sampler = Sampler()
         self._generators: dict[str, torch.Generator] = {}
+        self.graphs: DecodeGraphRunner | None = None
+
+    def capture_decode_graphs(self, max_batch: int, max_model_len: int) -> tuple[int, ...]:
+        """Captures CUDA graphs for decode batches up to `max_batch`; returns their sizes.
+
+        A no-op on the CPU (returns ()): there every step runs eagerly.
+        """
+        if self.device.type != "cuda":
+            return ()
+        graphs = DecodeGraphRunner(
+            self.model,
+            self.backend,
+            self.kv_caches,
+            max_batch=max_batch,
+            max_model_len=max_model_len,
+            block_size=self.block_size,
+            device=self.device,
+            use_graphs=True,
+        )
+        with torch.inference_mode():
+            graphs.capture()
+        self.graphs = graphs
+        return graphs.captured_sizes
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> dict[str, SampledToken]:
         """Runs one step; returns the sampled token of every sequence that samples."""
         inputs = build_step_inputs(output, self.block_size, self.device)
-        ctx = ForwardContext(backend=self.backend, meta=inputs.meta, kv_caches=self.kv_caches)
-        hidden = self.model(inputs.input_ids, inputs.positions, ctx)
+        hidden = self._forward(inputs)
         if not inputs.sampling_positions:
             return {}
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
         seqs = [output.scheduled[i].seq for i in inputs.sampling_positions]
         rows = [self._row(seq) for seq in seqs]
+        if _plain_greedy(rows):
+            # The common decode case needs no sampler: one argmax, one copy to the host.
+            return {
+                seq.seq_id: SampledToken(token)
+                for seq, token in zip(seqs, logits.argmax(dim=-1).tolist(), strict=True)
+            }
         result = self.sampler.sample(logits, rows)
         sampled: dict[str, SampledToken] = {}
         for seq, token, lp in zip(seqs, result.token_ids, result.logprobs, strict=True):
@@ -76,6 +111,14 @@ class ModelRunner:
                 chosen, top = lp
                 sampled[seq.seq_id] = SampledToken(token, chosen, tuple(top))
         return sampled
+
+    def _forward(self, inputs: StepInputs) -> torch.Tensor:
+        """Final hidden states of the step: a graph replay for decode when captured."""
+        if self.graphs is not None and self.graphs.can_run(inputs.meta):
+            return self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
+        ctx = ForwardContext(backend=self.backend, meta=inputs.meta, kv_caches=self.kv_caches)
+        hidden: torch.Tensor = self.model(inputs.input_ids, inputs.positions, ctx)
+        return hidden
 
     def _row(self, seq: Sequence) -> SamplingRow:
         gen = self._generators.get(seq.seq_id)
@@ -107,3 +150,10 @@ class ModelRunner:
     def release(self, seq_id: str) -> None:
         """Forgets a finished sequence's sampling state."""
         self._generators.pop(seq_id, None)
+
+
+def _plain_greedy(rows: list[SamplingRow]) -> bool:
+    """Rows whose token is the argmax of the raw logits: greedy, no logprobs, no adjustment."""
+    return all(r.params.greedy and r.params.logprobs is None for r in rows) and not (
+        needs_adjustment(rows)
+    )
