@@ -137,10 +137,11 @@ class KVCacheManager:
 
     def publish_prefix(self, token_ids: Seq[int]) -> int:
         """Shares the full blocks of `token_ids` with every domain; returns how many blocks."""
+        # A request shares these blocks only if it starts with the whole sequence.
         n = len(token_ids) // self.block_size
         if n:
-            head = tuple(int(t) for t in token_ids[: n * self.block_size])
-            self._published[head] = tokens_digest(head)
+            full = tuple(int(t) for t in token_ids)
+            self._published[full] = tokens_digest(full)
         return n
 
     def set_domain_floor(self, domain: str, blocks: int) -> None:
