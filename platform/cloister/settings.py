@@ -26,6 +26,10 @@ class Settings(BaseSettings):
     key_pepper: SecretStr = SecretStr(DEV_PEPPER)
     limiter_fail_mode: Literal["open", "closed"] = "open"
     limiter_local_cap_rpm: int = 600  # per-process cap applied while Redis is unreachable
+    # A request over its concurrency limit: "reject" (429 at once) or "queue" (wait for a
+    # slot up to concurrency_queue_timeout_s, then 429).
+    concurrency_mode: Literal["reject", "queue"] = "reject"
+    concurrency_queue_timeout_s: float = Field(default=30.0, ge=0.0)
     config_refresh_s: float = 2.0  # how stale tenant/key/limit data may be on a running server
     model: str | None = None  # None: the bundled SmolLM2-135M-Instruct GGUF
     model_name: str = "smollm2-135m-instruct"

@@ -10,6 +10,8 @@ from cloister.settings import Settings
 from fastapi import FastAPI
 from opentelemetry.sdk.trace import TracerProvider
 
+from gateway.admission import AsyncLimiter
+from gateway.auth_cache import CachingAuthenticator
 from gateway.engine_client import EngineClient
 from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
@@ -40,8 +42,12 @@ def create_app(
     state = AppState(
         settings=settings,
         engine=engine_client,
-        authenticator=authenticator,
-        limiter=limiter,
+        auth=CachingAuthenticator(authenticator, refresh_s=settings.config_refresh_s),
+        limits=AsyncLimiter(
+            limiter,
+            concurrency_mode=settings.concurrency_mode,
+            queue_timeout_s=settings.concurrency_queue_timeout_s,
+        ),
         usage_sink=usage_sink or LoggingUsageSink(),
         metrics=GatewayMetrics(
             model_name=engine_client.model_name, top_tenants=settings.metrics_top_tenants
@@ -57,6 +63,8 @@ def create_app(
         try:
             yield
         finally:
+            await state.limits.drain()
+            await state.auth.drain()
             if manage_engine:
                 await engine_client.shutdown()
             provider.shutdown()

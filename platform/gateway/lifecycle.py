@@ -65,8 +65,8 @@ class RequestLifecycle:
         self._closed = False
 
     async def authenticate(self, authorization: str | None) -> Principal:
-        """The caller's principal (the authenticator may touch the database: off the loop)."""
-        principal = await asyncio.to_thread(self.state.authenticator.authenticate, authorization)
+        """The caller's principal (from memory; database reads happen off the loop)."""
+        principal = await self.state.auth.authenticate(authorization)
         self.principal = principal
         self.span.set_attribute("cloister.tenant_id", principal.tenant_id)
         return principal
@@ -90,11 +90,8 @@ class RequestLifecycle:
         self.prompt_tokens = prompt_tokens
         metrics = self.state.metrics
         try:
-            admission = await asyncio.to_thread(
-                self.state.limiter.acquire,
-                principal,
-                prompt_tokens=prompt_tokens,
-                max_tokens=reserve_tokens,
+            admission = await self.state.limits.acquire(
+                principal, prompt_tokens=prompt_tokens, max_tokens=reserve_tokens
             )
         except RateLimitedError as exc:
             metrics.observe_rejection(tenant=principal.tenant_name, reason=exc.reason)
@@ -200,13 +197,9 @@ class RequestLifecycle:
         if disconnected and self.finish_reason is None:
             self.finish_reason = "abort"
         if self._admission is not None:
+            # Never blocks: a remote limiter settles in the background.
             actual = self.prompt_tokens + self.completion_tokens
-            try:
-                await asyncio.to_thread(
-                    state.limiter.release, self._admission, actual_tokens=actual
-                )
-            except Exception:
-                logger.exception("limiter release failed", extra={"request_id": self.request_id})
+            state.limits.release(self._admission, actual_tokens=actual)
         latency = time.monotonic() - self.started
         ttft = None if self._first_token_at is None else self._first_token_at - self.started
         principal = self.principal

@@ -3,25 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
 from cloister.settings import Settings
 from fastapi import Request
 from opentelemetry.trace import Tracer
 
+from gateway.admission import AsyncLimiter
+from gateway.auth_cache import AuthenticatorLike, CachingAuthenticator
 from gateway.engine_client import EngineClient
 from gateway.metrics import GatewayMetrics
 from gateway.usage import UsageSink
-from tenancy.limiter.base import Limiter
-from tenancy.principal import Principal
 
-
-class AuthenticatorLike(Protocol):
-    """Bearer credential -> Principal; raises tenancy's AuthenticationError."""
-
-    def authenticate(self, bearer: str | None) -> Principal:
-        """The principal behind the Authorization header value (or the bare token)."""
-        ...
+__all__ = ["AppState", "AuthenticatorLike", "app_state"]
 
 
 @dataclass(frozen=True)
@@ -30,8 +23,8 @@ class AppState:
 
     settings: Settings
     engine: EngineClient
-    authenticator: AuthenticatorLike
-    limiter: Limiter
+    auth: CachingAuthenticator  # in-memory answers; database reads off the loop
+    limits: AsyncLimiter  # the limiter, inline or one thread hop away
     usage_sink: UsageSink
     metrics: GatewayMetrics
     tracer: Tracer

@@ -119,7 +119,7 @@ def start_gateway(
     url = f"sqlite:///{tmp_path / 'cloister.db'}"
     upgrade_database(url)
     sessions = make_session_factory(make_engine(url))
-    cfg = Settings(data_dir=tmp_path, key_pepper=PEPPER, config_refresh_s=0.0, **settings)
+    cfg = Settings(data_dir=tmp_path, key_pepper=PEPPER, config_refresh_s=refresh_s, **settings)
     usage = ListUsageSink()
     client = InProcessEngineClient(engine, model_name="tiny")
     app = create_app(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
@@ -18,9 +16,7 @@ router = APIRouter(tags=["models"])
 async def list_models(request: Request) -> JSONResponse:
     """Lists the served models this key is allowed to use."""
     state = app_state(request)
-    principal = await asyncio.to_thread(
-        state.authenticator.authenticate, request.headers.get("authorization")
-    )
+    principal = await state.auth.authenticate(request.headers.get("authorization"))
     names = allowed_models(principal, state.served_models)
     body = ModelList(
         data=[ModelCard(id=name, created=state.started_at, owned_by="cloister") for name in names]
