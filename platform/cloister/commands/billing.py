@@ -1,0 +1,43 @@
+"""`cloister billing export`: billing lines of a period as CSV or JSON lines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.group("billing")
+def billing() -> None:
+    """Billing exports."""
+
+
+@billing.command("export")
+@click.option("--period", required=True, help="YYYY-MM or YYYY-MM-DD (UTC).")
+@click.option("--format", "fmt", type=click.Choice(["csv", "jsonl"]), default="csv")
+@click.option("--tenant", default=None, help="Only this tenant (name).")
+@click.option(
+    "--output", type=click.Path(path_type=Path), default=None, help="File (default stdout)."
+)
+def export(period: str, fmt: str, tenant: str | None, output: Path | None) -> None:
+    """One line per tenant x model x adapter x day, costs from the prices at the time of use."""
+    from admin import billing as billing_data
+
+    from cloister.commands.admin import admin_context
+    from tenancy import store
+    from tenancy.errors import TenancyError
+
+    with admin_context() as (_settings, sessions, _admin), sessions() as session:
+        try:
+            tenant_id = store.get_tenant(session, tenant).id if tenant else None
+            lines = billing_data.billing_lines(session, period=period, tenant_id=tenant_id)
+        except TenancyError as exc:
+            raise click.ClickException(str(exc)) from exc
+    text = billing_data.render(lines, fmt)  # type: ignore[arg-type]
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        output.write_text(text)
+
+
+commands: list[click.Command] = [billing]
