@@ -97,16 +97,24 @@ def write_usage(session: Session, rows: Sequence[dict[str, Any]]) -> int:
         sums["requests"] += 1
         for name in ROLLUP_SUMS:
             sums[name] += int(v[name])
-    for (hour, tenant, key, model, adapter), sums in sorted(
-        buckets.items(), key=lambda kv: str(kv[0])
-    ):
-        ins = _insert(session, UsageHourly).values(
-            hour=hour, tenant_id=tenant, key_id=key, model=model, adapter=adapter, **sums
-        )
+    if buckets:
+        # One multi-row upsert; the buckets are distinct, so no row is touched twice.
         table = UsageHourly.__table__
+        rollups = [
+            {
+                "hour": k[0],
+                "tenant_id": k[1],
+                "key_id": k[2],
+                "model": k[3],
+                "adapter": k[4],
+                **sums,
+            }
+            for k, sums in sorted(buckets.items(), key=lambda kv: str(kv[0]))
+        ]
+        ins = _insert(session, UsageHourly).values(rollups)
         ins = ins.on_conflict_do_update(
             index_elements=["hour", "tenant_id", "key_id", "model", "adapter"],
-            set_={name: table.c[name] + ins.excluded[name] for name in sums},
+            set_={name: table.c[name] + ins.excluded[name] for name in ("requests", *ROLLUP_SUMS)},
         )
         session.execute(ins)
     session.commit()

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from admin.audit_chain import (
     GENESIS,
     checkpoint_digest,
@@ -19,6 +18,7 @@ from admin.audit_chain import (
     verify,
 )
 from admin.audit_log import AuditLog
+
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tests.admin.conftest import SIGNING_SEED
 
