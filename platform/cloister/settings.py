@@ -20,6 +20,7 @@ class Settings(BaseSettings):
     data_dir: Path = Path("./var")
     database_url: str | None = None  # None: SQLite at <data_dir>/cloister.db
     redis_url: str | None = None  # None: the in-memory limiter
+    redis_key_prefix: str = "cloister:lim:"  # gateways sharing limits share the prefix
     host: str = "127.0.0.1"
     port: int = 8000
     # HMAC pepper for API-key hashes. The development default is refused in production.

@@ -28,7 +28,7 @@ from gateway.state import AppState
 from gateway.tracing import extract_context
 from gateway.usage import UsageGuard, UsageRecord
 from tenancy.authenticator import check_model
-from tenancy.errors import LimiterUnavailableError, RateLimitedError
+from tenancy.errors import RateLimitedError
 from tenancy.limiter.base import Admission
 from tenancy.principal import Principal
 
@@ -96,12 +96,8 @@ class RequestLifecycle:
         except RateLimitedError as exc:
             metrics.observe_rejection(tenant=principal.tenant_name, reason=exc.reason)
             raise
-        except LimiterUnavailableError:
-            metrics.limiter_backend_errors.inc()
-            raise
-        if admission.backend == "local":
-            # Fail-open fallback: the shared backend failed for this call.
-            metrics.limiter_backend_errors.inc()
+        # Backend failures (fail-open fallbacks, fail-closed refusals) are counted by the
+        # limiter itself and exported at scrape time; see routes/metrics.py.
         self._admission = admission
         return rate_limit_headers(admission.requests, admission.tokens)
 

@@ -88,6 +88,7 @@ class GatewayMetrics:
             "cloister_limiter_backend_errors", "Limiter backend failures.", registry=r
         )
         self._last: EngineSnapshot | None = None
+        self._last_backend_errors = 0
         self._lock = threading.Lock()
 
     def observe_request(self, *, tenant: str, status: int, model: str) -> None:
@@ -145,8 +146,24 @@ class GatewayMetrics:
                     counter.labels(name).inc(delta)
             self._last = snap
 
-    def render(self, snap: EngineSnapshot | None) -> bytes:
-        """The exposition text, after folding in `snap` when given."""
+    def update_limiter(self, backend_errors: int) -> None:
+        """Advances the backend-error counter to the limiter's own cumulative count.
+
+        The limiter counts every failed backend call (acquires that fell back or were
+        refused, and releases), which the request path cannot all see.
+        """
+        with self._lock:
+            delta = backend_errors - self._last_backend_errors
+            if delta > 0:
+                self.limiter_backend_errors.inc(delta)
+            self._last_backend_errors = max(self._last_backend_errors, backend_errors)
+
+    def render(
+        self, snap: EngineSnapshot | None, *, limiter_backend_errors: int | None = None
+    ) -> bytes:
+        """The exposition text, after folding in `snap` and the limiter's count when given."""
         if snap is not None:
             self.update_engine(snap)
+        if limiter_backend_errors is not None:
+            self.update_limiter(limiter_backend_errors)
         return generate_latest(self.registry)

@@ -79,6 +79,7 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
         settings.redis_url,
         fail_mode=settings.limiter_fail_mode,
         local_cap_rpm=settings.limiter_local_cap_rpm,
+        key_prefix=settings.redis_key_prefix,
     )
     return create_app(settings, engine_client=client, authenticator=authenticator, limiter=limiter)
 
@@ -92,6 +93,18 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
 @click.option("--redis-url", default=None, help="Share limiter state through Redis.")
 @click.option("--max-model-len", type=int, default=None, help="Context length cap.")
 @click.option("--kv-cache-bytes", type=int, default=None, help="KV pool size in bytes.")
+@click.option(
+    "--limiter-fail-mode",
+    type=click.Choice(["open", "closed"]),
+    default=None,
+    help="When Redis is down: admit within a per-process cap (open) or answer 503 (closed).",
+)
+@click.option(
+    "--concurrency-mode",
+    type=click.Choice(["reject", "queue"]),
+    default=None,
+    help="Over the concurrency limit: 429 at once (reject) or wait for a slot (queue).",
+)
 @click.option("--log-level", default=None, help="DEBUG, INFO, WARNING, ...")
 def serve(**flags: Any) -> None:
     """Serve the OpenAI-compatible API with an in-process engine."""

@@ -15,7 +15,12 @@ async def metrics(request: Request) -> Response:
     """The gateway's and the engine's series, engine gauges refreshed now."""
     state = app_state(request)
     snap = state.engine.stats()
-    return Response(state.metrics.render(snap), media_type=CONTENT_TYPE_LATEST)
+    # Limiters with a shared backend count their own failures; in-memory ones have none.
+    errors = getattr(state.limits.limiter, "backend_errors", None)
+    text = state.metrics.render(
+        snap, limiter_backend_errors=errors if isinstance(errors, int) else None
+    )
+    return Response(text, media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/health", include_in_schema=False)

@@ -1,0 +1,136 @@
+"""Gateways as separate `cloister serve` processes (what a replica is), for cross-process tests.
+
+Tenants and keys are written straight into the SQLite file the processes serve
+from; each process sees them within its `config_refresh_s`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from sqlalchemy.orm import Session, sessionmaker
+
+from tenancy import store
+from tenancy.db import make_engine, make_session_factory, upgrade_database
+from tests.gateway.conftest import PEPPER, free_port
+
+START_TIMEOUT_S = 120.0  # two processes importing torch on two busy cores
+
+
+@dataclass(frozen=True)
+class GatewayProcess:
+    """One running `cloister serve` and where its output goes."""
+
+    base_url: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    def logs(self) -> str:
+        """Everything the process logged so far."""
+        return self.log_path.read_text(errors="replace")
+
+
+def database(data_dir: Path) -> sessionmaker[Session]:
+    """Migrates the SQLite database the gateways will share; returns a session factory."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    url = f"sqlite:///{(data_dir / 'cloister.db').resolve()}"
+    upgrade_database(url)
+    return make_session_factory(make_engine(url))
+
+
+def create_tenant_key(sessions: sessionmaker[Session], name: str, **limits: Any) -> str:
+    """A tenant with `limits` and one key; returns the secret."""
+    with sessions() as s:
+        store.create_tenant(s, name=name)
+        if limits:
+            store.set_limits(s, tenant_name=name, **limits)
+        return store.create_key(s, tenant_name=name, pepper=PEPPER).secret
+
+
+def gateway_env(data_dir: Path, model_dir: Path, **settings: Any) -> dict[str, str]:
+    """Environment for `cloister serve` on the tiny model; `settings` become CLOISTER_* vars."""
+    env = dict(os.environ)
+    values: dict[str, Any] = {
+        "data_dir": data_dir,
+        "key_pepper": PEPPER,
+        "model": model_dir,
+        "model_name": "tiny",
+        "attention_backend": "torch",
+        "max_model_len": 512,
+        "kv_cache_bytes": 8 * 1024 * 1024,
+        "config_refresh_s": 0.5,
+        "log_level": "INFO",
+        **settings,
+    }
+    for name, value in values.items():
+        env[f"CLOISTER_{name.upper()}"] = str(value)
+    return env
+
+
+def spawn_gateway(
+    data_dir: Path, model_dir: Path, log_path: Path, **settings: Any
+) -> GatewayProcess:
+    """Starts `cloister serve` on a free port; does not wait for it (see `wait_ready`)."""
+    port = free_port()
+    env = gateway_env(data_dir, model_dir, port=port, **settings)
+    log = log_path.open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from cloister.cli import main; main()", "serve"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    log.close()  # the child keeps its own descriptor
+    return GatewayProcess(f"http://127.0.0.1:{port}", proc, log_path)
+
+
+def wait_ready(gw: GatewayProcess, timeout_s: float = START_TIMEOUT_S) -> None:
+    """Blocks until /health answers; raises with the process's log when it died or hung."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if gw.proc.poll() is not None:
+            raise RuntimeError(f"gateway exited with {gw.proc.returncode}:\n{gw.logs()[-4000:]}")
+        try:
+            if httpx.get(gw.base_url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"gateway did not start in {timeout_s}s:\n{gw.logs()[-4000:]}")
+
+
+def stop(gw: GatewayProcess) -> None:
+    """SIGTERM, then SIGKILL if it does not exit in time."""
+    if gw.proc.poll() is None:
+        gw.proc.terminate()
+        try:
+            gw.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            gw.proc.kill()
+            gw.proc.wait(timeout=10)
+
+
+@contextmanager
+def gateways(
+    data_dir: Path, model_dir: Path, log_dir: Path, configs: list[dict[str, Any]]
+) -> Iterator[list[GatewayProcess]]:
+    """One gateway process per settings dict, on one database, started in parallel."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as stack:
+        started = []
+        for i, settings in enumerate(configs):
+            gw = spawn_gateway(data_dir, model_dir, log_dir / f"gateway-{i}.log", **settings)
+            stack.callback(stop, gw)
+            started.append(gw)
+        for gw in started:
+            wait_ready(gw)
+        yield started
