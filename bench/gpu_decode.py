@@ -10,11 +10,19 @@ Llama-3-8B attention layer), at batch 1/8/32/128/256 and contexts 1k/8k:
       fraction of the device's peak (--peak-tbps, default H200: 4.8 TB/s);
   (c) prefill attention tokens/s for an 8k-token prompt (and SDPA causal for scale).
 
-It prints a table; the last line is JSON. `--smoke` runs tiny sizes so that the
-script can be checked on a CPU under TRITON_INTERPRET=1. End-to-end engine decode
-tokens/s is a later addition through `bench_engine_decode`.
+and, through the engine itself (bench/gpu_engine.py, seeded random weights):
+
+  (d) bf16 greedy parity on the device against the fp32 CPU reference (SmolLM2 shape);
+  (e) end-to-end decode tokens/s at batch 1/8/32/128/256 with 1k and 8k contexts
+      (CUDA graphs and eager), the HBM bandwidth fraction of a decode step, and
+      prefill tokens/s of one 8k prompt; SmolLM2 first, then Llama-3-8B while the
+      time budget (--engine-budget-s) lasts.
+
+It prints tables; the last line is JSON. `--smoke` runs tiny sizes so that the
+script can be checked on a CPU under TRITON_INTERPRET=1. `--parts` picks a subset.
 
     python bench/gpu_decode.py [--peak-tbps 4.8] [--dtype bfloat16] [--json-out F]
+    python bench/gpu_decode.py --parts parity,engine --engine-budget-s 150
     TRITON_INTERPRET=1 python bench/gpu_decode.py --smoke
 """
 
@@ -56,6 +64,7 @@ class ModelShape:
 
 SMOLLM2_135M = ModelShape("smollm2-135m", 30, 576, 9, 3, 64, 1536, 49152)
 LLAMA3_8B = ModelShape("llama3-8b", 32, 4096, 32, 8, 128, 14336, 128256)
+TINY_SHAPE = ModelShape("tiny", 2, 64, 4, 2, 16, 128, 512)  # --smoke engine runs
 BLOCK_SIZE = 16
 
 
@@ -243,22 +252,85 @@ def bench_prefill(
 
 
 def bench_engine_decode(
-    shape: ModelShape, batch_sizes: Sequence[int], device: torch.device, notes: list[str]
+    shape: ModelShape,
+    plan: Sequence[tuple[int, Sequence[int]]],
+    dtype: torch.dtype,
+    device: torch.device,
+    peak_tbps: float,
+    notes: list[str],
+    *,
+    deadline: float,
+    prefill_tokens: int | None,
+    max_num_batched_tokens: int = 32768,
 ) -> dict[str, Any] | None:
-    """Hook for end-to-end engine decode tokens/s (filled in later); never raises.
+    """End-to-end engine decode tokens/s for `plan` [(context, batches)], then prefill.
 
-    Returns None, appending the reason to `notes`, while `engine.llm` cannot run here
-    (on the GPU image it lacks gguf and the web-free extras) or the run is not wired yet.
+    One engine per shape (random weights, decode graphs on CUDA). Each context's sweep
+    runs only while `deadline` (time.monotonic) leaves room; what is skipped is noted.
+    Never raises: a failure becomes a note, and the figures gathered so far are kept.
     """
     try:
-        importlib.import_module("engine.llm")
-    except Exception as exc:  # any import failure just means: not measurable here yet
-        notes.append(f"engine decode skipped: engine.llm does not import here ({exc!r})")
+        gpu_engine = importlib.import_module("bench.gpu_engine")
+    except Exception as exc:  # e.g. a model-format package missing on the GPU image
+        notes.append(f"engine figures skipped for {shape.name}: {exc!r}")
         return None
-    notes.append(
-        f"engine decode not measured: hook not wired yet ({shape.name}, batches {list(batch_sizes)}, {device})"
-    )
-    return None
+    result: dict[str, Any] = {"shape": shape.name, "decode": [], "prefill": None}
+    try:
+        longest = max(ctx for ctx, _ in plan)
+        margin = max(gpu_engine.context_margin(max(b), c, max_num_batched_tokens) for c, b in plan)
+        step_budget = gpu_engine.DecodeCase().total * max(len(b) for _, b in plan) + 2
+        max_model_len = max(longest + margin, (prefill_tokens or 0) + 8)
+        blocks = max(max(b) * -(-(c + margin) // BLOCK_SIZE) for c, b in plan)
+        t0 = time.perf_counter()
+        model = gpu_engine.random_model(
+            gpu_engine.arch_from_shape(shape, max_model_len), dtype=dtype, device=device, seed=0
+        )
+        engine = gpu_engine.make_engine(
+            model,
+            name=shape.name,
+            dtype=dtype,
+            device=device,
+            num_blocks=blocks + 16,
+            max_num_seqs=max(max(b) for _, b in plan),
+            max_num_batched_tokens=max(max_num_batched_tokens, prefill_tokens or 0),
+        )
+        result["setup_s"] = round(time.perf_counter() - t0, 2)
+        result["captured_sizes"] = (
+            list(engine.runner.graphs.captured_sizes) if engine.runner.graphs else []
+        )
+        result["weight_bytes"] = gpu_engine.weight_bytes(model)
+        for context, batches in plan:
+            if time.monotonic() > deadline:
+                notes.append(f"{shape.name}: decode at context {context} skipped (time budget)")
+                continue
+            result["decode"] += gpu_engine.decode_sweep(
+                engine,
+                context=max(context, step_budget + 1),
+                batches=batches,
+                case=gpu_engine.DecodeCase(),
+                peak_tbps=peak_tbps,
+                seed=context,
+            )
+        if prefill_tokens and time.monotonic() < deadline:
+            result["prefill"] = gpu_engine.prefill_throughput(engine, prefill_tokens, seed=7)
+        elif prefill_tokens:
+            notes.append(f"{shape.name}: prefill at {prefill_tokens} skipped (time budget)")
+    except Exception as exc:  # keep what was measured; report the failure
+        notes.append(f"engine figures for {shape.name} stopped: {exc!r}")
+    return result
+
+
+def bench_parity(device: torch.device, notes: list[str], *, smoke: bool) -> dict[str, Any] | None:
+    """bf16 greedy parity on the device against the fp32 CPU reference (random weights)."""
+    try:
+        gpu_engine = importlib.import_module("bench.gpu_engine")
+        shape = TINY_SHAPE if smoke else SMOLLM2_135M
+        return dict(
+            gpu_engine.bf16_parity(shape, device, num_prompts=8, steps=16 if not smoke else 6)
+        )
+    except Exception as exc:
+        notes.append(f"bf16 parity failed to run: {exc!r}")
+        return None
 
 
 def _print_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
@@ -268,8 +340,75 @@ def _print_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
         print("  ".join(str(r[c]).rjust(w) for c, w in zip(columns, widths, strict=True)))
 
 
+def kernel_figures(
+    batches: Sequence[int],
+    contexts: Sequence[int],
+    prefill_tokens: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """(a)-(c) of the module docstring: one attention layer, triton vs SDPA."""
+    decode_rows = []
+    for shape in (SMOLLM2_135M, LLAMA3_8B):
+        for ctx in contexts:
+            for batch in batches:
+                decode_rows.append(
+                    bench_decode(shape, batch, ctx, dtype, device, args.peak_tbps, args.budget_s)
+                )
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+    print(f"# decode attention, one layer, {dtype}, block_size {BLOCK_SIZE}, device {device}")
+    _print_table(decode_rows, list(decode_rows[0]))
+    prefill_rows = [
+        bench_prefill(s, prefill_tokens, dtype, device, args.budget_s)
+        for s in (SMOLLM2_135M, LLAMA3_8B)
+    ]
+    print(f"# prefill attention, one layer, one {prefill_tokens}-token prompt")
+    _print_table(prefill_rows, list(prefill_rows[0]))
+    return {"decode": decode_rows, "prefill": prefill_rows}
+
+
+def engine_figures(
+    dtype: torch.dtype, device: torch.device, args: argparse.Namespace, notes: list[str]
+) -> list[dict[str, Any]]:
+    """End-to-end engine decode/prefill: SmolLM2 first, then Llama-3-8B while time is left."""
+    deadline = time.monotonic() + args.engine_budget_s
+    if args.smoke:
+        runs = [(TINY_SHAPE, [(64, [1, 2, 4]), (128, [1, 3])], 64)]
+    else:
+        smol = [(1024, [1, 8, 32, 128, 256]), (8192, [1, 8, 32, 128, 256])]
+        # 8B KV is 128 KiB/token: batch 256 at 8k would need 275 GB, so 8k stops at 32.
+        llama = [(1024, [1, 8, 32, 128, 256]), (8192, [1, 8, 32])]
+        runs = [(SMOLLM2_135M, smol, 8192), (LLAMA3_8B, llama, 8192)]
+    results = []
+    for shape, plan, prefill_tokens in runs:
+        if time.monotonic() > deadline:
+            notes.append(f"engine figures for {shape.name} skipped (time budget)")
+            continue
+        figures = bench_engine_decode(
+            shape,
+            plan,
+            dtype,
+            device,
+            args.peak_tbps,
+            notes,
+            deadline=deadline,
+            prefill_tokens=prefill_tokens,
+        )
+        if figures is not None:
+            results.append(figures)
+            if figures["decode"]:
+                print(f"# engine decode, {shape.name}, {dtype}, random weights")
+                _print_table(figures["decode"], list(figures["decode"][0]))
+            print(f"# engine prefill, {shape.name}: {figures['prefill']}")
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return results
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Runs the benchmark and prints the table and the JSON line; returns the figures."""
+    """Runs the benchmark and prints the tables and the JSON line; returns the figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (CPU / interpreter check)")
     parser.add_argument("--peak-tbps", type=float, default=4.8, help="device HBM peak, TB/s")
@@ -277,8 +416,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--budget-s", type=float, default=0.25, help="timing budget per measurement"
     )
+    parser.add_argument(
+        "--parts", default="kernels,parity,engine", help="comma list of kernels, parity, engine"
+    )
+    parser.add_argument(
+        "--engine-budget-s", type=float, default=240.0, help="wall-clock cap of the engine part"
+    )
     parser.add_argument("--json-out", type=pathlib.Path, default=None)
     args = parser.parse_args(argv)
+    parts = set(args.parts.split(","))
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     default_dtype = "bfloat16" if device.type == "cuda" else "float32"
@@ -291,54 +437,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if device.type != "cuda" and not args.smoke:
         notes.append("no CUDA device: full-size figures are meaningless here; use --smoke")
 
-    decode_rows = []
-    for shape in (SMOLLM2_135M, LLAMA3_8B):
-        for ctx in contexts:
-            for batch in batches:
-                decode_rows.append(
-                    bench_decode(shape, batch, ctx, dtype, device, args.peak_tbps, args.budget_s)
-                )
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-    print(f"# decode attention, one layer, {dtype}, block_size {BLOCK_SIZE}, device {device}")
-    _print_table(
-        decode_rows,
-        [
-            "shape",
-            "batch",
-            "ctx",
-            "num_splits",
-            "triton_ms",
-            "gather_sdpa_ms",
-            "sdpa_ms",
-            "speedup_vs_gather_sdpa",
-            "speedup_vs_sdpa",
-            "kv_tbps",
-            "peak_fraction",
-            "max_abs_err",
-        ],
-    )
-    prefill_rows = [
-        bench_prefill(s, prefill_tokens, dtype, device, args.budget_s)
-        for s in (SMOLLM2_135M, LLAMA3_8B)
-    ]
-    print(f"# prefill attention, one layer, one {prefill_tokens}-token prompt")
-    _print_table(
-        prefill_rows,
-        [
-            "shape",
-            "tokens",
-            "triton_ms",
-            "sdpa_causal_ms",
-            "triton_tokens_per_s",
-            "sdpa_tokens_per_s",
-            "max_abs_err",
-        ],
-    )
-    engine = bench_engine_decode(SMOLLM2_135M, batches, device, notes)
-    for note in notes:
-        print(f"# note: {note}")
-    result = {
+    result: dict[str, Any] = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "triton": importlib.import_module("triton").__version__,
@@ -346,11 +445,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "smoke": args.smoke,
         "peak_tbps": args.peak_tbps,
         "models": [asdict(SMOLLM2_135M), asdict(LLAMA3_8B)],
-        "decode": decode_rows,
-        "prefill": prefill_rows,
-        "engine_decode": engine,
         "notes": notes,
     }
+    if "kernels" in parts:
+        result.update(kernel_figures(batches, contexts, prefill_tokens, dtype, device, args))
+    if "parity" in parts:
+        result["parity"] = bench_parity(device, notes, smoke=args.smoke)
+        print(f"# bf16 parity vs fp32 CPU: {result['parity']}")
+    if "engine" in parts:
+        result["engine"] = engine_figures(dtype, device, args, notes)
+    for note in notes:
+        print(f"# note: {note}")
     line = json.dumps(result)
     if args.json_out is not None:
         args.json_out.write_text(line + "\n")
@@ -358,5 +463,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     return result
 
 
+def exit_status(result: dict[str, Any]) -> int:
+    """1 when parity failed or an engine run broke off; kernel figures never fail it."""
+    parity_failed = "parity" in result and not (result["parity"] or {}).get("passed")
+    engine_broke = any("stopped:" in note or "failed" in note for note in result["notes"])
+    return int(parity_failed or engine_broke)
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(exit_status(main()))
