@@ -1,0 +1,231 @@
+"""The gateway's in-memory authentication cache and its awaitable limiter front."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from gateway.admission import AsyncLimiter
+from gateway.auth_cache import CachingAuthenticator
+
+from tenancy.errors import AuthenticationError, RateLimitedError
+from tenancy.limiter.memory import MemoryLimiter
+from tenancy.limits import LimitValues, merge_limits
+from tenancy.principal import Principal
+from tests.gateway.conftest import make_test_engine, start_gateway
+
+
+def principal(**limits: int) -> Principal:
+    """A principal of tenant t1 with `limits`."""
+    return Principal(
+        tenant_id="t1",
+        tenant_name="acme",
+        key_id="k1",
+        isolation_level="tenant",
+        weight=1.0,
+        limits=merge_limits(LimitValues(**limits), None),  # type: ignore[arg-type]
+        allowed_models=None,
+    )
+
+
+class CountingAuthenticator:
+    """Answers from a table; counts calls and records the calling threads."""
+
+    def __init__(self) -> None:
+        self.valid: dict[str, Principal] = {"good": principal()}
+        self.calls = 0
+        self.threads: set[int] = set()
+        self.delay_s = 0.0
+
+    def authenticate(self, bearer: str | None) -> Principal:
+        """The principal of `bearer`, or AuthenticationError("invalid")."""
+        self.calls += 1
+        self.threads.add(threading.get_ident())
+        time.sleep(self.delay_s)
+        if bearer in self.valid:
+            return self.valid[bearer]
+        raise AuthenticationError("invalid", "invalid API key")
+
+
+class Clock:
+    """A settable monotonic clock."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_hot_path_is_inline_and_refresh_happens_ahead_in_the_background() -> None:
+    inner, clock = CountingAuthenticator(), Clock()
+    auth = CachingAuthenticator(inner, refresh_s=2.0, clock=clock)
+
+    async def scenario() -> None:
+        assert await auth.authenticate("good") == inner.valid["good"]
+        assert inner.calls == 1 and threading.get_ident() not in inner.threads  # off the loop
+        clock.now += 0.5
+        await auth.authenticate("good")
+        assert inner.calls == 1  # fresh: answered from memory
+        clock.now += 1.0  # past half of refresh_s: answered at once, refreshed behind
+        await auth.authenticate("good")
+        await auth.drain()
+        assert inner.calls == 2
+        inner.valid.clear()  # the key is revoked in the database
+        clock.now += 2.5  # the refreshed entry is stale now: the next call reads through
+        with pytest.raises(AuthenticationError) as info:
+            await auth.authenticate("good")
+        assert info.value.reason == "invalid" and inner.calls == 3
+
+    asyncio.run(scenario())
+
+
+def test_failures_are_cached_and_concurrent_misses_share_one_read() -> None:
+    inner, clock = CountingAuthenticator(), Clock()
+    inner.delay_s = 0.05
+    auth = CachingAuthenticator(inner, refresh_s=2.0, clock=clock)
+
+    async def scenario() -> None:
+        results = await asyncio.gather(*(auth.authenticate("good") for _ in range(10)))
+        assert all(r == inner.valid["good"] for r in results)
+        assert inner.calls == 1
+        for _ in range(3):
+            with pytest.raises(AuthenticationError):
+                await auth.authenticate("bad")
+        assert inner.calls == 2
+
+    asyncio.run(scenario())
+
+
+def test_zero_refresh_reads_through_every_time() -> None:
+    inner = CountingAuthenticator()
+    auth = CachingAuthenticator(inner, refresh_s=0.0)
+
+    async def scenario() -> None:
+        for _ in range(3):
+            await auth.authenticate("good")
+
+    asyncio.run(scenario())
+    assert inner.calls == 3
+
+
+def test_cache_is_bounded() -> None:
+    inner = CountingAuthenticator()
+    auth = CachingAuthenticator(inner, refresh_s=60.0, max_entries=4)
+
+    async def scenario() -> None:
+        for i in range(10):
+            with pytest.raises(AuthenticationError):
+                await auth.authenticate(f"bad-{i}")
+        assert len(auth._entries) == 4
+
+    asyncio.run(scenario())
+
+
+class ThreadRecordingLimiter(MemoryLimiter):
+    """A MemoryLimiter that notes which threads acquire and release."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[int] = []
+
+    def acquire(self, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        self.threads.append(threading.get_ident())
+        return super().acquire(*args, **kwargs)  # type: ignore[arg-type]
+
+
+def test_memory_limiter_runs_inline_others_in_a_thread() -> None:
+    async def scenario(inline: bool) -> list[int]:
+        limiter = ThreadRecordingLimiter()
+        front = AsyncLimiter(limiter, inline=inline)
+        admission = await front.acquire(principal(rpm=10), prompt_tokens=1, max_tokens=1)
+        front.release(admission, actual_tokens=2)
+        await front.drain()
+        assert limiter.open_leases() == 0
+        loop_thread = threading.get_ident()
+        return [t == loop_thread for t in limiter.threads]
+
+    assert asyncio.run(scenario(inline=True)) == [True]
+    assert asyncio.run(scenario(inline=False)) == [False]
+
+
+def test_queue_mode_waits_for_a_slot_then_times_out() -> None:
+    p = principal(max_concurrent=1)
+
+    async def scenario() -> None:
+        front = AsyncLimiter(MemoryLimiter(), concurrency_mode="queue", queue_timeout_s=5.0)
+        held = await front.acquire(p, prompt_tokens=1, max_tokens=1)
+        waiter = asyncio.ensure_future(front.acquire(p, prompt_tokens=1, max_tokens=1))
+        await asyncio.sleep(0.2)
+        assert not waiter.done()  # queued behind the held slot
+        front.release(held, actual_tokens=1)
+        second = await asyncio.wait_for(waiter, timeout=1.0)
+        short = AsyncLimiter(front.limiter, concurrency_mode="queue", queue_timeout_s=0.2)
+        started = time.monotonic()
+        with pytest.raises(RateLimitedError) as info:
+            await short.acquire(p, prompt_tokens=1, max_tokens=1)
+        assert info.value.reason == "concurrency"
+        assert time.monotonic() - started >= 0.2
+        front.release(second, actual_tokens=1)
+
+    asyncio.run(scenario())
+
+
+def test_reject_mode_never_waits() -> None:
+    p = principal(max_concurrent=1)
+
+    async def scenario() -> None:
+        front = AsyncLimiter(MemoryLimiter(), concurrency_mode="reject", queue_timeout_s=5.0)
+        await front.acquire(p, prompt_tokens=1, max_tokens=1)
+        started = time.monotonic()
+        with pytest.raises(RateLimitedError):
+            await front.acquire(p, prompt_tokens=1, max_tokens=1)
+        assert time.monotonic() - started < 0.1
+
+    asyncio.run(scenario())
+
+
+def test_concurrency_2_queue_mode_third_stream_waits_for_a_slot(tmp_path: Path) -> None:
+    gw, stop = start_gateway(
+        tmp_path,
+        engine=make_test_engine(tmp_path),
+        limiter=MemoryLimiter(),
+        concurrency_mode="queue",
+        concurrency_queue_timeout_s=30.0,
+    )
+    try:
+        key = gw.tenant("acme", max_concurrent=2)
+        client = gw.client(key)
+        messages = [{"role": "user", "content": "hi"}]
+        streams = [
+            client.chat.completions.create(
+                model="tiny", messages=messages, max_tokens=400, stream=True, temperature=0
+            )
+            for _ in range(2)
+        ]
+        for s in streams:
+            next(iter(s))  # both hold their slot now
+        result: list[httpx.Response] = []
+        third = threading.Thread(
+            target=lambda: result.append(
+                httpx.post(
+                    gw.base_url + "/v1/chat/completions",
+                    json={"model": "tiny", "messages": messages, "max_tokens": 2},
+                    headers={"Authorization": f"Bearer {key}"},
+                    timeout=60,
+                )
+            )
+        )
+        third.start()
+        time.sleep(0.5)
+        assert not result  # waiting, not refused
+        streams[0].close()  # frees one slot
+        third.join(timeout=30)
+        assert result and result[0].status_code == 200, result
+        streams[1].close()
+    finally:
+        stop()
