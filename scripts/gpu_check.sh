@@ -55,7 +55,7 @@ run_step() {  # name limit_s command...
   timeout --kill-after=5 "$limit" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
   record "$name" "$rc" $((SECONDS - t0))
-  tail -n 40 "$OUT/$name.log"
+  grep -v "^{" "$OUT/$name.log" | tail -n 40  # the JSON line is in $OUT
 }
 
 # Carried wheels: gguf always; the others only where the machine has no such package.

@@ -104,7 +104,9 @@ def dummy_prefill_batch(
     if num_tokens % max_model_len:
         lens.append(num_tokens % max_model_len)
     blocks = [-(-n // block_size) for n in lens]
-    starts, slots, tables = [0], [], []
+    starts: list[int] = [0]
+    slots: list[int] = []
+    tables: list[list[int]] = []
     first_block = 0
     for n, b in zip(lens, blocks, strict=True):
         starts.append(starts[-1] + n)

@@ -14,6 +14,7 @@ import torch
 from engine.attention.backend import AttentionBackend
 from engine.config import ModelArchitecture
 from engine.model.forward_context import ForwardContext
+from engine.model.llama import LlamaForCausalLM
 from engine.runner.cuda_graphs import DecodeGraphRunner
 from engine.runner.inputs import StepInputs, build_step_inputs
 from engine.sampling import Sampler, SamplingRow, make_generator
@@ -39,7 +40,7 @@ class ModelRunner:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: LlamaForCausalLM,
         arch: ModelArchitecture,
         backend: AttentionBackend,
         *,
