@@ -90,5 +90,6 @@ def test_memory_profile_sees_the_weights_and_a_positive_peak() -> None:
     assert profile.weights_bytes >= weights
     # At least the logits of 64 rows (float32) were live at the peak.
     assert profile.activation_peak_bytes >= 64 * arch.vocab_size * 4
-    assert profile.total_bytes == torch.cuda.get_device_properties(device).total_memory
+    total = torch.cuda.get_device_properties(device).total_memory
+    assert abs(profile.total_bytes - total) <= total // 100
     assert kv_cache_budget(profile, 0.9) > 0
