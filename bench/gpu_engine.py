@@ -27,6 +27,7 @@ from engine.llm_engine import LLMEngine, build_config
 from engine.model.llama import LlamaForCausalLM
 from engine.model.loader import LoadedModel
 from engine.model.tokenizer import Tokenizer
+from engine.runner.cuda_graphs import pick_bucket
 from engine.sampling_params import SamplingParams
 
 BLOCK_SIZE = 16
@@ -188,6 +189,23 @@ def context_margin(batch: int, context: int, max_num_batched_tokens: int) -> int
     return 2 * -(-batch * context // max_num_batched_tokens) + 16
 
 
+def _replay_seconds(engine: LLMEngine, batch: int, iters: int) -> float | None:
+    """Seconds per replay of the decode graph the last step of `batch` rows used."""
+    graphs = engine.runner.graphs
+    bucket = None if graphs is None else pick_bucket(graphs.captured_sizes, batch)
+    if graphs is None or bucket is None:
+        return None
+    graphs.replay(bucket)
+    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    start.record()
+    for _ in range(iters):
+        graphs.replay(bucket)
+    end.record()
+    torch.cuda.synchronize(engine.runner.device)
+    return float(start.elapsed_time(end)) / 1e3 / max(iters, 1)
+
+
 def decode_sweep(
     engine: LLMEngine,
     *,
@@ -231,6 +249,7 @@ def decode_sweep(
             engine.step()
         ctx_total = sum(engine.requests[i].seqs[0].num_tokens for i in live)
         graph_s = _time_steps(engine, case.measured, device)
+        forward_s = _replay_seconds(engine, batch, case.measured)
         graphs, engine.runner.graphs = engine.runner.graphs, None
         eager_s = _time_steps(engine, case.eager, device)
         engine.runner.graphs = graphs
@@ -250,6 +269,11 @@ def decode_sweep(
                 "bytes_per_step": step_bytes,
                 "hbm_tbps": round(step_bytes / graph_s / 1e12, 4),
                 "hbm_fraction": round(step_bytes / graph_s / peak, 4),
+                # The captured forward alone (no host work, no logits, no sampling).
+                "forward_ms": None if forward_s is None else round(forward_s * 1e3, 3),
+                "forward_hbm_fraction": (
+                    None if forward_s is None else round(step_bytes / forward_s / peak, 4)
+                ),
                 "prefill_s_all": round(prefill_s, 3),
             }
         )

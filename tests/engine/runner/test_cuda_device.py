@@ -11,7 +11,7 @@ import torch
 
 from engine.attention.triton_backend import TritonAttentionBackend
 from engine.model.forward_context import ForwardContext
-from engine.runner.cuda_graphs import DecodeGraphRunner
+from engine.runner.cuda_graphs import DecodeGraphRunner, pick_bucket
 from engine.runner.memory import kv_cache_budget, profile_memory
 from tests.engine.runner.factory import tiny_arch, tiny_model
 from tests.utils.model_step import ModelStepper, contiguous_metadata
@@ -68,6 +68,10 @@ def test_graph_replay_equals_eager_for_every_batch_size(dtype: torch.dtype) -> N
             torch.testing.assert_close(got, expected, rtol=tol, atol=tol)
             for a, b in zip(eager_kv, stepper.kv_caches, strict=True):
                 torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+            # A bare replay on the same buffers repeats the step exactly.
+            bucket = pick_bucket(runner.sizes, n)
+            assert bucket is not None
+            assert torch.equal(runner.replay(bucket)[:n], got)
 
 
 def test_memory_profile_sees_the_weights_and_a_positive_peak() -> None:
