@@ -7,7 +7,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
-from starlette.responses import StreamingResponse
+from pydantic import BaseModel
+from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 DONE = b"data: [DONE]\n\n"
@@ -16,6 +17,16 @@ DONE = b"data: [DONE]\n\n"
 def sse_event(payload: dict[str, Any]) -> bytes:
     """One `data: {json}` event."""
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+def sse_model(model: BaseModel, *, exclude: set[str] | None = None) -> bytes:
+    """One `data: {json}` event serialised by pydantic-core (3x cheaper than via a dict)."""
+    return b"data: " + model.model_dump_json(exclude=exclude).encode() + b"\n\n"
+
+
+def json_model_response(model: BaseModel, headers: dict[str, str] | None = None) -> Response:
+    """A JSON response body serialised straight from the model, skipping a dict round trip."""
+    return Response(model.model_dump_json(), media_type="application/json", headers=headers)
 
 
 class SettlingStreamingResponse(StreamingResponse):

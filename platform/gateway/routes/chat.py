@@ -6,7 +6,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
 
 from engine.outputs import PositionLogprobs
 from gateway.body import parse_body
@@ -27,7 +26,13 @@ from gateway.schemas.chat import (
     TopLogprob,
 )
 from gateway.schemas.common import make_usage
-from gateway.sse import DONE, SettlingStreamingResponse, sse_event
+from gateway.sse import (
+    DONE,
+    SettlingStreamingResponse,
+    json_model_response,
+    sse_event,
+    sse_model,
+)
 from gateway.state import app_state
 
 router = APIRouter(tags=["chat"])
@@ -123,7 +128,7 @@ async def create_chat_completion(request: Request) -> Response:
         ],
         usage=make_usage(life.prompt_tokens, life.completion_tokens, life.cached_tokens),
     )
-    return JSONResponse(response.model_dump(), headers=submitted.headers)
+    return json_model_response(response, headers=submitted.headers)
 
 
 async def _stream(
@@ -136,7 +141,7 @@ async def _stream(
         c = ChatCompletionChunk(
             id=life.request_id, created=life.created, model=life.model, choices=choices
         )
-        return sse_event(c.model_dump(exclude=exclude))
+        return sse_model(c, exclude=exclude)
 
     for index in range(submitted.n * len(submitted.streams)):
         yield chunk([ChunkChoice(index=index, delta=ChunkDelta(role="assistant", content=""))])
@@ -171,6 +176,6 @@ async def _stream(
         final = ChatCompletionChunk(
             id=life.request_id, created=life.created, model=life.model, choices=[], usage=usage
         )
-        yield sse_event(final.model_dump())
+        yield sse_model(final)
     life.completed = True
     yield DONE

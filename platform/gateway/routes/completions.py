@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
 
 from engine.outputs import PositionLogprobs
 from gateway.body import parse_body
@@ -20,7 +19,13 @@ from gateway.schemas.completions import (
     CompletionLogprobs,
     CompletionRequest,
 )
-from gateway.sse import DONE, SettlingStreamingResponse, sse_event
+from gateway.sse import (
+    DONE,
+    SettlingStreamingResponse,
+    json_model_response,
+    sse_event,
+    sse_model,
+)
 from gateway.state import app_state
 
 router = APIRouter(tags=["completions"])
@@ -122,7 +127,7 @@ async def create_completion(request: Request) -> Response:
         ],
         usage=make_usage(life.prompt_tokens, life.completion_tokens, life.cached_tokens),
     )
-    return JSONResponse(response.model_dump(), headers=submitted.headers)
+    return json_model_response(response, headers=submitted.headers)
 
 
 async def _stream(
@@ -154,7 +159,7 @@ async def _stream(
                         )
                     ],
                 )
-                yield sse_event(c.model_dump(exclude=exclude))
+                yield sse_model(c, exclude=exclude)
     except Exception as exc:  # the engine failed mid-stream: tell the client in-band
         yield sse_event(
             {"error": {"message": str(exc), "type": "server_error", "param": None, "code": None}}
@@ -165,6 +170,6 @@ async def _stream(
         final = Completion(
             id=life.request_id, created=life.created, model=life.model, choices=[], usage=usage
         )
-        yield sse_event(final.model_dump())
+        yield sse_model(final)
     life.completed = True
     yield DONE
