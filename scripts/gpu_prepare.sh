@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds .whl/ on THIS machine: the wheels scripts/gpu_check.sh installs on the GPU
 # machine, which has Python 3.12, torch, triton, transformers, numpy and pytest but
-# no network and no gguf. The engine imports gguf (GGUF loader), safetensors and
-# tqdm (loaders, LLM) at import time; gguf is always installed there, tqdm and
-# safetensors only when the machine lacks them (transformers normally brings both).
+# no network and no gguf. The engine imports gguf (GGUF loader; gguf itself needs
+# pyyaml), safetensors and tqdm (loaders, LLM) at import time; gguf is always
+# installed there, tqdm, safetensors and pyyaml only when the machine lacks them
+# (transformers normally brings all three).
 #
 #   scripts/gpu_prepare.sh            # then the device tool's run call:
 #   run(command="bash scripts/gpu_check.sh", carry=[".whl"], timeout_s=540)
