@@ -1,0 +1,95 @@
+"""Timing audit of the prefix cache (after Gu et al., ICML 2025, "Auditing Prompt Caching
+in Language Model APIs"), on the real SmolLM2 model at the engine API.
+
+A victim in domain A sends a random-letter prompt; a prober sends a prompt sharing
+95% of it (the first differing token forced to differ), with max_tokens=1, and we
+time the first token. Misses are fresh random prompts after an unrelated victim.
+Arms run in shuffled order. One-sided KS tests: the same-domain arm must be
+detected (the positive control, proving the test has power); the cross-domain
+arm must not be, and it must never report a cached token.
+
+The prompt length defaults to 320 tokens so the test stays near two minutes on two
+busy cores; CLOISTER_AUDIT_TOKENS=1000 runs the issue's full size.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+
+import pytest
+from scipy.stats import ks_2samp
+
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+
+TOKENS = int(os.environ.get("CLOISTER_AUDIT_TOKENS", "320"))
+TRIALS = int(os.environ.get("CLOISTER_AUDIT_TRIALS", "10"))
+SHARED = 0.95
+ONE = SamplingParams(max_tokens=1, temperature=0)
+
+
+def letter_ids(engine: LLMEngine) -> list[int]:
+    ids = []
+    for c in "abcdefghijklmnopqrstuvwxyz":
+        enc = engine.tokenizer.encode(" " + c)
+        if len(enc) == 1:
+            ids.append(enc[0])
+    assert len(ids) >= 20
+    return ids
+
+
+def timed(engine: LLMEngine, ids: list[int], domain: str) -> tuple[float, int]:
+    """Time to first token, and the cached tokens the request reported."""
+    start = time.perf_counter()
+    rid = engine.add_request(ids, ONE, cache_domain=domain)
+    while True:
+        for event in engine.step():
+            if event.request_id == rid:
+                ttft = time.perf_counter() - start
+                while engine.has_unfinished():
+                    engine.step()
+                return ttft, event.num_cached_tokens
+
+
+@pytest.mark.slow
+def test_cross_domain_prefix_is_untimeable_and_same_domain_is_detected() -> None:
+    engine = LLMEngine.from_options(None, num_blocks=4 * TRIALS * (TOKENS // 16 + 2) + 64)
+    rng = random.Random(1234)
+    letters = letter_ids(engine)
+
+    def fresh() -> list[int]:
+        return [rng.choice(letters) for _ in range(TOKENS)]
+
+    def probe_of(victim: list[int]) -> list[int]:
+        k = int(TOKENS * SHARED)
+        differ = rng.choice([t for t in letters if t != victim[k]])
+        return victim[:k] + [differ] + [rng.choice(letters) for _ in range(TOKENS - k - 1)]
+
+    timed(engine, fresh(), "t:warmup")
+    # Blocked randomization: each block runs the three arms once, in shuffled order,
+    # so load drift on a shared machine hits every arm alike.
+    arms: list[str] = []
+    for _ in range(TRIALS):
+        block = ["same", "cross", "base"]
+        rng.shuffle(block)
+        arms.extend(block)
+    ttft: dict[str, list[float]] = {"same": [], "cross": [], "base": []}
+    cached: dict[str, list[int]] = {"same": [], "cross": [], "base": []}
+    for i, arm in enumerate(arms):
+        victim = fresh()
+        timed(engine, victim, "t:victim")
+        probe = fresh() if arm == "base" else probe_of(victim)
+        domain = "t:victim" if arm == "same" else f"t:prober{i}"
+        t, c = timed(engine, probe, domain)
+        ttft[arm].append(t)
+        cached[arm].append(c)
+
+    same = ks_2samp(ttft["same"], ttft["base"], alternative="greater")
+    cross = ks_2samp(ttft["cross"], ttft["base"], alternative="greater")
+    report = {k: [round(x, 3) for x in v] for k, v in ttft.items()}
+    assert all(c >= int(TOKENS * SHARED) - 16 for c in cached["same"]), cached
+    assert cached["cross"] == [0] * TRIALS and cached["base"] == [0] * TRIALS
+    assert same.pvalue < 1e-3, (same, report)
+    assert cross.pvalue > 1e-3, (cross, report)
