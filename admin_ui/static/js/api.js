@@ -1,0 +1,99 @@
+// The admin API client: the signed-in bearer token and errors in plain words.
+const API = "/admin/api/v1";
+const TOKEN_KEY = "cloister.admin.token";
+
+export class ApiError extends Error {
+  constructor(status, message) {
+    super(message);
+    this.status = status;
+  }
+}
+
+export function getToken() {
+  return sessionStorage.getItem(TOKEN_KEY);
+}
+
+export function setToken(token) {
+  if (token) sessionStorage.setItem(TOKEN_KEY, token);
+  else sessionStorage.removeItem(TOKEN_KEY);
+}
+
+function detailText(body) {
+  if (!body || body.detail === undefined) return "";
+  const d = body.detail;
+  if (typeof d === "string") return d;
+  if (Array.isArray(d)) {
+    return d.map((e) => `${(e.loc || []).filter((p) => p !== "body").join(".")}: ${e.msg}`).join("; ");
+  }
+  return JSON.stringify(d);
+}
+
+// One sentence an operator can act on, from an HTTP status and the API's detail.
+export function plainWords(status, detail) {
+  switch (status) {
+    case 0: return "Cannot reach the Cloister server. Check that it is running and try again.";
+    case 400: return `The request was not accepted: ${detail || "bad request"}.`;
+    case 401: return "You are not signed in, or your sign-in has expired. Please sign in again.";
+    case 403: return "Your role does not allow this action.";
+    case 404: return "Not found: it does not exist, or you are not allowed to see it.";
+    case 409: return `That conflicts with what exists: ${detail || "conflict"}.`;
+    case 413: return "The upload is too large.";
+    case 422: return `Please check the values: ${detail || "invalid input"}.`;
+    default:
+      if (status >= 500) return "The server failed to complete the request. Try again in a moment.";
+      return `The request failed (${status}): ${detail}`;
+  }
+}
+
+async function call(method, path, { body, raw, query, contentType } = {}) {
+  const url = new URL(API + path, location.origin);
+  for (const [k, v] of Object.entries(query || {})) {
+    if (v !== undefined && v !== null && v !== "") url.searchParams.set(k, v);
+  }
+  const headers = {};
+  const token = getToken();
+  if (token) headers.Authorization = `Bearer ${token}`;
+  let payload;
+  if (body instanceof Blob || body instanceof ArrayBuffer) {
+    payload = body;
+    headers["Content-Type"] = contentType || "application/octet-stream";
+  } else if (body !== undefined) {
+    payload = JSON.stringify(body);
+    headers["Content-Type"] = "application/json";
+  }
+  let res;
+  try {
+    res = await fetch(url, { method, headers, body: payload });
+  } catch {
+    throw new ApiError(0, plainWords(0));
+  }
+  if (!res.ok) {
+    let parsed = null;
+    try { parsed = await res.json(); } catch { parsed = null; }
+    const err = new ApiError(res.status, plainWords(res.status, detailText(parsed)));
+    if (res.status === 401) window.dispatchEvent(new CustomEvent("cloister:unauthenticated"));
+    throw err;
+  }
+  if (raw) return res.text();
+  if (res.status === 204) return null;
+  return res.json();
+}
+
+export const api = {
+  get: (path, query) => call("GET", path, { query }),
+  text: (path, query) => call("GET", path, { query, raw: true }),
+  post: (path, body, query) => call("POST", path, { body, query }),
+  put: (path, body, query) => call("PUT", path, { body, query }),
+  patch: (path, body) => call("PATCH", path, { body }),
+  upload: (path, blob, query) => call("POST", path, { body: blob, query, contentType: "application/zip" }),
+};
+
+// Every page of a list endpoint (the API caps a page at 500).
+export async function getAll(path, query = {}) {
+  const items = [];
+  for (let offset = 0; ; offset += 500) {
+    const page = await api.get(path, { ...query, limit: 500, offset });
+    items.push(...page.items);
+    if (items.length >= page.total || page.items.length === 0) return items;
+  }
+}

@@ -1,0 +1,135 @@
+// The console shell: sign-in, role, navigation and the hash router.
+import { api, getToken, setToken } from "./api.js";
+import { attempt, clearBanner, el, field, showBanner } from "./dom.js";
+import * as overview from "./pages/overview.js";
+import * as tenants from "./pages/tenants.js";
+import * as tenant from "./pages/tenant.js";
+import * as keys from "./pages/keys.js";
+import * as models from "./pages/models.js";
+import * as usage from "./pages/usage.js";
+import * as audit from "./pages/audit.js";
+
+const main = document.getElementById("main");
+let me = null;
+
+const ROUTES = [
+  { re: /^\/overview$/, page: overview, nav: "overview" },
+  { re: /^\/tenants$/, page: tenants, nav: "tenants" },
+  { re: /^\/tenants\/([^/]+)$/, page: tenant, nav: "tenants" },
+  { re: /^\/keys(?:\/([^/]+))?$/, page: keys, nav: "keys" },
+  { re: /^\/models$/, page: models, nav: "models" },
+  { re: /^\/usage$/, page: usage, nav: "usage" },
+  { re: /^\/audit$/, page: audit, nav: "audit" },
+];
+
+function navItems() {
+  if (me.role === "tenant-admin") {
+    return [["overview", "Overview"], [`tenants/${encodeURIComponent(me.tenant_name)}`, "My tenant", "tenants"],
+      ["keys", "Keys"], ["usage", "Usage & billing"]];
+  }
+  return [["overview", "Overview"], ["tenants", "Tenants"], ["keys", "Keys"], ["models", "Models & adapters"],
+    ["usage", "Usage & billing"], ["audit", "Audit log"]];
+}
+
+function renderNav(active) {
+  const nav = document.getElementById("nav");
+  nav.replaceChildren(...navItems().map(([path, label, key]) =>
+    el("a", { href: `#/${path}`, "aria-current": (key || path) === active ? "page" : null }, label)));
+  nav.hidden = false;
+  document.getElementById("who-text").textContent =
+    `${me.actor} · ${me.role}${me.tenant_name ? ` (${me.tenant_name})` : ""}`;
+  document.getElementById("who").hidden = false;
+}
+
+function ctxFor(params) {
+  return {
+    me,
+    params,
+    canWrite: me.role === "admin",
+    canManageKeys: me.role === "admin" || me.role === "tenant-admin",
+    navigate: (hash) => { location.hash = hash; },
+  };
+}
+
+async function route() {
+  if (!me) return;
+  const path = decodeURIComponent(location.hash.replace(/^#/, "")) || "/overview";
+  const match = ROUTES.map((r) => ({ r, m: path.match(r.re) })).find((x) => x.m);
+  if (!match) { location.hash = "#/overview"; return; }
+  renderNav(match.r.nav);
+  clearBanner();
+  main.replaceChildren(el("p", { class: "muted" }, "Loading…"));
+  const params = match.m.slice(1).filter((p) => p !== undefined);
+  const node = await attempt(() => match.r.page.render(ctxFor(params)));
+  main.replaceChildren(node || el("p", { class: "muted" }, "This page could not be shown."));
+  main.focus({ preventScroll: true });
+}
+
+async function loadIdentity() {
+  const who = await api.get("/whoami");
+  let tenantName = null;
+  if (who.role === "tenant-admin") {
+    const page = await api.get("/tenants", { limit: 1 });
+    tenantName = page.items[0] ? page.items[0].name : null;
+  }
+  me = { ...who, tenant_name: tenantName };
+  return me;
+}
+
+function signOut(message) {
+  setToken(null);
+  me = null;
+  document.getElementById("nav").hidden = true;
+  document.getElementById("who").hidden = true;
+  renderSignIn();
+  if (message) showBanner(message, "info");
+}
+
+async function renderSignIn() {
+  const tokenField = field("Admin token", { name: "token", type: "password", required: true, help: "Create one with: cloister admin create-token --role admin" });
+  const form = el("form", { class: "card signin", "aria-label": "Sign in", onsubmit: async (e) => {
+    e.preventDefault();
+    tokenField.setError("");
+    setToken(tokenField.input.value.trim());
+    const ok = await attempt(loadIdentity, (err) => { setToken(null); tokenField.setError(err.message); });
+    if (ok) {
+      if (!location.hash || location.hash === "#/") location.hash = "#/overview";
+      await route();
+    }
+  } },
+  el("h1", {}, "Sign in"),
+  el("div", { id: "oidc-slot" }),
+  tokenField,
+  el("div", { class: "row" }, el("button", { type: "submit" }, "Sign in with token")));
+  main.replaceChildren(form);
+  const config = await attempt(() => api.get("/console/config"));
+  if (config && config.oidc) {
+    form.querySelector("#oidc-slot").replaceChildren(
+      el("p", {}, el("a", { href: "/admin/api/v1/auth/login", class: "button" }, "Sign in with your organisation (OIDC)")),
+      el("p", { class: "muted" }, "Or use an admin token:"));
+  }
+  tokenField.input.focus();
+}
+
+// The OIDC provider redirects to /admin/oidc?code=…&state=…; the API's callback checks
+// the state cookie and returns a session token.
+async function finishOidc() {
+  const q = new URLSearchParams(location.search);
+  const token = await attempt(async () => (await api.get("/auth/callback", { code: q.get("code"), state: q.get("state") })).token);
+  history.replaceState(null, "", "/admin#/overview");
+  if (token) setToken(token);
+}
+
+async function start() {
+  document.getElementById("sign-out").addEventListener("click", () => signOut("You are signed out."));
+  window.addEventListener("cloister:unauthenticated", () => { if (me) signOut("Your sign-in has expired. Please sign in again."); });
+  window.addEventListener("hashchange", route);
+  if (location.pathname === "/admin/oidc") await finishOidc();
+  if (getToken()) {
+    const ok = await attempt(loadIdentity, () => setToken(null));
+    if (ok) { await route(); return; }
+  }
+  renderSignIn();
+}
+
+start();

@@ -1,0 +1,119 @@
+// Small DOM helpers: elements, labelled fields, tables, messages, confirmation, downloads.
+let fieldSeq = 0;
+
+export function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === "class") node.className = v;
+    else if (k === "text") node.textContent = v;
+    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else if (v === true) node.setAttribute(k, "");
+    else node.setAttribute(k, v);
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined || c === false) continue;
+    node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return node;
+}
+
+// A labelled input or select with an error slot linked by aria-describedby.
+export function field(label, { name, type = "text", value = "", options, required, placeholder, min, step, accept, help } = {}) {
+  const id = `f-${name || "x"}-${++fieldSeq}`;
+  const errId = `${id}-err`;
+  let input;
+  if (options) {
+    input = el("select", { id, name, required });
+    for (const o of options) {
+      const [v, text] = Array.isArray(o) ? o : [o, o];
+      const opt = el("option", { value: v }, text);
+      if (String(v) === String(value ?? "")) opt.selected = true;
+      input.append(opt);
+    }
+  } else {
+    input = el("input", { id, name, type, required, placeholder, min, step, accept });
+    if (type !== "file" && value !== null && value !== undefined) input.value = value;
+  }
+  input.setAttribute("aria-describedby", errId);
+  const error = el("span", { id: errId, class: "error", "aria-live": "polite" });
+  const wrap = el("div", { class: "field" }, el("label", { for: id }, label), input,
+    help ? el("span", { class: "muted" }, help) : null, error);
+  wrap.input = input;
+  wrap.setError = (msg) => {
+    error.textContent = msg || "";
+    if (msg) input.setAttribute("aria-invalid", "true");
+    else input.removeAttribute("aria-invalid");
+  };
+  return wrap;
+}
+
+export function table(columns, rows, { empty = "Nothing to show.", label } = {}) {
+  if (!rows.length) return el("p", { class: "muted" }, empty);
+  const head = el("tr", {}, columns.map((c) => el("th", { scope: "col", class: c.num ? "num" : null }, c.title)));
+  const body = rows.map((r) => el("tr", {}, columns.map((c) => {
+    const v = c.render ? c.render(r) : r[c.key];
+    return el("td", { class: c.num ? "num" : null }, v instanceof Node ? v : String(v ?? "—"));
+  })));
+  return el("div", { class: "table-wrap" }, el("table", { "aria-label": label }, el("thead", {}, head), el("tbody", {}, body)));
+}
+
+export function showBanner(message, kind = "error") {
+  const b = document.getElementById("banner");
+  b.textContent = message;
+  b.className = kind === "error" ? "banner" : "banner info";
+  b.hidden = !message;
+}
+
+export function clearBanner() { showBanner(""); }
+
+// Runs an async action; its ApiError becomes the banner (or `onError` gets it).
+export async function attempt(fn, onError) {
+  try {
+    clearBanner();
+    return await fn();
+  } catch (err) {
+    if (onError) onError(err);
+    else showBanner(err.message || String(err));
+    return undefined;
+  }
+}
+
+export function confirmAction(text, okLabel = "Confirm") {
+  const dialog = document.getElementById("confirm");
+  document.getElementById("confirm-text").textContent = text;
+  document.getElementById("confirm-ok").textContent = okLabel;
+  return new Promise((resolve) => {
+    dialog.addEventListener("close", () => resolve(dialog.returnValue === "ok"), { once: true });
+    dialog.returnValue = "cancel";
+    dialog.showModal();
+    document.getElementById("confirm-cancel").focus();
+  });
+}
+
+export function download(filename, text, type) {
+  const url = URL.createObjectURL(new Blob([text], { type }));
+  const a = el("a", { href: url, download: filename });
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 5000);
+}
+
+export function statusPill(status) {
+  return el("span", { class: `status ${status}` }, status);
+}
+
+export function fmtTime(iso) {
+  if (!iso) return "—";
+  return new Date(iso).toISOString().replace("T", " ").slice(0, 19) + " UTC";
+}
+
+export function fmtNum(n, digits = 0) {
+  if (n === null || n === undefined) return "—";
+  return Number(n).toLocaleString("en-US", { maximumFractionDigits: digits, minimumFractionDigits: digits });
+}
+
+export function card(title, ...children) {
+  return el("section", { class: "card", "aria-label": title }, title ? el("h2", {}, title) : null, ...children);
+}

@@ -1,0 +1,117 @@
+// Models and LoRA adapters: register, upload, load or unload, access, prices.
+import { api, getAll } from "../api.js";
+import { attempt, card, el, field, fmtTime, showBanner, statusPill, table } from "../dom.js";
+
+const usdPerM = (micros) => (micros === null || micros === undefined ? "—" : `$${(micros / 1e6).toFixed(4)}`);
+const toMicros = (usd) => Math.round(Number(usd || 0) * 1e6);
+
+function priceFields(prefix) {
+  return [
+    field("Input, USD per 1M tokens", { name: `${prefix}_input`, type: "number", min: "0", step: "0.000001", value: "0" }),
+    field("Cached input, USD per 1M", { name: `${prefix}_cached`, type: "number", min: "0", step: "0.000001", value: "0" }),
+    field("Output, USD per 1M tokens", { name: `${prefix}_output`, type: "number", min: "0", step: "0.000001", value: "0" }),
+  ];
+}
+
+function registerForm(reload) {
+  const name = field("Model name", { name: "model_name", required: true });
+  const source = field("Source (GGUF file or HF folder)", { name: "model_source", required: true });
+  const format = field("Format", { name: "model_format", options: ["gguf", "safetensors"] });
+  const ctxLen = field("Context length", { name: "context_length", type: "number", min: "1", value: "2048" });
+  const prices = priceFields("reg");
+  return el("form", { "aria-label": "Register model", onsubmit: async (e) => {
+    e.preventDefault();
+    name.setError("");
+    const m = await attempt(() => api.post("/models", {
+      name: name.input.value.trim(), source: source.input.value.trim(), format: format.input.value,
+      context_length: Number(ctxLen.input.value), input_price: toMicros(prices[0].input.value),
+      cached_input_price: toMicros(prices[1].input.value), output_price: toMicros(prices[2].input.value),
+    }), (err) => name.setError(err.message));
+    if (m) reload(`Model ${m.name} is registered.`);
+  } }, el("div", { class: "row" }, name, source, format, ctxLen, prices, el("button", { type: "submit" }, "Register model")));
+}
+
+function accessAndPriceForms(models, reload) {
+  const names = models.map((m) => m.name);
+  const which = field("Model", { name: "access_model", options: names });
+  const allowed = field("Allowed tenants (ids)", { name: "allowed_tenants", placeholder: "public: every tenant", help: "Comma-separated tenant ids; empty makes the model public." });
+  const fill = () => {
+    const m = models.find((x) => x.name === which.input.value);
+    allowed.input.value = m && m.allowed_tenants ? m.allowed_tenants.join(", ") : "";
+  };
+  which.input.addEventListener("change", fill);
+  fill();
+  const access = el("form", { "aria-label": "Model access", onsubmit: async (e) => {
+    e.preventDefault();
+    const list = allowed.input.value.split(",").map((s) => s.trim()).filter(Boolean);
+    const body = list.length ? { allowed_tenants: list } : { clear_allowed_tenants: true };
+    const ok = await attempt(() => api.patch(`/models/${encodeURIComponent(which.input.value)}`, body), (err) => allowed.setError(err.message));
+    if (ok) reload(`${ok.name} is now ${ok.allowed_tenants ? "private" : "public"}.`);
+  } }, el("div", { class: "row" }, which, allowed, el("button", { type: "submit" }, "Save access")));
+
+  const pmodel = field("Model", { name: "price_model", options: names });
+  const prices = priceFields("set");
+  const from = field("Effective from (UTC)", { name: "effective_from", type: "datetime-local", help: "Empty: now." });
+  const price = el("form", { "aria-label": "Set prices", onsubmit: async (e) => {
+    e.preventDefault();
+    const body = { input_price: toMicros(prices[0].input.value), cached_input_price: toMicros(prices[1].input.value), output_price: toMicros(prices[2].input.value) };
+    if (from.input.value) body.effective_from = `${from.input.value}:00Z`;
+    const ok = await attempt(() => api.post(`/models/${encodeURIComponent(pmodel.input.value)}/prices`, body), (err) => from.setError(err.message));
+    if (ok) reload(`New prices for ${ok.name} are saved.`);
+  } }, el("div", { class: "row" }, pmodel, prices, from, el("button", { type: "submit" }, "Set prices")));
+  return [card("Private or public", access), card("Prices", price)];
+}
+
+function uploadForm(models, tenants, reload) {
+  const file = field("PEFT adapter (.zip)", { name: "adapter_zip", type: "file", accept: ".zip,application/zip", required: true });
+  const name = field("Adapter name", { name: "adapter_name", required: true });
+  const base = field("Base model", { name: "adapter_base", options: models.map((m) => m.name) });
+  const owner = field("Visibility", { name: "adapter_owner", options: [["", "public"], ...tenants.map((t) => [t.name, `private to ${t.name}`])] });
+  return el("form", { "aria-label": "Upload adapter", onsubmit: async (e) => {
+    e.preventDefault();
+    file.setError(""); name.setError("");
+    const f = file.input.files[0];
+    if (!f) { file.setError("Choose a .zip file."); return; }
+    const a = await attempt(() => api.upload("/adapters/upload", f, { name: name.input.value.trim(), base_model: base.input.value, owner_tenant: owner.input.value }),
+      (err) => (err.status === 409 ? name : file).setError(err.message));
+    if (a) reload(`Adapter ${a.name} is uploaded.`);
+  } }, el("div", { class: "row" }, file, name, base, owner, el("button", { type: "submit" }, "Upload adapter")));
+}
+
+function toggle(kind, item, reload) {
+  const loaded = item.status === "loaded";
+  return el("button", { type: "button", class: "secondary", "aria-label": `${loaded ? "Unload" : "Load"} ${item.name}`, onclick: async () => {
+    const ok = await attempt(() => api.patch(`/${kind}/${encodeURIComponent(item.name)}`, { status: loaded ? "registered" : "loaded" }));
+    if (ok) reload(`${item.name} is ${loaded ? "unloaded" : "loaded"}.`);
+  } }, loaded ? "Unload" : "Load");
+}
+
+export async function render(ctx) {
+  const [models, adapters, tenants] = await Promise.all([getAll("/models"), getAll("/adapters"), ctx.canWrite ? getAll("/tenants") : []]);
+  const byId = new Map(tenants.map((t) => [t.id, t.name]));
+  const reload = (msg) => { window.dispatchEvent(new HashChangeEvent("hashchange")); if (msg) setTimeout(() => showBanner(msg, "info"), 0); };
+  const modelCols = [
+    { title: "Name", key: "name" }, { title: "Format", key: "format" }, { title: "Source", key: "source" },
+    { title: "Context", key: "context_length", num: true }, { title: "Status", render: (m) => statusPill(m.status) },
+    { title: "Access", render: (m) => (m.allowed_tenants ? `private (${m.allowed_tenants.length})` : "public") },
+    { title: "Input $/1M", num: true, render: (m) => usdPerM(m.price && m.price.input_price) },
+    { title: "Cached $/1M", num: true, render: (m) => usdPerM(m.price && m.price.cached_input_price) },
+    { title: "Output $/1M", num: true, render: (m) => usdPerM(m.price && m.price.output_price) },
+  ];
+  const adapterCols = [
+    { title: "Name", key: "name" }, { title: "Base model", key: "base_model" }, { title: "Rank", key: "rank", num: true },
+    { title: "Status", render: (a) => statusPill(a.status) },
+    { title: "Visibility", render: (a) => (a.owner_tenant_id ? `private to ${byId.get(a.owner_tenant_id) || a.owner_tenant_id}` : "public") },
+    { title: "Created", render: (a) => fmtTime(a.created_at) },
+  ];
+  if (ctx.canWrite) {
+    modelCols.push({ title: "Actions", render: (m) => (m.status === "retired" ? "" : toggle("models", m, reload)) });
+    adapterCols.push({ title: "Actions", render: (a) => (a.status === "retired" ? "" : toggle("adapters", a, reload)) });
+  }
+  return el("div", {}, el("h1", {}, "Models and adapters"),
+    card("Models", table(modelCols, models, { empty: "No models registered.", label: "Models" })),
+    ctx.canWrite ? card("Register a model", registerForm(reload)) : null,
+    ctx.canWrite && models.length ? accessAndPriceForms(models, reload) : [],
+    card("LoRA adapters", table(adapterCols, adapters, { empty: "No adapters yet.", label: "Adapters" })),
+    ctx.canWrite && models.length ? card("Upload a PEFT adapter", uploadForm(models, tenants, reload)) : null);
+}

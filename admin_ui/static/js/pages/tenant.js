@@ -1,0 +1,93 @@
+// One tenant: status, isolation and weight, limits, and its usage charts.
+import { api } from "../api.js";
+import { attempt, card, confirmAction, el, field, fmtNum, showBanner, statusPill, table } from "../dom.js";
+import { barConfig, chartBox } from "../charts.js";
+import { dayLabels, daysBack, pivot, totals } from "../usage_data.js";
+
+const LIMITS = [
+  ["rpm", "Requests per minute"], ["tpm", "Tokens per minute"], ["max_concurrent", "Concurrent requests"],
+  ["token_budget", "Token budget"], ["max_output_tokens", "Max output tokens"], ["max_prompt_tokens", "Max prompt tokens"],
+];
+
+function limitsForm(ctx, name, limits) {
+  if (!ctx.canWrite) {
+    return table([{ title: "Limit", key: "label" }, { title: "Value", key: "value" }],
+      [...LIMITS.map(([k, label]) => ({ label, value: limits[k] ?? "unlimited" })),
+        { label: "Budget period", value: limits.budget_period },
+        { label: "Allowed models", value: limits.allowed_models ? limits.allowed_models.join(", ") : "all" }], { label: "Limits" });
+  }
+  const fields = LIMITS.map(([k, label]) => [k, field(label, { name: k, type: "number", min: "0", value: limits[k] ?? "", placeholder: "unlimited" })]);
+  const period = field("Budget period", { name: "budget_period", options: ["month", "day"], value: limits.budget_period });
+  const models = field("Allowed models", { name: "allowed_models", value: (limits.allowed_models || []).join(", "), placeholder: "all models", help: "Comma-separated; empty allows all." });
+  const saved = el("span", { class: "muted", "aria-live": "polite" });
+  return el("form", { "aria-label": "Limits", onsubmit: async (e) => {
+    e.preventDefault();
+    saved.textContent = "";
+    const body = { budget_period: period.input.value };
+    for (const [k, f] of fields) {
+      f.setError("");
+      body[k] = f.input.value === "" ? null : Number(f.input.value);
+    }
+    const list = models.input.value.split(",").map((m) => m.trim()).filter(Boolean);
+    body.allowed_models = list.length ? list : null;
+    const ok = await attempt(() => api.put(`/tenants/${encodeURIComponent(name)}/limits`, body));
+    if (ok) saved.textContent = "Limits saved.";
+  } }, el("div", { class: "row" }, fields.map(([, f]) => f), period, models),
+  el("div", { class: "row" }, el("button", { type: "submit" }, "Save limits"), saved));
+}
+
+function settingsForm(ctx, t, rerender) {
+  if (!ctx.canWrite) {
+    return el("p", {}, `Cache isolation: ${t.isolation_level} · scheduling weight: ${fmtNum(t.weight, 2)}`);
+  }
+  const isolation = field("Cache isolation", { name: "isolation_level", value: t.isolation_level, options: [["tenant", "tenant"], ["key", "per key"], ["user", "per end user"]] });
+  const weight = field("Scheduling weight", { name: "weight", type: "number", min: "0.01", step: "0.01", value: t.weight });
+  return el("form", { "aria-label": "Tenant settings", onsubmit: async (e) => {
+    e.preventDefault();
+    weight.setError("");
+    const ok = await attempt(() => api.patch(`/tenants/${encodeURIComponent(t.name)}/settings`, { isolation_level: isolation.input.value, weight: Number(weight.input.value) }),
+      (err) => weight.setError(err.message));
+    if (ok) rerender();
+  } }, el("div", { class: "row" }, isolation, weight, el("button", { type: "submit" }, "Save settings")));
+}
+
+async function usageSection(t) {
+  const { start, end } = daysBack(14);
+  const labels = dayLabels(start, end);
+  const data = await api.get("/usage", { tenant_id: t.id, start: start.toISOString(), end: end.toISOString(), granularity: "day" });
+  const items = data.items;
+  const sum = totals(items);
+  const hit = sum.prompt_tokens ? (100 * sum.cached_tokens) / sum.prompt_tokens : null;
+  const byModel = pivot(items, labels, (b) => b.model + (b.adapter ? ` + ${b.adapter}` : ""), (b) => b.prompt_tokens + b.completion_tokens);
+  const cached = pivot(items, labels, () => "cached prompt tokens", (b) => b.cached_tokens)[0];
+  const uncached = pivot(items, labels, () => "uncached prompt tokens", (b) => b.prompt_tokens - b.cached_tokens)[0];
+  return el("div", {},
+    el("div", { class: "grid" },
+      card("Prompt-cache hit rate (14 days)",
+        el("p", { class: "kpi", id: "tenant-hit-rate" }, hit === null ? "no traffic yet" : `${hit.toFixed(1)} %`),
+        el("p", { class: "muted" }, `${fmtNum(sum.requests)} requests · ${fmtNum(sum.prompt_tokens)} prompt tokens (${fmtNum(sum.cached_tokens)} cached) · ${fmtNum(sum.completion_tokens)} completion tokens`)),
+      chartBox("Tokens by model per day", barConfig(labels, byModel.length ? byModel : [{ label: "tokens", data: labels.map(() => 0) }]), { id: "chart-tenant-tokens" }),
+      chartBox("Cached vs uncached prompt tokens", barConfig(labels, [cached || { label: "cached prompt tokens", data: labels.map(() => 0) }, uncached || { label: "uncached prompt tokens", data: labels.map(() => 0) }]), { id: "chart-tenant-cache" })));
+}
+
+export async function render(ctx) {
+  const name = ctx.params[0];
+  const t = await api.get(`/tenants/${encodeURIComponent(name)}`);
+  const limits = await api.get(`/tenants/${encodeURIComponent(name)}/limits`);
+  const rerender = () => { window.dispatchEvent(new HashChangeEvent("hashchange")); };
+  let statusButton = null;
+  if (ctx.canWrite) {
+    const suspend = t.status === "active";
+    statusButton = el("button", { type: "button", class: suspend ? "danger" : "", onclick: async () => {
+      if (suspend && !(await confirmAction(`Suspend ${t.name}? Its keys stop working until it is resumed.`, "Suspend"))) return;
+      const ok = await attempt(() => api.patch(`/tenants/${encodeURIComponent(t.name)}`, { status: suspend ? "suspended" : "active" }));
+      if (ok) { rerender(); showBanner(`${t.name} is now ${suspend ? "suspended" : "active"}.`, "info"); }
+    } }, suspend ? "Suspend tenant" : "Resume tenant");
+  }
+  return el("div", {},
+    el("h1", {}, `Tenant ${t.name} `, statusPill(t.status)),
+    card("Settings", el("p", { class: "muted" }, `id ${t.id}`), settingsForm(ctx, t, rerender),
+      el("div", { class: "row" }, statusButton, el("a", { href: `#/keys/${encodeURIComponent(t.name)}` }, "Manage keys →"))),
+    card("Limits", limitsForm(ctx, t.name, limits)),
+    await usageSection(t));
+}

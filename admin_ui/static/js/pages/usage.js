@@ -1,0 +1,70 @@
+// Usage and billing: filters, a chart and a table, CSV and JSON-lines exports.
+import { api, getAll } from "../api.js";
+import { attempt, card, download, el, field, fmtNum, table } from "../dom.js";
+import { barConfig, chartBox } from "../charts.js";
+import { dayLabels, daysBack, isoDay, pivot, totals, usd } from "../usage_data.js";
+
+export async function render(ctx) {
+  const pinned = ctx.me.role === "tenant-admin";
+  const tenants = pinned ? [] : await getAll("/tenants");
+  const names = new Map(tenants.map((t) => [t.id, t.name]));
+  const range = daysBack(14);
+  const tenant = pinned ? null : field("Tenant", { name: "usage_tenant", options: [["", "all tenants"], ...tenants.map((t) => [t.id, t.name])] });
+  const model = field("Model", { name: "usage_model", placeholder: "all models" });
+  const from = field("From (UTC day)", { name: "usage_from", type: "date", value: isoDay(range.start) });
+  const to = field("To (UTC day, inclusive)", { name: "usage_to", type: "date", value: isoDay(new Date(range.end.getTime() - 86400000)) });
+  const results = el("div", { id: "usage-results" });
+
+  async function refresh() {
+    from.setError("");
+    const start = new Date(`${from.input.value}T00:00:00Z`);
+    const end = new Date(`${to.input.value}T00:00:00Z`);
+    end.setUTCDate(end.getUTCDate() + 1);
+    if (Number.isNaN(start.getTime()) || Number.isNaN(end.getTime()) || end <= start) {
+      from.setError("Choose a start day on or before the end day.");
+      return;
+    }
+    const data = await attempt(() => api.get("/usage", {
+      start: start.toISOString(), end: end.toISOString(), granularity: "day",
+      tenant_id: tenant ? tenant.input.value : null, model: model.input.value.trim(),
+    }));
+    if (!data) return;
+    const labels = dayLabels(start, end);
+    const items = data.items;
+    const sum = totals(items);
+    const datasets = [
+      ...pivot(items, labels, () => "uncached prompt", (b) => b.prompt_tokens - b.cached_tokens),
+      ...pivot(items, labels, () => "cached prompt", (b) => b.cached_tokens),
+      ...pivot(items, labels, () => "completion", (b) => b.completion_tokens),
+    ];
+    results.replaceChildren(
+      chartBox("Tokens per day", barConfig(labels, datasets.length ? datasets : [{ label: "tokens", data: labels.map(() => 0) }]), { id: "chart-usage" }),
+      card(`Usage by day (${fmtNum(sum.requests)} requests, ${usd(sum.cost_pico_usd)})`, table([
+        { title: "Day", render: (b) => b.start.slice(0, 10) },
+        { title: "Tenant", render: (b) => names.get(b.tenant_id) || b.tenant_id },
+        { title: "Model", key: "model" }, { title: "Adapter", render: (b) => b.adapter || "—" },
+        { title: "Requests", num: true, render: (b) => fmtNum(b.requests) },
+        { title: "Prompt", num: true, render: (b) => fmtNum(b.prompt_tokens) },
+        { title: "Cached", num: true, render: (b) => fmtNum(b.cached_tokens) },
+        { title: "Completion", num: true, render: (b) => fmtNum(b.completion_tokens) },
+        { title: "Cost", num: true, render: (b) => usd(b.cost_pico_usd) },
+      ], items, { empty: "No usage in this period.", label: "Usage" })));
+  }
+
+  const period = field("Billing period", { name: "billing_period", value: new Date().toISOString().slice(0, 7), placeholder: "YYYY-MM or YYYY-MM-DD" });
+  const exportAs = (format) => async () => {
+    period.setError("");
+    const p = period.input.value.trim();
+    const text = await attempt(() => api.text("/billing/export", { period: p, format, tenant_id: tenant ? tenant.input.value : null }),
+      (err) => period.setError(err.message));
+    if (text !== undefined) download(`cloister-billing-${p}.${format}`, text, format === "csv" ? "text/csv" : "application/x-ndjson");
+  };
+  const filters = el("form", { "aria-label": "Usage filters", onsubmit: (e) => { e.preventDefault(); refresh(); } },
+    el("div", { class: "row" }, tenant, model, from, to, el("button", { type: "submit" }, "Show usage")));
+  await refresh();
+  return el("div", {}, el("h1", {}, "Usage and billing"), card("Filters", filters), results,
+    card("Billing export", el("div", { class: "row" }, period,
+      el("button", { type: "button", id: "export-csv", onclick: exportAs("csv") }, "Download CSV"),
+      el("button", { type: "button", id: "export-jsonl", class: "secondary", onclick: exportAs("jsonl") }, "Download JSON lines")),
+    el("p", { class: "muted" }, "One line per tenant, model, adapter and day; cost in USD with 12 decimals.")));
+}

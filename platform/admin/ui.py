@@ -1,0 +1,108 @@
+"""The admin console at /admin: static pages and scripts from admin_ui/, chart.js from npm.
+
+The console is static HTML and small JavaScript modules that call the admin API
+with the signed-in caller's bearer token; it has no server-side powers of its
+own. `mount_console` also adds the console's extra API routes (overview,
+tenant settings, audit search), so one call wires everything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, HTTPException
+from fastapi.responses import FileResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+
+from admin.deps import AdminServices
+from admin.overview_stats import EngineStats, StatsSampler
+from admin.router_console import create_console_router
+from admin.router_overview import create_overview_router
+
+DEFAULT_UI_DIR = Path(__file__).resolve().parents[2] / "admin_ui"
+CHART_JS = Path("node_modules/chart.js/dist/chart.umd.min.js")
+# Everything from this origin and nothing else: no CDN can sneak in, no inline script runs.
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
+)
+PAGE_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+
+def gateway_engine_stats(state: Any) -> EngineStats:
+    """A stats callable over a gateway AppState: engine snapshot plus limiter rejections."""
+
+    def read() -> Mapping[str, float]:
+        snap = state.engine.stats()
+        rejected = 0.0
+        for metric in state.metrics.limiter_rejections.collect():
+            rejected += sum(s.value for s in metric.samples if s.name.endswith("_total"))
+        return {
+            "kv_cache_usage": float(snap.kv_cache_usage),
+            "prefix_cache_queries": float(snap.prefix_cache_queries),
+            "prefix_cache_hits": float(snap.prefix_cache_hits),
+            "rate_limit_rejections": rejected,
+        }
+
+    return read
+
+
+def mount_console(
+    app: FastAPI,
+    services: AdminServices,
+    *,
+    engine_stats: EngineStats | Callable[[], Mapping[str, float]] | None = None,
+    sample_every_s: float = 10.0,
+    ui_dir: Path = DEFAULT_UI_DIR,
+) -> StatsSampler | None:
+    """Serves the console at /admin and its API routes; returns the started sampler, if any.
+
+    The caller owns the sampler: call `stop()` on shutdown (it is a daemon thread,
+    so a process that just exits needs nothing).
+    """
+    sampler = None
+    if engine_stats is not None:
+        sampler = StatsSampler(engine_stats)
+        if sample_every_s > 0:
+            sampler.start(sample_every_s)
+    app.include_router(create_overview_router(services, sampler))
+    app.include_router(create_console_router(services))
+    index = ui_dir / "index.html"
+
+    def page() -> Response:
+        return FileResponse(index, media_type="text/html", headers=PAGE_HEADERS)
+
+    @app.get("/admin", include_in_schema=False)
+    def console_root() -> Response:
+        """The console's single page (the hash picks the view)."""
+        return page()
+
+    @app.get("/admin/", include_in_schema=False)
+    def console_slash() -> Response:
+        """/admin/ goes to /admin so relative links resolve one way."""
+        return RedirectResponse("/admin", status_code=307)
+
+    @app.get("/admin/oidc", include_in_schema=False)
+    def console_oidc() -> Response:
+        """OIDC redirect target: the page finishes sign-in through the API's callback."""
+        return page()
+
+    @app.get("/admin/vendor/chart.umd.min.js", include_in_schema=False)
+    def chart_js() -> Response:
+        """chart.js as installed from the npm registry by scripts/bootstrap."""
+        path = ui_dir / CHART_JS
+        if not path.is_file():
+            raise HTTPException(404, "chart.js missing: run scripts/bootstrap (npm ci in admin_ui)")
+        return FileResponse(
+            path, media_type="text/javascript", headers={"Cache-Control": "max-age=3600"}
+        )
+
+    app.mount("/admin/static", StaticFiles(directory=ui_dir / "static"), name="admin-static")
+    return sampler
