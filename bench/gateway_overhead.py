@@ -1,9 +1,17 @@
-"""Gateway overhead: the same requests through HTTP + auth + Redis limiter vs the engine directly.
+"""Gateway overhead: the same requests through `cloister serve` (HTTP, auth, Redis limiter)
+vs straight to an in-process AsyncEngine built with the same options.
 
-A tiny random-weight model keeps engine time small so the gateway's share shows.
-Prints added p50/p99 latency per request and the max sustained requests/s through
-the gateway; the last line is JSON. Needs Redis (REDIS_URL, default 127.0.0.1:6379);
-falls back to the in-memory limiter when it is unreachable and says so.
+The gateway runs as its own process, as in production; the client (httpx) runs in
+this one. A tiny random-weight model keeps engine time small so the gateway's share
+shows. Three measurements:
+
+  sequential   one request at a time: added p50/p99 latency at idle
+  open loop    requests started at a fixed rate (default 200/s), direct and via the
+               gateway: added p50/p99 latency under that load
+  closed loop  `--concurrency` clients looping: the max sustained requests/s
+
+Needs Redis (REDIS_URL, default 127.0.0.1:6379) for the limiter; falls back to the
+in-memory limiter when it is unreachable and says so. The last line is JSON.
 """
 
 from __future__ import annotations
@@ -17,21 +25,30 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from cloister.settings import Settings  # noqa: E402
+
 from engine.async_engine import AsyncEngine  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
-from tenancy.limiter.memory import MemoryLimiter  # noqa: E402
-from tenancy.limiter.redis_limiter import RedisLimiter  # noqa: E402
-from tests.gateway.conftest import start_gateway  # noqa: E402
+from tests.gateway.processes import (  # noqa: E402
+    create_tenant_key,
+    database,
+    gateway_env,
+    gateways,
+)
+from tests.utils.services import delete_prefix  # noqa: E402
 from tests.utils.tiny_model import make_tiny_model_dir  # noqa: E402
 
 PROMPT = "Write one sentence about caches."
+MESSAGES = [{"role": "user", "content": PROMPT}]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -40,120 +57,193 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def direct(engine: AsyncEngine, n: int, max_tokens: int) -> list[float]:
-    """Sequential latencies calling the engine in-process (it runs on the gateway's loop)."""
-    ids = engine.tokenizer.encode(
-        engine.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}]),
-        add_special_tokens=False,
-    )
-    params = SamplingParams(max_tokens=max_tokens, temperature=0)
-    await engine.start()
+def engine_options(env: dict[str, str]) -> dict[str, Any]:
+    """The AsyncEngine options `cloister serve` derives from the same environment."""
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        s = Settings()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return {
+        "model": s.model,
+        "max_model_len": s.max_model_len,
+        "kv_cache_bytes": s.kv_cache_bytes,
+        "max_num_seqs": s.max_num_seqs,
+        "max_waiting": s.max_waiting,
+        "attention_backend": s.attention_backend,
+        "prefix_cache": "hash",
+    }
+
+
+async def open_loop(call: Callable[[int], Awaitable[None]], rate: float, n: int) -> list[float]:
+    """Starts request i at i/rate seconds (never waiting for earlier ones); their latencies."""
+    out: list[float] = []
+    start = time.perf_counter()
+
+    async def one(i: int) -> None:
+        delay = start + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        t = time.perf_counter()
+        await call(i)
+        out.append(time.perf_counter() - t)
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+    return out
+
+
+async def sequential(call: Callable[[int], Awaitable[None]], n: int) -> list[float]:
+    """Latencies of `n` calls one after another."""
     out = []
     for i in range(n):
         t = time.perf_counter()
-        async for _ in engine.submit(ids, params, request_id=f"d{i}", cache_domain="t:bench"):
-            pass
+        await call(i)
         out.append(time.perf_counter() - t)
-    await engine.shutdown()
     return out
 
 
-def via_gateway(base: str, key: str, n: int, max_tokens: int) -> list[float]:
-    """Sequential latencies through HTTP."""
+async def run_direct(options: dict[str, Any], args: argparse.Namespace) -> dict[str, list[float]]:
+    """Sequential and open-loop latencies calling the engine in this process."""
+    engine = AsyncEngine.from_options(**options)
+    tok = engine.tokenizer
+    ids = tok.encode(tok.apply_chat_template(MESSAGES), add_special_tokens=False)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
+    await engine.start()
+    tag = secrets.token_hex(3)
+
+    async def call(i: int) -> None:
+        stream = engine.submit(ids, params, request_id=f"{tag}-{i}", cache_domain="t:bench")
+        async for _ in stream:
+            pass
+
+    try:
+        await sequential(call, 5)  # warm-up
+        seq = await sequential(call, args.requests)
+        loop = await open_loop(call, args.rate, int(args.rate * args.open_seconds))
+    finally:
+        await engine.shutdown()
+    return {"sequential": seq, "open": loop}
+
+
+async def run_gateway(base: str, key: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Sequential, open-loop and closed-loop figures through HTTP."""
     body = {
         "model": "tiny",
-        "messages": [{"role": "user", "content": PROMPT}],
-        "max_tokens": max_tokens,
+        "messages": MESSAGES,
+        "max_tokens": args.max_tokens,
         "temperature": 0,
         "ignore_eos": True,
     }
-    out = []
-    with httpx.Client(headers={"Authorization": f"Bearer {key}"}, timeout=60) as c:
-        for _ in range(n):
-            t = time.perf_counter()
-            r = c.post(base + "/v1/chat/completions", json=body)
-            r.raise_for_status()
-            out.append(time.perf_counter() - t)
-    return out
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    headers = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(headers=headers, timeout=60, limits=limits) as client:
+        statuses: list[int] = []
 
+        async def call(i: int) -> None:
+            r = await client.post(base + "/v1/chat/completions", json=body)
+            statuses.append(r.status_code)
 
-async def throughput(base: str, key: str, seconds: float, concurrency: int) -> float:
-    """Completed requests/s with `concurrency` clients looping for `seconds`."""
-    body = {"model": "tiny", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 1}
-    done = 0
-    end = time.perf_counter() + seconds
-    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=60) as c:
+        await sequential(call, 5)  # warm-up: connections, the key in the auth cache
+        seq = await sequential(call, args.requests)
+        loop = await open_loop(call, args.rate, int(args.rate * args.open_seconds))
+        failed = [s for s in statuses if s != 200]
+        if failed:
+            raise RuntimeError(f"{len(failed)} gateway requests failed: {sorted(set(failed))}")
+
+        done = 0
+        end = time.perf_counter() + args.seconds
 
         async def worker() -> None:
             nonlocal done
             while time.perf_counter() < end:
-                r = await c.post(base + "/v1/chat/completions", json=body)
-                if r.status_code == 200:
-                    done += 1
+                r = await client.post(base + "/v1/chat/completions", json=body)
+                done += r.status_code == 200
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return done / seconds
+        await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+    return {"sequential": seq, "open": loop, "rps": done / args.seconds}
+
+
+def ms(seconds: float) -> float:
+    """Seconds as milliseconds, rounded for printing."""
+    return round(seconds * 1000, 2)
+
+
+def figures(direct: list[float], gateway: list[float]) -> dict[str, float]:
+    """p50/p99 of both sides and the differences."""
+    d50, d99 = statistics.median(direct), percentile(direct, 0.99)
+    g50, g99 = statistics.median(gateway), percentile(gateway, 0.99)
+    return {
+        "direct_p50_ms": ms(d50),
+        "direct_p99_ms": ms(d99),
+        "gateway_p50_ms": ms(g50),
+        "gateway_p99_ms": ms(g99),
+        "added_p50_ms": ms(g50 - d50),
+        "added_p99_ms": ms(g99 - d99),
+    }
 
 
 def main() -> None:
-    """Runs both sides and prints the figures."""
+    """Runs both sides and prints the figures; the last line is JSON."""
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--requests", type=int, default=40)
+    ap.add_argument("--requests", type=int, default=200, help="sequential requests per side")
     ap.add_argument("--max-tokens", type=int, default=4)
-    ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--rate", type=float, default=200.0, help="open-loop requests/s")
+    ap.add_argument("--open-seconds", type=float, default=5.0)
+    ap.add_argument("--seconds", type=float, default=5.0, help="closed-loop duration")
+    ap.add_argument("--concurrency", type=int, default=16)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="cloister-bench-"))
-    folder = make_tiny_model_dir(tmp)
+    model = make_tiny_model_dir(tmp)
+    data = tmp / "data"
+    key = create_tenant_key(database(data), "bench", rpm=10**7, tpm=10**9, max_concurrent=10**4)
 
-    def new_engine() -> AsyncEngine:
-        return AsyncEngine.from_options(
-            model=str(folder), max_model_len=512, num_blocks=512, attention_backend="torch"
-        )
-
-    direct_lat = asyncio.run(direct(new_engine(), args.requests, args.max_tokens))
     url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     prefix = f"cloister:bench:{secrets.token_hex(4)}:"
+    settings: dict[str, Any] = {"config_refresh_s": 2.0, "log_level": "WARNING"}
     try:
         client = redis.Redis.from_url(url, socket_timeout=0.5)
         client.ping()
-        limiter: object = RedisLimiter(
-            client, fail_mode="closed", local_cap_rpm=600, key_prefix=prefix
-        )
+        settings.update(redis_url=url, redis_key_prefix=prefix, limiter_fail_mode="closed")
         backend = "redis"
     except redis.RedisError:
-        limiter, backend = MemoryLimiter(), "memory (Redis unreachable)"
-    (tmp / "gw").mkdir()
-    gw, stop = start_gateway(tmp / "gw", engine=new_engine(), limiter=limiter, refresh_s=2.0)  # type: ignore[arg-type]
+        backend = "memory (Redis unreachable)"
+
+    options = engine_options(gateway_env(data, model, **settings))
+    direct = asyncio.run(run_direct(options, args))
     try:
-        key = gw.tenant("bench", rpm=10**6, tpm=10**9, max_concurrent=1000)
-        via_gateway(gw.base_url, key, 3, args.max_tokens)  # warm-up
-        gw_lat = via_gateway(gw.base_url, key, args.requests, args.max_tokens)
-        rps = asyncio.run(throughput(gw.base_url, key, args.seconds, args.concurrency))
+        with gateways(data, model, tmp / "logs", [settings]) as (gw,):
+            via = asyncio.run(run_gateway(gw.base_url, key, args))
     finally:
-        stop()
         if backend == "redis":
-            for k in client.scan_iter(match=prefix + "*"):
-                client.delete(k)
+            delete_prefix(client, prefix)
+
+    seq = figures(direct["sequential"], via["sequential"])
+    loaded = figures(direct["open"], via["open"])
     result = {
         "limiter": backend,
-        "requests": args.requests,
         "max_tokens": args.max_tokens,
-        "direct_p50_ms": round(statistics.median(direct_lat) * 1000, 2),
-        "gateway_p50_ms": round(statistics.median(gw_lat) * 1000, 2),
-        "added_p50_ms": round(
-            (statistics.median(gw_lat) - statistics.median(direct_lat)) * 1000, 2
-        ),
-        "added_p99_ms": round((percentile(gw_lat, 0.99) - percentile(direct_lat, 0.99)) * 1000, 2),
-        "max_rps": round(rps, 1),
+        "sequential_requests": args.requests,
+        **{f"seq_{k}": v for k, v in seq.items()},
+        "rate": args.rate,
+        "open_requests": len(via["open"]),
+        **{f"open_{k}": v for k, v in loaded.items()},
+        "max_rps": round(via["rps"], 1),
         "concurrency": args.concurrency,
     }
-    print(f"limiter: {backend}")
-    print(f"direct  p50 {result['direct_p50_ms']} ms   gateway p50 {result['gateway_p50_ms']} ms")
-    print(f"added   p50 {result['added_p50_ms']} ms   p99 {result['added_p99_ms']} ms")
+    print(f"limiter: {backend}; gateway is a separate `cloister serve` process")
     print(
-        f"sustained through the gateway: {result['max_rps']} requests/s at concurrency {args.concurrency}"
+        f"sequential: direct p50 {seq['direct_p50_ms']} ms, gateway p50 {seq['gateway_p50_ms']}"
+        f" ms; added p50 {seq['added_p50_ms']} ms, p99 {seq['added_p99_ms']} ms"
     )
+    print(
+        f"open loop at {args.rate:g} req/s: direct p50/p99 {loaded['direct_p50_ms']}/"
+        f"{loaded['direct_p99_ms']} ms, gateway {loaded['gateway_p50_ms']}/"
+        f"{loaded['gateway_p99_ms']} ms; added p50 {loaded['added_p50_ms']} ms, "
+        f"p99 {loaded['added_p99_ms']} ms"
+    )
+    print(f"max sustained through the gateway: {result['max_rps']} req/s at {args.concurrency}")
     print(json.dumps(result))
 
 

@@ -2,8 +2,9 @@
 
 `MemoryLimiter` takes a few microseconds under a lock and never blocks, so it runs
 inline; a thread hop would cost more than the call. Any other limiter (Redis) does
-network I/O and runs in a worker thread: one hop to acquire, and a release that is
-scheduled in the background so that settling never delays the response.
+network I/O and runs off the loop: one thread hop to acquire, and releases handed to
+one settling thread through a queue (a put costs the loop about a microsecond, where
+a thread-pool hop costs tens), so that settling never delays a response.
 
 Concurrency denials follow `concurrency_mode`: "reject" answers 429 at once;
 "queue" waits up to `queue_timeout_s` for a slot (woken by releases in this
@@ -15,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import queue
+import threading
 import time
 from typing import Literal
 
@@ -46,7 +49,13 @@ class AsyncLimiter:
         self._mode = concurrency_mode
         self._queue_timeout_s = queue_timeout_s
         self._released = asyncio.Event()
-        self._pending: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # (admission, actual tokens) to settle, a threading.Event to set once reached,
+        # or None to end the settling thread.
+        self._settle: queue.SimpleQueue[tuple[Admission, int] | threading.Event | None] = (
+            queue.SimpleQueue()
+        )
+        self._settler: threading.Thread | None = None
 
     async def acquire(
         self, principal: Principal, *, prompt_tokens: int, max_tokens: int
@@ -74,14 +83,28 @@ class AsyncLimiter:
                 logger.exception("limiter release failed", extra={"lease": admission.lease_id})
             self._wake_waiters()
             return
-        task = asyncio.ensure_future(self._release_in_thread(admission, actual_tokens))
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+        if self._settler is None:
+            self._loop = asyncio.get_running_loop()
+            self._settler = threading.Thread(
+                target=self._settle_forever, name="cloister-limiter-release", daemon=True
+            )
+            self._settler.start()
+        self._settle.put((admission, actual_tokens))
 
     async def drain(self) -> None:
-        """Waits for background releases (at shutdown, and in tests)."""
-        while self._pending:
-            await asyncio.gather(*list(self._pending), return_exceptions=True)
+        """Waits until every release handed over so far is settled (shutdown, tests)."""
+        if self._settler is None:
+            return
+        reached = threading.Event()
+        self._settle.put(reached)
+        await asyncio.to_thread(reached.wait, 30.0)
+
+    async def close(self) -> None:
+        """Settles what is pending and ends the settling thread (app shutdown)."""
+        await self.drain()
+        if self._settler is not None:
+            self._settle.put(None)
+            self._settler = None
 
     async def _acquire_once(
         self, principal: Principal, prompt_tokens: int, max_tokens: int
@@ -94,13 +117,23 @@ class AsyncLimiter:
             self.limiter.acquire, principal, prompt_tokens=prompt_tokens, max_tokens=max_tokens
         )
 
-    async def _release_in_thread(self, admission: Admission, actual_tokens: int) -> None:
-        try:
-            await asyncio.to_thread(self.limiter.release, admission, actual_tokens=actual_tokens)
-        except Exception:
-            logger.exception("limiter release failed", extra={"lease": admission.lease_id})
-        finally:
-            self._wake_waiters()
+    def _settle_forever(self) -> None:
+        # Runs in the settling thread for the life of the process (a daemon).
+        while True:
+            item = self._settle.get()
+            if item is None:
+                return
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            admission, actual_tokens = item
+            try:
+                self.limiter.release(admission, actual_tokens=actual_tokens)
+            except Exception:
+                logger.exception("limiter release failed", extra={"lease": admission.lease_id})
+            if self._mode == "queue" and self._loop is not None:
+                with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
+                    self._loop.call_soon_threadsafe(self._wake_waiters)
 
     def _wake_waiters(self) -> None:
         # Wake everyone queued now; later waiters wait on a fresh event.

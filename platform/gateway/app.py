@@ -63,7 +63,7 @@ def create_app(
         try:
             yield
         finally:
-            await state.limits.drain()
+            await state.limits.close()
             await state.auth.drain()
             if manage_engine:
                 await engine_client.shutdown()
