@@ -15,10 +15,10 @@ from engine.attention.backend import get_attention_backend
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from engine.errors import EngineOverloadedError, InvalidRequestError
 from engine.kv_cache.manager import KVCacheManager
-from engine.kv_cache.sizing import plan_kv_capacity
 from engine.model.loader import LoadedModel, load_model
 from engine.outputs import StreamEvent
 from engine.request_state import RequestState
+from engine.runner.memory import plan_engine_kv_capacity
 from engine.runner.model_runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from engine.scheduler.scheduler import Scheduler
@@ -88,12 +88,17 @@ class LLMEngine:
             config.model.max_model_len or loaded.arch.max_position_embeddings,
             loaded.arch.max_position_embeddings,
         )
-        self.capacity = plan_kv_capacity(
+        backend = get_attention_backend(config.attention_backend, device)
+        # On CUDA: profiled against gpu_memory_utilization; elsewhere plan_kv_capacity.
+        self.capacity = plan_engine_kv_capacity(
+            loaded.model,
             loaded.arch,
+            backend,
             config.cache,
-            config.model.dtype,
-            device,
-            max_useful_tokens=config.scheduler.max_num_seqs * self.max_model_len,
+            config.scheduler,
+            max_model_len=self.max_model_len,
+            dtype=config.model.dtype,
+            device=device,
         )
         log.info(self.capacity.describe())
         self.kv = KVCacheManager.from_config(
@@ -106,13 +111,18 @@ class LLMEngine:
         self.runner = ModelRunner(
             loaded.model,
             loaded.arch,
-            get_attention_backend(config.attention_backend, device),
+            backend,
             num_blocks=self.capacity.num_blocks,
             block_size=config.cache.block_size,
             dtype=config.model.dtype,
             device=device,
             eos_token_ids=eos,
         )
+        if not config.model.enforce_eager:  # a no-op on the CPU
+            self.runner.capture_decode_graphs(
+                config.model.cuda_graph_max_batch or config.scheduler.max_num_seqs,
+                self.max_model_len,
+            )
         self.requests: dict[str, RequestState] = {}
         self._num_finished = 0
         self._num_generated = 0

@@ -16,6 +16,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "cloister.commands.admin",
     "cloister.commands.billing",
     "cloister.commands.audit",
+    "cloister.commands.bench",
 )
 
 
