@@ -81,7 +81,29 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
         local_cap_rpm=settings.limiter_local_cap_rpm,
         key_prefix=settings.redis_key_prefix,
     )
-    return create_app(settings, engine_client=client, authenticator=authenticator, limiter=limiter)
+    from admin.app import make_services
+    from admin.metering import MeteringSink
+    from admin.router import create_admin_router
+    from admin.settings import AdminEnvSettings
+    from admin.ui import gateway_engine_stats, mount_console
+
+    admin_settings = AdminEnvSettings().to_admin(settings.data_dir)
+    services = make_services(
+        sessions, pepper=settings.key_pepper.get_secret_value(), settings=admin_settings
+    )
+    metering = MeteringSink(sessions, admin_settings.spool_path).start()
+    app = create_app(
+        settings,
+        engine_client=client,
+        authenticator=authenticator,
+        limiter=limiter,
+        usage_sink=metering,
+    )
+    # One process serves the admin API and its console next to the gateway.
+    app.include_router(create_admin_router(services))
+    mount_console(app, services, engine_stats=gateway_engine_stats(app.state.cloister))
+    app.state.metering = metering
+    return app
 
 
 @click.command()
@@ -123,7 +145,10 @@ def serve(**flags: Any) -> None:
                 host=settings.host, port=settings.port, model=settings.model_name
             )
         )
-    uvicorn.run(app, host=settings.host, port=settings.port, log_config=None)
+    try:
+        uvicorn.run(app, host=settings.host, port=settings.port, log_config=None)
+    finally:
+        app.state.metering.close()  # usage accepted before shutdown reaches the database
 
 
 commands: list[click.Command] = [serve]
