@@ -1,0 +1,203 @@
+"""A live `cloister serve` on a tiny model, a headless Debian chromium, and helpers for flows."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.gateway.conftest import free_port
+from tests.utils.tiny_model import make_tiny_model_dir
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+PEPPER = "admin-ui-test-pepper"
+SIGNING_KEY = "7c" * 32
+OUTPUT = Path(__file__).resolve().parents[2] / "test-output" / "admin_ui"
+START_TIMEOUT_S = 120.0
+
+
+@dataclass
+class Server:
+    """The running `cloister serve` and what the flows learn along the way."""
+
+    base_url: str
+    env: dict[str, str]
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    admin_token: str
+    state: dict[str, Any] = field(default_factory=dict)
+
+    def api(self, method: str, path: str, token: str | None = None, **kw: Any) -> httpx.Response:
+        """Calls the admin API as `token` (default: the admin)."""
+        headers = {"Authorization": f"Bearer {token or self.admin_token}"}
+        return httpx.request(
+            method, f"{self.base_url}/admin/api/v1{path}", headers=headers, timeout=30, **kw
+        )
+
+    def cli(self, *args: str) -> str:
+        """Runs a `cloister` command against the same data dir; returns its stdout."""
+        out = subprocess.run(
+            [sys.executable, "-c", "from cloister.cli import main; main()", *args],
+            env=self.env,
+            capture_output=True,
+            check=True,
+            timeout=120,
+        )
+        return out.stdout.decode()
+
+
+def _require_chromium() -> None:
+    if not Path(CHROMIUM).exists():
+        if os.environ.get("CLOISTER_REQUIRE_SERVICES") == "1":
+            pytest.fail(f"{CHROMIUM} is required (CLOISTER_REQUIRE_SERVICES=1)")
+        pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)")
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], base: str, log: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"cloister serve exited:\n{log.read_text(errors='replace')[-4000:]}")
+        try:
+            if httpx.get(base + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"cloister serve did not start:\n{log.read_text(errors='replace')[-4000:]}")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One `cloister serve` per module: own data dir, tiny random model, audit signing key."""
+    _require_chromium()
+    root = tmp_path_factory.mktemp("console")
+    model = make_tiny_model_dir(root / "model")
+    port = free_port()
+    env = dict(os.environ)
+    env.update(
+        {
+            "CLOISTER_DATA_DIR": str(root / "data"),
+            "CLOISTER_KEY_PEPPER": PEPPER,
+            "CLOISTER_MODEL": str(model),
+            "CLOISTER_MODEL_NAME": "tiny",
+            "CLOISTER_PORT": str(port),
+            "CLOISTER_ATTENTION_BACKEND": "torch",
+            "CLOISTER_MAX_MODEL_LEN": "512",
+            "CLOISTER_KV_CACHE_BYTES": str(8 * 1024 * 1024),
+            "CLOISTER_CONFIG_REFRESH_S": "0.5",
+            "CLOISTER_ADMIN_AUDIT_SIGNING_KEY": SIGNING_KEY,
+            "CLOISTER_ADMIN_AUDIT_CHECKPOINT_EVERY": "5",
+        }
+    )
+    log_path = root / "serve.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "from cloister.cli import main; main()", "serve"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(proc, base, log_path)
+        srv = Server(base, env, proc, log_path, admin_token="")
+        srv.admin_token = json.loads(srv.cli("admin", "create-token", "--role", "admin", "--json"))[
+            "token"
+        ]
+        yield srv
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        OUTPUT.mkdir(parents=True, exist_ok=True)
+        shutil.copy(log_path, OUTPUT / "serve.log")
+
+
+@pytest.fixture(scope="module")
+def browser(server: Server) -> Iterator[Any]:
+    """Debian's chromium, headless, shared by the module's flows."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+class Console:
+    """One browser context signed in (or not) with console and page errors collected."""
+
+    def __init__(self, browser: Any, server: Server, name: str) -> None:
+        self.server = server
+        self.context = browser.new_context(viewport={"width": 1280, "height": 800})
+        self.page = self.context.new_page()
+        self.page.set_default_timeout(15_000)
+        self.errors: list[str] = []
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(f"page error: {e}"))
+        self.name = name
+
+    def sign_in(self, token: str) -> None:
+        """Signs in with an admin token, from the keyboard."""
+        page = self.page
+        page.goto(self.server.base_url + "/admin")
+        page.get_by_label("Admin token").focus()
+        page.keyboard.type(token)
+        page.keyboard.press("Enter")
+        page.wait_for_selector("#nav a")
+
+    def go(self, hash_path: str) -> None:
+        """Opens a console view and waits for it to render."""
+        url = f"{self.server.base_url}/admin#{hash_path}"
+        if self.page.url == url:  # a same-hash goto is no navigation at all
+            self.page.reload()
+        else:
+            self.page.goto(url)
+        self.page.wait_for_function(
+            "() => !document.querySelector('main p.muted')?.textContent?.startsWith('Loading')"
+        )
+
+    def shot(self, label: str) -> Path:
+        """Saves a full-page screenshot under test-output/admin_ui/."""
+        OUTPUT.mkdir(parents=True, exist_ok=True)
+        path = OUTPUT / f"{self.name}-{label}.png"
+        self.page.screenshot(path=str(path), full_page=True)
+        return path
+
+    def assert_no_errors(self, allowed: tuple[str, ...] = ()) -> None:
+        """Fails on any console or page error not matching an `allowed` substring."""
+        bad = [e for e in self.errors if not any(a in e for a in allowed)]
+        assert not bad, f"JavaScript errors: {bad}"
+        self.errors.clear()
+
+    def close(self) -> None:
+        """Closes the context."""
+        self.context.close()
+
+
+def utc_month() -> str:
+    """The current billing period."""
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m")

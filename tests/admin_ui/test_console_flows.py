@@ -1,0 +1,334 @@
+"""The admin console in a real browser against a live `cloister serve`.
+
+The flows build on each other in file order (one server per module): sign in,
+create a tenant, set limits, create a key, use it, see the usage, export billing,
+revoke it, check tenant-admin isolation, and check the audit page.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from tests.admin_ui.conftest import Console, Server, utc_month
+
+pytestmark = pytest.mark.browser
+
+TENANT = "acme"
+OTHER = "globex"
+
+
+@pytest.fixture(scope="module")
+def admin(browser: Any, server: Server) -> Iterator[Console]:
+    """The admin's browser context, shared by the admin flows."""
+    console = Console(browser, server, "admin")
+    yield console
+    console.close()
+
+
+def _client(server: Server, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key=key, max_retries=0)
+
+
+def test_sign_in_as_admin(admin: Console) -> None:
+    admin.sign_in(admin.server.admin_token)
+    page = admin.page
+    assert page.locator("#who-text").inner_text().endswith("admin")
+    nav = page.locator("#nav").inner_text()
+    for section in (
+        "Overview",
+        "Tenants",
+        "Keys",
+        "Models & adapters",
+        "Usage & billing",
+        "Audit log",
+    ):
+        assert section in nav
+    page.wait_for_selector("#chart-rps")
+    admin.shot("01-signed-in-overview")
+    admin.assert_no_errors()
+
+
+def test_sign_in_refuses_a_wrong_token_in_plain_words(browser: Any, server: Server) -> None:
+    c = Console(browser, server, "wrong-token")
+    try:
+        c.page.goto(server.base_url + "/admin")
+        c.page.get_by_label("Admin token").fill("clo-adm-not-a-real-token")
+        c.page.get_by_role("button", name="Sign in with token").click()
+        error = c.page.locator(".field .error")
+        error.wait_for()
+        assert "not signed in" in error.inner_text()
+        c.shot("wrong-token")
+        c.assert_no_errors(allowed=("status of 401",))
+    finally:
+        c.close()
+
+
+def test_create_tenant(admin: Console) -> None:
+    admin.go("/tenants")
+    page = admin.page
+    page.get_by_label("Name", exact=True).fill(TENANT)
+    page.get_by_role("button", name="Create tenant").click()
+    page.get_by_role("heading", name=f"Tenant {TENANT}").wait_for()
+    tenant = admin.server.api("GET", f"/tenants/{TENANT}").json()
+    assert tenant["status"] == "active"
+    admin.server.state["tenant_id"] = tenant["id"]
+    admin.go("/tenants")
+    page.get_by_label("Search by name").fill("acm")
+    page.locator("#tenant-list a", has_text=TENANT).wait_for()
+    admin.shot("02-tenant-created")
+    admin.assert_no_errors()
+
+
+def test_set_limits_and_weight(admin: Console) -> None:
+    admin.go(f"/tenants/{TENANT}")
+    page = admin.page
+    page.get_by_label("Requests per minute").fill("120")
+    page.get_by_label("Max output tokens").fill("64")
+    page.get_by_role("button", name="Save limits").click()
+    page.get_by_text("Limits saved.").wait_for()
+    limits = admin.server.api("GET", f"/tenants/{TENANT}/limits").json()
+    assert limits["rpm"] == 120 and limits["max_output_tokens"] == 64 and limits["tpm"] is None
+    page.get_by_label("Scheduling weight").fill("2.5")
+    page.get_by_label("Cache isolation").select_option("key")
+    page.get_by_role("button", name="Save settings").click()
+    page.wait_for_function("() => document.querySelector('input[name=weight]')?.value === '2.5'")
+    tenant = admin.server.api("GET", f"/tenants/{TENANT}").json()
+    assert tenant["weight"] == 2.5 and tenant["isolation_level"] == "key"
+    admin.shot("03-limits-set")
+    admin.assert_no_errors()
+
+
+def test_create_key_and_read_secret(admin: Console) -> None:
+    admin.go(f"/keys/{TENANT}")
+    page = admin.page
+    page.get_by_label("Key name").fill("browser-test")
+    page.get_by_role("button", name="Create key").click()
+    secret = page.locator("#new-key-secret").inner_text().strip()
+    keys = admin.server.api("GET", f"/tenants/{TENANT}/keys").json()["items"]
+    assert len(keys) == 1 and secret.startswith(keys[0]["prefix"])
+    assert page.get_by_role("button", name="Copy").is_visible()
+    assert page.get_by_role("table", name="Keys").get_by_text(keys[0]["prefix"]).is_visible()
+    admin.server.state["key"] = secret
+    admin.server.state["key_id"] = keys[0]["id"]
+    admin.shot("04-key-created")
+    # The secret is shown once: reloading the page does not bring it back.
+    admin.go(f"/keys/{TENANT}")
+    assert page.locator("#new-key-secret").count() == 0
+    assert secret not in page.content()
+    admin.assert_no_errors()
+
+
+def test_use_the_key_with_the_openai_sdk(server: Server) -> None:
+    client = _client(server, server.state["key"])
+    deadline = time.monotonic() + 10
+    while True:  # the gateway learns new keys within its refresh interval
+        try:
+            reply = client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "Hello"}], max_tokens=5
+            )
+            break
+        except openai.AuthenticationError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+    assert reply.usage is not None and reply.usage.completion_tokens > 0
+    server.state["usage"] = reply.usage
+
+
+def _wait_for_usage(server: Server) -> dict[str, int]:
+    """The tenant's usage totals once the metering sink has stored the request."""
+    deadline = time.monotonic() + 30
+    while True:
+        items = server.api(
+            "GET",
+            "/usage",
+            params={
+                "start": "2000-01-01T00:00:00Z",
+                "end": "2100-01-01T00:00:00Z",
+                "tenant_id": server.state["tenant_id"],
+            },
+        ).json()["items"]
+        if items or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert items, "the request's usage record never reached the admin database"
+    return {
+        k: sum(int(i[k]) for i in items)
+        for k in ("requests", "prompt_tokens", "completion_tokens", "cost_pico_usd")
+    }
+
+
+def test_request_appears_in_the_tenant_usage_chart(admin: Console) -> None:
+    server = admin.server
+    usage = server.state["usage"]
+    totals = _wait_for_usage(server)
+    assert totals["requests"] == 1
+    assert totals["prompt_tokens"] == usage.prompt_tokens
+    assert totals["completion_tokens"] == usage.completion_tokens
+    admin.go(f"/tenants/{TENANT}")
+    page = admin.page
+    page.wait_for_function(
+        "() => document.querySelector('#chart-tenant-tokens')?.chart !== undefined"
+    )
+    charted = page.evaluate(
+        "document.querySelector('#chart-tenant-tokens').chart.data.datasets"
+        ".flatMap(d => d.data).reduce((a, b) => a + b, 0)"
+    )
+    assert charted == usage.prompt_tokens + usage.completion_tokens
+    labels = page.evaluate(
+        "document.querySelector('#chart-tenant-tokens').chart.data.datasets.map(d => d.label)"
+    )
+    assert labels == ["tiny"]
+    assert "%" in page.locator("#tenant-hit-rate").inner_text()
+    admin.shot("05-usage-chart")
+    admin.assert_no_errors()
+
+
+def test_billing_csv_download_matches_usage(admin: Console) -> None:
+    server = admin.server
+    totals = _wait_for_usage(server)
+    admin.go("/usage")
+    page = admin.page
+    page.get_by_label("Tenant").select_option(label=TENANT)
+    page.get_by_role("button", name="Show usage").click()
+    page.get_by_role("table", name="Usage").wait_for()
+    page.get_by_label("Billing period").fill(utc_month())
+    with page.expect_download() as info:
+        page.get_by_role("button", name="Download CSV").click()
+    download = info.value
+    assert download.suggested_filename == f"cloister-billing-{utc_month()}.csv"
+    rows = list(csv.DictReader(io.StringIO(Path(download.path()).read_text())))
+    assert rows and {r["tenant_id"] for r in rows} == {server.state["tenant_id"]}
+    assert sum(int(r["requests"]) for r in rows) == totals["requests"]
+    assert sum(int(r["prompt_tokens"]) for r in rows) == totals["prompt_tokens"]
+    assert sum(int(r["completion_tokens"]) for r in rows) == totals["completion_tokens"]
+    assert sum(int(r["cost_pico_usd"]) for r in rows) == totals["cost_pico_usd"]
+    admin.shot("06-usage-and-billing")
+    admin.assert_no_errors()
+
+
+def test_revoke_key_then_the_next_call_fails(admin: Console) -> None:
+    server = admin.server
+    admin.go(f"/keys/{TENANT}")
+    page = admin.page
+    page.get_by_role("button", name="Revoke").first.click()
+    dialog = page.locator("dialog#confirm")
+    dialog.wait_for()
+    admin.shot("07-revoke-confirmation")
+    dialog.get_by_role("button", name="Revoke key", exact=True).click()
+    page.get_by_text("is revoked").wait_for()
+    page.get_by_role("table", name="Keys").get_by_text("revoked").wait_for()
+    assert server.api("GET", f"/tenants/{TENANT}/keys").json()["items"][0]["revoked_at"]
+    client = _client(server, server.state["key"])
+    deadline = time.monotonic() + 10
+    with pytest.raises(openai.AuthenticationError):
+        while time.monotonic() < deadline:  # within the gateway's refresh interval
+            client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+            )
+            time.sleep(0.3)
+    admin.shot("08-key-revoked")
+    admin.assert_no_errors()
+
+
+def test_tenant_admin_sees_only_its_tenant(browser: Any, server: Server) -> None:
+    assert server.api("POST", "/tenants", json={"name": OTHER}).status_code == 201
+    token = server.api("POST", "/tokens", json={"role": "tenant-admin", "tenant": TENANT}).json()
+    c = Console(browser, server, "tenant-admin")
+    try:
+        c.sign_in(token["token"])
+        page = c.page
+        nav = page.locator("#nav").inner_text()
+        assert "My tenant" in nav and "Audit log" not in nav and "Models" not in nav
+        c.go(f"/tenants/{TENANT}")
+        page.get_by_role("heading", name=f"Tenant {TENANT}").wait_for()
+        # Read-only for limits and settings, no suspend button.
+        assert page.get_by_role("button", name="Save limits").count() == 0
+        assert page.get_by_role("button", name="Suspend tenant").count() == 0
+        c.shot("09-own-tenant")
+        c.go("/keys")
+        assert page.get_by_role("heading", name=f"Keys of {TENANT}").is_visible()
+        assert page.get_by_label("Tenant", exact=True).count() == 0
+        assert OTHER not in page.content()
+        for path in (f"/tenants/{OTHER}", f"/keys/{OTHER}"):
+            c.go(path)
+            banner = page.locator("#banner")
+            banner.wait_for()
+            assert "Not found" in banner.inner_text()
+            assert OTHER not in page.locator("main").inner_text()
+        c.shot("10-other-tenant-by-url")
+        assert [
+            t["name"] for t in server.api("GET", "/tenants", token["token"]).json()["items"]
+        ] == [TENANT]
+        c.assert_no_errors(allowed=("status of 404",))
+    finally:
+        c.close()
+
+
+def test_viewer_sees_no_write_buttons(browser: Any, server: Server) -> None:
+    token = server.api("POST", "/tokens", json={"role": "viewer"}).json()["token"]
+    c = Console(browser, server, "viewer")
+    try:
+        c.sign_in(token)
+        for path in ("/tenants", f"/tenants/{TENANT}", f"/keys/{TENANT}", "/models", "/usage"):
+            c.go(path)
+            for name in (
+                "Create tenant",
+                "Save limits",
+                "Create key",
+                "Revoke",
+                "Register model",
+                "Suspend tenant",
+            ):
+                assert c.page.get_by_role("button", name=name).count() == 0, (path, name)
+        c.shot("11-viewer-models")
+        c.assert_no_errors()
+    finally:
+        c.close()
+
+
+def test_narrow_window_has_no_page_wide_scroll(admin: Console) -> None:
+    page = admin.page
+    page.set_viewport_size({"width": 390, "height": 800})
+    try:
+        for path in (f"/tenants/{TENANT}", "/usage"):
+            admin.go(path)
+            width = page.evaluate("document.documentElement.scrollWidth")
+            assert width <= 390, (path, width)
+        admin.shot("12-narrow-usage")
+    finally:
+        page.set_viewport_size({"width": 1280, "height": 800})
+    admin.assert_no_errors()
+
+
+def test_audit_page_shows_the_actions_and_a_valid_chain(admin: Console) -> None:
+    admin.go("/audit")
+    page = admin.page
+    status = page.locator("#chain-status")
+    status.wait_for()
+    assert "Chain verified" in status.inner_text()
+    assert "ok" in (status.get_attribute("class") or "")
+    page.get_by_label("Tenant id").fill(admin.server.state["tenant_id"])
+    page.get_by_role("button", name="Filter").click()
+    page.get_by_text("key.revoke").first.wait_for()
+    actions = page.get_by_role("table", name="Audit records").inner_text()
+    for action in ("tenant.settings", "limits.set", "key.create", "key.revoke", "billing.export"):
+        assert action in actions, action
+    assert "denied:404" in actions  # the tenant-admin's tries at another tenant's pages
+    page.get_by_label("Tenant id").fill("")
+    page.get_by_label("Action").fill("tenant.create")
+    page.get_by_role("button", name="Filter").click()
+    page.get_by_role("cell", name=f"tenants/{TENANT}", exact=True).wait_for()
+    with page.expect_download() as info:
+        page.get_by_role("button", name="Export (signed JSON lines)").click()
+    assert '"type": "manifest"' in Path(info.value.path()).read_text().splitlines()[0]
+    admin.shot("13-audit")
+    admin.assert_no_errors()
