@@ -49,6 +49,7 @@ def generate(
             model=ModelConfig(path=model or ""), attention_backend=attention_backend
         )  # type: ignore[arg-type]
         engine = LLMEngine(config, loaded)
+        click.echo(engine.capacity.describe(), err=True)
         tokenizer = engine.tokenizer
         if chat:
             text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
