@@ -51,6 +51,11 @@ function settingsForm(ctx, t, rerender) {
   } }, el("div", { class: "row" }, isolation, weight, el("button", { type: "submit" }, "Save settings")));
 }
 
+// The model names are the point of this chart, so its legend shows even for one model.
+function withLegend(config) {
+  return { ...config, options: { ...config.options, plugins: { legend: { display: true } } } };
+}
+
 async function usageSection(t) {
   const { start, end } = daysBack(14);
   const labels = dayLabels(start, end);
@@ -65,8 +70,8 @@ async function usageSection(t) {
     el("div", { class: "grid" },
       card("Prompt-cache hit rate (14 days)",
         el("p", { class: "kpi", id: "tenant-hit-rate" }, hit === null ? "no traffic yet" : `${hit.toFixed(1)} %`),
-        el("p", { class: "muted" }, `${fmtNum(sum.requests)} requests · ${fmtNum(sum.prompt_tokens)} prompt tokens (${fmtNum(sum.cached_tokens)} cached) · ${fmtNum(sum.completion_tokens)} completion tokens`)),
-      chartBox("Tokens by model per day", barConfig(labels, byModel.length ? byModel : [{ label: "tokens", data: labels.map(() => 0) }]), { id: "chart-tenant-tokens" }),
+        el("p", { class: "muted" }, `${fmtNum(sum.requests)} request${sum.requests === 1 ? "" : "s"} · ${fmtNum(sum.prompt_tokens)} prompt tokens (${fmtNum(sum.cached_tokens)} cached) · ${fmtNum(sum.completion_tokens)} completion tokens`)),
+      chartBox("Tokens by model per day", withLegend(barConfig(labels, byModel.length ? byModel : [{ label: "tokens", data: labels.map(() => 0) }])), { id: "chart-tenant-tokens" }),
       chartBox("Cached vs uncached prompt tokens", barConfig(labels, [cached || { label: "cached prompt tokens", data: labels.map(() => 0) }, uncached || { label: "uncached prompt tokens", data: labels.map(() => 0) }]), { id: "chart-tenant-cache" })));
 }
 

@@ -39,7 +39,7 @@ export async function render(ctx) {
     ];
     results.replaceChildren(
       chartBox("Tokens per day", barConfig(labels, datasets.length ? datasets : [{ label: "tokens", data: labels.map(() => 0) }]), { id: "chart-usage" }),
-      card(`Usage by day (${fmtNum(sum.requests)} requests, ${usd(sum.cost_pico_usd)})`, table([
+      card(`Usage by day (${fmtNum(sum.requests)} request${sum.requests === 1 ? "" : "s"}, ${usd(sum.cost_pico_usd)})`, table([
         { title: "Day", render: (b) => b.start.slice(0, 10) },
         { title: "Tenant", render: (b) => names.get(b.tenant_id) || b.tenant_id },
         { title: "Model", key: "model" }, { title: "Adapter", render: (b) => b.adapter || "—" },
