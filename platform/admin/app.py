@@ -10,6 +10,7 @@ from admin.audit_log import AuditLog
 from admin.deps import AdminServices
 from admin.router import create_admin_router
 from admin.settings import AdminSettings
+from admin.ui import mount_console
 
 
 def make_services(
@@ -26,7 +27,8 @@ def make_services(
 
 
 def create_admin_app(services: AdminServices) -> FastAPI:
-    """A FastAPI app serving only the admin API (`cloister admin serve`)."""
+    """A FastAPI app serving the admin API and console (`cloister admin serve`)."""
     app = FastAPI(title="Cloister admin", docs_url=None, redoc_url=None)
     app.include_router(create_admin_router(services))
+    mount_console(app, services)  # the console at /admin and its extra API routes
     return app
