@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 from admin.overview_stats import Sample, StatsSampler, overview, p95
-from admin.ui import mount_console
 from admin.usage_store import write_usage
 from fastapi.testclient import TestClient
 
@@ -19,9 +18,8 @@ from tests.admin.conftest import AdminEnv, make_env
 
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[AdminEnv]:
-    """The admin app with the console mounted, tenants alpha and beta."""
+    """The admin app (the console is part of it), tenants alpha and beta."""
     e = make_env(tmp_path)
-    mount_console(e.client.app, e.services, engine_stats=None)  # type: ignore[arg-type]
     with e.sessions() as s:
         store.create_tenant(s, name="alpha")
         store.create_tenant(s, name="beta")
@@ -173,6 +171,5 @@ def test_console_config_reports_oidc(tmp_path: Path) -> None:
         oidc_issuer="https://issuer.example",
         oidc_client_id="cloister",
     )
-    mount_console(e.client.app, e.services)  # type: ignore[arg-type]
     with TestClient(e.client.app) as client:
         assert client.get("/admin/api/v1/console/config").json() == {"oidc": True}
