@@ -229,3 +229,30 @@ def test_concurrency_2_queue_mode_third_stream_waits_for_a_slot(tmp_path: Path) 
         streams[1].close()
     finally:
         stop()
+
+
+def test_revocation_reaches_a_caching_gateway_within_5_seconds(tmp_path: Path) -> None:
+    from tenancy import store
+
+    gw, stop = start_gateway(
+        tmp_path, engine=make_test_engine(tmp_path), limiter=MemoryLimiter(), refresh_s=1.0
+    )
+    try:
+        key = gw.tenant("acme")
+        headers = {"Authorization": f"Bearer {key}"}
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+
+        def status() -> int:
+            r = httpx.post(gw.base_url + "/v1/chat/completions", json=body, headers=headers)
+            return r.status_code
+
+        assert status() == 200  # the key is cached now
+        with gw.sessions() as s:
+            store.revoke_key(s, key_id=gw.key_id(key))
+        revoked_at = time.monotonic()
+        while status() == 200:
+            assert time.monotonic() - revoked_at < 5.0, "revocation not seen within 5 s"
+            time.sleep(0.05)
+        assert status() == 401
+    finally:
+        stop()

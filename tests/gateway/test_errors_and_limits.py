@@ -141,6 +141,13 @@ def test_budget_stops_the_tenant(gateway: LiveGateway) -> None:
     assert 200 in statuses and statuses[-1] == 429
     r = post(gateway, key, body)
     assert assert_error(r, 429)["code"] == "insufficient_quota"
+    # What the admitted requests actually used stays inside the budget (reservations
+    # settle to the real counts), and the budget was nearly used up before the stop.
+    used = sum(
+        u.prompt_tokens + u.completion_tokens for u in gateway.usage.records if u.status == 200
+    )
+    first_prompt = next(u.prompt_tokens for u in gateway.usage.records if u.status == 200)
+    assert 200 - (first_prompt + 8) < used <= 200
 
 
 def test_concurrency_2_third_parallel_stream_is_429(gateway: LiveGateway) -> None:
