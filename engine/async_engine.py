@@ -68,6 +68,7 @@ class _Add:
     adapter: str | None
     use_cache: bool
     prompt: str | None
+    weight: float | None
 
 
 @dataclass(frozen=True)
@@ -130,8 +131,12 @@ class AsyncEngine:
         adapter: str | None = None,
         cache: bool = True,
         prompt: str | None = None,
+        weight: float | None = None,
     ) -> RequestStream:
-        """Queues a request and returns its stream; bad or excess requests raise at once."""
+        """Queues a request and returns its stream; bad or excess requests raise at once.
+
+        `weight` is the tenant's scheduling share under the fair policy.
+        """
         if self._dead is not None or self._stopping:
             raise EngineDeadError("the engine is not running")
         if self._loop is None:
@@ -146,7 +151,9 @@ class AsyncEngine:
         stream = RequestStream(request_id)
         self._streams[request_id] = stream
         self._inbox.put(
-            _Add(stream, list(prompt_token_ids), params, cache_domain, adapter, cache, prompt)
+            _Add(
+                stream, list(prompt_token_ids), params, cache_domain, adapter, cache, prompt, weight
+            )
         )
         self._wake.set()
         return stream
@@ -211,6 +218,7 @@ class AsyncEngine:
                     adapter=item.adapter,
                     use_cache=item.use_cache,
                     prompt=item.prompt,
+                    weight=item.weight,
                 )
             except EngineError as exc:
                 self._streams.pop(item.stream.request_id, None)
