@@ -8,7 +8,9 @@ shows. Three measurements:
   sequential   one request at a time: added p50/p99 latency at idle
   open loop    requests started at a fixed rate (default 200/s), direct and via the
                gateway: added p50/p99 latency under that load
-  closed loop  `--concurrency` clients looping: the max sustained requests/s
+  closed loop  `--concurrency` clients looping: the max sustained requests/s, and
+               the CPU seconds each request costs the serving process on each side
+               (less sensitive than latency to other work on a shared machine)
 
 Needs Redis (REDIS_URL, default 127.0.0.1:6379) for the limiter; falls back to the
 in-memory limiter when it is unreachable and says so. The last line is JSON.
@@ -49,6 +51,38 @@ from tests.utils.tiny_model import make_tiny_model_dir  # noqa: E402
 
 PROMPT = "Write one sentence about caches."
 MESSAGES = [{"role": "user", "content": PROMPT}]
+
+
+def process_cpu_s(pid: int | None = None) -> float | None:
+    """CPU seconds (user + system, all threads) used so far by `pid` (None: this process)."""
+    if pid is None:
+        return time.process_time()
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None  # not Linux: the figure is left out
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def closed_loop(
+    call: Callable[[int], Awaitable[bool]], seconds: float, concurrency: int, pid: int | None
+) -> tuple[float, float | None]:
+    """(completed requests/s, CPU ms per request of `pid`) with `concurrency` looping callers."""
+    done = 0
+    end = time.perf_counter() + seconds
+    cpu0 = process_cpu_s(pid)
+
+    async def worker(w: int) -> None:
+        nonlocal done
+        i = 0
+        while time.perf_counter() < end:
+            i += 1
+            done += await call(w * 1_000_000 + i)
+
+    await asyncio.gather(*(worker(w) for w in range(concurrency)))
+    cpu1 = process_cpu_s(pid)
+    per_req = None if cpu0 is None or cpu1 is None or not done else (cpu1 - cpu0) / done * 1000
+    return done / seconds, per_req
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -104,8 +138,8 @@ async def sequential(call: Callable[[int], Awaitable[None]], n: int) -> list[flo
     return out
 
 
-async def run_direct(options: dict[str, Any], args: argparse.Namespace) -> dict[str, list[float]]:
-    """Sequential and open-loop latencies calling the engine in this process."""
+async def run_direct(options: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Sequential, open-loop and closed-loop figures calling the engine in this process."""
     engine = AsyncEngine.from_options(**options)
     tok = engine.tokenizer
     ids = tok.encode(tok.apply_chat_template(MESSAGES), add_special_tokens=False)
@@ -118,16 +152,21 @@ async def run_direct(options: dict[str, Any], args: argparse.Namespace) -> dict[
         async for _ in stream:
             pass
 
+    async def counted(i: int) -> bool:
+        await call(-i)
+        return True
+
     try:
         await sequential(call, 5)  # warm-up
         seq = await sequential(call, args.requests)
         loop = await open_loop(call, args.rate, int(args.rate * args.open_seconds))
+        rps, cpu = await closed_loop(counted, args.seconds, args.concurrency, None)
     finally:
         await engine.shutdown()
-    return {"sequential": seq, "open": loop}
+    return {"sequential": seq, "open": loop, "rps": rps, "cpu_ms": cpu}
 
 
-async def run_gateway(base: str, key: str, args: argparse.Namespace) -> dict[str, Any]:
+async def run_gateway(base: str, key: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
     """Sequential, open-loop and closed-loop figures through HTTP."""
     body = {
         "model": "tiny",
@@ -152,17 +191,16 @@ async def run_gateway(base: str, key: str, args: argparse.Namespace) -> dict[str
         if failed:
             raise RuntimeError(f"{len(failed)} gateway requests failed: {sorted(set(failed))}")
 
-        done = 0
-        end = time.perf_counter() + args.seconds
+        async def counted(i: int) -> bool:
+            r = await client.post(base + "/v1/chat/completions", json=body)
+            return r.status_code == 200
 
-        async def worker() -> None:
-            nonlocal done
-            while time.perf_counter() < end:
-                r = await client.post(base + "/v1/chat/completions", json=body)
-                done += r.status_code == 200
+        rps, cpu = await closed_loop(counted, args.seconds, args.concurrency, pid)
+    return {"sequential": seq, "open": loop, "rps": rps, "cpu_ms": cpu}
 
-        await asyncio.gather(*(worker() for _ in range(args.concurrency)))
-    return {"sequential": seq, "open": loop, "rps": done / args.seconds}
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
 
 
 def ms(seconds: float) -> float:
@@ -214,7 +252,7 @@ def main() -> None:
     direct = asyncio.run(run_direct(options, args))
     try:
         with gateways(data, model, tmp / "logs", [settings]) as (gw,):
-            via = asyncio.run(run_gateway(gw.base_url, key, args))
+            via = asyncio.run(run_gateway(gw.base_url, key, gw.proc.pid, args))
     finally:
         if backend == "redis":
             delete_prefix(client, prefix)
@@ -230,7 +268,13 @@ def main() -> None:
         "open_requests": len(via["open"]),
         **{f"open_{k}": v for k, v in loaded.items()},
         "max_rps": round(via["rps"], 1),
+        "direct_max_rps": round(direct["rps"], 1),
         "concurrency": args.concurrency,
+        "direct_cpu_ms_per_request": _round(direct["cpu_ms"]),
+        "gateway_cpu_ms_per_request": _round(via["cpu_ms"]),
+        "added_cpu_ms_per_request": _round(
+            None if via["cpu_ms"] is None else via["cpu_ms"] - direct["cpu_ms"]
+        ),
     }
     print(f"limiter: {backend}; gateway is a separate `cloister serve` process")
     print(
@@ -243,7 +287,12 @@ def main() -> None:
         f"{loaded['gateway_p99_ms']} ms; added p50 {loaded['added_p50_ms']} ms, "
         f"p99 {loaded['added_p99_ms']} ms"
     )
-    print(f"max sustained through the gateway: {result['max_rps']} req/s at {args.concurrency}")
+    print(
+        f"closed loop at concurrency {args.concurrency}: gateway {result['max_rps']} req/s "
+        f"(direct {result['direct_max_rps']}); CPU per request: gateway process "
+        f"{result['gateway_cpu_ms_per_request']} ms, direct {result['direct_cpu_ms_per_request']}"
+        f" ms, added {result['added_cpu_ms_per_request']} ms"
+    )
     print(json.dumps(result))
 
 
