@@ -24,7 +24,7 @@ def make_tracer_provider(
         provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
     elif exporter == "otlp":
         # Optional dependency: only needed when someone turns the exporter on.
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[import-not-found]
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
             OTLPSpanExporter,
         )
 
