@@ -77,7 +77,10 @@ async def closed_loop(
         i = 0
         while time.perf_counter() < end:
             i += 1
-            done += await call(w * 1_000_000 + i)
+            # Await first: `done += await ...` would read `done` before the await and
+            # lose the increments other workers make meanwhile.
+            ok = await call(w * 1_000_000 + i)
+            done += ok
 
     await asyncio.gather(*(worker(w) for w in range(concurrency)))
     cpu1 = process_cpu_s(pid)
