@@ -53,31 +53,58 @@ class TorchAttentionBackend:
     ) -> torch.Tensor:
         """Stores the new K/V; decode rows attend in one batched call, prefill rows one by one."""
         write_kv(k, v, kv_cache, meta.slot_mapping)
-        num_heads, num_kv_heads = q.shape[1], kv_cache.shape[3]
-        group = num_heads // num_kv_heads
         out = torch.empty_like(q)
         decode_rows = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
+        done: set[int] = set()
         if len(decode_rows) > 1:
             _batched_decode(q, kv_cache, meta, scale, decode_rows, out)
             done = set(decode_rows)
-        else:
-            done = set()
         start = 0
-        for i, (q_len, s_len) in enumerate(
-            zip(meta.query_lens_cpu, meta.seq_lens_cpu, strict=True)
-        ):
-            if q_len == 0 or i in done:
-                start += q_len
-                continue
-            qi = q[start : start + q_len].transpose(0, 1)  # [H, q_len, D]
-            ki, vi = gather_kv(kv_cache, meta.block_tables[i], s_len)
-            ki = ki.to(q.dtype).transpose(0, 1).repeat_interleave(group, dim=0)
-            vi = vi.to(q.dtype).transpose(0, 1).repeat_interleave(group, dim=0)
-            mask = _causal_mask(q_len, s_len, q.device)
-            oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=scale)
-            out[start : start + q_len] = oi.transpose(0, 1)
+        for i, q_len in enumerate(meta.query_lens_cpu):
+            if q_len and i not in done:
+                rows = slice(start, start + q_len)
+                out[rows] = _attend_one(q[rows], k[rows], v[rows], kv_cache, meta, i, scale)
             start += q_len
         return out
+
+
+def _attend_one(
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    seq: int,
+    scale: float,
+) -> torch.Tensor:
+    """One sequence's new tokens over its cached prefix (read back) and themselves.
+
+    The new tokens' K/V are taken from this step (rounded through the cache dtype, so
+    the result equals reading them back) rather than gathered again from the pool.
+    """
+    q_len, s_len = q.shape[0], meta.seq_lens_cpu[seq]
+    ctx_len = s_len - q_len
+    k_new = k_new.to(kv_cache.dtype).to(q.dtype)
+    v_new = v_new.to(kv_cache.dtype).to(q.dtype)
+    if ctx_len:
+        k_ctx, v_ctx = gather_kv(kv_cache, meta.block_tables[seq], ctx_len)
+        k_all = torch.cat([k_ctx.to(q.dtype), k_new])
+        v_all = torch.cat([v_ctx.to(q.dtype), v_new])
+    else:
+        k_all, v_all = k_new, v_new
+    mask = _causal_mask(q_len, s_len, q.device, q.dtype) if ctx_len and q_len > 1 else None
+    # 4-D contiguous [1, heads, len, D] inputs keep SDPA on its fused CPU kernel; 3-D or
+    # strided ones fall back to the much slower math path.
+    o = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0).contiguous(),
+        k_all.transpose(0, 1).unsqueeze(0).contiguous(),
+        v_all.transpose(0, 1).unsqueeze(0).contiguous(),
+        attn_mask=mask,
+        is_causal=not ctx_len and q_len > 1,
+        scale=scale,
+        enable_gqa=True,
+    )
+    return o[0].transpose(0, 1)
 
 
 def _batched_decode(
@@ -98,23 +125,26 @@ def _batched_decode(
     max_len = int(max(meta.seq_lens_cpu[i] for i in rows))
     num_blocks = (max_len + block_size - 1) // block_size
     tables = meta.block_tables.index_select(0, seq_index)[:, :num_blocks].long()
-    b = len(rows)
-    keys = kv_cache[0][tables].reshape(b, num_blocks * block_size, num_kv_heads, head_dim)
-    values = kv_cache[1][tables].reshape(b, num_blocks * block_size, num_kv_heads, head_dim)
-    group = q.shape[1] // num_kv_heads
-    qb = q.index_select(0, index).reshape(b, num_kv_heads, group, head_dim)
-    scores = torch.einsum("bhgd,bthd->bhgt", qb, keys.to(q.dtype)) * scale
-    valid = torch.arange(num_blocks * block_size, device=q.device).unsqueeze(0) < lens.unsqueeze(1)
-    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-    ob = torch.einsum("bhgt,bthd->bhgd", probs, values.to(q.dtype))
-    out.index_copy_(0, index, ob.reshape(b, q.shape[1], head_dim))
+    b, width = len(rows), num_blocks * block_size
+    # [b, width, kv_heads, D] viewed as [b, kv_heads, width, D] without another copy.
+    keys = kv_cache[0][tables].reshape(b, width, num_kv_heads, head_dim).transpose(1, 2)
+    values = kv_cache[1][tables].reshape(b, width, num_kv_heads, head_dim).transpose(1, 2)
+    valid = torch.arange(width, device=q.device).unsqueeze(0) < lens.unsqueeze(1)
+    mask = torch.zeros((b, 1, 1, width), dtype=q.dtype, device=q.device)
+    mask.masked_fill_(~valid[:, None, None, :], float("-inf"))
+    qb = q.index_select(0, index).unsqueeze(2)  # [b, heads, 1, D]
+    ob = F.scaled_dot_product_attention(
+        qb, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask, scale=scale, enable_gqa=True
+    )
+    out.index_copy_(0, index, ob.squeeze(2))
 
 
-def _causal_mask(q_len: int, s_len: int, device: torch.device) -> torch.Tensor | None:
-    """Query row r (absolute position s_len - q_len + r) sees keys up to that position."""
-    if q_len == 1:
-        return None
+def _causal_mask(q_len: int, s_len: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Additive mask: query row r (absolute position s_len - q_len + r) sees keys up to it.
+
+    A float mask, not a boolean one, keeps SDPA on its fused CPU kernel.
+    """
     rows = torch.arange(q_len, device=device).unsqueeze(1) + (s_len - q_len)
     cols = torch.arange(s_len, device=device).unsqueeze(0)
-    return cols <= rows
+    mask = torch.zeros((q_len, s_len), dtype=dtype, device=device)
+    return mask.masked_fill_(cols > rows, float("-inf"))
