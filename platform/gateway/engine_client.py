@@ -70,8 +70,12 @@ class EngineClient(Protocol):
         request_id: str,
         cache_domain: str,
         adapter: str | None = None,
+        weight: float | None = None,
     ) -> AsyncIterator[StreamEvent]:
-        """Queues one request; raises at once when it cannot be queued."""
+        """Queues one request; raises at once when it cannot be queued.
+
+        `weight` is the tenant's share under the engine's fair scheduling policy.
+        """
         ...
 
     async def abort(self, request_id: str) -> None:
@@ -116,6 +120,7 @@ class InProcessEngineClient:
         request_id: str,
         cache_domain: str,
         adapter: str | None = None,
+        weight: float | None = None,
     ) -> AsyncIterator[StreamEvent]:
         """Forwards to `AsyncEngine.submit`; its stream is already an async iterator."""
         stream: AsyncIterator[StreamEvent] = self._engine.submit(
@@ -124,6 +129,7 @@ class InProcessEngineClient:
             request_id=request_id,
             cache_domain=cache_domain,
             adapter=adapter,
+            weight=weight,
         )
         return stream
 

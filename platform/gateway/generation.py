@@ -67,7 +67,7 @@ async def admit_and_submit(
         reserve_tokens=max_tokens * body.n * len(prompts),
     )
     domain = derive_cache_domain(principal, body.user)
-    streams = life.submit(prompts, params, cache_domain=domain)
+    streams = life.submit(prompts, params, cache_domain=domain, weight=principal.weight)
     return Submitted(streams=streams, headers=headers, n=body.n)
 
 

@@ -102,7 +102,12 @@ class RequestLifecycle:
         return rate_limit_headers(admission.requests, admission.tokens)
 
     def submit(
-        self, prompts: list[list[int]], params: SamplingParams, *, cache_domain: str
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        *,
+        cache_domain: str,
+        weight: float | None = None,
     ) -> list[AsyncIterator[StreamEvent]]:
         """Queues one engine request per prompt; on a refusal, aborts the ones already queued."""
         streams: list[AsyncIterator[StreamEvent]] = []
@@ -113,7 +118,7 @@ class RequestLifecycle:
             # `close` aborts the earlier prompts' requests.
             streams.append(
                 self.state.engine.submit(
-                    prompt, params, request_id=engine_id, cache_domain=cache_domain
+                    prompt, params, request_id=engine_id, cache_domain=cache_domain, weight=weight
                 )
             )
             self._engine_ids.append(engine_id)

@@ -94,6 +94,7 @@ class FakeEngine:
         cache_domain: str,
         adapter: str | None = None,
         cache: bool = True,
+        weight: float | None = None,
     ) -> AsyncIterator[StreamEvent]:
         """Validates like the engine, then returns the stream."""
         if len(prompt_token_ids) + (params.max_tokens or 1) > self.max_model_len:
