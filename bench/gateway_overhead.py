@@ -37,7 +37,6 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cloister.settings import Settings  # noqa: E402
-
 from engine.async_engine import AsyncEngine  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 from tests.gateway.processes import (  # noqa: E402

@@ -30,7 +30,6 @@ sys.path[:0] = [
 from admin.metering import MeteringSink  # noqa: E402
 from admin.models import UsageRow  # noqa: E402
 from gateway.usage import UsageRecord  # noqa: E402
-
 from tenancy.db import make_engine, make_session_factory, normalize_url, upgrade_database  # noqa: E402
 
 

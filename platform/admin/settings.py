@@ -1,11 +1,10 @@
-"""Admin service settings, as a pydantic model the service-wide Settings can embed."""
+"""Admin service settings: the slice of the one Settings object (CLOISTER_ADMIN_*) it reads."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class AdminSettings(BaseModel):
@@ -31,31 +30,3 @@ class AdminSettings(BaseModel):
     usage_retention_days: int = Field(default=90, ge=1)
     metering_batch: int = Field(default=256, ge=1)
     metering_retry_s: float = Field(default=2.0, gt=0)
-
-
-class AdminEnvSettings(BaseSettings):
-    """AdminSettings read from CLOISTER_ADMIN_* variables (the CLI and `cloister admin serve`)."""
-
-    model_config = SettingsConfigDict(env_prefix="CLOISTER_ADMIN_", frozen=True, extra="ignore")
-
-    oidc_issuer: str | None = None
-    oidc_client_id: str | None = None
-    oidc_client_secret: SecretStr | None = None
-    oidc_redirect_uri: str | None = None
-    audit_signing_key: SecretStr | None = None
-    audit_checkpoint_every: int = 1000
-    spool_path: Path | None = None
-    usage_retention_days: int = 90
-
-    def to_admin(self, data_dir: Path) -> AdminSettings:
-        """The AdminSettings these variables describe; the spool defaults into `data_dir`."""
-        return AdminSettings(
-            oidc_issuer=self.oidc_issuer,
-            oidc_client_id=self.oidc_client_id,
-            oidc_client_secret=self.oidc_client_secret,
-            oidc_redirect_uri=self.oidc_redirect_uri,
-            audit_signing_key=self.audit_signing_key,
-            audit_checkpoint_every=self.audit_checkpoint_every,
-            spool_path=self.spool_path or data_dir / "usage-spool.jsonl",
-            usage_retention_days=self.usage_retention_days,
-        )

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import secrets
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from admin.settings import AdminSettings
 
 DEV_PEPPER = "cloister-development-pepper-change-me"
 
@@ -43,12 +48,51 @@ class Settings(BaseSettings):
     metrics_top_tenants: int = Field(default=20, ge=1)
     max_n: int = Field(default=16, ge=1)  # most choices one request may ask for
     otel_exporter: Literal["none", "console", "otlp"] = "none"
+    # Admin service (CLOISTER_ADMIN_*): OpenID Connect sign-in, audit signing, metering.
+    admin_oidc_issuer: str | None = None
+    admin_oidc_client_id: str | None = None
+    admin_oidc_client_secret: SecretStr | None = None
+    admin_oidc_redirect_uri: str | None = None
+    # Hex Ed25519 seed for audit checkpoints. In development a key is made once and kept in
+    # <data_dir>/audit-signing.key; production refuses to start without one.
+    admin_audit_signing_key: SecretStr | None = None
+    admin_audit_checkpoint_every: int = Field(default=1000, ge=1)
+    admin_spool_path: Path | None = None  # None: <data_dir>/usage-spool.jsonl
+    admin_usage_retention_days: int = Field(default=90, ge=1)
 
     @model_validator(mode="after")
     def _refuse_dev_secrets_in_production(self) -> Settings:
-        if self.environment == "production" and self.key_pepper.get_secret_value() == DEV_PEPPER:
-            raise ValueError("CLOISTER_KEY_PEPPER must be set in production")
+        if self.environment == "production":
+            if self.key_pepper.get_secret_value() == DEV_PEPPER:
+                raise ValueError("CLOISTER_KEY_PEPPER must be set in production")
+            if self.admin_audit_signing_key is None:
+                raise ValueError("CLOISTER_ADMIN_AUDIT_SIGNING_KEY must be set in production")
         return self
+
+    def admin_settings(self) -> AdminSettings:
+        """The admin service's slice of these settings."""
+        from admin.settings import AdminSettings
+
+        return AdminSettings(
+            oidc_issuer=self.admin_oidc_issuer,
+            oidc_client_id=self.admin_oidc_client_id,
+            oidc_client_secret=self.admin_oidc_client_secret,
+            oidc_redirect_uri=self.admin_oidc_redirect_uri,
+            audit_signing_key=self.admin_audit_signing_key or self._development_signing_key(),
+            audit_checkpoint_every=self.admin_audit_checkpoint_every,
+            spool_path=self.admin_spool_path or self.data_dir / "usage-spool.jsonl",
+            usage_retention_days=self.admin_usage_retention_days,
+        )
+
+    def _development_signing_key(self) -> SecretStr:
+        """A per-data-directory audit key for development, created once with mode 0600."""
+        path = self.data_dir / "audit-signing.key"
+        if not path.exists():
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w", encoding="ascii") as f:
+                f.write(secrets.token_hex(32))
+        return SecretStr(path.read_text(encoding="ascii").strip())
 
     @property
     def resolved_database_url(self) -> str:

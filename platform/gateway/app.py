@@ -6,10 +6,10 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from cloister.settings import Settings
 from fastapi import FastAPI
 from opentelemetry.sdk.trace import TracerProvider
 
+from cloister.settings import Settings
 from gateway.admission import AsyncLimiter
 from gateway.auth_cache import CachingAuthenticator
 from gateway.engine_client import EngineClient

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cloister.settings import Settings
 from fastapi import Request
 from opentelemetry.trace import Tracer
 
+from cloister.settings import Settings
 from gateway.admission import AsyncLimiter
 from gateway.auth_cache import AuthenticatorLike, CachingAuthenticator
 from gateway.engine_client import EngineClient

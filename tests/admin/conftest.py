@@ -7,13 +7,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
+
 from admin.app import create_admin_app, make_services
 from admin.deps import AdminServices
 from admin.identity import create_admin_token
 from admin.settings import AdminSettings
-from fastapi.testclient import TestClient
-from sqlalchemy.orm import Session, sessionmaker
-
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 

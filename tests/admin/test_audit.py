@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from admin.audit_chain import (
     GENESIS,
     checkpoint_digest,
@@ -18,7 +19,6 @@ from admin.audit_chain import (
     verify,
 )
 from admin.audit_log import AuditLog
-
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tests.admin.conftest import SIGNING_SEED
 

@@ -7,11 +7,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from fastapi.routing import APIRoute
+
 from admin import registry
 from admin.identity import create_admin_token
 from admin.models import AuditEvent
-from fastapi.routing import APIRoute
-
 from tenancy import store
 from tests.admin.conftest import PEPPER, AdminEnv
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+
 from admin import billing, registry
 from admin.metering import MeteringSink
 from admin.models import UsageRow
 from gateway.usage import UsageRecord
-
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 
 P1 = registry.Prices(input=150_000, cached_input=75_000, output=600_000)  # $0.15/$0.075/$0.60 per M

@@ -8,10 +8,10 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
+
 from cloister.commands import admin as admin_cmd
 from cloister.commands import audit as audit_cmd
 from cloister.commands import billing as billing_cmd
-
 from tests.admin.conftest import SIGNING_SEED
 
 
@@ -36,11 +36,10 @@ def test_create_token_json_then_audit_round_trip(cli: click.Group, tmp_path: Pat
     bad = runner.invoke(cli, ["admin", "create-token", "--role", "tenant-admin"])
     assert bad.exit_code != 0
     # Some audited actions through the API, then verify from the CLI.
-    from admin.app import create_admin_app, make_services
-    from admin.settings import AdminEnvSettings
-    from cloister.settings import Settings
     from fastapi.testclient import TestClient
 
+    from admin.app import create_admin_app, make_services
+    from cloister.settings import Settings
     from tenancy.db import make_engine, make_session_factory
 
     settings = Settings()
@@ -48,7 +47,7 @@ def test_create_token_json_then_audit_round_trip(cli: click.Group, tmp_path: Pat
     services = make_services(
         sessions,
         pepper=settings.key_pepper.get_secret_value(),
-        settings=AdminEnvSettings().to_admin(tmp_path),
+        settings=settings.admin_settings(),
     )
     client = TestClient(create_admin_app(services))
     for i in range(7):

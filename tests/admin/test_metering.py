@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
 from admin.metering import MeteringSink
 from admin.models import UsageHourly, UsageRow
 from admin.usage_store import write_usage
 from gateway.usage import UsageGuard, UsageRecord
-from sqlalchemy.exc import OperationalError
-from sqlalchemy.orm import Session, sessionmaker
-
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tests.utils.services import postgres_database
 

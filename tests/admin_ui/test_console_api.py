@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from admin.overview_stats import Sample, StatsSampler, overview, p95
-from admin.usage_store import write_usage
 from fastapi.testclient import TestClient
 
+from admin.overview_stats import Sample, StatsSampler, overview, p95
+from admin.usage_store import write_usage
 from tenancy import store
 from tests.admin.conftest import AdminEnv, make_env
 

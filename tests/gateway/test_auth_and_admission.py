@@ -9,9 +9,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from gateway.admission import AsyncLimiter
 from gateway.auth_cache import CachingAuthenticator
-
 from tenancy.errors import AuthenticationError, RateLimitedError
 from tenancy.limiter.memory import MemoryLimiter
 from tenancy.limits import LimitValues, merge_limits

@@ -11,13 +11,13 @@ import httpx
 import pytest
 import redis
 from click.testing import CliRunner
+from opentelemetry import trace
+
 from cloister.logging_setup import configure_logging, redact
 from gateway.engine_client import EngineSnapshot
 from gateway.metrics import GatewayMetrics
 from gateway.ratelimit_headers import format_duration
 from gateway.tracing import extract_context
-from opentelemetry import trace
-
 from tenancy.limiter.redis_limiter import RedisLimiter
 from tests.gateway.conftest import make_test_engine, start_gateway
 from tests.utils.services import delete_prefix, redis_url

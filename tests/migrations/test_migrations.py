@@ -5,9 +5,9 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
-import admin.models  # noqa: F401  (registers the admin tables on the shared metadata)
 import sqlalchemy as sa
 
+import admin.models  # noqa: F401  (registers the admin tables on the shared metadata)
 from tenancy.db import downgrade_database, make_engine, upgrade_database
 from tenancy.models import Base
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner, Result
+
 from cloister.commands.keys import commands as key_commands
 from cloister.commands.tenants import commands as tenant_commands
-
 from tenancy.authenticator import Authenticator
 from tenancy.db import make_engine, make_session_factory
 from tenancy.errors import AuthenticationError

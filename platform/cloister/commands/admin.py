@@ -15,7 +15,6 @@ from cloister.settings import Settings
 @contextmanager
 def admin_context() -> Iterator[tuple[Settings, Any, Any]]:
     """(settings, session factory, AdminSettings) on the migrated configured database."""
-    from admin.settings import AdminEnvSettings
 
     from tenancy.db import make_engine, make_session_factory, upgrade_database
 
@@ -25,7 +24,7 @@ def admin_context() -> Iterator[tuple[Settings, Any, Any]]:
     upgrade_database(url)
     engine = make_engine(url)
     try:
-        yield settings, make_session_factory(engine), AdminEnvSettings().to_admin(settings.data_dir)
+        yield settings, make_session_factory(engine), settings.admin_settings()
     finally:
         engine.dispose()
 
@@ -43,7 +42,6 @@ def admin() -> None:
 def create_token(role: str, tenant: str | None, name: str | None, as_json: bool) -> None:
     """Create an admin API token; the secret is printed once."""
     from admin.identity import create_admin_token
-
     from tenancy.errors import TenancyError
 
     with admin_context() as (settings, sessions, _admin), sessions() as session:
@@ -68,7 +66,6 @@ def create_token(role: str, tenant: str | None, name: str | None, as_json: bool)
 def revoke_token(token_id: str) -> None:
     """Revoke an admin API token by id."""
     from admin.identity import revoke_admin_token
-
     from tenancy.errors import TenancyError
 
     with admin_context() as (_settings, sessions, _admin), sessions() as session:
@@ -85,6 +82,7 @@ def revoke_token(token_id: str) -> None:
 def serve(host: str | None, port: int | None) -> None:
     """Serve only the admin API (/admin/api/v1)."""
     import uvicorn
+
     from admin.app import create_admin_app, make_services
 
     with admin_context() as (settings, sessions, admin_settings):

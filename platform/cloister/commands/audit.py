@@ -37,7 +37,6 @@ def verify(export_file: Path | None, public_key: str | None) -> None:
     from admin.app import make_services
     from admin.audit_chain import parse_export
     from admin.audit_chain import verify as verify_chain
-
     from cloister.commands.admin import admin_context
 
     with admin_context() as (settings, sessions, admin_settings):
@@ -68,7 +67,6 @@ def verify(export_file: Path | None, public_key: str | None) -> None:
 def export(output: Path | None) -> None:
     """Export the log as JSON lines with a signed manifest and the checkpoints."""
     from admin.app import make_services
-
     from cloister.commands.admin import admin_context
 
     with admin_context() as (settings, sessions, admin_settings):

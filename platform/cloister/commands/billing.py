@@ -22,7 +22,6 @@ def billing() -> None:
 def export(period: str, fmt: str, tenant: str | None, output: Path | None) -> None:
     """One line per tenant x model x adapter x day, costs from the prices at the time of use."""
     from admin import billing as billing_data
-
     from cloister.commands.admin import admin_context
     from tenancy import store
     from tenancy.errors import TenancyError

@@ -52,7 +52,6 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
     """
     from gateway.app import create_app
     from gateway.engine_client import InProcessEngineClient
-
     from tenancy.authenticator import Authenticator
     from tenancy.db import make_engine, make_session_factory
     from tenancy.limiter import make_limiter
@@ -84,10 +83,9 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
     from admin.app import make_services
     from admin.metering import MeteringSink
     from admin.router import create_admin_router
-    from admin.settings import AdminEnvSettings
     from admin.ui import gateway_engine_stats, mount_console
 
-    admin_settings = AdminEnvSettings().to_admin(settings.data_dir)
+    admin_settings = settings.admin_settings()
     services = make_services(
         sessions, pepper=settings.key_pepper.get_secret_value(), settings=admin_settings
     )

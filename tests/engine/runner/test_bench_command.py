@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from click.testing import CliRunner
+
 from cloister.commands.bench import BENCH_SCRIPT, commands
 
 
