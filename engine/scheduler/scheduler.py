@@ -93,7 +93,8 @@ class Scheduler:
             seq = self.waiting.peek()
             if seq is None:
                 break
-            computed_blocks, num_computed = ([], 0)
+            computed_blocks: list[int] = []
+            num_computed = 0
             if seq.use_cache and not seq.block_ids:
                 computed_blocks, num_computed = self.kv.get_computed_blocks(seq)
             seq.num_computed_tokens = num_computed

@@ -32,20 +32,46 @@ logger = logging.getLogger("cloister.metering")
 
 
 class UsageLike(Protocol):
-    """The fields of gateway.usage.UsageRecord that metering reads (adapter optional)."""
+    """The fields of gateway.usage.UsageRecord that metering reads (adapter optional).
 
-    request_id: str
-    tenant_id: str
-    key_id: str
-    model: str
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    ttft_s: float | None
-    latency_s: float
-    status: int
-    finish_reason: str | None
-    client_disconnected: bool
+    Read-only members, so that frozen records satisfy it.
+    """
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def tenant_id(self) -> str: ...
+
+    @property
+    def key_id(self) -> str: ...
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def prompt_tokens(self) -> int: ...
+
+    @property
+    def cached_tokens(self) -> int: ...
+
+    @property
+    def completion_tokens(self) -> int: ...
+
+    @property
+    def ttft_s(self) -> float | None: ...
+
+    @property
+    def latency_s(self) -> float: ...
+
+    @property
+    def status(self) -> int: ...
+
+    @property
+    def finish_reason(self) -> str | None: ...
+
+    @property
+    def client_disconnected(self) -> bool: ...
 
 
 def usage_row(usage: UsageLike, occurred_at: dt.datetime) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import hashlib
 import hmac
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import PlainTextResponse, RedirectResponse
@@ -189,7 +189,7 @@ def add_ops_routes(
         ctx: Ctx,
         start: dt.datetime,
         end: dt.datetime,
-        granularity: str = "day",
+        granularity: Literal["hour", "day"] = "day",
         tenant_id: str | None = None,
         key_id: str | None = None,
         model: str | None = None,
@@ -210,7 +210,7 @@ def add_ops_routes(
             model=model,
             adapter=adapter,
             by_key=by_key,
-        )  # type: ignore[arg-type]
+        )
         return {"items": [b.__dict__ for b in buckets]}
 
     @router.get("/billing/export")

@@ -25,6 +25,7 @@ class UsageRecord:
     status: int  # the HTTP status the client got (200 also for a stream cut short)
     finish_reason: str | None
     client_disconnected: bool
+    adapter: str | None = None  # the LoRA adapter served, when there is one
 
 
 class UsageSink(Protocol):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import cast
 
 import click
 
@@ -34,7 +35,7 @@ def generate(
     attention_backend: str,
 ) -> None:
     """Streams a completion for PROMPT to standard output."""
-    from engine.config import EngineConfig, ModelConfig
+    from engine.config import AttentionBackendName, EngineConfig, ModelConfig
     from engine.errors import EngineError
     from engine.llm_engine import LLMEngine
     from engine.model.loader import load_model
@@ -46,8 +47,9 @@ def generate(
         )
         loaded = load_model(model, dtype=ModelConfig.dtype, device="cpu", progress=True)
         config = EngineConfig(
-            model=ModelConfig(path=model or ""), attention_backend=attention_backend
-        )  # type: ignore[arg-type]
+            model=ModelConfig(path=model or ""),
+            attention_backend=cast(AttentionBackendName, attention_backend),
+        )
         engine = LLMEngine(config, loaded)
         click.echo(engine.capacity.describe(), err=True)
         tokenizer = engine.tokenizer
