@@ -23,6 +23,30 @@ from engine.model.rope import RotaryEmbedding, rope_scaling_dict
 _IGNORED_WEIGHTS = ("rotary_emb.inv_freq",)
 
 
+def pack_linears(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Concatenates the weights (and biases) of Linears that read the same input.
+
+    Each Linear's parameters become views into the packed tensors, so the memory is
+    not doubled and the HF-named parameters still show the loaded values. Fewer,
+    wider GEMMs run markedly faster on the CPU, and launch less on the GPU.
+    """
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    biases = [lin.bias for lin in linears]
+    bias = (
+        torch.cat([b.detach() for b in biases if b is not None])
+        if all(b is not None for b in biases)
+        else None
+    )
+    row = 0
+    for lin in linears:
+        rows = lin.weight.shape[0]
+        lin.weight = nn.Parameter(weight[row : row + rows], requires_grad=False)
+        if bias is not None:
+            lin.bias = nn.Parameter(bias[row : row + rows], requires_grad=False)
+        row += rows
+    return weight, bias
+
+
 class RMSNorm(nn.Module):
     """Root-mean-square norm, computed in float32 like the reference implementation."""
 
@@ -57,6 +81,16 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(
             q_size, arch.hidden_size, bias=bias and arch.architecture != "qwen2"
         )
+        self._sizes = [q_size, kv_size, kv_size]
+        # Packed copies are non-persistent buffers: `.to()` moves them, state dicts skip them.
+        self.qkv_weight: torch.Tensor | None
+        self.qkv_bias: torch.Tensor | None
+        self.register_buffer("qkv_weight", None, persistent=False)
+        self.register_buffer("qkv_bias", None, persistent=False)
+
+    def fuse(self) -> None:
+        """Packs q/k/v into one matrix so one GEMM computes all three (see `pack_linears`)."""
+        self.qkv_weight, self.qkv_bias = pack_linears(self.q_proj, self.k_proj, self.v_proj)
 
     def forward(
         self,
@@ -67,9 +101,13 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]."""
         t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        if self.qkv_weight is not None:
+            q2, k2, v2 = torch.split(F.linear(x, self.qkv_weight, self.qkv_bias), self._sizes, -1)
+        else:
+            q2, k2, v2 = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q2.view(t, self.num_heads, self.head_dim)
+        k = k2.view(t, self.num_kv_heads, self.head_dim)
+        v = v2.view(t, self.num_kv_heads, self.head_dim)
         q, k = rotary(positions, q, k)
         kv_cache = ctx.kv_caches[self.layer_idx]
         out = ctx.backend.forward(q, k, v, kv_cache, ctx.meta, self.scale)
@@ -85,10 +123,21 @@ class LlamaMLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self._intermediate = intermediate
+        self.gate_up_weight: torch.Tensor | None
+        self.register_buffer("gate_up_weight", None, persistent=False)
+
+    def fuse(self) -> None:
+        """Packs gate and up into one matrix so one GEMM computes both."""
+        self.gate_up_weight = pack_linears(self.gate_proj, self.up_proj)[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]."""
-        out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_weight is not None:
+            gate, up = torch.split(F.linear(x, self.gate_up_weight), self._intermediate, -1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        out: torch.Tensor = self.down_proj(F.silu(gate) * up)
         return out
 
 
@@ -212,3 +261,11 @@ class LlamaForCausalLM(nn.Module):
             missing.discard(name)
         if missing:
             raise UnsupportedModelError(f"checkpoint lacks weights: {sorted(missing)[:8]}")
+        self.fuse()
+
+    def fuse(self) -> None:
+        """Packs each layer's q/k/v and gate/up projections (done once weights are final)."""
+        for layer in self.model.layers:
+            assert isinstance(layer, LlamaDecoderLayer)
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
