@@ -104,12 +104,16 @@ class MeteringSink:
         *,
         batch: int = 256,
         retry_s: float = 2.0,
+        linger_s: float = 0.05,
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
     ) -> None:
         self._sessions = sessions
         self.spool = UsageSpool(spool_path)
         self._batch = batch
         self._retry_s = retry_s
+        # After the first record, wait this long for more so that a busy gateway commits
+        # once per batch rather than once per request.
+        self._linger_s = linger_s
         self._clock = clock
         self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
@@ -171,16 +175,19 @@ class MeteringSink:
         except queue.Empty:
             return rows, 0
         taken += 1
-        if item is not None:
-            rows.append(item)
+        if item is None:
+            return rows, taken
+        rows.append(item)
+        deadline = time.monotonic() + self._linger_s
         while len(rows) < self._batch:
             try:
-                item = self._queue.get_nowait()
+                item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 break
             taken += 1
-            if item is not None:
-                rows.append(item)
+            if item is None:  # close(): write what we have now
+                break
+            rows.append(item)
         return rows, taken
 
     def _run(self) -> None:
