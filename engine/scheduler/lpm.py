@@ -8,36 +8,23 @@ cached tokens goes first, ties by arrival.
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Iterator
-
 from engine.kv_cache.manager import KVCacheManager
+from engine.scheduler.queue import FcfsQueue
 from engine.sequence import Sequence
 
 # Bounds the lookups one `peek` makes; deeper in the queue order stays FCFS.
 MAX_CANDIDATES = 32
 
 
-class LpmQueue:
-    """`WaitingQueue` that prefers the longest cached prefix within the head's domain."""
+class LpmQueue(FcfsQueue):
+    """`WaitingQueue` that prefers the longest cached prefix within the head's domain.
+
+    Arrival order, preemption and removal are FCFS's; only the choice of `peek` differs.
+    """
 
     def __init__(self, kv: KVCacheManager) -> None:
+        super().__init__()
         self.kv = kv
-        self._q: deque[Sequence] = deque()
-
-    def __len__(self) -> int:
-        return len(self._q)
-
-    def __iter__(self) -> Iterator[Sequence]:
-        return iter(self._q)
-
-    def push(self, seq: Sequence) -> None:
-        """Appends at the back."""
-        self._q.append(seq)
-
-    def push_front(self, seq: Sequence) -> None:
-        """Puts a preempted sequence back at the front."""
-        self._q.appendleft(seq)
 
     def peek(self) -> Sequence | None:
         """Among the head domain's first waiting sequences, the one with the longest match."""
@@ -57,21 +44,3 @@ class LpmQueue:
             if seen >= MAX_CANDIDATES:
                 break
         return best
-
-    def pop(self, seq: Sequence) -> None:
-        """Removes the admitted sequence."""
-        self._q.remove(seq)
-
-    def remove(self, seq: Sequence) -> bool:
-        """Removes `seq` if present."""
-        try:
-            self._q.remove(seq)
-        except ValueError:
-            return False
-        return True
-
-    def charge(self, seq: Sequence, tokens: int) -> None:
-        """LPM keeps no service accounts."""
-
-    def set_weight(self, domain: str, weight: float) -> None:
-        """LPM ignores weights."""

@@ -69,7 +69,7 @@ def _require_chromium() -> None:
     if not Path(CHROMIUM).exists():
         if os.environ.get("CLOISTER_REQUIRE_SERVICES") == "1":
             pytest.fail(f"{CHROMIUM} is required (CLOISTER_REQUIRE_SERVICES=1)")
-        pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)")
+        pytest.skip(reason=f"{CHROMIUM} is not installed (apt-get install chromium)")
 
 
 def _wait_ready(proc: subprocess.Popen[bytes], base: str, log: Path) -> None:

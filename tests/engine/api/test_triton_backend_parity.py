@@ -15,7 +15,8 @@ from engine import LLM, SamplingParams
 
 if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip(
-        "triton needs CUDA or TRITON_INTERPRET=1 (scripts/test sets it)", allow_module_level=True
+        reason="triton needs CUDA or TRITON_INTERPRET=1 (scripts/test sets it)",
+        allow_module_level=True,
     )
 
 PROMPTS = ["Paged attention", "A prompt long enough to cover a few KV blocks of eight tokens each"]

@@ -70,7 +70,7 @@ def _backend(name: str) -> AttentionBackend:
     if name == "torch":
         return TorchAttentionBackend()
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("triton needs CUDA or TRITON_INTERPRET=1 (scripts/test sets it)")
+        pytest.skip(reason="triton needs CUDA or TRITON_INTERPRET=1 (scripts/test sets it)")
     from engine.attention.triton_backend import TritonAttentionBackend
 
     return TritonAttentionBackend()
