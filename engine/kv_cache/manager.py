@@ -238,7 +238,8 @@ class KVCacheManager:
         need = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - have
         if computed:
             self._acquire(computed)
-        if need > 0 and not self._make_room(need, seq.cache_domain):
+        own = len(seq.block_ids) + len(computed)
+        if need > 0 and not self._make_room(need, seq.cache_domain, own):
             if computed:
                 self._release(computed)
             return False
@@ -269,17 +270,18 @@ class KVCacheManager:
             self.query_tokens += queried
             self.hit_tokens += hit
 
-    def _make_room(self, need: int, domain: str) -> bool:
+    def _make_room(self, need: int, domain: str, own: int) -> bool:
+        """Frees `need` blocks for a sequence of `domain` that already holds `own` blocks."""
         short = need - self.pool.num_uncached_free
         if short <= 0:
             return True
         ignore_floors = False
         if self.ledger.evictable_for(domain) < short:
-            # Floors give way only when nothing else holds blocks: waiting could not help.
-            if (
-                self.pool.num_free + len(self._pinned) < self.num_blocks
-                or self.pool.num_idle < short
-            ):
+            # Floors give way only when no other sequence holds blocks: waiting could not
+            # help then, and a lone sequence that cannot grow would be preempted and
+            # re-admitted forever (a strict partition smaller than one request).
+            in_use_by_others = self.num_blocks - self.pool.num_free - len(self._pinned) - own
+            if in_use_by_others > 0 or self.pool.num_idle < short:
                 return False
             ignore_floors = True
         for _ in range(short):

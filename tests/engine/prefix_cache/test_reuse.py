@@ -172,3 +172,28 @@ def test_concurrent_duplicates_are_deduplicated(mode: str) -> None:
     assert a.output_token_ids == b.output_token_ids
     assert len(d.kv.cached_block_ids()) == 3  # one copy of the 3 full blocks
     d.assert_clean()
+
+
+@pytest.mark.parametrize("mode", ["hash", "radix"])
+def test_a_lone_request_larger_than_the_free_share_still_finishes(mode: str) -> None:
+    # Found by the property test: strict partitions hold 8 of 16 blocks as idle cache and
+    # 4 are pinned by a published prefix. A 17-token request of a third domain needs 5;
+    # it must be allowed to reclaim others' idle blocks once it is alone, instead of being
+    # preempted and re-admitted forever.
+    d = CacheDriver.make(
+        mode,
+        num_blocks=16,
+        policy=CachePolicy(min_cached_blocks=4, strict=True),
+        published=(tuple(range(500, 516)),),
+        max_num_batched_tokens=16,
+        max_num_seqs=4,
+    )
+    d.add([*range(500, 516), 1, 2, 3, 4, 5], 1, "a")  # computes and pins the published blocks
+    d.add(list(range(1, 17)), 1, "a")
+    d.add(list(range(100, 116)), 1, "b")
+    d.run()
+    assert d.kv.pool.num_uncached_free == 4
+    lone = d.add(list(range(200, 217)), 2, "c", use_cache=False)
+    d.run(max_steps=200)
+    assert lone.finish_reason == "length" and len(lone.output_token_ids) == 2
+    d.assert_clean()
