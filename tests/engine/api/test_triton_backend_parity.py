@@ -13,11 +13,9 @@ import torch
 
 from engine import LLM, SamplingParams
 
+NO_TRITON = "triton needs CUDA or TRITON_INTERPRET=1 (scripts/test sets it)"
 if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip(
-        reason="triton needs CUDA or TRITON_INTERPRET=1 (scripts/test sets it)",
-        allow_module_level=True,
-    )
+    pytest.skip(reason=NO_TRITON, allow_module_level=True)
 
 PROMPTS = ["Paged attention", "A prompt long enough to cover a few KV blocks of eight tokens each"]
 
