@@ -7,12 +7,17 @@ cache domain, submit; and, for non-streaming calls, collect every choice.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
+from fastapi import Response
+
 from engine.outputs import PositionLogprobs, StreamEvent
+from gateway.errors import status_of
 from gateway.lifecycle import RequestLifecycle
 from gateway.params import build_sampling_params, resolve_max_tokens
 from gateway.schemas.common import SamplingFields
+from gateway.sse import SettlingStreamingResponse
 from tenancy.principal import derive_cache_domain
 
 
@@ -90,3 +95,24 @@ async def collect(life: RequestLifecycle, submitted: Submitted) -> list[ChoiceSt
                 choice.finish_reason = delta.finish_reason
     life.completed = True
     return choices
+
+
+@asynccontextmanager
+async def settled_on_error(life: RequestLifecycle) -> AsyncIterator[None]:
+    """Closes the request with the status its error maps to (usage, limiter), then re-raises."""
+    try:
+        yield
+    except BaseException as exc:
+        await life.close(status_of(exc))
+        raise
+
+
+def stream_response(
+    life: RequestLifecycle, chunks: AsyncIterator[bytes], submitted: Submitted
+) -> Response:
+    """The SSE response; the request is settled when the stream ends or the client leaves."""
+    return SettlingStreamingResponse(
+        chunks,
+        on_close=lambda: life.close(200, disconnected=not life.completed),
+        headers=submitted.headers,
+    )

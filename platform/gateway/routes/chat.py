@@ -9,8 +9,15 @@ from fastapi import APIRouter, Request, Response
 
 from engine.outputs import PositionLogprobs
 from gateway.body import parse_body
-from gateway.errors import InvalidParameterError, status_of
-from gateway.generation import Submitted, admit_and_submit, choice_index, collect
+from gateway.errors import InvalidParameterError
+from gateway.generation import (
+    Submitted,
+    admit_and_submit,
+    choice_index,
+    collect,
+    settled_on_error,
+    stream_response,
+)
 from gateway.lifecycle import RequestLifecycle
 from gateway.params import vet_extra_fields
 from gateway.schemas.chat import (
@@ -28,7 +35,6 @@ from gateway.schemas.chat import (
 from gateway.schemas.common import make_usage
 from gateway.sse import (
     DONE,
-    SettlingStreamingResponse,
     json_model_response,
     sse_event,
     sse_model,
@@ -83,7 +89,7 @@ def _prompt_ids(life: RequestLifecycle, body: ChatCompletionRequest) -> list[int
 async def create_chat_completion(request: Request) -> Response:
     """Creates a model response for a conversation; streamed as SSE with stream=true."""
     life = RequestLifecycle(app_state(request), id_prefix="chatcmpl", headers=request.headers)
-    try:
+    async with settled_on_error(life):
         await life.authenticate(request.headers.get("authorization"))
         body = await parse_body(request, ChatCompletionRequest)
         life.resolve_model(body.model)
@@ -103,15 +109,8 @@ async def create_chat_completion(request: Request) -> Response:
             logprobs=_engine_logprobs(body),
         )
         if body.stream:
-            return SettlingStreamingResponse(
-                _stream(life, body, submitted),
-                on_close=lambda: life.close(200, disconnected=not life.completed),
-                headers=submitted.headers,
-            )
+            return stream_response(life, _stream(life, body, submitted), submitted)
         choices = await collect(life, submitted)
-    except BaseException as exc:
-        await life.close(status_of(exc))
-        raise
     await life.close(200)
     response = ChatCompletion(
         id=life.request_id,

@@ -8,8 +8,15 @@ from fastapi import APIRouter, Request, Response
 
 from engine.outputs import PositionLogprobs
 from gateway.body import parse_body
-from gateway.errors import InvalidParameterError, status_of
-from gateway.generation import Submitted, admit_and_submit, choice_index, collect
+from gateway.errors import InvalidParameterError
+from gateway.generation import (
+    Submitted,
+    admit_and_submit,
+    choice_index,
+    collect,
+    settled_on_error,
+    stream_response,
+)
 from gateway.lifecycle import RequestLifecycle
 from gateway.params import vet_extra_fields
 from gateway.schemas.common import make_usage
@@ -21,7 +28,6 @@ from gateway.schemas.completions import (
 )
 from gateway.sse import (
     DONE,
-    SettlingStreamingResponse,
     json_model_response,
     sse_event,
     sse_model,
@@ -87,7 +93,7 @@ def _vet_legacy(body: CompletionRequest) -> None:
 async def create_completion(request: Request) -> Response:
     """Completes one or more prompts; streamed as SSE with stream=true."""
     life = RequestLifecycle(app_state(request), id_prefix="cmpl", headers=request.headers)
-    try:
+    async with settled_on_error(life):
         await life.authenticate(request.headers.get("authorization"))
         body = await parse_body(request, CompletionRequest)
         life.resolve_model(body.model)
@@ -102,15 +108,8 @@ async def create_completion(request: Request) -> Response:
             logprobs=body.logprobs,
         )
         if body.stream:
-            return SettlingStreamingResponse(
-                _stream(life, body, submitted),
-                on_close=lambda: life.close(200, disconnected=not life.completed),
-                headers=submitted.headers,
-            )
+            return stream_response(life, _stream(life, body, submitted), submitted)
         choices = await collect(life, submitted)
-    except BaseException as exc:
-        await life.close(status_of(exc))
-        raise
     await life.close(200)
     response = Completion(
         id=life.request_id,
