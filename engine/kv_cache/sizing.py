@@ -7,6 +7,11 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import CacheConfig, ModelArchitecture
+from engine.errors import EngineError
+
+
+class InsufficientMemoryError(EngineError):
+    """The memory budget (after weights and activations, on a GPU) holds no KV block."""
 
 
 @dataclass(frozen=True)
@@ -66,16 +71,28 @@ def plan_kv_capacity(
     A pool sized from a memory fraction is capped at `max_useful_tokens` (every running
     sequence at full context, plus room for the prefix cache): more would only hold memory.
     """
-    per_block = bytes_per_block(arch, cache.block_size, dtype)
     if cache.num_blocks is not None:
-        num_blocks = cache.num_blocks
-    elif cache.kv_cache_bytes is not None:
-        num_blocks = cache.kv_cache_bytes // per_block
-    else:
-        budget = int(available_memory_bytes(device) * cache.memory_fraction)
-        num_blocks = budget // per_block
-        if max_useful_tokens is not None:
-            num_blocks = min(num_blocks, -(-max_useful_tokens // cache.block_size))
+        per_block = bytes_per_block(arch, cache.block_size, dtype)
+        return KVCapacity(cache.num_blocks, cache.block_size, per_block)
+    if cache.kv_cache_bytes is not None:
+        return capacity_from_budget(cache.kv_cache_bytes, arch, cache, dtype)
+    budget = int(available_memory_bytes(device) * cache.memory_fraction)
+    return capacity_from_budget(budget, arch, cache, dtype, max_useful_tokens=max_useful_tokens)
+
+
+def capacity_from_budget(
+    budget_bytes: int,
+    arch: ModelArchitecture,
+    cache: CacheConfig,
+    dtype: torch.dtype,
+    *,
+    max_useful_tokens: int | None = None,
+) -> KVCapacity:
+    """Blocks that fit `budget_bytes`, capped at what the running sequences can ever use."""
+    per_block = bytes_per_block(arch, cache.block_size, dtype)
+    num_blocks = budget_bytes // per_block
+    if max_useful_tokens is not None:
+        num_blocks = min(num_blocks, -(-max_useful_tokens // cache.block_size))
     if num_blocks < 1:
-        raise ValueError(f"the KV budget holds no block of {per_block} bytes; raise kv_cache_bytes")
+        raise InsufficientMemoryError(f"a {budget_bytes}-byte KV budget holds no block")
     return KVCapacity(num_blocks=num_blocks, block_size=cache.block_size, bytes_per_block=per_block)

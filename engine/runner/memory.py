@@ -21,14 +21,14 @@ import torch
 
 from engine.attention.backend import AttentionBackend, AttentionMetadata
 from engine.config import CacheConfig, ModelArchitecture, SchedulerConfig
-from engine.errors import EngineError
-from engine.kv_cache.sizing import KVCapacity, bytes_per_block, plan_kv_capacity
+from engine.kv_cache.sizing import (
+    InsufficientMemoryError,
+    KVCapacity,
+    capacity_from_budget,
+    plan_kv_capacity,
+)
 from engine.model.forward_context import ForwardContext
 from engine.model.llama import LlamaForCausalLM
-
-
-class InsufficientMemoryError(EngineError):
-    """The weights and activations leave no room for a KV pool under the utilization cap."""
 
 
 @dataclass(frozen=True)
@@ -66,24 +66,6 @@ def kv_cache_budget(profile: MemoryProfile, utilization: float) -> int:
             "max_num_batched_tokens"
         )
     return budget
-
-
-def capacity_from_budget(
-    budget_bytes: int,
-    arch: ModelArchitecture,
-    cache: CacheConfig,
-    dtype: torch.dtype,
-    *,
-    max_useful_tokens: int | None = None,
-) -> KVCapacity:
-    """Blocks that fit `budget_bytes`, capped at what the running sequences can ever use."""
-    per_block = bytes_per_block(arch, cache.block_size, dtype)
-    num_blocks = budget_bytes // per_block
-    if max_useful_tokens is not None:
-        num_blocks = min(num_blocks, -(-max_useful_tokens // cache.block_size))
-    if num_blocks < 1:
-        raise InsufficientMemoryError(f"a {budget_bytes}-byte KV budget holds no block")
-    return KVCapacity(num_blocks=num_blocks, block_size=cache.block_size, bytes_per_block=per_block)
 
 
 @dataclass(frozen=True)
