@@ -59,6 +59,11 @@ class RequestStream:
         return item
 
 
+def _push_all(batch: list[tuple[RequestStream, StreamEvent]]) -> None:
+    for stream, event in batch:
+        stream._push(event)
+
+
 @dataclass(frozen=True)
 class _Add:
     stream: RequestStream
@@ -237,14 +242,21 @@ class AsyncEngine:
                         stream, EngineError(f"the engine failed this request: {failed.__cause__}")
                     )
             events = []
+        batch: list[tuple[RequestStream, StreamEvent]] = []
         for event in events:
             stream = self._streams.get(event.request_id)
             if stream is None:
                 continue
             if event.finished:
                 del self._streams[event.request_id]
-            self._deliver(stream, event)
+            batch.append((stream, event))
         self._stats = self.engine.stats()
+        if batch:
+            # One wake-up of the caller's loop per step, not per request: each
+            # cross-thread call costs a syscall and a GIL hand-over.
+            assert self._loop is not None
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody listens
+                self._loop.call_soon_threadsafe(_push_all, batch)
 
     def _deliver(self, stream: RequestStream, item: StreamEvent | BaseException) -> None:
         assert self._loop is not None
