@@ -59,6 +59,25 @@ def test_folder_tokenizer_round_trip_and_chat(tiny_llama_dir: Path) -> None:
     assert "<|im_start|>user\nyo<|im_end|>\n<|im_start|>assistant\n" in rendered
 
 
+@pytest.mark.parametrize("special", [True, False])
+def test_encode_agrees_with_transformers(tiny_llama_dir: Path, special: bool) -> None:
+    # encode() calls the Rust tokenizer directly; it must give what transformers gives,
+    # added tokens, odd whitespace and non-ASCII text included.
+    tok = load_hf_tokenizer(tiny_llama_dir)
+    texts = [
+        "",
+        " leading space",
+        "tabs\tand\n\nnewlines  ",
+        "é ü 中文 🙂",
+        "<|im_start|>user\nHi<|im_end|>\n<|endoftext|>tail",
+        tok.apply_chat_template([{"role": "user", "content": "Write one sentence."}]),
+    ]
+    for text in texts:
+        assert tok.encode(text, add_special_tokens=special) == tok.hf.encode(
+            text, add_special_tokens=special
+        )
+
+
 def test_missing_chat_template_is_a_clear_request_error(tiny_llama_dir: Path) -> None:
     tok = load_hf_tokenizer(tiny_llama_dir)
     tok.hf.chat_template = None
