@@ -15,6 +15,7 @@ from gateway.auth_cache import CachingAuthenticator
 from gateway.engine_client import EngineClient
 from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
+from gateway.request_ids import RequestIds
 from gateway.routes import chat, completions, metrics, models
 from gateway.state import AppState, AuthenticatorLike
 from gateway.tracing import gateway_tracer, make_tracer_provider
@@ -54,6 +55,7 @@ def create_app(
         ),
         tracer=gateway_tracer(provider),
         started_at=int(time.time()),
+        request_ids=RequestIds(),
     )
 
     @asynccontextmanager

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Mapping
 
 import anyio
@@ -40,7 +39,7 @@ class RequestLifecycle:
 
     def __init__(self, state: AppState, *, id_prefix: str, headers: Mapping[str, str]) -> None:
         self.state = state
-        self.request_id = f"{id_prefix}-{uuid.uuid4().hex}"
+        self.request_id = state.request_ids.next(id_prefix)
         self.created = int(time.time())
         self.started = time.monotonic()
         self.span: Span = state.tracer.start_span(

@@ -12,6 +12,7 @@ from gateway.admission import AsyncLimiter
 from gateway.auth_cache import AuthenticatorLike, CachingAuthenticator
 from gateway.engine_client import EngineClient
 from gateway.metrics import GatewayMetrics
+from gateway.request_ids import RequestIds
 from gateway.usage import UsageSink
 
 __all__ = ["AppState", "AuthenticatorLike", "app_state"]
@@ -29,6 +30,7 @@ class AppState:
     metrics: GatewayMetrics
     tracer: Tracer
     started_at: int  # unix time the app started; the `created` of /v1/models
+    request_ids: RequestIds
 
     @property
     def served_models(self) -> tuple[str, ...]:
