@@ -76,15 +76,24 @@ def gateway_env(data_dir: Path, model_dir: Path, **settings: Any) -> dict[str, s
     return env
 
 
+SERVE_COMMAND = [sys.executable, "-c", "from cloister.cli import main; main()", "serve"]
+
+
 def spawn_gateway(
-    data_dir: Path, model_dir: Path, log_path: Path, **settings: Any
+    data_dir: Path,
+    model_dir: Path,
+    log_path: Path,
+    *,
+    command: list[str] | None = None,
+    **settings: Any,
 ) -> GatewayProcess:
-    """Starts `cloister serve` on a free port; does not wait for it (see `wait_ready`)."""
+    """Starts `cloister serve` (or `command`, configured by the same CLOISTER_* environment)
+    on a free port; does not wait for it (see `wait_ready`)."""
     port = free_port()
     env = gateway_env(data_dir, model_dir, port=port, **settings)
     log = log_path.open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from cloister.cli import main; main()", "serve"],
+        command or SERVE_COMMAND,
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -121,14 +130,20 @@ def stop(gw: GatewayProcess) -> None:
 
 @contextmanager
 def gateways(
-    data_dir: Path, model_dir: Path, log_dir: Path, configs: list[dict[str, Any]]
+    data_dir: Path,
+    model_dir: Path,
+    log_dir: Path,
+    configs: list[dict[str, Any]],
+    *,
+    command: list[str] | None = None,
 ) -> Iterator[list[GatewayProcess]]:
     """One gateway process per settings dict, on one database, started in parallel."""
     log_dir.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
         started = []
         for i, settings in enumerate(configs):
-            gw = spawn_gateway(data_dir, model_dir, log_dir / f"gateway-{i}.log", **settings)
+            log_path = log_dir / f"gateway-{i}.log"
+            gw = spawn_gateway(data_dir, model_dir, log_path, command=command, **settings)
             stack.callback(stop, gw)
             started.append(gw)
         for gw in started:

@@ -128,15 +128,22 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
 @click.option("--log-level", default=None, help="DEBUG, INFO, WARNING, ...")
 def serve(**flags: Any) -> None:
     """Serve the OpenAI-compatible API with an in-process engine."""
+    overrides = {k: v for k, v in flags.items() if v is not None}
+    run_server(Settings(**overrides))
+
+
+def run_server(settings: Settings, *, engine: Any | None = None) -> None:
+    """Migrates, wires and serves until stopped: all of `cloister serve` after its flags.
+
+    `engine` may be an already built AsyncEngine (benchmarks serve a fake fast model).
+    """
     import uvicorn
 
     from cloister.logging_setup import configure_logging
 
-    overrides = {k: v for k, v in flags.items() if v is not None}
-    settings = Settings(**overrides)
     configure_logging(settings.log_level)
     first_start = prepare_database(settings)
-    app = build_app(settings)
+    app = build_app(settings, engine=engine)
     if first_start:
         click.echo(
             FIRST_START_HINT.format(

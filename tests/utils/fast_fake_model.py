@@ -1,0 +1,59 @@
+"""A fake fast model: the real engine, tokenizer and chat template, with a forward pass
+that costs almost nothing, so that benchmarks of what surrounds the engine (the
+gateway) measure that and not matrix multiplies.
+
+The "model" keeps a random token table and answers every position with the logits
+of its input token's row, so greedy output is deterministic and depends on the
+prompt; KV blocks are allocated and freed by the engine as usual but never read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.async_engine import AsyncEngine
+from engine.llm_engine import LLMEngine, build_config
+from engine.model.loader import LoadedModel, load_model
+from tests.utils.tiny_model import make_tiny_model_dir
+
+FAKE_VOCAB_ROWS = 64  # distinct next-token rows; input token t uses row t % 64
+
+
+class FastFakeModel(torch.nn.Module):
+    """forward() -> one small hidden row per position; compute_logits() -> vocab logits."""
+
+    def __init__(self, vocab_size: int, seed: int = 0) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(seed)
+        self.register_buffer(
+            "logits_table", torch.randn(FAKE_VOCAB_ROWS, vocab_size, generator=gen)
+        )
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: Any) -> torch.Tensor:
+        """The row index of each position (as the hidden state); the KV cache is untouched."""
+        return input_ids % FAKE_VOCAB_ROWS
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits of each selected position's row."""
+        table: torch.Tensor = self.logits_table
+        return table[hidden]
+
+
+def fast_fake_engine(tmp_path: Path, **options: Any) -> AsyncEngine:
+    """An AsyncEngine over the fake model, with the tiny model's shape and SmolLM2's tokenizer."""
+    folder = make_tiny_model_dir(tmp_path)
+    config = build_config(str(folder), **options)
+    real = load_model(
+        str(folder), dtype=config.model.dtype, device=torch.device("cpu"), progress=False
+    )
+    fake = LoadedModel(
+        model=FastFakeModel(real.arch.vocab_size),  # type: ignore[arg-type]
+        arch=real.arch,
+        tokenizer=real.tokenizer,
+        revision=real.revision,
+        name=real.name,
+    )
+    return AsyncEngine(LLMEngine(config, fake))
