@@ -2,28 +2,130 @@
 
 Only rows that were really inserted (RETURNING) feed the rollups, so a replay of
 a row the database already has changes nothing anywhere.
+
+Every statement here is built once with a fixed shape, so SQLAlchemy compiles it
+once per engine and a batch pays only for its values; a `.values([...])` statement
+has no cache key and was compiled from scratch for every batch. On SQLite the
+rows go as a list of parameter sets (executemany; SQLAlchemy's "insertmanyvalues"
+keeps RETURNING). On PostgreSQL they go as one JSON parameter through
+`json_to_recordset`: the SQL text and its single parameter stay the same whatever
+the batch size, so psycopg parses the text once (it re-parses any statement with
+more than 50 parameters on every execution) and the server can prepare it.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import (
+    Connection,
+    Select,
+    Table,
+    Text,
+    bindparam,
+    cast,
+    column,
+    delete,
+    func,
+    select,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.dml import Insert
 
 from admin.models import ModelPrice, UsageHourly, UsageRow
 from admin.registry import FREE, Prices
 
 ROLLUP_SUMS = ("prompt_tokens", "cached_tokens", "completion_tokens", "cost_pico_usd")
+_ROLLUP_KEY = ("hour", "tenant_id", "key_id", "model", "adapter")
+_ROLLUP_COLUMNS = (*_ROLLUP_KEY, "requests", *ROLLUP_SUMS)
+
+_USAGE: Table = UsageRow.__table__  # type: ignore[assignment]
+_HOURLY: Table = UsageHourly.__table__  # type: ignore[assignment]
+_PRICES: Table = ModelPrice.__table__  # type: ignore[assignment]
+_USAGE_COLUMNS = tuple(c.name for c in _USAGE.c)
+
+# Core columns rather than ORM entities: the rows are read once into PriceBook, so
+# ORM identity and loading work would be pure overhead. `models` expands at run
+# time, so one compiled form serves every set of models.
+_PRICE_SELECT: Select[Any] = (
+    select(
+        _PRICES.c.model_name,
+        _PRICES.c.effective_from,
+        _PRICES.c.input_micros_per_m,
+        _PRICES.c.cached_input_micros_per_m,
+        _PRICES.c.output_micros_per_m,
+    )
+    .where(_PRICES.c.model_name.in_(bindparam("models", expanding=True)))
+    .order_by(_PRICES.c.effective_from)
+)
 
 
-def _insert(session: Session, table: Any) -> Any:
-    if session.get_bind().dialect.name == "postgresql":
-        return postgresql.insert(table)
-    return sqlite.insert(table)
+def _from_json(table: Table, names: Sequence[str]) -> Select[Any]:
+    """SELECT the rows of one JSON array parameter `rows` (PostgreSQL).
+
+    One text parameter, however many rows: json.dumps is C and the server parses
+    JSON quickly, whereas psycopg dumps arrays (`unnest`) in Python, element by element.
+    """
+    rows = (
+        func.json_to_recordset(cast(bindparam("rows", type_=Text), postgresql.JSON))
+        .table_valued(*(column(n, table.c[n].type) for n in names))
+        .render_derived(with_types=True)
+    )
+    return select(*(rows.c[n] for n in names))
+
+
+def _json_value(value: object) -> str:
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    raise TypeError(f"no JSON form for {type(value).__name__}")
+
+
+@dataclass(frozen=True)
+class _Statements:
+    """The two write statements for one dialect, and how their rows are bound."""
+
+    insert_usage: Insert
+    upsert_hourly: Insert
+    as_json: bool  # rows go as one JSON parameter rather than as a list of parameter sets
+
+    def params(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]] | dict[str, str]:
+        """`rows` bound the way this dialect's statements expect."""
+        if self.as_json:
+            return {"rows": json.dumps(rows, default=_json_value)}
+        return rows
+
+
+def _build(dialect: str) -> _Statements:
+    as_json = dialect == "postgresql"
+    insert = postgresql.insert if as_json else sqlite.insert
+    usage = insert(_USAGE)
+    hourly = insert(_HOURLY)
+    if as_json:
+        usage = usage.from_select(_USAGE_COLUMNS, _from_json(_USAGE, _USAGE_COLUMNS))
+        hourly = hourly.from_select(_ROLLUP_COLUMNS, _from_json(_HOURLY, _ROLLUP_COLUMNS))
+    insert_usage = usage.on_conflict_do_nothing(index_elements=["request_id"]).returning(
+        _USAGE.c.request_id
+    )
+    upsert_hourly = hourly.on_conflict_do_update(
+        index_elements=list(_ROLLUP_KEY),
+        set_={name: _HOURLY.c[name] + hourly.excluded[name] for name in ("requests", *ROLLUP_SUMS)},
+    )
+    return _Statements(insert_usage, upsert_hourly, as_json)
+
+
+_BY_DIALECT: Mapping[str, _Statements] = MappingProxyType(
+    {name: _build(name) for name in ("postgresql", "sqlite")}
+)
+
+
+class UnsupportedDatabaseError(RuntimeError):
+    """write_usage was given a database other than SQLite or PostgreSQL."""
 
 
 def hour_of(when: dt.datetime) -> dt.datetime:
@@ -34,18 +136,11 @@ def hour_of(when: dt.datetime) -> dt.datetime:
 class PriceBook:
     """Prices per model, loaded once per batch; picks the price in force at a time."""
 
-    def __init__(self, session: Session, models: set[str]) -> None:
-        rows = session.scalars(
-            select(ModelPrice)
-            .where(ModelPrice.model_name.in_(models))
-            .order_by(ModelPrice.effective_from)
-        ).all()
+    def __init__(self, session: Session | Connection, models: set[str]) -> None:
+        rows = session.execute(_PRICE_SELECT, {"models": sorted(models)}).all()
         self._history: dict[str, list[tuple[dt.datetime, Prices]]] = {}
-        for r in rows:
-            prices = Prices(
-                r.input_micros_per_m, r.cached_input_micros_per_m, r.output_micros_per_m
-            )
-            self._history.setdefault(r.model_name, []).append((r.effective_from, prices))
+        for name, start, fresh, cached, output in rows:
+            self._history.setdefault(name, []).append((start, Prices(fresh, cached, output)))
 
     def at(self, model: str, when: dt.datetime) -> Prices:
         """The latest price effective at or before `when` (FREE if none)."""
@@ -58,65 +153,81 @@ class PriceBook:
         return found
 
 
-def write_usage(session: Session, rows: Sequence[dict[str, Any]]) -> int:
+def _usage_params(r: Mapping[str, Any], when: dt.datetime, cost: int) -> dict[str, Any]:
+    # Every parameter set must have the same keys (one compiled statement serves all),
+    # so optional fields are filled here rather than left to column defaults.
+    return {
+        "request_id": r["request_id"],
+        "occurred_at": when,
+        "tenant_id": r["tenant_id"],
+        "key_id": r["key_id"],
+        "model": r["model"],
+        "adapter": r.get("adapter") or "",
+        "prompt_tokens": r["prompt_tokens"],
+        "cached_tokens": r["cached_tokens"],
+        "completion_tokens": r["completion_tokens"],
+        "cost_pico_usd": cost,
+        "ttft_s": r.get("ttft_s"),
+        "latency_s": r["latency_s"],
+        "status": r["status"],
+        "finish_reason": r.get("finish_reason"),
+        "client_disconnected": bool(r.get("client_disconnected", False)),
+    }
+
+
+def write_usage(session: Session, rows: Sequence[Mapping[str, Any]]) -> int:
     """Inserts usage rows (spool/JSON form), pricing each at its time; returns how many were new.
 
     Commits once. Raises the database's error on failure (the caller spools the rows).
     """
     if not rows:
         return 0
-    book = PriceBook(session, {r["model"] for r in rows})
+    conn = session.connection()
+    statements = _BY_DIALECT.get(conn.dialect.name)
+    if statements is None:
+        raise UnsupportedDatabaseError(
+            f"usage writes need SQLite or PostgreSQL, not {conn.dialect.name}"
+        )
+    book = PriceBook(conn, {r["model"] for r in rows})
     values: list[dict[str, Any]] = []
     seen: set[str] = set()
     for r in rows:
-        if r["request_id"] in seen:  # one statement may not conflict with itself on PostgreSQL
+        if r["request_id"] in seen:  # a duplicate would feed the rollups twice
             continue
         seen.add(r["request_id"])
         when = dt.datetime.fromisoformat(r["occurred_at"])
+        if when.tzinfo is None:  # PostgreSQL would read it in the session's zone
+            raise ValueError(f"usage row {r['request_id']!r}: naive occurred_at")
         cost = book.at(r["model"], when).cost_pico_usd(
             prompt_tokens=r["prompt_tokens"],
             cached_tokens=r["cached_tokens"],
             completion_tokens=r["completion_tokens"],
         )
-        values.append(
-            {**r, "occurred_at": when, "adapter": r.get("adapter") or "", "cost_pico_usd": cost}
-        )
-    stmt = (
-        _insert(session, UsageRow)
-        .values(values)
-        .on_conflict_do_nothing(index_elements=["request_id"])
-        .returning(UsageRow.request_id)
-    )
-    inserted = set(session.scalars(stmt).all())
-    buckets: dict[tuple[Any, ...], dict[str, int]] = {}
+        values.append(_usage_params(r, when, cost))
+    result = conn.execute(statements.insert_usage, statements.params(values))
+    inserted = set(result.scalars().all())
+    buckets: dict[tuple[dt.datetime, str, str, str, str], list[int]] = {}
     for v in values:
         if v["request_id"] not in inserted:
             continue
         key = (hour_of(v["occurred_at"]), v["tenant_id"], v["key_id"], v["model"], v["adapter"])
-        sums = buckets.setdefault(key, {"requests": 0, **dict.fromkeys(ROLLUP_SUMS, 0)})
-        sums["requests"] += 1
-        for name in ROLLUP_SUMS:
-            sums[name] += int(v[name])
+        sums = buckets.get(key)
+        if sums is None:
+            sums = buckets[key] = [0] * (1 + len(ROLLUP_SUMS))
+        sums[0] += 1
+        for i, name in enumerate(ROLLUP_SUMS, 1):
+            sums[i] += int(v[name])
     if buckets:
-        # One multi-row upsert; the buckets are distinct, so no row is touched twice.
-        table = UsageHourly.__table__
+        # The buckets are distinct, so no row is touched twice; sorted so that concurrent
+        # writers lock rollup rows in the same order (no deadlock on PostgreSQL).
         rollups = [
             {
-                "hour": k[0],
-                "tenant_id": k[1],
-                "key_id": k[2],
-                "model": k[3],
-                "adapter": k[4],
-                **sums,
+                **dict(zip(_ROLLUP_KEY, key, strict=True)),
+                **dict(zip(("requests", *ROLLUP_SUMS), sums, strict=True)),
             }
-            for k, sums in sorted(buckets.items(), key=lambda kv: str(kv[0]))
+            for key, sums in sorted(buckets.items())
         ]
-        ins = _insert(session, UsageHourly).values(rollups)
-        ins = ins.on_conflict_do_update(
-            index_elements=["hour", "tenant_id", "key_id", "model", "adapter"],
-            set_={name: table.c[name] + ins.excluded[name] for name in ("requests", *ROLLUP_SUMS)},
-        )
-        session.execute(ins)
+        conn.execute(statements.upsert_hourly, statements.params(rollups))
     session.commit()
     return len(inserted)
 

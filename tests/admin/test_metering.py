@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import random
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +15,10 @@ import sqlalchemy as sa
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from admin.metering import MeteringSink
+from admin import registry
+from admin.metering import MeteringSink, usage_row
 from admin.models import UsageHourly, UsageRow
-from admin.usage_store import write_usage
+from admin.usage_store import ROLLUP_SUMS, write_usage
 from gateway.usage import UsageGuard, UsageRecord
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tests.utils.services import postgres_database
@@ -114,8 +117,6 @@ def test_outage_spools_and_replays_without_loss_or_duplicates(tmp_path: Path) ->
 
 
 def _spool_rows(expected: dict[str, int]) -> list[dict[str, Any]]:
-    from admin.metering import usage_row
-
     now = dt.datetime.now(dt.UTC)
     return [usage_row(_usage(int(k.split("-")[1]), v), now) for k, v in expected.items()]
 
@@ -175,3 +176,125 @@ def test_killing_postgres_connections_mid_burst(tmp_path: Path) -> None:
                 c.execute(sa.text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true'))
             engine.dispose()
             admin.dispose()
+
+
+@contextlib.contextmanager
+def _database(kind: str, tmp_path: Path) -> Iterator[sa.Engine]:
+    """A migrated database of `kind` with model "m" priced at P."""
+    with contextlib.ExitStack() as stack:
+        if kind == "sqlite":
+            url = f"sqlite:///{tmp_path / 'w.db'}"
+        else:
+            url = stack.enter_context(postgres_database())
+        upgrade_database(url)
+        engine = make_engine(url)
+        stack.callback(engine.dispose)
+        with make_session_factory(engine)() as s:
+            registry.register_model(
+                s, name="m", source="/m", format="gguf", context_length=8, prices=P, now=T0
+            )
+        yield engine
+
+
+P = registry.Prices(input=150_000, cached_input=75_000, output=600_000)
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+DATABASES = ["sqlite", pytest.param("postgresql", marks=pytest.mark.services)]
+
+
+def _row(i: int, *, when: dt.datetime, **changes: Any) -> dict[str, Any]:
+    record = _usage(i, i % 13)
+    return {**usage_row(record, when), "tenant_id": f"ten_{i % 3}", **changes}
+
+
+def _hourly(engine: sa.Engine) -> dict[tuple[Any, ...], tuple[int, ...]]:
+    with engine.connect() as c:
+        rows = c.execute(sa.select(UsageHourly.__table__)).all()
+    return {tuple(r[:5]): tuple(r[5:]) for r in rows}
+
+
+def _hourly_from_raw(engine: sa.Engine) -> dict[tuple[Any, ...], tuple[int, ...]]:
+    """The rollups recomputed from usage_records (what write_usage must have kept)."""
+    out: dict[tuple[Any, ...], list[int]] = {}
+    with engine.connect() as c:
+        for r in c.execute(sa.select(UsageRow.__table__)).mappings():
+            key = (
+                r["occurred_at"].replace(minute=0, second=0, microsecond=0),
+                r["tenant_id"],
+                r["key_id"],
+                r["model"],
+                r["adapter"],
+            )
+            sums = out.setdefault(key, [0, 0, 0, 0, 0])
+            sums[0] += 1
+            for i, name in enumerate(ROLLUP_SUMS, 1):
+                sums[i] += r[name]
+    return {k: tuple(v) for k, v in out.items()}
+
+
+@pytest.mark.parametrize("kind", DATABASES)
+def test_write_usage_counts_only_new_rows_and_keeps_rollups_exact(
+    kind: str, tmp_path: Path
+) -> None:
+    with _database(kind, tmp_path) as engine:
+        sessions = make_session_factory(engine)
+        hours = [T0 + dt.timedelta(minutes=25 * i) for i in range(6)]
+        batch = [_row(i, when=hours[i % 6]) for i in range(40)]
+        batch[5] = {**batch[5], "adapter": "lora-x", "ttft_s": None, "finish_reason": None}
+        del batch[6]["adapter"]  # a spool row written before adapters existed
+        with sessions() as s:
+            assert write_usage(s, batch) == 40
+        after_first = _hourly(engine)
+        assert after_first == _hourly_from_raw(engine)
+        assert sum(v[0] for v in after_first.values()) == 40
+        # A replay, a batch that repeats an id, and a batch that mixes old and new rows.
+        with sessions() as s:
+            assert write_usage(s, batch[::-1]) == 0
+        assert _hourly(engine) == after_first
+        fresh = [_row(i, when=hours[i % 6]) for i in range(40, 50)]
+        with sessions() as s:
+            assert write_usage(s, [fresh[0], fresh[0], *batch[:3], *fresh[1:]]) == 10
+        assert _hourly(engine) == _hourly_from_raw(engine)
+        assert sum(v[0] for v in _hourly(engine).values()) == 50
+        with sessions() as s, pytest.raises(ValueError, match="naive"):
+            write_usage(s, [_row(99, when=T0, occurred_at="2026-01-01T00:00:00")])
+        with engine.connect() as c:
+            stored = {r.request_id: r for r in c.execute(sa.select(UsageRow.__table__)).all()}
+        assert stored["req-5"].adapter == "lora-x"
+        assert stored["req-5"].ttft_s is None and stored["req-5"].finish_reason is None
+        assert stored["req-6"].adapter == ""
+        assert stored["req-7"].occurred_at == hours[1]
+        assert stored["req-7"].cost_pico_usd == P.cost_pico_usd(
+            prompt_tokens=10, cached_tokens=2, completion_tokens=7
+        )
+
+
+@pytest.mark.parametrize("kind", DATABASES)
+def test_write_usage_statements_compile_once_whatever_the_batch_size(
+    kind: str, tmp_path: Path
+) -> None:
+    with _database(kind, tmp_path) as engine:
+        sessions = make_session_factory(engine)
+        # The first batches compile the price select, the insert and the upsert, once for
+        # one parameter set and once for many (SQLite executes those differently).
+        with sessions() as s:
+            write_usage(s, [_row(0, when=T0)])
+        with sessions() as s:
+            write_usage(s, [_row(1, when=T0), _row(2, when=T0)])
+        seen: list[tuple[str, object]] = []
+
+        def record(
+            conn: Any, cursor: Any, text: str, params: Any, context: Any, many: bool
+        ) -> None:
+            seen.append((text, context.cache_hit))
+
+        sa.event.listen(engine, "after_cursor_execute", record)
+        n = 3
+        for size in (1, 7, 50, 3, 256, 50):
+            with sessions() as s:
+                assert write_usage(s, [_row(n + i, when=T0) for i in range(size)]) == size
+            n += size
+        assert len(seen) >= 3 * 6
+        assert {hit for _, hit in seen} == {engine.dialect.CACHE_HIT}
+        if kind == "postgresql":
+            # One text per statement, so psycopg parses each once and the server can prepare it.
+            assert len({text for text, _ in seen}) == 3
