@@ -25,7 +25,7 @@ class AppState:
     settings: Settings
     engine: EngineClient
     auth: CachingAuthenticator  # in-memory answers; database reads off the loop
-    limits: AsyncLimiter  # the limiter, inline or one thread hop away
+    limits: AsyncLimiter  # the limiter, awaited on the loop; releases settle in the background
     usage_sink: UsageSink
     metrics: GatewayMetrics
     tracer: Tracer

@@ -45,9 +45,14 @@ class Admission:
 
 
 class Limiter(Protocol):
-    """Admission control for one principal at a time; see the module docstring."""
+    """Admission control for one principal at a time; see the module docstring.
 
-    def acquire(
+    Every method is a coroutine run on the caller's event loop: an implementation
+    that does I/O (Redis) awaits it there instead of blocking, and one that does
+    not (in memory) simply never awaits.
+    """
+
+    async def acquire(
         self, principal: Principal, *, prompt_tokens: int, max_tokens: int, now: float | None = None
     ) -> Admission:
         """Consume every limit atomically or raise `RateLimitedError` (nothing consumed).
@@ -56,10 +61,14 @@ class Limiter(Protocol):
         """
         ...
 
-    def release(
+    async def release(
         self, admission: Admission, *, actual_tokens: int, now: float | None = None
     ) -> None:
         """Settle to `actual_tokens` (refunding the rest) and free the slot; idempotent."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release what the limiter holds (connections); it is not used afterwards."""
         ...
 
 

@@ -1,23 +1,29 @@
 """The Redis limiter: exact across any number of gateway processes.
 
 Each operation is one Lua script (registered with redis-py's `register_script`),
-so a check-and-consume can never interleave with another process's. When Redis
-is unreachable the `fail_mode` decides: "closed" raises `LimiterUnavailableError`
-(the gateway answers 503); "open" admits through a per-process in-memory limiter
-capped at `local_cap_rpm` per tenant. Raw redis exceptions never escape.
+so a check-and-consume can never interleave with another process's. The client is
+`redis.asyncio`: a script call awaits its reply on the event loop, with no thread
+hop. When Redis is unreachable (refused, timed out, or no pooled connection free in
+time) the `fail_mode` decides: "closed" raises `LimiterUnavailableError` (the gateway
+answers 503); "open" admits through a per-process in-memory limiter capped at
+`local_cap_rpm` per tenant. Raw redis exceptions never escape.
+
+A `redis.asyncio` client binds to the event loop it first runs on: use one limiter
+from one loop only.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import secrets
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import redis
+import redis.asyncio
 
 from tenancy.errors import LimiterUnavailableError, RateInfo, RateLimitedError
 from tenancy.limiter.base import DEFAULT_LEASE_TTL_S, Admission, FailMode
@@ -26,6 +32,11 @@ from tenancy.limiter.memory import CONCURRENCY_RETRY_S, MemoryLimiter
 from tenancy.limiter.plan import AcquirePlan, plan_acquire
 from tenancy.limits import EffectiveLimits
 from tenancy.principal import Principal
+
+logger = logging.getLogger("cloister.limiter")
+# What a Redis call may raise for an unreachable backend. redis-py wraps socket
+# errors in its own types; OSError is a belt for any that slip through unwrapped.
+BACKEND_ERRORS = (redis.RedisError, OSError)
 
 
 def _num(limit: int | None) -> int:
@@ -51,7 +62,7 @@ class RedisLimiter:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: redis.asyncio.Redis,
         *,
         fail_mode: FailMode = "open",
         local_cap_rpm: int = 600,
@@ -68,20 +79,19 @@ class RedisLimiter:
         self._acquire_script = client.register_script(ACQUIRE)
         self._release_script = client.register_script(RELEASE)
         self._local = MemoryLimiter(lease_ttl_s=lease_ttl_s)
-        self._errors_lock = threading.Lock()
-        self.backend_errors: int = 0  # Redis calls that failed; the gateway exports it
+        # Redis calls that failed; the gateway exports it. Only the loop updates it.
+        self.backend_errors: int = 0
 
     def _key(self, tenant_id: str, kind: str, scope: str) -> str:
         # The {tenant} hash tag keeps one call's keys in one Redis Cluster slot.
         return f"{self._prefix}{{{tenant_id}}}:{kind}:{scope}"
 
     def _backend_failed(self, exc: Exception) -> None:
-        with self._errors_lock:
-            self.backend_errors += 1
+        self.backend_errors += 1
         if self._on_backend_error is not None:
             self._on_backend_error(exc)
 
-    def acquire(
+    async def acquire(
         self, principal: Principal, *, prompt_tokens: int, max_tokens: int, now: float | None = None
     ) -> Admission:
         """See `Limiter.acquire`; may raise `LimiterUnavailableError` in fail-closed mode."""
@@ -89,7 +99,7 @@ class RedisLimiter:
         p = plan_acquire(principal, prompt_tokens=prompt_tokens, max_tokens=max_tokens, now=t)
         lease_id = secrets.token_hex(12)
         try:
-            result = self._acquire_script(
+            result = await self._acquire_script(
                 keys=self._acquire_keys(p, lease_id),
                 args=[
                     repr(t),
@@ -104,9 +114,9 @@ class RedisLimiter:
                     repr(CONCURRENCY_RETRY_S),
                 ],
             )
-        except redis.RedisError as exc:
+        except BACKEND_ERRORS as exc:
             self._backend_failed(exc)
-            return self._fallback_acquire(principal, prompt_tokens, max_tokens, t, exc)
+            return await self._fallback_acquire(principal, prompt_tokens, max_tokens, t)
         ok, reason, retry, rq, tk, used = (_text(v) for v in result)
         rq_info, tk_info = _info(p.rpm, float(rq)), _info(p.tpm, float(tk))
         if ok != "1":
@@ -137,8 +147,8 @@ class RedisLimiter:
             self._key(tid, "lease", lease_id),
         ]
 
-    def _fallback_acquire(
-        self, principal: Principal, prompt_tokens: int, max_tokens: int, now: float, exc: Exception
+    async def _fallback_acquire(
+        self, principal: Principal, prompt_tokens: int, max_tokens: int, now: float
     ) -> Admission:
         if self._fail_mode == "closed":
             raise LimiterUnavailableError("rate limiter backend unavailable") from None
@@ -162,18 +172,18 @@ class RedisLimiter:
             limits=local_limits,
             allowed_models=principal.allowed_models,
         )
-        admission = self._local.acquire(
+        admission = await self._local.acquire(
             local, prompt_tokens=prompt_tokens, max_tokens=max_tokens, now=now
         )
         return _with_backend(admission, "local")
 
-    def release(
+    async def release(
         self, admission: Admission, *, actual_tokens: int, now: float | None = None
     ) -> None:
         """See `Limiter.release`. Never raises for a backend failure: the lease TTL cleans up."""
         t = time.time() if now is None else now
         if admission.backend == "local":
-            self._local.release(admission, actual_tokens=actual_tokens, now=t)
+            await self._local.release(admission, actual_tokens=actual_tokens, now=t)
             return
         tid = admission.tenant_id
         keys = [
@@ -183,13 +193,20 @@ class RedisLimiter:
             self._key(tid, "lease", admission.lease_id),
         ]
         try:
-            self._release_script(
+            await self._release_script(
                 keys=keys, args=[repr(t), max(0, actual_tokens), admission.lease_id]
             )
-        except redis.RedisError as exc:
+        except BACKEND_ERRORS as exc:
             # The slot frees itself when its lease expires; refunds are lost, which
             # errs on the side of the limit.
             self._backend_failed(exc)
+
+    async def aclose(self) -> None:
+        """Close the client (and its pool, when the client owns it); errors are moot now."""
+        try:
+            await self._client.aclose()
+        except BACKEND_ERRORS as exc:
+            logger.debug("closing the limiter's Redis client failed: %s", exc)
 
 
 def _with_backend(admission: Admission, backend: str) -> Admission:

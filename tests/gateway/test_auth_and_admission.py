@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from gateway.admission import AsyncLimiter
 from gateway.auth_cache import CachingAuthenticator
 from tenancy.errors import AuthenticationError, RateLimitedError
+from tenancy.limiter.base import Admission
 from tenancy.limiter.memory import MemoryLimiter
 from tenancy.limits import LimitValues, merge_limits
 from tenancy.principal import Principal
@@ -126,31 +128,89 @@ def test_cache_is_bounded() -> None:
     asyncio.run(scenario())
 
 
-class ThreadRecordingLimiter(MemoryLimiter):
-    """A MemoryLimiter that notes which threads acquire and release."""
+class RecordingLimiter(MemoryLimiter):
+    """A MemoryLimiter that notes the threads it runs on, can fail releases, and notes aclose."""
 
     def __init__(self) -> None:
         super().__init__()
         self.threads: list[int] = []
+        self.fail_release = False
+        self.closed = False
 
-    def acquire(self, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+    async def acquire(
+        self, principal: Principal, *, prompt_tokens: int, max_tokens: int, now: float | None = None
+    ) -> Admission:
+        """Notes the thread, then acquires."""
         self.threads.append(threading.get_ident())
-        return super().acquire(*args, **kwargs)  # type: ignore[arg-type]
+        return await super().acquire(
+            principal, prompt_tokens=prompt_tokens, max_tokens=max_tokens, now=now
+        )
+
+    async def release(
+        self, admission: Admission, *, actual_tokens: int, now: float | None = None
+    ) -> None:
+        """Notes the thread, yields once (as a Redis reply would), then releases or fails."""
+        self.threads.append(threading.get_ident())
+        await asyncio.sleep(0)
+        if self.fail_release:
+            raise RuntimeError("backend exploded")
+        await super().release(admission, actual_tokens=actual_tokens, now=now)
+
+    async def aclose(self) -> None:
+        """Notes that the front closed it."""
+        self.closed = True
 
 
-def test_memory_limiter_runs_inline_others_in_a_thread() -> None:
-    async def scenario(inline: bool) -> list[int]:
-        limiter = ThreadRecordingLimiter()
-        front = AsyncLimiter(limiter, inline=inline)
-        admission = await front.acquire(principal(rpm=10), prompt_tokens=1, max_tokens=1)
+def test_limiter_runs_on_the_loop_and_releases_settle_in_the_background() -> None:
+    async def scenario() -> None:
+        limiter = RecordingLimiter()
+        front = AsyncLimiter(limiter)
+        threads_before = threading.active_count()
+        admission = await front.acquire(principal(max_concurrent=1), prompt_tokens=1, max_tokens=1)
         front.release(admission, actual_tokens=2)
+        # release returned before settling: the slot is still held, one release pending.
+        assert front.pending_releases == 1 and limiter.open_leases() == 1
         await front.drain()
-        assert limiter.open_leases() == 0
-        loop_thread = threading.get_ident()
-        return [t == loop_thread for t in limiter.threads]
+        assert front.pending_releases == 0 and limiter.open_leases() == 0
+        # Both calls ran on the loop's own thread, and no thread was started for them.
+        assert limiter.threads == [threading.get_ident()] * 2
+        assert threading.active_count() == threads_before
+        assert not limiter.closed
+        await front.close()
+        assert limiter.closed
 
-    assert asyncio.run(scenario(inline=True)) == [True]
-    assert asyncio.run(scenario(inline=False)) == [False]
+    asyncio.run(scenario())
+
+
+def test_close_settles_pending_releases_first() -> None:
+    async def scenario() -> None:
+        limiter = RecordingLimiter()
+        front = AsyncLimiter(limiter)
+        p = principal(max_concurrent=5)
+        for admission in [await front.acquire(p, prompt_tokens=1, max_tokens=1) for _ in range(5)]:
+            front.release(admission, actual_tokens=1)
+        assert limiter.open_leases() == 5
+        await front.close()
+        assert limiter.open_leases() == 0 and limiter.closed
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_release_is_logged_never_raised(caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> None:
+        limiter = RecordingLimiter()
+        limiter.fail_release = True
+        front = AsyncLimiter(limiter)
+        admission = await front.acquire(principal(rpm=10), prompt_tokens=1, max_tokens=1)
+        front.release(admission, actual_tokens=1)
+        await front.drain()
+        assert front.pending_releases == 0
+
+    with caplog.at_level(logging.ERROR, logger="cloister.gateway"):
+        asyncio.run(scenario())
+    failures = [r for r in caplog.records if r.getMessage() == "limiter release failed"]
+    assert len(failures) == 1 and failures[0].exc_info is not None
+    assert isinstance(failures[0].exc_info[1], RuntimeError)
 
 
 def test_queue_mode_waits_for_a_slot_then_times_out() -> None:

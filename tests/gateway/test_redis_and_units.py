@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+import redis.asyncio
 from click.testing import CliRunner
 from opentelemetry import trace
 
@@ -28,8 +29,9 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 @pytest.mark.services
 def test_redis_limiter_429_and_headers_through_gateway(tmp_path: Path) -> None:
     url = redis_url()  # skips, or fails under CLOISTER_REQUIRE_SERVICES=1
-    client = redis.Redis.from_url(url)
     prefix = f"cloister:test:{secrets.token_hex(4)}:"
+    # The async client connects lazily, so it binds to the gateway's loop, not this thread.
+    client = redis.asyncio.Redis.from_url(url)
     limiter = RedisLimiter(client, fail_mode="closed", local_cap_rpm=600, key_prefix=prefix)
     gw, stop = start_gateway(tmp_path, engine=make_test_engine(tmp_path), limiter=limiter)
     try:
@@ -47,8 +49,9 @@ def test_redis_limiter_429_and_headers_through_gateway(tmp_path: Path) -> None:
         assert int(r.headers["retry-after"]) >= 1
         assert r.json()["error"]["code"] == "rate_limit_exceeded"
     finally:
-        stop()
-        delete_prefix(client, prefix)
+        stop()  # the app's shutdown closes the limiter and its client
+        with redis.Redis.from_url(url) as cleanup:
+            delete_prefix(cleanup, prefix)
 
 
 def test_redaction_masks_keys_and_authorization() -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing as mp
+import subprocess
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 
 import pytest
 import redis
+import redis.asyncio
 
 from tenancy.errors import LimiterUnavailableError, RateLimitedError
 from tenancy.limiter.factory import make_limiter
@@ -19,21 +22,30 @@ LIMIT = 20
 
 
 def _hammer(url: str, prefix: str, calls: int, start_at: float, out: mp.Queue) -> None:  # type: ignore[type-arg]
-    """One gateway process: `calls` concurrent acquires at the same instant."""
-    limiter = RedisLimiter(redis.Redis.from_url(url), fail_mode="closed", key_prefix=prefix)
-    p = make_principal(rpm=LIMIT)
-    while time.time() < start_at:
-        time.sleep(0.001)
+    """One gateway process: `calls` concurrent acquires on its event loop at the same instant."""
 
-    def one(_: int) -> int:
+    async def burst() -> int:
+        limiter = RedisLimiter(
+            redis.asyncio.Redis.from_url(url), fail_mode="closed", key_prefix=prefix
+        )
+        p = make_principal(rpm=LIMIT)
+        await limiter.acquire(make_principal("warm-up"), prompt_tokens=0, max_tokens=0)
+        while time.time() < start_at:
+            await asyncio.sleep(0.001)
+
+        async def one() -> int:
+            try:
+                await limiter.acquire(p, prompt_tokens=1, max_tokens=1)
+                return 1
+            except RateLimitedError:
+                return 0
+
         try:
-            limiter.acquire(p, prompt_tokens=1, max_tokens=1)
-            return 1
-        except RateLimitedError:
-            return 0
+            return sum(await asyncio.gather(*(one() for _ in range(calls))))
+        finally:
+            await limiter.aclose()
 
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        out.put(sum(pool.map(one, range(calls))))
+    out.put(asyncio.run(burst()))
 
 
 def test_two_processes_admit_at_most_the_limit(redis_prefix: tuple[str, str]) -> None:
@@ -56,41 +68,52 @@ def test_two_processes_admit_at_most_the_limit(redis_prefix: tuple[str, str]) ->
 
 
 def test_redis_stopped_fail_open_admits_within_local_cap() -> None:
-    with private_redis_server() as (url, proc):
+    async def scenario(url: str, stop: Callable[[], None]) -> None:
         limiter = make_limiter(url, fail_mode="open", local_cap_rpm=3)
         assert isinstance(limiter, RedisLimiter)
         p = make_principal(rpm=100, token_budget=10)
-        adm = limiter.acquire(p, prompt_tokens=1, max_tokens=1)
+        adm = await limiter.acquire(p, prompt_tokens=1, max_tokens=1)
         assert adm.backend == "redis"
-        limiter.release(adm, actual_tokens=1)
-        proc.terminate()
-        proc.wait(timeout=10)
+        await limiter.release(adm, actual_tokens=1)
+        stop()
         admitted = []
         for _ in range(3):
-            admitted.append(limiter.acquire(p, prompt_tokens=1, max_tokens=1))
+            admitted.append(await limiter.acquire(p, prompt_tokens=1, max_tokens=1))
         assert all(a.backend == "local" for a in admitted)
         with pytest.raises(RateLimitedError) as err:
-            limiter.acquire(p, prompt_tokens=1, max_tokens=1)
+            await limiter.acquire(p, prompt_tokens=1, max_tokens=1)
         assert err.value.reason == "requests"
         for a in admitted:
-            limiter.release(a, actual_tokens=2)  # no raw redis error either
+            await limiter.release(a, actual_tokens=2)  # no raw redis error either
         assert limiter.backend_errors == 4
+        await limiter.aclose()
+
+    with private_redis_server() as (url, proc):
+        asyncio.run(scenario(url, lambda: _stop(proc)))
 
 
 def test_redis_stopped_fail_closed_raises_unavailable() -> None:
-    with private_redis_server() as (url, proc):
+    async def scenario(url: str, stop: Callable[[], None]) -> None:
         seen: list[Exception] = []
         limiter = RedisLimiter(
-            redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5),
+            redis.asyncio.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5),
             fail_mode="closed",
             on_backend_error=seen.append,
         )
         p = make_principal(rpm=10, max_concurrent=1)
-        adm = limiter.acquire(p, prompt_tokens=1, max_tokens=1)
-        proc.terminate()
-        proc.wait(timeout=10)
+        adm = await limiter.acquire(p, prompt_tokens=1, max_tokens=1)
+        stop()
         with pytest.raises(LimiterUnavailableError):
-            limiter.acquire(p, prompt_tokens=1, max_tokens=1)
-        limiter.release(adm, actual_tokens=1)  # swallowed and counted
+            await limiter.acquire(p, prompt_tokens=1, max_tokens=1)
+        await limiter.release(adm, actual_tokens=1)  # swallowed and counted
         assert limiter.backend_errors == 2
         assert len(seen) == 2 and all(isinstance(e, redis.RedisError) for e in seen)
+        await limiter.aclose()
+
+    with private_redis_server() as (url, proc):
+        asyncio.run(scenario(url, lambda: _stop(proc)))
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    proc.wait(timeout=10)
