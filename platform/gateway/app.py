@@ -15,12 +15,12 @@ from gateway.auth_cache import CachingAuthenticator
 from gateway.engine_client import EngineClient
 from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
-from gateway.request_ids import RequestIds
 from gateway.routes import chat, completions, metrics, models
 from gateway.state import AppState, AuthenticatorLike
 from gateway.tracing import gateway_tracer, make_tracer_provider
 from gateway.usage import LoggingUsageSink, UsageSink
 from tenancy.limiter.base import Limiter
+from tenancy.unique_ids import UniqueIds
 
 
 def create_app(
@@ -55,7 +55,7 @@ def create_app(
         ),
         tracer=gateway_tracer(provider),
         started_at=int(time.time()),
-        request_ids=RequestIds(),
+        request_ids=UniqueIds(),
     )
 
     @asynccontextmanager

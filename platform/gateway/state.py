@@ -12,8 +12,8 @@ from gateway.admission import AsyncLimiter
 from gateway.auth_cache import AuthenticatorLike, CachingAuthenticator
 from gateway.engine_client import EngineClient
 from gateway.metrics import GatewayMetrics
-from gateway.request_ids import RequestIds
 from gateway.usage import UsageSink
+from tenancy.unique_ids import UniqueIds
 
 __all__ = ["AppState", "AuthenticatorLike", "app_state"]
 
@@ -30,7 +30,7 @@ class AppState:
     metrics: GatewayMetrics
     tracer: Tracer
     started_at: int  # unix time the app started; the `created` of /v1/models
-    request_ids: RequestIds
+    request_ids: UniqueIds
 
     @property
     def served_models(self) -> tuple[str, ...]:

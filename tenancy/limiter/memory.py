@@ -8,7 +8,6 @@ The lock only matters if two event loops (threads) share one instance.
 from __future__ import annotations
 
 import math
-import secrets
 import threading
 import time
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from tenancy.errors import RateInfo, RateLimitedError
 from tenancy.limiter.base import DEFAULT_LEASE_TTL_S, Admission, bucket_retry_after
 from tenancy.limiter.plan import AcquirePlan, plan_acquire
 from tenancy.principal import Principal
+from tenancy.unique_ids import UniqueIds
 
 # A denied concurrency slot frees when some request ends; we cannot know when.
 CONCURRENCY_RETRY_S = 1.0
@@ -56,6 +56,7 @@ class MemoryLimiter:
         self._slots: dict[str, dict[str, float]] = {}  # scope -> lease id -> expiry
         self._budgets: dict[str, tuple[int, int]] = {}  # scope -> (period start, used)
         self._leases: dict[str, _Lease] = {}
+        self._lease_ids = UniqueIds()
 
     def _level(self, key: str, capacity: int, now: float) -> float:
         b = self._buckets.get(key)
@@ -114,7 +115,7 @@ class MemoryLimiter:
             tk_info = _rate_info(p.tpm, tk_level - p.cost)
         if p.token_budget is not None:
             self._budgets[p.budget_scope] = (p.budget_start, used + p.cost)
-        lease_id = secrets.token_hex(12)
+        lease_id = self._lease_ids.next()
         expires = now + self._lease_ttl_s
         if p.max_concurrent is not None:
             slots[lease_id] = expires

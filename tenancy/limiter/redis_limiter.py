@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import math
-import secrets
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -32,6 +31,7 @@ from tenancy.limiter.memory import CONCURRENCY_RETRY_S, MemoryLimiter
 from tenancy.limiter.plan import AcquirePlan, plan_acquire
 from tenancy.limits import EffectiveLimits
 from tenancy.principal import Principal
+from tenancy.unique_ids import UniqueIds
 
 logger = logging.getLogger("cloister.limiter")
 # What a Redis call may raise for an unreachable backend. redis-py wraps socket
@@ -79,6 +79,7 @@ class RedisLimiter:
         self._acquire_script = client.register_script(ACQUIRE)
         self._release_script = client.register_script(RELEASE)
         self._local = MemoryLimiter(lease_ttl_s=lease_ttl_s)
+        self._lease_ids = UniqueIds()  # unique across gateways: a random prefix each
         # Redis calls that failed; the gateway exports it. Only the loop updates it.
         self.backend_errors: int = 0
 
@@ -97,7 +98,7 @@ class RedisLimiter:
         """See `Limiter.acquire`; may raise `LimiterUnavailableError` in fail-closed mode."""
         t = time.time() if now is None else now
         p = plan_acquire(principal, prompt_tokens=prompt_tokens, max_tokens=max_tokens, now=t)
-        lease_id = secrets.token_hex(12)
+        lease_id = self._lease_ids.next()
         try:
             result = await self._acquire_script(
                 keys=self._acquire_keys(p, lease_id),
