@@ -270,12 +270,8 @@ def main() -> None:
     command = [sys.executable, str(Path(__file__).resolve()), "--serve"]
     try:
         with gateways(data, model, tmp / "logs", [settings], command=command) as (gw,):
-            served = Settings(data_dir=data, **settings)
-            engine = fast_fake_engine(tmp / "direct", **engine_options(served))
-            if served.gil_switch_interval_ms is not None:
-                # The direct side's engine thread shares the GIL with this loop just as
-                # the gateway's does: same interval, so neither side is favoured.
-                sys.setswitchinterval(served.gil_switch_interval_ms / 1000)
+            options = engine_options(Settings(data_dir=data, **settings))
+            engine = fast_fake_engine(tmp / "direct", **options)
 
             async def run() -> dict[str, Any]:
                 await engine.start()

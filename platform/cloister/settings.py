@@ -45,10 +45,6 @@ class Settings(BaseSettings):
     max_waiting: int = 256
     max_model_len: int | None = 8192
     log_level: str = "INFO"
-    # The event loop shares the GIL with the engine and writer threads. When it wants the
-    # GIL back (after every socket wait), CPython makes the holder yield only after this
-    # interval: Python's default of 5 ms shows up directly in tail latency. None: leave it.
-    gil_switch_interval_ms: float | None = Field(default=0.5, gt=0.0)
     metrics_top_tenants: int = Field(default=20, ge=1)
     max_n: int = Field(default=16, ge=1)  # most choices one request may ask for
     otel_exporter: Literal["none", "console", "otlp"] = "none"

@@ -137,15 +137,11 @@ def run_server(settings: Settings, *, engine: Any | None = None) -> None:
 
     `engine` may be an already built AsyncEngine (benchmarks serve a fake fast model).
     """
-    import sys
-
     import uvicorn
 
     from cloister.logging_setup import configure_logging
 
     configure_logging(settings.log_level)
-    if settings.gil_switch_interval_ms is not None:
-        sys.setswitchinterval(settings.gil_switch_interval_ms / 1000)
     first_start = prepare_database(settings)
     app = build_app(settings, engine=engine)
     if first_start:
