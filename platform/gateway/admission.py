@@ -57,15 +57,31 @@ class AsyncLimiter:
             # Taken before the attempt, so a release landing during it is not missed.
             released = self._released
             try:
-                return await self.limiter.acquire(
-                    principal, prompt_tokens=prompt_tokens, max_tokens=max_tokens
-                )
+                return await self._acquire_once(principal, prompt_tokens, max_tokens)
             except RateLimitedError as exc:
                 left = deadline - time.monotonic()
                 if self._mode != "queue" or exc.reason != "concurrency" or left <= 0:
                     raise
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(released.wait(), timeout=min(QUEUE_POLL_S, left))
+
+    async def _acquire_once(
+        self, principal: Principal, prompt_tokens: int, max_tokens: int
+    ) -> Admission:
+        # Shielded: a caller cancelled mid-call (client gone, shutdown) must not lose a
+        # lease the backend already granted, or its slot would stay taken until the TTL.
+        attempt = asyncio.ensure_future(
+            self.limiter.acquire(principal, prompt_tokens=prompt_tokens, max_tokens=max_tokens)
+        )
+        try:
+            return await asyncio.shield(attempt)
+        except asyncio.CancelledError:
+            attempt.add_done_callback(self._release_orphan)
+            raise
+
+    def _release_orphan(self, attempt: asyncio.Future[Admission]) -> None:
+        if not attempt.cancelled() and attempt.exception() is None:
+            self.release(attempt.result(), actual_tokens=0)  # nothing was generated
 
     def release(self, admission: Admission, *, actual_tokens: int) -> None:
         """Settles `admission` in a background task; never raises and never blocks the loop."""

@@ -182,6 +182,47 @@ def test_limiter_runs_on_the_loop_and_releases_settle_in_the_background() -> Non
     asyncio.run(scenario())
 
 
+class SlowLimiter(MemoryLimiter):
+    """A MemoryLimiter whose acquire grants at once but answers only when `reply` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reply = asyncio.Event()
+
+    async def acquire(
+        self, principal: Principal, *, prompt_tokens: int, max_tokens: int, now: float | None = None
+    ) -> Admission:
+        """Consumes the limits, then waits (like a Redis reply still on the wire)."""
+        granted = await super().acquire(
+            principal, prompt_tokens=prompt_tokens, max_tokens=max_tokens, now=now
+        )
+        await self.reply.wait()
+        return granted
+
+
+def test_a_caller_cancelled_mid_acquire_does_not_leak_the_granted_slot() -> None:
+    async def scenario() -> None:
+        limiter = SlowLimiter()
+        front = AsyncLimiter(limiter)
+        p = principal(max_concurrent=1)
+        caller = asyncio.create_task(front.acquire(p, prompt_tokens=1, max_tokens=1))
+        await asyncio.sleep(0.01)
+        assert limiter.open_leases() == 1  # granted by the backend, reply not in yet
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        limiter.reply.set()  # the reply arrives after the caller left
+        for _ in range(5):
+            await asyncio.sleep(0)
+        await front.drain()
+        assert limiter.open_leases() == 0
+        # The slot is free again for the next request.
+        admission = await front.acquire(p, prompt_tokens=1, max_tokens=1)
+        assert admission.lease_id
+
+    asyncio.run(scenario())
+
+
 def test_close_settles_pending_releases_first() -> None:
     async def scenario() -> None:
         limiter = RecordingLimiter()
