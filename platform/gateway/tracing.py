@@ -8,6 +8,7 @@ from typing import Literal
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -18,8 +19,14 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 def make_tracer_provider(
     exporter: ExporterName = "none", *, extra_processor: SpanProcessor | None = None
 ) -> TracerProvider:
-    """A provider private to one app (never the global one). Exports nothing by default."""
-    provider = TracerProvider()
+    """A provider private to one app (never the global one). Exports nothing by default.
+
+    With nothing to export to, spans are not recorded at all (a non-recording span
+    still carries the incoming trace context): recording them would cost every
+    request attribute bookkeeping that nobody reads.
+    """
+    recording = exporter != "none" or extra_processor is not None
+    provider = TracerProvider() if recording else TracerProvider(sampler=ALWAYS_OFF)
     if exporter == "console":
         provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
     elif exporter == "otlp":

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import uvicorn
 from openai import OpenAI
+from opentelemetry.sdk.trace import TracerProvider
 from sqlalchemy.orm import Session, sessionmaker
 
 from cloister.logging_setup import configure_logging
@@ -110,7 +111,13 @@ class LiveGateway:
 
 
 def start_gateway(
-    tmp_path: Path, *, engine: Any, limiter: Limiter, refresh_s: float = 0.0, **settings: Any
+    tmp_path: Path,
+    *,
+    engine: Any,
+    limiter: Limiter,
+    refresh_s: float = 0.0,
+    tracer_provider: TracerProvider | None = None,
+    **settings: Any,
 ) -> tuple[LiveGateway, Callable[[], None]]:
     """Starts uvicorn in a thread; returns the gateway and its stop function.
 
@@ -128,6 +135,7 @@ def start_gateway(
         authenticator=Authenticator(sessions, PEPPER, refresh_s=refresh_s),
         limiter=limiter,
         usage_sink=usage,
+        tracer_provider=tracer_provider,
     )
     logs = io.StringIO()
     handler = configure_logging("INFO", stream=logs)
