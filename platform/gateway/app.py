@@ -75,5 +75,5 @@ def create_app(
     app.state.cloister = state
     install_error_handlers(app)
     for module in (chat, completions, models, metrics):
-        app.include_router(module.router)
+        app.router.routes.extend(module.routes)
     return app

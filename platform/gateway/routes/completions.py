@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 
-from fastapi import APIRouter, Request, Response
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from engine.outputs import PositionLogprobs
 from gateway.body import parse_body
@@ -34,7 +36,6 @@ from gateway.sse import (
 )
 from gateway.state import app_state
 
-router = APIRouter(tags=["completions"])
 MAX_PROMPTS = 64
 
 
@@ -89,7 +90,6 @@ def _vet_legacy(body: CompletionRequest) -> None:
         raise InvalidParameterError("best_of must equal n", param="best_of", code="unsupported")
 
 
-@router.post("/v1/completions")
 async def create_completion(request: Request) -> Response:
     """Completes one or more prompts; streamed as SSE with stream=true."""
     life = RequestLifecycle(app_state(request), id_prefix="cmpl", headers=request.headers)
@@ -172,3 +172,6 @@ async def _stream(
         yield sse_model(final)
     life.completed = True
     yield DONE
+
+
+routes = [Route("/v1/completions", create_completion, methods=["POST"])]

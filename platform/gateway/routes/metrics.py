@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from gateway.state import app_state
 
-router = APIRouter(tags=["metrics"])
 
-
-@router.get("/metrics", include_in_schema=False)
 async def metrics(request: Request) -> Response:
     """The gateway's and the engine's series, engine gauges refreshed now."""
     state = app_state(request)
@@ -23,7 +22,12 @@ async def metrics(request: Request) -> Response:
     return Response(text, media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/health", include_in_schema=False)
-async def health() -> dict[str, str]:
+async def health(request: Request) -> JSONResponse:
     """Liveness: the process answers."""
-    return {"status": "ok"}
+    return JSONResponse({"status": "ok"})
+
+
+routes = [
+    Route("/metrics", metrics, methods=["GET"]),
+    Route("/health", health, methods=["GET"]),
+]

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from gateway.schemas.models import ModelCard, ModelList
 from gateway.state import app_state
 from tenancy.authenticator import allowed_models
 
-router = APIRouter(tags=["models"])
 
-
-@router.get("/v1/models")
 async def list_models(request: Request) -> JSONResponse:
     """Lists the served models this key is allowed to use."""
     state = app_state(request)
@@ -22,3 +20,6 @@ async def list_models(request: Request) -> JSONResponse:
         data=[ModelCard(id=name, created=state.started_at, owned_by="cloister") for name in names]
     )
     return JSONResponse(body.model_dump())
+
+
+routes = [Route("/v1/models", list_models, methods=["GET"])]
