@@ -16,7 +16,9 @@ slow patch of a shared machine lands on both. Three measurements:
                earlier ones: added p50/p99 latency under that load (the goal: p99
                added under 2 ms at 200 requests/s)
   closed loop  `--concurrency` clients looping: the max sustained requests/s, and
-               the CPU each request costs the serving process on each side
+               the CPU each request costs the serving process on each side, the
+               gateway's split into its event-loop thread and its other threads
+               (engine, metering writer), which share one GIL
 
 Needs Redis (REDIS_URL, default 127.0.0.1:6379) for the limiter; falls back to the
 in-memory limiter when it is unreachable and says so. The last line is JSON.
@@ -83,12 +85,12 @@ def serve_fake() -> None:
     run_server(settings, engine=engine)
 
 
-def process_cpu_s(pid: int | None = None) -> float | None:
-    """CPU seconds (user + system, all threads) used so far by `pid` (None: this process)."""
-    if pid is None:
-        return time.process_time()
+def cpu_s(pid: int, *, main_thread_only: bool = False) -> float | None:
+    """CPU seconds (user + system) used so far by process `pid`, or by its main thread
+    (the gateway's event loop; the engine and the metering writer are other threads)."""
+    path = f"/proc/{pid}/task/{pid}/stat" if main_thread_only else f"/proc/{pid}/stat"
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = Path(path).read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None  # not Linux: the figure is left out
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -128,12 +130,13 @@ async def open_loop(call: Call, rate: float, n: int, first: int) -> list[float]:
 
 
 async def closed_loop(
-    call: Call, seconds: float, concurrency: int, pid: int | None, first: int
-) -> tuple[float, float | None]:
-    """(completed requests/s, CPU ms per request of `pid`) with `concurrency` looping callers."""
+    call: Call, seconds: float, concurrency: int, pid: int, first: int
+) -> tuple[float, float | None, float | None]:
+    """(completed requests/s, CPU ms per request of process `pid`, of its main thread)
+    with `concurrency` looping callers."""
     done = 0
     end = time.perf_counter() + seconds
-    cpu0 = process_cpu_s(pid)
+    cpu0, main0 = cpu_s(pid), cpu_s(pid, main_thread_only=True)
 
     async def worker(w: int) -> None:
         nonlocal done
@@ -146,9 +149,14 @@ async def closed_loop(
             done += ok
 
     await asyncio.gather(*(worker(w) for w in range(concurrency)))
-    cpu1 = process_cpu_s(pid)
-    per_req = None if cpu0 is None or cpu1 is None or not done else (cpu1 - cpu0) / done * 1000
-    return done / seconds, per_req
+    cpu1, main1 = cpu_s(pid), cpu_s(pid, main_thread_only=True)
+
+    def per_request(before: float | None, after: float | None) -> float | None:
+        return (
+            None if before is None or after is None or not done else (after - before) / done * 1000
+        )
+
+    return done / seconds, per_request(cpu0, cpu1), per_request(main0, main1)
 
 
 def ms(seconds: float) -> float:
@@ -221,11 +229,11 @@ async def measure(
                 n += per_round_open
                 await asyncio.sleep(0.2)  # let the queue empty before the other side starts
         for name, call in sides.items():
-            rps, cpu = await closed_loop(
-                call, args.seconds, args.concurrency, pid if name == "gateway" else None, n
+            rps, cpu, loop_cpu = await closed_loop(
+                call, args.seconds, args.concurrency, pid if name == "gateway" else os.getpid(), n
             )
             n += 10_000_000
-            out[name]["rps"], out[name]["cpu_ms"] = rps, cpu
+            out[name].update(rps=rps, cpu_ms=cpu, loop_cpu_ms=loop_cpu)
     failed = {s: c for s, c in statuses.items() if s != 200}
     if failed:
         raise RuntimeError(f"gateway requests failed: {failed}")
@@ -304,6 +312,14 @@ def main() -> None:
         "concurrency": args.concurrency,
         "direct_cpu_ms_per_request": _round(direct["cpu_ms"]),
         "gateway_cpu_ms_per_request": _round(via["cpu_ms"]),
+        # The gateway's event-loop thread: HTTP, auth, limiter, tokenizing, responses.
+        "gateway_loop_cpu_ms_per_request": _round(via["loop_cpu_ms"]),
+        # Its other threads: the engine and the metering writer.
+        "gateway_other_threads_cpu_ms_per_request": _round(
+            None
+            if via["cpu_ms"] is None or via["loop_cpu_ms"] is None
+            else via["cpu_ms"] - via["loop_cpu_ms"]
+        ),
     }
     print(f"limiter: {backend}; the gateway is a separate process serving a fake fast model")
     print(
@@ -321,8 +337,10 @@ def main() -> None:
         f"closed loop at concurrency {args.concurrency}: gateway {result['max_rps']} req/s "
         f"(direct {result['direct_max_rps']}, ratio "
         f"{result['max_rps'] / max(result['direct_max_rps'], 1e-9):.2f}); CPU per request: "
-        f"gateway process {result['gateway_cpu_ms_per_request']} ms (engine included), "
-        f"direct {result['direct_cpu_ms_per_request']} ms (engine and client)"
+        f"gateway process {result['gateway_cpu_ms_per_request']} ms (event loop "
+        f"{result['gateway_loop_cpu_ms_per_request']} ms, engine and metering threads "
+        f"{result['gateway_other_threads_cpu_ms_per_request']} ms), direct "
+        f"{result['direct_cpu_ms_per_request']} ms (engine and client)"
     )
     print(json.dumps(result))
 
