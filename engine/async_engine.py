@@ -74,6 +74,7 @@ class _Add:
     use_cache: bool
     prompt: str | None
     weight: float | None
+    max_tokens: int  # what `LLMEngine.validate` returned for these ids and params
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,9 @@ class AsyncEngine:
             raise EngineDeadError("the engine is not running")
         if self._loop is None:
             raise EngineDeadError("the engine was not started; await engine.start() first")
-        self.engine.validate(prompt_token_ids, params)
+        # Validate our own copy, so that what was checked is exactly what is queued.
+        prompt_ids = list(prompt_token_ids)
+        max_tokens = self.engine.validate(prompt_ids, params)
         limit = self.engine.config.scheduler.max_waiting
         with self._lock:
             if self._queued + self._stats.num_waiting >= limit:
@@ -157,7 +160,7 @@ class AsyncEngine:
         self._streams[request_id] = stream
         self._inbox.put(
             _Add(
-                stream, list(prompt_token_ids), params, cache_domain, adapter, cache, prompt, weight
+                stream, prompt_ids, params, cache_domain, adapter, cache, prompt, weight, max_tokens
             )
         )
         self._wake.set()
@@ -224,6 +227,7 @@ class AsyncEngine:
                     use_cache=item.use_cache,
                     prompt=item.prompt,
                     weight=item.weight,
+                    validated_max_tokens=item.max_tokens,
                 )
             except EngineError as exc:
                 self._streams.pop(item.stream.request_id, None)

@@ -128,6 +128,9 @@ class IncrementalDetokenizer:
     def _release(self, *, final: bool) -> str:
         """Emits the pending text that is safe w.r.t. stop strings."""
         pending = self._pending
+        if not self._stops:  # the common case: nothing to look for or hold back
+            self._pending = ""
+            return self._emit(pending)
         match = self._find_stop(pending)
         if match is not None:
             start, stop = match

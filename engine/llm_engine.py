@@ -164,12 +164,20 @@ class LLMEngine:
         prompt: str | None = None,
         arrival_time: float | None = None,
         weight: float | None = None,
+        validated_max_tokens: int | None = None,
     ) -> str:
         """Validates and queues a request; raises at once if it is bad or the queue is full.
 
         `weight` (the tenant's share) sets the domain's weight for the fair policy.
+        `validated_max_tokens` is for a caller that already ran `validate` on these
+        very ids and params (AsyncEngine, on its caller's thread): pass what it
+        returned and the checks are not repeated. The limits they read are fixed
+        for the engine's life, so the earlier answer still holds.
         """
-        max_tokens = self.validate(prompt_token_ids, params)
+        if validated_max_tokens is None:
+            max_tokens = self.validate(prompt_token_ids, params)
+        else:
+            max_tokens = validated_max_tokens
         if self.scheduler.num_waiting >= self.config.scheduler.max_waiting:
             raise EngineOverloadedError(
                 f"the waiting queue is full ({self.config.scheduler.max_waiting} requests)"
@@ -184,7 +192,7 @@ class LLMEngine:
                 "cache_domain must be a non-empty string", param="cache_domain"
             )
         now = arrival_time if arrival_time is not None else time.time()
-        prompt_ids = [int(t) for t in prompt_token_ids]
+        prompt_ids = list(map(int, prompt_token_ids))
         seqs = [
             Sequence(
                 seq_id=f"{request_id}#{i}",

@@ -31,12 +31,15 @@ def validate_request(
         raise InvalidRequestError("sampling params must be a SamplingParams", param="params")
     if len(prompt_token_ids) == 0:
         raise InvalidRequestError("the prompt is empty", param="prompt")
-    for token in prompt_token_ids:
-        if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < vocab_size:
-            raise InvalidRequestError(
-                f"prompt token id {token!r} is outside the vocabulary (0..{vocab_size - 1})",
-                param="prompt",
-            )
+    # The common case in C: only plain ints, and the smallest and largest in range.
+    # Anything else (int subclasses, bools, other types) takes the per-token check,
+    # which also names the first bad token.
+    if not (
+        set(map(type, prompt_token_ids)) == {int}
+        and min(prompt_token_ids) >= 0
+        and max(prompt_token_ids) < vocab_size
+    ):
+        _check_each_token(prompt_token_ids, vocab_size)
     params.check_against(vocab_size=vocab_size, max_n=max_n, max_tokens_limit=max_tokens_limit)
     n_prompt = len(prompt_token_ids)
     if n_prompt >= max_model_len:
@@ -63,3 +66,13 @@ def validate_request(
             param="max_tokens",
         )
     return max_tokens
+
+
+def _check_each_token(prompt_token_ids: Sequence[int], vocab_size: int) -> None:
+    """Raises for the first token that is not an int id of the vocabulary (bools are not)."""
+    for token in prompt_token_ids:
+        if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < vocab_size:
+            raise InvalidRequestError(
+                f"prompt token id {token!r} is outside the vocabulary (0..{vocab_size - 1})",
+                param="prompt",
+            )

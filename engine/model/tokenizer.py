@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from engine.errors import InvalidRequestError, UnsupportedModelError
 
@@ -44,6 +44,9 @@ class Tokenizer:
         # transformers' encode wraps the Rust tokenizer in ~30 us of Python per call;
         # the gateway tokenizes every request on its event loop, so call Rust directly.
         self._fast: Any = hf.backend_tokenizer if getattr(hf, "is_fast", False) else None
+        # The detokenizer decodes twice per generated token; skip transformers' wrapper
+        # too, but only where that wrapper is known to return the Rust text unchanged.
+        self._fast_decode: Any = self._fast if _decode_is_plain(hf) else None
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -80,7 +83,11 @@ class Tokenizer:
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Token ids -> text."""
-        return str(self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens))
+        ids = ids if isinstance(ids, list) else list(ids)
+        if self._fast_decode is not None:
+            text: str = self._fast_decode.decode(ids, skip_special_tokens=skip_special_tokens)
+            return text
+        return str(self.hf.decode(ids, skip_special_tokens=skip_special_tokens))
 
     def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
         """Token ids -> their vocabulary strings (byte-level form, not decoded text)."""
@@ -98,6 +105,22 @@ class Tokenizer:
             messages, tokenize=False, add_generation_prompt=add_generation_prompt
         )
         return str(rendered)
+
+
+def _decode_is_plain(hf: PreTrainedTokenizerBase) -> bool:
+    """Whether `hf.decode(ids)` is exactly the Rust tokenizer's decode of `ids`.
+
+    transformers' fast `decode` converts the ids, calls Rust, then optionally applies
+    `clean_up_tokenization_spaces`. A subclass may also override either method to
+    post-process (some model tokenizers do). Anything but the plain path keeps it.
+    """
+    cls = type(hf)
+    return (
+        isinstance(hf, PreTrainedTokenizerFast)
+        and cls.decode is PreTrainedTokenizerBase.decode
+        and cls._decode is PreTrainedTokenizerFast._decode
+        and not hf.clean_up_tokenization_spaces
+    )
 
 
 def load_gguf_tokenizer(path: str | Path) -> Tokenizer:

@@ -16,6 +16,9 @@ import torch
 from engine.attention.backend import AttentionMetadata
 from engine.scheduler.output import SchedulerOutput
 
+# Triton specialises kernels on 16-byte-aligned pointers; packed fields keep that alignment.
+_ALIGN_BYTES = 16
+
 
 @dataclass(frozen=True)
 class StepInputs:
@@ -42,10 +45,9 @@ def build_step_inputs(output: SchedulerOutput, block_size: int, device: torch.de
     for idx, item in enumerate(output.scheduled):
         seq = item.seq
         input_ids.extend(seq.token_ids(item.start, item.end))
-        span = range(item.start, item.end)
-        positions.extend(span)
+        positions.extend(range(item.start, item.end))
         table = seq.block_ids
-        slots.extend(table[p // block_size] * block_size + p % block_size for p in span)
+        _extend_slots(slots, table, item.start, item.end, block_size)
         query_start.append(query_start[-1] + item.num_new_tokens)
         query_lens.append(item.num_new_tokens)
         seq_lens.append(item.end)
@@ -54,29 +56,64 @@ def build_step_inputs(output: SchedulerOutput, block_size: int, device: torch.de
             logits_rows.append(query_start[-1] - 1)
             sampling_positions.append(idx)
 
-    tables = torch.zeros((len(output.scheduled), max_blocks), dtype=torch.int32)
-    for row, item in enumerate(output.scheduled):
+    tables: list[int] = []
+    for item in output.scheduled:
         ids = item.seq.block_ids
-        if ids:
-            tables[row, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
+        tables.extend(ids)
+        tables.extend([0] * (max_blocks - len(ids)))
 
-    def dev(values: list[int], dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
-
+    ids_t, positions_t, slots_t, logits_t = _pack(
+        (input_ids, positions, slots, logits_rows), torch.int64, device
+    )
+    query_start_t, seq_lens_t, tables_t = _pack(
+        (query_start, seq_lens, tables), torch.int32, device
+    )
     meta = AttentionMetadata(
-        slot_mapping=dev(slots, torch.int64),
-        query_start_loc=dev(query_start, torch.int32),
-        seq_lens=dev(seq_lens, torch.int32),
-        block_tables=tables.to(device, non_blocking=True),
+        slot_mapping=slots_t,
+        query_start_loc=query_start_t,
+        seq_lens=seq_lens_t,
+        block_tables=tables_t.view(len(output.scheduled), max_blocks),
         max_query_len=max(query_lens, default=0),
         max_seq_len=max(seq_lens, default=0),
         query_lens_cpu=tuple(query_lens),
         seq_lens_cpu=tuple(seq_lens),
     )
     return StepInputs(
-        input_ids=dev(input_ids, torch.int64),
-        positions=dev(positions, torch.int64),
+        input_ids=ids_t,
+        positions=positions_t,
         meta=meta,
-        logits_indices=dev(logits_rows, torch.int64),
+        logits_indices=logits_t,
         sampling_positions=tuple(sampling_positions),
     )
+
+
+def _extend_slots(slots: list[int], table: list[int], start: int, end: int, size: int) -> None:
+    """Appends the flat KV slots of positions [start, end): one range per block touched."""
+    pos = start
+    while pos < end:
+        block, offset = divmod(pos, size)
+        first = table[block] * size + offset
+        count = min(size - offset, end - pos)
+        slots.extend(range(first, first + count))
+        pos += count
+
+
+def _pack(
+    fields: tuple[list[int], ...], dtype: torch.dtype, device: torch.device
+) -> list[torch.Tensor]:
+    """One host tensor and one copy to the device for several int lists; returns views.
+
+    Building and copying a tensor costs far more than its few values, so the fields
+    share one. Each view starts on a 16-byte boundary, as a tensor of its own would
+    be aligned for the kernels that read it.
+    """
+    step = max(1, _ALIGN_BYTES // dtype.itemsize)
+    flat: list[int] = []
+    bounds: list[tuple[int, int]] = []
+    for values in fields:
+        begin = len(flat)
+        flat.extend(values)
+        bounds.append((begin, len(flat)))
+        flat.extend([0] * (-len(flat) % step))
+    packed = torch.tensor(flat, dtype=dtype).to(device, non_blocking=True)
+    return [packed[begin:end] for begin, end in bounds]
