@@ -178,10 +178,14 @@ class MeteringSink:
         if item is None:
             return rows, taken
         rows.append(item)
-        deadline = time.monotonic() + self._linger_s
+        # Sleep through the linger, then take what came: waiting on the queue instead
+        # would wake this thread once per record, taking the GIL from the gateway's
+        # event loop once per request. A backlog of a full batch needs no linger.
+        if not self._stopping.is_set() and self._queue.qsize() < self._batch - 1:
+            time.sleep(self._linger_s)
         while len(rows) < self._batch:
             try:
-                item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                item = self._queue.get_nowait()
             except queue.Empty:
                 break
             taken += 1
