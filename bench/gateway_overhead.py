@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import secrets
@@ -240,6 +241,21 @@ async def measure(
     return out
 
 
+VERDICT = {True: "met", False: "NOT met", None: "inconclusive: the direct side's tail is noise"}
+
+
+def goal_verdict(loaded: dict[str, float], rate: float) -> bool | None:
+    """Whether the open loop meets the goal; None when the comparison cannot tell.
+
+    A difference of two p99s means something only if the reference tail is clean: a
+    direct p99 far above its p50 (a stall of this shared machine, not the engine)
+    would make any gateway look fast.
+    """
+    if loaded["direct_p99_ms"] > 3 * loaded["direct_p50_ms"] + 2:
+        return None
+    return rate >= GOAL_RATE and loaded["added_p99_ms"] < GOAL_P99_MS
+
+
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
@@ -281,6 +297,10 @@ def main() -> None:
             options = engine_options(Settings(data_dir=data, **settings))
             engine = fast_fake_engine(tmp / "direct", **options)
 
+            # As `cloister serve` does: long-lived objects out of the collector's walk.
+            gc.collect()
+            gc.freeze()
+
             async def run() -> dict[str, Any]:
                 await engine.start()
                 try:
@@ -289,6 +309,7 @@ def main() -> None:
                     await engine.shutdown()
 
             sides = asyncio.run(run())
+            gc.unfreeze()
     finally:
         if backend == "redis":
             delete_prefix(client, prefix)
@@ -306,7 +327,7 @@ def main() -> None:
         "open_requests": len(via["open"]),
         **{f"open_{k}": v for k, v in loaded.items()},
         "goal_added_p99_ms": GOAL_P99_MS,
-        "goal_met": args.rate >= GOAL_RATE and loaded["added_p99_ms"] < GOAL_P99_MS,
+        "goal_met": goal_verdict(loaded, args.rate),
         "max_rps": round(via["rps"], 1),
         "direct_max_rps": round(direct["rps"], 1),
         "concurrency": args.concurrency,
@@ -331,7 +352,7 @@ def main() -> None:
         f"{loaded['direct_p99_ms']} ms, gateway {loaded['gateway_p50_ms']}/"
         f"{loaded['gateway_p99_ms']} ms; added p50 {loaded['added_p50_ms']} ms, "
         f"p99 {loaded['added_p99_ms']} ms (goal < {GOAL_P99_MS} ms: "
-        f"{'met' if result['goal_met'] else 'NOT met'})"
+        f"{VERDICT[result['goal_met']]})"
     )
     print(
         f"closed loop at concurrency {args.concurrency}: gateway {result['max_rps']} req/s "
