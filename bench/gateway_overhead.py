@@ -45,6 +45,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from cloister.commands.serve import run_server, serve_engine_options  # noqa: E402
 from cloister.settings import Settings  # noqa: E402
 from engine.async_engine import AsyncEngine  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
@@ -65,24 +66,10 @@ GOAL_RATE = 200.0
 Call = Callable[[int], Awaitable[bool]]
 
 
-def engine_options(s: Settings) -> dict[str, Any]:
-    """The AsyncEngine options `cloister serve` derives from its settings."""
-    return {
-        "max_model_len": s.max_model_len,
-        "kv_cache_bytes": s.kv_cache_bytes,
-        "max_num_seqs": s.max_num_seqs,
-        "max_waiting": s.max_waiting,
-        "attention_backend": s.attention_backend,
-        "prefix_cache": "hash",
-    }
-
-
 def serve_fake() -> None:
     """The gateway process: `cloister serve`'s path, configured by CLOISTER_*, fake model."""
-    from cloister.commands.serve import run_server
-
     settings = Settings()
-    engine = fast_fake_engine(settings.data_dir / "fake-model", **engine_options(settings))
+    engine = fast_fake_engine(settings.data_dir / "fake-model", **serve_engine_options(settings))
     run_server(settings, engine=engine)
 
 
@@ -294,7 +281,7 @@ def main() -> None:
     command = [sys.executable, str(Path(__file__).resolve()), "--serve"]
     try:
         with gateways(data, model, tmp / "logs", [settings], command=command) as (gw,):
-            options = engine_options(Settings(data_dir=data, **settings))
+            options = serve_engine_options(Settings(data_dir=data, **settings))
             engine = fast_fake_engine(tmp / "direct", **options)
 
             # As `cloister serve` does: long-lived objects out of the collector's walk.

@@ -44,6 +44,18 @@ def prepare_database(settings: Settings) -> bool:
         engine.dispose()
 
 
+def serve_engine_options(settings: Settings) -> dict[str, Any]:
+    """The engine options `cloister serve` derives from its settings (besides the model)."""
+    return {
+        "max_model_len": settings.max_model_len,
+        "kv_cache_bytes": settings.kv_cache_bytes,
+        "max_num_seqs": settings.max_num_seqs,
+        "max_waiting": settings.max_waiting,
+        "attention_backend": settings.attention_backend,
+        "prefix_cache": "hash",
+    }
+
+
 def build_app(settings: Settings, *, engine: Any | None = None, **engine_options: Any) -> FastAPI:
     """The wired gateway: authenticator on the database, limiter from settings, engine in-process.
 
@@ -59,15 +71,7 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
     if engine is None:
         from engine.async_engine import AsyncEngine
 
-        options: dict[str, Any] = {
-            "max_model_len": settings.max_model_len,
-            "kv_cache_bytes": settings.kv_cache_bytes,
-            "max_num_seqs": settings.max_num_seqs,
-            "max_waiting": settings.max_waiting,
-            "attention_backend": settings.attention_backend,
-            "prefix_cache": "hash",
-        }
-        options.update(engine_options)
+        options = {**serve_engine_options(settings), **engine_options}
         engine = AsyncEngine.from_options(model=settings.model, **options)
     client = InProcessEngineClient(engine, model_name=settings.model_name)
     sessions = make_session_factory(make_engine(settings.resolved_database_url))
