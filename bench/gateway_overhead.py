@@ -69,7 +69,7 @@ Call = Callable[[int], Awaitable[bool]]
 def serve_fake() -> None:
     """The gateway process: `cloister serve`'s path, configured by CLOISTER_*, fake model."""
     settings = Settings()
-    engine = fast_fake_engine(settings.data_dir / "fake-model", **serve_engine_options(settings))
+    engine = fast_fake_engine(**serve_engine_options(settings))
     run_server(settings, engine=engine)
 
 
@@ -282,7 +282,7 @@ def main() -> None:
     try:
         with gateways(data, model, tmp / "logs", [settings], command=command) as (gw,):
             options = serve_engine_options(Settings(data_dir=data, **settings))
-            engine = fast_fake_engine(tmp / "direct", **options)
+            engine = fast_fake_engine(**options)
 
             # As `cloister serve` does: long-lived objects out of the collector's walk.
             gc.collect()

@@ -9,15 +9,16 @@ prompt; KV blocks are allocated and freed by the engine as usual but never read.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from engine.async_engine import AsyncEngine
 from engine.llm_engine import LLMEngine, build_config
-from engine.model.loader import LoadedModel, load_model
-from tests.utils.tiny_model import make_tiny_model_dir
+from engine.model.hf_loader import architecture_from_config
+from engine.model.loader import LoadedModel
+from engine.model.tokenizer import load_hf_tokenizer
+from tests.utils.tiny_model import smollm2_tokenizer_dir, tiny_config
 
 FAKE_VOCAB_ROWS = 64  # distinct next-token rows; input token t uses row t % 64
 
@@ -42,18 +43,18 @@ class FastFakeModel(torch.nn.Module):
         return table[hidden]
 
 
-def fast_fake_engine(tmp_path: Path, **options: Any) -> AsyncEngine:
-    """An AsyncEngine over the fake model, with the tiny model's shape and SmolLM2's tokenizer."""
-    folder = make_tiny_model_dir(tmp_path)
-    config = build_config(str(folder), **options)
-    real = load_model(
-        str(folder), dtype=config.model.dtype, device=torch.device("cpu"), progress=False
-    )
+def fast_fake_engine(**options: Any) -> AsyncEngine:
+    """An AsyncEngine over the fake model, with the tiny model's shape and SmolLM2's tokenizer.
+
+    No weights are written or loaded: the fake needs only a shape and a tokenizer.
+    """
+    folder = smollm2_tokenizer_dir()
+    arch = architecture_from_config(tiny_config())
     fake = LoadedModel(
-        model=FastFakeModel(real.arch.vocab_size),  # type: ignore[arg-type]
-        arch=real.arch,
-        tokenizer=real.tokenizer,
-        revision=real.revision,
-        name=real.name,
+        model=FastFakeModel(arch.vocab_size),  # type: ignore[arg-type]
+        arch=arch,
+        tokenizer=load_hf_tokenizer(folder),
+        revision="fast-fake",
+        name="fast-fake",
     )
-    return AsyncEngine(LLMEngine(config, fake))
+    return AsyncEngine(LLMEngine(build_config(str(folder), **options), fake))
