@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import json
 import os
@@ -48,13 +49,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cloister.commands.serve import run_server, serve_engine_options  # noqa: E402
 from cloister.settings import Settings  # noqa: E402
 from engine.async_engine import AsyncEngine  # noqa: E402
+from engine.process_engine import ProcessEngine  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 from tests.gateway.processes import (  # noqa: E402
     create_tenant_key,
     database,
     gateways,
 )
-from tests.utils.fast_fake_model import fast_fake_engine  # noqa: E402
+from tests.utils.fast_fake_model import fast_fake_engine, fast_fake_llm_engine  # noqa: E402
 from tests.utils.services import delete_prefix  # noqa: E402
 from tests.utils.tiny_model import make_tiny_model_dir  # noqa: E402
 
@@ -67,21 +69,48 @@ Call = Callable[[int], Awaitable[bool]]
 
 
 def serve_fake() -> None:
-    """The gateway process: `cloister serve`'s path, configured by CLOISTER_*, fake model."""
+    """The gateway process: `cloister serve`'s path, configured by CLOISTER_*, fake model
+    (on a thread or in a child process, as CLOISTER_ENGINE_MODE says)."""
     settings = Settings()
-    engine = fast_fake_engine(**serve_engine_options(settings))
+    options = serve_engine_options(settings)
+    engine: Any
+    if settings.engine_mode == "process":
+        engine = ProcessEngine(functools.partial(fast_fake_llm_engine, **options))
+    else:
+        engine = fast_fake_engine(**options)
     run_server(settings, engine=engine)
 
 
-def cpu_s(pid: int, *, main_thread_only: bool = False) -> float | None:
-    """CPU seconds (user + system) used so far by process `pid`, or by its main thread
-    (the gateway's event loop; the engine and the metering writer are other threads)."""
-    path = f"/proc/{pid}/task/{pid}/stat" if main_thread_only else f"/proc/{pid}/stat"
+def _stat(path: str) -> list[str] | None:
     try:
-        fields = Path(path).read_text().rsplit(")", 1)[1].split()
+        return Path(path).read_text().rsplit(")", 1)[1].split()
     except OSError:
+        return None
+
+
+def cpu_s(pid: int, *, main_thread_only: bool = False) -> float | None:
+    """CPU seconds (user + system) used so far by process `pid` and its descendants (the
+    engine process), or by its main thread alone (the gateway's event loop)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    if main_thread_only:
+        fields = _stat(f"/proc/{pid}/task/{pid}/stat")
+        return None if fields is None else (int(fields[11]) + int(fields[12])) / tick
+    parents: dict[int, int] = {}
+    used: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (fields := _stat(f"{entry}/stat")) is not None:
+            parents[int(entry.name)] = int(fields[1])
+            used[int(entry.name)] = int(fields[11]) + int(fields[12])
+    if pid not in used:
         return None  # not Linux: the figure is left out
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tree, grew = {pid}, True
+    while grew:
+        grew = False
+        for child, parent in parents.items():
+            if parent in tree and child not in tree:
+                tree.add(child)
+                grew = True
+    return sum(used[p] for p in tree) / tick
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -167,9 +196,12 @@ def figures(direct: list[float], gateway: list[float]) -> dict[str, float]:
 
 
 async def measure(
-    engine: AsyncEngine, base_url: str, key: str, pid: int, args: argparse.Namespace
+    engine: AsyncEngine, gws: dict[str, tuple[str, int]], key: str, args: argparse.Namespace
 ) -> dict[str, Any]:
-    """Every measurement on both sides, alternating direct and gateway each round."""
+    """Every measurement on every side, alternating direct and each gateway each round.
+
+    `gws` maps a side's name to its gateway's base URL and process id.
+    """
     tok = engine.tokenizer
     ids = tok.encode(tok.apply_chat_template(MESSAGES), add_special_tokens=False)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
@@ -191,16 +223,21 @@ async def measure(
 
     connector = aiohttp.TCPConnector(limit=64)
     headers = {"Authorization": f"Bearer {key}"}
-    url = base_url + "/v1/chat/completions"
     async with aiohttp.ClientSession(headers=headers, connector=connector) as session:
 
-        async def via(i: int) -> bool:
-            async with session.post(url, json=body) as r:
-                await r.read()
-                statuses[r.status] = statuses.get(r.status, 0) + 1
-                return r.status == 200
+        def via(base_url: str) -> Call:
+            url = base_url + "/v1/chat/completions"
 
-        sides: dict[str, Call] = {"direct": direct, "gateway": via}
+            async def call(i: int) -> bool:
+                async with session.post(url, json=body) as r:
+                    await r.read()
+                    statuses[r.status] = statuses.get(r.status, 0) + 1
+                    return r.status == 200
+
+            return call
+
+        sides: dict[str, Call] = {"direct": direct}
+        sides.update((name, via(base_url)) for name, (base_url, _) in gws.items())
         out: dict[str, dict[str, Any]] = {name: {"sequential": [], "open": []} for name in sides}
         for call in sides.values():  # warm-up: connections, the auth cache, the engine
             await sequential(call, 20, 0)
@@ -217,9 +254,8 @@ async def measure(
                 n += per_round_open
                 await asyncio.sleep(0.2)  # let the queue empty before the other side starts
         for name, call in sides.items():
-            rps, cpu, loop_cpu = await closed_loop(
-                call, args.seconds, args.concurrency, pid if name == "gateway" else os.getpid(), n
-            )
+            pid = gws[name][1] if name in gws else os.getpid()
+            rps, cpu, loop_cpu = await closed_loop(call, args.seconds, args.concurrency, pid, n)
             n += 10_000_000
             out[name].update(rps=rps, cpu_ms=cpu, loop_cpu_ms=loop_cpu)
     failed = {s: c for s, c in statuses.items() if s != 200}
@@ -247,21 +283,85 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
+def side_figures(direct: dict[str, Any], via: dict[str, Any], rate: float) -> dict[str, Any]:
+    """The figures of one gateway side against the direct side."""
+    seq = figures(direct["sequential"], via["sequential"])
+    loaded = figures(direct["open"], via["open"])
+    return {
+        "sequential_requests": len(via["sequential"]),
+        **{f"seq_{k}": v for k, v in seq.items()},
+        "open_requests": len(via["open"]),
+        **{f"open_{k}": v for k, v in loaded.items()},
+        "goal_met": goal_verdict(loaded, rate),
+        "max_rps": round(via["rps"], 1),
+        "direct_max_rps": round(direct["rps"], 1),
+        "direct_cpu_ms_per_request": _round(direct["cpu_ms"]),
+        # The gateway process and its engine process, if it has one.
+        "gateway_cpu_ms_per_request": _round(via["cpu_ms"]),
+        # The gateway's event-loop thread: HTTP, auth, limiter, tokenizing, responses.
+        "gateway_loop_cpu_ms_per_request": _round(via["loop_cpu_ms"]),
+        # Everything else: the engine (thread or process) and the metering writer.
+        "gateway_other_cpu_ms_per_request": _round(
+            None
+            if via["cpu_ms"] is None or via["loop_cpu_ms"] is None
+            else via["cpu_ms"] - via["loop_cpu_ms"]
+        ),
+    }
+
+
+def print_side(title: str, f: dict[str, Any], args: argparse.Namespace) -> None:
+    """One gateway side's figures as text."""
+    print(f"{title}:")
+    print(
+        f"  sequential: direct p50 {f['seq_direct_p50_ms']} ms, gateway p50 "
+        f"{f['seq_gateway_p50_ms']} ms; added p50 {f['seq_added_p50_ms']} ms, "
+        f"p99 {f['seq_added_p99_ms']} ms"
+    )
+    print(
+        f"  open loop at {args.rate:g} req/s: direct p50/p99 {f['open_direct_p50_ms']}/"
+        f"{f['open_direct_p99_ms']} ms, gateway {f['open_gateway_p50_ms']}/"
+        f"{f['open_gateway_p99_ms']} ms; added p50 {f['open_added_p50_ms']} ms, "
+        f"p99 {f['open_added_p99_ms']} ms (goal < {GOAL_P99_MS} ms: {VERDICT[f['goal_met']]})"
+    )
+    print(
+        f"  closed loop at concurrency {args.concurrency}: gateway {f['max_rps']} req/s "
+        f"(direct {f['direct_max_rps']}, ratio "
+        f"{f['max_rps'] / max(f['direct_max_rps'], 1e-9):.2f}); CPU per request: gateway "
+        f"{f['gateway_cpu_ms_per_request']} ms (event loop "
+        f"{f['gateway_loop_cpu_ms_per_request']} ms, engine and metering "
+        f"{f['gateway_other_cpu_ms_per_request']} ms), direct "
+        f"{f['direct_cpu_ms_per_request']} ms (engine and client)"
+    )
+
+
+# The gateway sides: the engine loop in a child process (the layout at scale, which
+# the Redis limiter implies) and on a thread of the gateway (the embedded default).
+ENGINE_MODES = {"gateway": "process", "gateway_thread": "thread"}
+
+
 def main() -> None:
-    """Runs both sides and prints the figures; the last line is JSON."""
+    """Runs every side and prints the figures; the last line is JSON."""
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--requests", type=int, default=400, help="sequential requests per side")
     ap.add_argument("--max-tokens", type=int, default=4)
     ap.add_argument("--rate", type=float, default=GOAL_RATE, help="open-loop requests/s")
     ap.add_argument("--open-seconds", type=float, default=10.0, help="open-loop time per side")
-    ap.add_argument("--rounds", type=int, default=4, help="alternations of the two sides")
+    ap.add_argument("--rounds", type=int, default=4, help="alternations of the sides")
     ap.add_argument("--seconds", type=float, default=5.0, help="closed-loop duration per side")
     ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument(
+        "--engine-modes",
+        default="process,thread",
+        help="the gateways' engine modes to measure (process, thread or both)",
+    )
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
         serve_fake()
         return
+    modes = {n: m for n, m in ENGINE_MODES.items() if m in args.engine_modes.split(",")}
+    if not modes:
+        ap.error("--engine-modes names none of: process, thread")
     tmp = Path(tempfile.mkdtemp(prefix="cloister-bench-"))
     model = make_tiny_model_dir(tmp)
     data = tmp / "data"
@@ -279,8 +379,12 @@ def main() -> None:
         backend = "memory (Redis unreachable)"
 
     command = [sys.executable, str(Path(__file__).resolve()), "--serve"]
+    configs = [{**settings, "engine_mode": mode} for mode in modes.values()]
     try:
-        with gateways(data, model, tmp / "logs", [settings], command=command) as (gw,):
+        with gateways(data, model, tmp / "logs", configs, command=command) as started:
+            gws = {
+                name: (gw.base_url, gw.proc.pid) for name, gw in zip(modes, started, strict=True)
+            }
             options = serve_engine_options(Settings(data_dir=data, **settings))
             engine = fast_fake_engine(**options)
 
@@ -291,7 +395,7 @@ def main() -> None:
             async def run() -> dict[str, Any]:
                 await engine.start()
                 try:
-                    return await measure(engine, gw.base_url, key, gw.proc.pid, args)
+                    return await measure(engine, gws, key, args)
                 finally:
                     await engine.shutdown()
 
@@ -301,55 +405,24 @@ def main() -> None:
         if backend == "redis":
             delete_prefix(client, prefix)
 
-    direct, via = sides["direct"], sides["gateway"]
-    seq = figures(direct["sequential"], via["sequential"])
-    loaded = figures(direct["open"], via["open"])
-    result = {
+    per_side = {name: side_figures(sides["direct"], sides[name], args.rate) for name in modes}
+    first = next(iter(modes))
+    result: dict[str, Any] = {
         "limiter": backend,
         "model": "fast fake (real engine, near-free forward)",
         "max_tokens": args.max_tokens,
-        "sequential_requests": len(via["sequential"]),
-        **{f"seq_{k}": v for k, v in seq.items()},
         "rate": args.rate,
-        "open_requests": len(via["open"]),
-        **{f"open_{k}": v for k, v in loaded.items()},
         "goal_added_p99_ms": GOAL_P99_MS,
-        "goal_met": goal_verdict(loaded, args.rate),
-        "max_rps": round(via["rps"], 1),
-        "direct_max_rps": round(direct["rps"], 1),
         "concurrency": args.concurrency,
-        "direct_cpu_ms_per_request": _round(direct["cpu_ms"]),
-        "gateway_cpu_ms_per_request": _round(via["cpu_ms"]),
-        # The gateway's event-loop thread: HTTP, auth, limiter, tokenizing, responses.
-        "gateway_loop_cpu_ms_per_request": _round(via["loop_cpu_ms"]),
-        # Its other threads: the engine and the metering writer.
-        "gateway_other_threads_cpu_ms_per_request": _round(
-            None
-            if via["cpu_ms"] is None or via["loop_cpu_ms"] is None
-            else via["cpu_ms"] - via["loop_cpu_ms"]
-        ),
+        "engine_mode": modes[first],
+        **per_side[first],
     }
-    print(f"limiter: {backend}; the gateway is a separate process serving a fake fast model")
-    print(
-        f"sequential: direct p50 {seq['direct_p50_ms']} ms, gateway p50 {seq['gateway_p50_ms']}"
-        f" ms; added p50 {seq['added_p50_ms']} ms, p99 {seq['added_p99_ms']} ms"
-    )
-    print(
-        f"open loop at {args.rate:g} req/s: direct p50/p99 {loaded['direct_p50_ms']}/"
-        f"{loaded['direct_p99_ms']} ms, gateway {loaded['gateway_p50_ms']}/"
-        f"{loaded['gateway_p99_ms']} ms; added p50 {loaded['added_p50_ms']} ms, "
-        f"p99 {loaded['added_p99_ms']} ms (goal < {GOAL_P99_MS} ms: "
-        f"{VERDICT[result['goal_met']]})"
-    )
-    print(
-        f"closed loop at concurrency {args.concurrency}: gateway {result['max_rps']} req/s "
-        f"(direct {result['direct_max_rps']}, ratio "
-        f"{result['max_rps'] / max(result['direct_max_rps'], 1e-9):.2f}); CPU per request: "
-        f"gateway process {result['gateway_cpu_ms_per_request']} ms (event loop "
-        f"{result['gateway_loop_cpu_ms_per_request']} ms, engine and metering threads "
-        f"{result['gateway_other_threads_cpu_ms_per_request']} ms), direct "
-        f"{result['direct_cpu_ms_per_request']} ms (engine and client)"
-    )
+    for name in list(modes)[1:]:
+        result[modes[name]] = per_side[name]
+    print(f"limiter: {backend}; each gateway is a separate process serving a fake fast model")
+    for name, mode in modes.items():
+        where = "a child process" if mode == "process" else "a thread of the gateway"
+        print_side(f"gateway, engine loop in {where} (engine_mode={mode})", per_side[name], args)
     print(json.dumps(result))
 
 

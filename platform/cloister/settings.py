@@ -40,6 +40,10 @@ class Settings(BaseSettings):
     model: str | None = None  # None: the bundled SmolLM2-135M-Instruct GGUF
     model_name: str = "smollm2-135m-instruct"
     attention_backend: Literal["torch", "triton", "auto"] = "auto"
+    # Where the engine loop runs: "thread" (a thread of the server process, the embedded
+    # default) or "process" (a child process of its own, so that the HTTP event loop and
+    # the engine never wait for each other's GIL; the better choice under load).
+    engine_mode: Literal["thread", "process"] = "thread"
     kv_cache_bytes: int | None = None
     max_num_seqs: int = 64
     max_waiting: int = 256

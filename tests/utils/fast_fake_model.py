@@ -44,9 +44,16 @@ class FastFakeModel(torch.nn.Module):
 
 
 def fast_fake_engine(**options: Any) -> AsyncEngine:
-    """An AsyncEngine over the fake model, with the tiny model's shape and SmolLM2's tokenizer.
+    """An AsyncEngine over `fast_fake_llm_engine(**options)`."""
+    return AsyncEngine(fast_fake_llm_engine(**options))
+
+
+def fast_fake_llm_engine(**options: Any) -> LLMEngine:
+    """An LLMEngine over the fake model, with the tiny model's shape and SmolLM2's tokenizer.
 
     No weights are written or loaded: the fake needs only a shape and a tokenizer.
+    Module-level, so that `functools.partial(fast_fake_llm_engine, ...)` is a factory
+    a `ProcessEngine` child can build.
     """
     folder = smollm2_tokenizer_dir()
     arch = architecture_from_config(tiny_config())
@@ -57,4 +64,4 @@ def fast_fake_engine(**options: Any) -> AsyncEngine:
         revision="fast-fake",
         name="fast-fake",
     )
-    return AsyncEngine(LLMEngine(build_config(str(folder), **options), fake))
+    return LLMEngine(build_config(str(folder), **options), fake)

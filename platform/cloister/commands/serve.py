@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -11,6 +12,8 @@ from cloister.settings import Settings
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
+
+    from engine.llm_engine import LLMEngine
 
 FIRST_START_HINT = """\
 No tenants yet. Create one and a key for it:
@@ -56,11 +59,39 @@ def serve_engine_options(settings: Settings) -> dict[str, Any]:
     }
 
 
+def load_engine(settings: Settings, **engine_options: Any) -> Any:
+    """The engine front `settings.engine_mode` asks for, over `settings.model`.
+
+    "thread": an AsyncEngine whose loop is a thread of this process; "process": a
+    ProcessEngine whose loop is a child process (this call waits for it to be ready).
+    """
+    options = {**serve_engine_options(settings), **engine_options}
+    if settings.engine_mode == "process":
+        from engine.process_engine import ProcessEngine
+
+        return ProcessEngine(
+            functools.partial(build_engine_in_child, settings.log_level, settings.model, options)
+        )
+    from engine.async_engine import AsyncEngine
+
+    return AsyncEngine.from_options(model=settings.model, **options)
+
+
+def build_engine_in_child(log_level: str, model: str | None, options: dict[str, Any]) -> LLMEngine:
+    """The engine process's factory: the server's log format, then the model."""
+    from cloister.logging_setup import configure_logging
+    from engine.llm_engine import LLMEngine
+
+    configure_logging(log_level)
+    return LLMEngine.from_options(model, **options)
+
+
 def build_app(settings: Settings, *, engine: Any | None = None, **engine_options: Any) -> FastAPI:
     """The wired gateway: authenticator on the database, limiter from settings, engine in-process.
 
-    `engine` may be an already built AsyncEngine (tests, benchmarks); otherwise one is
-    loaded from `settings.model` (None: the bundled SmolLM2) with `engine_options`.
+    `engine` may be an already built engine front (tests, benchmarks); otherwise one is
+    loaded from `settings.model` (None: the bundled SmolLM2) with `engine_options`, on
+    a thread or in a child process as `settings.engine_mode` says.
     """
     from gateway.app import create_app
     from gateway.engine_client import InProcessEngineClient
@@ -69,10 +100,7 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
     from tenancy.limiter import make_limiter
 
     if engine is None:
-        from engine.async_engine import AsyncEngine
-
-        options = {**serve_engine_options(settings), **engine_options}
-        engine = AsyncEngine.from_options(model=settings.model, **options)
+        engine = load_engine(settings, **engine_options)
     client = InProcessEngineClient(engine, model_name=settings.model_name)
     sessions = make_session_factory(make_engine(settings.resolved_database_url))
     authenticator = Authenticator(
@@ -129,9 +157,15 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
     default=None,
     help="Over the concurrency limit: 429 at once (reject) or wait for a slot (queue).",
 )
+@click.option(
+    "--engine-mode",
+    type=click.Choice(["thread", "process"]),
+    default=None,
+    help="Run the engine loop on a thread of this process (default) or in a child process.",
+)
 @click.option("--log-level", default=None, help="DEBUG, INFO, WARNING, ...")
 def serve(**flags: Any) -> None:
-    """Serve the OpenAI-compatible API with an in-process engine."""
+    """Serve the OpenAI-compatible API; the engine runs on a thread or in a child process."""
     overrides = {k: v for k, v in flags.items() if v is not None}
     run_server(Settings(**overrides))
 
@@ -139,7 +173,7 @@ def serve(**flags: Any) -> None:
 def run_server(settings: Settings, *, engine: Any | None = None) -> None:
     """Migrates, wires and serves until stopped: all of `cloister serve` after its flags.
 
-    `engine` may be an already built AsyncEngine (benchmarks serve a fake fast model).
+    `engine` may be an already built engine front (benchmarks serve a fake fast model).
     """
     import gc
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+import engine.core_loop as core_loop_module
 import engine.llm_engine as llm_engine_module
 from engine import AsyncEngine, SamplingParams
 from engine.errors import InvalidRequestError
@@ -16,7 +17,7 @@ from engine.llm_engine import LLMEngine, build_config
 
 @pytest.fixture
 def counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts validate_request calls made by LLMEngine."""
+    """Counts validate_request calls made by LLMEngine and by the fronts' EngineInfo."""
     calls: list[int] = []
     real = llm_engine_module.validate_request
 
@@ -25,6 +26,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         return real(*args, **kwargs)
 
     monkeypatch.setattr(llm_engine_module, "validate_request", counting)
+    monkeypatch.setattr(core_loop_module, "validate_request", counting)
     return calls
 
 

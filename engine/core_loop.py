@@ -1,0 +1,214 @@
+"""The loop that drives one `LLMEngine`, fed by an inbox and reporting once per step.
+
+    put(AddRequest | AbortRequest | STOP) --inbox--> [run(): take inbox, step, step, ...]
+                                                          |
+                                         sink(StepReport) once per step or inbox batch
+
+The loop knows nothing of asyncio or processes: `AsyncEngine` runs it on a thread
+of the caller's process, `ProcessEngine` in a child process of its own. Only the
+thread that calls `run()` touches the LLMEngine's state; `put` may be called from
+any thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine.errors import EngineError
+from engine.llm_engine import LLMEngine, StepFailed
+from engine.outputs import StreamEvent
+from engine.sampling_params import SamplingParams
+from engine.stats import EngineStats
+from engine.validation import validate_request
+
+log = logging.getLogger("engine.loop")
+
+# How long an idle loop sleeps before it looks at its inbox again without a wake-up.
+IDLE_WAIT_S = 0.5
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What a front needs to validate and describe requests without the engine itself."""
+
+    model_name: str
+    max_model_len: int
+    vocab_size: int
+    pool_tokens: int
+    max_n: int
+    max_tokens_limit: int | None
+    max_waiting: int
+
+    @classmethod
+    def of(cls, engine: LLMEngine) -> EngineInfo:
+        """The figures of a built engine."""
+        sched = engine.config.scheduler
+        return cls(
+            model_name=engine.model_name,
+            max_model_len=engine.max_model_len,
+            vocab_size=engine.vocab_size,
+            pool_tokens=engine.capacity.num_tokens,
+            max_n=sched.max_n,
+            max_tokens_limit=sched.max_tokens_limit,
+            max_waiting=sched.max_waiting,
+        )
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
+        """Raises a typed error for a bad request; returns its resolved max_tokens.
+
+        The same check as `LLMEngine.validate`, from these figures alone.
+        """
+        return validate_request(
+            prompt_token_ids,
+            params,
+            vocab_size=self.vocab_size,
+            max_model_len=self.max_model_len,
+            pool_tokens=self.pool_tokens,
+            max_n=self.max_n,
+            max_tokens_limit=self.max_tokens_limit,
+        )
+
+
+@dataclass(frozen=True)
+class AddRequest:
+    """Queue one validated request."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    cache_domain: str
+    adapter: str | None
+    use_cache: bool
+    prompt: str | None
+    weight: float | None
+    max_tokens: int  # what validation returned for these ids and params
+
+
+@dataclass(frozen=True)
+class AbortRequest:
+    """End one request; `token` comes back in `StepReport.aborted` once it is done."""
+
+    request_id: str
+    token: int
+
+
+class Stop:
+    """Ends `EngineLoop.run` (the one instance is `STOP`)."""
+
+
+STOP = Stop()
+InboxItem = AddRequest | AbortRequest | Stop
+
+
+@dataclass(frozen=True)
+class RequestFailure:
+    """A request that ended in an error after it was queued."""
+
+    request_id: str
+    error: EngineError
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """Everything one turn of the loop produced, delivered in one piece.
+
+    Order matters to the receiver: events first (an aborted request's last event
+    included), then failures, then the aborts that are complete.
+    """
+
+    events: tuple[StreamEvent, ...]
+    failures: tuple[RequestFailure, ...]
+    aborted: tuple[int, ...]
+    num_added: int  # AddRequests taken off the inbox since the loop started
+    stats: EngineStats
+
+
+ReportSink = Callable[[StepReport], None]
+
+
+class EngineLoop:
+    """Drives one `LLMEngine`: takes its inbox, steps while work is left, reports."""
+
+    def __init__(self, engine: LLMEngine, sink: ReportSink) -> None:
+        self.engine = engine
+        self._sink = sink
+        self._inbox: queue.SimpleQueue[InboxItem] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._num_added = 0
+
+    def put(self, item: InboxItem) -> None:
+        """Hands one item to the loop (any thread)."""
+        self._inbox.put(item)
+        self._wake.set()
+
+    def run(self) -> None:
+        """Serves until `STOP` arrives; an exception here means the engine is dead."""
+        while True:
+            events: list[StreamEvent] = []
+            failures: list[RequestFailure] = []
+            aborted: list[int] = []
+            stopping = self._take_inbox(events, failures, aborted)
+            if not stopping and self.engine.has_unfinished():
+                self._step(events, failures)
+            if events or failures or aborted:
+                self._sink(
+                    StepReport(
+                        tuple(events),
+                        tuple(failures),
+                        tuple(aborted),
+                        self._num_added,
+                        self.engine.stats(),
+                    )
+                )
+            if stopping:
+                return
+            if not self.engine.has_unfinished():
+                self._wake.wait(timeout=IDLE_WAIT_S)
+                self._wake.clear()
+
+    def _take_inbox(
+        self, events: list[StreamEvent], failures: list[RequestFailure], aborted: list[int]
+    ) -> bool:
+        """Applies every waiting item; True when STOP was among them."""
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return False
+            if isinstance(item, Stop):
+                return True
+            if isinstance(item, AbortRequest):
+                event = self.engine.abort(item.request_id)
+                if event is not None:
+                    events.append(event)
+                aborted.append(item.token)
+                continue
+            self._num_added += 1
+            try:
+                self.engine.add_request(
+                    item.prompt_token_ids,
+                    item.params,
+                    request_id=item.request_id,
+                    cache_domain=item.cache_domain,
+                    adapter=item.adapter,
+                    use_cache=item.use_cache,
+                    prompt=item.prompt,
+                    weight=item.weight,
+                    validated_max_tokens=item.max_tokens,
+                )
+            except EngineError as exc:
+                failures.append(RequestFailure(item.request_id, exc))
+
+    def _step(self, events: list[StreamEvent], failures: list[RequestFailure]) -> None:
+        try:
+            events.extend(self.engine.step())
+        except StepFailed as failed:
+            log.error("engine step failed", exc_info=failed.__cause__)
+            ids = sorted(failed.request_ids)
+            self.engine.fail_requests(ids)
+            error = EngineError(f"the engine failed this request: {failed.__cause__}")
+            failures.extend(RequestFailure(request_id, error) for request_id in ids)

@@ -1,0 +1,212 @@
+"""ProcessEngine: the engine loop in a child process, the same front as AsyncEngine.
+
+    parent (event loop)                            child process "cloister-engine"
+    submit() --pickled AddRequest--> socket -->    reader thread --> EngineLoop inbox
+    streams <-- _on_readable <-- socket <--        EngineLoop sink: one StepReport per step
+
+With `AsyncEngine` the engine thread shares one GIL with the caller's event loop:
+under load each waits for the other (the gateway's HTTP work delays engine steps,
+and steps delay responses). A child process has its own interpreter, so the only
+cost left is one pickled message per request and one per engine step.
+
+The child builds its engine with a picklable factory (spawned, never forked: the
+parent may hold threads, CUDA state and an event loop). The parent receives the
+engine's figures and its tokenizer in the first message, so that it validates,
+counts and templates without loading any weights. Each side notices the other's
+death: the child stops when its socket closes; the parent ends every live request
+with `EngineDeadError` when the child's end closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import multiprocessing
+import pickle
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+from engine.async_engine import EngineFront
+from engine.core_loop import STOP, EngineInfo, EngineLoop, InboxItem, StepReport, Stop
+from engine.errors import EngineDeadError, EngineError
+from engine.llm_engine import LLMEngine
+from engine.model.tokenizer import Tokenizer
+from engine.stats import EngineStats
+
+log = logging.getLogger("engine.process")
+
+EngineFactory = Callable[[], LLMEngine]
+
+# Joining a child that does not stop by itself (a step stuck in a kernel) ends in kill.
+STOP_TIMEOUT_S = 10.0
+
+
+class EngineStartError(EngineError):
+    """The engine process could not build its engine."""
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The child's first message: what the parent needs to serve without the weights."""
+
+    info: EngineInfo
+    tokenizer: Tokenizer
+    stats: EngineStats
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The child's last message when building or running the engine failed."""
+
+    message: str
+
+
+def _dumps(obj: object) -> bytes:
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def engine_process_main(factory: EngineFactory, conn: Connection) -> None:
+    """The child: builds the engine, then serves its inbox until told to stop."""
+    # Ctrl-C reaches the whole process group: the parent decides when the engine stops
+    # (after its server has drained), so the child must not die of it first.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        engine = factory()
+    except BaseException as exc:  # report why, whatever it was, then exit
+        log.exception("the engine process could not build its engine")
+        with contextlib.suppress(OSError):
+            conn.send_bytes(_dumps(Failed(f"{type(exc).__name__}: {exc}")))
+        return
+
+    def sink(report: StepReport) -> None:
+        conn.send_bytes(_dumps(report))
+
+    # The engine lives as long as the process: out of the collector's walk, a full
+    # collection no longer pauses a step for tens of milliseconds.
+    gc.collect()
+    gc.freeze()
+    core = EngineLoop(engine, sink)
+    conn.send_bytes(_dumps(Ready(EngineInfo.of(engine), engine.tokenizer, engine.stats())))
+
+    def read_inbox() -> None:
+        # The parent's messages arrive even while a step runs; a closed socket (the
+        # parent exited or was killed) stops the engine.
+        while True:
+            try:
+                item: InboxItem = pickle.loads(conn.recv_bytes())
+            except (EOFError, OSError):
+                core.put(STOP)
+                return
+            core.put(item)
+            if isinstance(item, Stop):
+                return
+
+    threading.Thread(target=read_inbox, name="cloister-engine-inbox", daemon=True).start()
+    try:
+        core.run()
+    except BaseException as exc:
+        log.exception("engine loop died")
+        with contextlib.suppress(OSError):
+            conn.send_bytes(_dumps(Failed(f"the engine loop died: {type(exc).__name__}: {exc}")))
+
+
+class ProcessEngine(EngineFront):
+    """Streams requests through an `LLMEngine` that lives in a child process.
+
+    The constructor blocks until the child has built its engine (loading the model),
+    and raises `EngineStartError` with the child's reason when it could not.
+    """
+
+    def __init__(self, factory: EngineFactory, *, start_timeout_s: float = 900.0) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child_conn = ctx.Pipe(duplex=True)
+        self._process = ctx.Process(
+            target=engine_process_main,
+            args=(factory, child_conn),
+            name="cloister-engine",
+            daemon=True,
+        )
+        self._process.start()
+        child_conn.close()  # the child's copy is the only one left: its exit means EOF here
+        first = self._receive_first(start_timeout_s)
+        super().__init__(first.info, first.tokenizer, first.stats)
+        self._reading = False
+
+    def _receive_first(self, timeout_s: float) -> Ready:
+        try:
+            if not self._conn.poll(timeout_s):
+                raise EngineStartError(f"the engine process was not ready in {timeout_s:g} s")
+            first = pickle.loads(self._conn.recv_bytes())
+        except (EOFError, OSError) as exc:
+            raise EngineStartError("the engine process exited while starting") from exc
+        except EngineStartError:
+            self._kill()
+            raise
+        if isinstance(first, Failed):
+            self._process.join(STOP_TIMEOUT_S)
+            raise EngineStartError(first.message)
+        assert isinstance(first, Ready)
+        return first
+
+    @property
+    def pid(self) -> int | None:
+        """The engine process's id."""
+        return self._process.pid
+
+    async def start(self) -> None:
+        """Starts reading the child's reports on the running event loop."""
+        if self._loop is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self._conn.fileno(), self._on_readable)
+        self._reading = True
+
+    async def shutdown(self) -> None:
+        """Stops the child; live requests end with an error."""
+        self._stopping = True
+        if self._process.is_alive():
+            with contextlib.suppress(OSError):
+                self._conn.send_bytes(_dumps(STOP))
+            await asyncio.to_thread(self._process.join, STOP_TIMEOUT_S)
+        self._close(None)
+        self._kill()
+
+    def _running(self) -> bool:
+        return self._reading
+
+    def _send(self, item: InboxItem) -> None:
+        try:
+            self._conn.send_bytes(_dumps(item))
+        except OSError as exc:
+            self._close(EngineDeadError("the engine process is gone"))
+            raise EngineDeadError("the engine process is gone") from exc
+
+    def _on_readable(self) -> None:
+        conn = self._conn
+        try:
+            while conn.poll():
+                message = pickle.loads(conn.recv_bytes())
+                if isinstance(message, StepReport):
+                    self._on_report(message)
+                elif isinstance(message, Failed):
+                    self._close(EngineDeadError(message.message))
+                    return
+        except (EOFError, OSError):
+            self._close(None if self._stopping else EngineDeadError("the engine process exited"))
+
+    def _close(self, reason: BaseException | None) -> None:
+        if self._reading and self._loop is not None:
+            self._loop.remove_reader(self._conn.fileno())
+            self._reading = False
+        self._on_dead(reason)
+
+    def _kill(self) -> None:
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(STOP_TIMEOUT_S)
+        self._conn.close()
