@@ -16,13 +16,22 @@ and, through the engine itself (bench/gpu_engine.py, seeded random weights):
   (e) end-to-end decode tokens/s at batch 1/8/32/128/256 with 1k and 8k contexts
       (CUDA graphs and eager), the HBM bandwidth fraction of a decode step, and
       prefill tokens/s of one 8k prompt; SmolLM2 first, then Llama-3-8B while the
-      time budget (--engine-budget-s) lasts.
+      time budget (--engine-budget-s) lasts;
 
-It prints tables; the last line is JSON. `--smoke` runs tiny sizes so that the
-script can be checked on a CPU under TRITON_INTERPRET=1. `--parts` picks a subset.
+and against the peer, Hugging Face transformers on the same weights (bench/hf_peer.py):
+
+  (f) greedy parity ours vs HF (fp32, and bf16 on CUDA) and triton vs torch backend;
+  (g) decode tokens/s of HF generate vs our engine at batch 1/8/32, ratio ours/HF
+      (SmolLM2 shape, then Llama-3-8B while --hf-budget-s lasts).
+
+It prints tables; the last line is JSON (--json-out is rewritten after every part, so
+a run killed part-way keeps what it measured). `--smoke` runs tiny sizes so that the
+script can be checked on a CPU under TRITON_INTERPRET=1. `--parts` picks a subset;
+they run in the order kernels, parity, hf, engine.
 
     python bench/gpu_decode.py [--peak-tbps 4.8] [--dtype bfloat16] [--json-out F]
     python bench/gpu_decode.py --parts parity,engine --engine-budget-s 150
+    python bench/gpu_decode.py --parts hf --hf-budget-s 90
     TRITON_INTERPRET=1 python bench/gpu_decode.py --smoke
 """
 
@@ -66,6 +75,8 @@ SMOLLM2_135M = ModelShape("smollm2-135m", 30, 576, 9, 3, 64, 1536, 49152)
 LLAMA3_8B = ModelShape("llama3-8b", 32, 4096, 32, 8, 128, 14336, 128256)
 TINY_SHAPE = ModelShape("tiny", 2, 64, 4, 2, 16, 128, 512)  # --smoke engine runs
 BLOCK_SIZE = 16
+# Seconds --wall-budget-s keeps back: one engine sweep or HF row may run past a deadline.
+WALL_RESERVE_S = 45.0
 
 
 @dataclass(frozen=True)
@@ -333,6 +344,44 @@ def bench_parity(device: torch.device, notes: list[str], *, smoke: bool) -> dict
         return None
 
 
+def hf_peer_figures(
+    dtype: torch.dtype,
+    device: torch.device,
+    args: argparse.Namespace,
+    notes: list[str],
+) -> dict[str, Any] | None:
+    """(f) and (g): the HF transformers peer (bench/hf_peer.py); never raises."""
+    try:
+        hf_peer = importlib.import_module("bench.hf_peer")
+    except Exception as exc:  # e.g. transformers or a model-format package missing
+        notes.append(f"hf peer skipped: {exc!r}")
+        return None
+    shapes = [TINY_SHAPE] if args.smoke else [SMOLLM2_135M, LLAMA3_8B]
+    figures: dict[str, Any] = hf_peer.hf_figures(
+        device, dtype, shapes, smoke=args.smoke, budget_s=args.hf_budget_s, notes=notes
+    )
+    parity = figures.get("parity")
+    if parity is not None:
+        for name, comparison in parity["comparisons"].items():
+            flips = [(r["prompt"], r["first_diff"]) for r in comparison["prompts"]]
+            print(
+                f"# hf peer parity {parity['shape']} {name}: identical "
+                f"{comparison['identical']}/{len(flips)}, explained by rounding "
+                f"{comparison['explained']}, passed {comparison['passed']}, "
+                f"(prompt, first diff) {flips}"
+            )
+    for run in figures.get("throughput", []):
+        if run["rows"]:
+            print(f"# decode tokens/s, ours vs HF generate, {run['shape']}, {run['dtype']}")
+            _print_table(run["rows"], list(run["rows"][0]))
+            for row in run["rows"]:
+                print(
+                    f"# ratio ours/HF decode tokens/s {run['shape']} batch {row['batch']}: "
+                    f"{row['ratio_decode']}x ({row['ours_decode_tps']} vs {row['hf_decode_tps']})"
+                )
+    return figures
+
+
 def _print_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
     widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in columns]
     print("  ".join(c.rjust(w) for c, w in zip(columns, widths, strict=True)))
@@ -370,9 +419,16 @@ def kernel_figures(
 
 
 def engine_figures(
-    dtype: torch.dtype, device: torch.device, args: argparse.Namespace, notes: list[str]
+    dtype: torch.dtype,
+    device: torch.device,
+    args: argparse.Namespace,
+    notes: list[str],
+    checkpoint: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """End-to-end engine decode/prefill: SmolLM2 first, then Llama-3-8B while time is left."""
+    """End-to-end engine decode/prefill: SmolLM2 first, then Llama-3-8B while time is left.
+
+    `checkpoint` gets the figures so far after each shape (to save them as they come).
+    """
     deadline = time.monotonic() + args.engine_budget_s
     if args.smoke:
         runs = [(TINY_SHAPE, [(64, [1, 2, 4]), (128, [1, 3])], 64)]
@@ -398,6 +454,8 @@ def engine_figures(
         )
         if figures is not None:
             results.append(figures)
+            if checkpoint is not None:
+                checkpoint(results)
             if figures["decode"]:
                 print(f"# engine decode, {shape.name}, {dtype}, random weights")
                 _print_table(figures["decode"], list(figures["decode"][0]))
@@ -417,14 +475,34 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "--budget-s", type=float, default=0.25, help="timing budget per measurement"
     )
     parser.add_argument(
-        "--parts", default="kernels,parity,engine", help="comma list of kernels, parity, engine"
+        "--parts",
+        default="kernels,parity,hf,engine",
+        help="comma list of kernels, parity, hf, engine",
     )
     parser.add_argument(
         "--engine-budget-s", type=float, default=240.0, help="wall-clock cap of the engine part"
     )
+    parser.add_argument(
+        "--hf-budget-s", type=float, default=100.0, help="wall-clock cap of the hf peer part"
+    )
+    parser.add_argument(
+        "--wall-budget-s",
+        type=float,
+        default=None,
+        help="whole-run cap: the hf and engine parts start no new work after it, less "
+        f"{WALL_RESERVE_S:.0f} s kept for the step then running",
+    )
     parser.add_argument("--json-out", type=pathlib.Path, default=None)
     args = parser.parse_args(argv)
     parts = set(args.parts.split(","))
+    started = time.monotonic()
+
+    def capped(part_budget_s: float) -> float:
+        """A part's budget, cut to what the whole-run budget still leaves."""
+        if args.wall_budget_s is None:
+            return part_budget_s
+        left = float(args.wall_budget_s) - (time.monotonic() - started) - WALL_RESERVE_S
+        return max(0.0, min(part_budget_s, left))
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     default_dtype = "bfloat16" if device.type == "cuda" else "float32"
@@ -447,25 +525,47 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "models": [asdict(SMOLLM2_135M), asdict(LLAMA3_8B)],
         "notes": notes,
     }
+    unknown = parts - {"kernels", "parity", "hf", "engine"}
+    if unknown:
+        parser.error(f"unknown parts: {sorted(unknown)}")
+
+    def save() -> str:
+        line = json.dumps(result)
+        if args.json_out is not None:
+            args.json_out.write_text(line + "\n")
+        return line
+
     if "kernels" in parts:
         result.update(kernel_figures(batches, contexts, prefill_tokens, dtype, device, args))
+        save()
     if "parity" in parts:
         result["parity"] = bench_parity(device, notes, smoke=args.smoke)
         print(f"# bf16 parity vs fp32 CPU: {result['parity']}")
+        save()
+    if "hf" in parts:
+        hf_args = argparse.Namespace(**{**vars(args), "hf_budget_s": capped(args.hf_budget_s)})
+        result["hf"] = hf_peer_figures(dtype, device, hf_args, notes)
+        save()
     if "engine" in parts:
-        result["engine"] = engine_figures(dtype, device, args, notes)
+
+        def checkpoint(figures: list[dict[str, Any]]) -> None:
+            result["engine"] = figures
+            save()
+
+        budget = capped(args.engine_budget_s)
+        engine_args = argparse.Namespace(**{**vars(args), "engine_budget_s": budget})
+        result["engine"] = engine_figures(dtype, device, engine_args, notes, checkpoint)
     for note in notes:
         print(f"# note: {note}")
-    line = json.dumps(result)
-    if args.json_out is not None:
-        args.json_out.write_text(line + "\n")
-    print(line)
+    print(save())
     return result
 
 
 def exit_status(result: dict[str, Any]) -> int:
-    """1 when parity failed or an engine run broke off; kernel figures never fail it."""
+    """1 when a parity check failed or an engine run broke off; kernel figures never fail it."""
     parity_failed = "parity" in result and not (result["parity"] or {}).get("passed")
+    hf_parity = (result.get("hf") or {}).get("parity") or {}
+    parity_failed = parity_failed or ("hf" in result and not hf_parity.get("passed"))
     engine_broke = any("stopped:" in note or "failed" in note for note in result["notes"])
     return int(parity_failed or engine_broke)
 

@@ -150,7 +150,8 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _random_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+def random_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    """`count` seeded random prompts of `length` ids, never 0 nor the stand-in EOS."""
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(1, vocab - 1, (count, length), generator=gen).tolist()
 
@@ -228,7 +229,7 @@ def decode_sweep(
     # the whole context left: no request may finish before the sweep ends.
     max_tokens = engine.max_model_len - prompt_len
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    prompts = _random_prompts(sizes[0], prompt_len, arch.vocab_size, seed)
+    prompts = random_prompts(sizes[0], prompt_len, arch.vocab_size, seed)
     ids = [engine.add_request(p, params) for p in prompts]
     t0 = time.perf_counter()
     while any(not engine.requests[i].seqs[0].output_token_ids for i in ids):
@@ -289,7 +290,7 @@ def prefill_throughput(engine: LLMEngine, tokens: int, *, seed: int) -> dict[str
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     times = []
     for attempt in range(2):  # the first compiles the prefill kernels at this size
-        (prompt,) = _random_prompts(1, tokens, engine.arch.vocab_size, seed + attempt)
+        (prompt,) = random_prompts(1, tokens, engine.arch.vocab_size, seed + attempt)
         engine.add_request(prompt, params)
         _sync(device)
         t0 = time.perf_counter()
@@ -341,7 +342,7 @@ def bf16_parity(
     cpu = torch.device("cpu")
     gen = torch.Generator().manual_seed(seed)
     lens = torch.randint(4, 48, (num_prompts,), generator=gen).tolist()
-    prompts = [_random_prompts(1, n, arch.vocab_size, seed + i)[0] for i, n in enumerate(lens)]
+    prompts = [random_prompts(1, n, arch.vocab_size, seed + i)[0] for i, n in enumerate(lens)]
     blocks = num_prompts * -(-(max(lens) + steps) // BLOCK_SIZE) + 8
 
     def run(run_dtype: torch.dtype, run_device: torch.device, backend: str) -> Any:
@@ -361,12 +362,29 @@ def bf16_parity(
 
     ref = run(torch.float32, cpu, "torch")
     got = run(dtype, device, "auto")
+    summary = compare_greedy(ref, got, lens)
+    return {
+        "dtype": str(dtype).removeprefix("torch."),
+        "device": str(device),
+        "steps": steps,
+        **summary,
+    }
+
+
+def compare_greedy(
+    ref: Sequence[tuple[list[int], list[dict[int, float]]]],
+    got: Sequence[tuple[list[int], list[dict[int, float]]]],
+    prompt_lens: Sequence[int],
+) -> dict[str, Any]:
+    """Per prompt, the first step where `got` leaves `ref`'s greedy tokens, and whether
+    that flip is within rounding: `ref` itself ranked the two tokens within
+    ROUNDING_MARGIN_NATS (both `greedy_run`'s format: tokens, top-5 logprobs per step)."""
     rows = []
     for i, ((ref_ids, ref_top), (got_ids, got_top)) in enumerate(zip(ref, got, strict=True)):
         first = next(
             (s for s, (a, b) in enumerate(zip(ref_ids, got_ids, strict=True)) if a != b), None
         )
-        row: dict[str, Any] = {"prompt": i, "prompt_len": lens[i], "first_diff": first}
+        row: dict[str, Any] = {"prompt": i, "prompt_len": prompt_lens[i], "first_diff": first}
         if first is not None:
             a, b = ref_ids[first], got_ids[first]
             ref_lp, got_lp = ref_top[first], got_top[first]
@@ -380,9 +398,6 @@ def bf16_parity(
     identical = sum(r["first_diff"] is None for r in rows)
     explained = sum(bool(r.get("explained_by_rounding")) for r in rows)
     return {
-        "dtype": str(dtype).removeprefix("torch."),
-        "device": str(device),
-        "steps": steps,
         "prompts": rows,
         "identical": identical,
         "explained": explained,
