@@ -3,21 +3,25 @@
 #
 # Prepare on the dev machine, then call the device tool:
 #   scripts/gpu_prepare.sh      # builds .whl/ (gguf, and fallbacks) for Python 3.12
-#   run(command="bash scripts/gpu_check.sh", carry=[".whl"], timeout_s=540)
-# Figures and logs land in $OUT (the device tool's output folder): summary.txt,
-# kernels.json, parity.json, engine.json, one .log per step, kernel test junit XML.
+#   run(command="bash scripts/gpu_check.sh", carry=[".whl"], timeout_s=580)
+# Figures and logs are written to a work folder and packed after every step into
+# $OUT/gpu_check.tgz (the device tool returns at most 8 files); $OUT/summary.txt and
+# $OUT/decode_vs_hf.png come back beside it. The archive holds kernel test logs and
+# junit XML, gpu.json (every figure) and one .log per step.
 #
 # That machine has Python 3.12 with torch, triton, transformers, numpy and pytest
 # and no network. The engine imports gguf at import time (GGUF loader), so the
 # wheels from .whl/ are installed into /tmp/site first: gguf always, tqdm,
 # safetensors and pyyaml only when the machine lacks them. Then, each step under
-# its own timeout and the whole under TOTAL_S seconds (default 480, within 8 minutes):
+# its own timeout and the whole under TOTAL_S seconds (default 520):
 #   1. environment report (versions, GPU, which model-format packages import);
 #   2. the kernel tests and the runner's CUDA tests (graphs, memory profile),
 #      compiled for CUDA, in three parallel shards so compilation uses several cores;
-#   3. the attention kernel benchmark (triton vs SDPA, HBM fraction);
-#   4. bf16 greedy parity on CUDA vs the fp32 CPU reference (SmolLM2 shape);
-#   5. end-to-end engine decode/prefill figures (SmolLM2, then Llama-3-8B as time allows).
+#   3. bench/gpu_decode.py, every part: the attention kernels (triton vs SDPA, HBM
+#      fraction), bf16 greedy parity vs the fp32 CPU reference, the HF transformers
+#      peer on the same weights (greedy parity, decode tokens/s ratio), end-to-end
+#      engine decode/prefill figures (SmolLM2, then Llama-3-8B as time allows);
+#   4. the plot of decode tokens/s vs batch, ours vs HF (where matplotlib imports).
 # Without CUDA it degrades to a dry run of the same steps (interpreter, --smoke),
 # so the script itself can be checked on a CPU machine: PYTHON=.venv/bin/python.
 # Exit status: 0 only when every step passed.
@@ -25,13 +29,14 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 OUT=${OUT:-$PWD/var/gpu_check}
+LOGS=$(mktemp -d /tmp/gpu_check.XXXXXX)
 PY=${PYTHON:-python3}
-TOTAL_S=${TOTAL_S:-480}
+TOTAL_S=${TOTAL_S:-520}
 mkdir -p "$OUT"
 unset TRITON_INTERPRET
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
-SUMMARY=$OUT/summary.txt
+SUMMARY=$LOGS/summary.txt
 : >"$SUMMARY"
 failed=0
 
@@ -44,6 +49,12 @@ budget() {
 record() {  # name rc seconds
   echo "$1 rc=$2 ${3}s" | tee -a "$SUMMARY"
   if [ "$2" -ne 0 ]; then failed=1; fi
+  pack
+}
+
+pack() {  # what exists so far, so that a run cut short still returns its figures
+  tar czf "$OUT/gpu_check.tgz" -C "$LOGS" . 2>/dev/null
+  cp "$SUMMARY" "$OUT/summary.txt"
 }
 
 run_step() {  # name limit_s command...
@@ -52,10 +63,10 @@ run_step() {  # name limit_s command...
   shift 2
   local t0=$SECONDS
   echo "== $name (limit ${limit}s)"
-  timeout --kill-after=5 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  timeout --kill-after=5 "$limit" "$@" >"$LOGS/$name.log" 2>&1
   local rc=$?
   record "$name" "$rc" $((SECONDS - t0))
-  grep -v "^{" "$OUT/$name.log" | tail -n 40  # the JSON line is in $OUT
+  grep -v "^{" "$LOGS/$name.log" | tail -n 60  # the JSON is in the archive
 }
 
 # Carried wheels: gguf always; the others only where the machine has no such package.
@@ -96,31 +107,36 @@ t0=$SECONDS
 shards=(
   "tests/engine/kernels/test_decode_attention.py"
   "tests/engine/kernels/test_prefill_attention.py"
-  "tests/engine/kernels/test_kv_write.py tests/engine/kernels/test_fused_ops.py tests/engine/kernels/test_triton_backend.py tests/engine/kernels/test_import_surface.py tests/engine/runner/test_cuda_device.py"
+  "tests/engine/kernels/test_kv_write.py tests/engine/kernels/test_fused_ops.py tests/engine/kernels/test_triton_backend.py tests/engine/kernels/test_import_surface.py tests/engine/runner/test_cuda_device.py tests/engine/runner/test_cuda_graphs.py tests/engine/runner/test_memory.py"
 )
 pids=()
 for i in "${!shards[@]}"; do
   # shellcheck disable=SC2086  # the shard is a list of paths
   timeout --kill-after=5 "$limit" "$PY" -m pytest -q -p no:cacheprovider \
-    --junitxml="$OUT/tests_$i.xml" ${shards[$i]} >"$OUT/tests_$i.log" 2>&1 &
+    --junitxml="$LOGS/tests_$i.xml" ${shards[$i]} >"$LOGS/tests_$i.log" 2>&1 &
   pids+=($!)
 done
 for i in "${!pids[@]}"; do
   wait "${pids[$i]}"
   rc=$?
   record "tests_$i" "$rc" $((SECONDS - t0))
-  tail -n 15 "$OUT/tests_$i.log"
+  tail -n 15 "$LOGS/tests_$i.log"
 done
 
-bench=(bench/gpu_decode.py "${smoke[@]}")
-run_step kernels 100 "$PY" "${bench[@]}" --parts kernels --json-out "$OUT/kernels.json"
-run_step parity 60 "$PY" "${bench[@]}" --parts parity --json-out "$OUT/parity.json"
-# The engine part stops starting new sweeps 25 s before its step's limit.
-engine_limit=$(budget 200)
-run_step engine "$engine_limit" "$PY" "${bench[@]}" --parts engine \
-  --engine-budget-s $((engine_limit > 60 ? engine_limit - 25 : engine_limit / 2)) \
-  --json-out "$OUT/engine.json"
+# Every part in one process; gpu.json is rewritten after each part and engine shape,
+# and the hf and engine parts start no new work once --wall-budget-s is used.
+bench_limit=$(budget 330)
+bench=(bench/gpu_decode.py "${smoke[@]}" --json-out "$LOGS/gpu.json"
+  --hf-budget-s 100 --engine-budget-s 130 --wall-budget-s $((bench_limit - 15)))
+run_step gpu_decode "$bench_limit" "$PY" "${bench[@]}"
+
+if "$PY" -c "import matplotlib" 2>/dev/null && [ -s "$LOGS/gpu.json" ]; then
+  run_step plot 30 "$PY" bench/hf_peer.py --plot "$LOGS/gpu.json" "$OUT/decode_vs_hf.png"
+else
+  echo "plot skipped: no matplotlib or no gpu.json" | tee -a "$SUMMARY"
+fi
 
 echo "== done in ${SECONDS}s, failed=$failed"
+pack
 cat "$SUMMARY"
 exit "$failed"

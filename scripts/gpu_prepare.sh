@@ -7,7 +7,7 @@
 # (transformers normally brings all three).
 #
 #   scripts/gpu_prepare.sh            # then the device tool's run call:
-#   run(command="bash scripts/gpu_check.sh", carry=[".whl"], timeout_s=540)
+#   run(command="bash scripts/gpu_check.sh", carry=[".whl"], timeout_s=580)
 #
 # .whl/ is ignored by git (.gitignore and .git/info/exclude) and travels only by carry.
 set -euo pipefail
