@@ -17,9 +17,14 @@ VOCAB = 512
 
 
 def tiny_arch(
-    *, num_layers: int = 2, heads: int = 4, kv_heads: int = 2, head_dim: int = 16
+    *,
+    num_layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    head_dim: int = 16,
+    max_positions: int = 256,
 ) -> ModelArchitecture:
-    """A small Llama shape with a real GQA ratio."""
+    """A small Llama shape with a real GQA ratio; rope tables cover `max_positions`."""
     return ModelArchitecture(
         vocab_size=VOCAB,
         hidden_size=heads * head_dim,
@@ -30,7 +35,7 @@ def tiny_arch(
         head_dim=head_dim,
         rms_norm_eps=1e-5,
         rope_theta=10000.0,
-        max_position_embeddings=256,
+        max_position_embeddings=max_positions,
         tie_word_embeddings=True,
     )
 

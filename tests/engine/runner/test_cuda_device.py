@@ -26,7 +26,8 @@ BLOCK = 16
 def test_graph_replay_equals_eager_for_every_batch_size(dtype: torch.dtype) -> None:
     device = torch.device("cuda")
     backend = TritonAttentionBackend()
-    arch = tiny_arch(head_dim=64)
+    # Positions reach MAX_LEN - 1: past the rope table, CUDA would assert in the gather.
+    arch = tiny_arch(head_dim=64, max_positions=MAX_LEN)
     model = tiny_model(arch, seed=5).to(dtype=dtype, device=device)
     model.rotary.rebuild(device)  # keep the rope tables in float32
     lens = [37, 5, 700, 129, 64, 1, 300, 17, 1000]
@@ -76,7 +77,7 @@ def test_graph_replay_equals_eager_for_every_batch_size(dtype: torch.dtype) -> N
 
 def test_memory_profile_sees_the_weights_and_a_positive_peak() -> None:
     device = torch.device("cuda")
-    arch = tiny_arch(num_layers=4, head_dim=64)
+    arch = tiny_arch(num_layers=4, head_dim=64, max_positions=1024)  # the profile's max_model_len
     model = tiny_model(arch).to(device)
     model.rotary.rebuild(device)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
