@@ -221,7 +221,10 @@ async def measure(
             pass
         return True
 
-    connector = aiohttp.TCPConnector(limit=64)
+    # Under uvicorn's 5 s keep-alive: the other sides' turns leave a gateway's pooled
+    # connections idle longer than that, and reusing one as the server closes it
+    # resets the request.
+    connector = aiohttp.TCPConnector(limit=64, keepalive_timeout=3.0)
     headers = {"Authorization": f"Bearer {key}"}
     async with aiohttp.ClientSession(headers=headers, connector=connector) as session:
 
@@ -247,8 +250,9 @@ async def measure(
         for r in range(args.rounds):
             print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
             for name, call in sides.items():
-                out[name]["sequential"] += await sequential(call, per_round_seq, n)
-                n += per_round_seq
+                await sequential(call, 3, n)  # reconnect after the other sides' turns
+                out[name]["sequential"] += await sequential(call, per_round_seq, n + 3)
+                n += per_round_seq + 3
             for name, call in sides.items():
                 out[name]["open"] += await open_loop(call, args.rate, per_round_open, n)
                 n += per_round_open

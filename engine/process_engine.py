@@ -24,10 +24,11 @@ import contextlib
 import gc
 import logging
 import multiprocessing
+import os
 import pickle
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
@@ -44,6 +45,24 @@ EngineFactory = Callable[[], LLMEngine]
 
 # Joining a child that does not stop by itself (a step stuck in a kernel) ends in kill.
 STOP_TIMEOUT_S = 10.0
+
+
+# The child's environment, unless the caller's sets these itself. OpenMP workers that
+# spin between parallel regions (libgomp's default) burn a core between engine steps,
+# which on a small machine is the core the HTTP event loop needs; they sleep instead.
+CHILD_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+@contextlib.contextmanager
+def _child_environment(extra: dict[str, str]) -> Iterator[None]:
+    """`extra` in os.environ while a child is spawned (it copies the environment then)."""
+    added = {k: v for k, v in extra.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
 
 
 class EngineStartError(EngineError):
@@ -131,7 +150,8 @@ class ProcessEngine(EngineFront):
             name="cloister-engine",
             daemon=True,
         )
-        self._process.start()
+        with _child_environment(CHILD_ENV):
+            self._process.start()
         child_conn.close()  # the child's copy is the only one left: its exit means EOF here
         first = self._receive_first(start_timeout_s)
         super().__init__(first.info, first.tokenizer, first.stats)
