@@ -24,7 +24,8 @@
 #   4. the plot of decode tokens/s vs batch, ours vs HF (where matplotlib imports).
 # Without CUDA it degrades to a dry run of the same steps (interpreter, --smoke),
 # so the script itself can be checked on a CPU machine: PYTHON=.venv/bin/python.
-# Exit status: 0 only when every step passed.
+# Exit status: 0 only when every step passed. A shorter rerun picks its steps:
+#   SHARDS="2" BENCH_PARTS=engine bash scripts/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -110,15 +111,18 @@ shards=(
   "tests/engine/kernels/test_kv_write.py tests/engine/kernels/test_fused_ops.py tests/engine/kernels/test_triton_backend.py tests/engine/kernels/test_import_surface.py tests/engine/runner/test_cuda_device.py tests/engine/runner/test_cuda_graphs.py tests/engine/runner/test_memory.py"
 )
 pids=()
-for i in "${!shards[@]}"; do
+ran=()
+for i in ${SHARDS:-${!shards[@]}}; do  # SHARDS="2": a rerun of one shard
+  ran+=("$i")
   # shellcheck disable=SC2086  # the shard is a list of paths
   timeout --kill-after=5 "$limit" "$PY" -m pytest -q -p no:cacheprovider \
     --junitxml="$LOGS/tests_$i.xml" ${shards[$i]} >"$LOGS/tests_$i.log" 2>&1 &
   pids+=($!)
 done
-for i in "${!pids[@]}"; do
-  wait "${pids[$i]}"
+for k in "${!pids[@]}"; do
+  wait "${pids[$k]}"
   rc=$?
+  i=${ran[$k]}
   record "tests_$i" "$rc" $((SECONDS - t0))
   tail -n 15 "$LOGS/tests_$i.log"
 done
@@ -127,6 +131,7 @@ done
 # and the hf and engine parts start no new work once --wall-budget-s is used.
 bench_limit=$(budget 330)
 bench=(bench/gpu_decode.py "${smoke[@]}" --json-out "$LOGS/gpu.json"
+  --parts "${BENCH_PARTS:-kernels,parity,hf,engine}"
   --hf-budget-s 100 --engine-budget-s 130 --wall-budget-s $((bench_limit - 15)))
 run_step gpu_decode "$bench_limit" "$PY" "${bench[@]}"
 
