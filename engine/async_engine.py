@@ -158,6 +158,13 @@ class EngineFront:
         """The counters as of the last report."""
         return self._stats
 
+    @property
+    def alive(self) -> bool:
+        """True while the engine loop runs and takes requests."""
+        return (
+            self._dead is None and not self._stopping and self._loop is not None and self._running()
+        )
+
     # -- for subclasses -----------------------------------------------------------------
 
     def _send(self, item: InboxItem) -> None:

@@ -86,6 +86,11 @@ class EngineClient(Protocol):
         """Current engine load and cumulative cache counters."""
         ...
 
+    @property
+    def alive(self) -> bool:
+        """False once the engine cannot serve (its loop or process died, or it stopped)."""
+        ...
+
     async def start(self) -> None:
         """Starts the engine (idempotent for clients that do not own it)."""
         ...
@@ -96,7 +101,8 @@ class EngineClient(Protocol):
 
 
 class InProcessEngineClient:
-    """An `EngineClient` over an `AsyncEngine` living in this process."""
+    """An `EngineClient` over an engine front on this machine: an `AsyncEngine` (engine
+    loop on a thread of this process) or a `ProcessEngine` (loop in a child process)."""
 
     def __init__(self, engine: Any, *, model_name: str | None = None) -> None:
         # `engine` is an engine.async_engine.AsyncEngine; typed loosely so that the
@@ -148,6 +154,11 @@ class InProcessEngineClient:
             prefix_cache_hits=int(s.prefix_cache_hits),
             num_preemptions=int(s.num_preemptions),
         )
+
+    @property
+    def alive(self) -> bool:
+        """Whether the engine takes requests."""
+        return bool(self._engine.alive)
 
     async def start(self) -> None:
         """Starts the engine loop."""

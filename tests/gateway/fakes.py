@@ -79,6 +79,8 @@ class FakeEngine:
         self._queries = 0
         self._hits = 0
 
+    alive = True  # a fake never dies
+
     async def start(self) -> None:
         """Nothing to start."""
 

@@ -7,6 +7,9 @@ engine keeps serving, and the child's counters on /metrics.
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -102,3 +105,38 @@ def test_bad_input_is_a_4xx_and_the_engine_keeps_serving(gateway: LiveGateway) -
         line for line in metrics.splitlines() if line.startswith("vllm:prefix_cache_queries")
     ]
     assert queries and float(queries[0].split()[-1]) > 0  # counters come from the child
+
+
+def test_a_dead_engine_process_is_a_503_and_fails_health(tmp_path: Path) -> None:
+    settings = Settings(
+        data_dir=tmp_path,
+        model=str(make_tiny_model_dir(tmp_path)),
+        engine_mode="process",
+        attention_backend="torch",
+        max_model_len=512,
+        log_level="WARNING",
+    )
+    engine = load_engine(settings, num_blocks=64)
+    assert isinstance(engine, ProcessEngine) and engine.pid is not None
+    gw, stop = start_gateway(tmp_path, engine=engine, limiter=MemoryLimiter())
+    try:
+        client = gw.client(gw.tenant("acme"))
+        assert httpx.get(gw.base_url + "/health").status_code == 200
+        client.completions.create(model=gw.model, prompt="hi", max_tokens=2)
+
+        os.kill(engine.pid, signal.SIGKILL)
+        engine._process.join(30)
+        deadline = time.monotonic() + 10  # the loop notices the closed socket
+        while engine.alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+        health = httpx.get(gw.base_url + "/health")
+        assert health.status_code == 503
+        assert health.json() == {"status": "engine_unavailable"}
+        with pytest.raises(openai.InternalServerError) as dead:
+            client.completions.create(model=gw.model, prompt="hi", max_tokens=2)
+        assert dead.value.status_code == 503
+        assert dead.value.code == "engine_unavailable"
+        assert gw.usage.records[-1].status == 503  # refused requests are still metered
+    finally:
+        stop()

@@ -23,7 +23,10 @@ async def metrics(request: Request) -> Response:
 
 
 async def health(request: Request) -> JSONResponse:
-    """Liveness: the process answers."""
+    """Liveness: the process answers and its engine serves (503 once the engine died, so
+    that an orchestrator restarts the server instead of routing tenants to it)."""
+    if not app_state(request).engine.alive:
+        return JSONResponse({"status": "engine_unavailable"}, status_code=503)
     return JSONResponse({"status": "ok"})
 
 
