@@ -45,6 +45,9 @@ class RequestState:
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = prompt_token_ids
+        # Built once: every stream event carries it, and a copy per event per step
+        # would cost O(prompt) each (and feed the garbage collector big young tuples).
+        self._prompt_tuple = tuple(prompt_token_ids)
         self.tokenizer = tokenizer
         self.arrival_time = arrival_time
         self.first_scheduled_time: float | None = None
@@ -143,7 +146,7 @@ class RequestState:
         return StreamEvent(
             request_id=self.request_id,
             deltas=tuple(deltas),
-            prompt_token_ids=tuple(self.prompt_token_ids),
+            prompt_token_ids=self._prompt_tuple,
             num_cached_tokens=self.num_cached_tokens,
             finished=finished,
             metrics=self.metrics() if finished else None,

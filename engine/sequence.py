@@ -40,6 +40,8 @@ class Sequence:
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
+    # Grows in place only (append/extend); any other change assigns a new list, which
+    # the runner's block table (engine/runner/block_table.py) notices by identity.
     block_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None

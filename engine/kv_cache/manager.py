@@ -349,6 +349,7 @@ class KVCacheManager:
         bs = self.block_size
         full = min(seq.num_computed_tokens // bs, len(seq.block_ids))
         i = st.registered
+        swapped = False
         while i < full and not st.stopped:
             seg_i, seg = next(
                 (k, s) for k, s in enumerate(st.segments) if s.end is None or i < s.end
@@ -364,6 +365,7 @@ class KVCacheManager:
             if canon != block:
                 self._acquire([canon])
                 seq.block_ids[i] = canon
+                swapped = True
                 self._release([block])
             else:
                 self._register(block, seg.domain, parent)
@@ -374,6 +376,10 @@ class KVCacheManager:
             st.locked[seg_i] = canon
             i += 1
         st.registered = i
+        if swapped:
+            # block_ids may only grow in place; a new list tells the runner's block
+            # table (which mirrors it by appended diffs) to resync the whole row.
+            seq.block_ids = list(seq.block_ids)
 
     def _partition_room(self, domain: str) -> bool:
         """In strict mode a domain caches at most its floor: make room from its own LRU."""

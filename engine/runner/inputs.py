@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention.backend import AttentionMetadata
+from engine.runner.block_table import BlockTable
 from engine.scheduler.output import SchedulerOutput
 
 # Triton specialises kernels on 16-byte-aligned pointers; packed fields keep that alignment.
@@ -31,8 +32,22 @@ class StepInputs:
     sampling_positions: tuple[int, ...]  # index into output.scheduled of each logits row
 
 
-def build_step_inputs(output: SchedulerOutput, block_size: int, device: torch.device) -> StepInputs:
-    """Lays the scheduled tokens end to end and derives slots, block tables and lengths."""
+def build_step_inputs(
+    output: SchedulerOutput,
+    block_size: int,
+    device: torch.device,
+    block_table: BlockTable | None = None,
+) -> StepInputs:
+    """Lays the scheduled tokens end to end and derives slots, block tables and lengths.
+
+    `block_table` is the runner's persistent copy of the block tables, synced here by
+    diffs; without one, a throwaway table is built from the lists.
+    """
+    table_rows = block_table if block_table is not None else BlockTable()
+    for seq in output.preempted:
+        # Their blocks are gone; a re-admitted sequence starts a fresh row.
+        table_rows.release(seq.seq_id)
+    rows: list[int] = []
     input_ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -52,16 +67,12 @@ def build_step_inputs(output: SchedulerOutput, block_size: int, device: torch.de
         query_lens.append(item.num_new_tokens)
         seq_lens.append(item.end)
         max_blocks = max(max_blocks, len(table))
+        rows.append(table_rows.sync(seq))
         if item.samples:
             logits_rows.append(query_start[-1] - 1)
             sampling_positions.append(idx)
 
-    tables: list[int] = []
-    for item in output.scheduled:
-        ids = item.seq.block_ids
-        tables.extend(ids)
-        tables.extend([0] * (max_blocks - len(ids)))
-
+    tables = table_rows.gather(rows, max_blocks)
     ids_t, positions_t, slots_t, logits_t = _pack(
         (input_ids, positions, slots, logits_rows), torch.int64, device
     )
@@ -99,21 +110,36 @@ def _extend_slots(slots: list[int], table: list[int], start: int, end: int, size
 
 
 def _pack(
-    fields: tuple[list[int], ...], dtype: torch.dtype, device: torch.device
+    fields: tuple[list[int] | torch.Tensor, ...], dtype: torch.dtype, device: torch.device
 ) -> list[torch.Tensor]:
-    """One host tensor and one copy to the device for several int lists; returns views.
+    """One host tensor and one copy to the device for several int fields; returns views.
 
     Building and copying a tensor costs far more than its few values, so the fields
     share one. Each view starts on a 16-byte boundary, as a tensor of its own would
-    be aligned for the kernels that read it.
+    be aligned for the kernels that read it. A field given as a host tensor (the
+    block tables) is copied in whole, never through a Python list.
     """
     step = max(1, _ALIGN_BYTES // dtype.itemsize)
-    flat: list[int] = []
+    parts: list[torch.Tensor] = []
+    flat: list[int] = []  # list fields not yet turned into a part
     bounds: list[tuple[int, int]] = []
+    size = 0
     for values in fields:
-        begin = len(flat)
-        flat.extend(values)
-        bounds.append((begin, len(flat)))
-        flat.extend([0] * (-len(flat) % step))
-    packed = torch.tensor(flat, dtype=dtype).to(device, non_blocking=True)
+        count = values.numel() if isinstance(values, torch.Tensor) else len(values)
+        pad = -count % step
+        bounds.append((size, size + count))
+        size += count + pad
+        if isinstance(values, torch.Tensor):
+            if flat:
+                parts.append(torch.tensor(flat, dtype=dtype))
+                flat = []
+            parts.append(values.reshape(-1).to(dtype))
+            flat = [0] * pad
+        else:
+            flat.extend(values)
+            flat.extend([0] * pad)
+    if flat or not parts:
+        parts.append(torch.tensor(flat, dtype=dtype))
+    host = parts[0] if len(parts) == 1 else torch.cat(parts)
+    packed = host.to(device, non_blocking=True)
     return [packed[begin:end] for begin, end in bounds]

@@ -15,6 +15,7 @@ from engine.attention.backend import AttentionBackend
 from engine.config import ModelArchitecture
 from engine.model.forward_context import ForwardContext
 from engine.model.llama import LlamaForCausalLM
+from engine.runner.block_table import BlockTable
 from engine.runner.cuda_graphs import DecodeGraphRunner
 from engine.runner.inputs import StepInputs, build_step_inputs
 from engine.sampling import Sampler, SamplingRow, make_generator
@@ -63,6 +64,8 @@ class ModelRunner:
         ]
         self.sampler = Sampler()
         self._generators: dict[str, torch.Generator] = {}
+        # Host copy of the live sequences' block tables, updated by diffs each step.
+        self.block_table = BlockTable()
         self.graphs: DecodeGraphRunner | None = None
 
     def capture_decode_graphs(self, max_batch: int, max_model_len: int) -> tuple[int, ...]:
@@ -90,7 +93,7 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> dict[str, SampledToken]:
         """Runs one step; returns the sampled token of every sequence that samples."""
-        inputs = build_step_inputs(output, self.block_size, self.device)
+        inputs = build_step_inputs(output, self.block_size, self.device, self.block_table)
         hidden = self._forward(inputs)
         if not inputs.sampling_positions:
             return {}
@@ -149,8 +152,9 @@ class ModelRunner:
             cache.index_fill_(1, index, 0)
 
     def release(self, seq_id: str) -> None:
-        """Forgets a finished sequence's sampling state."""
+        """Forgets a finished sequence's sampling state and block-table row."""
         self._generators.pop(seq_id, None)
+        self.block_table.release(seq_id)
 
 
 def _plain_greedy(rows: list[SamplingRow]) -> bool:
