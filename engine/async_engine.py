@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import threading
@@ -51,8 +52,9 @@ class RequestStream:
     Raises the engine's error if the request failed after it was queued.
     """
 
-    def __init__(self, request_id: str) -> None:
+    def __init__(self, request_id: str, prompt: tuple[int, ...] = ()) -> None:
         self.request_id = request_id
+        self.prompt = prompt  # kept only where the events arrive without it
         self._queue: asyncio.Queue[StreamEvent | BaseException] = asyncio.Queue()
         self._done = False
 
@@ -80,6 +82,10 @@ class EngineFront:
     Subclasses deliver inbox items with `_send` and call `_on_report` / `_on_dead`
     on the caller's loop.
     """
+
+    # False where reports arrive with each event's prompt left out (a whole prompt per
+    # request per step is too much to pickle); the stream's own copy is put back.
+    events_carry_prompts = True
 
     def __init__(self, info: EngineInfo, tokenizer: Tokenizer, stats: EngineStats) -> None:
         self.info = info
@@ -126,7 +132,7 @@ class EngineFront:
         if self._num_sent - self._num_taken + self._stats.num_waiting >= limit:
             raise EngineOverloadedError(f"the waiting queue is full ({limit} requests)")
         request_id = request_id or uuid.uuid4().hex
-        stream = RequestStream(request_id)
+        stream = RequestStream(request_id, () if self.events_carry_prompts else tuple(prompt_ids))
         self._streams[request_id] = stream
         self._num_sent += 1
         self._send(
@@ -184,6 +190,8 @@ class EngineFront:
                 continue
             if event.finished:
                 del streams[event.request_id]
+            if not event.prompt_token_ids and stream.prompt:
+                event = dataclasses.replace(event, prompt_token_ids=stream.prompt)
             stream._push(event)
         for failure in report.failures:
             failed = streams.pop(failure.request_id, None)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import logging
 import multiprocessing
@@ -103,7 +104,10 @@ def engine_process_main(factory: EngineFactory, conn: Connection) -> None:
         return
 
     def sink(report: StepReport) -> None:
-        conn.send_bytes(_dumps(report))
+        # Events leave their prompt behind: the parent has it, and a whole prompt per
+        # request per step would dominate what is pickled.
+        events = tuple(dataclasses.replace(e, prompt_token_ids=()) for e in report.events)
+        conn.send_bytes(_dumps(dataclasses.replace(report, events=events)))
 
     # The engine lives as long as the process: out of the collector's walk, a full
     # collection no longer pauses a step for tens of milliseconds.
@@ -140,6 +144,8 @@ class ProcessEngine(EngineFront):
     The constructor blocks until the child has built its engine (loading the model),
     and raises `EngineStartError` with the child's reason when it could not.
     """
+
+    events_carry_prompts = False
 
     def __init__(self, factory: EngineFactory, *, start_timeout_s: float = 900.0) -> None:
         ctx = multiprocessing.get_context("spawn")

@@ -39,7 +39,8 @@ class FastFakeModel(torch.nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits of each selected position's row."""
-        table: torch.Tensor = self.logits_table
+        table = self.logits_table
+        assert isinstance(table, torch.Tensor)  # a registered buffer
         return table[hidden]
 
 

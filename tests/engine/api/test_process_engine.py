@@ -60,6 +60,11 @@ def test_streams_validation_abort_and_overload(tiny_model: pathlib.Path) -> None
             got = await asyncio.gather(*(collect(s) for s in streams))
             assert got == expected
 
+            # Events cross without their prompt; each stream puts its own back.
+            stream = engine.submit(prompts[2], greedy, cache_domain="d")
+            events = [ev async for ev in stream]
+            assert all(ev.prompt_token_ids == tuple(prompts[2]) for ev in events)
+
             # Abort mid-stream: the stream ends with "abort" and the blocks are free.
             long = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
             stream = engine.submit(prompts[0], long, request_id="long", cache_domain="d")
