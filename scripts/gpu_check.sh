@@ -135,7 +135,9 @@ bench=(bench/gpu_decode.py "${smoke[@]}" --json-out "$LOGS/gpu.json"
   --hf-budget-s 100 --engine-budget-s 130 --wall-budget-s $((bench_limit - 15)))
 run_step gpu_decode "$bench_limit" "$PY" "${bench[@]}"
 
-if "$PY" -c "import matplotlib" 2>/dev/null && [ -s "$LOGS/gpu.json" ]; then
+if [[ ",${BENCH_PARTS:-hf}," != *,hf,* ]]; then
+  echo "plot skipped: the hf part did not run" | tee -a "$SUMMARY"
+elif "$PY" -c "import matplotlib" 2>/dev/null && [ -s "$LOGS/gpu.json" ]; then
   run_step plot 30 "$PY" bench/hf_peer.py --plot "$LOGS/gpu.json" "$OUT/decode_vs_hf.png"
 else
   echo "plot skipped: no matplotlib or no gpu.json" | tee -a "$SUMMARY"
