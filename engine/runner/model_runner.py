@@ -140,6 +140,7 @@ class ModelRunner:
             prompt_token_ids=seq.prompt_token_ids,
             output_token_ids=seq.output_token_ids,
             suppress_eos=suppress,
+            state_key=seq.seq_id,
         )
 
     @torch.inference_mode()
@@ -152,8 +153,10 @@ class ModelRunner:
             cache.index_fill_(1, index, 0)
 
     def release(self, seq_id: str) -> None:
-        """Forgets a finished sequence's sampling state and block-table row."""
+        """Forgets a finished sequence's sampling state (generator, penalty counts) and
+        block-table row. A preempted sequence keeps all three: its history is unchanged."""
         self._generators.pop(seq_id, None)
+        self.sampler.release(seq_id)
         self.block_table.release(seq_id)
 
 

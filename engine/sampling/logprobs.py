@@ -26,7 +26,7 @@ def compute_logprobs(
     if not wanted:
         return result
     index = torch.tensor(wanted, device=raw_logits.device)
-    logprobs = torch.log_softmax(raw_logits.index_select(0, index).float(), dim=-1)
+    logprobs = torch.log_softmax(raw_logits[index].float(), dim=-1)
     chosen = logprobs.gather(1, token_ids.index_select(0, index).unsqueeze(1)).squeeze(1)
     chosen_list: list[float] = chosen.tolist()
     counts = [rows[i].params.logprobs or 0 for i in wanted]

@@ -25,6 +25,10 @@ class SamplingRow:
     seeded sample's stream depends only on its own draws. Greedy rows never draw
     and may pass `None`. `suppress_eos` holds the token ids to mask while fewer than
     `params.min_tokens` output tokens exist; the caller fills it (EOS plus stop ids).
+    `state_key` names the sequence across steps: the sampler then keeps its penalty
+    counts (updated with new outputs only) until `Sampler.release(state_key)`; its
+    `output_token_ids` must then only grow in place. Without one, each call
+    counts the row's history afresh.
     """
 
     params: SamplingParams
@@ -32,6 +36,7 @@ class SamplingRow:
     prompt_token_ids: Sequence[int] = ()
     output_token_ids: Sequence[int] = ()
     suppress_eos: frozenset[int] = field(default_factory=frozenset)
+    state_key: str | None = None
 
 
 def derive_seed(seed: int, sample_index: int) -> int:

@@ -29,6 +29,7 @@ import torch
 
 from engine.sampling.logprobs import RowLogprobs, compute_logprobs
 from engine.sampling.penalties import apply_all, needs_adjustment
+from engine.sampling.penalty_state import PenaltyState
 from engine.sampling.row import SamplingError, SamplingRow
 from engine.sampling.truncation import NO_TOP_K, fits_in_prefix, keep_sorted, top_k_tensor
 
@@ -52,6 +53,12 @@ class Sampler:
         if any(width < 1 for width in candidate_widths):
             raise SamplingError(f"candidate widths must be positive, got {candidate_widths}")
         self._candidate_widths = tuple(sorted(candidate_widths))
+        # Penalty counts of the rows that carry a state_key, kept until `release`.
+        self.penalty_state = PenaltyState()
+
+    def release(self, state_key: str) -> None:
+        """Forgets the penalty state of a sequence that will not be sampled again."""
+        self.penalty_state.release(state_key)
 
     def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SamplerOutput:
         """Picks one token per row. `logits` is left untouched."""
@@ -63,7 +70,7 @@ class Sampler:
         if needs_adjustment(rows):
             # Adjust a copy: the raw logits are still needed for logprobs.
             work = work.clone()
-            apply_all(work, rows)
+            apply_all(work, rows, self.penalty_state)
         tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)
         greedy = [i for i, row in enumerate(rows) if row.params.greedy]
         sampled = [i for i, row in enumerate(rows) if not row.params.greedy]
@@ -139,7 +146,8 @@ def _take(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """Rows `index` (sorted, distinct) of `tensor`, without a copy when that is all of them."""
     if index.numel() == tensor.shape[0]:
         return tensor
-    return tensor.index_select(0, index)
+    # `[]`, not index_select: the latter is ~14x slower on the CPU at [200, 49152].
+    return tensor[index]
 
 
 def _draw_uniforms(rows: Sequence[SamplingRow], device: torch.device) -> torch.Tensor:
