@@ -27,10 +27,8 @@ from tests.utils.tiny_model import make_tiny_model_dir
 MESSAGES = [{"role": "user", "content": "Say something about caches. " * 6}]
 
 
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveGateway]:
-    """One live gateway whose engine loop runs in a child process, built as serve builds it."""
-    tmp = tmp_path_factory.mktemp("process-engine")
+def process_engine(tmp: Path, *, num_blocks: int) -> ProcessEngine:
+    """The tiny model's engine in a child process, built the way `cloister serve` builds it."""
     settings = Settings(
         data_dir=tmp,
         model=str(make_tiny_model_dir(tmp)),
@@ -39,8 +37,16 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveGateway]:
         max_model_len=512,
         log_level="WARNING",
     )
-    engine = load_engine(settings, num_blocks=256)
-    assert isinstance(engine, ProcessEngine)
+    engine = load_engine(settings, num_blocks=num_blocks)
+    assert isinstance(engine, ProcessEngine) and engine.pid is not None
+    return engine
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveGateway]:
+    """One live gateway whose engine loop runs in a child process."""
+    tmp = tmp_path_factory.mktemp("process-engine")
+    engine = process_engine(tmp, num_blocks=256)
     gw, stop = start_gateway(tmp, engine=engine, limiter=MemoryLimiter())
     yield gw
     stop()
@@ -108,16 +114,8 @@ def test_bad_input_is_a_4xx_and_the_engine_keeps_serving(gateway: LiveGateway) -
 
 
 def test_a_dead_engine_process_is_a_503_and_fails_health(tmp_path: Path) -> None:
-    settings = Settings(
-        data_dir=tmp_path,
-        model=str(make_tiny_model_dir(tmp_path)),
-        engine_mode="process",
-        attention_backend="torch",
-        max_model_len=512,
-        log_level="WARNING",
-    )
-    engine = load_engine(settings, num_blocks=64)
-    assert isinstance(engine, ProcessEngine) and engine.pid is not None
+    engine = process_engine(tmp_path, num_blocks=64)
+    assert engine.pid is not None
     gw, stop = start_gateway(tmp_path, engine=engine, limiter=MemoryLimiter())
     try:
         client = gw.client(gw.tenant("acme"))
