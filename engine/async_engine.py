@@ -15,6 +15,7 @@ the bounded waiting queue, one `RequestStream` per request, and the routing of e
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import dataclasses
@@ -76,7 +77,7 @@ class RequestStream:
         return item
 
 
-class EngineFront:
+class EngineFront(abc.ABC):
     """The caller's side of an engine loop; every method runs on the caller's event loop.
 
     Subclasses deliver inbox items with `_send` and call `_on_report` / `_on_dead`
@@ -173,11 +174,13 @@ class EngineFront:
 
     # -- for subclasses -----------------------------------------------------------------
 
+    @abc.abstractmethod
     def _send(self, item: InboxItem) -> None:
-        raise NotImplementedError
+        """Hands one inbox item to the engine loop, wherever it runs."""
 
+    @abc.abstractmethod
     def _running(self) -> bool:
-        raise NotImplementedError
+        """Whether the engine loop was started and has not been shut down."""
 
     def _on_report(self, report: StepReport) -> None:
         """Routes one report to its streams (on the caller's loop)."""
