@@ -46,10 +46,9 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cloister.commands.serve import run_server, serve_engine_options  # noqa: E402
+from cloister.commands.serve import load_engine, run_server, serve_engine_options  # noqa: E402
 from cloister.settings import Settings  # noqa: E402
 from engine.async_engine import AsyncEngine  # noqa: E402
-from engine.process_engine import ProcessEngine  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 from tests.gateway.processes import (  # noqa: E402
     create_tenant_key,
@@ -72,13 +71,8 @@ def serve_fake() -> None:
     """The gateway process: `cloister serve`'s path, configured by CLOISTER_*, fake model
     (on a thread or in a child process, as CLOISTER_ENGINE_MODE says)."""
     settings = Settings()
-    options = serve_engine_options(settings)
-    engine: Any
-    if settings.engine_mode == "process":
-        engine = ProcessEngine(functools.partial(fast_fake_llm_engine, **options))
-    else:
-        engine = fast_fake_engine(**options)
-    run_server(settings, engine=engine)
+    fake = functools.partial(fast_fake_llm_engine, **serve_engine_options(settings))
+    run_server(settings, engine=load_engine(settings, factory=fake))
 
 
 def _stat(path: str) -> list[str] | None:

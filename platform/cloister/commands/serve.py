@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,22 +60,28 @@ def serve_engine_options(settings: Settings) -> dict[str, Any]:
     }
 
 
-def load_engine(settings: Settings, **engine_options: Any) -> Any:
-    """The engine front `settings.engine_mode` asks for, over `settings.model`.
+def load_engine(
+    settings: Settings, *, factory: Callable[[], LLMEngine] | None = None, **engine_options: Any
+) -> Any:
+    """The engine front `settings.engine_mode` asks for.
 
     "thread": an AsyncEngine whose loop is a thread of this process; "process": a
     ProcessEngine whose loop is a child process (this call waits for it to be ready).
+    The engine is `factory()` (picklable, for the child) when given, else
+    `settings.model` with the serve options and `engine_options`.
     """
     options = {**serve_engine_options(settings), **engine_options}
     if settings.engine_mode == "process":
         from engine.process_engine import ProcessEngine
 
         return ProcessEngine(
-            functools.partial(build_engine_in_child, settings.log_level, settings.model, options)
+            factory
+            or functools.partial(build_engine_in_child, settings.log_level, settings.model, options)
         )
     from engine.async_engine import AsyncEngine
+    from engine.llm_engine import LLMEngine
 
-    return AsyncEngine.from_options(model=settings.model, **options)
+    return AsyncEngine(factory() if factory else LLMEngine.from_options(settings.model, **options))
 
 
 def build_engine_in_child(log_level: str, model: str | None, options: dict[str, Any]) -> LLMEngine:
