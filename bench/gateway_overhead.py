@@ -20,6 +20,11 @@ slow patch of a shared machine lands on both. Three measurements:
                gateway's split into its event-loop thread and its other threads
                (engine, metering writer), which share one GIL
 
+A fourth side, the floor (bench/floor_gateway.py; `--no-floor` skips it), is the least
+any gateway does: a bare ASGI app on the same server making one Redis round trip and
+streaming through the same engine process. What it adds is this machine's price for
+a hop over HTTP and Redis; the gateway's own cost is what it adds above it.
+
 Needs Redis (REDIS_URL, default 127.0.0.1:6379) for the limiter; falls back to the
 in-memory limiter when it is unreachable and says so. The last line is JSON.
 """
@@ -46,6 +51,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.floor_gateway import serve_floor  # noqa: E402
 from cloister.commands.serve import load_engine, run_server, serve_engine_options  # noqa: E402
 from cloister.settings import Settings  # noqa: E402
 from engine.async_engine import AsyncEngine  # noqa: E402
@@ -69,7 +75,11 @@ Call = Callable[[int], Awaitable[bool]]
 
 def serve_fake() -> None:
     """The gateway process: `cloister serve`'s path, configured by CLOISTER_*, fake model
-    (on a thread or in a child process, as CLOISTER_ENGINE_MODE says)."""
+    (on a thread or in a child process, as CLOISTER_ENGINE_MODE says); or, with
+    CLOISTER_BENCH_SIDE=floor, the bare floor app in front of the same engine."""
+    if os.environ.get("CLOISTER_BENCH_SIDE") == "floor":
+        serve_floor(MESSAGES)
+        return
     settings = Settings()
     fake = functools.partial(fast_fake_llm_engine, **serve_engine_options(settings))
     run_server(settings, engine=load_engine(settings, factory=fake))
@@ -335,6 +345,21 @@ def print_side(title: str, f: dict[str, Any], args: argparse.Namespace) -> None:
 # The gateway sides: the engine loop in a child process (the layout at scale, which
 # the Redis limiter implies) and on a thread of the gateway (the embedded default).
 ENGINE_MODES = {"gateway": "process", "gateway_thread": "thread"}
+# The least any gateway adds on this machine (bench/floor_gateway.py).
+FLOOR = "floor"
+
+
+def floor_verdict(gateway: dict[str, Any], floor: dict[str, Any], rate: float) -> str:
+    """One line comparing the gateway's added open-loop latency with the floor's."""
+    line = (
+        f"at {rate:g} req/s the floor adds p50 {floor['open_added_p50_ms']} ms, "
+        f"p99 {floor['open_added_p99_ms']} ms; the gateway adds "
+        f"{gateway['open_added_p50_ms'] - floor['open_added_p50_ms']:.2f} ms p50 and "
+        f"{gateway['open_added_p99_ms'] - floor['open_added_p99_ms']:.2f} ms p99 above it"
+    )
+    if floor["open_added_p99_ms"] >= GOAL_P99_MS:
+        line += f" (the {GOAL_P99_MS} ms goal is below this machine's floor)"
+    return line
 
 
 def main() -> None:
@@ -351,6 +376,12 @@ def main() -> None:
         "--engine-modes",
         default="process,thread",
         help="the gateways' engine modes to measure (process, thread or both)",
+    )
+    ap.add_argument(
+        "--no-floor",
+        dest="floor",
+        action="store_false",
+        help="skip the floor side (a bare ASGI app with one Redis call, bench/floor_gateway.py)",
     )
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -377,11 +408,16 @@ def main() -> None:
         backend = "memory (Redis unreachable)"
 
     command = [sys.executable, str(Path(__file__).resolve()), "--serve"]
-    configs = [{**settings, "engine_mode": mode} for mode in modes.values()]
+    side_configs = {name: {**settings, "engine_mode": mode} for name, mode in modes.items()}
+    if args.floor:
+        side_configs[FLOOR] = {**settings, "engine_mode": "process", "bench_side": "floor"}
     try:
-        with gateways(data, model, tmp / "logs", configs, command=command) as started:
+        with gateways(
+            data, model, tmp / "logs", list(side_configs.values()), command=command
+        ) as started:
             gws = {
-                name: (gw.base_url, gw.proc.pid) for name, gw in zip(modes, started, strict=True)
+                name: (gw.base_url, gw.proc.pid)
+                for name, gw in zip(side_configs, started, strict=True)
             }
             options = serve_engine_options(Settings(data_dir=data, **settings))
             engine = fast_fake_engine(**options)
@@ -403,7 +439,9 @@ def main() -> None:
         if backend == "redis":
             delete_prefix(client, prefix)
 
-    per_side = {name: side_figures(sides["direct"], sides[name], args.rate) for name in modes}
+    per_side = {
+        name: side_figures(sides["direct"], sides[name], args.rate) for name in side_configs
+    }
     first = next(iter(modes))
     result: dict[str, Any] = {
         "limiter": backend,
@@ -421,6 +459,19 @@ def main() -> None:
     for name, mode in modes.items():
         where = "a child process" if mode == "process" else "a thread of the gateway"
         print_side(f"gateway, engine loop in {where} (engine_mode={mode})", per_side[name], args)
+    if args.floor:
+        floor = per_side[FLOOR]
+        result[FLOOR] = floor
+        result["open_added_p99_over_floor_ms"] = round(
+            per_side[first]["open_added_p99_ms"] - floor["open_added_p99_ms"], 2
+        )
+        print_side(
+            "floor: bare ASGI app, one Redis round trip, the same engine process "
+            "(no auth, tokenizing, limits, metrics or metering)",
+            floor,
+            args,
+        )
+        print(floor_verdict(per_side[first], floor, args.rate))
     print(json.dumps(result))
 
 
