@@ -95,6 +95,9 @@ class EngineFront(abc.ABC):
         self.max_model_len = info.max_model_len
         self.vocab_size = info.vocab_size
         self._stats = stats
+        # Reports carry the per-domain counters only now and then (see EngineLoop):
+        # the last ones received, put back into the gauges when `stats()` is asked.
+        self._domains = stats.prefix_cache_domains
         self._streams: dict[str, RequestStream] = {}
         self._aborts: dict[int, asyncio.Future[None]] = {}
         self._abort_tokens = itertools.count()
@@ -162,8 +165,12 @@ class EngineFront(abc.ABC):
         await done
 
     def stats(self) -> EngineStats:
-        """The counters as of the last report."""
-        return self._stats
+        """The counters as of the last report, with the last per-domain counters received."""
+        stats = self._stats
+        if stats.prefix_cache_domains is self._domains:
+            return stats
+        # Built here, on the rare scrape, rather than on every report.
+        return dataclasses.replace(stats, prefix_cache_domains=self._domains)
 
     @property
     def alive(self) -> bool:
@@ -186,6 +193,8 @@ class EngineFront(abc.ABC):
         """Routes one report to its streams (on the caller's loop)."""
         self._num_taken = report.num_added
         self._stats = report.stats
+        if report.domains_included:
+            self._domains = report.stats.prefix_cache_domains
         streams = self._streams
         for event in report.events:
             stream = streams.get(event.request_id)

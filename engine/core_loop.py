@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -29,6 +30,11 @@ log = logging.getLogger("engine.loop")
 
 # How long an idle loop sleeps before it looks at its inbox again without a wake-up.
 IDLE_WAIT_S = 0.5
+
+# How often, at most, a busy loop puts every cache domain's counters in a report:
+# the snapshot is O(domains) (one per tenant, key or user), and a ProcessEngine
+# pickles it across its pipe. Reports in between carry the cheap gauges only.
+DOMAIN_STATS_INTERVAL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -125,6 +131,9 @@ class StepReport:
     aborted: tuple[int, ...]
     num_added: int  # AddRequests taken off the inbox since the loop started
     stats: EngineStats
+    # Whether `stats.prefix_cache_domains` is filled in; when False it is left empty and
+    # the receiver keeps the last one it got (nothing in it changed, or it is not due).
+    domains_included: bool
 
 
 ReportSink = Callable[[StepReport], None]
@@ -139,6 +148,10 @@ class EngineLoop:
         self._inbox: queue.SimpleQueue[InboxItem] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._num_added = 0
+        # Whether the cache domains may differ from the last report that carried them,
+        # and when that report went (None: none yet, so the first report carries them).
+        self._domains_changed = False
+        self._domains_sent_at: float | None = None
 
     def put(self, item: InboxItem) -> None:
         """Hands one item to the loop (any thread)."""
@@ -154,21 +167,43 @@ class EngineLoop:
             stopping = self._take_inbox(events, failures, aborted)
             if not stopping and self.engine.has_unfinished():
                 self._step(events, failures)
-            if events or failures or aborted:
+                self._domains_changed = True
+            idle = not self.engine.has_unfinished()
+            # Going idle always reports once more when the domains changed, so that the
+            # last report of a burst is exact even if its last step had no events.
+            if events or failures or aborted or (idle and self._domains_changed):
+                domains = self._domains_due(final=idle or stopping)
                 self._sink(
                     StepReport(
                         tuple(events),
                         tuple(failures),
                         tuple(aborted),
                         self._num_added,
-                        self.engine.stats(),
+                        self.engine.stats(domains=domains),
+                        domains,
                     )
                 )
             if stopping:
                 return
-            if not self.engine.has_unfinished():
+            if idle:
                 self._wake.wait(timeout=IDLE_WAIT_S)
                 self._wake.clear()
+
+    def _domains_due(self, *, final: bool) -> bool:
+        """Whether this report carries the cache domains; if so, counts them as sent.
+
+        They go in the first report, and after a change when the engine goes idle or
+        stops (`final`) or when `DOMAIN_STATS_INTERVAL_S` passed since they last went.
+        """
+        now = time.monotonic()
+        sent_at = self._domains_sent_at
+        due = sent_at is None or (
+            self._domains_changed and (final or now - sent_at >= DOMAIN_STATS_INTERVAL_S)
+        )
+        if due:
+            self._domains_sent_at = now
+            self._domains_changed = False
+        return due
 
     def _take_inbox(
         self, events: list[StreamEvent], failures: list[RequestFailure], aborted: list[int]
@@ -185,6 +220,7 @@ class EngineLoop:
                 event = self.engine.abort(item.request_id)
                 if event is not None:
                     events.append(event)
+                    self._domains_changed = True
                 aborted.append(item.token)
                 continue
             self._num_added += 1
@@ -202,6 +238,8 @@ class EngineLoop:
                 )
             except EngineError as exc:
                 failures.append(RequestFailure(item.request_id, exc))
+            else:
+                self._domains_changed = True
 
     def _step(self, events: list[StreamEvent], failures: list[RequestFailure]) -> None:
         try:

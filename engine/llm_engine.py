@@ -293,8 +293,12 @@ class LLMEngine:
             self.finished[state.request_id] = state
         return event
 
-    def stats(self) -> EngineStats:
-        """Counters and gauges for metrics."""
+    def stats(self, *, domains: bool = True) -> EngineStats:
+        """Counters and gauges for metrics.
+
+        `domains=False` leaves `prefix_cache_domains` empty: a snapshot of every cache
+        domain ever seen costs O(domains), too much for a report on every step.
+        """
         return EngineStats(
             num_running=len(self.scheduler.running),
             num_waiting=self.scheduler.num_waiting,
@@ -306,7 +310,7 @@ class LLMEngine:
             block_size=self.capacity.block_size,
             num_requests_finished=self._num_finished,
             num_generated_tokens=self._num_generated,
-            prefix_cache_domains=self.kv.domain_stats(),
+            prefix_cache_domains=self.kv.domain_stats() if domains else {},
         )
 
 
