@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,6 +16,9 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from engine.llm_engine import LLMEngine
+
+# How long a thread may hold the GIL while another waits for it (Python's default: 5 ms).
+GIL_SWITCH_INTERVAL_S = 0.0005
 
 FIRST_START_HINT = """\
 No tenants yet. Create one and a key for it:
@@ -202,9 +206,15 @@ def run_server(settings: Settings, *, engine: Any | None = None) -> None:
     # on a busy server, paid by whichever request is in flight).
     gc.collect()
     gc.freeze()
+    # The event loop shares the GIL with the metering writer and the console's sampler
+    # (and the engine, on a thread): when it gives the GIL up for a socket call, it waits
+    # for whichever of them took it to give it back, by default up to 5 ms a time.
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     try:
         uvicorn.run(app, host=settings.host, port=settings.port, log_config=None)
     finally:
+        sys.setswitchinterval(switch_interval)
         gc.unfreeze()  # let shutdown free them (extension modules check for leaks)
         app.state.metering.close()  # usage accepted before shutdown reaches the database
 
