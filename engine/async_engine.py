@@ -203,7 +203,7 @@ class EngineFront(abc.ABC):
             if event.finished:
                 del streams[event.request_id]
             if not event.prompt_token_ids and stream.prompt:
-                event = dataclasses.replace(event, prompt_token_ids=stream.prompt)
+                event = event.with_prompt(stream.prompt)
             stream._push(event)
         for failure in report.failures:
             failed = streams.pop(failure.request_id, None)

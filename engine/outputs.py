@@ -84,3 +84,14 @@ class StreamEvent:
     num_cached_tokens: int
     finished: bool
     metrics: RequestMetrics | None = None
+
+    def with_prompt(self, prompt_token_ids: tuple[int, ...]) -> StreamEvent:
+        """This event carrying `prompt_token_ids` (cheaper than `dataclasses.replace`)."""
+        return StreamEvent(
+            self.request_id,
+            self.deltas,
+            prompt_token_ids,
+            self.num_cached_tokens,
+            self.finished,
+            self.metrics,
+        )

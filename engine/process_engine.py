@@ -1,8 +1,11 @@
 """ProcessEngine: the engine loop in a child process, the same front as AsyncEngine.
 
     parent (event loop)                            child process "cloister-engine"
-    submit() --pickled AddRequest--> socket -->    reader thread --> EngineLoop inbox
+    submit() --framed AddRequest--> socket -->     reader thread --> EngineLoop inbox
     streams <-- _on_readable <-- socket <--        EngineLoop sink: one StepReport per step
+
+Messages are pickled and framed by `engine.frames` over a socket pair: the parent
+takes every report that has arrived with one `recv` per wake-up.
 
 With `AsyncEngine` the engine thread shares one GIL with the caller's event loop:
 under load each waits for the other (the gateway's HTTP work delays engine steps,
@@ -26,16 +29,17 @@ import gc
 import logging
 import multiprocessing
 import os
-import pickle
 import signal
+import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 
 from engine.async_engine import EngineFront
 from engine.core_loop import STOP, EngineInfo, EngineLoop, InboxItem, StepReport, Stop
 from engine.errors import EngineDeadError, EngineError
+from engine.frames import FrameDecoder, encode_frame
 from engine.llm_engine import LLMEngine
 from engine.model.tokenizer import Tokenizer
 from engine.stats import EngineStats
@@ -46,6 +50,8 @@ EngineFactory = Callable[[], LLMEngine]
 
 # Joining a child that does not stop by itself (a step stuck in a kernel) ends in kill.
 STOP_TIMEOUT_S = 10.0
+# The most one `recv` takes; more waiting means another wake-up of the reader.
+RECV_BYTES = 1 << 20
 
 
 # The child's environment, unless the caller's sets these itself. OpenMP workers that
@@ -86,11 +92,7 @@ class Failed:
     message: str
 
 
-def _dumps(obj: object) -> bytes:
-    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def engine_process_main(factory: EngineFactory, conn: Connection) -> None:
+def engine_process_main(factory: EngineFactory, sock: socket.socket) -> None:
     """The child: builds the engine, then serves its inbox until told to stop."""
     # Ctrl-C reaches the whole process group: the parent decides when the engine stops
     # (after its server has drained), so the child must not die of it first.
@@ -100,34 +102,38 @@ def engine_process_main(factory: EngineFactory, conn: Connection) -> None:
     except BaseException as exc:  # report why, whatever it was, then exit
         log.exception("the engine process could not build its engine")
         with contextlib.suppress(OSError):
-            conn.send_bytes(_dumps(Failed(f"{type(exc).__name__}: {exc}")))
+            sock.sendall(encode_frame(Failed(f"{type(exc).__name__}: {exc}")))
         return
 
     def sink(report: StepReport) -> None:
         # Events leave their prompt behind: the parent has it, and a whole prompt per
         # request per step would dominate what is pickled.
-        events = tuple(dataclasses.replace(e, prompt_token_ids=()) for e in report.events)
-        conn.send_bytes(_dumps(dataclasses.replace(report, events=events)))
+        events = tuple(e.with_prompt(()) for e in report.events)
+        sock.sendall(encode_frame(dataclasses.replace(report, events=events)))
 
     # The engine lives as long as the process: out of the collector's walk, a full
     # collection no longer pauses a step for tens of milliseconds.
     gc.collect()
     gc.freeze()
     core = EngineLoop(engine, sink)
-    conn.send_bytes(_dumps(Ready(EngineInfo.of(engine), engine.tokenizer, engine.stats())))
+    sock.sendall(encode_frame(Ready(EngineInfo.of(engine), engine.tokenizer, engine.stats())))
 
     def read_inbox() -> None:
         # The parent's messages arrive even while a step runs; a closed socket (the
         # parent exited or was killed) stops the engine.
+        decoder = FrameDecoder()
         while True:
             try:
-                item: InboxItem = pickle.loads(conn.recv_bytes())
-            except (EOFError, OSError):
+                data = sock.recv(RECV_BYTES)
+            except OSError:
+                data = b""
+            if not data:
                 core.put(STOP)
                 return
-            core.put(item)
-            if isinstance(item, Stop):
-                return
+            for item in decoder.feed(data):
+                core.put(item)  # type: ignore[arg-type]  # the parent sends only InboxItems
+                if isinstance(item, Stop):
+                    return
 
     threading.Thread(target=read_inbox, name="cloister-engine-inbox", daemon=True).start()
     try:
@@ -135,7 +141,7 @@ def engine_process_main(factory: EngineFactory, conn: Connection) -> None:
     except BaseException as exc:
         log.exception("engine loop died")
         with contextlib.suppress(OSError):
-            conn.send_bytes(_dumps(Failed(f"the engine loop died: {type(exc).__name__}: {exc}")))
+            sock.sendall(encode_frame(Failed(f"the engine loop died: {type(exc).__name__}: {exc}")))
 
 
 class ProcessEngine(EngineFront):
@@ -149,35 +155,57 @@ class ProcessEngine(EngineFront):
 
     def __init__(self, factory: EngineFactory, *, start_timeout_s: float = 900.0) -> None:
         ctx = multiprocessing.get_context("spawn")
-        self._conn, child_conn = ctx.Pipe(duplex=True)
+        self._sock, child_sock = socket.socketpair()
+        self._decoder = FrameDecoder()
         self._process = ctx.Process(
             target=engine_process_main,
-            args=(factory, child_conn),
+            args=(factory, child_sock),
             name="cloister-engine",
             daemon=True,
         )
         with _child_environment(CHILD_ENV):
             self._process.start()
-        child_conn.close()  # the child's copy is the only one left: its exit means EOF here
+        child_sock.close()  # the child's copy is the only one left: its exit means EOF here
         first = self._receive_first(start_timeout_s)
         super().__init__(first.info, first.tokenizer, first.stats)
         self._reading = False
 
     def _receive_first(self, timeout_s: float) -> Ready:
         try:
-            if not self._conn.poll(timeout_s):
-                raise EngineStartError(f"the engine process was not ready in {timeout_s:g} s")
-            first = pickle.loads(self._conn.recv_bytes())
-        except (EOFError, OSError) as exc:
-            raise EngineStartError("the engine process exited while starting") from exc
+            first = self._read_first(timeout_s)
         except EngineStartError:
             self._kill()
             raise
         if isinstance(first, Failed):
             self._process.join(STOP_TIMEOUT_S)
+            self._sock.close()
             raise EngineStartError(first.message)
         assert isinstance(first, Ready)
         return first
+
+    def _read_first(self, timeout_s: float) -> object:
+        """The child's first message (blocking: no event loop runs yet)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                if left <= 0:
+                    raise TimeoutError
+                self._sock.settimeout(left)
+                data = self._sock.recv(RECV_BYTES)
+            except TimeoutError:
+                raise EngineStartError(
+                    f"the engine process was not ready in {timeout_s:g} s"
+                ) from None
+            except OSError as exc:
+                raise EngineStartError("the engine process exited while starting") from exc
+            if not data:
+                raise EngineStartError("the engine process exited while starting")
+            # The child sends nothing after its first message until it is given work.
+            messages = self._decoder.feed(data)
+            if messages:
+                self._sock.settimeout(None)
+                return messages[0]
 
     @property
     def pid(self) -> int | None:
@@ -189,7 +217,7 @@ class ProcessEngine(EngineFront):
         if self._loop is not None:
             return
         self._loop = asyncio.get_running_loop()
-        self._loop.add_reader(self._conn.fileno(), self._on_readable)
+        self._loop.add_reader(self._sock.fileno(), self._on_readable)
         self._reading = True
 
     async def shutdown(self) -> None:
@@ -197,7 +225,7 @@ class ProcessEngine(EngineFront):
         self._stopping = True
         if self._process.is_alive():
             with contextlib.suppress(OSError):
-                self._conn.send_bytes(_dumps(STOP))
+                self._sock.sendall(encode_frame(STOP))
             await asyncio.to_thread(self._process.join, STOP_TIMEOUT_S)
         self._close(None)
         self._kill()
@@ -207,27 +235,30 @@ class ProcessEngine(EngineFront):
 
     def _send(self, item: InboxItem) -> None:
         try:
-            self._conn.send_bytes(_dumps(item))
+            self._sock.sendall(encode_frame(item))
         except OSError as exc:
             self._close(EngineDeadError("the engine process is gone"))
             raise EngineDeadError("the engine process is gone") from exc
 
     def _on_readable(self) -> None:
-        conn = self._conn
+        # The socket is readable: this `recv` returns at once, with every byte there.
         try:
-            while conn.poll():
-                message = pickle.loads(conn.recv_bytes())
-                if isinstance(message, StepReport):
-                    self._on_report(message)
-                elif isinstance(message, Failed):
-                    self._close(EngineDeadError(message.message))
-                    return
-        except (EOFError, OSError):
+            data = self._sock.recv(RECV_BYTES)
+        except OSError:
+            data = b""
+        if not data:
             self._close(None if self._stopping else EngineDeadError("the engine process exited"))
+            return
+        for message in self._decoder.feed(data):
+            if isinstance(message, StepReport):
+                self._on_report(message)
+            elif isinstance(message, Failed):
+                self._close(EngineDeadError(message.message))
+                return
 
     def _close(self, reason: BaseException | None) -> None:
         if self._reading and self._loop is not None:
-            self._loop.remove_reader(self._conn.fileno())
+            self._loop.remove_reader(self._sock.fileno())
             self._reading = False
         self._on_dead(reason)
 
@@ -235,4 +266,4 @@ class ProcessEngine(EngineFront):
         if self._process.is_alive():
             self._process.kill()
             self._process.join(STOP_TIMEOUT_S)
-        self._conn.close()
+        self._sock.close()

@@ -125,6 +125,6 @@ def test_a_factory_that_fails_raises_its_reason() -> None:
 
 def test_the_engine_process_exits_when_its_parent_goes(tiny_model: pathlib.Path) -> None:
     engine = ProcessEngine(_tiny_factory(tiny_model))
-    engine._conn.close()  # what the child sees when the parent dies
+    engine._sock.close()  # what the child sees when the parent dies
     engine._process.join(30)
     assert engine._process.exitcode is not None
