@@ -88,10 +88,24 @@ class FloorApp:
         )
         async for event in stream:
             text.extend(d.text for d in event.deltas)
+        # The whole shape OpenAI clients parse (a proxy in front of the floor reads it).
         answer = {
+            "id": f"chatcmpl-floor-{self.served}",
             "object": "chat.completion",
             "created": int(time.time()),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(text)}}],
+            "model": body.get("model", "floor"),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "".join(text)},
+                    "finish_reason": "length",
+                }
+            ],
+            "usage": {
+                "prompt_tokens": len(self.prompt_ids),
+                "completion_tokens": params.max_tokens,
+                "total_tokens": len(self.prompt_ids) + (params.max_tokens or 0),
+            },
         }
         await self._respond(send, 200, json.dumps(answer).encode())
 

@@ -20,10 +20,13 @@ slow patch of a shared machine lands on both. Three measurements:
                gateway's split into its event-loop thread and its other threads
                (engine, metering writer), which share one GIL
 
-A fourth side, the floor (bench/floor_gateway.py; `--no-floor` skips it), is the least
+A further side, the floor (bench/floor_gateway.py; `--no-floor` skips it), is the least
 any gateway does: a bare ASGI app on the same server making one Redis round trip and
 streaming through the same engine process. What it adds is this machine's price for
 a hop over HTTP and Redis; the gateway's own cost is what it adds above it.
+
+With `--litellm`, a peer: LiteLLM's proxy in front of the floor (bench/litellm_peer.py,
+installed apart); what it adds above the floor is set against what the gateway adds.
 
 Needs Redis (REDIS_URL, default 127.0.0.1:6379) for the limiter; falls back to the
 in-memory limiter when it is unreachable and says so. The last line is JSON.
@@ -43,6 +46,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +57,7 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.floor_gateway import serve_floor  # noqa: E402
+from bench.litellm_peer import litellm_proxy  # noqa: E402
 from cloister.commands.serve import load_engine, run_server, serve_engine_options  # noqa: E402
 from cloister.settings import Settings  # noqa: E402
 from engine.async_engine import AsyncEngine  # noqa: E402
@@ -199,13 +205,19 @@ def figures(direct: list[float], gateway: list[float]) -> dict[str, float]:
     }
 
 
-async def measure(
-    engine: AsyncEngine, gws: dict[str, tuple[str, int]], key: str, args: argparse.Namespace
-) -> dict[str, Any]:
-    """Every measurement on every side, alternating direct and each gateway each round.
+@dataclass(frozen=True)
+class Endpoint:
+    """One HTTP side: where it listens, its process (for CPU figures), the key it takes."""
 
-    `gws` maps a side's name to its gateway's base URL and process id.
-    """
+    base_url: str
+    pid: int
+    key: str
+
+
+async def measure(
+    engine: AsyncEngine, gws: dict[str, Endpoint], args: argparse.Namespace
+) -> dict[str, Any]:
+    """Every measurement on every side, alternating direct and each HTTP side each round."""
     tok = engine.tokenizer
     ids = tok.encode(tok.apply_chat_template(MESSAGES), add_special_tokens=False)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
@@ -229,14 +241,14 @@ async def measure(
     # connections idle longer than that, and reusing one as the server closes it
     # resets the request.
     connector = aiohttp.TCPConnector(limit=64, keepalive_timeout=3.0)
-    headers = {"Authorization": f"Bearer {key}"}
-    async with aiohttp.ClientSession(headers=headers, connector=connector) as session:
+    async with aiohttp.ClientSession(connector=connector) as session:
 
-        def via(base_url: str) -> Call:
-            url = base_url + "/v1/chat/completions"
+        def via(endpoint: Endpoint) -> Call:
+            url = endpoint.base_url + "/v1/chat/completions"
+            headers = {"Authorization": f"Bearer {endpoint.key}"}
 
             async def call(i: int) -> bool:
-                async with session.post(url, json=body) as r:
+                async with session.post(url, json=body, headers=headers) as r:
                     await r.read()
                     statuses[r.status] = statuses.get(r.status, 0) + 1
                     return r.status == 200
@@ -244,7 +256,7 @@ async def measure(
             return call
 
         sides: dict[str, Call] = {"direct": direct}
-        sides.update((name, via(base_url)) for name, (base_url, _) in gws.items())
+        sides.update((name, via(endpoint)) for name, endpoint in gws.items())
         out: dict[str, dict[str, Any]] = {name: {"sequential": [], "open": []} for name in sides}
         for call in sides.values():  # warm-up: connections, the auth cache, the engine
             await sequential(call, 20, 0)
@@ -262,7 +274,7 @@ async def measure(
                 n += per_round_open
                 await asyncio.sleep(0.2)  # let the queue empty before the other side starts
         for name, call in sides.items():
-            pid = gws[name][1] if name in gws else os.getpid()
+            pid = gws[name].pid if name in gws else os.getpid()
             rps, cpu, loop_cpu = await closed_loop(call, args.seconds, args.concurrency, pid, n)
             n += 10_000_000
             out[name].update(rps=rps, cpu_ms=cpu, loop_cpu_ms=loop_cpu)
@@ -336,7 +348,8 @@ def print_side(title: str, f: dict[str, Any], args: argparse.Namespace) -> None:
         f"(direct {f['direct_max_rps']}, ratio "
         f"{f['max_rps'] / max(f['direct_max_rps'], 1e-9):.2f}); CPU per request: gateway "
         f"{f['gateway_cpu_ms_per_request']} ms (event loop "
-        f"{f['gateway_loop_cpu_ms_per_request']} ms, engine and metering "
+        f"{f['gateway_loop_cpu_ms_per_request']} ms; other threads and child processes, "
+        f"such as the engine and the metering writer, "
         f"{f['gateway_other_cpu_ms_per_request']} ms), direct "
         f"{f['direct_cpu_ms_per_request']} ms (engine and client)"
     )
@@ -347,6 +360,59 @@ def print_side(title: str, f: dict[str, Any], args: argparse.Namespace) -> None:
 ENGINE_MODES = {"gateway": "process", "gateway_thread": "thread"}
 # The least any gateway adds on this machine (bench/floor_gateway.py).
 FLOOR = "floor"
+# LiteLLM's proxy in front of the floor, the peer (bench/litellm_peer.py).
+LITELLM = "litellm"
+PEER_FIGURES = ("seq_added_p50_ms", "seq_added_p99_ms", "open_added_p50_ms", "open_added_p99_ms")
+
+
+def peer_comparison(
+    gateway: dict[str, Any], floor: dict[str, Any], litellm: dict[str, Any], rate: float
+) -> dict[str, Any]:
+    """What Cloister's gateway and LiteLLM's proxy each add above the floor, and the ratio."""
+    # Past its max rate a side's open-loop queue only grows: its latencies measure the
+    # length of the run, not the proxy.
+    out: dict[str, Any] = {"litellm_sustains_rate": litellm["max_rps"] >= rate}
+    for name in PEER_FIGURES:
+        ours = round(gateway[name] - floor[name], 2)
+        theirs = round(litellm[name] - floor[name], 2)
+        out[name.replace("added", "above_floor")] = {
+            "cloister": ours,
+            "litellm": theirs,
+            # A difference at or under zero is within the noise: no ratio.
+            "litellm_over_cloister": round(theirs / ours, 1) if ours > 0 else None,
+        }
+    out["max_rps"] = {
+        "cloister": gateway["max_rps"],
+        "litellm": litellm["max_rps"],
+        "cloister_over_litellm": round(gateway["max_rps"] / max(litellm["max_rps"], 1e-9), 2),
+    }
+    return out
+
+
+def peer_lines(peer: dict[str, Any]) -> list[str]:
+    """The peer comparison as text."""
+    lines = ["above the floor, Cloister's gateway vs LiteLLM's proxy:"]
+    for name, f in peer.items():
+        if name == "litellm_sustains_rate":
+            continue
+        if name.startswith("open_") and not peer["litellm_sustains_rate"]:
+            lines.append(
+                f"  {name}: Cloister {f['cloister']} ms; LiteLLM cannot sustain the open "
+                f"loop's rate here (its queue grows: {f['litellm']} ms)"
+            )
+            continue
+        if name == "max_rps":
+            lines.append(
+                f"  max req/s: Cloister {f['cloister']}, LiteLLM {f['litellm']} "
+                f"({f['cloister_over_litellm']}x)"
+            )
+            continue
+        ratio = f["litellm_over_cloister"]
+        lines.append(
+            f"  {name}: Cloister {f['cloister']} ms, LiteLLM {f['litellm']} ms"
+            + (f" (LiteLLM adds {ratio}x as much)" if ratio is not None else "")
+        )
+    return lines
 
 
 def floor_verdict(gateway: dict[str, Any], floor: dict[str, Any], rate: float) -> str:
@@ -383,6 +449,12 @@ def main() -> None:
         action="store_false",
         help="skip the floor side (a bare ASGI app with one Redis call, bench/floor_gateway.py)",
     )
+    ap.add_argument(
+        "--litellm",
+        default=os.environ.get("CLOISTER_BENCH_LITELLM"),
+        help="LiteLLM's `litellm` command, to measure its proxy as a peer in front of the "
+        "floor (installed apart: see bench/litellm_peer.py); default $CLOISTER_BENCH_LITELLM",
+    )
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
@@ -391,6 +463,8 @@ def main() -> None:
     modes = {n: m for n, m in ENGINE_MODES.items() if m in args.engine_modes.split(",")}
     if not modes:
         ap.error("--engine-modes names none of: process, thread")
+    if args.litellm and not args.floor:
+        ap.error("--litellm measures LiteLLM in front of the floor: drop --no-floor")
     tmp = Path(tempfile.mkdtemp(prefix="cloister-bench-"))
     model = make_tiny_model_dir(tmp)
     data = tmp / "data"
@@ -412,13 +486,19 @@ def main() -> None:
     if args.floor:
         side_configs[FLOOR] = {**settings, "engine_mode": "process", "bench_side": "floor"}
     try:
-        with gateways(
-            data, model, tmp / "logs", list(side_configs.values()), command=command
-        ) as started:
+        with ExitStack() as stack:
+            started = stack.enter_context(
+                gateways(data, model, tmp / "logs", list(side_configs.values()), command=command)
+            )
             gws = {
-                name: (gw.base_url, gw.proc.pid)
+                name: Endpoint(gw.base_url, gw.proc.pid, key)
                 for name, gw in zip(side_configs, started, strict=True)
             }
+            if args.litellm:
+                proxy = stack.enter_context(
+                    litellm_proxy(args.litellm, "tiny", gws[FLOOR].base_url, tmp)
+                )
+                gws[LITELLM] = Endpoint(proxy.base_url, proxy.pid, proxy.key)
             options = serve_engine_options(Settings(data_dir=data, **settings))
             engine = fast_fake_engine(**options)
 
@@ -429,7 +509,7 @@ def main() -> None:
             async def run() -> dict[str, Any]:
                 await engine.start()
                 try:
-                    return await measure(engine, gws, key, args)
+                    return await measure(engine, gws, args)
                 finally:
                     await engine.shutdown()
 
@@ -439,9 +519,7 @@ def main() -> None:
         if backend == "redis":
             delete_prefix(client, prefix)
 
-    per_side = {
-        name: side_figures(sides["direct"], sides[name], args.rate) for name in side_configs
-    }
+    per_side = {name: side_figures(sides["direct"], sides[name], args.rate) for name in gws}
     first = next(iter(modes))
     result: dict[str, Any] = {
         "limiter": backend,
@@ -472,6 +550,13 @@ def main() -> None:
             args,
         )
         print(floor_verdict(per_side[first], floor, args.rate))
+    if args.litellm:
+        peer = per_side[LITELLM]
+        result[LITELLM] = peer
+        result["peer"] = peer_comparison(per_side[first], per_side[FLOOR], peer, args.rate)
+        print_side("peer: LiteLLM's proxy in front of the floor (no rate limiter)", peer, args)
+        for line in peer_lines(result["peer"]):
+            print(line)
     print(json.dumps(result))
 
 
