@@ -17,15 +17,12 @@ from __future__ import annotations
 
 import secrets
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
-from tests.utils.services import free_port
+from tests.utils.services import free_port, wait_http_ok
 
 START_TIMEOUT_S = 180.0
 
@@ -71,7 +68,7 @@ def litellm_proxy(
         )
     base_url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(proc, base_url, log_path)
+        wait_http_ok(proc, base_url + "/health/liveliness", log_path, START_TIMEOUT_S, "LiteLLM")
         yield LiteLLMProxy(base_url, proc.pid, key)
     finally:
         proc.terminate()
@@ -80,18 +77,3 @@ def litellm_proxy(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
-
-
-def _wait_ready(proc: subprocess.Popen[bytes], base_url: str, log_path: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = log_path.read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"LiteLLM exited with {proc.returncode}:\n{tail}")
-        try:
-            if httpx.get(base_url + "/health/liveliness", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"LiteLLM did not start in {START_TIMEOUT_S:g} s (log: {log_path})")

@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +17,7 @@ import httpx
 import pytest
 
 from tests.gateway.conftest import free_port
+from tests.utils.services import wait_http_ok
 from tests.utils.tiny_model import make_tiny_model_dir
 
 CHROMIUM = "/usr/bin/chromium"
@@ -72,20 +72,6 @@ def _require_chromium() -> None:
         pytest.skip(reason=f"{CHROMIUM} is not installed (apt-get install chromium)")
 
 
-def _wait_ready(proc: subprocess.Popen[bytes], base: str, log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"cloister serve exited:\n{log.read_text(errors='replace')[-4000:]}")
-        try:
-            if httpx.get(base + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"cloister serve did not start:\n{log.read_text(errors='replace')[-4000:]}")
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One `cloister serve` per module: own data dir, tiny random model, audit signing key."""
@@ -119,7 +105,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         )
     base = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(proc, base, log_path)
+        wait_http_ok(proc, base + "/health", log_path, START_TIMEOUT_S, "cloister serve")
         srv = Server(base, env, proc, log_path, admin_token="")
         srv.admin_token = json.loads(srv.cli("admin", "create-token", "--role", "admin", "--json"))[
             "token"

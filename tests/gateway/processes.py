@@ -9,19 +9,18 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tests.gateway.conftest import PEPPER, free_port
+from tests.utils.services import wait_http_ok
 
 START_TIMEOUT_S = 120.0  # two processes importing torch on two busy cores
 
@@ -104,17 +103,7 @@ def spawn_gateway(
 
 def wait_ready(gw: GatewayProcess, timeout_s: float = START_TIMEOUT_S) -> None:
     """Blocks until /health answers; raises with the process's log when it died or hung."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if gw.proc.poll() is not None:
-            raise RuntimeError(f"gateway exited with {gw.proc.returncode}:\n{gw.logs()[-4000:]}")
-        try:
-            if httpx.get(gw.base_url + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"gateway did not start in {timeout_s}s:\n{gw.logs()[-4000:]}")
+    wait_http_ok(gw.proc, gw.base_url + "/health", gw.log_path, timeout_s, "gateway")
 
 
 def stop(gw: GatewayProcess) -> None:

@@ -10,7 +10,9 @@ import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
+import httpx
 import pytest
 import redis
 import sqlalchemy as sa
@@ -65,6 +67,26 @@ def postgres_database() -> Iterator[str]:
         with admin.connect() as conn:
             conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+def wait_http_ok(
+    proc: subprocess.Popen[bytes], url: str, log_path: Path, timeout_s: float, what: str
+) -> None:
+    """Blocks until GET `url` answers 200; raises with the tail of `proc`'s log when it
+    exited or did not answer within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log_path.read_text(errors="replace")[-4000:]
+            raise RuntimeError(f"{what} exited with {proc.returncode}:\n{tail}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    tail = log_path.read_text(errors="replace")[-4000:]
+    raise RuntimeError(f"{what} did not start in {timeout_s:g} s:\n{tail}")
 
 
 def free_port() -> int:
