@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.utils.services import free_port, wait_http_ok
+from tests.utils.services import free_port, stop_process, wait_http_ok
 
 START_TIMEOUT_S = 180.0
 
@@ -71,9 +71,4 @@ def litellm_proxy(
         wait_http_ok(proc, base_url + "/health/liveliness", log_path, START_TIMEOUT_S, "LiteLLM")
         yield LiteLLMProxy(base_url, proc.pid, key)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_process(proc)

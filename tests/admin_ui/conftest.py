@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.gateway.conftest import free_port
-from tests.utils.services import wait_http_ok
+from tests.utils.services import stop_process, wait_http_ok
 from tests.utils.tiny_model import make_tiny_model_dir
 
 CHROMIUM = "/usr/bin/chromium"
@@ -112,12 +112,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         ]
         yield srv
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_process(proc)
         OUTPUT.mkdir(parents=True, exist_ok=True)
         shutil.copy(log_path, OUTPUT / "serve.log")
 

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tests.gateway.conftest import PEPPER, free_port
-from tests.utils.services import wait_http_ok
+from tests.utils.services import stop_process, wait_http_ok
 
 START_TIMEOUT_S = 120.0  # two processes importing torch on two busy cores
 
@@ -108,13 +108,7 @@ def wait_ready(gw: GatewayProcess, timeout_s: float = START_TIMEOUT_S) -> None:
 
 def stop(gw: GatewayProcess) -> None:
     """SIGTERM, then SIGKILL if it does not exit in time."""
-    if gw.proc.poll() is None:
-        gw.proc.terminate()
-        try:
-            gw.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            gw.proc.kill()
-            gw.proc.wait(timeout=10)
+    stop_process(gw.proc)
 
 
 @contextmanager

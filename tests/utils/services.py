@@ -89,6 +89,17 @@ def wait_http_ok(
     raise RuntimeError(f"{what} did not start in {timeout_s:g} s:\n{tail}")
 
 
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL if `proc` does not exit in time."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
 def free_port() -> int:
     """A TCP port nobody listens on right now."""
     with socket.socket() as s:

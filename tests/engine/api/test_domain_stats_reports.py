@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import pathlib
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -43,6 +44,26 @@ async def _drain(stream: RequestStream) -> int:
     return sum([len(d.token_ids) async for ev in stream for d in ev.deltas])
 
 
+async def _a_and_b(front: EngineFront) -> list[int]:
+    """PROMPT_A in domain t:a and PROMPT_B in t:b at once; the tokens each produced."""
+    a = front.submit(PROMPT_A, GREEDY, cache_domain="t:a")
+    b = front.submit(PROMPT_B, GREEDY, cache_domain="t:b")
+    return list(await asyncio.gather(_drain(a), _drain(b)))
+
+
+def _serve(front: EngineFront, body: Callable[[], Awaitable[object]]) -> None:
+    """Starts `front`, awaits `body()`, shuts the front down."""
+
+    async def main() -> None:
+        await front.start()
+        try:
+            await body()
+        finally:
+            await front.shutdown()
+
+    asyncio.run(main())
+
+
 @pytest.fixture
 def tiny_engine(tiny_model: pathlib.Path) -> AsyncEngine:
     return AsyncEngine.from_options(str(tiny_model), num_blocks=128, attention_backend="torch")
@@ -55,18 +76,12 @@ def test_domains_only_in_first_and_idle_reports(
     monkeypatch.setattr(core_loop, "DOMAIN_STATS_INTERVAL_S", 3600.0)
     recorded = _record(tiny_engine)
 
-    async def main() -> None:
-        await tiny_engine.start()
-        try:
-            a = tiny_engine.submit(PROMPT_A, GREEDY, cache_domain="t:a")
-            b = tiny_engine.submit(PROMPT_B, GREEDY, cache_domain="t:b")
-            assert await asyncio.gather(_drain(a), _drain(b)) == [8, 8]
-            again = tiny_engine.submit(PROMPT_A, GREEDY, cache_domain="t:a")
-            assert await _drain(again) == 8
-        finally:
-            await tiny_engine.shutdown()
+    async def bursts() -> None:
+        assert await _a_and_b(tiny_engine) == [8, 8]
+        again = tiny_engine.submit(PROMPT_A, GREEDY, cache_domain="t:a")
+        assert await _drain(again) == 8
 
-    asyncio.run(main())
+    _serve(tiny_engine, bursts)
 
     reports = [r for r, _ in recorded]
     assert reports[0].domains_included
@@ -108,16 +123,7 @@ def test_domains_included_while_running_once_the_interval_elapsed(
     monkeypatch.setattr(core_loop, "DOMAIN_STATS_INTERVAL_S", 0.0)
     recorded = _record(tiny_engine)
 
-    async def main() -> None:
-        await tiny_engine.start()
-        try:
-            a = tiny_engine.submit(PROMPT_A, GREEDY, cache_domain="t:a")
-            b = tiny_engine.submit(PROMPT_B, GREEDY, cache_domain="t:b")
-            await asyncio.gather(_drain(a), _drain(b))
-        finally:
-            await tiny_engine.shutdown()
-
-    asyncio.run(main())
+    _serve(tiny_engine, functools.partial(_a_and_b, tiny_engine))
     reports = [r for r, _ in recorded]
 
     # Every report follows a step, so with the interval always elapsed each carries them.
@@ -136,17 +142,11 @@ def test_process_engine_delivers_domains(tiny_model: pathlib.Path) -> None:
     assert engine.stats().prefix_cache_domains == {}
     recorded = _record(engine)
 
-    async def main() -> None:
-        await engine.start()
-        try:
-            for _ in range(2):
-                a = engine.submit(PROMPT_A, GREEDY, cache_domain="t:a")
-                b = engine.submit(PROMPT_B, GREEDY, cache_domain="t:b")
-                await asyncio.gather(_drain(a), _drain(b))
-        finally:
-            await engine.shutdown()
+    async def two_rounds() -> None:
+        for _ in range(2):
+            await _a_and_b(engine)
 
-    asyncio.run(main())
+    _serve(engine, two_rounds)
 
     assert recorded[-1][0].domains_included  # the report that left the child idle
     domains = engine.stats().prefix_cache_domains
