@@ -72,8 +72,7 @@ def _backend(name: str) -> AttentionBackend:
     if os.environ.get("TRITON_INTERPRET") != "1":
         # These checks run on CPU tensors, which only the interpreter takes; compiled
         # kernels on a CUDA device are checked by test_cuda_device.py instead.
-        why = "CPU-tensor check: needs TRITON_INTERPRET=1 (scripts/test sets it); on CUDA, "
-        pytest.skip(why + "test_cuda_device.py covers graph replay vs eager with triton")
+        pytest.skip(reason="CPU tensors need TRITON_INTERPRET=1; CUDA: test_cuda_device.py")
     from engine.attention.triton_backend import TritonAttentionBackend
 
     return TritonAttentionBackend()
