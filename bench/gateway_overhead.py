@@ -373,8 +373,8 @@ def peer_comparison(
     # length of the run, not the proxy.
     out: dict[str, Any] = {"litellm_sustains_rate": litellm["max_rps"] >= rate}
     for name in PEER_FIGURES:
-        ours = round(gateway[name] - floor[name], 2)
-        theirs = round(litellm[name] - floor[name], 2)
+        ours = above_floor(gateway, floor, name)
+        theirs = above_floor(litellm, floor, name)
         out[name.replace("added", "above_floor")] = {
             "cloister": ours,
             "litellm": theirs,
@@ -415,13 +415,18 @@ def peer_lines(peer: dict[str, Any]) -> list[str]:
     return lines
 
 
+def above_floor(side: dict[str, Any], floor: dict[str, Any], name: str) -> float:
+    """What `side` adds above the floor in figure `name` (ms, rounded for printing)."""
+    return round(side[name] - floor[name], 2)
+
+
 def floor_verdict(gateway: dict[str, Any], floor: dict[str, Any], rate: float) -> str:
     """One line comparing the gateway's added open-loop latency with the floor's."""
     line = (
         f"at {rate:g} req/s the floor adds p50 {floor['open_added_p50_ms']} ms, "
         f"p99 {floor['open_added_p99_ms']} ms; the gateway adds "
-        f"{gateway['open_added_p50_ms'] - floor['open_added_p50_ms']:.2f} ms p50 and "
-        f"{gateway['open_added_p99_ms'] - floor['open_added_p99_ms']:.2f} ms p99 above it"
+        f"{above_floor(gateway, floor, 'open_added_p50_ms')} ms p50 and "
+        f"{above_floor(gateway, floor, 'open_added_p99_ms')} ms p99 above it"
     )
     if floor["open_added_p99_ms"] >= GOAL_P99_MS:
         line += f" (the {GOAL_P99_MS} ms goal is below this machine's floor)"
@@ -540,8 +545,8 @@ def main() -> None:
     if args.floor:
         floor = per_side[FLOOR]
         result[FLOOR] = floor
-        result["open_added_p99_over_floor_ms"] = round(
-            per_side[first]["open_added_p99_ms"] - floor["open_added_p99_ms"], 2
+        result["open_added_p99_over_floor_ms"] = above_floor(
+            per_side[first], floor, "open_added_p99_ms"
         )
         print_side(
             "floor: bare ASGI app, one Redis round trip, the same engine process "
