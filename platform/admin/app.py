@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import secrets
+
 from fastapi import FastAPI
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -23,7 +25,14 @@ def make_services(
         signing_key=load_private_key(key.get_secret_value()) if key else None,
         checkpoint_every=settings.audit_checkpoint_every,
     )
-    return AdminServices(sessions=sessions, pepper=pepper, settings=settings, audit=audit)
+    session_key = settings.session_key
+    return AdminServices(
+        sessions=sessions,
+        pepper=pepper,
+        settings=settings,
+        audit=audit,
+        session_key=session_key.get_secret_value() if session_key else secrets.token_hex(32),
+    )
 
 
 def create_admin_app(services: AdminServices) -> FastAPI:

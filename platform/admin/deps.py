@@ -32,6 +32,7 @@ class AdminServices:
     pepper: str
     settings: AdminSettings
     audit: AuditLog
+    session_key: str  # signs session tokens and the sign-in cookie; never the pepper
 
 
 class AdminContext:
@@ -123,7 +124,10 @@ def context_dependency(services: AdminServices) -> Any:
         with services.sessions() as session:
             try:
                 identity = authenticate_admin(
-                    session, services.pepper, request.headers.get("authorization")
+                    session,
+                    services.pepper,
+                    request.headers.get("authorization"),
+                    session_key=services.session_key,
                 )
             except Unauthenticated as exc:
                 path = request.url.path

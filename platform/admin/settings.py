@@ -23,6 +23,9 @@ class AdminSettings(BaseModel):
     oidc_tenant_claim: str = "cloister_tenant"
     oidc_default_role: str | None = None  # role for users whose token lacks the claim; None: refuse
     session_ttl_s: int = Field(default=8 * 3600, ge=60)
+    # HMAC key for session tokens and the sign-in cookie (never the key pepper, which
+    # hashes stored credentials). None: a random key per process, so sessions end with it.
+    session_key: SecretStr | None = None
     # Hex Ed25519 private key (32 bytes) for audit checkpoints; None: checkpoints unsigned -> refused.
     audit_signing_key: SecretStr | None = None
     audit_checkpoint_every: int = Field(default=1000, ge=1)

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from cloister.settings import Settings
+from cloister.settings import Settings, private_data_dir
 
 
 @contextmanager
@@ -20,7 +20,7 @@ def admin_context() -> Iterator[tuple[Settings, Any, Any]]:
 
     settings = Settings()
     url = settings.resolved_database_url
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    private_data_dir(settings.data_dir)
     upgrade_database(url)
     engine = make_engine(url)
     try:

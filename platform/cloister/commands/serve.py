@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from cloister.settings import Settings
+from cloister.settings import Settings, private_data_dir
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -41,7 +41,7 @@ def prepare_database(settings: Settings) -> bool:
     from tenancy.db import make_engine, upgrade_database
     from tenancy.models import Tenant
 
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    private_data_dir(settings.data_dir)
     url = settings.resolved_database_url
     upgrade_database(url)
     engine = make_engine(url)
