@@ -11,7 +11,7 @@ Every denial (401/403) and every write is recorded in the audit log.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,3 +145,25 @@ def context_dependency(services: AdminServices) -> Any:
             yield AdminContext(services, request, identity, session)
 
     return dependency
+
+
+OPERATOR_ROLES: tuple[Role, ...] = ("admin", "viewer")
+
+
+def operator_auth(services: AdminServices) -> Callable[[str], bool]:
+    """The gateway's check for its tenant-labelled metrics: an admin or viewer credential.
+
+    A tenant-admin sees only its own tenant, so it is no operator here.
+    """
+
+    def check(authorization: str) -> bool:
+        with services.sessions() as session:
+            try:
+                identity = authenticate_admin(
+                    session, services.pepper, authorization, session_key=services.session_key
+                )
+            except (Unauthenticated, ValueError):
+                return False
+        return identity.role in OPERATOR_ROLES
+
+    return check

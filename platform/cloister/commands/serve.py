@@ -124,6 +124,7 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
         key_prefix=settings.redis_key_prefix,
     )
     from admin.app import make_services
+    from admin.deps import operator_auth
     from admin.metering import MeteringSink
     from admin.router import create_admin_router
     from admin.ui import gateway_engine_stats, mount_console
@@ -139,6 +140,7 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
         authenticator=authenticator,
         limiter=limiter,
         usage_sink=metering,
+        operator_auth=operator_auth(services),  # who sees the tenant series on /metrics
     )
     # One process serves the admin API and its console next to the gateway.
     app.include_router(create_admin_router(services))
