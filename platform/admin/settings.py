@@ -29,6 +29,10 @@ class AdminSettings(BaseModel):
     # Hex Ed25519 private key (32 bytes) for audit checkpoints; None: checkpoints unsigned -> refused.
     audit_signing_key: SecretStr | None = None
     audit_checkpoint_every: int = Field(default=1000, ge=1)
+    # A running server also signs the head this often, and at shutdown; None: only at N.
+    audit_checkpoint_interval_s: float | None = Field(default=60.0, gt=0)
+    # A copy of the newest checkpoint outside the database; None: not kept.
+    audit_head_path: Path | None = None
     spool_path: Path = Path("./var/usage-spool.jsonl")
     usage_retention_days: int = Field(default=90, ge=1)
     metering_batch: int = Field(default=256, ge=1)

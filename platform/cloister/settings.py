@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import secrets
 import stat
@@ -121,6 +122,9 @@ class Settings(BaseSettings):
     # <data_dir>/audit-signing.key; production refuses to start without one.
     admin_audit_signing_key: SecretStr | None = None
     admin_audit_checkpoint_every: int = Field(default=1000, ge=1)
+    # Besides every N records, a running server signs the log's head this often and at
+    # shutdown, so at most this many seconds of records are ever unsigned.
+    admin_audit_checkpoint_interval_s: float = Field(default=60.0, gt=0, allow_inf_nan=False)
     admin_spool_path: Path | None = None  # None: <data_dir>/usage-spool.jsonl
     admin_usage_retention_days: int = Field(default=90, ge=1)
 
@@ -152,9 +156,20 @@ class Settings(BaseSettings):
             session_key=self.admin_session_key,
             audit_signing_key=self.admin_audit_signing_key or self._development_signing_key(),
             audit_checkpoint_every=self.admin_audit_checkpoint_every,
+            audit_checkpoint_interval_s=self.admin_audit_checkpoint_interval_s,
+            audit_head_path=self._audit_head_path(),
             spool_path=self.admin_spool_path or self.data_dir / "usage-spool.jsonl",
             usage_retention_days=self.admin_usage_retention_days,
         )
+
+    def _audit_head_path(self) -> Path:
+        """Where this data directory keeps its copy of the newest audit checkpoint.
+
+        One file per database (named by a digest of its URL), so that pointing a data
+        directory at another database never compares it with the wrong log.
+        """
+        digest = hashlib.sha256(self.resolved_database_url.encode()).hexdigest()[:16]
+        return self.data_dir / f"audit-head-{digest}.json"
 
     def _development_signing_key(self) -> SecretStr:
         """A per-data-directory audit key for development, created once with mode 0600."""

@@ -83,14 +83,14 @@ def serve(host: str | None, port: int | None) -> None:
     """Serve only the admin API (/admin/api/v1)."""
     import uvicorn
 
-    from admin.app import create_admin_app, make_services
+    from admin.app import create_admin_app, make_services, with_audit_checkpoints
 
     with admin_context() as (settings, sessions, admin_settings):
         services = make_services(
             sessions, pepper=settings.key_pepper.get_secret_value(), settings=admin_settings
         )
         uvicorn.run(
-            create_admin_app(services),
+            with_audit_checkpoints(create_admin_app(services), services.audit),
             host=host or settings.host,
             port=port or settings.port,
             log_config=None,

@@ -146,6 +146,7 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
     app.include_router(create_admin_router(services))
     mount_console(app, services, engine_stats=gateway_engine_stats(app.state.cloister))
     app.state.metering = metering
+    app.state.audit = services.audit  # run_server runs its checkpoint timer
     return app
 
 
@@ -192,11 +193,13 @@ def run_server(settings: Settings, *, engine: Any | None = None) -> None:
 
     import uvicorn
 
+    from admin.app import with_audit_checkpoints
     from cloister.logging_setup import configure_logging
 
     configure_logging(settings.log_level)
     first_start = prepare_database(settings)
     app = build_app(settings, engine=engine)
+    with_audit_checkpoints(app, app.state.audit)  # a checkpoint every T s and at shutdown
     if first_start:
         click.echo(
             FIRST_START_HINT.format(
