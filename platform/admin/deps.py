@@ -162,8 +162,8 @@ def operator_auth(services: AdminServices) -> Callable[[str], bool]:
                 identity = authenticate_admin(
                     session, services.pepper, authorization, session_key=services.session_key
                 )
-            except (Unauthenticated, ValueError):
-                return False
+            except (Unauthenticated, ValueError, TypeError, KeyError):
+                return False  # malformed credentials too: this check fails closed
         return identity.role in OPERATOR_ROLES
 
     return check

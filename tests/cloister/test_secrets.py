@@ -168,3 +168,11 @@ def test_the_database_file_is_private(tmp_path: Path) -> None:
     os.chmod(db, 0o644)
     make_engine(settings.resolved_database_url).dispose()
     assert mode(db) == 0o600
+
+
+def test_an_empty_secret_file_is_refused_not_used(tmp_path: Path) -> None:
+    tmp_path.chmod(0o700)
+    fd = os.open(tmp_path / "key-pepper", os.O_WRONLY | os.O_CREAT, 0o600)
+    os.close(fd)
+    with pytest.raises(ValueError, match="empty"):
+        Settings(data_dir=tmp_path)

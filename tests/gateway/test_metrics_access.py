@@ -73,6 +73,16 @@ def test_operators_see_the_tenant_series(
     assert "vllm:num_requests_running" in r.text
 
 
+def _session_without_exp() -> str:
+    import base64
+    import hashlib
+    import hmac
+
+    body = base64.urlsafe_b64encode(b'{"role":"admin","sub":"x","tenant":null}').rstrip(b"=")
+    mac = base64.urlsafe_b64encode(hmac.new(b"k", body, hashlib.sha256).digest()).rstrip(b"=")
+    return f"Bearer ses.{body.decode()}.{mac.decode()}"
+
+
 @pytest.mark.parametrize(
     "credential",
     [
@@ -81,17 +91,22 @@ def test_operators_see_the_tenant_series(
         "ses.e30.bad",
         "sk-not-an-admin-token",
         "Basic Zm9vOmJhcg==",
+        b"Bearer ses.abc.\xe9",
+        b"Bearer clo-adm-\xff\xfe",
+        "Bearer " + "clo-adm-" + "A" * 20000,
+        "Bearer ses." + "." * 50,
+        "Bearer",
+        _session_without_exp(),
     ],
+    ids=lambda c: repr(c)[:40],
 )
 def test_other_credentials_are_refused(
-    served: tuple[TestClient, dict[str, str]], credential: str
+    served: tuple[TestClient, dict[str, str]], credential: str | bytes
 ) -> None:
     client, tokens = served
-    header = (
-        credential
-        if credential.startswith("Basic")
-        else f"Bearer {tokens.get(credential, credential)}"
-    )
+    header: str | bytes = credential
+    if isinstance(credential, str) and not credential.startswith(("Basic", "Bearer")):
+        header = f"Bearer {tokens.get(credential, credential)}"
     r = client.get("/metrics", headers={"Authorization": header})
     assert r.status_code == 401
     error = r.json()["error"]
