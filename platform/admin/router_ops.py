@@ -5,9 +5,11 @@ import datetime as dt
 import hashlib
 import hmac
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
+import anyio.to_thread
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import PlainTextResponse, RedirectResponse
 from sqlalchemy import select
@@ -21,10 +23,13 @@ from admin.identity import create_admin_token, issue_session, revoke_admin_token
 from admin.models import AdminToken, AuditEvent, LoraAdapter
 from admin.oidc import OidcClient
 from admin.serialize import adapter_dict, page, prefix_dict, token_dict
+from admin.source_paths import SourcePathError, check_source
+from admin.upload_intake import UploadSlots, new_upload_dir, receive_to_file, remove_upload_dir
 from tenancy import store
 from tenancy.errors import NotFoundError
 
 OIDC_COOKIE = "cloister_oidc"
+UPLOAD_CONCURRENCY = 2  # adapter uploads received and validated at once
 
 
 def _sign(pepper: str, payload: dict[str, Any]) -> str:
@@ -69,21 +74,75 @@ def add_ops_routes(
         except NotFoundError as exc:
             raise HTTPException(404, str(exc)) from exc
 
+    roots = services.settings.model_roots
+    data_dir = Path(services.settings.spool_path).parent
+    upload_slots = UploadSlots(UPLOAD_CONCURRENCY)
+
     @router.post("/adapters", status_code=201)
     def register_adapter(ctx: Ctx, body: AdapterCreate) -> dict[str, Any]:
-        """Registers an adapter already on disk (PEFT folder)."""
+        """Registers an adapter already on disk (PEFT folder, under the model roots)."""
         ctx.require("admin")
+        resource = f"adapters/{body.name}"
+        try:
+            check_source(body.source_path, roots)
+        except SourcePathError as exc:
+            ctx.audit("adapter.register", resource, outcome="invalid")
+            raise HTTPException(400, str(exc)) from exc
         owner = owner_id(ctx, body.owner_tenant)
         a = write(
             ctx,
             "adapter.register",
-            f"adapters/{body.name}",
+            resource,
             lambda: registry.register_adapter(
                 ctx.session,
                 name=body.name,
                 base_model=body.base_model,
                 rank=body.rank,
                 source_path=body.source_path,
+                owner_tenant_id=owner,
+            ),
+        )
+        return adapter_dict(a)
+
+    def finish_upload(
+        ctx: Any, archive: Path, name: str, base_model: str, owner_tenant: str | None
+    ) -> dict[str, Any]:
+        # Runs in a worker thread: database, inflate and disk work never touch the event loop.
+        resource = f"adapters/{name}"
+        try:
+            base = registry.get_model(ctx.session, base_model)
+            workdir = archive.parent / "unpacked"
+            workdir.mkdir()
+            validated = validate_adapter(
+                archive,
+                workdir,
+                base_model=base_model,
+                base_aliases={base.name, base.source},
+                dims=dims_from_source(base.source, roots),
+            )
+        except NotFoundError as exc:
+            raise HTTPException(404, str(exc)) from exc
+        except AdapterValidationError as exc:
+            ctx.audit("adapter.upload", resource, outcome="invalid")
+            raise HTTPException(400, str(exc)) from exc
+        owner = owner_id(ctx, owner_tenant)
+        if ctx.session.scalars(select(LoraAdapter.id).where(LoraAdapter.name == name)).first():
+            raise HTTPException(409, f"adapter {name!r} already exists")
+        folder = data_dir / "adapters" / hashlib.sha256(name.encode()).hexdigest()[:16]
+        try:
+            store_adapter(validated, folder)
+        except OSError as exc:  # a concurrent upload of the same name stored its files first
+            raise HTTPException(409, f"adapter {name!r} already exists") from exc
+        a = write(
+            ctx,
+            "adapter.upload",
+            resource,
+            lambda: registry.register_adapter(
+                ctx.session,
+                name=name,
+                base_model=base_model,
+                rank=validated.rank,
+                source_path=str(folder),
                 owner_tenant_id=owner,
             ),
         )
@@ -97,45 +156,40 @@ def add_ops_routes(
         base_model: str = Query(),
         owner_tenant: str | None = None,
     ) -> dict[str, Any]:
-        """Uploads a PEFT adapter folder as a zip body; validated before it is registered."""
+        """Uploads a PEFT adapter folder as a zip body; validated before it is registered.
+
+        The body streams to a file in the data directory under the size cap; the checks
+        run in a worker thread, a bounded number at a time (429 beyond).
+        """
         ctx.require("admin")
-        data = await request.body()
+        resource = f"adapters/{name}"
+        # The session would otherwise hold a pooled connection while the body streams in.
+        await anyio.to_thread.run_sync(ctx.session.close)
+        folder: Path | None = None
         try:
-            base = registry.get_model(ctx.session, base_model)
-            validated = validate_adapter(
-                data,
-                base_model=base_model,
-                base_aliases={base.name, base.source},
-                dims=dims_from_source(base.source),
+            upload_slots.acquire()
+        except HTTPException:
+            await anyio.to_thread.run_sync(
+                partial(ctx.audit, "adapter.upload", resource, outcome="busy")
             )
-        except NotFoundError as exc:
-            raise HTTPException(404, str(exc)) from exc
-        except AdapterValidationError as exc:
-            ctx.audit("adapter.upload", f"adapters/{name}", outcome="invalid")
-            raise HTTPException(422, str(exc)) from exc
-        owner = owner_id(ctx, owner_tenant)
-        if ctx.session.scalars(select(LoraAdapter.id).where(LoraAdapter.name == name)).first():
-            raise HTTPException(409, f"adapter {name!r} already exists")
-        folder = (
-            Path(services.settings.spool_path).parent
-            / "adapters"
-            / hashlib.sha256(name.encode()).hexdigest()[:16]
-        )
-        store_adapter(validated, folder)
-        a = write(
-            ctx,
-            "adapter.upload",
-            f"adapters/{name}",
-            lambda: registry.register_adapter(
-                ctx.session,
-                name=name,
-                base_model=base_model,
-                rank=validated.rank,
-                source_path=str(folder),
-                owner_tenant_id=owner,
-            ),
-        )
-        return adapter_dict(a)
+            raise
+        try:
+            folder = await anyio.to_thread.run_sync(new_upload_dir, data_dir / "uploads")
+            archive = folder / "adapter.zip"
+            try:
+                await receive_to_file(request, archive, services.settings.adapter_upload_max_bytes)
+            except HTTPException:
+                await anyio.to_thread.run_sync(
+                    partial(ctx.audit, "adapter.upload", resource, outcome="invalid")
+                )
+                raise
+            return await anyio.to_thread.run_sync(
+                finish_upload, ctx, archive, name, base_model, owner_tenant
+            )
+        finally:
+            if folder is not None:
+                await anyio.to_thread.run_sync(remove_upload_dir, folder)
+            upload_slots.release()
 
     @router.patch("/adapters/{name}")
     def update_adapter(ctx: Ctx, name: str, body: StatusUpdate) -> dict[str, Any]:

