@@ -10,6 +10,7 @@ the limit whatever the header said, so memory stays flat and the disk use bounde
 from __future__ import annotations
 
 import stat
+import struct
 import zipfile
 import zlib
 from dataclasses import dataclass
@@ -35,6 +36,9 @@ class ArchiveLimits:
     # Inflated/compressed size; float16 weights barely compress, a bomb is ~1000x.
     max_ratio: float = 100.0
     ratio_floor_bytes: int = 1 << 20  # small files (JSON) may compress well; ignore the ratio
+    # zipfile parses the whole central directory on open, one object per entry, whatever
+    # the entry count says: its size is bounded first (a generous 4 KiB per entry).
+    max_directory_bytes_per_entry: int = 4096
 
 
 DEFAULT_LIMITS = ArchiveLimits()
@@ -76,10 +80,44 @@ def _check_member(info: zipfile.ZipInfo, limits: ArchiveLimits) -> None:
         )
 
 
+_EOCD = b"PK\x05\x06"
+_ZIP64_LOCATOR = b"PK\x06\x07"
+_ZIP64_EOCD = b"PK\x06\x06"
+
+
+def central_directory_size(path: Path) -> int:
+    """The central directory's size from the end records (zip64 too), read without zipfile."""
+    with path.open("rb") as f:
+        size = f.seek(0, 2)
+        f.seek(max(0, size - (22 + 0xFFFF)))  # the record, then a comment of up to 64 KiB
+        tail = f.read()
+        at = tail.rfind(_EOCD)
+        if at < 0 or len(tail) - at < 22:
+            raise AdapterValidationError("not a readable zip archive")
+        (directory,) = struct.unpack_from("<I", tail, at + 12)
+        if directory != 0xFFFFFFFF:
+            return int(directory)
+        locator = at - 20
+        if locator < 0 or tail[locator : locator + 4] != _ZIP64_LOCATOR:
+            raise AdapterValidationError("not a readable zip archive")
+        (record_at,) = struct.unpack_from("<Q", tail, locator + 8)
+        if record_at > size - 56:
+            raise AdapterValidationError("not a readable zip archive")
+        f.seek(record_at)
+        record = f.read(56)
+        if len(record) < 56 or record[:4] != _ZIP64_EOCD:
+            raise AdapterValidationError("not a readable zip archive")
+        return int(struct.unpack_from("<Q", record, 40)[0])
+
+
 def open_archive(
     path: Path, limits: ArchiveLimits
 ) -> tuple[zipfile.ZipFile, list[zipfile.ZipInfo]]:
     """The open archive and its file members (folders skipped), every one checked."""
+    if central_directory_size(path) > limits.max_entries * limits.max_directory_bytes_per_entry:
+        raise AdapterValidationError(
+            f"archive has too many entries; at most {limits.max_entries} are allowed"
+        )
     try:
         archive = zipfile.ZipFile(path)
     except (*ZIP_ERRORS, ValueError, OSError) as exc:

@@ -10,6 +10,8 @@ and while it streams.
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.util
 import io
 import json
 import os
@@ -34,6 +36,7 @@ from safetensors.numpy import save
 from admin import registry
 from admin.app import create_admin_app
 from admin.models import AuditEvent, LoraAdapter
+from admin.router_ops import UPLOAD_CONCURRENCY
 from gateway.errors import install_error_handlers
 from tests.admin.conftest import AdminEnv, make_env
 from tests.gateway.conftest import free_port
@@ -397,8 +400,39 @@ def test_a_bomb_does_not_inflate_in_memory(live: Live, case: str) -> None:
     finally:
         done.set()
         sampler.join()
-    assert_openai_400(r)
     assert peak - baseline < RSS_GROWTH_LIMIT, f"RSS grew by {(peak - baseline) >> 20} MiB"
+    assert_openai_400(r)
+
+
+class ArchiveHold:
+    """Holds the server's looks at uploaded archives (opening one with zipfile, or reading
+    its end records) until `release`; records what happened in `events`."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.events: list[str] = []
+        self.reached, self._released = threading.Event(), threading.Event()
+        self._lock = threading.Lock()
+        self.held = 0  # calls held so far
+        targets: list[tuple[Any, str]] = [(zipfile.ZipFile, "__init__")]
+        if importlib.util.find_spec("admin.zip_checks") is not None:
+            targets.append((importlib.import_module("admin.zip_checks"), "central_directory_size"))
+        for owner, attr in targets:
+            monkeypatch.setattr(owner, attr, self._wrap(getattr(owner, attr)))
+
+    def _wrap(self, real: Callable[..., Any]) -> Callable[..., Any]:
+        def held(*args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                self.held += 1
+            self.reached.set()
+            resumed = self._released.wait(20)
+            self.events.append("check resumed" if resumed else "check gave up waiting")
+            return real(*args, **kwargs)
+
+        return held
+
+    def release(self) -> None:
+        """Lets the held check go on."""
+        self._released.set()
 
 
 @pytest.mark.parametrize("case", ["zip_bomb", "50k_entries"])
@@ -407,28 +441,44 @@ def test_the_server_answers_while_an_upload_is_checked(
 ) -> None:
     """The check is held at its first look at the archive until another request was answered;
     checked on the event loop (the defect), that request could not be answered meanwhile."""
-    events: list[str] = []
-    checking, answered = threading.Event(), threading.Event()
-    real_infolist = zipfile.ZipFile.infolist
-
-    def held_infolist(self: zipfile.ZipFile) -> list[zipfile.ZipInfo]:
-        checking.set()
-        events.append("check resumed" if answered.wait(20) else "check gave up waiting")
-        return real_infolist(self)
-
-    monkeypatch.setattr(zipfile.ZipFile, "infolist", held_infolist)
     body = HOSTILE[case]()
+    hold = ArchiveHold(monkeypatch)  # after building the body, which may use zipfile itself
     result: list[httpx.Response] = []
     uploader = threading.Thread(target=lambda: result.append(live.upload(body, f"held-{case}")))
     uploader.start()
-    assert checking.wait(60), "the upload never reached its archive check"
+    assert hold.reached.wait(60), "the upload never reached its archive check"
     r = httpx.get(f"{live.url}{P}/whoami", headers=live.headers, timeout=60)
-    events.append("other request answered")
-    answered.set()
+    hold.events.append("other request answered")
+    hold.release()
     uploader.join(60)
     assert r.status_code == 200
-    assert events == ["other request answered", "check resumed"]
+    assert hold.events[:2] == ["other request answered", "check resumed"]
     assert_openai_400(result[0])
+
+
+def test_uploads_beyond_the_concurrency_bound_are_refused(
+    live: Live, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body = zip_of(adapter_files())
+    hold = ArchiveHold(monkeypatch)
+    results: list[httpx.Response] = []
+    uploaders = [
+        threading.Thread(target=lambda i=i: results.append(live.upload(body, f"slot-{i}")))
+        for i in range(UPLOAD_CONCURRENCY)
+    ]
+    for t in uploaders:
+        t.start()
+    assert hold.reached.wait(60)
+    deadline = time.monotonic() + 60
+    while hold.held < UPLOAD_CONCURRENCY and time.monotonic() < deadline:
+        time.sleep(0.01)
+    refused = live.upload(body, "slot-extra")
+    hold.release()
+    for t in uploaders:
+        t.join(60)
+    assert refused.status_code == 429 and refused.headers["retry-after"]
+    assert live.outcomes("adapters/slot-extra") == ["busy"]
+    assert sorted(r.status_code for r in results) == [201] * UPLOAD_CONCURRENCY
 
 
 def _raw_request(live: Live, head: bytes, body_parts: list[bytes]) -> bytes:
