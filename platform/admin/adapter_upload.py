@@ -25,6 +25,7 @@ from typing import Any
 from safetensors import safe_open
 
 from admin.errors import AdapterValidationError
+from admin.registry import MAX_RANK
 from admin.source_paths import SourcePathError, check_source
 from admin.zip_checks import DEFAULT_LIMITS, ArchiveLimits, extract_members
 
@@ -32,7 +33,6 @@ CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
 MAX_CONFIG_BYTES = 1 << 20
 MAX_CONFIG_DEPTH = 32
-MAX_RANK = 4096
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from admin.serialize import adapter_dict, page, prefix_dict, token_dict
 from admin.source_paths import SourcePathError, check_source
 from admin.upload_intake import UploadSlots, new_upload_dir, receive_to_file, remove_upload_dir
 from tenancy import store
-from tenancy.errors import NotFoundError
+from tenancy.errors import InvalidValueError, NotFoundError
 
 OIDC_COOKIE = "cloister_oidc"
 UPLOAD_CONCURRENCY = 2  # adapter uploads received and validated at once
@@ -162,7 +162,14 @@ def add_ops_routes(
         run in a worker thread, a bounded number at a time (429 beyond).
         """
         ctx.require("admin")
-        resource = f"adapters/{name}"
+        resource = f"adapters/{name[:128]}"
+        try:
+            registry.check_adapter_name(name)
+        except InvalidValueError as exc:
+            await anyio.to_thread.run_sync(
+                partial(ctx.audit, "adapter.upload", resource, outcome="invalid")
+            )
+            raise HTTPException(400, str(exc)) from exc
         # The session would otherwise hold a pooled connection while the body streams in.
         await anyio.to_thread.run_sync(ctx.session.close)
         folder: Path | None = None

@@ -181,8 +181,9 @@ def extract_members(path: Path, folder: Path, limits: ArchiveLimits = DEFAULT_LI
             except AdapterValidationError:
                 raise
             except (*ZIP_ERRORS, RuntimeError, ValueError) as exc:
+                # zipfile's own text names internals; the caller learns what is wrong.
                 raise AdapterValidationError(
-                    f"archive member {info.filename!r} is corrupt ({exc})"
+                    f"archive member {info.filename!r} is corrupt (bad CRC or compressed data)"
                 ) from exc
             written.append(target)
     return written

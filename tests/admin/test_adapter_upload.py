@@ -601,3 +601,22 @@ def test_an_upload_never_opens_a_fifo_base_model(live: Live) -> None:
         assert live.outcomes("adapters/on-pipe") == ["invalid"]
     finally:
         _unblock_fifo(fifo)
+
+
+def test_adapter_registration_refuses_nonsense_fields(live: Live) -> None:
+    folder = live.roots / "peft"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text("{}")
+
+    def register(**changes: Any) -> httpx.Response:
+        body = {"name": "reg", "base_model": "base", "rank": 4, "source_path": str(folder)}
+        return httpx.post(
+            f"{live.url}{P}/adapters", json={**body, **changes}, headers=live.headers, timeout=30
+        )
+
+    for changes in ({"rank": 10**30}, {"rank": 0}, {"rank": 5000}, {"name": "n" * 200}):
+        r = register(**changes)
+        assert 400 <= r.status_code < 500, (changes, r.status_code, r.text[:200])
+        assert r.json()["error"]["message"]
+    assert_openai_400(live.upload(zip_of(adapter_files()), "n" * 200))
+    assert register().status_code == 201
