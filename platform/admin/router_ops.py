@@ -5,7 +5,6 @@ import datetime as dt
 import hashlib
 import hmac
 import json
-from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -104,11 +103,15 @@ def add_ops_routes(
         )
         return adapter_dict(a)
 
+    def refused(ctx: Any, name: str, exc: HTTPException, outcome: str) -> HTTPException:
+        """Audits a refused upload; returns `exc` to raise."""
+        ctx.audit("adapter.upload", f"adapters/{name}", outcome=outcome, status=exc.status_code)
+        return exc
+
     def finish_upload(
         ctx: Any, archive: Path, name: str, base_model: str, owner_tenant: str | None
     ) -> dict[str, Any]:
         # Runs in a worker thread: database, inflate and disk work never touch the event loop.
-        resource = f"adapters/{name}"
         try:
             base = registry.get_model(ctx.session, base_model)
             workdir = archive.parent / "unpacked"
@@ -120,23 +123,25 @@ def add_ops_routes(
                 base_aliases={base.name, base.source},
                 dims=dims_from_source(base.source, roots),
             )
+            owner = owner_id(ctx, owner_tenant)
         except NotFoundError as exc:
-            raise HTTPException(404, str(exc)) from exc
+            raise refused(ctx, name, HTTPException(404, str(exc)), "error") from exc
         except AdapterValidationError as exc:
-            ctx.audit("adapter.upload", resource, outcome="invalid")
-            raise HTTPException(400, str(exc)) from exc
-        owner = owner_id(ctx, owner_tenant)
+            raise refused(ctx, name, HTTPException(400, str(exc)), "invalid") from exc
+        except HTTPException as exc:  # owner_id's 404
+            raise refused(ctx, name, exc, "error") from exc
+        conflict = HTTPException(409, f"adapter {name!r} already exists")
         if ctx.session.scalars(select(LoraAdapter.id).where(LoraAdapter.name == name)).first():
-            raise HTTPException(409, f"adapter {name!r} already exists")
+            raise refused(ctx, name, conflict, "error")
         folder = data_dir / "adapters" / hashlib.sha256(name.encode()).hexdigest()[:16]
         try:
             store_adapter(validated, folder)
         except OSError as exc:  # a concurrent upload of the same name stored its files first
-            raise HTTPException(409, f"adapter {name!r} already exists") from exc
+            raise refused(ctx, name, conflict, "error") from exc
         a = write(
             ctx,
             "adapter.upload",
-            resource,
+            f"adapters/{name}",
             lambda: registry.register_adapter(
                 ctx.session,
                 name=name,
@@ -147,6 +152,21 @@ def add_ops_routes(
             ),
         )
         return adapter_dict(a)
+
+    def start_upload(ctx: Any, name: str) -> None:
+        # Role check, name check and slot, in a worker thread: each may write an audit record.
+        ctx.require("admin")
+        try:
+            registry.check_adapter_name(name)
+        except InvalidValueError as exc:
+            raise refused(ctx, name, HTTPException(400, str(exc)), "invalid") from exc
+        try:
+            upload_slots.acquire()
+        except HTTPException as exc:
+            raise refused(ctx, name, exc, "busy") from exc
+        finally:
+            # The session would otherwise hold a pooled connection while the body streams in.
+            ctx.session.close()
 
     @router.post("/adapters/upload", status_code=201)
     async def upload_adapter(
@@ -161,35 +181,15 @@ def add_ops_routes(
         The body streams to a file in the data directory under the size cap; the checks
         run in a worker thread, a bounded number at a time (429 beyond).
         """
-        ctx.require("admin")
-        resource = f"adapters/{name[:128]}"
-        try:
-            registry.check_adapter_name(name)
-        except InvalidValueError as exc:
-            await anyio.to_thread.run_sync(
-                partial(ctx.audit, "adapter.upload", resource, outcome="invalid")
-            )
-            raise HTTPException(400, str(exc)) from exc
-        # The session would otherwise hold a pooled connection while the body streams in.
-        await anyio.to_thread.run_sync(ctx.session.close)
+        await anyio.to_thread.run_sync(start_upload, ctx, name)
         folder: Path | None = None
-        try:
-            upload_slots.acquire()
-        except HTTPException:
-            await anyio.to_thread.run_sync(
-                partial(ctx.audit, "adapter.upload", resource, outcome="busy")
-            )
-            raise
         try:
             folder = await anyio.to_thread.run_sync(new_upload_dir, data_dir / "uploads")
             archive = folder / "adapter.zip"
             try:
                 await receive_to_file(request, archive, services.settings.adapter_upload_max_bytes)
-            except HTTPException:
-                await anyio.to_thread.run_sync(
-                    partial(ctx.audit, "adapter.upload", resource, outcome="invalid")
-                )
-                raise
+            except HTTPException as exc:
+                raise await anyio.to_thread.run_sync(refused, ctx, name, exc, "invalid") from exc
             return await anyio.to_thread.run_sync(
                 finish_upload, ctx, archive, name, base_model, owner_tenant
             )

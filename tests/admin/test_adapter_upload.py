@@ -354,7 +354,19 @@ def test_a_valid_adapter_is_registered(live: Live) -> None:
         "adapter_model.safetensors",
     ]
     assert live.outcomes("adapters/good") == ["success"]
-    # The upload's temporary files are gone.
+    again = live.upload(zip_of(adapter_files()), "good")
+    assert again.status_code == 409 and again.json()["error"]["message"]
+    no_base = httpx.post(
+        f"{live.url}{P}/adapters/upload",
+        params={"name": "orphan", "base_model": "missing"},
+        content=zip_of(adapter_files()),
+        headers=live.headers,
+        timeout=30,
+    )
+    assert no_base.status_code == 404
+    assert live.outcomes("adapters/good") == ["success", "error"]
+    assert live.outcomes("adapters/orphan") == ["error"]
+    # The uploads' temporary files are gone.
     assert list((live.env.tmp / "uploads").iterdir()) == []
 
 
