@@ -44,6 +44,27 @@ def _check_regular(path: Path, shown: str, roots: list[Path]) -> os.stat_result:
     return info
 
 
+def _check_folder(top: Path, shown: str, roots: list[Path]) -> None:
+    # Symlinked folders are followed (a loader would follow them too); one reached twice
+    # is a loop, and the entry bound ends a huge tree.
+    seen, pending, count = {top}, [top], 0
+    while pending:
+        try:
+            entries = list(os.scandir(pending.pop()))
+        except OSError as exc:
+            raise SourcePathError(f"source {shown!r} cannot be listed") from exc
+        count += len(entries)
+        if count > MAX_FOLDER_ENTRIES:
+            raise SourcePathError(f"source {shown!r} holds too many files")
+        for entry in entries:
+            if stat.S_ISDIR(_check_regular(Path(entry.path), shown, roots).st_mode):
+                real = Path(os.path.realpath(entry.path))
+                if real in seen:
+                    raise SourcePathError(f"source {shown!r} has a folder loop")
+                seen.add(real)
+                pending.append(real)
+
+
 def check_source(source: str, roots: Sequence[Path]) -> Path:
     """The resolved source path, or SourcePathError: it must be a regular file, or a folder
     holding only regular files and folders, and resolve (symlinks followed) under a root."""
@@ -55,12 +76,5 @@ def check_source(source: str, roots: Sequence[Path]) -> Path:
     path = Path(source)
     info = _check_regular(path, source, resolved)
     if stat.S_ISDIR(info.st_mode):
-        count = 0
-        for folder, dirs, files in os.walk(os.path.realpath(path)):
-            count += len(dirs) + len(files)
-            if count > MAX_FOLDER_ENTRIES:
-                raise SourcePathError(f"source {source!r} holds too many files")
-            for entry in (*dirs, *files):
-                # os.walk does not follow symlinked folders, so each entry is resolved here.
-                _check_regular(Path(folder) / entry, source, resolved)
+        _check_folder(Path(os.path.realpath(path)), source, resolved)
     return Path(os.path.realpath(path))

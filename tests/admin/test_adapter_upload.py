@@ -632,3 +632,22 @@ def test_adapter_registration_refuses_nonsense_fields(live: Live) -> None:
         assert r.json()["error"]["message"]
     assert_openai_400(live.upload(zip_of(adapter_files()), "n" * 200))
     assert register().status_code == 201
+
+
+def test_a_folder_source_is_checked_through_its_symlinks(live: Live) -> None:
+    hidden = live.roots / "hidden"
+    hidden.mkdir()
+    os.mkfifo(hidden / "weights.safetensors")
+    folder = live.roots / "hf-linked"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "shards").symlink_to(hidden, target_is_directory=True)
+    loop = live.roots / "hf-loop"
+    loop.mkdir()
+    (loop / "config.json").write_text("{}")
+    (loop / "again").symlink_to(loop, target_is_directory=True)
+    try:
+        assert_openai_400(_register_model(live, str(folder), "m-linked-fifo"))
+        assert_openai_400(_register_model(live, str(loop), "m-loop"))
+    finally:
+        _unblock_fifo(hidden / "weights.safetensors")
