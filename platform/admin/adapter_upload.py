@@ -1,27 +1,38 @@
 """Validates an uploaded PEFT LoRA adapter (a zip of its folder) against its base model.
 
-Checked before anything is registered: the archive is safe to unpack (no path
-escapes, bounded size), adapter_config.json names the base model and a rank,
-and every lora_A / lora_B tensor in adapter_model.safetensors has the shape the
-base model's projection needs: A is [r, in_features], B is [out_features, r].
+Checked before anything is registered: the archive is safe to unpack (zip_checks:
+entry count, sizes, ratio, paths, member types, encryption, compression method,
+all before inflating; then bounded extraction to disk), adapter_config.json is a
+small, shallow JSON object naming the base model and an integer rank, and every
+lora_A / lora_B tensor in adapter_model.safetensors has the shape the base
+model's projection needs: A is [r, in_features], B is [out_features, r]. Tensor
+shapes are read from the safetensors header only; no weight is loaded.
+
+Everything here blocks (disk, inflate): callers run it in a worker thread.
 """
 
 from __future__ import annotations
 
-import io
 import json
-import zipfile
+import math
+import os
+import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
-from safetensors.numpy import load as load_safetensors
+from safetensors import safe_open
 
 from admin.errors import AdapterValidationError
+from admin.registry import MAX_RANK
+from admin.source_paths import SourcePathError, check_source
+from admin.zip_checks import DEFAULT_LIMITS, ArchiveLimits, extract_members
 
-MAX_UNPACKED_BYTES = 2 * 1024**3
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
+MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_DEPTH = 32
 
 
 @dataclass(frozen=True)
@@ -56,11 +67,19 @@ def dims_from_hf_config(config: dict[str, Any]) -> BaseDims:
     return BaseDims(hidden, int(config["intermediate_size"]), heads * head_dim, kv * head_dim)
 
 
-def dims_from_source(source: str) -> BaseDims:
-    """BaseDims of a registered model's source: an HF folder or a GGUF file."""
+def dims_from_source(source: str, roots: Sequence[Path]) -> BaseDims:
+    """BaseDims of a registered model's source: an HF folder or a GGUF file.
+
+    The source is checked first (a regular file or folder under `roots`): a FIFO or
+    device registered earlier must never be opened, since reading it blocks or never ends.
+    """
     try:
-        return _dims_from_source(source)
-    except (OSError, KeyError, ValueError, IndexError) as exc:
+        path = check_source(source, roots)
+    except SourcePathError as exc:
+        raise AdapterValidationError(f"the base model's source cannot be read: {exc}") from exc
+    try:
+        return _dims_from_source(str(path))
+    except (OSError, KeyError, ValueError, IndexError, TypeError, struct.error) as exc:
         raise AdapterValidationError(f"cannot read the base model's shapes from {source}") from exc
 
 
@@ -84,12 +103,12 @@ def _dims_from_source(source: str) -> BaseDims:
 
 @dataclass(frozen=True)
 class ValidatedAdapter:
-    """What the archive declared, after every check passed."""
+    """What the archive declared, after every check passed; its files are in `folder`."""
 
     base_model: str
     rank: int
     target_modules: tuple[str, ...]
-    files: dict[str, bytes]
+    folder: Path
 
 
 def _module_of(tensor: str) -> tuple[str, str] | None:
@@ -101,52 +120,101 @@ def _module_of(tensor: str) -> tuple[str, str] | None:
     return None
 
 
-def read_archive(data: bytes) -> dict[str, bytes]:
-    """The archive's files by base name (a folder inside the zip is allowed); safety-checked."""
-    try:
-        archive = zipfile.ZipFile(io.BytesIO(data))
-    except zipfile.BadZipFile as exc:
-        raise AdapterValidationError("not a zip archive") from exc
-    total = 0
-    files: dict[str, bytes] = {}
-    for info in archive.infolist():
-        if info.is_dir():
-            continue
-        name = PurePosixPath(info.filename)
-        if name.is_absolute() or ".." in name.parts:
-            raise AdapterValidationError(f"unsafe path in archive: {info.filename}")
-        total += info.file_size
-        if total > MAX_UNPACKED_BYTES:
-            raise AdapterValidationError("archive too large when unpacked")
-        files[name.name] = archive.read(info)
-    return files
+def _depth(value: Any) -> int:
+    # Iterative, so that a deep value cannot exhaust the stack here either.
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        deepest = max(deepest, level)
+        if level > MAX_CONFIG_DEPTH:
+            break
+        if isinstance(item, dict):
+            stack.extend((v, level + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, level + 1) for v in item)
+    return deepest
 
 
-def validate_adapter(
-    data: bytes, *, base_model: str, base_aliases: set[str], dims: BaseDims
-) -> ValidatedAdapter:
-    """Checks an uploaded zip; raises AdapterValidationError naming the first problem."""
-    files = read_archive(data)
-    if CONFIG_NAME not in files or WEIGHTS_NAME not in files:
-        raise AdapterValidationError(f"the archive needs {CONFIG_NAME} and {WEIGHTS_NAME}")
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """adapter_config.json as a dict: at most 1 MiB, 32 levels deep, finite numbers only."""
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise AdapterValidationError(f"{CONFIG_NAME} is larger than {MAX_CONFIG_BYTES} bytes")
     try:
-        config = json.loads(files[CONFIG_NAME])
-        rank = int(config["r"])
-        declared = str(config.get("base_model_name_or_path") or "")
-    except (ValueError, KeyError, TypeError) as exc:
-        raise AdapterValidationError("adapter_config.json is malformed or lacks r") from exc
+        config = json.loads(path.read_bytes(), parse_constant=_no_constant)
+    except RecursionError as exc:
+        raise AdapterValidationError(f"{CONFIG_NAME} is nested too deeply") from exc
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise AdapterValidationError(f"{CONFIG_NAME} is not valid JSON") from exc
+    if not isinstance(config, dict):
+        raise AdapterValidationError(f"{CONFIG_NAME} must be a JSON object")
+    if _depth(config) > MAX_CONFIG_DEPTH:
+        raise AdapterValidationError(f"{CONFIG_NAME} is nested too deeply")
+    return config
+
+
+def _rank(config: dict[str, Any]) -> int:
+    rank = config.get("r")
+    # 1e999 parses as inf and 4.0 as a float: only a plain JSON integer is a rank.
+    if not isinstance(rank, int) or isinstance(rank, bool):
+        raise AdapterValidationError(f"{CONFIG_NAME} needs an integer rank r")
+    if not 0 < rank <= MAX_RANK:
+        raise AdapterValidationError(f"rank must be between 1 and {MAX_RANK}")
+    return rank
+
+
+def _check_alpha(config: dict[str, Any]) -> None:
+    alpha = config.get("lora_alpha", 1)
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float):
+        raise AdapterValidationError("lora_alpha must be a number")
+    if not math.isfinite(alpha) or not 0 < abs(alpha) <= 1e6:
+        raise AdapterValidationError("lora_alpha must be a finite, non-zero number up to 1e6")
+
+
+def _tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    try:
+        with safe_open(str(path), framework="np") as weights:
+            names = list(weights.keys())
+            return {name: tuple(weights.get_slice(name).get_shape()) for name in names}
+    except Exception as exc:  # the safetensors reader raises its own, undocumented types
+        raise AdapterValidationError(f"{WEIGHTS_NAME} is not a readable safetensors file") from exc
+
+
+def _check_config(
+    config: dict[str, Any], base_model: str, base_aliases: set[str]
+) -> tuple[int, str]:
+    rank = _rank(config)
+    declared = config.get("base_model_name_or_path") or ""
+    if not isinstance(declared, str):
+        raise AdapterValidationError("base_model_name_or_path must be a string")
     if config.get("peft_type", "LORA") != "LORA":
         raise AdapterValidationError("only LoRA adapters are supported")
     if declared not in base_aliases:
         raise AdapterValidationError(f"adapter was trained for {declared!r}, not {base_model!r}")
-    if rank <= 0:
-        raise AdapterValidationError("rank must be positive")
+    _check_alpha(config)
+    return rank, declared
+
+
+def validate_adapter(
+    archive: Path,
+    workdir: Path,
+    *,
+    base_model: str,
+    base_aliases: set[str],
+    dims: BaseDims,
+    limits: ArchiveLimits = DEFAULT_LIMITS,
+) -> ValidatedAdapter:
+    """Checks the uploaded zip at `archive`, unpacking it into the empty folder `workdir`;
+    raises AdapterValidationError naming the first problem."""
+    names = {p.name for p in extract_members(archive, workdir, limits)}
+    if CONFIG_NAME not in names or WEIGHTS_NAME not in names:
+        raise AdapterValidationError(f"the archive needs {CONFIG_NAME} and {WEIGHTS_NAME}")
+    rank, _ = _check_config(read_config(workdir / CONFIG_NAME), base_model, base_aliases)
     targets: set[str] = set()
-    try:
-        tensors = load_safetensors(files[WEIGHTS_NAME])
-    except Exception as exc:
-        raise AdapterValidationError(f"{WEIGHTS_NAME} is not a readable safetensors file") from exc
-    for name, tensor in tensors.items():
+    for name, shape in _tensor_shapes(workdir / WEIGHTS_NAME).items():
         found = _module_of(name)
         if found is None:
             continue
@@ -155,17 +223,16 @@ def validate_adapter(
         if io_dims is None:
             raise AdapterValidationError(f"unknown LoRA target module {module!r}")
         want = (rank, io_dims[0]) if which == "lora_A" else (io_dims[1], rank)
-        if tuple(tensor.shape) != want:
-            raise AdapterValidationError(f"{name} has shape {tuple(tensor.shape)}, expected {want}")
+        if shape != want:
+            raise AdapterValidationError(f"{name} has shape {shape}, expected {want}")
         targets.add(module)
     if not targets:
         raise AdapterValidationError("no lora_A/lora_B tensors found")
-    return ValidatedAdapter(base_model, rank, tuple(sorted(targets)), files)
+    return ValidatedAdapter(base_model, rank, tuple(sorted(targets)), workdir)
 
 
 def store_adapter(validated: ValidatedAdapter, folder: Path) -> Path:
-    """Writes the validated files into `folder` (created); returns it."""
-    folder.mkdir(parents=True, exist_ok=False)
-    for name, content in validated.files.items():
-        (folder / name).write_bytes(content)
+    """Moves the validated files to `folder` (which must not exist yet); returns it."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(validated.folder, folder)  # same file system: the upload dir is next to it
     return folder

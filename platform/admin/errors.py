@@ -16,7 +16,7 @@ class Forbidden(AdminError):
 
 
 class AdapterValidationError(AdminError, ValueError):
-    """An uploaded adapter is malformed or does not fit its base model (HTTP 422)."""
+    """An uploaded adapter is malformed or does not fit its base model (HTTP 400)."""
 
 
 class AuditSigningKeyMissing(AdminError):

@@ -25,6 +25,8 @@ from tenancy.errors import ConflictError, InvalidValueError, NotFoundError
 from tenancy.keys import new_id
 
 MODEL_FORMATS = ("gguf", "safetensors")
+MAX_RANK = 4096
+MAX_SOURCE_CHARS = 1024  # the source columns' width
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,8 @@ def register_model(
         raise InvalidValueError(f"format must be one of {', '.join(MODEL_FORMATS)}")
     if not name or len(name) > 128 or context_length <= 0:
         raise InvalidValueError("name must be 1-128 characters and context_length positive")
+    if not source or len(source) > MAX_SOURCE_CHARS:
+        raise InvalidValueError(f"source must be 1-{MAX_SOURCE_CHARS} characters")
     if session.scalars(select(RegisteredModel.id).where(RegisteredModel.name == name)).first():
         raise ConflictError(f"model {name!r} already exists")
     row = RegisteredModel(
@@ -180,6 +184,12 @@ def get_adapter(session: Session, name: str) -> LoraAdapter:
     return row
 
 
+def check_adapter_name(name: str) -> None:
+    """InvalidValueError unless `name` fits the registry: 1-128 characters, no NUL."""
+    if not name or len(name) > 128 or "\x00" in name:
+        raise InvalidValueError("adapter name must be 1-128 characters")
+
+
 def register_adapter(
     session: Session,
     *,
@@ -190,9 +200,12 @@ def register_adapter(
     owner_tenant_id: str | None = None,
 ) -> LoraAdapter:
     """Register a LoRA adapter of a registered base model (owner None: public)."""
+    check_adapter_name(name)
     get_model(session, base_model)
-    if rank <= 0:
-        raise InvalidValueError("rank must be positive")
+    if isinstance(rank, bool) or not 0 < rank <= MAX_RANK:
+        raise InvalidValueError(f"rank must be between 1 and {MAX_RANK}")
+    if not source_path or len(source_path) > MAX_SOURCE_CHARS:
+        raise InvalidValueError(f"source_path must be 1-{MAX_SOURCE_CHARS} characters")
     if session.scalars(select(LoraAdapter.id).where(LoraAdapter.name == name)).first():
         raise ConflictError(f"adapter {name!r} already exists")
     row = LoraAdapter(

@@ -10,6 +10,7 @@ from sqlalchemy import select
 from admin import registry
 from admin.deps import AdminContext, AdminServices, context_dependency
 from admin.serialize import key_dict, model_dict, page, tenant_dict
+from admin.source_paths import SourcePathError, check_source
 from tenancy import store
 from tenancy.errors import ConflictError, InvalidValueError, NotFoundError, TenancyError
 from tenancy.models import ApiKey, Tenant
@@ -295,8 +296,13 @@ def create_admin_router(services: AdminServices) -> APIRouter:
 
     @router.post("/models", status_code=201)
     def register_model(ctx: Ctx, body: ModelCreate) -> dict[str, Any]:
-        """Registers a model with its first price."""
+        """Registers a model with its first price; its source must lie under the model roots."""
         ctx.require("admin")
+        try:
+            check_source(body.source, services.settings.model_roots)
+        except SourcePathError as exc:
+            ctx.audit("model.register", f"models/{body.name}", outcome="invalid")
+            raise HTTPException(400, str(exc)) from exc
         prices = registry.Prices(body.input_price, body.cached_input_price, body.output_price)
         m = write(
             ctx,

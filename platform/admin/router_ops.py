@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
+import anyio.to_thread
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import PlainTextResponse, RedirectResponse
 from sqlalchemy import select
@@ -21,10 +22,13 @@ from admin.identity import create_admin_token, issue_session, revoke_admin_token
 from admin.models import AdminToken, AuditEvent, LoraAdapter
 from admin.oidc import OidcClient
 from admin.serialize import adapter_dict, page, prefix_dict, token_dict
+from admin.source_paths import SourcePathError, check_source
+from admin.upload_intake import UploadSlots, new_upload_dir, receive_to_file, remove_upload_dir
 from tenancy import store
-from tenancy.errors import NotFoundError
+from tenancy.errors import InvalidValueError, NotFoundError
 
 OIDC_COOKIE = "cloister_oidc"
+UPLOAD_CONCURRENCY = 2  # adapter uploads received and validated at once
 
 
 def _sign(session_key: str, payload: dict[str, Any]) -> str:
@@ -69,15 +73,25 @@ def add_ops_routes(
         except NotFoundError as exc:
             raise HTTPException(404, str(exc)) from exc
 
+    roots = services.settings.model_roots
+    data_dir = Path(services.settings.spool_path).parent
+    upload_slots = UploadSlots(UPLOAD_CONCURRENCY)
+
     @router.post("/adapters", status_code=201)
     def register_adapter(ctx: Ctx, body: AdapterCreate) -> dict[str, Any]:
-        """Registers an adapter already on disk (PEFT folder)."""
+        """Registers an adapter already on disk (PEFT folder, under the model roots)."""
         ctx.require("admin")
+        resource = f"adapters/{body.name}"
+        try:
+            check_source(body.source_path, roots)
+        except SourcePathError as exc:
+            ctx.audit("adapter.register", resource, outcome="invalid")
+            raise HTTPException(400, str(exc)) from exc
         owner = owner_id(ctx, body.owner_tenant)
         a = write(
             ctx,
             "adapter.register",
-            f"adapters/{body.name}",
+            resource,
             lambda: registry.register_adapter(
                 ctx.session,
                 name=body.name,
@@ -89,39 +103,41 @@ def add_ops_routes(
         )
         return adapter_dict(a)
 
-    @router.post("/adapters/upload", status_code=201)
-    async def upload_adapter(
-        ctx: Ctx,
-        request: Request,
-        name: str = Query(),
-        base_model: str = Query(),
-        owner_tenant: str | None = None,
+    def refused(ctx: Any, name: str, exc: HTTPException, outcome: str) -> HTTPException:
+        """Audits a refused upload; returns `exc` to raise."""
+        ctx.audit("adapter.upload", f"adapters/{name}", outcome=outcome, status=exc.status_code)
+        return exc
+
+    def finish_upload(
+        ctx: Any, archive: Path, name: str, base_model: str, owner_tenant: str | None
     ) -> dict[str, Any]:
-        """Uploads a PEFT adapter folder as a zip body; validated before it is registered."""
-        ctx.require("admin")
-        data = await request.body()
+        # Runs in a worker thread: database, inflate and disk work never touch the event loop.
         try:
             base = registry.get_model(ctx.session, base_model)
+            workdir = archive.parent / "unpacked"
+            workdir.mkdir()
             validated = validate_adapter(
-                data,
+                archive,
+                workdir,
                 base_model=base_model,
                 base_aliases={base.name, base.source},
-                dims=dims_from_source(base.source),
+                dims=dims_from_source(base.source, roots),
             )
+            owner = owner_id(ctx, owner_tenant)
         except NotFoundError as exc:
-            raise HTTPException(404, str(exc)) from exc
+            raise refused(ctx, name, HTTPException(404, str(exc)), "error") from exc
         except AdapterValidationError as exc:
-            ctx.audit("adapter.upload", f"adapters/{name}", outcome="invalid")
-            raise HTTPException(422, str(exc)) from exc
-        owner = owner_id(ctx, owner_tenant)
+            raise refused(ctx, name, HTTPException(400, str(exc)), "invalid") from exc
+        except HTTPException as exc:  # owner_id's 404
+            raise refused(ctx, name, exc, "error") from exc
+        conflict = HTTPException(409, f"adapter {name!r} already exists")
         if ctx.session.scalars(select(LoraAdapter.id).where(LoraAdapter.name == name)).first():
-            raise HTTPException(409, f"adapter {name!r} already exists")
-        folder = (
-            Path(services.settings.spool_path).parent
-            / "adapters"
-            / hashlib.sha256(name.encode()).hexdigest()[:16]
-        )
-        store_adapter(validated, folder)
+            raise refused(ctx, name, conflict, "error")
+        folder = data_dir / "adapters" / hashlib.sha256(name.encode()).hexdigest()[:16]
+        try:
+            store_adapter(validated, folder)
+        except OSError as exc:  # a concurrent upload of the same name stored its files first
+            raise refused(ctx, name, conflict, "error") from exc
         a = write(
             ctx,
             "adapter.upload",
@@ -136,6 +152,51 @@ def add_ops_routes(
             ),
         )
         return adapter_dict(a)
+
+    def start_upload(ctx: Any, name: str) -> None:
+        # Role check, name check and slot, in a worker thread: each may write an audit record.
+        ctx.require("admin")
+        try:
+            registry.check_adapter_name(name)
+        except InvalidValueError as exc:
+            raise refused(ctx, name, HTTPException(400, str(exc)), "invalid") from exc
+        try:
+            upload_slots.acquire()
+        except HTTPException as exc:
+            raise refused(ctx, name, exc, "busy") from exc
+        finally:
+            # The session would otherwise hold a pooled connection while the body streams in.
+            ctx.session.close()
+
+    @router.post("/adapters/upload", status_code=201)
+    async def upload_adapter(
+        ctx: Ctx,
+        request: Request,
+        name: str = Query(),
+        base_model: str = Query(),
+        owner_tenant: str | None = None,
+    ) -> dict[str, Any]:
+        """Uploads a PEFT adapter folder as a zip body; validated before it is registered.
+
+        The body streams to a file in the data directory under the size cap; the checks
+        run in a worker thread, a bounded number at a time (429 beyond).
+        """
+        await anyio.to_thread.run_sync(start_upload, ctx, name)
+        folder: Path | None = None
+        try:
+            folder = await anyio.to_thread.run_sync(new_upload_dir, data_dir / "uploads")
+            archive = folder / "adapter.zip"
+            try:
+                await receive_to_file(request, archive, services.settings.adapter_upload_max_bytes)
+            except HTTPException as exc:
+                raise await anyio.to_thread.run_sync(refused, ctx, name, exc, "invalid") from exc
+            return await anyio.to_thread.run_sync(
+                finish_upload, ctx, archive, name, base_model, owner_tenant
+            )
+        finally:
+            if folder is not None:
+                await anyio.to_thread.run_sync(remove_upload_dir, folder)
+            upload_slots.release()
 
     @router.patch("/adapters/{name}")
     def update_adapter(ctx: Ctx, name: str, body: StatusUpdate) -> dict[str, Any]:

@@ -37,3 +37,6 @@ class AdminSettings(BaseModel):
     usage_retention_days: int = Field(default=90, ge=1)
     metering_batch: int = Field(default=256, ge=1)
     metering_retry_s: float = Field(default=2.0, gt=0)
+    # Folders (or files) that model and adapter sources must resolve under; empty: none allowed.
+    model_roots: tuple[Path, ...] = ()
+    adapter_upload_max_bytes: int = Field(default=1024**3, ge=1)  # the zip as uploaded

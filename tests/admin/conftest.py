@@ -42,6 +42,8 @@ def make_env(tmp_path: Path, url: str | None = None, **settings: object) -> Admi
     """An AdminEnv on `url` (default: SQLite in tmp_path)."""
     url = url or f"sqlite:///{tmp_path / 'admin.db'}"
     upgrade_database(url)
+    (tmp_path / "models").mkdir(exist_ok=True)
+    settings.setdefault("model_roots", (tmp_path / "models",))
     sessions = make_session_factory(make_engine(url))
     admin_settings = AdminSettings(
         audit_signing_key=SIGNING_SEED,  # type: ignore[arg-type]

@@ -108,7 +108,14 @@ def _cells() -> list[Cell]:
             "/models",
             lambda f, t: (
                 f"{P}/models",
-                {"json": {"name": _n(), "source": "/m", "format": "gguf", "context_length": 8}},
+                {
+                    "json": {
+                        "name": _n(),
+                        "source": f["model_file"],
+                        "format": "gguf",
+                        "context_length": 8,
+                    }
+                },
             ),
             **gw,
         ),
@@ -134,7 +141,14 @@ def _cells() -> list[Cell]:
             "/adapters",
             lambda f, t: (
                 f"{P}/adapters",
-                {"json": {"name": _n(), "base_model": "base", "rank": 4, "source_path": "/a"}},
+                {
+                    "json": {
+                        "name": _n(),
+                        "base_model": "base",
+                        "rank": 4,
+                        "source_path": f["adapter_dir"],
+                    }
+                },
             ),
             **gw,
         ),
@@ -145,7 +159,7 @@ def _cells() -> list[Cell]:
                 f"{P}/adapters/upload?name={_n()}&base_model=base",
                 {"content": b"not a zip"},
             ),
-            {422},
+            {400},
             DENY,
             DENY,
         ),
@@ -228,7 +242,18 @@ def _fixtures(env: AdminEnv) -> dict[str, Any]:
         with env.sessions() as s:
             return create_admin_token(s, pepper=PEPPER, role="viewer").id
 
-    return {"ids": ids, "new_key": new_key, "new_token": new_token}
+    model_file = env.tmp / "models" / "m.gguf"
+    model_file.write_bytes(b"GGUF")
+    adapter_dir = env.tmp / "models" / "adapter"
+    adapter_dir.mkdir(exist_ok=True)
+    (adapter_dir / "adapter_config.json").write_text("{}")
+    return {
+        "ids": ids,
+        "new_key": new_key,
+        "new_token": new_token,
+        "model_file": str(model_file),
+        "adapter_dir": str(adapter_dir),
+    }
 
 
 def test_matrix_covers_every_route(env: AdminEnv) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import stat
 from pathlib import Path
 
@@ -51,3 +52,17 @@ def test_production_refuses_development_secrets() -> None:
         admin_audit_signing_key=SecretStr("cd" * 32),
     )
     assert ok.environment == "production"
+
+
+def test_model_roots_default_to_the_data_dir_and_the_served_model(tmp_path: Path) -> None:
+    model = tmp_path / "elsewhere" / "m.gguf"
+    roots = Settings(data_dir=tmp_path, model=str(model)).admin_settings().model_roots
+    assert {tmp_path.resolve() / "models", tmp_path.resolve() / "adapters"} <= set(roots)
+    assert model.resolve() in roots
+    assert (tmp_path.resolve() / "cloister.db") not in roots
+
+
+def test_model_roots_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLOISTER_MODEL_ROOTS", f"{tmp_path / 'a'}{os.pathsep}{tmp_path / 'b'}")
+    roots = Settings(data_dir=tmp_path).admin_settings().model_roots
+    assert roots == ((tmp_path / "a").resolve(), (tmp_path / "b").resolve())

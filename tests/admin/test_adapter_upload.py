@@ -1,0 +1,653 @@
+"""Hostile adapter uploads and model sources against a live admin server (issue 13, items 9, 17).
+
+Every malformed archive is a clear, audited 400 in the OpenAI error format; a zip
+bomb never inflates in memory; the server answers other requests while an upload
+is being checked; a source that is a FIFO, or lies outside the model roots, is
+refused without being opened; an oversize body is refused on its Content-Length
+and while it streams.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import io
+import json
+import os
+import socket
+import stat
+import struct
+import threading
+import time
+import zipfile
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import uvicorn
+from safetensors.numpy import save
+
+from admin import registry
+from admin.app import create_admin_app
+from admin.models import AuditEvent, LoraAdapter
+from admin.router_ops import UPLOAD_CONCURRENCY
+from gateway.errors import install_error_handlers
+from tests.admin.conftest import AdminEnv, make_env
+from tests.gateway.conftest import free_port
+
+P = "/admin/api/v1"
+HIDDEN, INTERMEDIATE, HEADS, KV_HEADS = 16, 32, 2, 1  # head_dim 8: q_out 16, kv_out 8
+UPLOAD_CAP = 8 * 1024 * 1024
+GIB = 1024**3
+RSS_GROWTH_LIMIT = 200 * 1024 * 1024
+
+
+@dataclass
+class Live:
+    """An admin app served by uvicorn on a thread, with the OpenAI error handlers of `serve`."""
+
+    env: AdminEnv
+    url: str
+    headers: dict[str, str]
+    roots: Path
+
+    def upload(self, body: bytes, name: str, timeout: float = 60.0) -> httpx.Response:
+        """POSTs `body` as the adapter zip for adapter `name` of base model "base"."""
+        return httpx.post(
+            f"{self.url}{P}/adapters/upload",
+            params={"name": name, "base_model": "base"},
+            content=body,
+            headers=self.headers,
+            timeout=timeout,
+        )
+
+    def outcomes(self, resource: str) -> list[str]:
+        """Audit outcomes recorded for `resource`, oldest first."""
+        with self.env.sessions() as s:
+            rows = s.query(AuditEvent).filter(AuditEvent.resource == resource)
+            return [e.outcome for e in rows.order_by(AuditEvent.seq)]
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    """One server for the module; every test uses its own adapter and model names."""
+    tmp_path = tmp_path_factory.mktemp("adapter-upload")
+    env = make_env(tmp_path, adapter_upload_max_bytes=UPLOAD_CAP)
+    roots = tmp_path / "models"
+    base = roots / "base-hf"
+    base.mkdir()
+    config = {
+        "hidden_size": HIDDEN,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS,
+        "intermediate_size": INTERMEDIATE,
+    }
+    (base / "config.json").write_text(json.dumps(config))
+    with env.sessions() as s:
+        registry.register_model(
+            s, name="base", source=str(base), format="safetensors", context_length=64
+        )
+    app = create_admin_app(env.services)
+    install_error_handlers(app)  # as `cloister serve` does for the admin router it mounts
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "admin server did not start"
+        time.sleep(0.02)
+    yield Live(env, f"http://127.0.0.1:{port}", env.token("admin"), roots)
+    server.should_exit = True
+    thread.join(30)
+    env.client.close()
+
+
+# ---------------------------------------------------------------- archives
+
+
+def adapter_files(config: dict[str, Any] | None = None, rank: int = 4) -> dict[str, bytes]:
+    """A valid PEFT adapter for the base model: q_proj A [r, 16], B [16, r]."""
+    cfg = {"r": rank, "base_model_name_or_path": "base", "peft_type": "LORA", "lora_alpha": 8}
+    weights = {
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": np.zeros(
+            (rank, HIDDEN), np.float16
+        ),
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": np.zeros(
+            (HIDDEN, rank), np.float16
+        ),
+    }
+    return {
+        "adapter_config.json": json.dumps(cfg if config is None else config).encode(),
+        "adapter_model.safetensors": save(weights),
+    }
+
+
+def zip_of(files: dict[str, bytes], *, folder: str = "") -> bytes:
+    """An ordinary deflated zip of `files`."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in files.items():
+            zf.writestr(folder + name, data)
+    return buf.getvalue()
+
+
+@dataclass(frozen=True)
+class RawEntry:
+    """One member of a hand-built zip: its headers say exactly what the fields say."""
+
+    name: str
+    data: bytes  # as stored (already compressed for method 8)
+    crc: int
+    file_size: int
+    method: int = zipfile.ZIP_STORED
+    flags: int = 0
+    external_attr: int = 0
+
+
+def raw_zip(entries: list[RawEntry]) -> bytes:
+    """A zip written header by header, so that headers can lie or carry odd flags."""
+    out, central = bytearray(), bytearray()
+    for e in entries:
+        name = e.name.encode()
+        offset = len(out)
+        out += struct.pack(
+            "<IHHHHHIIIHH",
+            0x04034B50,
+            20,
+            e.flags,
+            e.method,
+            0,
+            0x21,
+            e.crc,
+            len(e.data),
+            e.file_size,
+            len(name),
+            0,
+        )
+        out += name + e.data
+        central += struct.pack(
+            "<IHHHHHHIIIHHHHHII",
+            0x02014B50,
+            (3 << 8) | 20,
+            20,
+            e.flags,
+            e.method,
+            0,
+            0x21,
+            e.crc,
+            len(e.data),
+            e.file_size,
+            len(name),
+            0,
+            0,
+            0,
+            0,
+            e.external_attr,
+            offset,
+        )
+        central += name
+    n = len(entries)
+    eocd = struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, n, n, len(central), len(out), 0)
+    return bytes(out + central + eocd)
+
+
+def zeros_deflated(mib: int) -> bytes:
+    """A raw deflate stream of `mib` MiB of zeros, built in O(1 MiB) of work: after a full
+    flush the compressor's output for the same input repeats byte for byte."""
+    chunk = bytes(1 << 20)
+    c = zlib.compressobj(9, zlib.DEFLATED, -15)
+    first = c.compress(chunk) + c.flush(zlib.Z_FULL_FLUSH)
+    repeat = c.compress(chunk) + c.flush(zlib.Z_FULL_FLUSH)
+    return first + repeat * (mib - 1) + c.flush(zlib.Z_FINISH)
+
+
+def stored(name: str, data: bytes, **fields: Any) -> RawEntry:
+    """An uncompressed member with a correct CRC unless `fields` say otherwise."""
+    values: dict[str, Any] = {"crc": zlib.crc32(data), "file_size": len(data)}
+    values.update(fields)
+    return RawEntry(name, data, **values)
+
+
+def valid_entries() -> list[RawEntry]:
+    """The valid adapter as raw members."""
+    return [stored(name, data) for name, data in adapter_files().items()]
+
+
+def bomb() -> bytes:
+    """1 GiB of zeros in ~1 MiB, honestly declared (the CRC is not worth computing)."""
+    return raw_zip(
+        [
+            *valid_entries()[:1],
+            RawEntry(
+                "adapter_model.safetensors", zeros_deflated(1024), 0, GIB, zipfile.ZIP_DEFLATED
+            ),
+        ]
+    )
+
+
+def lying_bomb() -> bytes:
+    """A member whose header claims 4 KiB while its data inflates to 1 GiB."""
+    return raw_zip(
+        [
+            *valid_entries()[:1],
+            RawEntry(
+                "adapter_model.safetensors", zeros_deflated(1024), 0, 4096, zipfile.ZIP_DEFLATED
+            ),
+        ]
+    )
+
+
+def many_entries(count: int = 50_000) -> bytes:
+    """A valid adapter followed by `count` empty files."""
+    empty = [stored(f"f{i}", b"") for i in range(count)]
+    return raw_zip(valid_entries() + empty)
+
+
+def with_config(config: dict[str, Any] | str) -> bytes:
+    """The valid adapter with adapter_config.json replaced (a str is written verbatim)."""
+    files = adapter_files()
+    files["adapter_config.json"] = (
+        config.encode() if isinstance(config, str) else json.dumps(config).encode()
+    )
+    return zip_of(files)
+
+
+def with_extra(entry: RawEntry) -> bytes:
+    """The valid adapter plus one more raw member."""
+    return raw_zip([*valid_entries(), entry])
+
+
+def _config(**changes: Any) -> dict[str, Any]:
+    cfg = {"r": 4, "base_model_name_or_path": "base", "peft_type": "LORA"}
+    cfg.update(changes)
+    return cfg
+
+
+HOSTILE: dict[str, Callable[[], bytes]] = {
+    "zip_bomb": bomb,
+    "lying_header_bomb": lying_bomb,
+    "50k_entries": many_entries,
+    "dotdot_path": lambda: with_extra(stored("../evil.json", b"{}")),
+    "backslash_dotdot_path": lambda: with_extra(stored("..\\evil.json", b"{}")),
+    "absolute_path": lambda: with_extra(stored("/tmp/evil.json", b"{}")),
+    "drive_path": lambda: with_extra(stored("C:/evil.json", b"{}")),
+    "symlink_member": lambda: with_extra(
+        stored("README.md", b"/etc/passwd", external_attr=(stat.S_IFLNK | 0o777) << 16)
+    ),
+    "fifo_member": lambda: with_extra(
+        stored("README.md", b"", external_attr=(stat.S_IFIFO | 0o644) << 16)
+    ),
+    "encrypted_flag": lambda: raw_zip(
+        [valid_entries()[0], stored("adapter_model.safetensors", b"x" * 64, flags=0x1)]
+    ),
+    "crc_error": lambda: raw_zip(
+        [valid_entries()[0], stored("adapter_model.safetensors", b"x" * 64, crc=1234)]
+    ),
+    "unknown_compression_method": lambda: raw_zip(
+        [valid_entries()[0], stored("adapter_model.safetensors", b"x" * 64, method=99)]
+    ),
+    "corrupt_deflate": lambda: raw_zip(
+        [
+            valid_entries()[0],
+            stored(
+                "adapter_model.safetensors",
+                b"\xff" * 64,
+                crc=0,
+                file_size=64,
+                method=zipfile.ZIP_DEFLATED,
+            ),
+        ]
+    ),
+    "duplicate_names": lambda: raw_zip([*valid_entries(), valid_entries()[0]]),
+    "not_a_zip": lambda: b"not a zip",
+    "truncated_zip": lambda: zip_of(adapter_files())[:-30],
+    "rank_1e999": lambda: with_config('{"r": 1e999, "base_model_name_or_path": "base"}'),
+    "rank_float": lambda: with_config(_config(r=4.0)),
+    "rank_string": lambda: with_config(_config(r="4")),
+    "rank_huge": lambda: with_config(_config(r=10**30)),
+    "alpha_1e999": lambda: with_config(
+        '{"r": 4, "base_model_name_or_path": "base", "lora_alpha": 1e999}'
+    ),
+    "nan_constant": lambda: with_config(
+        '{"r": 4, "base_model_name_or_path": "base", "lora_alpha": NaN}'
+    ),
+    "nested_config": lambda: with_config(
+        '{"r": 4, "base_model_name_or_path": "base", "x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    ),
+    "config_not_object": lambda: with_config("[4]"),
+    "base_not_string": lambda: with_config(_config(base_model_name_or_path=["base"])),
+    "config_not_utf8": lambda: zip_of({**adapter_files(), "adapter_config.json": b"\xff\xfe{"}),
+    "weights_not_safetensors": lambda: zip_of(
+        {**adapter_files(), "adapter_model.safetensors": b"\xff" * 100}
+    ),
+}
+
+
+def assert_openai_400(r: httpx.Response) -> None:
+    """A 400 with the OpenAI error body."""
+    assert r.status_code == 400, (r.status_code, r.text[:300])
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["message"]
+
+
+# ---------------------------------------------------------------- tests
+
+
+def test_a_valid_adapter_is_registered(live: Live) -> None:
+    r = live.upload(zip_of(adapter_files(), folder="my-adapter/"), "good")
+    assert r.status_code == 201, r.text
+    with live.env.sessions() as s:
+        row = s.query(LoraAdapter).filter(LoraAdapter.name == "good").one()
+        folder = Path(row.source_path)
+    assert row.rank == 4
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
+    assert live.outcomes("adapters/good") == ["success"]
+    again = live.upload(zip_of(adapter_files()), "good")
+    assert again.status_code == 409 and again.json()["error"]["message"]
+    no_base = httpx.post(
+        f"{live.url}{P}/adapters/upload",
+        params={"name": "orphan", "base_model": "missing"},
+        content=zip_of(adapter_files()),
+        headers=live.headers,
+        timeout=30,
+    )
+    assert no_base.status_code == 404
+    assert live.outcomes("adapters/good") == ["success", "error"]
+    assert live.outcomes("adapters/orphan") == ["error"]
+    # The uploads' temporary files are gone.
+    assert list((live.env.tmp / "uploads").iterdir()) == []
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_archive_is_an_audited_400(live: Live, case: str) -> None:
+    name = f"bad-{case}"
+    stored_before = _stored_adapters(live)
+    r = live.upload(HOSTILE[case](), name)
+    assert_openai_400(r)
+    assert live.outcomes(f"adapters/{name}") == ["invalid"]
+    with live.env.sessions() as s:
+        assert s.query(LoraAdapter).filter(LoraAdapter.name == name).count() == 0
+    assert _stored_adapters(live) == stored_before
+    assert list((live.env.tmp / "uploads").iterdir()) == []
+
+
+def _stored_adapters(live: Live) -> set[str]:
+    folder = live.env.tmp / "adapters"
+    return {p.name for p in folder.iterdir()} if folder.exists() else set()
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.parametrize("case", ["zip_bomb", "lying_header_bomb"])
+def test_a_bomb_does_not_inflate_in_memory(live: Live, case: str) -> None:
+    body = HOSTILE[case]()
+    peak = baseline = _rss()
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, _rss())
+            time.sleep(0.002)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        r = live.upload(body, f"bomb-{case}")
+    finally:
+        done.set()
+        sampler.join()
+    assert peak - baseline < RSS_GROWTH_LIMIT, f"RSS grew by {(peak - baseline) >> 20} MiB"
+    assert_openai_400(r)
+
+
+class ArchiveHold:
+    """Holds the server's looks at uploaded archives (opening one with zipfile, or reading
+    its end records) until `release`; records what happened in `events`."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.events: list[str] = []
+        self.reached, self._released = threading.Event(), threading.Event()
+        self._lock = threading.Lock()
+        self.held = 0  # calls held so far
+        targets: list[tuple[Any, str]] = [(zipfile.ZipFile, "__init__")]
+        if importlib.util.find_spec("admin.zip_checks") is not None:
+            targets.append((importlib.import_module("admin.zip_checks"), "central_directory_size"))
+        for owner, attr in targets:
+            monkeypatch.setattr(owner, attr, self._wrap(getattr(owner, attr)))
+
+    def _wrap(self, real: Callable[..., Any]) -> Callable[..., Any]:
+        def held(*args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                self.held += 1
+            self.reached.set()
+            resumed = self._released.wait(20)
+            self.events.append("check resumed" if resumed else "check gave up waiting")
+            return real(*args, **kwargs)
+
+        return held
+
+    def release(self) -> None:
+        """Lets the held check go on."""
+        self._released.set()
+
+
+@pytest.mark.parametrize("case", ["zip_bomb", "50k_entries"])
+def test_the_server_answers_while_an_upload_is_checked(
+    live: Live, case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check is held at its first look at the archive until another request was answered;
+    checked on the event loop (the defect), that request could not be answered meanwhile."""
+    body = HOSTILE[case]()
+    hold = ArchiveHold(monkeypatch)  # after building the body, which may use zipfile itself
+    result: list[httpx.Response] = []
+    uploader = threading.Thread(target=lambda: result.append(live.upload(body, f"held-{case}")))
+    uploader.start()
+    assert hold.reached.wait(60), "the upload never reached its archive check"
+    r = httpx.get(f"{live.url}{P}/whoami", headers=live.headers, timeout=60)
+    hold.events.append("other request answered")
+    hold.release()
+    uploader.join(60)
+    assert r.status_code == 200
+    assert hold.events[:2] == ["other request answered", "check resumed"]
+    assert_openai_400(result[0])
+
+
+def test_uploads_beyond_the_concurrency_bound_are_refused(
+    live: Live, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body = zip_of(adapter_files())
+    hold = ArchiveHold(monkeypatch)
+    results: list[httpx.Response] = []
+    uploaders = [
+        threading.Thread(target=lambda i=i: results.append(live.upload(body, f"slot-{i}")))
+        for i in range(UPLOAD_CONCURRENCY)
+    ]
+    for t in uploaders:
+        t.start()
+    assert hold.reached.wait(60)
+    deadline = time.monotonic() + 60
+    while hold.held < UPLOAD_CONCURRENCY and time.monotonic() < deadline:
+        time.sleep(0.01)
+    refused = live.upload(body, "slot-extra")
+    hold.release()
+    for t in uploaders:
+        t.join(60)
+    assert refused.status_code == 429 and refused.headers["retry-after"]
+    assert live.outcomes("adapters/slot-extra") == ["busy"]
+    assert sorted(r.status_code for r in results) == [201] * UPLOAD_CONCURRENCY
+
+
+def _raw_request(live: Live, head: bytes, body_parts: list[bytes]) -> bytes:
+    """Sends a hand-written request and returns the first bytes of the response."""
+    with socket.create_connection(("127.0.0.1", int(live.url.rsplit(":", 1)[1])), 30) as sock:
+        sock.settimeout(30)
+        sock.sendall(head)
+        for part in body_parts:
+            try:
+                sock.sendall(part)
+            except (BrokenPipeError, ConnectionResetError):
+                break  # the server answered and closed early: what it said is read below
+        return sock.recv(4096)
+
+
+def _upload_head(live: Live, name: str, extra: str) -> bytes:
+    token = live.headers["Authorization"]
+    return (
+        f"POST {P}/adapters/upload?name={name}&base_model=base HTTP/1.1\r\n"
+        f"Host: 127.0.0.1\r\nAuthorization: {token}\r\n{extra}\r\n"
+    ).encode()
+
+
+def test_a_lying_content_length_is_refused_before_the_body(live: Live) -> None:
+    # Claims 100 GB and sends nothing: refused on the header, without waiting for a byte.
+    head = _upload_head(live, "claims-huge", f"Content-Length: {100 * GIB}\r\n")
+    reply = _raw_request(live, head, [])
+    assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
+    assert live.outcomes("adapters/claims-huge") == ["invalid"]
+
+
+def test_an_oversize_streamed_body_is_cut_off(live: Live) -> None:
+    # Chunked, no Content-Length: the cap is enforced on the bytes as they arrive.
+    chunk = b"\0" * (1 << 20)
+    framed = f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n"
+    parts = [framed] * (2 * UPLOAD_CAP // len(chunk)) + [b"0\r\n\r\n"]
+    reply = _raw_request(
+        live, _upload_head(live, "streams-huge", "Transfer-Encoding: chunked\r\n"), parts
+    )
+    assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
+    assert live.outcomes("adapters/streams-huge") == ["invalid"]
+    assert list((live.env.tmp / "uploads").iterdir()) == []
+
+
+# ---------------------------------------------------------------- sources
+
+
+def _unblock_fifo(path: Path) -> None:
+    # If the server did open the FIFO (the defect), give its reader a writer so that it returns.
+    with contextlib.suppress(OSError):
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def _register_model(live: Live, source: str, name: str) -> httpx.Response:
+    return httpx.post(
+        f"{live.url}{P}/models",
+        json={"name": name, "source": source, "format": "gguf", "context_length": 8},
+        headers=live.headers,
+        timeout=30,
+    )
+
+
+def test_model_sources_must_be_regular_files_under_the_roots(live: Live) -> None:
+    fifo = live.roots / "pipe.gguf"
+    os.mkfifo(fifo)
+    outside = live.env.tmp / "outside.gguf"
+    outside.write_bytes(b"GGUF")
+    escape = live.roots / "escape.gguf"
+    escape.symlink_to(outside)
+    folder = live.roots / "hf-with-fifo"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    os.mkfifo(folder / "model.safetensors")
+    inside = live.roots / "ok.gguf"
+    inside.write_bytes(b"GGUF")
+    try:
+        cases = {
+            "fifo": str(fifo),
+            "outside": str(outside),
+            "symlink-escape": str(escape),
+            "dotdot-escape": str(live.roots / ".." / "outside.gguf"),
+            "folder-with-fifo": str(folder),
+            "missing": str(live.roots / "missing.gguf"),
+            "device": "/dev/zero",
+        }
+        for case, source in cases.items():
+            r = _register_model(live, source, f"m-{case}")
+            assert_openai_400(r)
+            assert live.outcomes(f"models/m-{case}") == ["invalid"], case
+        assert _register_model(live, str(inside), "m-ok").status_code == 201
+        r = httpx.post(
+            f"{live.url}{P}/adapters",
+            json={"name": "a-fifo", "base_model": "base", "rank": 4, "source_path": str(fifo)},
+            headers=live.headers,
+            timeout=30,
+        )
+        assert_openai_400(r)
+        assert live.outcomes("adapters/a-fifo") == ["invalid"]
+    finally:
+        _unblock_fifo(fifo)
+        _unblock_fifo(folder / "model.safetensors")
+
+
+def test_an_upload_never_opens_a_fifo_base_model(live: Live) -> None:
+    # A base model registered (by an older release, or straight in the database) with a FIFO
+    # source: reading its shapes would block forever, so the upload is refused unread.
+    fifo = live.roots / "base-pipe.gguf"
+    os.mkfifo(fifo)
+    with live.env.sessions() as s:
+        registry.register_model(s, name="pipe", source=str(fifo), format="gguf", context_length=8)
+    try:
+        r = httpx.post(
+            f"{live.url}{P}/adapters/upload",
+            params={"name": "on-pipe", "base_model": "pipe"},
+            content=zip_of(adapter_files()),
+            headers=live.headers,
+            timeout=30,
+        )
+        assert_openai_400(r)
+        assert live.outcomes("adapters/on-pipe") == ["invalid"]
+    finally:
+        _unblock_fifo(fifo)
+
+
+def test_adapter_registration_refuses_nonsense_fields(live: Live) -> None:
+    folder = live.roots / "peft"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text("{}")
+
+    def register(**changes: Any) -> httpx.Response:
+        body = {"name": "reg", "base_model": "base", "rank": 4, "source_path": str(folder)}
+        return httpx.post(
+            f"{live.url}{P}/adapters", json={**body, **changes}, headers=live.headers, timeout=30
+        )
+
+    for changes in ({"rank": 10**30}, {"rank": 0}, {"rank": 5000}, {"name": "n" * 200}):
+        r = register(**changes)
+        assert 400 <= r.status_code < 500, (changes, r.status_code, r.text[:200])
+        assert r.json()["error"]["message"]
+    assert_openai_400(live.upload(zip_of(adapter_files()), "n" * 200))
+    assert register().status_code == 201
+
+
+def test_a_folder_source_is_checked_through_its_symlinks(live: Live) -> None:
+    hidden = live.roots / "hidden"
+    hidden.mkdir()
+    os.mkfifo(hidden / "weights.safetensors")
+    folder = live.roots / "hf-linked"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "shards").symlink_to(hidden, target_is_directory=True)
+    loop = live.roots / "hf-loop"
+    loop.mkdir()
+    (loop / "config.json").write_text("{}")
+    (loop / "again").symlink_to(loop, target_is_directory=True)
+    try:
+        assert_openai_400(_register_model(live, str(folder), "m-linked-fifo"))
+        assert_openai_400(_register_model(live, str(loop), "m-loop"))
+    finally:
+        _unblock_fifo(hidden / "weights.safetensors")
