@@ -42,7 +42,7 @@ from admin.models import ModelPrice, UsageHourly, UsageRow
 from admin.registry import FREE, Prices
 
 ROLLUP_SUMS = ("prompt_tokens", "cached_tokens", "completion_tokens", "cost_pico_usd")
-_ROLLUP_KEY = ("hour", "tenant_id", "key_id", "model", "adapter")
+_ROLLUP_KEY = ("hour", "tenant_id", "key_id", "model", "adapter", "status")
 _ROLLUP_COLUMNS = (*_ROLLUP_KEY, "requests", *ROLLUP_SUMS)
 
 _USAGE: Table = UsageRow.__table__  # type: ignore[assignment]
@@ -206,11 +206,18 @@ def write_usage(session: Session, rows: Sequence[Mapping[str, Any]]) -> int:
         values.append(_usage_params(r, when, cost))
     result = conn.execute(statements.insert_usage, statements.params(values))
     inserted = set(result.scalars().all())
-    buckets: dict[tuple[dt.datetime, str, str, str, str], list[int]] = {}
+    buckets: dict[tuple[dt.datetime, str, str, str, str, int], list[int]] = {}
     for v in values:
         if v["request_id"] not in inserted:
             continue
-        key = (hour_of(v["occurred_at"]), v["tenant_id"], v["key_id"], v["model"], v["adapter"])
+        key = (
+            hour_of(v["occurred_at"]),
+            v["tenant_id"],
+            v["key_id"],
+            v["model"],
+            v["adapter"],
+            int(v["status"]),
+        )
         sums = buckets.get(key)
         if sums is None:
             sums = buckets[key] = [0] * (1 + len(ROLLUP_SUMS))

@@ -113,6 +113,6 @@ def stream_response(
     """The SSE response; the request is settled when the stream ends or the client leaves."""
     return SettlingStreamingResponse(
         chunks,
-        on_close=lambda: life.close(200, disconnected=not life.completed),
+        on_close=life.close_stream,
         headers=submitted.headers,
     )

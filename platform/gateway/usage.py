@@ -11,7 +11,11 @@ logger = logging.getLogger("cloister.usage")
 
 @dataclass(frozen=True)
 class UsageRecord:
-    """What one request consumed and how it ended. Partial output counts on disconnect."""
+    """What one request consumed and how it ended. Partial output counts on disconnect.
+
+    The token counts are what the engine processed, and so what is billed: a request
+    refused before the engine ran it (429, 503, 400) carries zeros and its status.
+    """
 
     request_id: str
     tenant_id: str
@@ -22,7 +26,9 @@ class UsageRecord:
     completion_tokens: int
     ttft_s: float | None
     latency_s: float
-    status: int  # the HTTP status the client got (200 also for a stream cut short)
+    # The HTTP status the client got (200 also for a stream cut short; the engine's failure
+    # status, with finish_reason "engine_error", for a stream the engine failed mid-way).
+    status: int
     finish_reason: str | None
     client_disconnected: bool
     adapter: str | None = None  # the LoRA adapter served, when there is one

@@ -209,7 +209,7 @@ def _row(i: int, *, when: dt.datetime, **changes: Any) -> dict[str, Any]:
 def _hourly(engine: sa.Engine) -> dict[tuple[Any, ...], tuple[int, ...]]:
     with engine.connect() as c:
         rows = c.execute(sa.select(UsageHourly.__table__)).all()
-    return {tuple(r[:5]): tuple(r[5:]) for r in rows}
+    return {tuple(r[:6]): tuple(r[6:]) for r in rows}  # (hour, tenant, key, model, adapter, status)
 
 
 def _hourly_from_raw(engine: sa.Engine) -> dict[tuple[Any, ...], tuple[int, ...]]:
@@ -223,6 +223,7 @@ def _hourly_from_raw(engine: sa.Engine) -> dict[tuple[Any, ...], tuple[int, ...]
                 r["key_id"],
                 r["model"],
                 r["adapter"],
+                r["status"],
             )
             sums = out.setdefault(key, [0, 0, 0, 0, 0])
             sums[0] += 1
