@@ -17,7 +17,7 @@ from gateway.errors import status_of
 from gateway.lifecycle import RequestLifecycle
 from gateway.params import build_sampling_params, resolve_max_tokens
 from gateway.schemas.common import SamplingFields
-from gateway.sse import SettlingStreamingResponse
+from gateway.sse import DONE, SettlingStreamingResponse
 from tenancy.principal import derive_cache_domain
 
 
@@ -112,7 +112,25 @@ def stream_response(
 ) -> Response:
     """The SSE response; the request is settled when the stream ends or the client leaves."""
     return SettlingStreamingResponse(
-        chunks,
+        _settled_before_done(life, chunks),
         on_close=life.close_stream,
         headers=submitted.headers,
     )
+
+
+async def _settled_before_done(
+    life: RequestLifecycle, chunks: AsyncIterator[bytes]
+) -> AsyncIterator[bytes]:
+    """`chunks`, with the request closed (its usage durable) before `[DONE]` goes out.
+
+    A client that read the whole stream has a usage record that survives a crash.
+    """
+    try:
+        async for chunk in chunks:
+            if chunk == DONE:
+                await life.close_stream()
+            yield chunk
+    finally:
+        aclose = getattr(chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()

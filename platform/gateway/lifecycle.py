@@ -256,22 +256,25 @@ class RequestLifecycle:
             )
         self._end_span(status)
         if principal is not None:
-            self._usage.emit(
-                UsageRecord(
-                    request_id=self.request_id,
-                    tenant_id=principal.tenant_id,
-                    key_id=principal.key_id,
-                    model=self.model,
-                    prompt_tokens=billable_prompt,
-                    cached_tokens=self.billable_cached_tokens,
-                    completion_tokens=self.completion_tokens,
-                    ttft_s=ttft,
-                    latency_s=latency,
-                    status=status,
-                    finish_reason=self.finish_reason,
-                    client_disconnected=disconnected,
-                )
+            record = UsageRecord(
+                request_id=self.request_id,
+                tenant_id=principal.tenant_id,
+                key_id=principal.key_id,
+                model=self.model,
+                prompt_tokens=billable_prompt,
+                cached_tokens=self.billable_cached_tokens,
+                completion_tokens=self.completion_tokens,
+                ttft_s=ttft,
+                latency_s=latency,
+                status=status,
+                finish_reason=self.finish_reason,
+                client_disconnected=disconnected,
             )
+            if self.completed and status == 200:
+                # A complete response: durable (fsynced) before its last byte is sent.
+                await self._usage.emit_durably(record)
+            else:
+                self._usage.emit(record)
 
     def _end_span(self, status: int) -> None:
         span = self.span

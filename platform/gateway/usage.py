@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 logger = logging.getLogger("cloister.usage")
 
@@ -42,6 +42,15 @@ class UsageSink(Protocol):
         ...
 
 
+@runtime_checkable
+class DurableUsageSink(UsageSink, Protocol):
+    """A sink that can also say when a record is durable (survives `kill -9`)."""
+
+    async def persist(self, usage: UsageRecord) -> None:
+        """Stores the record; returns once it is durable. Must not raise."""
+        ...
+
+
 class LoggingUsageSink:
     """Default sink: one structured log line per request (the admin service stores them later)."""
 
@@ -70,4 +79,17 @@ class UsageGuard:
         try:
             self._sink.record(usage)
         except Exception:  # a metering outage must not fail the tenant's request
+            logger.exception("usage sink failed", extra={"request_id": usage.request_id})
+
+    async def emit_durably(self, usage: UsageRecord) -> None:
+        """Like `emit`, but returns once the record is durable when the sink can say so."""
+        if self._done:
+            return
+        if not isinstance(self._sink, DurableUsageSink):
+            self.emit(usage)
+            return
+        self._done = True
+        try:
+            await self._sink.persist(usage)
+        except Exception:
             logger.exception("usage sink failed", extra={"request_id": usage.request_id})

@@ -7,6 +7,7 @@ import csv
 import datetime as dt
 import io
 import json
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -147,6 +148,9 @@ def test_an_engine_failure_is_recorded_as_one(failing_gateway: LiveGateway, stre
         assert '"error"' in r.text and "[DONE]" not in r.text
     else:
         assert r.status_code == 500
+    deadline = time.monotonic() + 10  # a cut stream is settled just after its last byte
+    while not gw.usage.records and time.monotonic() < deadline:
+        time.sleep(0.01)
     (record,) = gw.usage.records
     assert record.status == 500
     assert record.finish_reason == "engine_error"
