@@ -1,5 +1,7 @@
-"""`kill -9` a live `cloister serve` right after its responses: every request whose response
-reached the client completely has a usage record after the restart (issue 13, defect 11)."""
+"""`kill -9` a live `cloister serve` right after its responses, then restart it: every request
+whose response reached the client completely has a usage record (issue 13, defect 11), and
+an exhausted token budget is still exhausted (defect 10: the in-memory limiter starts cold
+and seeds its budget counters from the usage ledger)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from tests.gateway.processes import (
     stop,
     wait_ready,
 )
+from tests.gateway.test_budget_restart import BUDGET, exhaust, still_refused
 from tests.utils.tiny_model import make_tiny_model_dir
 
 N = 40
@@ -52,14 +55,16 @@ def _complete(gw: GatewayProcess, key: str, i: int) -> str | None:
 
 
 @pytest.mark.slow
-def test_usage_of_every_completed_request_survives_kill_9(tmp_path: Path) -> None:
+def test_usage_and_budgets_survive_kill_9(tmp_path: Path) -> None:
     data = tmp_path / "data"
     sessions = database(data)
     key = create_tenant_key(sessions, "acme")
+    capped = create_tenant_key(sessions, "capped", token_budget=BUDGET, budget_period="day")
     model = make_tiny_model_dir(tmp_path)
     gw = spawn_gateway(data, model, tmp_path / "first.log")
     try:
         wait_ready(gw)
+        exhaust(gw, capped)
         with ThreadPoolExecutor(max_workers=8) as pool:
             ids = [i for i in pool.map(lambda i: _complete(gw, key, i), range(N)) if i]
         os.kill(gw.proc.pid, signal.SIGKILL)  # at once: no shutdown hook runs
@@ -72,6 +77,7 @@ def test_usage_of_every_completed_request_survives_kill_9(tmp_path: Path) -> Non
         wait_ready(again)  # the restart replays the spool before it serves
         with sessions() as s:
             recorded = set(s.scalars(sa.select(UsageRow.request_id)))
+        still_refused(again, capped)
     finally:
         stop(again)
     missing = sorted(set(ids) - recorded)
