@@ -181,8 +181,12 @@ class RequestLifecycle:
     def _observe(self, event: StreamEvent) -> None:
         now = time.monotonic()
         new_tokens = sum(len(d.token_ids) for d in event.deltas)
-        if new_tokens:
+        m = event.metrics
+        # The prompt was processed once the engine sampled from it, even a token it hides
+        # (an EOS or a stop token carries no ids in the delta).
+        if new_tokens or (m is not None and m.first_token_time is not None):
             self._processed.add(event.request_id)
+        if new_tokens:
             self.completion_tokens += new_tokens
             if self._first_token_at is None:
                 self._first_token_at = now
@@ -196,13 +200,12 @@ class RequestLifecycle:
                 self.finish_reason = delta.finish_reason
         if event.finished:
             self._finished_ids.add(event.request_id)
-        m = event.metrics
         if m is not None and m.first_scheduled_time is not None and self._queue_s is None:
             self._queue_s = m.first_scheduled_time - m.arrival_time
 
     @property
     def billable_prompt_tokens(self) -> int:
-        """Prompt tokens of the engine requests the engine actually ran (produced a token for).
+        """Prompt tokens of the engine requests the engine actually ran (sampled a token for).
 
         A request refused before or by the engine (429, 503, 400) ran nothing: zero.
         """
