@@ -28,6 +28,7 @@ EXPORT_FIELDS = (
     "tenant_id",
     "model",
     "adapter",
+    "status",
     "requests",
     "prompt_tokens",
     "cached_tokens",
@@ -65,6 +66,7 @@ class UsageBucket:
     key_id: str | None
     model: str
     adapter: str
+    status: int  # the HTTP status; refused requests carry zero tokens and cost
     requests: int
     prompt_tokens: int
     cached_tokens: int
@@ -97,7 +99,7 @@ def query_usage(
     ):
         if value is not None:
             query = query.where(column == value)
-    sums: dict[tuple[str, str, str | None, str, str], list[int]] = {}
+    sums: dict[tuple[str, str, str | None, str, str, int], list[int]] = {}
     for row in session.scalars(query):
         stamp = row.hour if granularity == "hour" else row.hour.replace(hour=0)
         label = stamp.isoformat() if granularity == "hour" else stamp.date().isoformat()
@@ -107,6 +109,7 @@ def query_usage(
             row.key_id if by_key or key_id else None,
             row.model,
             row.adapter,
+            int(row.status),
         )
         acc = sums.setdefault(group, [0, 0, 0, 0, 0])
         for i, v in enumerate(
@@ -127,7 +130,11 @@ def query_usage(
 def billing_lines(
     session: Session, *, period: str, tenant_id: str | None = None
 ) -> list[dict[str, object]]:
-    """One line per tenant x model x adapter x day of `period`."""
+    """One line per tenant x model x adapter x status x day of `period`.
+
+    Refused requests (429, 503, ...) get lines of their own with their status and zero
+    tokens and cost: a tenant is billed only for what the engine processed.
+    """
     start, end = parse_period(period)
     lines: list[dict[str, object]] = []
     for b in query_usage(session, start=start, end=end, granularity="day", tenant_id=tenant_id):
@@ -137,7 +144,13 @@ def billing_lines(
         line["cost_usd"] = pico_to_usd(b.cost_pico_usd)
         lines.append({k: line[k] for k in EXPORT_FIELDS})
     lines.sort(
-        key=lambda r: (str(r["tenant_id"]), str(r["day"]), str(r["model"]), str(r["adapter"]))
+        key=lambda r: (
+            str(r["tenant_id"]),
+            str(r["day"]),
+            str(r["model"]),
+            str(r["adapter"]),
+            int(str(r["status"])),
+        )
     )
     return lines
 

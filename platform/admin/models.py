@@ -154,6 +154,8 @@ class UsageHourly(Base):
     key_id: Mapped[str] = mapped_column(String(32), primary_key=True)
     model: Mapped[str] = mapped_column(String(128), primary_key=True)
     adapter: Mapped[str] = mapped_column(String(128), primary_key=True)
+    # The HTTP status: refused requests (429, 503, ...) are counted apart, with zero tokens.
+    status: Mapped[int] = mapped_column(Integer, primary_key=True, default=200)
     requests: Mapped[int] = mapped_column(BigInteger, default=0)
     prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0)

@@ -1,7 +1,8 @@
-"""A durable append-only JSONL spool for usage rows that could not reach the database.
+"""A durable append-only JSONL spool: the write-ahead journal of usage rows.
 
 Each append is written and fsynced before it returns, so a record the writer
-accepted survives a crash. A torn last line (a crash mid-append) is skipped on
+accepted survives a crash. The file is the operator's only (mode 0600), also
+after a replay rewrites it. A torn last line (a crash mid-append) is skipped on
 read: it was never acknowledged. Replay reads in append order; the database
 side is idempotent by request id, so replaying twice counts nothing twice.
 """
@@ -17,15 +18,19 @@ from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger("cloister.metering")
+MODE = 0o600  # usage rows name tenants and keys: owner only
 
 
 class UsageSpool:
     """The local spool file; thread-safe."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, fsync: bool = True) -> None:
         self.path = path
+        self._fsync = fsync  # False only to measure what the fsync costs (bench/)
         self._lock = threading.Lock()
         path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            os.chmod(path, MODE)  # a spool left by an older version may be 0644
 
     def append(self, rows: Sequence[dict[str, Any]]) -> None:
         """Appends rows (one JSON object a line) and fsyncs before returning."""
@@ -38,10 +43,11 @@ class UsageSpool:
                     f.seek(-1, os.SEEK_END)
                     if f.read(1) != b"\n":  # never glue a row onto a torn line
                         data = "\n" + data
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, MODE)
             try:
-                os.write(fd, data.encode("utf-8"))
-                os.fsync(fd)
+                _write_all(fd, data.encode("utf-8"))
+                if self._fsync:
+                    os.fsync(fd)
             finally:
                 os.close(fd)
 
@@ -74,8 +80,25 @@ class UsageSpool:
             lines = [ln for ln in self.path.read_text(encoding="utf-8").split("\n") if ln]
             rest = lines[count:]
             tmp = self.path.with_suffix(".tmp")
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write("".join(ln + "\n" for ln in rest))
-                f.flush()
-                os.fsync(f.fileno())
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, MODE)
+            try:
+                os.fchmod(fd, MODE)  # O_CREAT's mode does not apply to a leftover tmp file
+                _write_all(fd, "".join(ln + "\n" for ln in rest).encode("utf-8"))
+                if self._fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
             os.replace(tmp, self.path)
+            if self._fsync:  # make the rename durable: later appends go to the new file
+                dir_fd = os.open(self.path.parent, os.O_RDONLY)
+                try:
+                    os.fsync(dir_fd)
+                finally:
+                    os.close(dir_fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """os.write until every byte is written (a regular file may take a write in parts)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]

@@ -35,14 +35,14 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.sql.dml import Insert
 
 from admin.models import ModelPrice, UsageHourly, UsageRow
 from admin.registry import FREE, Prices
 
 ROLLUP_SUMS = ("prompt_tokens", "cached_tokens", "completion_tokens", "cost_pico_usd")
-_ROLLUP_KEY = ("hour", "tenant_id", "key_id", "model", "adapter")
+_ROLLUP_KEY = ("hour", "tenant_id", "key_id", "model", "adapter", "status")
 _ROLLUP_COLUMNS = (*_ROLLUP_KEY, "requests", *ROLLUP_SUMS)
 
 _USAGE: Table = UsageRow.__table__  # type: ignore[assignment]
@@ -206,11 +206,18 @@ def write_usage(session: Session, rows: Sequence[Mapping[str, Any]]) -> int:
         values.append(_usage_params(r, when, cost))
     result = conn.execute(statements.insert_usage, statements.params(values))
     inserted = set(result.scalars().all())
-    buckets: dict[tuple[dt.datetime, str, str, str, str], list[int]] = {}
+    buckets: dict[tuple[dt.datetime, str, str, str, str, int], list[int]] = {}
     for v in values:
         if v["request_id"] not in inserted:
             continue
-        key = (hour_of(v["occurred_at"]), v["tenant_id"], v["key_id"], v["model"], v["adapter"])
+        key = (
+            hour_of(v["occurred_at"]),
+            v["tenant_id"],
+            v["key_id"],
+            v["model"],
+            v["adapter"],
+            int(v["status"]),
+        )
         sums = buckets.get(key)
         if sums is None:
             sums = buckets[key] = [0] * (1 + len(ROLLUP_SUMS))
@@ -237,3 +244,27 @@ def purge_raw_usage(session: Session, *, older_than: dt.datetime) -> int:
     result = session.execute(delete(UsageRow).where(UsageRow.occurred_at < older_than))
     session.commit()
     return int(result.rowcount or 0)  # type: ignore[attr-defined]
+
+
+class UsageLedger:
+    """tenancy.limiter.base.BudgetLedger over the hourly rollups (which outlive raw rows).
+
+    Budget periods are UTC days or months, so they are whole rollup hours. A refused
+    request's row carries zero tokens, so it spends nothing here either.
+    """
+
+    def __init__(self, sessions: sessionmaker[Session]) -> None:
+        self._sessions = sessions
+
+    def __call__(self, *, tenant_id: str, key_id: str | None, start: int, end: int) -> int:
+        """Prompt plus completion tokens of the tenant (or one key) in [start, end)."""
+        h = _HOURLY.c
+        query = select(func.coalesce(func.sum(h.prompt_tokens + h.completion_tokens), 0)).where(
+            h.tenant_id == tenant_id,
+            h.hour >= dt.datetime.fromtimestamp(start, dt.UTC),
+            h.hour < dt.datetime.fromtimestamp(end, dt.UTC),
+        )
+        if key_id is not None:
+            query = query.where(h.key_id == key_id)
+        with self._sessions() as session:
+            return int(session.execute(query).scalar_one())

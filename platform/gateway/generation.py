@@ -6,19 +6,31 @@ cache domain, submit; and, for non-streaming calls, collect every choice.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from fastapi import Response
+from starlette.requests import Request
 
 from engine.outputs import PositionLogprobs, StreamEvent
-from gateway.errors import status_of
+from gateway.errors import GatewayError, status_of
 from gateway.lifecycle import RequestLifecycle
 from gateway.params import build_sampling_params, resolve_max_tokens
 from gateway.schemas.common import SamplingFields
-from gateway.sse import SettlingStreamingResponse
+from gateway.sse import DONE, SettlingStreamingResponse
 from tenancy.principal import derive_cache_domain
+
+CLIENT_CLOSED = 499  # nginx's "client closed request": no response was sent
+
+
+class ClientDisconnectedError(GatewayError):
+    """The client hung up before its (non-streamed) response was ready."""
+
+    status = CLIENT_CLOSED
+    type = "client_disconnected"
 
 
 @dataclass(frozen=True)
@@ -81,8 +93,40 @@ def choice_index(prompt_index: int, sample_index: int, n: int) -> int:
     return prompt_index * n + sample_index
 
 
-async def collect(life: RequestLifecycle, submitted: Submitted) -> list[ChoiceState]:
-    """Runs every stream to its end and returns the choices in index order."""
+async def collect(
+    life: RequestLifecycle, submitted: Submitted, request: Request | None = None
+) -> list[ChoiceState]:
+    """Runs every stream to its end and returns the choices in index order.
+
+    With `request`, a client that hangs up first stops the work: the engine requests
+    are aborted, the limiter settled (its concurrency slot freed) and the partial usage
+    recorded as a disconnect (499); then `ClientDisconnectedError` is raised.
+    """
+    if request is None:
+        return await _collect(life, submitted)
+    work = asyncio.ensure_future(_collect(life, submitted))
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not work.done():
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await work
+        gone.cancel()
+    if work.cancelled():
+        await life.close(CLIENT_CLOSED, disconnected=True)
+        raise ClientDisconnectedError("the client closed the connection")
+    return work.result()
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client hangs up (the body is read: the next message is a disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _collect(life: RequestLifecycle, submitted: Submitted) -> list[ChoiceState]:
     total = submitted.n * len(submitted.streams)
     choices = [ChoiceState(index=i) for i in range(total)]
     async for prompt_index, event in life.events(submitted.streams):
@@ -112,7 +156,25 @@ def stream_response(
 ) -> Response:
     """The SSE response; the request is settled when the stream ends or the client leaves."""
     return SettlingStreamingResponse(
-        chunks,
-        on_close=lambda: life.close(200, disconnected=not life.completed),
+        _settled_before_done(life, chunks),
+        on_close=life.close_stream,
         headers=submitted.headers,
     )
+
+
+async def _settled_before_done(
+    life: RequestLifecycle, chunks: AsyncIterator[bytes]
+) -> AsyncIterator[bytes]:
+    """`chunks`, with the request closed (its usage durable) before `[DONE]` goes out.
+
+    A client that read the whole stream has a usage record that survives a crash.
+    """
+    try:
+        async for chunk in chunks:
+            if chunk == DONE:
+                await life.close_stream()
+            yield chunk
+    finally:
+        aclose = getattr(chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()

@@ -21,7 +21,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from engine.outputs import StreamEvent
 from engine.sampling_params import SamplingParams
-from gateway.errors import ModelNotFoundError
+from gateway.errors import ModelNotFoundError, status_of
 from gateway.ratelimit_headers import rate_limit_headers
 from gateway.state import AppState
 from gateway.tracing import extract_context
@@ -32,6 +32,7 @@ from tenancy.limiter.base import Admission
 from tenancy.principal import Principal
 
 logger = logging.getLogger("cloister.gateway")
+ENGINE_ERROR = "engine_error"  # the finish reason of a request the engine failed
 
 
 class RequestLifecycle:
@@ -52,8 +53,12 @@ class RequestLifecycle:
         self.cached_tokens = 0
         self.finish_reason: str | None = None
         self.completed = False  # set by the route once the whole response was produced
+        # The status an engine failure maps to (None: the engine did not fail this request).
+        self.failure_status: int | None = None
         self._admission: Admission | None = None
         self._engine_ids: list[str] = []
+        self._prompt_lens: dict[str, int] = {}  # engine id -> prompt tokens submitted
+        self._processed: set[str] = set()  # engine ids the engine produced a token for
         self._finished_ids: set[str] = set()
         self._cached: dict[str, int] = {}
         self._first_token_at: float | None = None
@@ -121,12 +126,28 @@ class RequestLifecycle:
                 )
             )
             self._engine_ids.append(engine_id)
+            self._prompt_lens[engine_id] = len(prompt)
         return streams
 
     async def events(
         self, streams: list[AsyncIterator[StreamEvent]]
     ) -> AsyncIterator[tuple[int, StreamEvent]]:
-        """(prompt index, event) pairs from all streams, as they arrive."""
+        """(prompt index, event) pairs from all streams, as they arrive.
+
+        An engine failure is noted (`failure_status`, finish reason "engine_error") before
+        it propagates, so the request is recorded as failed whoever catches the error.
+        """
+        try:
+            async for pair in self._events(streams):
+                yield pair
+        except Exception as exc:
+            self.failure_status = status_of(exc)
+            self.finish_reason = ENGINE_ERROR
+            raise
+
+    async def _events(
+        self, streams: list[AsyncIterator[StreamEvent]]
+    ) -> AsyncIterator[tuple[int, StreamEvent]]:
         if len(streams) == 1:
             async for event in streams[0]:
                 self._observe(event)
@@ -160,6 +181,11 @@ class RequestLifecycle:
     def _observe(self, event: StreamEvent) -> None:
         now = time.monotonic()
         new_tokens = sum(len(d.token_ids) for d in event.deltas)
+        m = event.metrics
+        # The prompt was processed once the engine sampled from it, even a token it hides
+        # (an EOS or a stop token carries no ids in the delta).
+        if new_tokens or (m is not None and m.first_token_time is not None):
+            self._processed.add(event.request_id)
         if new_tokens:
             self.completion_tokens += new_tokens
             if self._first_token_at is None:
@@ -174,9 +200,29 @@ class RequestLifecycle:
                 self.finish_reason = delta.finish_reason
         if event.finished:
             self._finished_ids.add(event.request_id)
-        m = event.metrics
         if m is not None and m.first_scheduled_time is not None and self._queue_s is None:
             self._queue_s = m.first_scheduled_time - m.arrival_time
+
+    @property
+    def billable_prompt_tokens(self) -> int:
+        """Prompt tokens of the engine requests the engine actually ran (sampled a token for).
+
+        A request refused before or by the engine (429, 503, 400) ran nothing: zero.
+        """
+        return sum(self._prompt_lens[i] for i in self._processed if i in self._prompt_lens)
+
+    @property
+    def billable_cached_tokens(self) -> int:
+        """Cached prompt tokens of the engine requests that ran."""
+        return sum(v for i, v in self._cached.items() if i in self._processed)
+
+    async def close_stream(self) -> None:
+        """Closes a streamed request: 200 when complete, the engine's failure status when the
+        engine failed, else a client disconnect (the stream was cut short)."""
+        if self.failure_status is not None:
+            await self.close(self.failure_status)
+        else:
+            await self.close(200, disconnected=not self.completed)
 
     async def close(self, status: int, *, disconnected: bool = False) -> None:
         """The single exit; idempotent and run to the end even under cancellation."""
@@ -196,9 +242,11 @@ class RequestLifecycle:
                     logger.exception("abort failed", extra={"request_id": engine_id})
         if disconnected and self.finish_reason is None:
             self.finish_reason = "abort"
+        billable_prompt = self.billable_prompt_tokens
         if self._admission is not None:
-            # Never blocks: a remote limiter settles in the background.
-            actual = self.prompt_tokens + self.completion_tokens
+            # Never blocks: a remote limiter settles in the background. Only what the engine
+            # processed is charged: a refused request refunds its whole reservation.
+            actual = billable_prompt + self.completion_tokens
             state.limits.release(self._admission, actual_tokens=actual)
         latency = time.monotonic() - self.started
         ttft = None if self._first_token_at is None else self._first_token_at - self.started
@@ -211,22 +259,25 @@ class RequestLifecycle:
             )
         self._end_span(status)
         if principal is not None:
-            self._usage.emit(
-                UsageRecord(
-                    request_id=self.request_id,
-                    tenant_id=principal.tenant_id,
-                    key_id=principal.key_id,
-                    model=self.model,
-                    prompt_tokens=self.prompt_tokens,
-                    cached_tokens=self.cached_tokens,
-                    completion_tokens=self.completion_tokens,
-                    ttft_s=ttft,
-                    latency_s=latency,
-                    status=status,
-                    finish_reason=self.finish_reason,
-                    client_disconnected=disconnected,
-                )
+            record = UsageRecord(
+                request_id=self.request_id,
+                tenant_id=principal.tenant_id,
+                key_id=principal.key_id,
+                model=self.model,
+                prompt_tokens=billable_prompt,
+                cached_tokens=self.billable_cached_tokens,
+                completion_tokens=self.completion_tokens,
+                ttft_s=ttft,
+                latency_s=latency,
+                status=status,
+                finish_reason=self.finish_reason,
+                client_disconnected=disconnected,
             )
+            if self.completed and status == 200:
+                # A complete response: durable (fsynced) before its last byte is sent.
+                await self._usage.emit_durably(record)
+            else:
+                self._usage.emit(record)
 
     def _end_span(self, status: int) -> None:
         span = self.span

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 logger = logging.getLogger("cloister.usage")
 
 
 @dataclass(frozen=True)
 class UsageRecord:
-    """What one request consumed and how it ended. Partial output counts on disconnect."""
+    """What one request consumed and how it ended. Partial output counts on disconnect.
+
+    The token counts are what the engine processed, and so what is billed: a request
+    refused before the engine ran it (429, 503, 400) carries zeros and its status.
+    """
 
     request_id: str
     tenant_id: str
@@ -22,7 +26,9 @@ class UsageRecord:
     completion_tokens: int
     ttft_s: float | None
     latency_s: float
-    status: int  # the HTTP status the client got (200 also for a stream cut short)
+    # The HTTP status the client got (200 also for a stream cut short; the engine's failure
+    # status, with finish_reason "engine_error", for a stream the engine failed mid-way).
+    status: int
     finish_reason: str | None
     client_disconnected: bool
     adapter: str | None = None  # the LoRA adapter served, when there is one
@@ -33,6 +39,15 @@ class UsageSink(Protocol):
 
     def record(self, usage: UsageRecord) -> None:
         """Stores or forwards one record. Called once per request id."""
+        ...
+
+
+@runtime_checkable
+class DurableUsageSink(UsageSink, Protocol):
+    """A sink that can also say when a record is durable (survives `kill -9`)."""
+
+    async def persist(self, usage: UsageRecord) -> None:
+        """Stores the record; returns once it is durable. Must not raise."""
         ...
 
 
@@ -64,4 +79,17 @@ class UsageGuard:
         try:
             self._sink.record(usage)
         except Exception:  # a metering outage must not fail the tenant's request
+            logger.exception("usage sink failed", extra={"request_id": usage.request_id})
+
+    async def emit_durably(self, usage: UsageRecord) -> None:
+        """Like `emit`, but returns once the record is durable when the sink can say so."""
+        if self._done:
+            return
+        if not isinstance(self._sink, DurableUsageSink):
+            self.emit(usage)
+            return
+        self._done = True
+        try:
+            await self._sink.persist(usage)
+        except Exception:
             logger.exception("usage sink failed", extra={"request_id": usage.request_id})

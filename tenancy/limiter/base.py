@@ -7,6 +7,11 @@ gateway frees it), and the token budget of the current day or month.
 `release` settles the reservation to the tokens actually used (refunding the
 rest of tpm and budget) and frees the slot; it is idempotent.
 
+The usage ledger (the usage table) is the source of truth for budgets: a limiter
+given a `BudgetLedger` that finds no counter for a tenant's (or key's) budget
+period (a fresh process, or Redis that lost its keys) seeds it from the ledger's
+sum for the period before it admits anything, so a restart never resets a budget.
+
 Rates are token buckets of capacity `limit` refilled at `limit` per minute,
 kept as exact floats; a request costs 1 from the rpm bucket and
 prompt + max_tokens from the tpm bucket.
@@ -42,6 +47,18 @@ class Admission:
     budget_period_start: int | None  # unix time of the budget period's start
     concurrency_scope: str | None
     backend: str = "memory"  # which limiter granted it: "memory", "redis" or "local"
+
+
+class BudgetLedger(Protocol):
+    """Tokens a tenant (or one key of it) used in [start, end), from the usage ledger.
+
+    A blocking call (a database read): limiters run it off the event loop, once per
+    cold budget counter. It raises when the ledger is unreachable.
+    """
+
+    def __call__(self, *, tenant_id: str, key_id: str | None, start: int, end: int) -> int:
+        """Prompt plus completion tokens recorded for the scope in [start, end) (unix s)."""
+        ...
 
 
 class Limiter(Protocol):

@@ -7,7 +7,7 @@ import redis.asyncio
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from tenancy.limiter.base import FailMode, Limiter
+from tenancy.limiter.base import BudgetLedger, FailMode, Limiter
 from tenancy.limiter.memory import MemoryLimiter
 from tenancy.limiter.redis_limiter import RedisLimiter
 
@@ -51,13 +51,18 @@ def make_limiter(
     fail_mode: FailMode = "open",
     local_cap_rpm: int = 600,
     key_prefix: str = "cloister:lim:",
+    budget_ledger: BudgetLedger | None = None,
 ) -> Limiter:
-    """An in-memory limiter when `redis_url` is None, else a Redis limiter (lazy connect)."""
+    """An in-memory limiter when `redis_url` is None, else a Redis limiter (lazy connect).
+
+    `budget_ledger` seeds cold budget counters from the usage ledger (see limiter.base).
+    """
     if not redis_url:
-        return MemoryLimiter()
+        return MemoryLimiter(ledger=budget_ledger)
     return RedisLimiter(
         make_redis_client(redis_url),
         fail_mode=fail_mode,
         local_cap_rpm=local_cap_rpm,
         key_prefix=key_prefix,
+        ledger=budget_ledger,
     )

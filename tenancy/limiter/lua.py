@@ -8,9 +8,11 @@ from __future__ import annotations
 
 # KEYS: 1 rpm bucket, 2 tpm bucket, 3 concurrency zset, 4 budget counter, 5 lease hash
 # ARGV: 1 now, 2 rpm, 3 tpm, 4 cost, 5 max_concurrent, 6 budget, 7 budget_end,
-#       8 lease ttl (s), 9 lease id, 10 concurrency retry (s)
+#       8 lease ttl (s), 9 lease id, 10 concurrency retry (s), 11 "1": a missing budget
+#       counter must be seeded from the usage ledger first
 # Returns {ok, reason, retry, rq_level, tk_level, budget_used}; levels are before
-# consumption on denial and after it on success.
+# consumption on denial and after it on success. Reason "seed" (nothing consumed):
+# the budget counter is missing; the caller seeds it and calls again.
 ACQUIRE = r"""
 local now = tonumber(ARGV[1])
 local rpm = tonumber(ARGV[2])
@@ -41,7 +43,13 @@ local tk = 0
 if rpm >= 0 then rq = level(KEYS[1], rpm) end
 if tpm >= 0 then tk = level(KEYS[2], tpm) end
 local used = 0
-if budget >= 0 then used = tonumber(redis.call('GET', KEYS[4]) or '0') end
+if budget >= 0 then
+  local raw = redis.call('GET', KEYS[4])
+  if not raw and ARGV[11] == '1' then
+    return {0, 'seed', '0', tostring(rq), tostring(tk), '0'}
+  end
+  used = tonumber(raw or '0')
+end
 
 if maxc >= 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)

@@ -2,22 +2,28 @@
 
 Its coroutines never await: each call runs to completion in one step of the
 event loop, so it costs the loop a few microseconds and never yields mid-update.
+The one exception is a cold budget counter (the first request of a budget period
+in this process) when a `BudgetLedger` is given: its spend so far is read from the
+ledger off the loop first, so a restart does not reset the budget.
 The lock only matters if two event loops (threads) share one instance.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 import threading
 import time
 from dataclasses import dataclass
 
-from tenancy.errors import RateInfo, RateLimitedError
-from tenancy.limiter.base import DEFAULT_LEASE_TTL_S, Admission, bucket_retry_after
+from tenancy.errors import LimiterUnavailableError, RateInfo, RateLimitedError
+from tenancy.limiter.base import DEFAULT_LEASE_TTL_S, Admission, BudgetLedger, bucket_retry_after
 from tenancy.limiter.plan import AcquirePlan, plan_acquire
 from tenancy.principal import Principal
 from tenancy.unique_ids import UniqueIds
 
+logger = logging.getLogger("cloister.limiter")
 # A denied concurrency slot frees when some request ends; we cannot know when.
 CONCURRENCY_RETRY_S = 1.0
 
@@ -49,8 +55,11 @@ def _rate_info(limit: int, level_after: float) -> RateInfo:
 class MemoryLimiter:
     """A `Limiter` for a single process (the default `cloister serve`)."""
 
-    def __init__(self, *, lease_ttl_s: float = DEFAULT_LEASE_TTL_S) -> None:
+    def __init__(
+        self, *, lease_ttl_s: float = DEFAULT_LEASE_TTL_S, ledger: BudgetLedger | None = None
+    ) -> None:
         self._lock = threading.Lock()
+        self._ledger = ledger
         self._lease_ttl_s = lease_ttl_s
         self._buckets: dict[str, _Bucket] = {}
         self._slots: dict[str, dict[str, float]] = {}  # scope -> lease id -> expiry
@@ -82,9 +91,35 @@ class MemoryLimiter:
         """See `Limiter.acquire`."""
         t = time.time() if now is None else now
         p = plan_acquire(principal, prompt_tokens=prompt_tokens, max_tokens=max_tokens, now=t)
+        if self._ledger is not None and p.token_budget is not None and not self._warm(p):
+            await self._seed(p, self._ledger)
         with self._lock:
             self._purge(t)
             return self._acquire_locked(p, t)
+
+    def _warm(self, p: AcquirePlan) -> bool:
+        with self._lock:
+            entry = self._budgets.get(p.budget_scope)
+            return entry is not None and entry[0] == p.budget_start
+
+    async def _seed(self, p: AcquirePlan, ledger: BudgetLedger) -> None:
+        """Sets a cold budget counter to the ledger's spend for the period (once)."""
+        try:
+            used = await asyncio.to_thread(
+                ledger,
+                tenant_id=p.tenant_id,
+                key_id=p.budget_key_id,
+                start=p.budget_start,
+                end=p.budget_end,
+            )
+        except Exception:
+            # Admitting blind could spend a budget twice over; refuse until it is back.
+            logger.warning("usage ledger unavailable; cannot check a token budget", exc_info=True)
+            raise LimiterUnavailableError("the usage ledger is unavailable") from None
+        with self._lock:
+            entry = self._budgets.get(p.budget_scope)
+            if entry is None or entry[0] != p.budget_start:  # nobody seeded it meanwhile
+                self._budgets[p.budget_scope] = (p.budget_start, max(0, int(used)))
 
     def _acquire_locked(self, p: AcquirePlan, now: float) -> Admission:
         rq_level = self._level("r/" + p.rpm_scope, p.rpm, now) if p.rpm is not None else 0.0

@@ -26,6 +26,7 @@ class AcquirePlan:
     concurrency_scope: str
     token_budget: int | None
     budget_scope: str
+    budget_key_id: str | None  # the key, when the budget is counted per key; else the tenant
     budget_start: int
     budget_end: int
 
@@ -50,6 +51,7 @@ def plan_acquire(
         concurrency_scope=lim.scope_of("max_concurrent", tid, kid),
         token_budget=lim.token_budget,
         budget_scope=f"{lim.scope_of('token_budget', tid, kid)}/{lim.budget_period}",
+        budget_key_id=kid if "token_budget" in lim.key_scoped else None,
         budget_start=start,
         budget_end=end,
     )

@@ -8,12 +8,18 @@ time) the `fail_mode` decides: "closed" raises `LimiterUnavailableError` (the ga
 answers 503); "open" admits through a per-process in-memory limiter capped at
 `local_cap_rpm` per tenant. Raw redis exceptions never escape.
 
+With a `BudgetLedger`, a budget counter missing from Redis (a restart or a flush
+lost it) is seeded from the usage ledger before anything is admitted against it:
+the script reports it missing, the ledger's sum is read off the loop and written
+with SET NX (a replica that seeded it first wins), and the script runs again.
+
 A `redis.asyncio` client binds to the event loop it first runs on: use one limiter
 from one loop only.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -25,7 +31,7 @@ import redis
 import redis.asyncio
 
 from tenancy.errors import LimiterUnavailableError, RateInfo, RateLimitedError
-from tenancy.limiter.base import DEFAULT_LEASE_TTL_S, Admission, FailMode
+from tenancy.limiter.base import DEFAULT_LEASE_TTL_S, Admission, BudgetLedger, FailMode
 from tenancy.limiter.lua import ACQUIRE, RELEASE
 from tenancy.limiter.memory import CONCURRENCY_RETRY_S, MemoryLimiter
 from tenancy.limiter.plan import AcquirePlan, plan_acquire
@@ -69,8 +75,10 @@ class RedisLimiter:
         key_prefix: str = "cloister:lim:",
         lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
         on_backend_error: Callable[[Exception], None] | None = None,
+        ledger: BudgetLedger | None = None,
     ) -> None:
         self._client = client
+        self._ledger = ledger
         self._fail_mode = fail_mode
         self._local_cap_rpm = local_cap_rpm
         self._prefix = key_prefix
@@ -99,22 +107,12 @@ class RedisLimiter:
         t = time.time() if now is None else now
         p = plan_acquire(principal, prompt_tokens=prompt_tokens, max_tokens=max_tokens, now=t)
         lease_id = self._lease_ids.next()
+        seed = self._ledger is not None and p.token_budget is not None
         try:
-            result = await self._acquire_script(
-                keys=self._acquire_keys(p, lease_id),
-                args=[
-                    repr(t),
-                    _num(p.rpm),
-                    _num(p.tpm),
-                    p.cost,
-                    _num(p.max_concurrent),
-                    _num(p.token_budget),
-                    p.budget_end,
-                    repr(self._lease_ttl_s),
-                    lease_id,
-                    repr(CONCURRENCY_RETRY_S),
-                ],
-            )
+            result = await self._run_acquire(p, lease_id, t, seed=seed)
+            if _text(result[1]) == "seed":
+                await self._seed(p)
+                result = await self._run_acquire(p, lease_id, t, seed=False)
         except BACKEND_ERRORS as exc:
             self._backend_failed(exc)
             return await self._fallback_acquire(principal, prompt_tokens, max_tokens, t)
@@ -137,6 +135,43 @@ class RedisLimiter:
             concurrency_scope=p.concurrency_scope,
             backend="redis",
         )
+
+    async def _run_acquire(self, p: AcquirePlan, lease_id: str, now: float, *, seed: bool) -> Any:
+        return await self._acquire_script(
+            keys=self._acquire_keys(p, lease_id),
+            args=[
+                repr(now),
+                _num(p.rpm),
+                _num(p.tpm),
+                p.cost,
+                _num(p.max_concurrent),
+                _num(p.token_budget),
+                p.budget_end,
+                repr(self._lease_ttl_s),
+                lease_id,
+                repr(CONCURRENCY_RETRY_S),
+                "1" if seed else "0",
+            ],
+        )
+
+    async def _seed(self, p: AcquirePlan) -> None:
+        """Writes the ledger's spend for the period into the missing budget counter."""
+        assert self._ledger is not None
+        try:
+            used = await asyncio.to_thread(
+                self._ledger,
+                tenant_id=p.tenant_id,
+                key_id=p.budget_key_id,
+                start=p.budget_start,
+                end=p.budget_end,
+            )
+        except Exception:
+            # Admitting blind could spend a budget twice over; refuse until it is back.
+            logger.warning("usage ledger unavailable; cannot check a token budget", exc_info=True)
+            raise LimiterUnavailableError("the usage ledger is unavailable") from None
+        key = self._key(p.tenant_id, "bd", f"{p.budget_scope}:{p.budget_start}")
+        # The acquire script's expiry for the counter: a day past the period's end.
+        await self._client.set(key, str(max(0, int(used))), nx=True, exat=p.budget_end + 86400)
 
     def _acquire_keys(self, p: AcquirePlan, lease_id: str) -> list[str]:
         tid = p.tenant_id

@@ -73,5 +73,5 @@ def test_billing_export_command(cli: click.Group) -> None:
     runner = CliRunner()
     out = runner.invoke(cli, ["billing", "export", "--period", "2026-11", "--format", "csv"])
     assert out.exit_code == 0, out.output
-    assert out.output.splitlines()[0].startswith("day,tenant_id,model,adapter,requests")
+    assert out.output.splitlines()[0].startswith("day,tenant_id,model,adapter,status,requests")
     assert runner.invoke(cli, ["billing", "export", "--period", "nope"]).exit_code != 0

@@ -209,7 +209,7 @@ def _row(i: int, *, when: dt.datetime, **changes: Any) -> dict[str, Any]:
 def _hourly(engine: sa.Engine) -> dict[tuple[Any, ...], tuple[int, ...]]:
     with engine.connect() as c:
         rows = c.execute(sa.select(UsageHourly.__table__)).all()
-    return {tuple(r[:5]): tuple(r[5:]) for r in rows}
+    return {tuple(r[:6]): tuple(r[6:]) for r in rows}  # (hour, tenant, key, model, adapter, status)
 
 
 def _hourly_from_raw(engine: sa.Engine) -> dict[tuple[Any, ...], tuple[int, ...]]:
@@ -223,6 +223,7 @@ def _hourly_from_raw(engine: sa.Engine) -> dict[tuple[Any, ...], tuple[int, ...]
                 r["key_id"],
                 r["model"],
                 r["adapter"],
+                r["status"],
             )
             sums = out.setdefault(key, [0, 0, 0, 0, 0])
             sums[0] += 1
@@ -298,3 +299,38 @@ def test_write_usage_statements_compile_once_whatever_the_batch_size(
         if kind == "postgresql":
             # One text per statement, so psycopg parses each once and the server can prepare it.
             assert len({text for text, _ in seen}) == 3
+
+
+def test_spool_stays_owner_only_after_a_replay(tmp_path: Path) -> None:
+    import os
+    import stat
+
+    from admin.spool import UsageSpool
+
+    spool = tmp_path / "spool.jsonl"
+    old = os.umask(0o022)
+    try:
+        UsageSpool(spool).append(_spool_rows({"req-1": 3, "req-2": 4}))
+        assert stat.S_IMODE(spool.stat().st_mode) == 0o600
+        sink = MeteringSink(_sessions(tmp_path), spool, retry_s=0.02).start()  # replays it
+        sink.record(_usage(3, 5))
+        sink.close()
+    finally:
+        os.umask(old)
+    assert _rows(_sessions(tmp_path)) == {"req-1": 3, "req-2": 4, "req-3": 5}
+    assert stat.S_IMODE(spool.stat().st_mode) == 0o600
+
+
+def test_persist_returns_once_the_row_is_in_the_spool(tmp_path: Path) -> None:
+    import asyncio
+
+    real = _sessions(tmp_path)
+    flaky = FlakySessions(real)
+    flaky.down.set()  # the database is down: only the spool can hold the row
+    spool = tmp_path / "spool.jsonl"
+    sink = MeteringSink(flaky, spool, retry_s=0.02).start()  # type: ignore[arg-type]
+    asyncio.run(sink.persist(_usage(1, 7)))
+    assert '"request_id":"req-1"' in spool.read_text()
+    flaky.down.clear()
+    sink.close()
+    assert _rows(real) == {"req-1": 7}

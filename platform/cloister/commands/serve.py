@@ -117,23 +117,27 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
     authenticator = Authenticator(
         sessions, settings.key_pepper.get_secret_value(), refresh_s=settings.config_refresh_s
     )
-    limiter = make_limiter(
-        settings.redis_url,
-        fail_mode=settings.limiter_fail_mode,
-        local_cap_rpm=settings.limiter_local_cap_rpm,
-        key_prefix=settings.redis_key_prefix,
-    )
     from admin.app import make_services
     from admin.deps import operator_auth
     from admin.metering import MeteringSink
     from admin.router import create_admin_router
     from admin.ui import gateway_engine_stats, mount_console
+    from admin.usage_store import UsageLedger
 
     admin_settings = settings.admin_settings()
     services = make_services(
         sessions, pepper=settings.key_pepper.get_secret_value(), settings=admin_settings
     )
+    # Started first: it replays a spool left by a killed process into the ledger, from
+    # which the limiter seeds its budget counters.
     metering = MeteringSink(sessions, admin_settings.spool_path).start()
+    limiter = make_limiter(
+        settings.redis_url,
+        fail_mode=settings.limiter_fail_mode,
+        local_cap_rpm=settings.limiter_local_cap_rpm,
+        key_prefix=settings.redis_key_prefix,
+        budget_ledger=UsageLedger(sessions),
+    )
     app = create_app(
         settings,
         engine_client=client,

@@ -109,7 +109,7 @@ async def create_completion(request: Request) -> Response:
         )
         if body.stream:
             return stream_response(life, _stream(life, body, submitted), submitted)
-        choices = await collect(life, submitted)
+        choices = await collect(life, submitted, request)
     await life.close(200)
     response = Completion(
         id=life.request_id,

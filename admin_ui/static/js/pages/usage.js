@@ -43,6 +43,7 @@ export async function render(ctx) {
         { title: "Day", render: (b) => b.start.slice(0, 10) },
         { title: "Tenant", render: (b) => names.get(b.tenant_id) || b.tenant_id },
         { title: "Model", key: "model" }, { title: "Adapter", render: (b) => b.adapter || "—" },
+        { title: "Status", num: true, render: (b) => String(b.status) },
         { title: "Requests", num: true, render: (b) => fmtNum(b.requests) },
         { title: "Prompt", num: true, render: (b) => fmtNum(b.prompt_tokens) },
         { title: "Cached", num: true, render: (b) => fmtNum(b.cached_tokens) },
@@ -66,5 +67,5 @@ export async function render(ctx) {
     card("Billing export", el("div", { class: "row" }, period,
       el("button", { type: "button", id: "export-csv", onclick: exportAs("csv") }, "Download CSV"),
       el("button", { type: "button", id: "export-jsonl", class: "secondary", onclick: exportAs("jsonl") }, "Download JSON lines")),
-    el("p", { class: "muted" }, "One line per tenant, model, adapter and day; cost in USD with 12 decimals.")));
+    el("p", { class: "muted" }, "One line per tenant, model, adapter, status and day; refused requests (429, 503) carry no tokens or cost; cost in USD with 12 decimals.")));
 }
