@@ -7,23 +7,42 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from admin.audit_chain import load_private_key
 from admin.audit_log import AuditLog
+from admin.audit_writer import AuditWriter
 from admin.deps import AdminServices
 from admin.router import create_admin_router
 from admin.settings import AdminSettings
 from admin.ui import mount_console
+from tenancy.auth_throttle import FailureThrottle
 
 
 def make_services(
-    sessions: sessionmaker[Session], *, pepper: str, settings: AdminSettings
+    sessions: sessionmaker[Session],
+    *,
+    pepper: str,
+    settings: AdminSettings,
+    audit_sessions: sessionmaker[Session] | None = None,
 ) -> AdminServices:
-    """AdminServices with an AuditLog signing with the configured key (if any)."""
+    """AdminServices with an AuditLog signing with the configured key (if any).
+
+    `sessions` serve the admin API's requests; `audit_sessions` (default: the same)
+    the background audit writer, so that a busy admin pool never delays the audit.
+    """
     key = settings.audit_signing_key
     audit = AuditLog(
-        sessions,
+        audit_sessions or sessions,
         signing_key=load_private_key(key.get_secret_value()) if key else None,
         checkpoint_every=settings.audit_checkpoint_every,
     )
-    return AdminServices(sessions=sessions, pepper=pepper, settings=settings, audit=audit)
+    return AdminServices(
+        sessions=sessions,
+        pepper=pepper,
+        settings=settings,
+        audit=audit,
+        audit_writer=AuditWriter(audit, denial_window_s=settings.audit_denial_window_s),
+        throttle=FailureThrottle(
+            limit=settings.auth_failure_limit, window_s=settings.auth_failure_window_s
+        ),
+    )
 
 
 def create_admin_app(services: AdminServices) -> FastAPI:

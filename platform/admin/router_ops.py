@@ -239,6 +239,7 @@ def add_ops_routes(
     ) -> dict[str, Any]:
         """Audit records, newest first."""
         ctx.require("admin", "viewer")
+        services.audit_writer.flush()  # what was queued before this call is in the answer
         query = select(AuditEvent).order_by(AuditEvent.seq.desc())
         if action:
             query = query.where(AuditEvent.action == action)
@@ -253,6 +254,7 @@ def add_ops_routes(
         """The whole log as JSON lines with its signed manifest and checkpoints."""
         ctx.require("admin", "viewer")
         ctx.audit("audit.export", "audit")
+        services.audit_writer.flush()
         try:
             text = services.audit.export_jsonl()
         except RuntimeError as exc:
@@ -268,6 +270,7 @@ def add_ops_routes(
             raise HTTPException(409, "no audit signing key configured")
         from admin.audit_chain import load_private_key
 
+        services.audit_writer.flush()
         report = services.audit.verify(
             public_key=public_hex(load_private_key(key.get_secret_value()))
         )
@@ -350,7 +353,7 @@ def add_ops_routes(
             )
         except (Unauthenticated, ValueError, KeyError) as exc:
             record_request(
-                services.audit,
+                services.audit_writer,
                 request,
                 None,
                 "auth.oidc",
@@ -361,7 +364,14 @@ def add_ops_routes(
             )
             raise HTTPException(401, str(exc)) from exc
         record_request(
-            services.audit, request, identity, "auth.oidc", "auth/callback", "success", None, None
+            services.audit_writer,
+            request,
+            identity,
+            "auth.oidc",
+            "auth/callback",
+            "success",
+            None,
+            None,
         )
         token = issue_session(services.pepper, identity, services.settings.session_ttl_s)
         return {

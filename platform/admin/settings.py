@@ -30,3 +30,8 @@ class AdminSettings(BaseModel):
     usage_retention_days: int = Field(default=90, ge=1)
     metering_batch: int = Field(default=256, ge=1)
     metering_retry_s: float = Field(default=2.0, gt=0)
+    # Bad admin credentials per source (client address) and window before 429; 0: no limit.
+    auth_failure_limit: int = Field(default=20, ge=0)
+    auth_failure_window_s: float = Field(default=60.0, gt=0)
+    # Denials are audited as one record per source, actor and outcome per this window.
+    audit_denial_window_s: float = Field(default=60.0, gt=0)

@@ -15,7 +15,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.usage import UsageSink
 from tenancy.unique_ids import UniqueIds
 
-__all__ = ["AppState", "AuthenticatorLike", "app_state"]
+__all__ = ["AppState", "AuthenticatorLike", "app_state", "client_host"]
 
 
 @dataclass(frozen=True)
@@ -42,3 +42,8 @@ def app_state(request: Request) -> AppState:
     """The AppState of the app serving `request`."""
     state: AppState = request.app.state.cloister
     return state
+
+
+def client_host(request: Request) -> str | None:
+    """The peer address of `request`: the source bad credentials are counted by."""
+    return request.client.host if request.client else None

@@ -105,18 +105,37 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
     a thread or in a child process as `settings.engine_mode` says.
     """
     from gateway.app import create_app
+    from gateway.auth_cache import READ_THREADS, CachingAuthenticator
     from gateway.engine_client import InProcessEngineClient
+    from tenancy.auth_throttle import FailureThrottle
     from tenancy.authenticator import Authenticator
     from tenancy.db import make_engine, make_session_factory
+    from tenancy.key_usage import LastUsedWriter
     from tenancy.limiter import make_limiter
 
     if engine is None:
         engine = load_engine(settings, **engine_options)
     client = InProcessEngineClient(engine, model_name=settings.model_name)
-    sessions = make_session_factory(make_engine(settings.resolved_database_url))
-    authenticator = Authenticator(
-        sessions, settings.key_pepper.get_secret_value(), refresh_s=settings.config_refresh_s
+    url = settings.resolved_database_url
+    timeout_ms = int(settings.auth_read_timeout_s * 1000)
+    # Three pools, so tenant traffic never waits on the admin API's database use: the
+    # gateway's key reads (one connection per read thread), the admin API's requests,
+    # and the background writers (audit, metering, last_used_at).
+    gateway_sessions = make_session_factory(
+        make_engine(
+            url,
+            pool_size=READ_THREADS,
+            max_overflow=0,
+            pool_timeout_s=settings.auth_read_timeout_s,
+            statement_timeout_ms=timeout_ms,
+        )
     )
+    sessions = make_session_factory(
+        make_engine(url, pool_size=settings.db_pool_size, max_overflow=settings.db_pool_size)
+    )
+    writer_sessions = make_session_factory(make_engine(url, pool_size=3, max_overflow=2))
+    pepper = settings.key_pepper.get_secret_value()
+    last_used = LastUsedWriter(writer_sessions, interval_s=max(1.0, settings.config_refresh_s))
     limiter = make_limiter(
         settings.redis_url,
         fail_mode=settings.limiter_fail_mode,
@@ -130,9 +149,21 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
 
     admin_settings = settings.admin_settings()
     services = make_services(
-        sessions, pepper=settings.key_pepper.get_secret_value(), settings=admin_settings
+        sessions, pepper=pepper, settings=admin_settings, audit_sessions=writer_sessions
     )
-    metering = MeteringSink(sessions, admin_settings.spool_path).start()
+    # One cache (the gateway's): the inner Authenticator keeps none, so the revocation
+    # window is config_refresh_s.
+    authenticator = CachingAuthenticator(
+        Authenticator(gateway_sessions, pepper, refresh_s=0.0, last_used=last_used.start()),
+        refresh_s=settings.config_refresh_s,
+        max_stale_s=settings.auth_max_stale_s,
+        read_timeout_s=settings.auth_read_timeout_s,
+        throttle=FailureThrottle(
+            limit=settings.auth_failure_limit, window_s=settings.auth_failure_window_s
+        ),
+        denials=services.audit_writer,
+    )
+    metering = MeteringSink(writer_sessions, admin_settings.spool_path).start()
     app = create_app(
         settings,
         engine_client=client,
@@ -144,6 +175,7 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
     app.include_router(create_admin_router(services))
     mount_console(app, services, engine_stats=gateway_engine_stats(app.state.cloister))
     app.state.metering = metering
+    app.state.background_writers = (last_used, services.audit_writer)
     return app
 
 
@@ -217,6 +249,8 @@ def run_server(settings: Settings, *, engine: Any | None = None) -> None:
         sys.setswitchinterval(switch_interval)
         gc.unfreeze()  # let shutdown free them (extension modules check for leaks)
         app.state.metering.close()  # usage accepted before shutdown reaches the database
+        for writer in app.state.background_writers:
+            writer.close()  # last_used_at and audit records queued before shutdown
 
 
 commands: list[click.Command] = [serve]
