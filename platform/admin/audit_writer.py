@@ -33,6 +33,7 @@ MAX_PENDING = 10_000
 MAX_WINDOWS = 10_000  # distinct (source, actor, outcome) windows open at once
 MAX_LISTED = 20  # distinct reasons/actions listed in one aggregate record
 RETRY_S = 1.0
+AUTH_OUTCOMES = ("denied:401", "denied:429")  # bad or throttled credentials
 
 
 @dataclass
@@ -168,7 +169,7 @@ class AuditWriter:
                 actor=actor,
                 role=role,
                 tenant_id=tenant_id,
-                action="auth.denied" if outcome == "denied:401" else "access.denied",
+                action="auth.denied" if outcome in AUTH_OUTCOMES else "access.denied",
                 resource=w.resource,
                 outcome=outcome,
                 source_ip=source,

@@ -17,7 +17,8 @@ refused with 429 before any read (`FailureThrottle`).
 
 When the database cannot answer (an error, or no answer within `read_timeout_s`)
 a cached answer up to `refresh_s + max_stale_s` old is served instead, and for
-`retry_s` after a failure no request waits on the database at all; anything
+`retry_s` after a failure no request waits on the database at all (the
+first call after that reads again); anything
 that cannot be served so raises `AuthUnavailableError` (503 with Retry-After).
 Entries are keyed by a digest of the bearer value, never the secret itself.
 """
@@ -138,9 +139,8 @@ class CachingAuthenticator:
         if self._throttle is not None and (entry is None or entry.failure is not None):
             self._throttle.check(source)
         if now < self._unavailable_until:
-            # Known outage: answer from what we have at once, probe in the background.
-            if key not in self._loading:
-                self._refresh_in_background(key, bearer)
+            # Known outage: answer from what we have at once; a read is tried again
+            # by the first call after retry_s.
             return self._answer(self._stale(entry, now), source)
         load = asyncio.ensure_future(self._load(key, bearer))
         load.add_done_callback(_retrieved)  # it may outlive this caller's timeout

@@ -61,7 +61,7 @@ def create_token(role: str, tenant: str | None, name: str | None, as_json: bool)
             "token.create",
             f"tokens/{role}",
             tenant_id=created.tenant_id,
-            token_id=created.id,
+            id=created.id,  # (a field named *token* would be scrubbed as a secret)
         )
     if as_json:
         click.echo(json.dumps({"token": created.secret}))
