@@ -8,7 +8,7 @@ record is counted and dropped, and the thread writes one `audit.overflow` record
 with the count as soon as it can, so a loss is never silent.
 
 Denials (bad credentials, forbidden calls) are aggregated: one record per
-(source, actor, outcome) per `denial_window_s`, with the count, the first and
+(source, actor, outcome, resource) per `denial_window_s`, with the count, the first and
 last time, and the reasons and actions seen, instead of a row per attempt.
 Readers of the log call `flush` first, which writes everything pending,
 including the denial windows still open.
@@ -30,7 +30,7 @@ from admin.audit_log import AuditLog
 logger = logging.getLogger("cloister.admin")
 
 MAX_PENDING = 10_000
-MAX_WINDOWS = 10_000  # distinct (source, actor, outcome) windows open at once
+MAX_WINDOWS = 10_000  # distinct windows open at once; beyond, sources are folded together
 MAX_LISTED = 20  # distinct reasons/actions listed in one aggregate record
 RETRY_S = 1.0
 AUTH_OUTCOMES = ("denied:401", "denied:429")  # bad or throttled credentials
@@ -38,7 +38,7 @@ AUTH_OUTCOMES = ("denied:401", "denied:429")  # bad or throttled credentials
 
 @dataclass
 class _Window:
-    """Denials of one (source, actor, role, tenant, outcome) in the current window."""
+    """Denials of one (source, actor, role, tenant, outcome, resource) in the current window."""
 
     opened: float
     first_at: str
@@ -49,7 +49,7 @@ class _Window:
     resource: str = ""
 
 
-_WindowKey = tuple[str | None, str, str, str | None, str]
+_WindowKey = tuple[str | None, str, str, str | None, str, str]
 
 
 def _now_iso() -> str:
@@ -107,12 +107,12 @@ class AuditWriter:
     ) -> None:
         """Counts one denial into its window (written when the window closes)."""
         self._start()
-        key: _WindowKey = (source, actor, role, tenant_id, outcome)
+        key: _WindowKey = (source, actor, role, tenant_id, outcome, resource)
         with self._lock:
             window = self._windows.get(key)
             if window is None:
                 if len(self._windows) >= MAX_WINDOWS:
-                    key = (None, "(many sources)", "none", None, outcome)
+                    key = (None, "(many sources)", "none", None, outcome, resource)
                     window = self._windows.get(key)
                 if window is None:
                     now = _now_iso()
@@ -164,7 +164,7 @@ class AuditWriter:
             ]
             for k, _w in due:
                 del self._windows[k]
-        for (source, actor, role, tenant_id, outcome), w in due:
+        for (source, actor, role, tenant_id, outcome, _resource), w in due:
             self.record(
                 actor=actor,
                 role=role,

@@ -100,7 +100,7 @@ class AdminContext:
             role=self.identity.role,
             outcome=f"denied:{status}",
             action=f"{self.request.method} {path}",
-            resource=path,
+            resource="admin",
             reason=message,
             tenant_id=self.identity.tenant_id,
         )
@@ -187,7 +187,7 @@ def _denied(services: AdminServices, request: Request, outcome: str, reason: str
         role="none",
         outcome=outcome,
         action=f"{request.method} {path}",
-        resource=path,
+        resource="admin",  # one window per source for the whole admin API; paths in detail
         reason=reason,
     )
 
