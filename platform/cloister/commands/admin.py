@@ -99,12 +99,15 @@ def serve(host: str | None, port: int | None) -> None:
         services = make_services(
             sessions, pepper=settings.key_pepper.get_secret_value(), settings=admin_settings
         )
-        uvicorn.run(
-            create_admin_app(services),
-            host=host or settings.host,
-            port=port or settings.port,
-            log_config=None,
-        )
+        try:
+            uvicorn.run(
+                create_admin_app(services),
+                host=host or settings.host,
+                port=port or settings.port,
+                log_config=None,
+            )
+        finally:
+            services.audit_writer.close()  # records queued before shutdown reach the log
 
 
 commands: list[click.Command] = [admin]
