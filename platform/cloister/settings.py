@@ -45,7 +45,7 @@ class Settings(BaseSettings):
     auth_failure_limit: int = Field(default=20, ge=0)
     auth_failure_window_s: float = Field(default=60.0, gt=0.0)
     audit_denial_window_s: float = Field(default=60.0, gt=0.0)  # one denial record per window
-    db_pool_size: int = Field(default=8, ge=1)  # per engine: gateway reads, admin API, writers
+    db_pool_size: int = Field(default=8, ge=1)  # the admin API's pool (the gateway has its own)
     model: str | None = None  # None: the bundled SmolLM2-135M-Instruct GGUF
     model_name: str = "smollm2-135m-instruct"
     attention_backend: Literal["torch", "triton", "auto"] = "auto"

@@ -6,6 +6,7 @@ Runs the real `cloister serve` wiring (`build_app`) in-process on the fake engin
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from fastapi.testclient import TestClient
 
@@ -71,6 +72,45 @@ def test_bad_keys_suspended_tenants_and_disallowed_models_are_audited_in_aggrega
     model = by_outcome["denied:403"]
     assert model["detail"]["count"] == 3 and model["actor"] == f"key:{narrow.id}"
     assert model["tenant_id"] == narrow.tenant_id and model["resource"] == "fake"
+    for writer in app.state.background_writers:
+        writer.close()
+    app.state.metering.close()
+
+
+def test_bad_keys_from_one_source_get_429_with_retry_after(tmp_path: Path) -> None:
+    settings = Settings(
+        data_dir=tmp_path,
+        key_pepper=PEPPER,
+        model_name="fake",
+        config_refresh_s=60.0,
+        auth_failure_limit=3,
+        auth_failure_window_s=60.0,
+    )
+    upgrade_database(settings.resolved_database_url)
+    sessions = make_session_factory(make_engine(settings.resolved_database_url))
+    with sessions() as s:
+        store.create_tenant(s, name="acme")
+        good = store.create_key(s, tenant_name="acme", pepper=PEPPER).secret
+    app = build_app(settings, engine=FakeEngine())
+    body = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    with TestClient(app) as client:
+
+        def chat(key: str) -> Any:
+            url = "/v1/chat/completions"
+            return client.post(url, json=body, headers={"Authorization": f"Bearer {key}"})
+
+        assert chat(good).status_code == 200
+        assert [chat(f"sk-clo-bad{i}").status_code for i in range(3)] == [401] * 3
+        refused = chat("sk-clo-bad-next")
+        assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
+        error = refused.json()["error"]
+        assert error["code"] == "too_many_auth_failures" and set(error) == {
+            "message",
+            "type",
+            "param",
+            "code",
+        }
+        assert chat(good).status_code == 200  # a key known to be valid still passes
     for writer in app.state.background_writers:
         writer.close()
     app.state.metering.close()
