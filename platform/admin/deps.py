@@ -166,6 +166,9 @@ def context_dependency(services: AdminServices) -> Any:
                 session.close()
                 _errored(services, request, None)
                 raise
+            # End the credential read: its connection goes back to the pool, and a
+            # handler checks one out again only if it uses the session.
+            session.rollback()
             try:
                 yield AdminContext(services, request, identity, session)
             except HTTPException:

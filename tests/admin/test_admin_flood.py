@@ -19,6 +19,7 @@ from sqlalchemy import select
 
 from admin.app import create_admin_app, make_services
 from admin.audit_log import event_dict
+from admin.identity import create_admin_token
 from admin.models import AuditEvent
 from admin.settings import AdminSettings
 from tenancy import store
@@ -45,6 +46,16 @@ def test_rejections_hold_at_most_one_connection(tmp_path: Path) -> None:
     client = TestClient(create_admin_app(services), raise_server_exceptions=False)
     statuses = [client.get("/admin/api/v1/tenants", headers=BAD).status_code for _ in range(5)]
     assert statuses == [401] * 5
+    # An admin's write, its audit record and a verify of the log fit in the one connection too.
+    with sessions() as s:
+        token = create_admin_token(s, pepper=PEPPER, role="admin").secret
+    admin = {"Authorization": f"Bearer {token}"}
+    assert (
+        client.post("/admin/api/v1/tenants", json={"name": "a"}, headers=admin).status_code == 201
+    )
+    verify = client.get("/admin/api/v1/audit/verify", headers=admin)
+    assert verify.status_code == 200 and verify.json()["ok"] is True
+    assert verify.json()["records"] >= 1
 
 
 def test_bad_credentials_are_throttled_per_source_and_audited_in_aggregate(
