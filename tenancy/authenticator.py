@@ -1,8 +1,10 @@
-"""Bearer key -> Principal, with rows cached for at most `refresh_s` seconds.
+"""Bearer key -> Principal, read from the database (optionally cached for `refresh_s`).
 
-A running gateway sees CLI and admin changes (revocations, suspensions, new
-limits) within `refresh_s`, without a restart, while a steady stream of requests
-costs one small query per key per `refresh_s`.
+A running gateway puts its own cache in front of this (gateway/auth_cache.py)
+and builds this with `refresh_s=0`, so there is one cache and one revocation
+window. Reads only: a use of a key is noted to a `LastUsedWriter`, which writes
+`last_used_at` in the background, so a locked or stalled database never turns
+an authentication into a write that waits.
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from tenancy.errors import AuthenticationError, PermissionDeniedError
+from tenancy.key_usage import LastUsedWriter
 from tenancy.keys import find_key, hash_secret
 from tenancy.limits import EffectiveLimits, LimitValues, merge_limits
-from tenancy.models import ApiKey, Limit, Tenant
+from tenancy.models import Limit, Tenant
 from tenancy.principal import IsolationLevel, Principal
 
 MAX_CACHED_KEYS = 10_000  # bounds memory under a flood of random bearer tokens
@@ -78,8 +81,10 @@ class Authenticator:
         refresh_s: float = 2.0,
         *,
         clock: Callable[[], float] = time.monotonic,
+        last_used: LastUsedWriter | None = None,
     ) -> None:
         self._sessions = session_factory
+        self._last_used = last_used
         self._pepper = pepper
         self._refresh_s = refresh_s
         self._clock = clock
@@ -123,6 +128,8 @@ class Authenticator:
                 self._cache.move_to_end(digest)
                 return hit[1]
         state = self._load(token)
+        if self._refresh_s <= 0:
+            return state  # no cache of its own: the caller caches
         with self._lock:
             self._cache[digest] = (now, state)
             self._cache.move_to_end(digest)
@@ -155,14 +162,10 @@ class Authenticator:
                 expires_at=key.expires_at,
                 revoked=key.revoked_at is not None,
             )
-            # Recorded once per refresh, not per request: a write per call would not scale.
-            session.execute(
-                update(ApiKey)
-                .where(ApiKey.id == key.id)
-                .values(last_used_at=dt.datetime.now(dt.UTC))
-            )
-            session.commit()
-            return state
+        if self._last_used is not None:
+            # Noted once per read (per refresh), written in the background.
+            self._last_used.touch(key.id)
+        return state
 
 
 def _isolation(value: str) -> IsolationLevel:

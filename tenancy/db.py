@@ -57,15 +57,42 @@ def make_private_sqlite_file(url: str) -> None:
         os.close(fd)
 
 
-def make_engine(url: str) -> sa.Engine:
-    """A SQLAlchemy engine: SQLite with WAL and foreign keys, or PostgreSQL via psycopg 3."""
+def make_engine(
+    url: str,
+    *,
+    pool_size: int | None = None,
+    max_overflow: int | None = None,
+    pool_timeout_s: float | None = None,
+    statement_timeout_ms: int | None = None,
+) -> sa.Engine:
+    """A SQLAlchemy engine: SQLite with WAL and foreign keys, or PostgreSQL via psycopg 3.
+
+    The pool options bound how many connections this engine holds and how long a
+    caller waits for one; `statement_timeout_ms` (PostgreSQL) bounds how long one
+    statement may wait on a lock, so a stalled database fails a read instead of
+    hanging its thread. Processes give separate concerns (the gateway's key reads,
+    the admin API, background writers) separate engines, so none waits on another's pool.
+    """
     url = normalize_url(url)
+    pool: dict[str, Any] = {}
+    if pool_size is not None:
+        pool["pool_size"] = pool_size
+    if max_overflow is not None:
+        pool["max_overflow"] = max_overflow
+    if pool_timeout_s is not None:
+        pool["pool_timeout"] = pool_timeout_s
     if url.startswith("sqlite"):
         make_private_sqlite_file(url)
-        engine = sa.create_engine(url, connect_args={"check_same_thread": False})
+        if ":memory:" in url or url in ("sqlite://", "sqlite:///"):
+            pool = {}  # a single shared connection: pool sizes do not apply
+        engine = sa.create_engine(url, connect_args={"check_same_thread": False}, **pool)
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return sa.create_engine(url, pool_pre_ping=True)
+    connect_args: dict[str, Any] = {}
+    if statement_timeout_ms is not None:
+        ms = int(statement_timeout_ms)
+        connect_args["options"] = f"-c statement_timeout={ms} -c lock_timeout={ms}"
+    return sa.create_engine(url, pool_pre_ping=True, connect_args=connect_args, **pool)
 
 
 def make_session_factory(engine: sa.Engine) -> sessionmaker[Session]:

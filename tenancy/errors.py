@@ -2,7 +2,8 @@
 
 The gateway maps each to HTTP once, at its edge: `AuthenticationError` -> 401,
 `PermissionDeniedError` -> 403, `RateLimitedError` -> 429 with Retry-After and
-x-ratelimit-* headers, `LimiterUnavailableError` -> 503. Store errors
+x-ratelimit-* headers, `LimiterUnavailableError` and `AuthUnavailableError` -> 503,
+`AuthThrottledError` -> 429 with Retry-After. Store errors
 (`NotFoundError`, `ConflictError`, `InvalidValueError`) are for the CLI and admin API.
 """
 
@@ -65,6 +66,22 @@ class RateLimitedError(TenancyError):
 
 class LimiterUnavailableError(TenancyError):
     """The shared limiter backend is unreachable and the fail mode is "closed"."""
+
+
+class AuthUnavailableError(TenancyError):
+    """The key store cannot be read right now and no cached answer is fresh enough."""
+
+    def __init__(self, message: str = "authentication is unavailable", retry_after_s: float = 1.0):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class AuthThrottledError(TenancyError):
+    """Too many failed credentials from one source in the current window; retry later."""
+
+    def __init__(self, retry_after_s: float) -> None:
+        super().__init__("too many failed authentication attempts; retry later")
+        self.retry_after_s = retry_after_s
 
 
 class NotFoundError(TenancyError):

@@ -12,19 +12,29 @@ from starlette.concurrency import run_in_threadpool
 
 from admin.audit_chain import load_private_key
 from admin.audit_log import AuditLog
+from admin.audit_writer import AuditWriter
 from admin.deps import AdminServices
 from admin.router import create_admin_router
 from admin.settings import AdminSettings
 from admin.ui import mount_console
+from tenancy.auth_throttle import FailureThrottle
 
 
 def make_services(
-    sessions: sessionmaker[Session], *, pepper: str, settings: AdminSettings
+    sessions: sessionmaker[Session],
+    *,
+    pepper: str,
+    settings: AdminSettings,
+    audit_sessions: sessionmaker[Session] | None = None,
 ) -> AdminServices:
-    """AdminServices with an AuditLog signing with the configured key (if any)."""
+    """AdminServices with an AuditLog signing with the configured key (if any).
+
+    `sessions` serve the admin API's requests; `audit_sessions` (default: the same)
+    the background audit writer, so that a busy admin pool never delays the audit.
+    """
     key = settings.audit_signing_key
     audit = AuditLog(
-        sessions,
+        audit_sessions or sessions,
         signing_key=load_private_key(key.get_secret_value()) if key else None,
         checkpoint_every=settings.audit_checkpoint_every,
         checkpoint_interval_s=settings.audit_checkpoint_interval_s,
@@ -37,6 +47,10 @@ def make_services(
         settings=settings,
         audit=audit,
         session_key=session_key.get_secret_value() if session_key else secrets.token_hex(32),
+        audit_writer=AuditWriter(audit, denial_window_s=settings.audit_denial_window_s),
+        throttle=FailureThrottle(
+            limit=settings.auth_failure_limit, window_s=settings.auth_failure_window_s
+        ),
     )
 
 
@@ -48,23 +62,27 @@ def create_admin_app(services: AdminServices) -> FastAPI:
     return app
 
 
-def with_audit_checkpoints(app: FastAPI, audit: AuditLog) -> FastAPI:
-    """`app` whose lifespan runs the audit log's checkpoint timer and, at shutdown, signs
-    the head.
+def with_audit_checkpoints(app: FastAPI, services: AdminServices) -> FastAPI:
+    """`app` whose lifespan runs the audit log's checkpoint timer and, at shutdown, drains
+    the audit writer's queue and then signs the head.
 
     In the lifespan, not after `uvicorn.run` returns: on SIGTERM uvicorn shuts the app
     down, then raises the signal again, and the process ends before any code after it.
     """
     inner = app.router.lifespan_context
 
+    def close() -> None:
+        services.audit_writer.close()  # records queued before shutdown reach the log...
+        services.audit.close()  # ...before the shutdown checkpoint signs its head
+
     @asynccontextmanager
     async def lifespan(a: FastAPI) -> AsyncIterator[None]:
         async with inner(a):
-            audit.start()
+            services.audit.start()
             try:
                 yield
             finally:
-                await run_in_threadpool(audit.close)
+                await run_in_threadpool(close)
 
     app.router.lifespan_context = lifespan
     return app

@@ -6,33 +6,48 @@ Authorization rules (the matrix the tests walk):
     tenant-admin  reads of its own tenant, its keys (create, revoke), usage and billing;
                   another tenant's resources are 404 (existence is not revealed);
                   everything else is 403
-Every denial (401/403) and every write is recorded in the audit log.
+Every denial (401/403/404) and every write is recorded in the audit log, and so is
+every unexpected (500) error. Denials are aggregated per source and window (see
+admin/audit_writer.py); no request waits for an audit write or holds a second
+database connection for one. A source that sends `auth_failure_limit` bad
+credentials within `auth_failure_window_s` gets 429 with Retry-After, before any
+database read, until its window ends.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import HTTPException, Request
+from fastapi import Depends, HTTPException, Request
 from sqlalchemy.orm import Session, sessionmaker
 
 from admin.audit_log import AuditLog
+from admin.audit_writer import AuditWriter
 from admin.errors import Unauthenticated
 from admin.identity import AdminIdentity, Role, authenticate_admin
 from admin.settings import AdminSettings
+from tenancy.auth_throttle import FailureThrottle
+from tenancy.errors import AuthThrottledError
 
 
 @dataclass(frozen=True)
 class AdminServices:
-    """What the admin router needs; built once by the app factory."""
+    """What the admin router needs; built once by the app factory.
+
+    `audit` reads, verifies and exports the log; request paths write through
+    `audit_writer` (non-blocking). `throttle` counts bad credentials per source.
+    """
 
     sessions: sessionmaker[Session]
     pepper: str
     settings: AdminSettings
     audit: AuditLog
     session_key: str  # signs session tokens and the sign-in cookie; never the pepper
+    audit_writer: AuditWriter
+    throttle: FailureThrottle
 
 
 class AdminContext:
@@ -55,9 +70,9 @@ class AdminContext:
         tenant_id: str | None = None,
         **detail: Any,
     ) -> None:
-        """Records an action of this caller."""
+        """Records an action of this caller (queued: never waits for the database)."""
         record_request(
-            self.services.audit,
+            self.services.audit_writer,
             self.request,
             self.identity,
             action,
@@ -78,21 +93,28 @@ class AdminContext:
             self.deny(404, "not found")
 
     def deny(self, status: int, message: str) -> None:
-        """Audits the denial and raises the HTTP error."""
-        self.audit(
-            f"{self.request.method} {self.request.url.path}",
-            self.request.url.path,
+        """Audits the denial (aggregated per source and window) and raises the HTTP error."""
+        path = self.request.url.path
+        self.services.audit_writer.denied(
+            source=client_ip(self.request),
+            actor=self.identity.actor,
+            role=self.identity.role,
             outcome=f"denied:{status}",
+            action=f"{self.request.method} {path}",
+            resource="admin",
+            reason=message,
+            tenant_id=self.identity.tenant_id,
         )
         raise HTTPException(status, message)
 
 
-def _client_ip(request: Request) -> str | None:
+def client_ip(request: Request) -> str | None:
+    """The peer address of `request` (the source denials are counted by)."""
     return request.client.host if request.client else None
 
 
 def record_request(
-    audit: AuditLog,
+    audit: AuditLog | AuditWriter,
     request: Request,
     identity: AdminIdentity | None,
     action: str,
@@ -111,16 +133,26 @@ def record_request(
         action=action,
         resource=resource,
         outcome=outcome,
-        source_ip=_client_ip(request),
+        source_ip=client_ip(request),
         request_id=request.headers.get("x-request-id"),
         detail=detail or None,
     )
 
 
 def context_dependency(services: AdminServices) -> Any:
-    """A FastAPI dependency yielding an AdminContext, or 401 (audited)."""
+    """A FastAPI dependency yielding an AdminContext; 429 for a throttled source, 401 for
+    a bad credential (both audited in aggregate); an unexpected error is audited as 500."""
 
-    def dependency(request: Request) -> Iterator[AdminContext]:
+    async def throttled(request: Request) -> None:
+        # Async: a refused flood takes no worker thread and no database connection.
+        try:
+            services.throttle.check(client_ip(request))
+        except AuthThrottledError as exc:
+            _denied(services, request, "denied:429", "throttled")
+            retry = str(max(1, math.ceil(exc.retry_after_s)))
+            raise HTTPException(429, str(exc), headers={"Retry-After": retry}) from exc
+
+    def dependency(request: Request, _: None = Depends(throttled)) -> Iterator[AdminContext]:
         with services.sessions() as session:
             try:
                 identity = authenticate_admin(
@@ -130,19 +162,26 @@ def context_dependency(services: AdminServices) -> Any:
                     session_key=services.session_key,
                 )
             except Unauthenticated as exc:
-                path = request.url.path
-                record_request(
-                    services.audit,
-                    request,
-                    None,
-                    f"{request.method} {path}",
-                    path,
-                    "denied:401",
-                    None,
-                    None,
-                )
+                session.close()  # its connection goes back before anything else happens
+                services.throttle.failed(client_ip(request))
+                _denied(services, request, "denied:401", str(exc))
                 raise HTTPException(401, str(exc), headers={"WWW-Authenticate": "Bearer"}) from exc
-            yield AdminContext(services, request, identity, session)
+            except Exception:
+                session.close()
+                _errored(services, request, None)
+                raise
+            # End the credential read: its connection goes back to the pool, and a
+            # handler checks one out again only if it uses the session.
+            session.rollback()
+            try:
+                yield AdminContext(services, request, identity, session)
+            except HTTPException:
+                raise
+            except Exception as exc:
+                session.rollback()
+                session.close()
+                _errored(services, request, identity, type(exc).__name__)
+                raise
 
     return dependency
 
@@ -167,3 +206,35 @@ def operator_auth(services: AdminServices) -> Callable[[str], bool]:
         return identity.role in OPERATOR_ROLES
 
     return check
+
+
+def _denied(services: AdminServices, request: Request, outcome: str, reason: str) -> None:
+    path = request.url.path
+    services.audit_writer.denied(
+        source=client_ip(request),
+        actor="anonymous",
+        role="none",
+        outcome=outcome,
+        action=f"{request.method} {path}",
+        resource="admin",  # one window per source for the whole admin API; paths in detail
+        reason=reason,
+    )
+
+
+def _errored(
+    services: AdminServices,
+    request: Request,
+    identity: AdminIdentity | None,
+    error: str = "error",
+) -> None:
+    path = request.url.path
+    record_request(
+        services.audit_writer,
+        request,
+        identity,
+        f"{request.method} {path}",
+        path,
+        "error:500",
+        None,
+        {"error": error},
+    )

@@ -82,6 +82,7 @@ def create_console_router(services: AdminServices) -> APIRouter:
     ) -> dict[str, Any]:
         """Audit records, newest first, filtered by actor, tenant, action (prefix) and time."""
         ctx.require("admin", "viewer")
+        services.audit_writer.flush()  # what was queued before this call is in the answer
         e = AuditEvent
         query = select(e).order_by(e.seq.desc())
         if actor:

@@ -300,6 +300,7 @@ def add_ops_routes(
     ) -> dict[str, Any]:
         """Audit records, newest first."""
         ctx.require("admin", "viewer")
+        services.audit_writer.flush()  # what was queued before this call is in the answer
         query = select(AuditEvent).order_by(AuditEvent.seq.desc())
         if action:
             query = query.where(AuditEvent.action == action)
@@ -314,6 +315,7 @@ def add_ops_routes(
         """The whole log as JSON lines with its signed manifest and checkpoints."""
         ctx.require("admin", "viewer")
         ctx.audit("audit.export", "audit")
+        services.audit_writer.flush()
         try:
             text = services.audit.export_jsonl()
         except RuntimeError as exc:
@@ -329,6 +331,7 @@ def add_ops_routes(
             raise HTTPException(409, "no audit signing key configured")
         from admin.audit_chain import load_private_key
 
+        services.audit_writer.flush()
         report = services.audit.verify(
             public_key=public_hex(load_private_key(key.get_secret_value()))
         )
@@ -411,7 +414,7 @@ def add_ops_routes(
             )
         except (Unauthenticated, ValueError, KeyError) as exc:
             record_request(
-                services.audit,
+                services.audit_writer,
                 request,
                 None,
                 "auth.oidc",
@@ -422,7 +425,14 @@ def add_ops_routes(
             )
             raise HTTPException(401, str(exc)) from exc
         record_request(
-            services.audit, request, identity, "auth.oidc", "auth/callback", "success", None, None
+            services.audit_writer,
+            request,
+            identity,
+            "auth.oidc",
+            "auth/callback",
+            "success",
+            None,
+            None,
         )
         token = issue_session(services.session_key, identity, services.settings.session_ttl_s)
         return {

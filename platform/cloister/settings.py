@@ -97,6 +97,15 @@ class Settings(BaseSettings):
     concurrency_mode: Literal["reject", "queue"] = "reject"
     concurrency_queue_timeout_s: float = Field(default=30.0, ge=0.0)
     config_refresh_s: float = 2.0  # how stale tenant/key/limit data may be on a running server
+    # While the database cannot answer, keys seen within config_refresh_s + this are still
+    # served from the gateway's cache; anything else gets 503 with Retry-After.
+    auth_max_stale_s: float = Field(default=300.0, ge=0.0)
+    auth_read_timeout_s: float = Field(default=2.0, gt=0.0)  # one key read, before falling back
+    # Bad credentials per client address and window before 429 (gateway and admin); 0: off.
+    auth_failure_limit: int = Field(default=20, ge=0)
+    auth_failure_window_s: float = Field(default=60.0, gt=0.0)
+    audit_denial_window_s: float = Field(default=60.0, gt=0.0)  # one denial record per window
+    db_pool_size: int = Field(default=8, ge=1)  # the admin API's pool (the gateway has its own)
     model: str | None = None  # None: the bundled SmolLM2-135M-Instruct GGUF
     model_name: str = "smollm2-135m-instruct"
     attention_backend: Literal["torch", "triton", "auto"] = "auto"
@@ -168,6 +177,9 @@ class Settings(BaseSettings):
             usage_retention_days=self.admin_usage_retention_days,
             model_roots=self.resolved_model_roots,
             adapter_upload_max_bytes=self.admin_adapter_upload_max_bytes,
+            auth_failure_limit=self.auth_failure_limit,
+            auth_failure_window_s=self.auth_failure_window_s,
+            audit_denial_window_s=self.audit_denial_window_s,
         )
 
     def _audit_head_path(self) -> Path:

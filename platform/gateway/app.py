@@ -27,7 +27,7 @@ def create_app(
     settings: Settings,
     *,
     engine_client: EngineClient,
-    authenticator: AuthenticatorLike,
+    authenticator: AuthenticatorLike | CachingAuthenticator,
     limiter: Limiter,
     usage_sink: UsageSink | None = None,
     tracer_provider: TracerProvider | None = None,
@@ -39,13 +39,16 @@ def create_app(
     The lifespan starts the engine (when `manage_engine`) and shuts it and the
     tracer provider down on exit. Nothing lives in module globals: two apps in one
     process (tests, benchmarks) share nothing. `operator_auth` decides who sees the
-    tenant-labelled series on /metrics (None: nobody).
+    tenant-labelled series on /metrics (None: nobody). `authenticator` is wrapped in the
+    gateway's key cache unless it already is one (then it is used as it is).
     """
     provider = tracer_provider or make_tracer_provider(settings.otel_exporter)
     state = AppState(
         settings=settings,
         engine=engine_client,
-        auth=CachingAuthenticator(authenticator, refresh_s=settings.config_refresh_s),
+        auth=authenticator
+        if isinstance(authenticator, CachingAuthenticator)
+        else CachingAuthenticator(authenticator, refresh_s=settings.config_refresh_s),
         limits=AsyncLimiter(
             limiter,
             concurrency_mode=settings.concurrency_mode,

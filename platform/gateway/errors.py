@@ -2,7 +2,8 @@
 
 Mapping: bad input -> 400 (never 422, never 500); authentication -> 401; model not
 allowed -> 403; unknown model or route -> 404; limits -> 429 with Retry-After and
-x-ratelimit-*; engine queue full, dead engine or limiter fail-closed -> 503.
+x-ratelimit-*, too many bad credentials from one address -> 429 with Retry-After;
+engine queue full, dead engine, limiter fail-closed or key store unavailable -> 503.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from engine.errors import EngineDeadError, EngineOverloadedError, InvalidRequest
 from gateway.ratelimit_headers import rate_limit_headers
 from tenancy.errors import (
     AuthenticationError,
+    AuthThrottledError,
+    AuthUnavailableError,
     LimiterUnavailableError,
     PermissionDeniedError,
     RateLimitedError,
@@ -156,6 +159,28 @@ async def _auth(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+async def _auth_throttled(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, AuthThrottledError)
+    return error_response(
+        429,
+        "too many failed authentication attempts from this address; retry later",
+        type_="rate_limit_exceeded",
+        code="too_many_auth_failures",
+        headers=retry_after_header(exc.retry_after_s),
+    )
+
+
+async def _auth_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, AuthUnavailableError)
+    return error_response(
+        503,
+        "authentication is temporarily unavailable; retry later",
+        type_="server_error",
+        code="auth_unavailable",
+        headers=retry_after_header(exc.retry_after_s),
+    )
+
+
 async def _denied(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, PermissionDeniedError)
     return error_response(
@@ -211,6 +236,8 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(EngineOverloadedError, _engine_overloaded)
     app.add_exception_handler(EngineDeadError, _engine_dead)
     app.add_exception_handler(AuthenticationError, _auth)
+    app.add_exception_handler(AuthThrottledError, _auth_throttled)
+    app.add_exception_handler(AuthUnavailableError, _auth_unavailable)
     app.add_exception_handler(PermissionDeniedError, _denied)
     app.add_exception_handler(RateLimitedError, _rate_limited)
     app.add_exception_handler(LimiterUnavailableError, _limiter_down)
@@ -227,8 +254,12 @@ def status_of(exc: BaseException) -> int:
         return exc.status
     if isinstance(exc, (RequestValidationError, InvalidRequestError)):
         return 400
-    if isinstance(exc, (EngineOverloadedError, EngineDeadError, LimiterUnavailableError)):
+    if isinstance(
+        exc, (EngineOverloadedError, EngineDeadError, LimiterUnavailableError, AuthUnavailableError)
+    ):
         return 503
+    if isinstance(exc, AuthThrottledError):
+        return 429
     if isinstance(exc, AuthenticationError):
         return 401
     if isinstance(exc, PermissionDeniedError):

@@ -27,7 +27,7 @@ from gateway.state import AppState
 from gateway.tracing import extract_context
 from gateway.usage import UsageGuard, UsageRecord
 from tenancy.authenticator import check_model
-from tenancy.errors import RateLimitedError
+from tenancy.errors import PermissionDeniedError, RateLimitedError
 from tenancy.limiter.base import Admission
 from tenancy.principal import Principal
 
@@ -47,6 +47,7 @@ class RequestLifecycle:
             "gen_ai.request", context=extract_context(headers), kind=SpanKind.SERVER
         )
         self.principal: Principal | None = None
+        self.source: str | None = None
         self.model: str = ""
         self.prompt_tokens = 0
         self.completion_tokens = 0
@@ -68,9 +69,14 @@ class RequestLifecycle:
         self._usage = UsageGuard(state.usage_sink)
         self._closed = False
 
-    async def authenticate(self, authorization: str | None) -> Principal:
-        """The caller's principal (from memory; database reads happen off the loop)."""
-        principal = await self.state.auth.authenticate(authorization)
+    async def authenticate(
+        self, authorization: str | None, *, source: str | None = None
+    ) -> Principal:
+        """The caller's principal (from memory; database reads happen off the loop).
+
+        `source` is the client address: bad credentials are counted and audited by it."""
+        self.source = source
+        principal = await self.state.auth.authenticate(authorization, source=source)
         self.principal = principal
         self.span.set_attribute("cloister.tenant_id", principal.tenant_id)
         return principal
@@ -82,7 +88,13 @@ class RequestLifecycle:
                 f"the model {name!r} does not exist", param="model", code="model_not_found"
             )
         assert self.principal is not None, "authenticate first"
-        check_model(self.principal, name)
+        try:
+            check_model(self.principal, name)
+        except PermissionDeniedError:
+            self.state.auth.denied(
+                source=self.source, principal=self.principal, reason="model", resource=name
+            )
+            raise
         self.model = name
         self.span.set_attribute("gen_ai.request.model", name)
         return name

@@ -16,7 +16,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.usage import UsageSink
 from tenancy.unique_ids import UniqueIds
 
-__all__ = ["AppState", "AuthenticatorLike", "OperatorAuth", "app_state"]
+__all__ = ["AppState", "AuthenticatorLike", "OperatorAuth", "app_state", "client_host"]
 
 # Whether an Authorization header value belongs to an operator, who may see the
 # tenant-labelled metrics. Synchronous (it may read the database); run off the loop.
@@ -48,3 +48,8 @@ def app_state(request: Request) -> AppState:
     """The AppState of the app serving `request`."""
     state: AppState = request.app.state.cloister
     return state
+
+
+def client_host(request: Request) -> str | None:
+    """The peer address of `request`: the source bad credentials are counted by."""
+    return request.client.host if request.client else None

@@ -69,6 +69,7 @@ class Live:
 
     def outcomes(self, resource: str) -> list[str]:
         """Audit outcomes recorded for `resource`, oldest first."""
+        self.env.services.audit_writer.flush()  # records are written in the background
         with self.env.sessions() as s:
             rows = s.query(AuditEvent).filter(AuditEvent.resource == resource)
             return [e.outcome for e in rows.order_by(AuditEvent.seq)]

@@ -57,8 +57,10 @@ def test_create_token_json_then_audit_round_trip(cli: click.Group, tmp_path: Pat
             headers={"Authorization": f"Bearer {token}"},
         )
         assert r.status_code == 201
+    services.audit_writer.flush()  # the API queues its records; the CLI reads the database
     ok = runner.invoke(cli, ["audit", "verify"])
-    assert ok.exit_code == 0 and "ok: 7 records, 2 checkpoints" in ok.output
+    # The CLI's create-token is audited too: 1 + 7 records.
+    assert ok.exit_code == 0 and "ok: 8 records, 2 checkpoints" in ok.output
     export = tmp_path / "audit.jsonl"
     assert runner.invoke(cli, ["audit", "export", "--output", str(export)]).exit_code == 0
     assert runner.invoke(cli, ["audit", "verify", "--export", str(export)]).exit_code == 0

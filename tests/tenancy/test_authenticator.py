@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from tenancy import store
 from tenancy.authenticator import Authenticator
 from tenancy.errors import AuthenticationError
+from tenancy.key_usage import LastUsedWriter
 from tenancy.models import ApiKey
 from tests.tenancy.conftest import PEPPER
 
@@ -39,12 +40,16 @@ def acme(session_factory: sessionmaker[Session]) -> str:
 
 
 def test_valid_key_gives_principal(session_factory: sessionmaker[Session], acme: str) -> None:
-    auth = Authenticator(session_factory, PEPPER, refresh_s=5)
+    last_used = LastUsedWriter(session_factory)
+    auth = Authenticator(session_factory, PEPPER, refresh_s=5, last_used=last_used)
     p = auth.authenticate(f"Bearer {acme}")
     assert p.tenant_name == "acme" and p.isolation_level == "key" and p.weight == 2.0
     assert (p.limits.rpm, p.limits.tpm) == (10, 500)
     assert p.allowed_models == frozenset({"m2"})  # key narrows the tenant's list
     assert auth.authenticate(acme) == p
+    with session_factory() as s:
+        assert s.get(ApiKey, p.key_id).last_used_at is None  # type: ignore[union-attr]
+    assert last_used.flush()  # written in the background, not by authenticate
     with session_factory() as s:
         assert s.get(ApiKey, p.key_id).last_used_at is not None  # type: ignore[union-attr]
 

@@ -42,6 +42,7 @@ def admin() -> None:
 def create_token(role: str, tenant: str | None, name: str | None, as_json: bool) -> None:
     """Create an admin API token; the secret is printed once."""
     from admin.identity import create_admin_token
+    from cloister.commands.cli_audit import audit_change
     from tenancy.errors import TenancyError
 
     with admin_context() as (settings, sessions, _admin), sessions() as session:
@@ -55,6 +56,13 @@ def create_token(role: str, tenant: str | None, name: str | None, as_json: bool)
             )
         except TenancyError as exc:
             raise click.ClickException(str(exc)) from exc
+        audit_change(
+            session,
+            "token.create",
+            f"tokens/{role}",
+            tenant_id=created.tenant_id,
+            id=created.id,  # (a field named *token* would be scrubbed as a secret)
+        )
     if as_json:
         click.echo(json.dumps({"token": created.secret}))
     else:
@@ -66,13 +74,15 @@ def create_token(role: str, tenant: str | None, name: str | None, as_json: bool)
 def revoke_token(token_id: str) -> None:
     """Revoke an admin API token by id."""
     from admin.identity import revoke_admin_token
+    from cloister.commands.cli_audit import audit_change
     from tenancy.errors import TenancyError
 
     with admin_context() as (_settings, sessions, _admin), sessions() as session:
         try:
-            revoke_admin_token(session, token_id=token_id)
+            row = revoke_admin_token(session, token_id=token_id)
         except TenancyError as exc:
             raise click.ClickException(str(exc)) from exc
+        audit_change(session, "token.revoke", f"tokens/{token_id}", tenant_id=row.tenant_id)
     click.echo(f"revoked {token_id}")
 
 
@@ -90,7 +100,7 @@ def serve(host: str | None, port: int | None) -> None:
             sessions, pepper=settings.key_pepper.get_secret_value(), settings=admin_settings
         )
         uvicorn.run(
-            with_audit_checkpoints(create_admin_app(services), services.audit),
+            with_audit_checkpoints(create_admin_app(services), services),
             host=host or settings.host,
             port=port or settings.port,
             log_config=None,

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from cloister.commands.cli_audit import audit_change
 from cloister.commands.tenants import open_session, parse_models
 from cloister.settings import Settings
 from tenancy import store
@@ -61,6 +62,13 @@ def create(
             allowed_models=parse_models(models),
             expires_in_days=expires_in_days,
         )
+        audit_change(
+            session,
+            "key.create",
+            f"tenants/{tenant_name}/keys",
+            tenant_id=created.tenant_id,
+            key_id=created.id,
+        )
     if as_json:
         click.echo(json.dumps({"id": created.id, "key": created.secret}))
     else:
@@ -94,6 +102,7 @@ def revoke(key_id: str) -> None:
     """Revoke a key (takes effect within the refresh interval)."""
     with open_session() as session:
         key = store.revoke_key(session, key_id=key_id)
+        audit_change(session, "key.revoke", f"keys/{key_id}", tenant_id=key.tenant_id)
         click.echo(f"revoked key {key.id} ({key.prefix})")
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -105,18 +106,37 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
     a thread or in a child process as `settings.engine_mode` says.
     """
     from gateway.app import create_app
+    from gateway.auth_cache import READ_THREADS, CachingAuthenticator
     from gateway.engine_client import InProcessEngineClient
+    from tenancy.auth_throttle import FailureThrottle
     from tenancy.authenticator import Authenticator
     from tenancy.db import make_engine, make_session_factory
+    from tenancy.key_usage import LastUsedWriter
     from tenancy.limiter import make_limiter
 
     if engine is None:
         engine = load_engine(settings, **engine_options)
     client = InProcessEngineClient(engine, model_name=settings.model_name)
-    sessions = make_session_factory(make_engine(settings.resolved_database_url))
-    authenticator = Authenticator(
-        sessions, settings.key_pepper.get_secret_value(), refresh_s=settings.config_refresh_s
+    url = settings.resolved_database_url
+    timeout_ms = int(settings.auth_read_timeout_s * 1000)
+    # Three pools, so tenant traffic never waits on the admin API's database use: the
+    # gateway's key reads (one connection per read thread), the admin API's requests,
+    # and the background writers (audit, metering, last_used_at).
+    gateway_sessions = make_session_factory(
+        make_engine(
+            url,
+            pool_size=READ_THREADS,
+            max_overflow=0,
+            pool_timeout_s=settings.auth_read_timeout_s,
+            statement_timeout_ms=timeout_ms,
+        )
     )
+    sessions = make_session_factory(
+        make_engine(url, pool_size=settings.db_pool_size, max_overflow=settings.db_pool_size)
+    )
+    writer_sessions = make_session_factory(make_engine(url, pool_size=3, max_overflow=2))
+    pepper = settings.key_pepper.get_secret_value()
+    last_used = LastUsedWriter(writer_sessions, interval_s=max(1.0, settings.config_refresh_s))
     from admin.app import make_services
     from admin.deps import operator_auth
     from admin.metering import MeteringSink
@@ -126,17 +146,29 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
 
     admin_settings = settings.admin_settings()
     services = make_services(
-        sessions, pepper=settings.key_pepper.get_secret_value(), settings=admin_settings
+        sessions, pepper=pepper, settings=admin_settings, audit_sessions=writer_sessions
     )
     # Started first: it replays a spool left by a killed process into the ledger, from
     # which the limiter seeds its budget counters.
-    metering = MeteringSink(sessions, admin_settings.spool_path).start()
+    metering = MeteringSink(writer_sessions, admin_settings.spool_path).start()
     limiter = make_limiter(
         settings.redis_url,
         fail_mode=settings.limiter_fail_mode,
         local_cap_rpm=settings.limiter_local_cap_rpm,
         key_prefix=settings.redis_key_prefix,
-        budget_ledger=UsageLedger(sessions),
+        budget_ledger=UsageLedger(writer_sessions),
+    )
+    # One cache (the gateway's): the inner Authenticator keeps none, so the revocation
+    # window is config_refresh_s.
+    authenticator = CachingAuthenticator(
+        Authenticator(gateway_sessions, pepper, refresh_s=0.0, last_used=last_used.start()),
+        refresh_s=settings.config_refresh_s,
+        max_stale_s=settings.auth_max_stale_s,
+        read_timeout_s=settings.auth_read_timeout_s,
+        throttle=FailureThrottle(
+            limit=settings.auth_failure_limit, window_s=settings.auth_failure_window_s
+        ),
+        denials=services.audit_writer,
     )
     app = create_app(
         settings,
@@ -150,7 +182,8 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
     app.include_router(create_admin_router(services))
     mount_console(app, services, engine_stats=gateway_engine_stats(app.state.cloister))
     app.state.metering = metering
-    app.state.audit = services.audit  # run_server runs its checkpoint timer
+    app.state.admin_services = services  # run_server runs its audit checkpoint timer
+    app.state.background_writers = (last_used, services.audit_writer)
     return app
 
 
@@ -188,6 +221,22 @@ def serve(**flags: Any) -> None:
     run_server(Settings(**overrides))
 
 
+def close_at_shutdown(app: FastAPI, *closers: Callable[[], None]) -> None:
+    """Runs `closers` in order, off the event loop, once the app's lifespan has ended."""
+    from starlette.concurrency import run_in_threadpool
+
+    inner = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(a: FastAPI) -> AsyncIterator[None]:
+        async with inner(a):
+            yield
+        for close in closers:
+            await run_in_threadpool(close)
+
+    app.router.lifespan_context = lifespan
+
+
 def run_server(settings: Settings, *, engine: Any | None = None) -> None:
     """Migrates, wires and serves until stopped: all of `cloister serve` after its flags.
 
@@ -203,7 +252,12 @@ def run_server(settings: Settings, *, engine: Any | None = None) -> None:
     configure_logging(settings.log_level)
     first_start = prepare_database(settings)
     app = build_app(settings, engine=engine)
-    with_audit_checkpoints(app, app.state.audit)  # a checkpoint every T s and at shutdown
+    with_audit_checkpoints(app, app.state.admin_services)  # every T s and at shutdown
+    # In the lifespan too (see with_audit_checkpoints): usage and last_used_at accepted
+    # before a SIGTERM reach the database before the process ends.
+    close_at_shutdown(
+        app, app.state.metering.close, *(w.close for w in app.state.background_writers)
+    )
     if first_start:
         click.echo(
             FIRST_START_HINT.format(
@@ -225,7 +279,6 @@ def run_server(settings: Settings, *, engine: Any | None = None) -> None:
     finally:
         sys.setswitchinterval(switch_interval)
         gc.unfreeze()  # let shutdown free them (extension modules check for leaks)
-        app.state.metering.close()  # usage accepted before shutdown reaches the database
 
 
 commands: list[click.Command] = [serve]

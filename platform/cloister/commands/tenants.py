@@ -11,6 +11,7 @@ from typing import Any
 import click
 from sqlalchemy.orm import Session
 
+from cloister.commands.cli_audit import audit_change
 from cloister.settings import Settings
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
@@ -82,6 +83,14 @@ def create(name: str, isolation: str, weight: float, as_json: bool) -> None:
     """Create a tenant."""
     with open_session() as session:
         tenant = store.create_tenant(session, name=name, isolation_level=isolation, weight=weight)
+        audit_change(
+            session,
+            "tenant.create",
+            f"tenants/{name}",
+            tenant_id=tenant.id,
+            isolation_level=isolation,
+            weight=weight,
+        )
         _echo(tenant_dict(tenant), as_json, lambda: f"created tenant {tenant.name} ({tenant.id})")
 
 
@@ -140,9 +149,12 @@ def set_limits(
         "max_prompt_tokens": max_prompt_tokens,
         "allowed_models": parse_models(models),
     }
+    changed = {k: v for k, v in given.items() if v is not None}
     with open_session() as session:
-        limits = store.set_limits(
-            session, tenant_name=name, **{k: v for k, v in given.items() if v is not None}
+        limits = store.set_limits(session, tenant_name=name, **changed)
+        tenant = store.get_tenant(session, name)
+        audit_change(
+            session, "limits.set", f"tenants/{name}/limits", tenant_id=tenant.id, **changed
         )
     data = limits_dict(limits)
 
@@ -160,6 +172,9 @@ def _status_command(command_name: str, status: str, verb: str) -> click.Command:
     def command(name: str) -> None:
         with open_session() as session:
             tenant = store.set_tenant_status(session, name=name, status=status)
+            audit_change(
+                session, "tenant.update", f"tenants/{name}", tenant_id=tenant.id, status=status
+            )
             click.echo(f"{verb} tenant {tenant.name}")
 
     command.help = f"{verb.capitalize()} a tenant (takes effect within the refresh interval)."

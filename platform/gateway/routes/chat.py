@@ -41,7 +41,7 @@ from gateway.sse import (
     sse_event,
     sse_model,
 )
-from gateway.state import app_state
+from gateway.state import app_state, client_host
 
 
 def chat_logprobs(
@@ -89,7 +89,7 @@ async def create_chat_completion(request: Request) -> Response:
     """Creates a model response for a conversation; streamed as SSE with stream=true."""
     life = RequestLifecycle(app_state(request), id_prefix="chatcmpl", headers=request.headers)
     async with settled_on_error(life):
-        await life.authenticate(request.headers.get("authorization"))
+        await life.authenticate(request.headers.get("authorization"), source=client_host(request))
         body = await parse_body(request, ChatCompletionRequest)
         life.resolve_model(body.model)
         vet_extra_fields(body.extra_fields())

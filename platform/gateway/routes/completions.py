@@ -34,7 +34,7 @@ from gateway.sse import (
     sse_event,
     sse_model,
 )
-from gateway.state import app_state
+from gateway.state import app_state, client_host
 
 MAX_PROMPTS = 64
 
@@ -94,7 +94,7 @@ async def create_completion(request: Request) -> Response:
     """Completes one or more prompts; streamed as SSE with stream=true."""
     life = RequestLifecycle(app_state(request), id_prefix="cmpl", headers=request.headers)
     async with settled_on_error(life):
-        await life.authenticate(request.headers.get("authorization"))
+        await life.authenticate(request.headers.get("authorization"), source=client_host(request))
         body = await parse_body(request, CompletionRequest)
         life.resolve_model(body.model)
         vet_extra_fields(body.extra_fields())
