@@ -127,6 +127,8 @@ def issue_session(
 
 
 def _from_session(pepper: str, token: str) -> AdminIdentity:
+    if not token.isascii():  # header bytes beyond ASCII; compare_digest refuses such str
+        raise Unauthenticated("malformed session token")
     try:
         body, mac = token[len(SESSION_PREFIX) :].split(".")
         expected = _b64(hmac.new(_session_key(pepper), body.encode(), hashlib.sha256).digest())
@@ -135,13 +137,20 @@ def _from_session(pepper: str, token: str) -> AdminIdentity:
         payload = json.loads(_unb64(body))
     except (ValueError, json.JSONDecodeError) as exc:
         raise Unauthenticated("malformed session token") from exc
-    if payload["exp"] <= time.time():
+    exp = payload.get("exp") if isinstance(payload, dict) else None
+    if isinstance(exp, bool) or not isinstance(exp, int | float):
+        raise Unauthenticated("malformed session token")  # a session never lasts forever
+    if exp <= time.time():
         raise Unauthenticated("session expired")
-    return AdminIdentity(
-        actor=str(payload["sub"]),
-        role=check_role(payload["role"], payload["tenant"]),
-        tenant_id=payload["tenant"],
-    )
+    tenant = payload.get("tenant")
+    try:
+        role = check_role(payload.get("role", ""), tenant)
+    except (InvalidValueError, TypeError) as exc:
+        raise Unauthenticated("malformed session token") from exc
+    sub = payload.get("sub")
+    if not isinstance(sub, str) or not sub or (tenant is not None and not isinstance(tenant, str)):
+        raise Unauthenticated("malformed session token")
+    return AdminIdentity(actor=sub, role=role, tenant_id=tenant)
 
 
 def authenticate_admin(session: Session, pepper: str, bearer: str | None) -> AdminIdentity:

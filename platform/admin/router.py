@@ -215,13 +215,14 @@ def create_admin_router(services: AdminServices) -> APIRouter:
         """Sets limit fields (absent fields keep their value, null clears one)."""
         ctx.require("admin")
         t = _tenant(ctx, name)
-        limits = write(
-            ctx,
-            "limits.set",
-            f"tenants/{name}/limits",
-            lambda: store.set_limits(ctx.session, tenant_name=name, key_id=key_id, **body),
-            t.id,
-        )
+
+        def apply() -> Any:
+            unknown = sorted(set(body) - set(store.LIMIT_FIELDS))
+            if unknown:  # checked before **body: "session" would collide with a parameter
+                raise InvalidValueError(f"unknown limit fields: {', '.join(unknown)}")
+            return store.set_limits(ctx.session, tenant_name=name, key_id=key_id, **body)
+
+        limits = write(ctx, "limits.set", f"tenants/{name}/limits", apply, t.id)
         return _limits(limits)
 
     @router.get("/tenants/{name}/keys")
