@@ -17,6 +17,7 @@ from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
 from gateway.routes import chat, completions, metrics, models
 from gateway.state import AppState, AuthenticatorLike
+from gateway.tokenize import PromptTokenizer
 from gateway.tracing import gateway_tracer, make_tracer_provider
 from gateway.usage import LoggingUsageSink, UsageSink
 from tenancy.limiter.base import Limiter
@@ -56,6 +57,7 @@ def create_app(
         tracer=gateway_tracer(provider),
         started_at=int(time.time()),
         request_ids=UniqueIds(),
+        tokenize=PromptTokenizer(engine_client),
     )
 
     @asynccontextmanager
@@ -67,6 +69,7 @@ def create_app(
         finally:
             await state.limits.close()
             await state.auth.drain()
+            state.tokenize.close()
             if manage_engine:
                 await engine_client.shutdown()
             provider.shutdown()
