@@ -8,6 +8,7 @@ from pydantic import BaseModel
 from sqlalchemy import select
 
 from admin import registry
+from admin.body_cap import CappedJsonRoute
 from admin.deps import AdminContext, AdminServices, context_dependency
 from admin.serialize import key_dict, model_dict, page, tenant_dict
 from tenancy import store
@@ -125,7 +126,7 @@ def _mapped(exc: TenancyError) -> HTTPException:
 
 def create_admin_router(services: AdminServices) -> APIRouter:
     """The admin API routes, bound to `services` (no module-level state)."""
-    router = APIRouter(prefix=PREFIX, tags=["admin"])
+    router = APIRouter(prefix=PREFIX, tags=["admin"], route_class=CappedJsonRoute)
     Ctx = Annotated[AdminContext, Depends(context_dependency(services))]
     Limit = Annotated[int, Query(ge=1, le=500)]
     Offset = Annotated[int, Query(ge=0)]

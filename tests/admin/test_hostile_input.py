@@ -170,3 +170,83 @@ def test_expired_key_is_listed_as_expired(env: AdminEnv) -> None:
     env.client.post(f"{P}/tenants/alpha/keys/{live}/revoke", headers=admin)
     items = env.client.get(f"{P}/tenants/alpha/keys", headers=admin).json()["items"]
     assert {k["id"]: k["status"] for k in items} == {kid: "expired", live: "revoked"}
+
+
+def test_json_body_with_content_length_over_the_cap_is_413(env: AdminEnv) -> None:
+    from admin.body_cap import MAX_JSON_BODY_BYTES
+
+    headers = {
+        **env.token("admin"),
+        "Content-Type": "application/json",
+        "Content-Length": str(10**9),
+    }
+    r = env.client.post(f"{P}/tenants", content=b'{"name": "liar"}', headers=headers)
+    assert r.status_code == 413, r.text
+    big = b'{"name": "big", "pad": "' + b"x" * MAX_JSON_BODY_BYTES + b'"}'
+
+    def chunks() -> Any:
+        for i in range(0, len(big), 65536):
+            yield big[i : i + 65536]
+
+    r = env.client.post(
+        f"{P}/tenants",
+        content=chunks(),
+        headers={**env.token("admin"), "Content-Type": "application/json"},
+    )
+    assert r.status_code == 413, r.text
+    assert env.client.get(f"{P}/tenants/big", headers=env.token("admin")).status_code == 404
+    ok = env.client.post(f"{P}/tenants", json={"name": "fine"}, headers=env.token("admin"))
+    assert ok.status_code == 201, ok.text
+
+
+def test_admin_body_is_cut_off_at_the_cap_while_streaming() -> None:
+    import asyncio
+
+    from fastapi import HTTPException
+    from starlette.requests import Request
+
+    from admin.body_cap import MAX_JSON_BODY_BYTES, CappedRequest
+
+    sent = [0]
+    chunk = b"x" * 65536
+
+    async def receive() -> dict[str, Any]:
+        sent[0] += 1
+        return {"type": "http.request", "body": chunk, "more_body": sent[0] < 10_000}
+
+    scope = {"type": "http", "method": "POST", "path": "/", "headers": []}
+    with pytest.raises(HTTPException) as err:
+        asyncio.run(CappedRequest(scope, receive).body())
+    assert err.value.status_code == 413
+    assert sent[0] == MAX_JSON_BODY_BYTES // len(chunk) + 1
+    assert isinstance(CappedRequest(scope, receive), Request)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"name": "' + b"[" * 5000 + b'"}',
+        b'{"name": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+        b'{"name": "a", "weight": ' + b"9" * 5000 + b"}",
+        b'{"name": "\\ud800"}',
+    ],
+)
+def test_malformed_admin_json_is_a_4xx(env: AdminEnv, body: bytes) -> None:
+    r = env.client.post(
+        f"{P}/tenants",
+        content=body,
+        headers={**env.token("admin"), "Content-Type": "application/json"},
+    )
+    assert 400 <= r.status_code < 500, r.text
+
+
+@pytest.mark.parametrize("weight", ["Infinity", "1e-300", "1000", "0"])
+def test_console_weight_setting_is_bounded(env: AdminEnv, weight: str) -> None:
+    r = env.client.patch(
+        f"{P}/tenants/alpha/settings",
+        content=f'{{"weight": {weight}}}',
+        headers={**env.token("admin"), "Content-Type": "application/json"},
+    )
+    assert r.status_code == 422, r.text
+    tenant = env.client.get(f"{P}/tenants/alpha", headers=env.token("admin")).json()
+    assert tenant["weight"] == 1.0
