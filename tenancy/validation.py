@@ -46,12 +46,12 @@ def check_weight(weight: Any) -> float:
     return float(weight)
 
 
-def check_key_name(name: Any) -> str | None:
-    """A key label of at most MAX_KEY_NAME characters (None: no label)."""
+def check_key_name(name: Any, *, what: str = "key name") -> str | None:
+    """A key (or token) label of at most MAX_KEY_NAME characters (None: no label)."""
     if name is None:
         return None
     if not isinstance(name, str) or len(name) > MAX_KEY_NAME or "\x00" in name:
-        raise InvalidValueError(f"key name must be at most {MAX_KEY_NAME} characters")
+        raise InvalidValueError(f"{what} must be at most {MAX_KEY_NAME} characters, without NUL")
     return name
 
 

@@ -24,6 +24,7 @@ from admin.models import ROLES, AdminToken
 from tenancy.errors import InvalidValueError, NotFoundError
 from tenancy.keys import hash_secret, new_id
 from tenancy.models import Tenant
+from tenancy.validation import check_key_name
 
 Role = Literal["admin", "viewer", "tenant-admin"]
 TOKEN_PREFIX = "clo-adm-"
@@ -67,6 +68,7 @@ def create_admin_token(
     name: str | None = None,
 ) -> CreatedToken:
     """Creates an admin API token (tenant-admin needs `tenant_name`)."""
+    name = check_key_name(name, what="token name")
     tenant_id = None
     if tenant_name is not None:
         tenant = session.scalars(select(Tenant).where(Tenant.name == tenant_name)).first()

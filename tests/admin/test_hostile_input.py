@@ -250,3 +250,11 @@ def test_console_weight_setting_is_bounded(env: AdminEnv, weight: str) -> None:
     assert r.status_code == 422, r.text
     tenant = env.client.get(f"{P}/tenants/alpha", headers=env.token("admin")).json()
     assert tenant["weight"] == 1.0
+
+
+def test_admin_token_name_length_is_bounded(env: AdminEnv) -> None:
+    admin = env.token("admin")
+    r = env.client.post(f"{P}/tokens", json={"role": "viewer", "name": "t" * 129}, headers=admin)
+    assert r.status_code == 422, r.text
+    r = env.client.post(f"{P}/tokens", json={"role": "viewer", "name": "t" * 128}, headers=admin)
+    assert r.status_code == 201, r.text
