@@ -168,3 +168,32 @@ def test_lying_small_content_length_does_not_lift_the_cap() -> None:
 def test_body_under_the_cap_is_read_whole() -> None:
     request, _ = _streamed_request(b"{}", 3, [])
     assert asyncio.run(read_body(request)) == b"{}{}{}"
+
+
+@pytest.mark.parametrize(
+    "authorization", [b"Bearer ses.abc.\xe9", b"Bearer sk-clo-\xe9\xe9\xe9\xe9" + b"a" * 40]
+)
+def test_non_ascii_bearer_is_a_401_on_a_live_connection(
+    gateway: LiveGateway, authorization: bytes
+) -> None:
+    key = gateway.tenant("acme")
+    url = urlsplit(gateway.base_url)
+    conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=60)
+    try:
+        conn.putrequest("POST", "/v1/chat/completions")
+        conn.putheader("Authorization", authorization)
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Content-Length", str(len(GOOD_CHAT)))
+        conn.endheaders(GOOD_CHAT)
+        r = conn.getresponse()
+        err = json.loads(r.read())["error"]
+        assert r.status == 401 and err["code"] == "invalid_api_key", err
+        conn.request(
+            "POST",
+            "/v1/chat/completions",
+            body=GOOD_CHAT,
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        )
+        assert conn.getresponse().status == 200
+    finally:
+        conn.close()

@@ -100,3 +100,15 @@ def test_keys_list_shows_expired_keys_as_expired(cli: click.Group) -> None:
 @pytest.mark.parametrize("period", ["9999-12", "9999-12-31", "2026-13", "abc", "2026-02-30"])
 def test_billing_export_bad_period_is_a_clear_error(cli: click.Group, period: str) -> None:
     assert_refused(run(cli, "billing", "export", "--period", period), "period")
+
+
+@pytest.mark.parametrize(
+    "args", [("--rpm", str(10**30)), ("--tpm", str(2**31)), ("--budget", str(10**20))]
+)
+def test_limit_values_past_the_column_range_are_refused(
+    cli: click.Group, args: tuple[str, ...]
+) -> None:
+    run(cli, "tenants", "create", "acme")
+    assert_refused(run(cli, "tenants", "set-limits", "acme", *args), "integer")
+    limits = json.loads(run(cli, "tenants", "set-limits", "acme", "--json").output)
+    assert (limits["rpm"], limits["tpm"], limits["token_budget"]) == (None, None, None)
