@@ -5,10 +5,11 @@ Three rules, in order:
 1. Size first. A prompt of more than `max_model_len * MAX_CHARS_PER_TOKEN`
    characters cannot fit the context, so it is refused (400
    context_length_exceeded) before any tokenizer work.
-2. Off the event loop. A prompt above `INLINE_CHARS` is templated and encoded on
-   a small worker pool (the Rust tokenizer releases the GIL), so the loop keeps
-   serving every other request meanwhile. Short prompts stay inline: a thread
-   hop costs more than encoding them.
+2. Off the event loop. A prompt costing more than `INLINE_CHARS` (its characters,
+   plus `MESSAGE_COST_CHARS` per chat message for the template's Python loop) is
+   templated and encoded on a small worker pool (the Rust tokenizer releases the
+   GIL), so the loop keeps serving every other request meanwhile. Short prompts
+   stay inline: a thread hop costs more than encoding them.
 3. Per tenant. Each tenant has at most `PER_TENANT_RUNNING` prompts on the pool
    and `PER_TENANT_WAITING` queued behind them; more is a 429 (concurrency). So
    a flood of large prompts occupies at most one worker and delays only the
@@ -33,6 +34,7 @@ from tenancy.errors import RateLimitedError
 # bound never refuses a prompt that fits, and it stops absurd sizes before any work.
 MAX_CHARS_PER_TOKEN = 64
 INLINE_CHARS = 16_384  # below this, encoding takes well under a millisecond
+MESSAGE_COST_CHARS = 256  # what rendering one chat message costs, in characters encoded
 WORKERS = 2
 PER_TENANT_RUNNING = 1
 PER_TENANT_WAITING = 8
@@ -92,6 +94,8 @@ class PromptTokenizer:
         """
         chars = sum(len(m["content"]) for m in messages)
         self.check_size(chars, param="messages")
+        # The template loops over messages in Python: many empty ones cost as much as text.
+        cost = chars + MESSAGE_COST_CHARS * len(messages)
 
         def work() -> list[int]:
             tokenizer = self.tokenizer
@@ -102,10 +106,10 @@ class PromptTokenizer:
             self.check_size(len(text), param="messages")
             return tokenizer.encode(text, add_special_tokens=False)
 
-        return await self._run(tenant_id, chars, work)
+        return await self._run(tenant_id, cost, work)
 
-    async def _run(self, tenant_id: str, chars: int, work: Callable[[], T]) -> T:
-        if chars <= INLINE_CHARS:
+    async def _run(self, tenant_id: str, cost: int, work: Callable[[], T]) -> T:
+        if cost <= INLINE_CHARS:
             return work()
         gate = self._gates.get(tenant_id)
         if gate is None:

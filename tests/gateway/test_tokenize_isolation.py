@@ -31,6 +31,15 @@ class GatedTokenizer(ByteTokenizer):
         self.release = threading.Event()
         self.large_calls = 0
 
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> str:
+        """The fake template; blocks on conversations of more than 64 messages."""
+        if len(messages) > 64:
+            self.started.set()
+            assert self.release.wait(timeout=20), "never released"
+        return super().apply_chat_template(messages, add_generation_prompt)
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Bytes of `text`; blocks on large texts."""
         if len(text) > INLINE_CHARS and "y" * 100 in text:
@@ -146,6 +155,26 @@ def test_one_tenant_holds_one_worker_and_a_bounded_queue() -> None:
         results = await asyncio.gather(*flood)
         assert len(results) == PER_TENANT_RUNNING + PER_TENANT_WAITING
         assert tokenizer.large_calls == len(flood)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        tokenizer.release.set()
+        prompts.close()
+
+
+def test_many_short_messages_are_rendered_off_the_loop() -> None:
+    tokenizer = GatedTokenizer()
+    prompts = PromptTokenizer(_Engine(tokenizer))  # type: ignore[arg-type]
+    messages = [{"role": "user", "content": ""} for _ in range(1000)]
+
+    async def scenario() -> None:
+        task = asyncio.create_task(prompts.encode_chat("ten_a", messages))
+        # Inline, the template would block this loop and this wait would never start.
+        assert await asyncio.to_thread(tokenizer.started.wait, 10)
+        assert not task.done()
+        tokenizer.release.set()
+        assert await task
 
     try:
         asyncio.run(scenario())
