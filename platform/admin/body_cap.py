@@ -25,19 +25,20 @@ _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 async def read_capped(request: Request, limit: int = MAX_JSON_BODY_BYTES) -> bytes:
     """The body's bytes; 413 as soon as it is known to exceed `limit`."""
     declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > limit):
-        raise HTTPException(413 if declared.isdigit() else 400, _message(limit, declared))
+    if declared is not None:
+        if not (declared.isascii() and declared.isdigit()):
+            raise HTTPException(400, "the Content-Length header is not a number")
+        if int(declared) > limit:
+            raise HTTPException(413, _too_large(limit))
     received = bytearray()
     async for chunk in request.stream():
         received += chunk
         if len(received) > limit:
-            raise HTTPException(413, _message(limit, None))
+            raise HTTPException(413, _too_large(limit))
     return bytes(received)
 
 
-def _message(limit: int, declared: str | None) -> str:
-    if declared is not None and not declared.isdigit():
-        return "the Content-Length header is not a number"
+def _too_large(limit: int) -> str:
     return f"the request body is larger than {limit} bytes"
 
 

@@ -41,7 +41,7 @@ async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
     """The body's bytes; BodyTooLargeError as soon as it is known to exceed `limit`."""
     declared = request.headers.get("content-length")
     if declared is not None:
-        if not declared.isdigit():
+        if not (declared.isascii() and declared.isdigit()):
             raise InvalidParameterError("the Content-Length header is not a number")
         if int(declared) > limit:
             raise _too_large(limit)

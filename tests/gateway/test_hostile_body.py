@@ -197,3 +197,12 @@ def test_non_ascii_bearer_is_a_401_on_a_live_connection(
         assert conn.getresponse().status == 200
     finally:
         conn.close()
+
+
+@pytest.mark.parametrize("declared", [b"\xb2", b"-1", b"1e3", b"\xd9\xa3"])
+def test_content_length_that_is_not_a_number_is_a_400(declared: bytes) -> None:
+    from gateway.errors import InvalidParameterError
+
+    request, _ = _streamed_request(b"{}", 1, [(b"content-length", declared)])
+    with pytest.raises(InvalidParameterError):
+        asyncio.run(read_body(request))
