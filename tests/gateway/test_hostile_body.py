@@ -6,6 +6,7 @@ import asyncio
 import http.client
 import json
 import socket
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -13,7 +14,8 @@ import pytest
 from starlette.requests import Request
 
 from gateway.body import MAX_BODY_BYTES, BodyTooLargeError, read_body
-from tests.gateway.conftest import LiveGateway
+from tenancy.limiter.memory import MemoryLimiter
+from tests.gateway.conftest import LiveGateway, make_test_engine, start_gateway
 
 MESSAGES = '[{"role": "user", "content": "hi"}]'
 GOOD_CHAT = f'{{"model": "tiny", "messages": {MESSAGES}, "max_tokens": 2}}'.encode()
@@ -90,9 +92,20 @@ def calls_on_one_connection(
     return out
 
 
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveGateway, str]]:
+    """One live gateway and one tenant key for the whole module (the cases share nothing)."""
+    tmp = tmp_path_factory.mktemp("hostile_body")
+    gw, stop = start_gateway(tmp, engine=make_test_engine(tmp), limiter=MemoryLimiter())
+    yield gw, gw.tenant("acme")
+    stop()
+
+
 @pytest.mark.parametrize("case", sorted(BAD_BODIES))
-def test_bad_body_is_a_400_and_the_connection_lives_on(gateway: LiveGateway, case: str) -> None:
-    key = gateway.tenant("acme")
+def test_bad_body_is_a_400_and_the_connection_lives_on(
+    shared: tuple[LiveGateway, str], case: str
+) -> None:
+    gateway, key = shared
     (bad_status, err), (good_status, ok) = calls_on_one_connection(
         gateway, key, [BAD_BODIES[case], ("/v1/chat/completions", GOOD_CHAT)]
     )
@@ -103,9 +116,9 @@ def test_bad_body_is_a_400_and_the_connection_lives_on(gateway: LiveGateway, cas
 
 
 def test_content_length_over_the_cap_is_413_before_the_body_is_read(
-    gateway: LiveGateway,
+    shared: tuple[LiveGateway, str],
 ) -> None:
-    key = gateway.tenant("acme")
+    gateway, key = shared
     url = urlsplit(gateway.base_url)
     with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
         # Claims a gigabyte and sends none of it: waiting for the body would time out.
@@ -174,9 +187,9 @@ def test_body_under_the_cap_is_read_whole() -> None:
     "authorization", [b"Bearer ses.abc.\xe9", b"Bearer sk-clo-\xe9\xe9\xe9\xe9" + b"a" * 40]
 )
 def test_non_ascii_bearer_is_a_401_on_a_live_connection(
-    gateway: LiveGateway, authorization: bytes
+    shared: tuple[LiveGateway, str], authorization: bytes
 ) -> None:
-    key = gateway.tenant("acme")
+    gateway, key = shared
     url = urlsplit(gateway.base_url)
     conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=60)
     try:
