@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +33,35 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+# The database holds key hashes, usage and the audit log: only its owner may read it.
+SQLITE_FILE_MODE = 0o600
+
+
+def make_private_sqlite_file(url: str) -> None:
+    """Creates the SQLite file of `url` with mode 0600 (or takes an existing one to 0600).
+
+    SQLite itself would create it with 0644 under the usual umask, and its -wal and -shm
+    files copy the database file's mode.
+    """
+    database = sa.make_url(url).database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return
+    path = Path(database)
+    if not path.parent.is_dir():
+        return  # connecting fails with SQLite's own error
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, SQLITE_FILE_MODE)
+    try:
+        if stat.S_IMODE(os.fstat(fd).st_mode) & 0o077:
+            os.fchmod(fd, SQLITE_FILE_MODE)
+    finally:
+        os.close(fd)
+
+
 def make_engine(url: str) -> sa.Engine:
     """A SQLAlchemy engine: SQLite with WAL and foreign keys, or PostgreSQL via psycopg 3."""
     url = normalize_url(url)
     if url.startswith("sqlite"):
+        make_private_sqlite_file(url)
         engine = sa.create_engine(url, connect_args={"check_same_thread": False})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine

@@ -7,7 +7,11 @@
 
 Checkpoints chain through `prev_digest`, so removing one breaks the next; the
 export's signed manifest fixes the record count, so truncating the tail shows.
-`verify` names the first record that can no longer be trusted.
+Checkpoints are signed every N records, every T seconds and at shutdown, so that
+no more than T seconds of records are ever unsigned; a copy of the newest one kept
+outside the database (audit_head.py) shows when the newest checkpoints were
+deleted with the tail they cover. `verify` names the first record that can no
+longer be trusted, and reports the newest checkpoint (what after it is unsigned).
 """
 
 from __future__ import annotations
@@ -130,6 +134,13 @@ class VerifyReport:
     checkpoints: int
     first_bad_seq: int | None = None
     reason: str | None = None
+    newest_checkpoint_seq: int | None = None  # the last record a verified signature covers
+    newest_checkpoint_at: str | None = None  # when that checkpoint was signed (ISO 8601)
+
+    @property
+    def unsigned(self) -> int:
+        """How many records come after the newest signed checkpoint (not yet protected)."""
+        return self.records - (self.newest_checkpoint_seq or 0)
 
 
 def _check_records(
@@ -161,11 +172,14 @@ def verify(
     public_key: str,
     interval: int | None = None,
     manifest: Mapping[str, Any] | None = None,
+    head: Mapping[str, Any] | None = None,
 ) -> VerifyReport:
     """Checks the chain, the checkpoints (signed by `public_key`) and the manifest if given.
 
     `interval`: checkpoints are expected at every multiple of it (a removed one shows
-    even when it was the last). Records must be in seq order starting at 1.
+    even when it was the last). `head`: a signed checkpoint kept outside the database
+    (the newest this host signed); the records must still match it, and the stored
+    checkpoints reach at least as far. Records must be in seq order starting at 1.
     """
     n_rec, n_cp = len(records), len(checkpoints)
     hashes, bad = _check_records(records)
@@ -176,7 +190,7 @@ def verify(
     def fail(seq: int, reason: str) -> VerifyReport:
         return VerifyReport(False, n_rec, n_cp, seq, reason)
 
-    digest, covered = GENESIS, 0
+    digest, covered, covered_at = GENESIS, 0, None
     seen: set[int] = set()
     for cp in checkpoints:
         body = _checkpoint_body(cp)
@@ -190,7 +204,7 @@ def verify(
             return fail(last + 1, f"records after {last} are missing (log truncated)")
         if hashes.get(cp["seq"]) != cp["record_hash"]:
             return fail(covered + 1, f"records up to {cp['seq']} differ from the signed checkpoint")
-        digest, covered = checkpoint_digest(cp), cp["seq"]
+        digest, covered, covered_at = checkpoint_digest(cp), cp["seq"], cp.get("created_at")
         seen.add(cp["seq"])
     if interval:
         for due in range(interval, last + 1, interval):
@@ -207,7 +221,36 @@ def verify(
             return fail(manifest["count"] + 1, "records beyond the signed head")
         if manifest["checkpoints"] != n_cp or manifest["last_checkpoint_digest"] != digest:
             return fail(covered + 1, "a checkpoint was removed")
-    return VerifyReport(True, n_rec, n_cp)
+    if head is not None:
+        bad_head = _check_head(head, hashes, last, covered, public_key)
+        if bad_head is not None:
+            return fail(*bad_head)
+    return VerifyReport(
+        True, n_rec, n_cp, newest_checkpoint_seq=covered or None, newest_checkpoint_at=covered_at
+    )
+
+
+def _check_head(
+    head: Mapping[str, Any], hashes: Mapping[int, str], last: int, covered: int, public_key: str
+) -> tuple[int, str] | None:
+    """(first bad seq, why) when the records or checkpoints fall short of `head`."""
+    seq, made = head.get("seq"), head.get("created_at")
+    if not isinstance(seq, int) or not _signed_by(
+        public_key, str(head.get("signature")), canonical(_checkpoint_body(head))
+    ):
+        return 1, "the checkpoint copy outside the database has a bad signature"
+    if seq > last:
+        return last + 1, (
+            f"records after {last} are missing (log truncated): a checkpoint signed at "
+            f"{made} covers record {seq}"
+        )
+    if hashes.get(seq) != head.get("record_hash"):
+        return 1, f"records up to {seq} differ from the checkpoint signed at {made}"
+    if seq > covered:
+        return covered + 1, (
+            f"the checkpoint at record {seq} (signed at {made}) was removed from the database"
+        )
+    return None
 
 
 def parse_export(

@@ -3,20 +3,26 @@
 Every admin action and every denied access (401/403, gateway and admin) goes
 through `record`. Secret-looking detail fields are dropped before hashing, so no
 secret ever reaches the log.
+
+Checkpoints are signed every `checkpoint_every` records (at each multiple), every
+`checkpoint_interval_s` seconds while `start`ed, and at `close` (shutdown). Each
+one is also copied outside the database (`head_path`) for `verify`.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import re
 import threading
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import select, text
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from admin.audit_chain import (
@@ -29,10 +35,14 @@ from admin.audit_chain import (
     seal,
     verify,
 )
+from admin.audit_head import load_head, save_head
 from admin.models import AuditCheckpoint, AuditEvent
+
+logger = logging.getLogger("cloister.admin.audit")
 
 SECRET_NAME = re.compile(r"secret|token|password|authorization|api_key|pepper|signing", re.I)
 CHECKPOINT_FIELDS = ("seq", "record_hash", "prev_digest", "public_key", "signature", "created_at")
+CHECKPOINT_LOCK_ID = 0x636C6F6973746572  # PostgreSQL advisory lock: one checkpoint signer
 
 
 def scrub(detail: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -63,6 +73,20 @@ def checkpoint_dict(row: AuditCheckpoint) -> dict[str, Any]:
     return {k: getattr(row, k) for k in CHECKPOINT_FIELDS}
 
 
+def _lock_checkpoints(session: Session) -> None:
+    """Serializes checkpoint signers across processes until this transaction ends.
+
+    Two signers reading the same newest checkpoint would both chain to it (a fork
+    `verify` refuses): PostgreSQL takes an advisory lock, SQLite its write lock (a
+    write statement that changes nothing still takes it).
+    """
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": CHECKPOINT_LOCK_ID})
+    elif dialect == "sqlite":
+        session.execute(text("DELETE FROM audit_checkpoints WHERE 0"))
+
+
 class AuditLog:
     """Thread-safe appender; other processes may append too (seq conflicts are retried)."""
 
@@ -72,13 +96,19 @@ class AuditLog:
         *,
         signing_key: Ed25519PrivateKey | None,
         checkpoint_every: int = 1000,
+        checkpoint_interval_s: float | None = None,
+        head_path: Path | None = None,
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
     ) -> None:
         self._sessions = sessions
         self._key = signing_key
         self._every = checkpoint_every
+        self._interval_s = checkpoint_interval_s
+        self._head_path = head_path
         self._clock = clock
         self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
 
     def record(
         self,
@@ -126,10 +156,16 @@ class AuditLog:
         raise RuntimeError("audit log append kept conflicting")
 
     def checkpoint(self, at_seq: int | None = None) -> dict[str, Any] | None:
-        """Signs record `at_seq` (default: the head); no-op without a key or if already covered."""
+        """Signs record `at_seq` (default: the head); no-op without a key or if already covered.
+
+        Any multiple of `checkpoint_every` between the newest checkpoint and `at_seq` is
+        signed first, so the periodic checkpoints exist whoever signs. Returns the
+        newest checkpoint made.
+        """
         if self._key is None:
             return None
         with self._sessions() as session:
+            _lock_checkpoints(session)
             query = select(AuditEvent).order_by(AuditEvent.seq.desc()).limit(1)
             if at_seq is not None:
                 query = select(AuditEvent).where(AuditEvent.seq == at_seq)
@@ -138,21 +174,69 @@ class AuditLog:
                 select(AuditCheckpoint).order_by(AuditCheckpoint.seq.desc()).limit(1)
             ).first()
             if head is None or (prev is not None and prev.seq >= head.seq):
+                session.rollback()
                 return None
-            cp = make_checkpoint(
-                self._key,
-                seq=head.seq,
-                record_hash=head.hash,
-                prev_digest=checkpoint_digest(checkpoint_dict(prev)) if prev else GENESIS,
-                created_at=_iso(self._clock()),
+            start = prev.seq if prev is not None else 0
+            due = [s for s in range(start + 1, head.seq) if s % self._every == 0]
+            rows = session.execute(
+                select(AuditEvent.seq, AuditEvent.hash).where(AuditEvent.seq.in_(due))
             )
-            session.add(AuditCheckpoint(**cp))
+            hashes: dict[int, str] = {seq: h for seq, h in rows}
+            hashes[head.seq] = head.hash
+            digest = checkpoint_digest(checkpoint_dict(prev)) if prev else GENESIS
+            made_at = _iso(self._clock())
+            cp: dict[str, Any] = {}
+            for seq in [*due, head.seq]:
+                cp = make_checkpoint(
+                    self._key,
+                    seq=seq,
+                    record_hash=hashes[seq],
+                    prev_digest=digest,
+                    created_at=made_at,
+                )
+                session.add(AuditCheckpoint(**cp))
+                digest = checkpoint_digest(cp)
             try:
                 session.commit()
             except IntegrityError:
                 session.rollback()
                 return None
-            return cp
+        if self._head_path is not None:
+            try:
+                save_head(self._head_path, cp)
+            except OSError:
+                logger.warning("could not save the audit head copy to %s", self._head_path)
+        return cp
+
+    def start(self) -> AuditLog:
+        """Signs the head now and then every `checkpoint_interval_s` seconds, on a thread."""
+        if self._key is None or self._interval_s is None or self._ticker is not None:
+            return self
+        self._stop.clear()
+        self._ticker = threading.Thread(target=self._tick, name="audit-checkpoints", daemon=True)
+        self._ticker.start()
+        return self
+
+    def close(self) -> None:
+        """Stops the timer and signs the head (the shutdown checkpoint)."""
+        ticker, self._ticker = self._ticker, None
+        if ticker is not None:
+            self._stop.set()
+            ticker.join(timeout=30)
+        self._checkpoint_logged()
+
+    def _tick(self) -> None:
+        interval = self._interval_s or 0.0
+        self._checkpoint_logged()
+        while not self._stop.wait(interval):
+            self._checkpoint_logged()
+
+    def _checkpoint_logged(self) -> None:
+        # A database that is down must not stop the server: the next tick retries.
+        try:
+            self.checkpoint()
+        except SQLAlchemyError as exc:
+            logger.warning("audit checkpoint failed, retrying later: %s", type(exc).__name__)
 
     def load(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """Every record and checkpoint, in seq order."""
@@ -167,9 +251,16 @@ class AuditLog:
         return records, cps
 
     def verify(self, *, public_key: str) -> VerifyReport:
-        """Verifies the stored chain and checkpoints (periodic ones are expected)."""
+        """Verifies the stored chain and checkpoints (periodic ones are expected), and
+        that they still reach the checkpoint copy kept outside the database."""
         records, cps = self.load()
-        return verify(records, cps, public_key=public_key, interval=self._every)
+        head = None
+        if self._head_path is not None:
+            try:
+                head = load_head(self._head_path)
+            except ValueError as exc:
+                return VerifyReport(False, len(records), len(cps), 1, str(exc))
+        return verify(records, cps, public_key=public_key, interval=self._every, head=head)
 
     def export_jsonl(self) -> str:
         """A signed manifest line, then records and checkpoints in seq order (JSON lines)."""

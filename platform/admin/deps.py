@@ -11,7 +11,7 @@ Every denial (401/403) and every write is recorded in the audit log.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +32,7 @@ class AdminServices:
     pepper: str
     settings: AdminSettings
     audit: AuditLog
+    session_key: str  # signs session tokens and the sign-in cookie; never the pepper
 
 
 class AdminContext:
@@ -123,7 +124,10 @@ def context_dependency(services: AdminServices) -> Any:
         with services.sessions() as session:
             try:
                 identity = authenticate_admin(
-                    session, services.pepper, request.headers.get("authorization")
+                    session,
+                    services.pepper,
+                    request.headers.get("authorization"),
+                    session_key=services.session_key,
                 )
             except Unauthenticated as exc:
                 path = request.url.path
@@ -141,3 +145,25 @@ def context_dependency(services: AdminServices) -> Any:
             yield AdminContext(services, request, identity, session)
 
     return dependency
+
+
+OPERATOR_ROLES: tuple[Role, ...] = ("admin", "viewer")
+
+
+def operator_auth(services: AdminServices) -> Callable[[str], bool]:
+    """The gateway's check for its tenant-labelled metrics: an admin or viewer credential.
+
+    A tenant-admin sees only its own tenant, so it is no operator here.
+    """
+
+    def check(authorization: str) -> bool:
+        with services.sessions() as session:
+            try:
+                identity = authenticate_admin(
+                    session, services.pepper, authorization, session_key=services.session_key
+                )
+            except (Unauthenticated, ValueError, TypeError, KeyError):
+                return False  # malformed credentials too: this check fails closed
+        return identity.role in OPERATOR_ROLES
+
+    return check

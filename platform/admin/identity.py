@@ -1,7 +1,8 @@
 """Who is calling the admin API: admin API tokens (hashed at rest) and signed session tokens.
 
 Session tokens are what an OIDC sign-in yields: "ses.<payload>.<mac>", an
-HMAC-SHA256 (key derived from the pepper) over a JSON payload with an expiry.
+HMAC-SHA256 over a JSON payload with an expiry, keyed by the session key: a secret of
+its own (never the key pepper), so that knowing the pepper forges nothing.
 """
 
 from __future__ import annotations
@@ -101,8 +102,8 @@ def revoke_admin_token(session: Session, *, token_id: str) -> AdminToken:
     return row
 
 
-def _session_key(pepper: str) -> bytes:
-    return hashlib.sha256(b"cloister-admin-session:" + pepper.encode()).digest()
+def _session_key(key: str) -> bytes:
+    return hashlib.sha256(b"cloister-admin-session:" + key.encode()).digest()
 
 
 def _b64(data: bytes) -> str:
@@ -114,9 +115,9 @@ def _unb64(text: str) -> bytes:
 
 
 def issue_session(
-    pepper: str, identity: AdminIdentity, ttl_s: int, now: float | None = None
+    session_key: str, identity: AdminIdentity, ttl_s: int, now: float | None = None
 ) -> str:
-    """A session token for `identity`, valid `ttl_s` seconds."""
+    """A session token for `identity`, valid `ttl_s` seconds, signed with `session_key`."""
     payload = {
         "sub": identity.actor,
         "role": identity.role,
@@ -124,16 +125,17 @@ def issue_session(
         "exp": int((now or time.time()) + ttl_s),
     }
     body = _b64(json.dumps(payload, sort_keys=True).encode())
-    mac = _b64(hmac.new(_session_key(pepper), body.encode(), hashlib.sha256).digest())
+    mac = _b64(hmac.new(_session_key(session_key), body.encode(), hashlib.sha256).digest())
     return f"{SESSION_PREFIX}{body}.{mac}"
 
 
-def _from_session(pepper: str, token: str) -> AdminIdentity:
+def _from_session(session_key: str, token: str) -> AdminIdentity:
     if not token.isascii():  # header bytes beyond ASCII; compare_digest refuses such str
         raise Unauthenticated("malformed session token")
     try:
         body, mac = token[len(SESSION_PREFIX) :].split(".")
-        expected = _b64(hmac.new(_session_key(pepper), body.encode(), hashlib.sha256).digest())
+        key = _session_key(session_key)
+        expected = _b64(hmac.new(key, body.encode(), hashlib.sha256).digest())
         if not hmac.compare_digest(mac, expected):
             raise Unauthenticated("bad session signature")
         payload = json.loads(_unb64(body))
@@ -155,8 +157,14 @@ def _from_session(pepper: str, token: str) -> AdminIdentity:
     return AdminIdentity(actor=sub, role=role, tenant_id=tenant)
 
 
-def authenticate_admin(session: Session, pepper: str, bearer: str | None) -> AdminIdentity:
-    """The identity behind an Authorization header value (token or session); Unauthenticated."""
+def authenticate_admin(
+    session: Session, pepper: str, bearer: str | None, *, session_key: str
+) -> AdminIdentity:
+    """The identity behind an Authorization header value (token or session); Unauthenticated.
+
+    Admin tokens are looked up by their hash under `pepper`; session tokens are checked
+    against `session_key`.
+    """
     token = (bearer or "").strip()
     scheme, _, rest = token.partition(" ")
     if scheme.lower() == "bearer":
@@ -164,7 +172,7 @@ def authenticate_admin(session: Session, pepper: str, bearer: str | None) -> Adm
     if not token:
         raise Unauthenticated("no admin credential")
     if token.startswith(SESSION_PREFIX):
-        return _from_session(pepper, token)
+        return _from_session(session_key, token)
     if not token.startswith(TOKEN_PREFIX):
         raise Unauthenticated("invalid admin token")
     digest = hash_secret(pepper, token)

@@ -27,19 +27,19 @@ from tenancy.errors import NotFoundError
 OIDC_COOKIE = "cloister_oidc"
 
 
-def _sign(pepper: str, payload: dict[str, Any]) -> str:
+def _sign(session_key: str, payload: dict[str, Any]) -> str:
     body = base64.urlsafe_b64encode(json.dumps(payload).encode()).decode()
     mac = hmac.new(
-        hashlib.sha256(b"oidc:" + pepper.encode()).digest(), body.encode(), hashlib.sha256
+        hashlib.sha256(b"oidc:" + session_key.encode()).digest(), body.encode(), hashlib.sha256
     )
     return f"{body}.{mac.hexdigest()}"
 
 
-def _unsign(pepper: str, value: str) -> dict[str, Any]:
+def _unsign(session_key: str, value: str) -> dict[str, Any]:
     if not value.isascii():  # a forged cookie; compare_digest refuses non-ASCII str
         raise Unauthenticated("bad sign-in state")
     body, _, mac = value.rpartition(".")
-    key = hashlib.sha256(b"oidc:" + pepper.encode()).digest()
+    key = hashlib.sha256(b"oidc:" + session_key.encode()).digest()
     if not hmac.compare_digest(mac, hmac.new(key, body.encode(), hashlib.sha256).hexdigest()):
         raise Unauthenticated("bad sign-in state")
     data: dict[str, Any] = json.loads(base64.urlsafe_b64decode(body))
@@ -332,7 +332,7 @@ def add_ops_routes(
             raise HTTPException(404, str(exc)) from exc
         response = RedirectResponse(start.url, status_code=302)
         cookie = _sign(
-            services.pepper,
+            services.session_key,
             {"state": start.state, "nonce": start.nonce, "verifier": start.code_verifier},
         )
         response.set_cookie(OIDC_COOKIE, cookie, max_age=600, httponly=True, samesite="lax")
@@ -344,7 +344,7 @@ def add_ops_routes(
         from admin.deps import record_request
 
         try:
-            saved = _unsign(services.pepper, request.cookies.get(OIDC_COOKIE, "."))
+            saved = _unsign(services.session_key, request.cookies.get(OIDC_COOKIE, "."))
             if not state.isascii() or not hmac.compare_digest(saved["state"], state):
                 raise Unauthenticated("state mismatch")
             identity = OidcClient(services.settings).finish(
@@ -365,7 +365,7 @@ def add_ops_routes(
         record_request(
             services.audit, request, identity, "auth.oidc", "auth/callback", "success", None, None
         )
-        token = issue_session(services.pepper, identity, services.settings.session_ttl_s)
+        token = issue_session(services.session_key, identity, services.settings.session_ttl_s)
         return {
             "token": token,
             "actor": identity.actor,

@@ -23,9 +23,16 @@ class AdminSettings(BaseModel):
     oidc_tenant_claim: str = "cloister_tenant"
     oidc_default_role: str | None = None  # role for users whose token lacks the claim; None: refuse
     session_ttl_s: int = Field(default=8 * 3600, ge=60)
+    # HMAC key for session tokens and the sign-in cookie (never the key pepper, which
+    # hashes stored credentials). None: a random key per process, so sessions end with it.
+    session_key: SecretStr | None = None
     # Hex Ed25519 private key (32 bytes) for audit checkpoints; None: checkpoints unsigned -> refused.
     audit_signing_key: SecretStr | None = None
     audit_checkpoint_every: int = Field(default=1000, ge=1)
+    # A running server also signs the head this often, and at shutdown; None: only at N.
+    audit_checkpoint_interval_s: float | None = Field(default=60.0, gt=0)
+    # A copy of the newest checkpoint outside the database; None: not kept.
+    audit_head_path: Path | None = None
     spool_path: Path = Path("./var/usage-spool.jsonl")
     usage_retention_days: int = Field(default=90, ge=1)
     metering_batch: int = Field(default=256, ge=1)

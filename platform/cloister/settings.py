@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import secrets
+import stat
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -13,7 +16,61 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 if TYPE_CHECKING:
     from admin.settings import AdminSettings
 
-DEV_PEPPER = "cloister-development-pepper-change-me"
+# The pepper every development server used before secrets were generated per data
+# directory. It is public, so it is refused everywhere.
+PUBLIC_PEPPER = "cloister-development-pepper-change-me"
+SECRET_FILE_MODE = 0o600
+DATA_DIR_MODE = 0o700
+
+
+def private_data_dir(path: Path) -> Path:
+    """Creates the data directory (mode 0700) if it does not exist yet; returns it."""
+    path.mkdir(mode=DATA_DIR_MODE, parents=True, exist_ok=True)
+    return path
+
+
+def read_or_create_secret(path: Path) -> str:
+    """The secret kept in `path`, made once (32 random bytes, hex) with mode 0600.
+
+    The file is written in full under a private temporary name, then linked into place;
+    the link fails if `path` exists (the O_EXCL rule), so two processes starting at once
+    end up with the same secret and nobody ever reads a half-written one.
+    """
+    if not path.exists():
+        private_data_dir(path.parent)
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, SECRET_FILE_MODE)
+        try:
+            with os.fdopen(fd, "w", encoding="ascii") as f:
+                f.write(secrets.token_hex(32))
+                f.flush()
+                os.fsync(f.fileno())
+            # FileExistsError: another process made it first, and everyone uses that one.
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        raise ValueError(f"{path} is readable by other users (mode {mode:o}); chmod 600 it")
+    value = path.read_text(encoding="ascii").strip()
+    if not value:
+        raise ValueError(f"{path} is empty; delete it to make a new secret")
+    return value
+
+
+def _development_secret(file_name: str) -> Any:
+    """A default factory: in development, the secret kept in <data_dir>/`file_name`.
+
+    In production it yields an empty value, which the settings validator refuses.
+    """
+
+    def factory(data: dict[str, Any]) -> SecretStr:
+        if data.get("environment", "development") != "development":
+            return SecretStr("")
+        return SecretStr(read_or_create_secret(Path(data.get("data_dir", "./var")) / file_name))
+
+    return factory
 
 
 class Settings(BaseSettings):
@@ -28,8 +85,9 @@ class Settings(BaseSettings):
     redis_key_prefix: str = "cloister:lim:"  # gateways sharing limits share the prefix
     host: str = "127.0.0.1"
     port: int = 8000
-    # HMAC pepper for API-key hashes. The development default is refused in production.
-    key_pepper: SecretStr = SecretStr(DEV_PEPPER)
+    # HMAC pepper for API-key and admin-token hashes. Development makes one per data
+    # directory (<data_dir>/key-pepper); production refuses to start without one.
+    key_pepper: SecretStr = Field(default_factory=_development_secret("key-pepper"))
     limiter_fail_mode: Literal["open", "closed"] = "open"
     limiter_local_cap_rpm: int = 600  # per-process cap applied while Redis is unreachable
     # A request over its concurrency limit: "reject" (429 at once) or "queue" (wait for a
@@ -57,20 +115,33 @@ class Settings(BaseSettings):
     admin_oidc_client_id: str | None = None
     admin_oidc_client_secret: SecretStr | None = None
     admin_oidc_redirect_uri: str | None = None
+    # HMAC key for admin session tokens and the sign-in cookie, separate from the pepper.
+    # Development makes one per data directory (<data_dir>/session-signing.key).
+    admin_session_key: SecretStr = Field(default_factory=_development_secret("session-signing.key"))
     # Hex Ed25519 seed for audit checkpoints. In development a key is made once and kept in
     # <data_dir>/audit-signing.key; production refuses to start without one.
     admin_audit_signing_key: SecretStr | None = None
     admin_audit_checkpoint_every: int = Field(default=1000, ge=1)
+    # Besides every N records, a running server signs the log's head this often and at
+    # shutdown, so at most this many seconds of records are ever unsigned.
+    admin_audit_checkpoint_interval_s: float = Field(default=60.0, gt=0, allow_inf_nan=False)
     admin_spool_path: Path | None = None  # None: <data_dir>/usage-spool.jsonl
     admin_usage_retention_days: int = Field(default=90, ge=1)
 
     @model_validator(mode="after")
-    def _refuse_dev_secrets_in_production(self) -> Settings:
-        if self.environment == "production":
-            if self.key_pepper.get_secret_value() == DEV_PEPPER:
-                raise ValueError("CLOISTER_KEY_PEPPER must be set in production")
-            if self.admin_audit_signing_key is None:
-                raise ValueError("CLOISTER_ADMIN_AUDIT_SIGNING_KEY must be set in production")
+    def _refuse_missing_or_public_secrets(self) -> Settings:
+        for name, value in (
+            ("CLOISTER_KEY_PEPPER", self.key_pepper),
+            ("CLOISTER_ADMIN_SESSION_KEY", self.admin_session_key),
+        ):
+            secret = value.get_secret_value()
+            if not secret:
+                where = " in production" if self.environment == "production" else ""
+                raise ValueError(f"{name} must be set{where}")
+            if secret == PUBLIC_PEPPER:
+                raise ValueError(f"{name} is the old public development value; choose a secret")
+        if self.environment == "production" and self.admin_audit_signing_key is None:
+            raise ValueError("CLOISTER_ADMIN_AUDIT_SIGNING_KEY must be set in production")
         return self
 
     def admin_settings(self) -> AdminSettings:
@@ -82,21 +153,27 @@ class Settings(BaseSettings):
             oidc_client_id=self.admin_oidc_client_id,
             oidc_client_secret=self.admin_oidc_client_secret,
             oidc_redirect_uri=self.admin_oidc_redirect_uri,
+            session_key=self.admin_session_key,
             audit_signing_key=self.admin_audit_signing_key or self._development_signing_key(),
             audit_checkpoint_every=self.admin_audit_checkpoint_every,
+            audit_checkpoint_interval_s=self.admin_audit_checkpoint_interval_s,
+            audit_head_path=self._audit_head_path(),
             spool_path=self.admin_spool_path or self.data_dir / "usage-spool.jsonl",
             usage_retention_days=self.admin_usage_retention_days,
         )
 
+    def _audit_head_path(self) -> Path:
+        """Where this data directory keeps its copy of the newest audit checkpoint.
+
+        One file per database (named by a digest of its URL), so that pointing a data
+        directory at another database never compares it with the wrong log.
+        """
+        digest = hashlib.sha256(self.resolved_database_url.encode()).hexdigest()[:16]
+        return self.data_dir / f"audit-head-{digest}.json"
+
     def _development_signing_key(self) -> SecretStr:
         """A per-data-directory audit key for development, created once with mode 0600."""
-        path = self.data_dir / "audit-signing.key"
-        if not path.exists():
-            self.data_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w", encoding="ascii") as f:
-                f.write(secrets.token_hex(32))
-        return SecretStr(path.read_text(encoding="ascii").strip())
+        return SecretStr(read_or_create_secret(self.data_dir / "audit-signing.key"))
 
     @property
     def resolved_database_url(self) -> str:

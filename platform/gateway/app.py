@@ -16,7 +16,7 @@ from gateway.engine_client import EngineClient
 from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
 from gateway.routes import chat, completions, metrics, models
-from gateway.state import AppState, AuthenticatorLike
+from gateway.state import AppState, AuthenticatorLike, OperatorAuth
 from gateway.tokenize import PromptTokenizer
 from gateway.tracing import gateway_tracer, make_tracer_provider
 from gateway.usage import LoggingUsageSink, UsageSink
@@ -33,12 +33,14 @@ def create_app(
     usage_sink: UsageSink | None = None,
     tracer_provider: TracerProvider | None = None,
     manage_engine: bool = True,
+    operator_auth: OperatorAuth | None = None,
 ) -> FastAPI:
     """An app serving the OpenAI-compatible API over `engine_client`.
 
     The lifespan starts the engine (when `manage_engine`) and shuts it and the
     tracer provider down on exit. Nothing lives in module globals: two apps in one
-    process (tests, benchmarks) share nothing.
+    process (tests, benchmarks) share nothing. `operator_auth` decides who sees the
+    tenant-labelled series on /metrics (None: nobody).
     """
     provider = tracer_provider or make_tracer_provider(settings.otel_exporter)
     state = AppState(
@@ -58,6 +60,7 @@ def create_app(
         started_at=int(time.time()),
         request_ids=UniqueIds(),
         tokenize=PromptTokenizer(engine_client),
+        operator_auth=operator_auth,
     )
 
     @asynccontextmanager

@@ -4,6 +4,10 @@ Engine-side series use vLLM's names so that existing dashboards work; gauges and
 counters derived from `EngineClient.stats()` are refreshed when /metrics is scraped.
 Tenant labels are bounded: the first `top_tenants` distinct tenants keep their
 name, every later one is reported as "other".
+
+Tenant-labelled series name tenants and show their traffic, so they live in a
+registry of their own that only operators see (routes/metrics.py); the public
+registry holds engine-level series without a tenant in them.
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ class GatewayMetrics:
     """All series of one app; `render` refreshes the engine-derived ones first."""
 
     def __init__(self, *, model_name: str, top_tenants: int) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry = CollectorRegistry(auto_describe=True)  # public: no tenant in it
+        self.tenant_registry = CollectorRegistry(auto_describe=True)  # operators only
         self.model_name = model_name
         self.tenants = TenantLabeler(top_tenants)
         r = self.registry
@@ -76,13 +81,14 @@ class GatewayMetrics:
         self.preemptions = Counter(
             "vllm:num_preemptions", "Requests preempted by the engine.", m, registry=r
         )
+        t = self.tenant_registry
         self.requests = Counter(
             "cloister_requests", "Gateway requests by outcome.", ["tenant", "status", "model"],
-            registry=r,
+            registry=t,
         )  # fmt: skip
         self.limiter_rejections = Counter(
             "cloister_limiter_rejections", "Requests denied by a limit.", ["tenant", "reason"],
-            registry=r,
+            registry=t,
         )  # fmt: skip
         self.limiter_backend_errors = Counter(
             "cloister_limiter_backend_errors", "Limiter backend failures.", registry=r
@@ -159,11 +165,21 @@ class GatewayMetrics:
             self._last_backend_errors = max(self._last_backend_errors, backend_errors)
 
     def render(
-        self, snap: EngineSnapshot | None, *, limiter_backend_errors: int | None = None
+        self,
+        snap: EngineSnapshot | None,
+        *,
+        limiter_backend_errors: int | None = None,
+        include_tenants: bool = False,
     ) -> bytes:
-        """The exposition text, after folding in `snap` and the limiter's count when given."""
+        """The exposition text, after folding in `snap` and the limiter's count when given.
+
+        Tenant-labelled series are in it only with `include_tenants` (an operator asked).
+        """
         if snap is not None:
             self.update_engine(snap)
         if limiter_backend_errors is not None:
             self.update_limiter(limiter_backend_errors)
-        return generate_latest(self.registry)
+        text = generate_latest(self.registry)
+        if include_tenants:
+            text += generate_latest(self.tenant_registry)
+        return text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fastapi import Request
@@ -16,7 +17,11 @@ from gateway.tokenize import PromptTokenizer
 from gateway.usage import UsageSink
 from tenancy.unique_ids import UniqueIds
 
-__all__ = ["AppState", "AuthenticatorLike", "app_state"]
+__all__ = ["AppState", "AuthenticatorLike", "OperatorAuth", "app_state"]
+
+# Whether an Authorization header value belongs to an operator, who may see the
+# tenant-labelled metrics. Synchronous (it may read the database); run off the loop.
+OperatorAuth = Callable[[str], bool]
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,7 @@ class AppState:
     started_at: int  # unix time the app started; the `created` of /v1/models
     request_ids: UniqueIds
     tokenize: PromptTokenizer  # prompts size-checked, then encoded off the loop when large
+    operator_auth: OperatorAuth | None = None  # None: tenant metrics are never served
 
     @property
     def served_models(self) -> tuple[str, ...]:

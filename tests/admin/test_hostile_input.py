@@ -11,18 +11,19 @@ from typing import Any
 import pytest
 
 from admin.models import AuditEvent
-from tests.admin.conftest import PEPPER, AdminEnv
+from tests.admin.conftest import AdminEnv
 
 P = "/admin/api/v1"
 
 
-def _forged_session(payload: Any) -> str:
-    """A session token correctly signed with the pepper, over any payload."""
+def _forged_session(env: AdminEnv, payload: Any) -> str:
+    """A session token correctly signed with the session key, over any payload."""
 
     def b64(data: bytes) -> str:
         return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
-    key = hashlib.sha256(b"cloister-admin-session:" + PEPPER.encode()).digest()
+    secret = env.services.session_key
+    key = hashlib.sha256(b"cloister-admin-session:" + secret.encode()).digest()
     body = b64(json.dumps(payload).encode())
     mac = b64(hmac.new(key, body.encode(), hashlib.sha256).digest())
     return f"ses.{body}.{mac}"
@@ -61,13 +62,15 @@ def test_non_ascii_bearer_is_an_audited_401(env: AdminEnv, authorization: bytes)
 )
 def test_signed_session_with_a_bad_payload_is_401(env: AdminEnv, payload: Any) -> None:
     r = env.client.get(
-        f"{P}/whoami", headers={"Authorization": f"Bearer {_forged_session(payload)}"}
+        f"{P}/whoami", headers={"Authorization": f"Bearer {_forged_session(env, payload)}"}
     )
     assert r.status_code == 401, r.text
 
 
 def test_signed_session_with_a_good_payload_still_works(env: AdminEnv) -> None:
-    token = _forged_session({"sub": "alice", "role": "viewer", "tenant": None, "exp": 4102444800})
+    token = _forged_session(
+        env, {"sub": "alice", "role": "viewer", "tenant": None, "exp": 4102444800}
+    )
     r = env.client.get(f"{P}/whoami", headers={"Authorization": f"Bearer {token}"})
     assert r.status_code == 200 and r.json()["actor"] == "alice"
 

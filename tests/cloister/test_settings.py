@@ -39,10 +39,15 @@ def test_production_refuses_development_secrets() -> None:
     with pytest.raises(ValidationError, match="KEY_PEPPER"):
         Settings(environment="production")
     with pytest.raises(ValidationError, match="AUDIT_SIGNING_KEY"):
-        Settings(environment="production", key_pepper=SecretStr("a-real-pepper"))
+        Settings(
+            environment="production",
+            key_pepper=SecretStr("a-real-pepper"),
+            admin_session_key=SecretStr("a-real-session-key"),
+        )
     ok = Settings(
         environment="production",
         key_pepper=SecretStr("a-real-pepper"),
+        admin_session_key=SecretStr("a-real-session-key"),
         admin_audit_signing_key=SecretStr("cd" * 32),
     )
     assert ok.environment == "production"

@@ -36,6 +36,14 @@ from tenancy.limiter.memory import MemoryLimiter
 from tests.gateway.fakes import FakeEngine
 
 PEPPER = "test-pepper"
+# What these gateways accept as an operator credential for the tenant series on /metrics
+# (`cloister serve` checks admin tokens instead: tests/gateway/test_metrics_access.py).
+OPERATOR_HEADERS = {"Authorization": "Bearer operator-test-token"}
+
+
+def operator_auth(authorization: str) -> bool:
+    """The test gateways' operator check."""
+    return authorization == OPERATOR_HEADERS["Authorization"]
 
 
 class ListUsageSink:
@@ -136,6 +144,7 @@ def start_gateway(
         limiter=limiter,
         usage_sink=usage,
         tracer_provider=tracer_provider,
+        operator_auth=operator_auth,
     )
     logs = io.StringIO()
     handler = configure_logging("INFO", stream=logs)

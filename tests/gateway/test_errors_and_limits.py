@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from tenancy import store
-from tests.gateway.conftest import LiveGateway
+from tests.gateway.conftest import OPERATOR_HEADERS, LiveGateway
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -121,7 +121,7 @@ def test_rpm_5_sixth_is_429_with_headers(gateway: LiveGateway) -> None:
     assert err["code"] == "rate_limit_exceeded"
     assert int(r.headers["retry-after"]) >= 1
     assert r.headers["x-ratelimit-remaining-requests"] == "0"
-    metrics = httpx.get(gateway.base_url + "/metrics").text
+    metrics = httpx.get(gateway.base_url + "/metrics", headers=OPERATOR_HEADERS).text
     assert 'cloister_limiter_rejections_total{reason="requests",tenant="acme"} 1.0' in metrics
     assert gateway.usage.records[-1].status == 429
 

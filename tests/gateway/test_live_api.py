@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from tests.gateway.conftest import LiveGateway
+from tests.gateway.conftest import OPERATOR_HEADERS, LiveGateway
 
 MESSAGES = [{"role": "user", "content": "Tell me a story about a cache."}]
 
@@ -163,7 +163,7 @@ def test_key_isolation_gives_each_key_its_domain(gateway: LiveGateway) -> None:
 def test_metrics_exposes_vllm_and_gateway_series(gateway: LiveGateway) -> None:
     client = gateway.client(gateway.tenant("acme"))
     client.chat.completions.create(model=gateway.model, messages=MESSAGES, max_tokens=2)
-    text = httpx.get(gateway.base_url + "/metrics").text
+    text = httpx.get(gateway.base_url + "/metrics", headers=OPERATOR_HEADERS).text
     for name in (
         "vllm:time_to_first_token_seconds_bucket",
         "vllm:e2e_request_latency_seconds_count",

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from cloister.settings import Settings
+from cloister.settings import Settings, private_data_dir
 
 
 @contextmanager
@@ -20,7 +20,7 @@ def admin_context() -> Iterator[tuple[Settings, Any, Any]]:
 
     settings = Settings()
     url = settings.resolved_database_url
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    private_data_dir(settings.data_dir)
     upgrade_database(url)
     engine = make_engine(url)
     try:
@@ -83,14 +83,14 @@ def serve(host: str | None, port: int | None) -> None:
     """Serve only the admin API (/admin/api/v1)."""
     import uvicorn
 
-    from admin.app import create_admin_app, make_services
+    from admin.app import create_admin_app, make_services, with_audit_checkpoints
 
     with admin_context() as (settings, sessions, admin_settings):
         services = make_services(
             sessions, pepper=settings.key_pepper.get_secret_value(), settings=admin_settings
         )
         uvicorn.run(
-            create_admin_app(services),
+            with_audit_checkpoints(create_admin_app(services), services.audit),
             host=host or settings.host,
             port=port or settings.port,
             log_config=None,

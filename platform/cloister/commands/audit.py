@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:
+    from admin.audit_chain import VerifyReport
 
 
 @click.group("audit")
@@ -23,6 +28,38 @@ def _public_key(given: str | None, admin_settings: object) -> str:
     return public_hex(load_private_key(key.get_secret_value()))
 
 
+def _age(iso: str | None, now: dt.datetime) -> str:
+    """How long ago `iso` was, for people: "42 s", "3 min", "5.0 h", "2.1 days"."""
+    try:
+        seconds = (now - dt.datetime.fromisoformat(iso or "")).total_seconds()
+    except (TypeError, ValueError):
+        return "an unknown time"
+    if seconds < 120:
+        return f"{max(0, round(seconds))} s"
+    if seconds < 7200:
+        return f"{round(seconds / 60)} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+def checkpoint_summary(report: VerifyReport, now: dt.datetime | None = None) -> str:
+    """The newest signed checkpoint's record and age, and how much after it is unsigned."""
+    if report.newest_checkpoint_seq is None:
+        return f"no signed checkpoint yet: all {report.records} records are unsigned"
+    age = _age(report.newest_checkpoint_at, now or dt.datetime.now(dt.UTC))
+    unsigned = report.unsigned
+    after = (
+        "nothing after it is unsigned"
+        if unsigned == 0
+        else f"{unsigned} record{'s' if unsigned != 1 else ''} after it not yet signed"
+    )
+    return (
+        f"newest signed checkpoint at record {report.newest_checkpoint_seq}, "
+        f"signed {age} ago ({report.newest_checkpoint_at}); {after}"
+    )
+
+
 @audit.command("verify")
 @click.option(
     "--export",
@@ -33,7 +70,11 @@ def _public_key(given: str | None, admin_settings: object) -> str:
 )
 @click.option("--public-key", default=None, help="Trusted Ed25519 public key (hex).")
 def verify(export_file: Path | None, public_key: str | None) -> None:
-    """Verify the chain and signed checkpoints; names the first bad record (exit 1)."""
+    """Verify the chain and signed checkpoints; names the first bad record (exit 1).
+
+    Also says how old the newest signed checkpoint is: records after it are not
+    protected yet (a running server signs one every CLOISTER_ADMIN_AUDIT_CHECKPOINT_INTERVAL_S).
+    """
     from admin.app import make_services
     from admin.audit_chain import parse_export
     from admin.audit_chain import verify as verify_chain
@@ -56,7 +97,10 @@ def verify(export_file: Path | None, public_key: str | None) -> None:
             )
             report = services.audit.verify(public_key=trusted)
     if report.ok:
-        click.echo(f"ok: {report.records} records, {report.checkpoints} checkpoints")
+        click.echo(
+            f"ok: {report.records} records, {report.checkpoints} checkpoints; "
+            + checkpoint_summary(report)
+        )
         return
     click.echo(f"FAILED at record {report.first_bad_seq}: {report.reason}", err=True)
     raise SystemExit(1)

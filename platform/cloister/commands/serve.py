@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from cloister.settings import Settings
+from cloister.settings import Settings, private_data_dir
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -41,7 +41,7 @@ def prepare_database(settings: Settings) -> bool:
     from tenancy.db import make_engine, upgrade_database
     from tenancy.models import Tenant
 
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    private_data_dir(settings.data_dir)
     url = settings.resolved_database_url
     upgrade_database(url)
     engine = make_engine(url)
@@ -124,6 +124,7 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
         key_prefix=settings.redis_key_prefix,
     )
     from admin.app import make_services
+    from admin.deps import operator_auth
     from admin.metering import MeteringSink
     from admin.router import create_admin_router
     from admin.ui import gateway_engine_stats, mount_console
@@ -139,11 +140,13 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
         authenticator=authenticator,
         limiter=limiter,
         usage_sink=metering,
+        operator_auth=operator_auth(services),  # who sees the tenant series on /metrics
     )
     # One process serves the admin API and its console next to the gateway.
     app.include_router(create_admin_router(services))
     mount_console(app, services, engine_stats=gateway_engine_stats(app.state.cloister))
     app.state.metering = metering
+    app.state.audit = services.audit  # run_server runs its checkpoint timer
     return app
 
 
@@ -190,11 +193,13 @@ def run_server(settings: Settings, *, engine: Any | None = None) -> None:
 
     import uvicorn
 
+    from admin.app import with_audit_checkpoints
     from cloister.logging_setup import configure_logging
 
     configure_logging(settings.log_level)
     first_start = prepare_database(settings)
     app = build_app(settings, engine=engine)
+    with_audit_checkpoints(app, app.state.audit)  # a checkpoint every T s and at shutdown
     if first_start:
         click.echo(
             FIRST_START_HINT.format(

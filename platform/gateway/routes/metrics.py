@@ -1,23 +1,48 @@
-"""GET /metrics: Prometheus exposition of the app's own registry."""
+"""GET /metrics: Prometheus exposition of the app's own registry.
+
+Anonymous scrapes get the engine-level series only (vllm:*, limiter backend errors):
+nothing in them names a tenant. Tenant-labelled series (cloister_requests,
+cloister_limiter_rejections) need an operator credential in the Authorization header,
+checked by the app's `operator_auth` (an admin or viewer admin token in `cloister
+serve`); a credential that is refused is a 401, not a silent public answer.
+"""
 
 from __future__ import annotations
 
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.errors import error_response
 from gateway.state import app_state
 
 
 async def metrics(request: Request) -> Response:
     """The gateway's and the engine's series, engine gauges refreshed now."""
     state = app_state(request)
+    credential = request.headers.get("authorization")
+    include_tenants = False
+    if credential is not None:
+        check = state.operator_auth
+        # The check may read the database: off the event loop.
+        if check is None or not await run_in_threadpool(check, credential):
+            return error_response(
+                401,
+                "tenant metrics need an operator (admin or viewer) admin token",
+                type_="invalid_request_error",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        include_tenants = True
     snap = state.engine.stats()
     # Limiters with a shared backend count their own failures; in-memory ones have none.
     errors = getattr(state.limits.limiter, "backend_errors", None)
     text = state.metrics.render(
-        snap, limiter_backend_errors=errors if isinstance(errors, int) else None
+        snap,
+        limiter_backend_errors=errors if isinstance(errors, int) else None,
+        include_tenants=include_tenants,
     )
     return Response(text, media_type=CONTENT_TYPE_LATEST)
 
