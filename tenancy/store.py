@@ -20,6 +20,13 @@ from tenancy.errors import ConflictError, InvalidValueError, NotFoundError
 from tenancy.keys import generate_key, new_id
 from tenancy.limits import EffectiveLimits
 from tenancy.models import ApiKey, Limit, Tenant
+from tenancy.validation import (
+    check_expires_in_days,
+    check_key_name,
+    check_limit_int,
+    check_tenant_name,
+    check_weight,
+)
 
 ISOLATION_LEVELS = ("tenant", "key", "user")
 BUDGET_PERIODS = ("day", "month")
@@ -58,13 +65,10 @@ def create_tenant(
     session: Session, *, name: str, isolation_level: str = "tenant", weight: float = 1.0
 ) -> Tenant:
     """Create an active tenant; ConflictError when the name is taken."""
-    name = name.strip()
-    if not name or len(name) > 128:
-        raise InvalidValueError("tenant name must be 1-128 characters")
+    name = check_tenant_name(name.strip() if isinstance(name, str) else name)
     if isolation_level not in ISOLATION_LEVELS:
         raise InvalidValueError(f"isolation must be one of {', '.join(ISOLATION_LEVELS)}")
-    if not weight > 0:
-        raise InvalidValueError("weight must be positive")
+    weight = check_weight(weight)
     if session.scalars(select(Tenant.id).where(Tenant.name == name)).first() is not None:
         raise ConflictError(f"tenant {name!r} already exists")
     tenant = Tenant(
@@ -105,8 +109,8 @@ def _check_limit_value(name: str, value: Any) -> None:
             isinstance(m, str) and m for m in value
         ):
             raise InvalidValueError("allowed models must be a list of names")
-    elif not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise InvalidValueError(f"{name} must be a non-negative integer")
+    else:
+        check_limit_int(name, value)
 
 
 def set_limits(
@@ -164,8 +168,8 @@ def create_key(
 ) -> CreatedKey:
     """Create a key for a tenant; the secret is returned once and stored only as a hash."""
     _check_limit_value("allowed_models", list(allowed_models) if allowed_models else None)
-    if expires_in_days is not None and not expires_in_days > 0:
-        raise InvalidValueError("expires-in-days must be positive")
+    name = check_key_name(name)
+    expires_in_days = check_expires_in_days(expires_in_days)
     tenant = get_tenant(session, tenant_name)
     generated = generate_key(pepper)
     now = dt.datetime.now(dt.UTC)
@@ -190,6 +194,16 @@ def list_keys(session: Session, *, tenant_name: str) -> Sequence[ApiKey]:
     return session.scalars(
         select(ApiKey).where(ApiKey.tenant_id == tenant.id).order_by(ApiKey.created_at, ApiKey.id)
     ).all()
+
+
+def key_status(key: ApiKey, now: dt.datetime | None = None) -> str:
+    """ "revoked", "expired" or "active": what the authenticator would make of the key now."""
+    if key.revoked_at is not None:
+        return "revoked"
+    now = now or dt.datetime.now(dt.UTC)
+    if key.expires_at is not None and key.expires_at <= now:
+        return "expired"
+    return "active"
 
 
 def revoke_key(session: Session, *, key_id: str) -> ApiKey:

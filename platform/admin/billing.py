@@ -52,8 +52,10 @@ def parse_period(period: str) -> tuple[dt.datetime, dt.datetime]:
         else:
             start = dt.datetime.strptime(period, "%Y-%m-%d").replace(tzinfo=dt.UTC)
             end = start + dt.timedelta(days=1)
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:
         raise InvalidValueError("period must be YYYY-MM or YYYY-MM-DD") from exc
+    except OverflowError as exc:  # the period ends after year 9999 (e.g. "9999-12")
+        raise InvalidValueError("period must end before the year 10000") from exc
     return start, end
 
 

@@ -25,6 +25,7 @@ from admin.models import ROLES, AdminToken
 from tenancy.errors import InvalidValueError, NotFoundError
 from tenancy.keys import hash_secret, new_id
 from tenancy.models import Tenant
+from tenancy.validation import check_key_name
 
 Role = Literal["admin", "viewer", "tenant-admin"]
 TOKEN_PREFIX = "clo-adm-"
@@ -68,6 +69,7 @@ def create_admin_token(
     name: str | None = None,
 ) -> CreatedToken:
     """Creates an admin API token (tenant-admin needs `tenant_name`)."""
+    name = check_key_name(name, what="token name")
     tenant_id = None
     if tenant_name is not None:
         tenant = session.scalars(select(Tenant).where(Tenant.name == tenant_name)).first()
@@ -128,6 +130,8 @@ def issue_session(
 
 
 def _from_session(session_key: str, token: str) -> AdminIdentity:
+    if not token.isascii():  # header bytes beyond ASCII; compare_digest refuses such str
+        raise Unauthenticated("malformed session token")
     try:
         body, mac = token[len(SESSION_PREFIX) :].split(".")
         key = _session_key(session_key)
@@ -137,13 +141,20 @@ def _from_session(session_key: str, token: str) -> AdminIdentity:
         payload = json.loads(_unb64(body))
     except (ValueError, json.JSONDecodeError) as exc:
         raise Unauthenticated("malformed session token") from exc
-    if payload["exp"] <= time.time():
+    exp = payload.get("exp") if isinstance(payload, dict) else None
+    if isinstance(exp, bool) or not isinstance(exp, int | float):
+        raise Unauthenticated("malformed session token")  # a session never lasts forever
+    if exp <= time.time():
         raise Unauthenticated("session expired")
-    return AdminIdentity(
-        actor=str(payload["sub"]),
-        role=check_role(payload["role"], payload["tenant"]),
-        tenant_id=payload["tenant"],
-    )
+    tenant = payload.get("tenant")
+    try:
+        role = check_role(payload.get("role", ""), tenant)
+    except (InvalidValueError, TypeError) as exc:
+        raise Unauthenticated("malformed session token") from exc
+    sub = payload.get("sub")
+    if not isinstance(sub, str) or not sub or (tenant is not None and not isinstance(tenant, str)):
+        raise Unauthenticated("malformed session token")
+    return AdminIdentity(actor=sub, role=role, tenant_id=tenant)
 
 
 def authenticate_admin(

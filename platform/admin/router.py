@@ -8,6 +8,7 @@ from pydantic import BaseModel
 from sqlalchemy import select
 
 from admin import registry
+from admin.body_cap import CappedJsonRoute
 from admin.deps import AdminContext, AdminServices, context_dependency
 from admin.serialize import key_dict, model_dict, page, tenant_dict
 from admin.source_paths import SourcePathError, check_source
@@ -126,7 +127,7 @@ def _mapped(exc: TenancyError) -> HTTPException:
 
 def create_admin_router(services: AdminServices) -> APIRouter:
     """The admin API routes, bound to `services` (no module-level state)."""
-    router = APIRouter(prefix=PREFIX, tags=["admin"])
+    router = APIRouter(prefix=PREFIX, tags=["admin"], route_class=CappedJsonRoute)
     Ctx = Annotated[AdminContext, Depends(context_dependency(services))]
     Limit = Annotated[int, Query(ge=1, le=500)]
     Offset = Annotated[int, Query(ge=0)]
@@ -216,13 +217,14 @@ def create_admin_router(services: AdminServices) -> APIRouter:
         """Sets limit fields (absent fields keep their value, null clears one)."""
         ctx.require("admin")
         t = _tenant(ctx, name)
-        limits = write(
-            ctx,
-            "limits.set",
-            f"tenants/{name}/limits",
-            lambda: store.set_limits(ctx.session, tenant_name=name, key_id=key_id, **body),
-            t.id,
-        )
+
+        def apply() -> Any:
+            unknown = sorted(set(body) - set(store.LIMIT_FIELDS))
+            if unknown:  # checked before **body: "session" would collide with a parameter
+                raise InvalidValueError(f"unknown limit fields: {', '.join(unknown)}")
+            return store.set_limits(ctx.session, tenant_name=name, key_id=key_id, **body)
+
+        limits = write(ctx, "limits.set", f"tenants/{name}/limits", apply, t.id)
         return _limits(limits)
 
     @router.get("/tenants/{name}/keys")

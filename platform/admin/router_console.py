@@ -8,11 +8,14 @@ from pydantic import BaseModel
 from sqlalchemy import select
 
 from admin.audit_log import event_dict
+from admin.body_cap import CappedJsonRoute
 from admin.deps import AdminContext, AdminServices, context_dependency
 from admin.models import AuditEvent
 from admin.router import PREFIX, _tenant
 from admin.serialize import page, tenant_dict
+from tenancy.errors import InvalidValueError
 from tenancy.store import ISOLATION_LEVELS
+from tenancy.validation import check_weight
 
 
 class TenantSettings(BaseModel):
@@ -33,7 +36,7 @@ def _iso_utc(value: dt.datetime | None) -> str | None:
 
 def create_console_router(services: AdminServices) -> APIRouter:
     """Routes for tenant settings, audit search and the console's sign-in options."""
-    router = APIRouter(prefix=PREFIX, tags=["admin"])
+    router = APIRouter(prefix=PREFIX, tags=["admin"], route_class=CappedJsonRoute)
     Ctx = Annotated[AdminContext, Depends(context_dependency(services))]
     Limit = Annotated[int, Query(ge=1, le=500)]
     Offset = Annotated[int, Query(ge=0)]
@@ -52,9 +55,14 @@ def create_console_router(services: AdminServices) -> APIRouter:
         if body.isolation_level is not None and body.isolation_level not in ISOLATION_LEVELS:
             ctx.audit("tenant.settings", f"tenants/{name}", outcome="error", tenant_id=tenant.id)
             raise HTTPException(422, f"isolation must be one of {', '.join(ISOLATION_LEVELS)}")
-        if body.weight is not None and not body.weight > 0:
-            ctx.audit("tenant.settings", f"tenants/{name}", outcome="error", tenant_id=tenant.id)
-            raise HTTPException(422, "weight must be positive")
+        if body.weight is not None:
+            try:
+                check_weight(body.weight)
+            except InvalidValueError as exc:
+                ctx.audit(
+                    "tenant.settings", f"tenants/{name}", outcome="error", tenant_id=tenant.id
+                )
+                raise HTTPException(422, str(exc)) from exc
         if body.isolation_level is not None:
             tenant.isolation_level = body.isolation_level
         if body.weight is not None:

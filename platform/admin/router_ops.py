@@ -40,6 +40,8 @@ def _sign(session_key: str, payload: dict[str, Any]) -> str:
 
 
 def _unsign(session_key: str, value: str) -> dict[str, Any]:
+    if not value.isascii():  # a forged cookie; compare_digest refuses non-ASCII str
+        raise Unauthenticated("bad sign-in state")
     body, _, mac = value.rpartition(".")
     key = hashlib.sha256(b"oidc:" + session_key.encode()).digest()
     if not hmac.compare_digest(mac, hmac.new(key, body.encode(), hashlib.sha256).hexdigest()):
@@ -407,12 +409,12 @@ def add_ops_routes(
 
         try:
             saved = _unsign(services.session_key, request.cookies.get(OIDC_COOKIE, "."))
-            if not hmac.compare_digest(saved["state"], state):
+            if not state.isascii() or not hmac.compare_digest(saved["state"], state):
                 raise Unauthenticated("state mismatch")
             identity = OidcClient(services.settings).finish(
                 code=code, code_verifier=saved["verifier"], nonce=saved["nonce"]
             )
-        except (Unauthenticated, ValueError, KeyError) as exc:
+        except (Unauthenticated, ValueError, KeyError, TypeError) as exc:
             record_request(
                 services.audit_writer,
                 request,

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from admin import registry
 from admin.models import AdminToken, LoraAdapter, RegisteredModel, SharedPrefix
+from tenancy import store
 from tenancy.models import ApiKey, Tenant
 
 
@@ -54,6 +55,7 @@ def key_dict(k: ApiKey) -> dict[str, Any]:
         "expires_at": _iso(k.expires_at),
         "revoked_at": _iso(k.revoked_at),
         "last_used_at": _iso(k.last_used_at),
+        "status": store.key_status(k),
     }
 
 

@@ -17,6 +17,7 @@ from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
 from gateway.routes import chat, completions, metrics, models
 from gateway.state import AppState, AuthenticatorLike, OperatorAuth
+from gateway.tokenize import PromptTokenizer
 from gateway.tracing import gateway_tracer, make_tracer_provider
 from gateway.usage import LoggingUsageSink, UsageSink
 from tenancy.limiter.base import Limiter
@@ -61,6 +62,7 @@ def create_app(
         tracer=gateway_tracer(provider),
         started_at=int(time.time()),
         request_ids=UniqueIds(),
+        tokenize=PromptTokenizer(engine_client),
         operator_auth=operator_auth,
     )
 
@@ -73,6 +75,7 @@ def create_app(
         finally:
             await state.limits.close()
             await state.auth.drain()
+            state.tokenize.close()
             if manage_engine:
                 await engine_client.shutdown()
             provider.shutdown()

@@ -13,6 +13,7 @@ from gateway.admission import AsyncLimiter
 from gateway.auth_cache import AuthenticatorLike, CachingAuthenticator
 from gateway.engine_client import EngineClient
 from gateway.metrics import GatewayMetrics
+from gateway.tokenize import PromptTokenizer
 from gateway.usage import UsageSink
 from tenancy.unique_ids import UniqueIds
 
@@ -36,6 +37,7 @@ class AppState:
     tracer: Tracer
     started_at: int  # unix time the app started; the `created` of /v1/models
     request_ids: UniqueIds
+    tokenize: PromptTokenizer  # prompts size-checked, then encoded off the loop when large
     operator_auth: OperatorAuth | None = None  # None: tenant metrics are never served
 
     @property

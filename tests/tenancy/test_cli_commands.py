@@ -74,7 +74,7 @@ def test_clear_errors(cli: click.Group) -> None:
     res = run(cli, "tenants", "set-limits", "ghost", "--rpm", "1")
     assert res.exit_code == 1 and "no tenant named 'ghost'" in res.output
     assert run(cli, "tenants", "set-limits", "ghost", "--rpm", "-1").exit_code == 2
-    assert run(cli, "tenants", "create", "x", "--weight", "0").exit_code == 1
+    assert run(cli, "tenants", "create", "x", "--weight", "0").exit_code == 2
     res = run(cli, "keys", "create", "--tenant", "ghost")
     assert res.exit_code == 1 and "ghost" in res.output
     res = run(cli, "keys", "revoke", "key_nope")

@@ -12,8 +12,20 @@ def billing() -> None:
     """Billing exports."""
 
 
+def _period(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """Rejects a malformed or out-of-range period before the database is opened (exit 2)."""
+    from admin.billing import parse_period
+    from tenancy.errors import InvalidValueError
+
+    try:
+        parse_period(value)
+    except InvalidValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    return value
+
+
 @billing.command("export")
-@click.option("--period", required=True, help="YYYY-MM or YYYY-MM-DD (UTC).")
+@click.option("--period", required=True, callback=_period, help="YYYY-MM or YYYY-MM-DD (UTC).")
 @click.option("--format", "fmt", type=click.Choice(["csv", "jsonl"]), default="csv")
 @click.option("--tenant", default=None, help="Only this tenant (name).")
 @click.option(

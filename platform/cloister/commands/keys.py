@@ -30,6 +30,7 @@ def key_dict(key: ApiKey) -> dict[str, Any]:
         "expires_at": iso(key.expires_at),
         "revoked_at": iso(key.revoked_at),
         "last_used_at": iso(key.last_used_at),
+        "status": store.key_status(key),
     }
 
 
@@ -89,9 +90,8 @@ def list_(tenant_name: str, as_json: bool) -> None:
         return
     click.echo(f"{'ID':<18} {'PREFIX':<14} {'NAME':<16} {'STATE':<8} EXPIRES")
     for r in rows:
-        state = "revoked" if r["revoked_at"] else "active"
         click.echo(
-            f"{r['id']:<18} {r['prefix']:<14} {r['name'] or '-':<16} {state:<8} "
+            f"{r['id']:<18} {r['prefix']:<14} {r['name'] or '-':<16} {r['status']:<8} "
             f"{r['expires_at'] or 'never'}"
         )
 

@@ -15,20 +15,31 @@ from cloister.commands.cli_audit import audit_change
 from cloister.settings import Settings
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
-from tenancy.errors import TenancyError
+from tenancy.errors import InvalidValueError, TenancyError
 from tenancy.limits import EffectiveLimits
 from tenancy.models import Tenant
 
 
+class InvalidArgument(click.ClickException):
+    """A value the store refused as malformed or out of range (exit code 2, no traceback)."""
+
+    exit_code = 2
+
+
 @contextmanager
 def open_session() -> Iterator[Session]:
-    """A session on the configured database, migrated first; tenancy errors become CLI errors."""
+    """A session on the configured database, migrated first; tenancy errors become CLI errors.
+
+    A value out of range exits 2, like any other bad argument; other refusals exit 1.
+    """
     url = Settings().resolved_database_url
     upgrade_database(url)
     engine = make_engine(url)
     try:
         with make_session_factory(engine)() as session:
             yield session
+    except InvalidValueError as exc:
+        raise InvalidArgument(str(exc)) from exc
     except TenancyError as exc:
         raise click.ClickException(str(exc)) from exc
     finally:

@@ -72,17 +72,12 @@ def _engine_logprobs(body: ChatCompletionRequest) -> int | None:
     return body.top_logprobs or 0
 
 
-def _prompt_ids(life: RequestLifecycle, body: ChatCompletionRequest) -> list[int]:
+async def _prompt_ids(life: RequestLifecycle, body: ChatCompletionRequest) -> list[int]:
     if not body.messages:
         raise InvalidParameterError("messages must not be empty", param="messages")
-    tokenizer = life.state.engine.tokenizer
+    assert life.principal is not None, "authenticate first"
     messages: list[dict[str, Any]] = [{"role": m.role, "content": m.text()} for m in body.messages]
-    try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    except Exception as exc:  # a template may reject a conversation shape (e.g. role order)
-        raise InvalidParameterError(f"messages: {exc}", param="messages") from None
-    # The template already carries the model's BOS where it wants one.
-    return tokenizer.encode(text, add_special_tokens=False)
+    return await life.state.tokenize.encode_chat(life.principal.tenant_id, messages)
 
 
 async def create_chat_completion(request: Request) -> Response:
@@ -102,7 +97,7 @@ async def create_chat_completion(request: Request) -> Response:
         submitted = await admit_and_submit(
             life,
             body,
-            [_prompt_ids(life, body)],
+            [await _prompt_ids(life, body)],
             requested_max_tokens=requested,
             max_tokens_param=param,
             logprobs=_engine_logprobs(body),

@@ -8,6 +8,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from engine.errors import ContextLengthExceededError
 from engine.outputs import PositionLogprobs
 from gateway.body import parse_body
 from gateway.errors import InvalidParameterError
@@ -55,11 +56,13 @@ def completion_logprobs(
     )
 
 
-def _prompts(life: RequestLifecycle, body: CompletionRequest) -> list[list[int]]:
+async def _prompts(life: RequestLifecycle, body: CompletionRequest) -> list[list[int]]:
     """Strings are encoded with the model's special tokens; token id lists are used as given."""
     raw = body.prompt
-    tokenizer = life.state.engine.tokenizer
+    tokenize = life.state.tokenize
     vocab = life.state.engine.vocab_size
+    max_model_len = life.state.engine.max_model_len
+    assert life.principal is not None, "authenticate first"
     if isinstance(raw, str):
         items: list[str | list[int]] = [raw]
     elif raw and all(isinstance(x, int) for x in raw):
@@ -70,7 +73,15 @@ def _prompts(life: RequestLifecycle, body: CompletionRequest) -> list[list[int]]
         raise InvalidParameterError(f"give 1 to {MAX_PROMPTS} prompts", param="prompt")
     prompts: list[list[int]] = []
     for item in items:
-        ids = tokenizer.encode(item) if isinstance(item, str) else list(item)
+        if isinstance(item, str):
+            ids = await tokenize.encode(life.principal.tenant_id, item, param="prompt")
+        else:
+            ids = list(item)
+            if len(ids) >= max_model_len:  # before the per-id scan: it cannot fit anyway
+                raise ContextLengthExceededError(
+                    f"the prompt has {len(ids)} tokens; this model's context is {max_model_len}",
+                    param="prompt",
+                )
         if not ids:
             raise InvalidParameterError("a prompt must not be empty", param="prompt")
         if any(not 0 <= t < vocab for t in ids):
@@ -102,7 +113,7 @@ async def create_completion(request: Request) -> Response:
         submitted = await admit_and_submit(
             life,
             body,
-            _prompts(life, body),
+            await _prompts(life, body),
             requested_max_tokens=body.max_tokens,
             max_tokens_param="max_tokens",
             logprobs=body.logprobs,

@@ -1,0 +1,158 @@
+"""Prompt tokenization that no tenant can use to stall the others.
+
+Three rules, in order:
+
+1. Size first. A prompt of more than `max_model_len * MAX_CHARS_PER_TOKEN`
+   characters cannot fit the context, so it is refused (400
+   context_length_exceeded) before any tokenizer work.
+2. Off the event loop. A prompt costing more than `INLINE_CHARS` (its characters,
+   plus `MESSAGE_COST_CHARS` per chat message for the template's Python loop) is
+   templated and encoded on a small worker pool (the Rust tokenizer releases the
+   GIL), so the loop keeps serving every other request meanwhile. Short prompts
+   stay inline: a thread hop costs more than encoding them.
+3. Per tenant. Each tenant has at most `PER_TENANT_RUNNING` prompts on the pool
+   and `PER_TENANT_WAITING` queued behind them; more is a 429 (concurrency). So
+   a flood of large prompts occupies at most one worker and delays only the
+   tenant that sent it, while the pool has a worker free for everyone else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from engine.errors import ContextLengthExceededError
+from gateway.engine_client import EngineClient, TokenizerLike
+from gateway.errors import InvalidParameterError
+from tenancy.errors import RateLimitedError
+
+# No tokenizer we serve averages anywhere near this many characters per token over a
+# prompt (English text is ~4; the longest single vocabulary entries are ~80), so the
+# bound never refuses a prompt that fits, and it stops absurd sizes before any work.
+MAX_CHARS_PER_TOKEN = 64
+INLINE_CHARS = 16_384  # below this, encoding takes well under a millisecond
+MESSAGE_COST_CHARS = 256  # what rendering one chat message costs, in characters encoded
+WORKERS = 2
+PER_TENANT_RUNNING = 1
+PER_TENANT_WAITING = 8
+
+T = TypeVar("T")
+
+
+def check_prompt_size(chars: int, *, max_model_len: int, param: str) -> None:
+    """Refuses a prompt too long to fit the context whatever it tokenizes to."""
+    limit = max_model_len * MAX_CHARS_PER_TOKEN
+    if chars > limit:
+        raise ContextLengthExceededError(
+            f"the prompt has {chars} characters; this model's context of {max_model_len} "
+            f"tokens takes at most {limit}",
+            param=param,
+        )
+
+
+@dataclass
+class _TenantGate:
+    """One tenant's share of the pool: a slot semaphore and how many hold or want it."""
+
+    slots: asyncio.Semaphore
+    users: int = 0
+
+
+class PromptTokenizer:
+    """Encodes prompts for the gateway following the module's three rules."""
+
+    def __init__(self, engine: EngineClient) -> None:
+        self._engine = engine  # read at call time: the tokenizer may come with the engine
+        self._pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="cloister-tok")
+        self._gates: dict[str, _TenantGate] = {}
+
+    @property
+    def tokenizer(self) -> TokenizerLike:
+        """The served model's tokenizer."""
+        return self._engine.tokenizer
+
+    def check_size(self, chars: int, *, param: str) -> None:
+        """`check_prompt_size` against this model's context."""
+        check_prompt_size(chars, max_model_len=self._engine.max_model_len, param=param)
+
+    async def encode(
+        self, tenant_id: str, text: str, *, add_special_tokens: bool = True, param: str = "prompt"
+    ) -> list[int]:
+        """Token ids of `text` (size-checked; large texts on the pool)."""
+        self.check_size(len(text), param=param)
+        return await self._run(
+            tenant_id, len(text), lambda: self.tokenizer.encode(text, add_special_tokens)
+        )
+
+    async def encode_chat(self, tenant_id: str, messages: list[dict[str, Any]]) -> list[int]:
+        """Token ids of `messages` rendered with the chat template.
+
+        The template already carries the model's BOS where it wants one.
+        """
+        chars = sum(len(m["content"]) for m in messages)
+        self.check_size(chars, param="messages")
+        # The template loops over messages in Python: many empty ones cost as much as text.
+        cost = chars + MESSAGE_COST_CHARS * len(messages)
+
+        def work() -> list[int]:
+            tokenizer = self.tokenizer
+            try:
+                text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            except Exception as exc:  # a template may reject a conversation shape (role order)
+                raise InvalidParameterError(f"messages: {exc}", param="messages") from None
+            self.check_size(len(text), param="messages")
+            return tokenizer.encode(text, add_special_tokens=False)
+
+        return await self._run(tenant_id, cost, work)
+
+    async def _run(self, tenant_id: str, cost: int, work: Callable[[], T]) -> T:
+        if cost <= INLINE_CHARS:
+            return work()
+        gate = self._gates.get(tenant_id)
+        if gate is None:
+            gate = self._gates[tenant_id] = _TenantGate(asyncio.Semaphore(PER_TENANT_RUNNING))
+        if gate.users >= PER_TENANT_RUNNING + PER_TENANT_WAITING:
+            raise RateLimitedError(
+                "concurrency",
+                1.0,
+                message="too many large prompts of this tenant are being tokenized; retry later",
+            )
+        gate.users += 1
+        try:
+            await gate.slots.acquire()
+        except BaseException:
+            self._leave(tenant_id, gate, holding=False)
+            raise
+        try:
+            future = asyncio.get_running_loop().run_in_executor(self._pool, work)
+        except BaseException:
+            self._leave(tenant_id, gate, holding=True)
+            raise
+        # The slot is held until the work itself ends, not until this caller stops
+        # waiting: a client that hangs up cannot free its slot while a worker still
+        # runs its prompt, so disconnecting and retrying never takes a second worker.
+        future.add_done_callback(lambda f: self._leave(tenant_id, gate, holding=True, done=f))
+        return await asyncio.shield(future)
+
+    def _leave(
+        self,
+        tenant_id: str,
+        gate: _TenantGate,
+        *,
+        holding: bool,
+        done: asyncio.Future[Any] | None = None,
+    ) -> None:
+        if done is not None and not done.cancelled():
+            done.exception()  # retrieved here: a caller that left never will
+        if holding:
+            gate.slots.release()
+        gate.users -= 1
+        if gate.users == 0 and self._gates.get(tenant_id) is gate:
+            del self._gates[tenant_id]
+
+    def close(self) -> None:
+        """Stops the pool (app shutdown); queued work is dropped."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
