@@ -30,6 +30,7 @@ def _forged_session(env: AdminEnv, payload: Any) -> str:
 
 
 def _denials(env: AdminEnv) -> int:
+    env.services.audit_writer.flush()  # denials are written in the background
     with env.sessions() as s:
         return s.query(AuditEvent).filter(AuditEvent.outcome == "denied:401").count()
 
