@@ -356,9 +356,10 @@ def admin_headers(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def live_gateway_logs(gw: GatewayProcess) -> str:
-    """The server's log, for assertion messages (its tail)."""
-    return gw.logs()[-4000:]
+def server_errors(gw: GatewayProcess, limit: int = 5) -> list[str]:
+    """The server's last ERROR log lines (tracebacks included), for assertion messages."""
+    lines = [line for line in gw.logs().splitlines() if '"level": "ERROR"' in line]
+    return [line[:1500] for line in lines[-limit:]]
 
 
 def reply_usage(reply: Reply) -> tuple[str | None, dict[str, Any] | None]:

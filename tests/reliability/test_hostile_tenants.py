@@ -28,6 +28,7 @@ from tests.reliability.live import (
     problems,
     reply_usage,
     send,
+    server_errors,
     stream_chat,
     stream_error_events,
     usage_rows,
@@ -97,7 +98,7 @@ def assert_unharmed(server: LiveServer, found: list[str], *, stalls: bool = True
         harm += server.bystanders.stalls()
     health = httpx.get(server.base_url + "/health", timeout=30)
     assert health.status_code == 200, health.text
-    assert harm == []
+    assert harm == [], server_errors(server.gw)
 
 
 def test_fuzzed_chat_fields(live_server: LiveServer) -> None:
