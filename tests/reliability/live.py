@@ -357,9 +357,10 @@ def admin_headers(token: str) -> dict[str, str]:
 
 
 def server_errors(gw: GatewayProcess, limit: int = 5) -> list[str]:
-    """The server's last ERROR log lines (tracebacks included), for assertion messages."""
+    """The ends of the server's last ERROR log lines (where a traceback names its
+    exception), for assertion messages."""
     lines = [line for line in gw.logs().splitlines() if '"level": "ERROR"' in line]
-    return [line[:1500] for line in lines[-limit:]]
+    return [line[-600:] for line in lines[-limit:]]
 
 
 def reply_usage(reply: Reply) -> tuple[str | None, dict[str, Any] | None]:
