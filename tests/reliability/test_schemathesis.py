@@ -5,6 +5,8 @@ admin API): valid and invalid requests to every operation, and never a 5xx other
 from __future__ import annotations
 
 import contextlib
+import json
+import re
 from typing import Any
 
 import httpx
@@ -36,6 +38,8 @@ def test_openapi_document_describes_gateway_and_admin(live_server: LiveServer) -
         schemas["ChatCompletionRequest"]["properties"]
     )
     assert doc["paths"]["/admin/api/v1/tenants"]["get"]["security"] == [{"AdminToken": []}]
+    refs = set(re.findall(r'"\$ref": "#/components/schemas/([^"]+)"', json.dumps(doc)))
+    assert refs and refs <= set(schemas), refs - set(schemas)
     docs = httpx.get(live_server.base_url + "/docs", timeout=30)
     assert docs.status_code == 200 and "swagger" in docs.text.lower()
 
