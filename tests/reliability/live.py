@@ -255,7 +255,7 @@ class Bystanders:
             yield
         finally:
             # Let every bystander finish at least two streams that overlapped the attack.
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + 60
             while time.monotonic() < deadline and any(
                 sum(1 for r in b.results[before[b.name] :] if r.status == 200) < 2
                 for b in self.members

@@ -38,7 +38,11 @@ def encode(value: Any) -> bytes:
 
 
 SURROGATES = st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)
+# Lone surrogates (and, below, 5,000-digit integers) are kept rare: each is one defect,
+# and where they are everywhere every body fails on them before reaching anything else.
 TEXT = st.one_of(
+    st.text(max_size=40),
+    st.text(max_size=40),
     st.text(max_size=40),
     st.text(st.one_of(st.characters(), SURROGATES), max_size=12),
     st.sampled_from(["", "\x00", "\ud800", "a\udfffb", "<|im_end|>", "\u202e", "🙂" * 5]),
@@ -50,7 +54,7 @@ EDGE_FLOATS = st.sampled_from(
 FLOATS = st.one_of(EDGE_FLOATS, st.floats(), st.floats(-3, 3))
 EDGE_INTS = st.sampled_from([-(2**63), -1, 0, 1, 2, 3, 4, 5, 17, 2**31, 2**63, 10**30])
 HUGE_INT = st.just(Raw("1" * 5000))
-INTS = st.one_of(EDGE_INTS, st.integers(), HUGE_INT)
+INTS = st.one_of(EDGE_INTS, st.integers())
 JSON_LEAVES = st.one_of(st.none(), st.booleans(), INTS, FLOATS, TEXT)
 ANY_JSON = st.recursive(
     JSON_LEAVES,
@@ -78,7 +82,7 @@ SAMPLING = {
     "min_p": field_of(FLOATS),
     "n": field_of(st.integers(-1, 6)),
     "stop": field_of(st.one_of(TEXT, st.lists(TEXT, max_size=5))),
-    "seed": field_of(INTS),
+    "seed": st.one_of(field_of(INTS), HUGE_INT),
     "presence_penalty": field_of(FLOATS),
     "frequency_penalty": field_of(FLOATS),
     "repetition_penalty": field_of(FLOATS),

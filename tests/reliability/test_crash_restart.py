@@ -203,4 +203,4 @@ def test_kill_9_under_load_then_restart(tmp_path: Path) -> None:
     verified = CliRunner().invoke(cli, ["audit", "verify"], env=env, catch_exceptions=False)
     if verified.exit_code != 0:
         harm.append(f"cloister audit verify failed: {verified.output}")
-    assert harm == []
+    assert harm == [], "\n".join(harm)
