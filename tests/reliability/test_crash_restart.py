@@ -28,6 +28,7 @@ from tests.utils.tiny_model import make_tiny_model_dir
 BUSY_TENANTS = ("alpha", "beta", "gamma")
 COMPLETED_BEFORE_KILL = 24  # the kill comes once this many replies reached their clients
 BUDGET_TOKENS = 40
+CLIENTS_PER_TENANT = 3
 
 
 def run_cli(data_dir: Path, *args: str) -> Any:
@@ -53,19 +54,24 @@ def chat(client: httpx.Client, key: str, content: str) -> httpx.Response:
 
 
 class Load:
-    """Tenants making requests on threads until the server goes away."""
+    """Tenants' clients making requests on threads until the server goes away."""
 
     def __init__(self, base_url: str, keys: dict[str, str]) -> None:
         self.base_url = base_url
         self.keys = keys
         self.completed: dict[str, dict[str, Any]] = {}  # request id -> usage it reported
         self.lock = threading.Lock()
+        self.enough = threading.Event()  # set the moment COMPLETED_BEFORE_KILL replies are in
+        # Several clients per tenant, so that replies complete all the time, also in the
+        # instant of the kill.
         self.threads = [
-            threading.Thread(target=self._loop, args=(name,), daemon=True) for name in keys
+            threading.Thread(target=self._loop, args=(name,), daemon=True)
+            for name in keys
+            for _ in range(CLIENTS_PER_TENANT)
         ]
 
     def start(self) -> None:
-        """Starts one thread per tenant."""
+        """Starts the clients' threads."""
         for t in self.threads:
             t.start()
 
@@ -80,6 +86,8 @@ class Load:
                     body = r.json()
                     with self.lock:
                         self.completed[body["id"]] = body["usage"]
+                        if len(self.completed) >= COMPLETED_BEFORE_KILL:
+                            self.enough.set()
 
     def join(self) -> None:
         """Waits for every thread to notice the server is gone."""
@@ -149,9 +157,8 @@ def test_kill_9_under_load_then_restart(tmp_path: Path) -> None:
 
         load = Load(first.base_url, {name: keys[name] for name in BUSY_TENANTS})
         load.start()
-        deadline = time.monotonic() + 120
-        while len(load.completed) < COMPLETED_BEFORE_KILL and time.monotonic() < deadline:
-            time.sleep(0.02)
+        # Killed right as a reply completes: its usage is then in flight, the case to test.
+        load.enough.wait(timeout=120)
         first.proc.kill()  # SIGKILL: no shutdown, no flush
         first.proc.wait(timeout=30)
         load.join()
