@@ -15,6 +15,7 @@ from gateway.auth_cache import CachingAuthenticator
 from gateway.engine_client import EngineClient
 from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
+from gateway.openapi import install_openapi
 from gateway.routes import chat, completions, metrics, models
 from gateway.state import AppState, AuthenticatorLike, OperatorAuth
 from gateway.tokenize import PromptTokenizer
@@ -85,4 +86,5 @@ def create_app(
     install_error_handlers(app)
     for module in (chat, completions, models, metrics):
         app.router.routes.extend(module.routes)
+    install_openapi(app)
     return app

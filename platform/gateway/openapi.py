@@ -1,0 +1,189 @@
+"""The OpenAPI 3.1 description of the gateway's OpenAI routes, merged into the app's own.
+
+The OpenAI routes are plain Starlette routes whose bodies are validated by hand
+(gateway/body.py), so FastAPI knows nothing about them. This module describes them
+from the same pydantic schemas, for clients, /docs and API fuzzers. It is only a
+document: nothing here runs on the request path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.docs import get_swagger_ui_html
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+from starlette.requests import Request
+from starlette.responses import HTMLResponse
+from starlette.routing import Route
+
+from gateway.schemas.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest
+from gateway.schemas.common import ErrorBody
+from gateway.schemas.completions import Completion, CompletionRequest
+from gateway.schemas.models import ModelList
+
+REF = "#/components/schemas/{model}"
+BEARER = "TenantKey"
+ADMIN_BEARER = "AdminToken"
+ADMIN_PREFIX = "/admin/api/"
+PUBLIC_ADMIN_PATHS = ("/admin/api/v1/auth/login", "/admin/api/v1/auth/callback")
+MODELS: tuple[type[BaseModel], ...] = (
+    ChatCompletionRequest,
+    ChatCompletion,
+    ChatCompletionChunk,
+    CompletionRequest,
+    Completion,
+    ModelList,
+    ErrorBody,
+)
+# Statuses each kind of route can answer with an OpenAI error body.
+AUTHED_ERRORS = {"401": "No, invalid, expired or revoked key", "429": "A limit was reached"}
+GENERATION_ERRORS = {
+    **AUTHED_ERRORS,
+    "400": "Malformed body or parameter out of range",
+    "403": "The key may not use this model",
+    "404": "No such model",
+    "413": "The body is over the size cap",
+    "503": "The engine or the limiter is unavailable; see Retry-After",
+}
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": REF.format(model=model.__name__)}
+
+
+def _error_responses(statuses: dict[str, str]) -> dict[str, Any]:
+    content = {"application/json": {"schema": _ref(ErrorBody)}}
+    responses: dict[str, Any] = {}
+    for status, description in sorted(statuses.items()):
+        responses[status] = {"description": description, "content": content}
+        if status in ("429", "503"):
+            responses[status]["headers"] = {
+                "Retry-After": {"schema": {"type": "integer"}, "description": "Seconds"}
+            }
+    return responses
+
+
+def _generation(
+    summary: str, request: type[BaseModel], response: type[BaseModel], chunk: type[BaseModel]
+) -> dict[str, Any]:
+    return {
+        "post": {
+            "summary": summary,
+            "tags": ["openai"],
+            "security": [{BEARER: []}],
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": _ref(request)}},
+            },
+            "responses": {
+                "200": {
+                    "description": (
+                        "The completion; with `stream: true`, server-sent events of "
+                        f"`{chunk.__name__}` ending with `data: [DONE]`"
+                    ),
+                    "content": {
+                        "application/json": {"schema": _ref(response)},
+                        "text/event-stream": {"schema": {"type": "string"}},
+                    },
+                },
+                **_error_responses(GENERATION_ERRORS),
+            },
+        }
+    }
+
+
+def gateway_paths() -> dict[str, Any]:
+    """The OpenAPI `paths` of the OpenAI-compatible routes and the health check."""
+    return {
+        "/v1/chat/completions": _generation(
+            "Create a chat completion", ChatCompletionRequest, ChatCompletion, ChatCompletionChunk
+        ),
+        "/v1/completions": _generation(
+            "Create a text completion", CompletionRequest, Completion, Completion
+        ),
+        "/v1/models": {
+            "get": {
+                "summary": "List the models this key may use",
+                "tags": ["openai"],
+                "security": [{BEARER: []}],
+                "responses": {
+                    "200": {
+                        "description": "The models",
+                        "content": {"application/json": {"schema": _ref(ModelList)}},
+                    },
+                    **_error_responses(AUTHED_ERRORS),
+                },
+            }
+        },
+        "/health": {
+            "get": {
+                "summary": "Liveness: the process answers and its engine serves",
+                "tags": ["operations"],
+                "responses": {
+                    "200": {"description": "Serving"},
+                    "503": {"description": "The engine is not serving"},
+                },
+            }
+        },
+    }
+
+
+def gateway_components() -> dict[str, Any]:
+    """The schemas the paths refer to, and the tenants' bearer-key security scheme."""
+    _, defs = models_json_schema([(model, "validation") for model in MODELS], ref_template=REF)
+    return {
+        "schemas": defs.get("$defs", {}),
+        "securitySchemes": {
+            BEARER: {"type": "http", "scheme": "bearer", "description": "A tenant's API key"},
+            ADMIN_BEARER: {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "An admin token or a signed-in admin's session",
+            },
+        },
+    }
+
+
+def merge_gateway_description(document: dict[str, Any]) -> dict[str, Any]:
+    """`document` (FastAPI's description of the app's own routes) with the gateway's added.
+
+    The admin routes read their credential by hand, so FastAPI does not know they need
+    one: they are marked as needing an admin token here.
+    """
+    paths = {**document.get("paths", {}), **gateway_paths()}
+    for path, item in paths.items():
+        if path.startswith(ADMIN_PREFIX) and path not in PUBLIC_ADMIN_PATHS:
+            for operation in item.values():
+                operation.setdefault("security", [{ADMIN_BEARER: []}])
+    components = dict(document.get("components", {}))
+    extra = gateway_components()
+    components["schemas"] = {**components.get("schemas", {}), **extra["schemas"]}
+    components["securitySchemes"] = {
+        **components.get("securitySchemes", {}),
+        **extra["securitySchemes"],
+    }
+    return {**document, "paths": paths, "components": components}
+
+
+def install_openapi(app: FastAPI) -> None:
+    """Serves the merged description at the app's `/openapi.json`, and Swagger UI at `/docs`.
+
+    The document is built on first request, so routers included after this call (the
+    admin API in `cloister serve`) are part of it.
+    """
+    fastapi_openapi: Callable[[], dict[str, Any]] = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = merge_gateway_description(fastapi_openapi())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+    async def docs(request: Request) -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url=app.openapi_url or "/openapi.json", title=app.title)
+
+    app.router.routes.append(Route("/docs", docs, methods=["GET"], include_in_schema=False))

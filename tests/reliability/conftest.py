@@ -1,0 +1,110 @@
+"""One live `cloister serve` on a tiny random-weight model for the hostile-tenant suite.
+
+The server is shared by the suite's modules (starting one costs tens of seconds on
+busy cores): tenants `bystander-a` and `bystander-b` stream greedy completions
+whose expected text was taken while the server was quiet; `attacker` does the rest.
+Capacity is small (8 running sequences, 8 waiting) so that 3x overload is cheap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from admin.identity import create_admin_token
+from tests.gateway.conftest import PEPPER
+from tests.gateway.processes import (
+    GatewayProcess,
+    create_tenant_key,
+    database,
+    spawn_gateway,
+    stop,
+    wait_ready,
+)
+from tests.reliability.live import Bystander, Bystanders, bystander_body, stream_chat
+from tests.utils.tiny_model import make_tiny_model_dir
+
+MAX_NUM_SEQS = 8
+MAX_WAITING = 8
+MAX_N = 4  # with at most 3 prompts per fuzzed request, one request never fills the engine
+SERVER_SETTINGS = {
+    "max_num_seqs": MAX_NUM_SEQS,
+    "max_waiting": MAX_WAITING,
+    "max_n": MAX_N,
+    "max_model_len": 512,
+}
+BYSTANDER_PROMPTS = {
+    "bystander-a": ("Tell me a story about a lighthouse keeper.", 24),
+    "bystander-b": ("List three facts about rivers.", 16),
+}
+
+
+@dataclass(frozen=True)
+class LiveServer:
+    """The running server and the credentials the suite uses."""
+
+    gw: GatewayProcess
+    data_dir: Path
+    model_dir: Path
+    admin_token: str
+    attacker_key: str
+    bystanders: Bystanders
+    # Replies the attacker got with 200, by request id: the usage they reported (None: the
+    # reply carried none, e.g. a stream without include_usage). Checked against the ledger.
+    attacker_ok: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+
+    @property
+    def base_url(self) -> str:
+        """http://127.0.0.1:<port>."""
+        return self.gw.base_url
+
+    @property
+    def db_path(self) -> Path:
+        """The SQLite file the server serves from."""
+        return self.data_dir / "cloister.db"
+
+
+def quiet_bystander(base_url: str, name: str, key: str, prompt: str, max_tokens: int) -> Bystander:
+    """A bystander whose expected text and usage come from two identical quiet runs."""
+    body = bystander_body(prompt, max_tokens)
+    with httpx.Client(base_url=base_url, timeout=120) as client:
+        first, second = stream_chat(client, key, body), stream_chat(client, key, body)
+    for run in (first, second):
+        assert run.status == 200 and run.done and not run.errors, run.raw
+        assert run.usage is not None, run.raw
+    assert first.text == second.text, "greedy decoding is not reproducible on a quiet server"
+    assert first.text, "the bystander's expected text is empty"
+    assert first.usage is not None
+    return Bystander(name, key, body, first.text, first.usage, results=[first, second])
+
+
+@pytest.fixture(scope="session")
+def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """`cloister serve` with two bystanders, an attacker tenant and an admin token."""
+    root = tmp_path_factory.mktemp("reliability")
+    data_dir = root / "data"
+    sessions = database(data_dir)
+    keys = {name: create_tenant_key(sessions, name) for name in BYSTANDER_PROMPTS}
+    attacker = create_tenant_key(sessions, "attacker")
+    with sessions() as s:
+        admin_token = create_admin_token(s, pepper=PEPPER, role="admin", name="reliability").secret
+    # Untied weights: greedy text varies token to token (a tied tiny model repeats one
+    # token), so a bystander's changed stream shows.
+    model = make_tiny_model_dir(root, tie=False)
+    gw = spawn_gateway(data_dir, model, root / "server.log", **SERVER_SETTINGS)
+    try:
+        wait_ready(gw)
+        members = [
+            quiet_bystander(gw.base_url, name, keys[name], prompt, max_tokens)
+            for name, (prompt, max_tokens) in BYSTANDER_PROMPTS.items()
+        ]
+        yield LiveServer(
+            gw, data_dir, model, admin_token, attacker, Bystanders(gw.base_url, members)
+        )
+    finally:
+        stop(gw)

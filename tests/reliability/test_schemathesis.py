@@ -1,0 +1,108 @@
+"""Schemathesis over the live server's OpenAPI document (the gateway's OpenAI routes and the
+admin API): valid and invalid requests to every operation, and never a 5xx other than
+503 with Retry-After, never an error body outside OpenAI's format."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from typing import Any
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis.errors import Unsatisfiable
+from schemathesis import GenerationMode
+from schemathesis.core.result import Ok
+
+from tests.reliability.conftest import LiveServer
+from tests.reliability.live import Reply, problems, server_errors
+
+EXAMPLES_PER_MODE = 6
+OPENAI_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health"}
+
+
+def test_openapi_document_describes_gateway_and_admin(live_server: LiveServer) -> None:
+    doc = httpx.get(live_server.base_url + "/openapi.json", timeout=30).json()
+    assert doc["openapi"].startswith("3.1")
+    assert set(doc["paths"]) >= OPENAI_PATHS, sorted(doc["paths"])
+    assert {"/admin/api/v1/tenants", "/admin/api/v1/usage"} <= set(doc["paths"])
+    chat = doc["paths"]["/v1/chat/completions"]["post"]
+    assert chat["security"] == [{"TenantKey": []}]
+    body = chat["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    assert body.endswith("/ChatCompletionRequest")
+    schemas = doc["components"]["schemas"]
+    assert {"temperature", "top_p", "messages", "stream"} <= set(
+        schemas["ChatCompletionRequest"]["properties"]
+    )
+    assert doc["paths"]["/admin/api/v1/tenants"]["get"]["security"] == [{"AdminToken": []}]
+    refs = set(re.findall(r'"\$ref": "#/components/schemas/([^"]+)"', json.dumps(doc)))
+    assert refs and refs <= set(schemas), refs - set(schemas)
+    docs = httpx.get(live_server.base_url + "/docs", timeout=30)
+    assert docs.status_code == 200 and "swagger" in docs.text.lower()
+
+
+def _reply(response: Any, what: str) -> Reply:
+    return Reply(
+        response.status_code,
+        {k.lower(): v for k, v in response.headers.items()},
+        response.content.decode(errors="replace"),
+        what,
+    )
+
+
+def fuzz_operation(server: LiveServer, strategy: Any, label: str, found: list[str]) -> int:
+    """Sends EXAMPLES_PER_MODE cases of `strategy`; adds each problem to `found`; returns
+    how many calls it made (0 when no case can be made, e.g. invalid input to an
+    operation that takes none)."""
+    calls = 0
+
+    @settings(
+        max_examples=EXAMPLES_PER_MODE,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(case=strategy)
+    def one(case: Any) -> None:
+        nonlocal calls
+        calls += 1
+        what = (
+            f"{label} {case.method} {case.formatted_path} query={case.query!r:.200} "
+            f"body={case.body!r:.300}"
+        )
+        try:
+            response = case.call(base_url=server.base_url, timeout=120)
+        except Exception as exc:  # a dropped connection is a finding, not a crash
+            found.append(f"{what}: no response: {exc!r}")
+            return
+        found.extend(problems(_reply(response, what)))
+
+    with contextlib.suppress(Unsatisfiable):  # no invalid input exists for this operation
+        one()
+    return calls
+
+
+@pytest.mark.slow
+def test_no_server_errors_anywhere_in_the_openapi_document(live_server: LiveServer) -> None:
+    schema = schemathesis.openapi.from_url(live_server.base_url + "/openapi.json")
+    operations = []
+    for result in schema.get_all_operations():
+        assert isinstance(result, Ok), result.err()
+        operations.append(result.ok())
+    assert {op.path for op in operations} >= OPENAI_PATHS
+    found: list[str] = []
+    for operation in operations:
+        admin = operation.path.startswith("/admin")
+        token = live_server.admin_token if admin else live_server.attacker_key
+        headers = {"Authorization": f"Bearer {token}"}
+        calls = 0
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+            strategy = operation.as_strategy(generation_mode=mode, headers=headers)
+            calls += fuzz_operation(live_server, strategy, mode.value, found)
+        assert calls > 0, f"no request was made to {operation.label}"
+    assert found == [], "\n".join([*found, "server errors:", *server_errors(live_server.gw)])
