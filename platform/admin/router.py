@@ -3,14 +3,14 @@
 import datetime as dt
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query
+from fastapi import APIRouter, Depends, HTTPException
 from pydantic import BaseModel
 from sqlalchemy import select
 
 from admin import registry
 from admin.body_cap import CappedJsonRoute
 from admin.deps import AdminContext, AdminServices, context_dependency
-from admin.serialize import key_dict, model_dict, page, tenant_dict
+from admin.serialize import Limit, Offset, key_dict, model_dict, page, tenant_dict
 from admin.source_paths import SourcePathError, check_source
 from tenancy import store
 from tenancy.errors import ConflictError, InvalidValueError, NotFoundError, TenancyError
@@ -129,8 +129,6 @@ def create_admin_router(services: AdminServices) -> APIRouter:
     """The admin API routes, bound to `services` (no module-level state)."""
     router = APIRouter(prefix=PREFIX, tags=["admin"], route_class=CappedJsonRoute)
     Ctx = Annotated[AdminContext, Depends(context_dependency(services))]
-    Limit = Annotated[int, Query(ge=1, le=500)]
-    Offset = Annotated[int, Query(ge=0)]
 
     def write(
         ctx: AdminContext, action: str, resource: str, fn: Any, tenant_id: str | None = None

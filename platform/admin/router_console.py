@@ -3,7 +3,7 @@
 import datetime as dt
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query
+from fastapi import APIRouter, Depends, HTTPException
 from pydantic import BaseModel
 from sqlalchemy import select
 
@@ -12,7 +12,7 @@ from admin.body_cap import CappedJsonRoute
 from admin.deps import AdminContext, AdminServices, context_dependency
 from admin.models import AuditEvent
 from admin.router import PREFIX, _tenant
-from admin.serialize import page, tenant_dict
+from admin.serialize import Limit, Offset, page, tenant_dict
 from tenancy.errors import InvalidValueError
 from tenancy.store import ISOLATION_LEVELS
 from tenancy.validation import check_weight
@@ -38,8 +38,6 @@ def create_console_router(services: AdminServices) -> APIRouter:
     """Routes for tenant settings, audit search and the console's sign-in options."""
     router = APIRouter(prefix=PREFIX, tags=["admin"], route_class=CappedJsonRoute)
     Ctx = Annotated[AdminContext, Depends(context_dependency(services))]
-    Limit = Annotated[int, Query(ge=1, le=500)]
-    Offset = Annotated[int, Query(ge=0)]
 
     @router.get("/console/config")
     def console_config() -> dict[str, Any]:

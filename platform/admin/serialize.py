@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
+from fastapi import Query
 from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
@@ -12,6 +13,12 @@ from admin import registry
 from admin.models import AdminToken, LoraAdapter, RegisteredModel, SharedPrefix
 from tenancy import store
 from tenancy.models import ApiKey, Tenant
+
+# The largest offset a page may start at: past a 64-bit integer SQLite raises an
+# OverflowError (a 500); no table here comes near 2**31 rows.
+MAX_OFFSET = 2**31 - 1
+Limit = Annotated[int, Query(ge=1, le=500)]
+Offset = Annotated[int, Query(ge=0, le=MAX_OFFSET)]
 
 
 def _iso(value: Any) -> str | None:
