@@ -65,5 +65,6 @@ class RequestFailedError(EngineError):
     code = "engine_error"
     MESSAGE = "the engine failed to process this request"
 
-    def __init__(self) -> None:
-        super().__init__(self.MESSAGE)
+    def __init__(self, message: str = MESSAGE) -> None:
+        # The message is a parameter only so that pickling (ProcessEngine) rebuilds it.
+        super().__init__(message)

@@ -7,9 +7,11 @@ degenerate sampling values, `cache: false`, and a request that can never fit.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,6 +19,7 @@ import pytest
 
 from engine.async_engine import AsyncEngine
 from engine.errors import RequestFailedError
+from engine.process_engine import ProcessEngine
 from tenancy.limiter.memory import MemoryLimiter
 from tests.gateway.conftest import LiveGateway, start_gateway
 from tests.utils.faulty_engine import POISON_SEED, SECRET, faulty_engine
@@ -26,20 +29,34 @@ MAX_WAITING = 32
 PROMPT = "Tell me a long story about a lighthouse keeper and the sea."
 
 
+ENGINE_OPTIONS: dict[str, Any] = {
+    "max_model_len": 512,
+    "num_blocks": 256,
+    "attention_backend": "torch",
+    "max_waiting": MAX_WAITING,
+}
+
+
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveGateway]:
     """A live gateway over the faulty tiny engine, with a small waiting queue."""
     tmp = tmp_path_factory.mktemp("faults")
-    engine = faulty_engine(
-        str(make_tiny_model_dir(tmp)),
-        "runner",
-        max_model_len=512,
-        num_blocks=256,
-        attention_backend="torch",
-        max_waiting=MAX_WAITING,
-    )
+    engine = faulty_engine(str(make_tiny_model_dir(tmp)), "runner", **ENGINE_OPTIONS)
     gw, stop = start_gateway(
         tmp, engine=AsyncEngine(engine), limiter=MemoryLimiter(), max_waiting=MAX_WAITING
+    )
+    yield gw
+    stop()
+
+
+@pytest.fixture
+def process_gateway(tmp_path: Path) -> Iterator[LiveGateway]:
+    """The same, with the faulty engine in a child process (`engine_mode = "process"`)."""
+    factory = functools.partial(
+        faulty_engine, str(make_tiny_model_dir(tmp_path)), "runner", **ENGINE_OPTIONS
+    )
+    gw, stop = start_gateway(
+        tmp_path, engine=ProcessEngine(factory), limiter=MemoryLimiter(), max_waiting=MAX_WAITING
     )
     yield gw
     stop()
@@ -108,6 +125,15 @@ def _while_victim_streams(gw: LiveGateway, attack: Any) -> tuple[str, Any]:
 
 
 def test_a_poisoned_request_fails_alone_and_says_nothing_internal(gateway: LiveGateway) -> None:
+    _poison_while_another_streams(gateway)
+
+
+@pytest.mark.slow
+def test_the_same_through_the_engine_process(process_gateway: LiveGateway) -> None:
+    _poison_while_another_streams(process_gateway, in_process_log=False)
+
+
+def _poison_while_another_streams(gateway: LiveGateway, *, in_process_log: bool = True) -> None:
     alone, _ = stream_text(gateway, gateway.tenant("reference"), VICTIM)
     attacker = gateway.tenant("attacker")
     poison = {"prompt": "poison", "max_tokens": 50, "temperature": 0, "seed": POISON_SEED}
@@ -132,8 +158,8 @@ def test_a_poisoned_request_fails_alone_and_says_nothing_internal(gateway: LiveG
     assert len(errors) == 1 and SECRET not in errors[0]
     assert '"code":"engine_error"' in errors[0].replace(" ", "")
     assert RequestFailedError.MESSAGE in errors[0]
-    # The cause is in the server's log, with the request id.
-    assert SECRET in gateway.logs.getvalue()
+    if in_process_log:  # the cause is in the server's log (a child logs to its stderr)
+        assert SECRET in gateway.logs.getvalue()
 
 
 @pytest.mark.parametrize("top_p", [1e-300, 1e-46, 5e-324, 1e-9])

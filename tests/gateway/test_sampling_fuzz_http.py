@@ -75,8 +75,9 @@ def _victim_text(gw: LiveGateway, key: str) -> str:
     return text
 
 
+@pytest.mark.slow
 @settings(
-    max_examples=80,
+    max_examples=60,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -140,6 +141,7 @@ def _keys(gw: LiveGateway) -> dict[str, str]:
     return {"attacker": _state["attacker"]}
 
 
+@pytest.mark.slow
 def test_the_bystander_streamed_unchanged_throughout(gateway: LiveGateway) -> None:
     assert "thread" in _state, "the fuzz did not run"
     _state["stop"].set()

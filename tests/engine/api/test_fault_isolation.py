@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import pathlib
+import pickle
 from collections.abc import Callable
 from typing import Any
 
@@ -194,3 +195,9 @@ def test_process_engine_isolates_the_poisoned_request(
 ) -> None:
     factory: Callable[[], LLMEngine] = functools.partial(faulty_engine, str(tiny_model), "runner")
     asyncio.run(_serve_mixed(ProcessEngine(factory), alone, 0.0))
+
+
+def test_the_failure_crosses_a_process_boundary_unchanged() -> None:
+    # ProcessEngine pickles it into the parent; a failure to rebuild it hung every stream.
+    error = pickle.loads(pickle.dumps(RequestFailedError()))
+    assert isinstance(error, RequestFailedError) and str(error) == RequestFailedError.MESSAGE
