@@ -76,6 +76,7 @@ class EngineInfo:
             pool_tokens=self.pool_tokens,
             max_n=self.max_n,
             max_tokens_limit=self.max_tokens_limit,
+            max_waiting=self.max_waiting,
         )
 
 

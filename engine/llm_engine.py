@@ -152,6 +152,7 @@ class LLMEngine:
             pool_tokens=self.capacity.num_tokens,
             max_n=cfg.max_n,
             max_tokens_limit=cfg.max_tokens_limit,
+            max_waiting=cfg.max_waiting,
         )
 
     def add_request(

@@ -98,6 +98,14 @@ def test_full_waiting_queue_refuses_at_once(tiny_model: pathlib.Path) -> None:
     engine.add_request([1, 2, 3], OK)  # room again
 
 
+def test_more_samples_than_the_waiting_queue_holds_never_fit(tiny_model: pathlib.Path) -> None:
+    engine = LLMEngine(build_config(str(tiny_model), num_blocks=64, max_waiting=2))
+    with pytest.raises(RequestTooLargeError) as info:
+        engine.add_request([1, 2, 3], SamplingParams(n=3, max_tokens=2))
+    assert info.value.param == "n"
+    engine.add_request([1, 2, 3], SamplingParams(n=2, max_tokens=2))  # exactly fits
+
+
 def test_a_failing_request_frees_its_blocks_and_the_engine_goes_on(llm: LLM, monkeypatch) -> None:
     real = llm.engine.runner.execute
     bad = llm.tokenizer.encode("will fail")
