@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from engine import AsyncEngine, SamplingParams
-from engine.errors import RequestFailedError
+from engine.errors import EngineDeadError, RequestFailedError
 from engine.llm import LLM
 from engine.llm_engine import LLMEngine
 from engine.process_engine import ProcessEngine
@@ -201,3 +201,25 @@ def test_the_failure_crosses_a_process_boundary_unchanged() -> None:
     # ProcessEngine pickles it into the parent; a failure to rebuild it hung every stream.
     error = pickle.loads(pickle.dumps(RequestFailedError()))
     assert isinstance(error, RequestFailedError) and str(error) == RequestFailedError.MESSAGE
+
+
+def test_an_unreadable_report_ends_the_process_engine_instead_of_hanging(
+    tiny_model: pathlib.Path,
+) -> None:
+    engine = ProcessEngine(functools.partial(LLMEngine.from_options, str(tiny_model), **OPTIONS))
+
+    def unreadable(data: bytes) -> list[object]:
+        raise pickle.UnpicklingError("a report the parent cannot rebuild")
+
+    async def main() -> None:
+        await engine.start()
+        try:
+            engine._decoder.feed = unreadable  # type: ignore[method-assign]
+            stream = engine.submit([1, 2, 3], GREEDY)
+            with pytest.raises(EngineDeadError):
+                await asyncio.wait_for(stream.__anext__(), timeout=60)
+            assert not engine.alive
+        finally:
+            await engine.shutdown()
+
+    asyncio.run(main())
