@@ -17,6 +17,10 @@ REPETITION_PENALTY_RANGE = (0.01, 100.0)
 # Stop strings are matched on the text after every token: bounded so matching stays cheap.
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 1024
+# Bias and stop-token entries are applied on every step: bounded so that one request's
+# list cannot slow down the steps it shares with others.
+MAX_LOGIT_BIAS = 1024
+MAX_STOP_TOKEN_IDS = 1024
 # OpenAI's seed is an int64; unsigned 64-bit seeds (NumPy style) are accepted as well.
 SEED_MIN = -(1 << 63)
 SEED_END = 1 << 64
@@ -116,6 +120,10 @@ class SamplingParams:
             not _integer(self.seed) or not SEED_MIN <= self.seed < SEED_END
         ):
             raise bad("seed", f"must be a 64-bit integer, got {self.seed!r}")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise bad("logit_bias", f"takes at most {MAX_LOGIT_BIAS} entries")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise bad("stop_token_ids", f"takes at most {MAX_STOP_TOKEN_IDS} ids")
         for token, bias in self.logit_bias:
             if not _integer(token):
                 raise bad("logit_bias", f"token ids must be integers, got {token!r}")

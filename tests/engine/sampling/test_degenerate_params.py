@@ -55,7 +55,17 @@ def test_a_temperature_below_1e_5_is_greedy(temperature: float) -> None:
         ("min_tokens", [-1, 0.5]),
         ("logprobs", [-1, 21, 10**30, 1.0]),
         ("stop", [[""], ["x" * 5000], ["s"] * 17, [5]]),
-        ("logit_bias", [{1: math.nan}, {1: math.inf}, {1: 101.0}, ((1.5, 1.0),)]),
+        (
+            "logit_bias",
+            [
+                {1: math.nan},
+                {1: math.inf},
+                {1: 101.0},
+                ((1.5, 1.0),),
+                dict.fromkeys(range(1025), 1),
+            ],
+        ),
+        ("stop_token_ids", [list(range(1025))]),
     ],
 )
 def test_degenerate_values_are_refused_with_the_parameter_named(
