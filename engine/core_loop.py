@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.errors import EngineError
-from engine.llm_engine import LLMEngine, StepFailed
+from engine.errors import EngineError, RequestFailedError
+from engine.llm_engine import LLMEngine
 from engine.outputs import StreamEvent
 from engine.sampling_params import SamplingParams
 from engine.stats import EngineStats
@@ -76,6 +76,7 @@ class EngineInfo:
             pool_tokens=self.pool_tokens,
             max_n=self.max_n,
             max_tokens_limit=self.max_tokens_limit,
+            max_waiting=self.max_waiting,
         )
 
 
@@ -242,11 +243,10 @@ class EngineLoop:
                 self._domains_changed = True
 
     def _step(self, events: list[StreamEvent], failures: list[RequestFailure]) -> None:
-        try:
-            events.extend(self.engine.step())
-        except StepFailed as failed:
-            log.error("engine step failed", exc_info=failed.__cause__)
-            ids = sorted(failed.request_ids)
-            self.engine.fail_requests(ids)
-            error = EngineError(f"the engine failed this request: {failed.__cause__}")
-            failures.extend(RequestFailure(request_id, error) for request_id in ids)
+        events.extend(self.engine.step())
+        # The engine logged each cause with its request id; the owner gets a generic
+        # error, because the cause's text may describe other requests or the engine.
+        failures.extend(
+            RequestFailure(request_id, RequestFailedError())
+            for request_id, _ in self.engine.take_failures()
+        )

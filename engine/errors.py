@@ -53,3 +53,18 @@ class RequestAbortedError(EngineError):
 
 class EngineDeadError(EngineError):
     """The engine loop stopped after an internal failure; it serves nothing more."""
+
+
+class RequestFailedError(EngineError):
+    """The engine failed this one request after it was queued (a step raised on it).
+
+    The message is the same for every failure, and safe to show a tenant; the cause
+    is logged by the engine with the request id, never sent.
+    """
+
+    code = "engine_error"
+    MESSAGE = "the engine failed to process this request"
+
+    def __init__(self, message: str = MESSAGE) -> None:
+        # The message is a parameter only so that pickling (ProcessEngine) rebuilds it.
+        super().__init__(message)

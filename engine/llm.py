@@ -8,7 +8,7 @@ from typing import Any, cast
 from tqdm import tqdm
 
 from engine.errors import InvalidRequestError
-from engine.llm_engine import LLMEngine, StepFailed, build_config
+from engine.llm_engine import LLMEngine, build_config
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
@@ -91,11 +91,11 @@ class LLM:
         bar = tqdm(total=total, desc="generating", unit="req", disable=not use_tqdm)
         with bar:
             while self.engine.has_unfinished():
-                try:
-                    events = self.engine.step()
-                except StepFailed as failed:
-                    self.engine.fail_requests(sorted(failed.request_ids))
-                    raise failed.__cause__ or failed from None
+                events = self.engine.step()
+                failures = self.engine.take_failures()
+                if failures:
+                    # Offline, the caller asked for all of them: the first cause is the answer.
+                    raise failures[0][1]
                 bar.update(sum(1 for e in events if e.finished))
 
 

@@ -24,6 +24,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.stats import EngineStats
+from engine.step_isolation import execute_isolated
 from engine.validation import validate_request
 
 log = logging.getLogger("engine")
@@ -126,6 +127,7 @@ class LLMEngine:
         self.requests: dict[str, RequestState] = {}
         self._num_finished = 0
         self._num_generated = 0
+        self._failures: list[tuple[str, Exception]] = []
 
     @classmethod
     def from_options(cls, model: str | None = None, **options: Any) -> LLMEngine:
@@ -150,6 +152,7 @@ class LLMEngine:
             pool_tokens=self.capacity.num_tokens,
             max_n=cfg.max_n,
             max_tokens_limit=cfg.max_tokens_limit,
+            max_waiting=cfg.max_waiting,
         )
 
     def add_request(
@@ -248,7 +251,12 @@ class LLMEngine:
     # -- the step -----------------------------------------------------------------
 
     def step(self) -> list[StreamEvent]:
-        """Schedules, runs and post-processes one step; returns the events it produced."""
+        """Schedules, runs and post-processes one step; returns the events it produced.
+
+        A request that makes the step raise is failed alone (see `engine.step_isolation`),
+        and so is one whose post-processing raises: the others carry on. Failed
+        requests are dropped with their blocks freed; `take_failures` hands them over.
+        """
         output = self.scheduler.schedule()
         if output.is_empty:
             return []
@@ -260,28 +268,51 @@ class LLMEngine:
         scrub = self.kv.take_blocks_to_scrub()
         if scrub:
             self.runner.scrub_blocks(scrub)
-        try:
-            sampled = self.runner.execute(output)
-        except Exception as exc:
-            # The caller drops these requests with `fail_requests` (freeing their blocks)
-            # and reports the error to their owners; other requests carry on.
-            raise StepFailed({item.seq.request_id for item in output.scheduled}) from exc
-        progressed = self.scheduler.update(output, {k: v.token_id for k, v in sampled.items()})
+        sampled, faults = execute_isolated(self.runner.execute, self.runner.rewind, output)
+        for request_id, exc in faults.items():
+            self._fail(request_id, exc)
         now = time.time()
         touched: dict[str, RequestState] = {}
-        for seq in progressed:
-            state = self.requests[seq.request_id]
-            touched[seq.request_id] = state
-            self._num_generated += 1
-            stop = state.add_token(seq, sampled[seq.seq_id], now)
-            if stop is not None and not seq.is_finished:
-                self.scheduler.finish(seq, "stop", stop)
+        for item in output.scheduled:
+            seq = item.seq
+            token = sampled.get(seq.seq_id)
+            try:
+                if not self.scheduler.update_one(item, None if token is None else token.token_id):
+                    continue
+                assert token is not None
+                state = self.requests[seq.request_id]
+                touched[seq.request_id] = state
+                self._num_generated += 1
+                stop = state.add_token(seq, token, now)
+                if stop is not None and not seq.is_finished:
+                    self.scheduler.finish(seq, "stop", stop)
+            except Exception as exc:
+                self._fail(seq.request_id, exc)
         events: list[StreamEvent] = []
-        for state in touched.values():
-            event = self._finalize(state, now) if state.finished else state.take_event(now)
+        for request_id, state in touched.items():
+            if request_id not in self.requests:  # failed after its token was taken
+                continue
+            try:
+                event = self._finalize(state, now) if state.finished else state.take_event(now)
+            except Exception as exc:
+                self._fail(request_id, exc)
+                continue
             if event is not None:
                 events.append(event)
         return events
+
+    def take_failures(self) -> list[tuple[str, Exception]]:
+        """The requests failed since the last call, each with its cause (for the log only)."""
+        failures, self._failures = self._failures, []
+        return failures
+
+    def _fail(self, request_id: str, exc: Exception) -> None:
+        """Drops one request that made the engine raise; the cause stays in the log."""
+        if request_id not in self.requests:
+            return
+        log.error("request %s failed in the engine", request_id, exc_info=exc)
+        self._failures.append((request_id, exc))
+        self.fail_requests([request_id])
 
     def _finalize(self, state: RequestState, now: float) -> StreamEvent | None:
         event = state.take_event(now)
@@ -312,11 +343,3 @@ class LLMEngine:
             num_generated_tokens=self._num_generated,
             prefix_cache_domains=self.kv.domain_stats() if domains else {},
         )
-
-
-class StepFailed(Exception):
-    """A forward pass or sampling step raised; `request_ids` were in that step."""
-
-    def __init__(self, request_ids: set[str]) -> None:
-        super().__init__(f"engine step failed for {len(request_ids)} requests")
-        self.request_ids = request_ids

@@ -249,7 +249,16 @@ class ProcessEngine(EngineFront):
         if not data:
             self._close(None if self._stopping else EngineDeadError("the engine process exited"))
             return
-        for message in self._decoder.feed(data):
+        try:
+            messages = self._decoder.feed(data)
+        except Exception:
+            # The streams of a report that cannot be read are in an unknown state: end
+            # them all now (the engine is gone) rather than leave them waiting forever.
+            log.exception("a message from the engine process could not be read")
+            self._close(EngineDeadError("the engine process sent an unreadable message"))
+            self._kill()
+            return
+        for message in messages:
             if isinstance(message, StepReport):
                 self._on_report(message)
             elif isinstance(message, Failed):

@@ -7,6 +7,24 @@ from dataclasses import dataclass, field
 
 from engine.errors import InvalidRequestError
 
+# Below this temperature a request is greedy (vLLM's _SAMPLING_EPS): logits divided by
+# it would overflow float32.
+GREEDY_BELOW = 1e-5
+# Far above any useful temperature (OpenAI's API stops at 2); keeps logits / T finite.
+MAX_TEMPERATURE = 100.0
+# A penalty of 1e-300 would divide logits by zero once it is a float32.
+REPETITION_PENALTY_RANGE = (0.01, 100.0)
+# Stop strings are matched on the text after every token: bounded so matching stays cheap.
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 1024
+# Bias and stop-token entries are applied on every step: bounded so that one request's
+# list cannot slow down the steps it shares with others.
+MAX_LOGIT_BIAS = 1024
+MAX_STOP_TOKEN_IDS = 1024
+# OpenAI's seed is an int64; unsigned 64-bit seeds (NumPy style) are accepted as well.
+SEED_MIN = -(1 << 63)
+SEED_END = 1 << 64
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -50,20 +68,26 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        """True when the request takes the arg-max token at each step."""
-        return self.temperature == 0.0
+        """True when the request takes the arg-max token at each step.
+
+        A temperature below `GREEDY_BELOW` means greedy, as in vLLM: dividing logits
+        by it would overflow float32 and sample garbage.
+        """
+        return self.temperature < GREEDY_BELOW
 
     def _check_ranges(self) -> None:
         def bad(param: str, why: str) -> InvalidRequestError:
             return InvalidRequestError(f"{param} {why}", param=param)
 
-        if not isinstance(self.n, int) or self.n < 1:
+        if not _integer(self.n) or self.n < 1:
             raise bad("n", f"must be at least 1, got {self.n!r}")
-        if not _finite(self.temperature) or self.temperature < 0:
-            raise bad("temperature", f"must be >= 0, got {self.temperature!r}")
+        if not _finite(self.temperature) or not 0 <= self.temperature <= MAX_TEMPERATURE:
+            raise bad(
+                "temperature", f"must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature!r}"
+            )
         if not _finite(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise bad("top_p", f"must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or self.top_k < -1:
+        if not _integer(self.top_k) or self.top_k < -1:
             raise bad("top_k", f"must be -1, 0 (disabled) or positive, got {self.top_k!r}")
         if not _finite(self.min_p) or not 0.0 <= self.min_p <= 1.0:
             raise bad("min_p", f"must be in [0, 1], got {self.min_p!r}")
@@ -71,21 +95,38 @@ class SamplingParams:
             value = getattr(self, name)
             if not _finite(value) or not -2.0 <= value <= 2.0:
                 raise bad(name, f"must be in [-2, 2], got {value!r}")
-        if not _finite(self.repetition_penalty) or self.repetition_penalty <= 0:
-            raise bad("repetition_penalty", f"must be > 0, got {self.repetition_penalty!r}")
-        if self.max_tokens is not None and (
-            not isinstance(self.max_tokens, int) or self.max_tokens < 1
-        ):
+        low, high = REPETITION_PENALTY_RANGE
+        if not _finite(self.repetition_penalty) or not low <= self.repetition_penalty <= high:
+            raise bad(
+                "repetition_penalty",
+                f"must be in [{low:g}, {high:g}], got {self.repetition_penalty!r}",
+            )
+        if self.max_tokens is not None and (not _integer(self.max_tokens) or self.max_tokens < 1):
             raise bad("max_tokens", f"must be at least 1, got {self.max_tokens!r}")
-        if self.min_tokens < 0:
+        if not _integer(self.min_tokens) or self.min_tokens < 0:
             raise bad("min_tokens", f"must be >= 0, got {self.min_tokens!r}")
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+        if self.logprobs is not None and (
+            not _integer(self.logprobs) or not 0 <= self.logprobs <= 20
+        ):
             raise bad("logprobs", f"must be in [0, 20], got {self.logprobs!r}")
-        if any(not s for s in self.stop):
-            raise bad("stop", "stop strings must not be empty")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise bad("seed", f"must be an integer, got {self.seed!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise bad("stop", "stop strings must be non-empty strings")
+        if len(self.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in self.stop):
+            raise bad(
+                "stop",
+                f"at most {MAX_STOP_STRINGS} stop strings of at most {MAX_STOP_CHARS} characters",
+            )
+        if self.seed is not None and (
+            not _integer(self.seed) or not SEED_MIN <= self.seed < SEED_END
+        ):
+            raise bad("seed", f"must be a 64-bit integer, got {self.seed!r}")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise bad("logit_bias", f"takes at most {MAX_LOGIT_BIAS} entries")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise bad("stop_token_ids", f"takes at most {MAX_STOP_TOKEN_IDS} ids")
         for token, bias in self.logit_bias:
+            if not _integer(token):
+                raise bad("logit_bias", f"token ids must be integers, got {token!r}")
             if not _finite(bias) or not -100.0 <= bias <= 100.0:
                 raise bad("logit_bias", f"bias for token {token} must be in [-100, 100]")
 
@@ -110,6 +151,10 @@ class SamplingParams:
                     f"logit_bias token id {token} is outside the vocabulary (0..{vocab_size - 1})",
                     param="logit_bias",
                 )
+
+
+def _integer(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _finite(value: float) -> bool:

@@ -21,11 +21,13 @@ def validate_request(
     pool_tokens: int,
     max_n: int,
     max_tokens_limit: int | None,
+    max_waiting: int | None = None,
 ) -> int:
     """Raises a typed error for a request that must not be queued; returns its max_tokens.
 
     A request is refused at once when it could never finish: a prompt past the
-    context, or more tokens than the whole KV pool holds (it would wait forever).
+    context, more tokens than the whole KV pool holds, or more samples than the
+    waiting queue holds (it would wait, or be refused as overloaded, forever).
     """
     if not isinstance(params, SamplingParams):
         raise InvalidRequestError("sampling params must be a SamplingParams", param="params")
@@ -41,6 +43,12 @@ def validate_request(
     ):
         _check_each_token(prompt_token_ids, vocab_size)
     params.check_against(vocab_size=vocab_size, max_n=max_n, max_tokens_limit=max_tokens_limit)
+    if max_waiting is not None and params.n > max_waiting:
+        # Each sample waits as a sequence of its own: more than the queue holds never fit.
+        raise RequestTooLargeError(
+            f"n={params.n} samples can never fit the waiting queue of {max_waiting} sequences",
+            param="n",
+        )
     n_prompt = len(prompt_token_ids)
     if n_prompt >= max_model_len:
         raise ContextLengthExceededError(

@@ -7,6 +7,7 @@ logprobs, when asked for) come back. Pure-decode steps replay a CUDA graph when
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -20,7 +21,7 @@ from engine.runner.cuda_graphs import DecodeGraphRunner
 from engine.runner.inputs import StepInputs, build_step_inputs
 from engine.sampling import Sampler, SamplingRow, make_generator
 from engine.sampling.penalties import needs_adjustment
-from engine.scheduler.output import SchedulerOutput
+from engine.scheduler.output import ScheduledSequence, SchedulerOutput
 from engine.sequence import Sequence
 
 
@@ -142,6 +143,25 @@ class ModelRunner:
             suppress_eos=suppress,
             state_key=seq.seq_id,
         )
+
+    def rewind(self, items: Iterable[ScheduledSequence]) -> None:
+        """Puts the random state of these rows back where it was before the step ran.
+
+        For a retry of part of a failed step (engine.step_isolation). A sampled row
+        (temperature > 0) draws exactly one uniform per output token, so its
+        generator is rebuilt from its seed and advanced by that many draws; greedy
+        rows never draw. Costs O(output tokens) per sampled row, on retries only.
+        """
+        for item in items:
+            seq = item.seq
+            old = self._generators.get(seq.seq_id)
+            if old is None or seq.params.greedy:
+                continue
+            fresh = torch.Generator(device=old.device)
+            fresh.manual_seed(old.initial_seed())
+            for _ in range(seq.num_output_tokens):
+                torch.rand((), generator=fresh, dtype=torch.float64, device=fresh.device)
+            self._generators[seq.seq_id] = fresh
 
     @torch.inference_mode()
     def scrub_blocks(self, block_ids: list[int]) -> None:

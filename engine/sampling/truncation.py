@@ -49,6 +49,9 @@ def keep_sorted(
     # top_p == 1 keeps everything even where float rounding puts the cumsum at 1.
     keep &= (mass_before < p_limit) | (p_limit >= 1.0)
     keep &= sorted_probs >= min_p.unsqueeze(1) * sorted_probs[:, :1]
+    # Whatever the limits round to (a top_p of 1e-300 is 0 in float32), the top token
+    # stays: an empty kept set has nothing to draw from.
+    keep[:, :1] = True
     return keep
 
 

@@ -137,23 +137,31 @@ class Scheduler:
 
         Returns the sequences that received a token this step.
         """
-        progressed: list[Sequence] = []
-        for item in output.scheduled:
-            seq = item.seq
-            if seq.is_finished:  # aborted while the step ran
-                continue
-            seq.num_computed_tokens = item.end
-            self.kv.cache_full_blocks(seq)
-            token = sampled.get(seq.seq_id)
-            if token is None:
-                continue
-            seq.output_token_ids.append(token)
-            self.waiting.charge(seq, 2)  # an output token weighs two prompt tokens (VTC)
-            progressed.append(seq)
-            reason = self._stop_reason(seq, token)
-            if reason is not None:
-                self.finish(seq, *reason)
-        return progressed
+        return [
+            item.seq
+            for item in output.scheduled
+            if self.update_one(item, sampled.get(item.seq.seq_id))
+        ]
+
+    def update_one(self, item: ScheduledSequence, token: int | None) -> bool:
+        """`update` for one scheduled sequence; True when it received `token`.
+
+        A sequence finished while the step ran (aborted, or its request failed) is
+        left alone, and so is one that did not sample (`token` None).
+        """
+        seq = item.seq
+        if seq.is_finished:
+            return False
+        seq.num_computed_tokens = item.end
+        self.kv.cache_full_blocks(seq)
+        if token is None:
+            return False
+        seq.output_token_ids.append(token)
+        self.waiting.charge(seq, 2)  # an output token weighs two prompt tokens (VTC)
+        reason = self._stop_reason(seq, token)
+        if reason is not None:
+            self.finish(seq, *reason)
+        return True
 
     def _stop_reason(self, seq: Sequence, token: int) -> tuple[str, int | None] | None:
         params = seq.params

@@ -70,11 +70,13 @@ class EngineClient(Protocol):
         request_id: str,
         cache_domain: str,
         adapter: str | None = None,
+        cache: bool = True,
         weight: float | None = None,
     ) -> AsyncIterator[StreamEvent]:
         """Queues one request; raises at once when it cannot be queued.
 
-        `weight` is the tenant's share under the engine's fair scheduling policy.
+        `cache=False` neither reads nor writes the prefix cache. `weight` is the
+        tenant's share under the engine's fair scheduling policy.
         """
         ...
 
@@ -126,6 +128,7 @@ class InProcessEngineClient:
         request_id: str,
         cache_domain: str,
         adapter: str | None = None,
+        cache: bool = True,
         weight: float | None = None,
     ) -> AsyncIterator[StreamEvent]:
         """Forwards to `AsyncEngine.submit`; its stream is already an async iterator."""
@@ -135,6 +138,7 @@ class InProcessEngineClient:
             request_id=request_id,
             cache_domain=cache_domain,
             adapter=adapter,
+            cache=cache,
             weight=weight,
         )
         return stream

@@ -18,7 +18,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.errors import EngineDeadError, EngineOverloadedError, InvalidRequestError
+from engine.errors import (
+    EngineDeadError,
+    EngineOverloadedError,
+    InvalidRequestError,
+    RequestFailedError,
+)
 from gateway.ratelimit_headers import rate_limit_headers
 from tenancy.errors import (
     AuthenticationError,
@@ -141,6 +146,33 @@ async def _engine_dead(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+async def _engine_failed(request: Request, exc: Exception) -> JSONResponse:
+    # The engine logged the cause with the request id; its text never reaches a tenant.
+    return error_response(
+        500, RequestFailedError.MESSAGE, type_="server_error", code=RequestFailedError.code
+    )
+
+
+def stream_error_body(exc: BaseException, request_id: str) -> dict[str, Any]:
+    """The in-band error event of a stream that failed after its 200 went out.
+
+    The same words as the handlers above: a client error keeps its own message; any
+    other failure gets a fixed one with a stable code, and its detail goes to the log.
+    """
+    if isinstance(exc, InvalidRequestError):
+        detail = {"message": exc.message, "type": "invalid_request_error", "param": exc.param}
+        return {"error": {**detail, "code": exc.code}}
+    if isinstance(exc, EngineOverloadedError):
+        message, code = "the engine is at capacity; retry later", "engine_overloaded"
+    elif isinstance(exc, EngineDeadError):
+        message, code = "the engine is not serving", "engine_unavailable"
+    else:
+        message, code = RequestFailedError.MESSAGE, RequestFailedError.code
+        if not isinstance(exc, RequestFailedError):  # the engine logs its own failures
+            logger.error("stream failed", exc_info=exc, extra={"request_id": request_id})
+    return {"error": {"message": message, "type": "server_error", "param": None, "code": code}}
+
+
 async def _auth(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, AuthenticationError)
     message = {
@@ -235,6 +267,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(InvalidRequestError, _engine_invalid)
     app.add_exception_handler(EngineOverloadedError, _engine_overloaded)
     app.add_exception_handler(EngineDeadError, _engine_dead)
+    app.add_exception_handler(RequestFailedError, _engine_failed)
     app.add_exception_handler(AuthenticationError, _auth)
     app.add_exception_handler(AuthThrottledError, _auth_throttled)
     app.add_exception_handler(AuthUnavailableError, _auth_unavailable)

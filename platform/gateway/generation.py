@@ -18,7 +18,7 @@ from starlette.requests import Request
 from engine.outputs import PositionLogprobs, StreamEvent
 from gateway.errors import GatewayError, status_of
 from gateway.lifecycle import RequestLifecycle
-from gateway.params import build_sampling_params, resolve_max_tokens
+from gateway.params import build_sampling_params, check_request_fits, resolve_max_tokens
 from gateway.schemas.common import SamplingFields
 from gateway.sse import DONE, SettlingStreamingResponse
 from tenancy.principal import derive_cache_domain
@@ -79,12 +79,15 @@ async def admit_and_submit(
         vocab_size=state.engine.vocab_size,
         max_n=state.settings.max_n,
     )
+    check_request_fits(len(prompts), body.n, max_waiting=state.settings.max_waiting)
     headers = await life.admit(
         prompt_tokens=sum(len(p) for p in prompts),
         reserve_tokens=max_tokens * body.n * len(prompts),
     )
     domain = derive_cache_domain(principal, body.user)
-    streams = life.submit(prompts, params, cache_domain=domain, weight=principal.weight)
+    streams = life.submit(
+        prompts, params, cache_domain=domain, weight=principal.weight, cache=body.cache
+    )
     return Submitted(streams=streams, headers=headers, n=body.n)
 
 

@@ -124,6 +124,7 @@ class RequestLifecycle:
         *,
         cache_domain: str,
         weight: float | None = None,
+        cache: bool = True,
     ) -> list[AsyncIterator[StreamEvent]]:
         """Queues one engine request per prompt; on a refusal, aborts the ones already queued."""
         streams: list[AsyncIterator[StreamEvent]] = []
@@ -134,7 +135,12 @@ class RequestLifecycle:
             # `close` aborts the earlier prompts' requests.
             streams.append(
                 self.state.engine.submit(
-                    prompt, params, request_id=engine_id, cache_domain=cache_domain, weight=weight
+                    prompt,
+                    params,
+                    request_id=engine_id,
+                    cache_domain=cache_domain,
+                    cache=cache,
+                    weight=weight,
                 )
             )
             self._engine_ids.append(engine_id)

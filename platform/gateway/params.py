@@ -119,6 +119,23 @@ def resolve_max_tokens(
     return requested
 
 
+def check_request_fits(num_prompts: int, n: int, *, max_waiting: int) -> None:
+    """400 for a request the engine could never take whole, even idle (never a 503).
+
+    Each prompt's `n` samples are one engine sequence each, and the engine's waiting
+    queue holds at most `max_waiting` of them: a request that needs more would be
+    refused as "overloaded" however long its client waited and retried.
+    """
+    sequences = num_prompts * n
+    if sequences > max_waiting:
+        raise InvalidParameterError(
+            f"the request needs {sequences} sequences ({num_prompts} prompts x n={n}) but "
+            f"the engine can queue at most {max_waiting}; send fewer prompts or a smaller n",
+            param="n" if n > 1 else "prompt",
+            code="request_too_large",
+        )
+
+
 def build_sampling_params(
     body: SamplingFields,
     *,

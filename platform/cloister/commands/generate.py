@@ -36,7 +36,7 @@ def generate(
 ) -> None:
     """Streams a completion for PROMPT to standard output."""
     from engine.config import AttentionBackendName, EngineConfig, ModelConfig
-    from engine.errors import EngineError
+    from engine.errors import EngineError, RequestFailedError
     from engine.llm_engine import LLMEngine
     from engine.model.loader import load_model
     from engine.sampling_params import SamplingParams
@@ -66,6 +66,8 @@ def generate(
                     sys.stdout.write(delta.text)
                     finish = delta.finish_reason or finish
                 sys.stdout.flush()
+            if engine.take_failures():  # the engine logged the cause
+                raise RequestFailedError()
         sys.stdout.write("\n")
         click.echo(f"[finish_reason={finish}]", err=True)
     except EngineError as exc:

@@ -11,7 +11,7 @@ from starlette.routing import Route
 from engine.errors import ContextLengthExceededError
 from engine.outputs import PositionLogprobs
 from gateway.body import parse_body
-from gateway.errors import InvalidParameterError
+from gateway.errors import InvalidParameterError, stream_error_body
 from gateway.generation import (
     Submitted,
     admit_and_submit,
@@ -171,9 +171,7 @@ async def _stream(
                 )
                 yield sse_model(c, exclude=exclude)
     except Exception as exc:  # the engine failed mid-stream: tell the client in-band
-        yield sse_event(
-            {"error": {"message": str(exc), "type": "server_error", "param": None, "code": None}}
-        )
+        yield sse_event(stream_error_body(exc, life.request_id))
         return
     if include_usage:
         usage = make_usage(life.prompt_tokens, life.completion_tokens, life.cached_tokens)

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
+
+# The smallest top_p accepted: far above float32's underflow, and any top_p this
+# small already keeps only the top token.
+MIN_TOP_P = 1e-8
 
 
 class StreamOptions(BaseModel):
@@ -23,7 +27,9 @@ class SamplingFields(BaseModel):
     model: str
     max_tokens: int | None = Field(default=None)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    # A top_p that rounds to 0 in float32 (1e-300) crashed the sampler; below
+    # MIN_TOP_P it means nothing a client could want, so it is refused.
+    top_p: float | None = Field(default=None, ge=MIN_TOP_P, le=1.0)
     n: int = Field(default=1, ge=1)
     stop: str | list[str] | None = None
     seed: int | None = None
@@ -31,6 +37,8 @@ class SamplingFields(BaseModel):
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
     user: str | None = Field(default=None, max_length=256)
+    # SECURITY.md: `cache: false` neither reads nor writes the prefix cache.
+    cache: StrictBool = True
     stream: bool = False
     stream_options: StreamOptions | None = None
 

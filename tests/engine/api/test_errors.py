@@ -98,20 +98,28 @@ def test_full_waiting_queue_refuses_at_once(tiny_model: pathlib.Path) -> None:
     engine.add_request([1, 2, 3], OK)  # room again
 
 
-def test_a_failing_step_frees_its_requests_and_the_engine_goes_on(llm: LLM, monkeypatch) -> None:
-    real = llm.engine.runner.execute
-    calls = {"n": 0}
+def test_more_samples_than_the_waiting_queue_holds_never_fit(tiny_model: pathlib.Path) -> None:
+    engine = LLMEngine(build_config(str(tiny_model), num_blocks=64, max_waiting=2))
+    with pytest.raises(RequestTooLargeError) as info:
+        engine.add_request([1, 2, 3], SamplingParams(n=3, max_tokens=2))
+    assert info.value.param == "n"
+    engine.add_request([1, 2, 3], SamplingParams(n=2, max_tokens=2))  # exactly fits
 
-    def flaky(output):  # noqa: ANN001, ANN202
-        calls["n"] += 1
-        if calls["n"] == 2:
+
+def test_a_failing_request_frees_its_blocks_and_the_engine_goes_on(llm: LLM, monkeypatch) -> None:
+    real = llm.engine.runner.execute
+    bad = llm.tokenizer.encode("will fail")
+
+    def faulty(output):  # noqa: ANN001, ANN202
+        if any(item.seq.prompt_token_ids == bad for item in output.scheduled):
             raise RuntimeError("injected device fault")
         return real(output)
 
-    monkeypatch.setattr(llm.engine.runner, "execute", flaky)
+    monkeypatch.setattr(llm.engine.runner, "execute", faulty)
+    # Offline, the call fails with the cause (its other prompt ran on and was dropped).
     with pytest.raises(RuntimeError, match="injected"):
         llm.generate(
-            ["will fail", "also fails"],
+            ["will fail", "does not fail"],
             SamplingParams(temperature=0, max_tokens=5, ignore_eos=True),
         )
     assert not llm.engine.has_unfinished()
