@@ -71,10 +71,12 @@ class EngineClient(Protocol):
         cache_domain: str,
         adapter: str | None = None,
         weight: float | None = None,
+        fairness_key: str | None = None,
     ) -> AsyncIterator[StreamEvent]:
         """Queues one request; raises at once when it cannot be queued.
 
-        `weight` is the tenant's share under the engine's fair scheduling policy.
+        `fairness_key` (the tenant) and its `weight` are whose share of the engine's
+        scheduler and waiting slots the request uses; the cache domain is separate.
         """
         ...
 
@@ -127,6 +129,7 @@ class InProcessEngineClient:
         cache_domain: str,
         adapter: str | None = None,
         weight: float | None = None,
+        fairness_key: str | None = None,
     ) -> AsyncIterator[StreamEvent]:
         """Forwards to `AsyncEngine.submit`; its stream is already an async iterator."""
         stream: AsyncIterator[StreamEvent] = self._engine.submit(
@@ -136,6 +139,7 @@ class InProcessEngineClient:
             cache_domain=cache_domain,
             adapter=adapter,
             weight=weight,
+            fairness_key=fairness_key,
         )
         return stream
 

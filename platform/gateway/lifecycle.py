@@ -107,6 +107,7 @@ class RequestLifecycle:
         *,
         cache_domain: str,
         weight: float | None = None,
+        fairness_key: str | None = None,
     ) -> list[AsyncIterator[StreamEvent]]:
         """Queues one engine request per prompt; on a refusal, aborts the ones already queued."""
         streams: list[AsyncIterator[StreamEvent]] = []
@@ -117,7 +118,12 @@ class RequestLifecycle:
             # `close` aborts the earlier prompts' requests.
             streams.append(
                 self.state.engine.submit(
-                    prompt, params, request_id=engine_id, cache_domain=cache_domain, weight=weight
+                    prompt,
+                    params,
+                    request_id=engine_id,
+                    cache_domain=cache_domain,
+                    weight=weight,
+                    fairness_key=fairness_key,
                 )
             )
             self._engine_ids.append(engine_id)
