@@ -179,3 +179,20 @@ def test_waiting_shares_follow_weights() -> None:
     # A third tenant at weight 1 is entitled to 8/5 slots: one, taken from b (most over).
     engine.add_request([5, 6], params, request_id="c0", fairness_key="c")
     assert [r for r, _ in engine.take_refused()] == ["b5"]
+
+
+def test_the_loop_reports_a_request_refused_to_make_room() -> None:
+    from engine.core_loop import STOP, AddRequest, EngineLoop, StepReport
+
+    engine = fast_fake_llm_engine(max_waiting=2, max_model_len=64, num_blocks=64)
+    reports: list[StepReport] = []
+    loop = EngineLoop(engine, reports.append)
+    params = SamplingParams(max_tokens=2)
+    for rid, key in (("a0", "a"), ("a1", "a"), ("b0", "b")):
+        loop.put(AddRequest(rid, [1, 2, 3], params, f"{key}/k", None, True, None, None, 2, key))
+    loop.put(STOP)
+    loop.run()
+    failures = [f for r in reports for f in r.failures]
+    assert [f.request_id for f in failures] == ["a1"]
+    assert isinstance(failures[0].error, EngineOverloadedError)
+    assert set(engine.requests) == {"a0", "b0"}
