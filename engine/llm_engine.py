@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 import uuid
 from collections.abc import Sequence as Seq
@@ -197,6 +198,8 @@ class LLMEngine:
         key = fairness_key or cache_domain
         if not isinstance(key, str):
             raise InvalidRequestError("fairness_key must be a string", param="fairness_key")
+        if weight is not None and not (isinstance(weight, int | float) and 0 < weight < math.inf):
+            raise InvalidRequestError("weight must be a positive number", param="weight")
         room = self.scheduler.make_room(key, params.n, weight)
         if room is None:
             raise EngineOverloadedError(

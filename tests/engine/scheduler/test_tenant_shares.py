@@ -196,3 +196,27 @@ def test_the_loop_reports_a_request_refused_to_make_room() -> None:
     assert [f.request_id for f in failures] == ["a1"]
     assert isinstance(failures[0].error, EngineOverloadedError)
     assert set(engine.requests) == {"a0", "b0"}
+
+
+@pytest.mark.parametrize(
+    ("options", "param"),
+    [
+        ({"fairness_key": 5}, "fairness_key"),
+        ({"weight": 0.0}, "weight"),
+        ({"weight": -1.0}, "weight"),
+        ({"weight": float("nan")}, "weight"),
+        ({"weight": float("inf")}, "weight"),
+        ({"weight": "2"}, "weight"),
+    ],
+)
+def test_bad_fairness_inputs_are_refused_with_nothing_queued(
+    options: dict[str, object], param: str
+) -> None:
+    from engine.errors import InvalidRequestError
+
+    engine = fast_fake_llm_engine(max_model_len=64, num_blocks=64)
+    with pytest.raises(InvalidRequestError) as caught:
+        engine.add_request([1, 2], SamplingParams(max_tokens=1), **options)  # type: ignore[arg-type]
+    assert caught.value.param == param
+    assert not engine.requests and engine.scheduler.num_waiting == 0
+    assert list(engine.scheduler.tenants.keys) == []
