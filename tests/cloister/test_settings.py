@@ -157,3 +157,23 @@ def test_bad_environment_settings_are_a_clear_error(monkeypatch: pytest.MonkeyPa
         load_settings()
     with pytest.raises(click.ClickException, match="no CUDA GPU"):
         resolve_device("cuda", cuda_available=False)
+
+
+def test_cloister_serve_with_a_bad_environment_stops_with_the_name(tmp_path: Path) -> None:
+    """The real process: CLOISTER_BLOCK_SIZE=0 ends `cloister serve` at once, no traceback."""
+    import os
+    import subprocess
+
+    from tests.gateway.conftest import free_port
+    from tests.gateway.processes import SERVE_COMMAND
+
+    env = {
+        **os.environ,
+        "CLOISTER_DATA_DIR": str(tmp_path),
+        "CLOISTER_PORT": str(free_port()),
+        "CLOISTER_BLOCK_SIZE": "0",
+    }
+    done = subprocess.run(SERVE_COMMAND, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert "block_size" in done.stderr and "greater than or equal to 1" in done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
