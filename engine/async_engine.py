@@ -175,10 +175,12 @@ class EngineFront(abc.ABC):
         return stream
 
     def _within_share(self, key: str, n: int, weight: float | None) -> bool:
-        """Whether `key`'s live sequences (waiting or not) leave it under its share.
+        """Whether `key`'s live sequences (waiting, running or in transit) leave it under
+        its share of the waiting slots, among every key with live sequences.
 
-        Live counts bound what waits from above, so a key this lets through may still
-        be refused by the engine, never the other way round.
+        A stricter test than the engine's, which counts waiting sequences only: what
+        passes here the engine may still refuse, and a key refused here holds at least
+        its share of everything live.
         """
         live = self._live.get(key)
         own = weight if weight is not None else (live[1] if live else 1.0)
