@@ -151,6 +151,9 @@ def test_share_is_per_tenant_not_per_key(
         return done
 
     done = asyncio.run(scenario())
+    # Nothing is left behind per tenant or per key, on either side of the engine loop.
+    assert engine._live == {}
+    assert list(engine.engine.scheduler.tenants.keys) == []
     # Half of what was sent: p's 120 requests went in first, so FCFS would give q ~0.
     window = 120
     got = shares(done, window)
