@@ -40,6 +40,7 @@ from engine.llm_engine import LLMEngine, build_config
 from engine.model.tokenizer import Tokenizer
 from engine.outputs import StreamEvent
 from engine.sampling_params import SamplingParams
+from engine.scheduler.tenants import within_share
 from engine.stats import EngineStats
 
 log = logging.getLogger("engine.async")
@@ -53,9 +54,13 @@ class RequestStream:
     Raises the engine's error if the request failed after it was queued.
     """
 
-    def __init__(self, request_id: str, prompt: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self, request_id: str, prompt: tuple[int, ...] = (), key: str = "", size: int = 1
+    ) -> None:
         self.request_id = request_id
         self.prompt = prompt  # kept only where the events arrive without it
+        self.key = key  # the fairness key, and the sequences it holds (n), for shares
+        self.size = size
         self._queue: asyncio.Queue[StreamEvent | BaseException] = asyncio.Queue()
         self._done = False
 
@@ -99,6 +104,8 @@ class EngineFront(abc.ABC):
         # the last ones received, put back into the gauges when `stats()` is asked.
         self._domains = stats.prefix_cache_domains
         self._streams: dict[str, RequestStream] = {}
+        # Per fairness key: sequences of its live streams, and its last weight.
+        self._live: dict[str, list[float]] = {}
         self._aborts: dict[int, asyncio.Future[None]] = {}
         self._abort_tokens = itertools.count()
         self._num_sent = 0  # AddRequests sent; the loop reports how many it has taken
@@ -120,10 +127,14 @@ class EngineFront(abc.ABC):
         cache: bool = True,
         prompt: str | None = None,
         weight: float | None = None,
+        fairness_key: str | None = None,
     ) -> RequestStream:
         """Queues a request and returns its stream; bad or excess requests raise at once.
 
-        `weight` is the tenant's scheduling share under the fair policy.
+        `fairness_key` is the tenant (default: the cache domain) and `weight` its share,
+        of the scheduler and of the waiting slots. When the queue looks full, a tenant
+        under its share is still sent on: the engine refuses the newest request of the
+        tenant most over its share instead, through that request's stream.
         """
         if self._dead is not None or self._stopping:
             raise EngineDeadError("the engine is not running")
@@ -132,12 +143,20 @@ class EngineFront(abc.ABC):
         # Validate our own copy, so that what was checked is exactly what is queued.
         prompt_ids = list(prompt_token_ids)
         max_tokens = self.info.validate(prompt_ids, params)
+        key = fairness_key or cache_domain
         limit = self.info.max_waiting
-        if self._num_sent - self._num_taken + self._stats.num_waiting >= limit:
+        full = self._num_sent - self._num_taken + self._stats.num_waiting >= limit
+        if full and not self._within_share(key, params.n, weight):
             raise EngineOverloadedError(f"the waiting queue is full ({limit} requests)")
         request_id = request_id or uuid.uuid4().hex
-        stream = RequestStream(request_id, () if self.events_carry_prompts else tuple(prompt_ids))
+        stream = RequestStream(
+            request_id, () if self.events_carry_prompts else tuple(prompt_ids), key, params.n
+        )
         self._streams[request_id] = stream
+        live = self._live.setdefault(key, [0, 1.0])
+        live[0] += params.n
+        if weight is not None:
+            live[1] = weight
         self._num_sent += 1
         self._send(
             AddRequest(
@@ -150,9 +169,32 @@ class EngineFront(abc.ABC):
                 prompt,
                 weight,
                 max_tokens,
+                key,
             )
         )
         return stream
+
+    def _within_share(self, key: str, n: int, weight: float | None) -> bool:
+        """Whether `key`'s live sequences (waiting, running or in transit) leave it under
+        its share of the waiting slots, among every key with live sequences.
+
+        A stricter test than the engine's, which counts waiting sequences only: what
+        passes here the engine may still refuse, and a key refused here holds at least
+        its share of everything live.
+        """
+        live = self._live.get(key)
+        own = weight if weight is not None else (live[1] if live else 1.0)
+        total = sum(w for k, (_, w) in self._live.items() if k != key) + own
+        return within_share(int(live[0]) if live else 0, n, own, total, self.info.max_waiting)
+
+    def _ended(self, stream: RequestStream) -> None:
+        """Takes a stream that ended out of its key's live count."""
+        live = self._live.get(stream.key)
+        if live is None:
+            return
+        live[0] -= stream.size
+        if live[0] <= 0:
+            del self._live[stream.key]
 
     async def abort(self, request_id: str) -> None:
         """Ends a request; its blocks are free when this returns."""
@@ -202,12 +244,14 @@ class EngineFront(abc.ABC):
                 continue
             if event.finished:
                 del streams[event.request_id]
+                self._ended(stream)
             if not event.prompt_token_ids and stream.prompt:
                 event = event.with_prompt(stream.prompt)
             stream._push(event)
         for failure in report.failures:
             failed = streams.pop(failure.request_id, None)
             if failed is not None:
+                self._ended(failed)
                 failed._push(failure.error)
         for token in report.aborted:
             fut = self._aborts.pop(token, None)
@@ -223,6 +267,7 @@ class EngineFront(abc.ABC):
         for stream in self._streams.values():
             stream._push(EngineDeadError(message))
         self._streams.clear()
+        self._live.clear()
         for fut in self._aborts.values():
             if not fut.done():
                 fut.set_result(None)

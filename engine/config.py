@@ -9,7 +9,7 @@ import torch
 
 AttentionBackendName = Literal["torch", "triton", "auto"]
 PrefixCacheMode = Literal["hash", "radix", "off"]
-SchedulingPolicy = Literal["fcfs", "lpm", "fair"]
+SchedulingPolicy = Literal["fcfs", "lpm", "fair", "fair_lpm"]
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,8 @@ class SchedulerConfig:
     max_tokens_limit: int | None = None  # None: bounded by max_model_len only
     prefill_chunk_size: int | None = None  # None: bounded by the token budget only
     scheduling_policy: SchedulingPolicy = "fcfs"
-    domain_weights: tuple[tuple[str, float], ...] = ()  # fair policy; others weigh 1
+    # Fairness key (tenant) -> weight, for the fair policies and the waiting shares.
+    domain_weights: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)

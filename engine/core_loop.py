@@ -93,6 +93,7 @@ class AddRequest:
     prompt: str | None
     weight: float | None
     max_tokens: int  # what validation returned for these ids and params
+    fairness_key: str | None = None  # the tenant; None: the cache domain
 
 
 @dataclass(frozen=True)
@@ -236,11 +237,14 @@ class EngineLoop:
                     prompt=item.prompt,
                     weight=item.weight,
                     validated_max_tokens=item.max_tokens,
+                    fairness_key=item.fairness_key,
                 )
             except EngineError as exc:
                 failures.append(RequestFailure(item.request_id, exc))
             else:
                 self._domains_changed = True
+                # Requests of a tenant over its share that made room for this one.
+                failures.extend(RequestFailure(r, e) for r, e in self.engine.take_refused())
 
     def _step(self, events: list[StreamEvent], failures: list[RequestFailure]) -> None:
         events.extend(self.engine.step())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 import uuid
 from collections.abc import Sequence as Seq
@@ -125,6 +126,9 @@ class LLMEngine:
                 self.max_model_len,
             )
         self.requests: dict[str, RequestState] = {}
+        # Requests refused after they were queued, to make room for a tenant under its
+        # share of the waiting slots; the caller reports them (`take_refused`).
+        self._refused: list[tuple[str, EngineOverloadedError]] = []
         self._num_finished = 0
         self._num_generated = 0
         self._failures: list[tuple[str, Exception]] = []
@@ -168,10 +172,14 @@ class LLMEngine:
         arrival_time: float | None = None,
         weight: float | None = None,
         validated_max_tokens: int | None = None,
+        fairness_key: str | None = None,
     ) -> str:
         """Validates and queues a request; raises at once if it is bad or the queue is full.
 
-        `weight` (the tenant's share) sets the domain's weight for the fair policy.
+        `fairness_key` (the tenant; default: the cache domain) is whose share of the
+        scheduler the request uses; `weight` is that share. When the waiting queue is
+        full, a tenant under its share of the slots takes one back from the tenant most
+        over its share, whose newest requests are refused (see `take_refused`).
         `validated_max_tokens` is for a caller that already ran `validate` on these
         very ids and params (AsyncEngine, on its caller's thread): pass what it
         returned and the checks are not repeated. The limits they read are fixed
@@ -181,10 +189,6 @@ class LLMEngine:
             max_tokens = self.validate(prompt_token_ids, params)
         else:
             max_tokens = validated_max_tokens
-        if self.scheduler.num_waiting >= self.config.scheduler.max_waiting:
-            raise EngineOverloadedError(
-                f"the waiting queue is full ({self.config.scheduler.max_waiting} requests)"
-            )
         request_id = request_id or uuid.uuid4().hex
         if request_id in self.requests:
             raise InvalidRequestError(
@@ -194,6 +198,20 @@ class LLMEngine:
             raise InvalidRequestError(
                 "cache_domain must be a non-empty string", param="cache_domain"
             )
+        key = fairness_key or cache_domain
+        if not isinstance(key, str):
+            raise InvalidRequestError("fairness_key must be a string", param="fairness_key")
+        if weight is not None and not (isinstance(weight, int | float) and 0 < weight < math.inf):
+            raise InvalidRequestError("weight must be a positive number", param="weight")
+        room = self.scheduler.make_room(key, params.n, weight)
+        if room is None:
+            raise EngineOverloadedError(
+                f"the waiting queue is full ({self.config.scheduler.max_waiting} requests)"
+            )
+        for victim in room:
+            self._refuse(victim)
+        if weight is not None:
+            self.scheduler.set_weight(key, weight)
         now = arrival_time if arrival_time is not None else time.time()
         prompt_ids = list(map(int, prompt_token_ids))
         seqs = [
@@ -208,17 +226,36 @@ class LLMEngine:
                 adapter=adapter,
                 use_cache=use_cache,
                 arrival_time=now,
+                fairness_key=key,
             )
             for i in range(params.n)
         ]
         self.requests[request_id] = RequestState(
             request_id, prompt, prompt_ids, seqs, self.tokenizer, now
         )
-        if weight is not None:
-            self.scheduler.waiting.set_weight(cache_domain, weight)
         for seq in seqs:
             self.scheduler.add(seq)
         return request_id
+
+    def _refuse(self, request_id: str) -> None:
+        """Ends a queued request to make room; its owner gets `EngineOverloadedError`."""
+        state = self.requests.pop(request_id)
+        self.scheduler.finish_all(state.seqs, "abort")
+        for seq in state.seqs:
+            self.runner.release(seq.seq_id)
+        self._refused.append(
+            (
+                request_id,
+                EngineOverloadedError(
+                    "the waiting queue is full and this tenant holds more than its share of it"
+                ),
+            )
+        )
+
+    def take_refused(self) -> list[tuple[str, EngineOverloadedError]]:
+        """Requests refused after queueing since the last call, with their errors."""
+        refused, self._refused = self._refused, []
+        return refused
 
     def publish_prefix(self, token_ids: Seq[int]) -> int:
         """Shares a prefix (e.g. the platform's system prompt) with every cache domain.

@@ -48,6 +48,14 @@ class Sequence:
     stop_reason: int | str | None = None
     num_preemptions: int = 0
     admitted_once: bool = False
+    # Whose share of the scheduler this sequence uses (the tenant); "" means its cache
+    # domain, for callers with no tenants. Separate from the domain, so that a tenant
+    # with per-key or per-user isolation still gets one share, not one per key.
+    fairness_key: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.fairness_key:
+            self.fairness_key = self.cache_domain
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -1,13 +1,22 @@
 """Tenant fairness by virtual token counters (Sheng et al., OSDI 2024, "Fairness in
 Serving Large Language Models").
 
-Each cache domain has a counter of weighted service: prompt tokens at admission
-plus 2 x output tokens as they are generated, divided by the domain's weight.
-The backlogged domain (one with waiting sequences) with the lowest counter is
-admitted first. A domain that returns from idle is lifted to the lowest counter
-among the backlogged ones, so idling banks no credit. With two backlogged domains
-the gap between their counters stays bounded (the paper's Theorem 4.4), whereas
-FCFS lets it grow with time.
+Each fairness key (the tenant; a sequence's cache domain when no tenant is given)
+has a counter of weighted service: prompt tokens at admission plus 2 x output
+tokens as they are generated, divided by the key's weight. The backlogged key (one
+with waiting sequences) with the lowest counter is admitted first. A key that
+returns from idle is lifted to the lowest counter among the backlogged ones, so
+idling banks no credit. With two backlogged keys the gap between their counters
+stays bounded (the paper's Theorem 4.4), whereas FCFS lets it grow with time.
+
+Within one key's own queue the order is FCFS, or, given the KV cache manager,
+longest prefix match (`fair_lpm`): the key's sequence with the most cached tokens
+goes first. The choice of key never looks at the cache, and the counters charge
+whole prompts whatever was cached, so the order across tenants cannot depend on
+what another tenant has cached (the PromptPeek channel, NDSS 2025).
+
+A key with nothing waiting or running is forgotten (`forget`), so the maps hold
+only the keys with work in the engine.
 """
 
 from __future__ import annotations
@@ -16,16 +25,29 @@ import itertools
 from collections import deque
 from collections.abc import Iterator
 
+from engine.kv_cache.manager import KVCacheManager
+from engine.scheduler.tenants import TenantBook
 from engine.sequence import Sequence
+
+# Bounds the prefix lookups one `peek` makes within a key; deeper its order stays FCFS.
+MAX_CANDIDATES = 32
 
 
 class FairQueue:
-    """`WaitingQueue` ordering domains by virtual token counter, FCFS within a domain."""
+    """`WaitingQueue` ordering keys by virtual token counter; FCFS or LPM within a key."""
 
-    def __init__(self, weights: dict[str, float] | None = None) -> None:
+    def __init__(
+        self,
+        weights: dict[str, float] | None = None,
+        *,
+        book: TenantBook | None = None,
+        kv: KVCacheManager | None = None,
+    ) -> None:
         self._queues: dict[str, deque[tuple[int, Sequence]]] = {}
         self.counters: dict[str, float] = {}
-        self._weights: dict[str, float] = dict(weights or {})
+        # The scheduler's book holds the weights; a queue used alone keeps its own.
+        self.book = book if book is not None else TenantBook(weights)
+        self.kv = kv  # given: longest prefix match within a key
         self._order = itertools.count()
         self._len = 0
 
@@ -37,22 +59,26 @@ class FairQueue:
             for _, seq in q:
                 yield seq
 
-    def weight(self, domain: str) -> float:
-        """A domain's share (1 unless set)."""
-        return self._weights.get(domain, 1.0)
+    def weight(self, key: str) -> float:
+        """A key's share (1 unless set)."""
+        return self.book.weight(key)
 
-    def set_weight(self, domain: str, weight: float) -> None:
-        """Sets a domain's share; service is divided by it."""
-        if not weight > 0:
-            raise ValueError(f"a domain weight must be positive, got {weight}")
-        self._weights[domain] = float(weight)
+    def set_weight(self, key: str, weight: float) -> None:
+        """Sets a key's share; service is divided by it."""
+        self.book.set_weight(key, weight)
+
+    def forget(self, key: str) -> None:
+        """Drops an idle key's counter and queue (it has nothing waiting or running)."""
+        self.counters.pop(key, None)
+        if not self._queues.get(key):
+            self._queues.pop(key, None)
 
     def _backlogged(self) -> list[str]:
         return [d for d, q in self._queues.items() if q]
 
     def push(self, seq: Sequence) -> None:
         """Queues a new arrival; a domain returning from idle is lifted (no banked credit)."""
-        d = seq.cache_domain
+        d = seq.fairness_key
         if not self._queues.get(d):
             active = [self.counters[e] for e in self._backlogged() if e != d]
             if active:
@@ -64,19 +90,32 @@ class FairQueue:
 
     def push_front(self, seq: Sequence) -> None:
         """Returns a preempted sequence to the front of its domain (no lift: not an arrival)."""
-        self.counters.setdefault(seq.cache_domain, 0.0)
-        self._queues.setdefault(seq.cache_domain, deque()).appendleft((-1, seq))
+        self.counters.setdefault(seq.fairness_key, 0.0)
+        self._queues.setdefault(seq.fairness_key, deque()).appendleft((-1, seq))
         self._len += 1
 
     def peek(self) -> Sequence | None:
-        """Head of the backlogged domain with the lowest counter (ties: oldest head)."""
-        best: tuple[float, int, Sequence] | None = None
+        """The next sequence of the backlogged key with the lowest counter (ties: oldest head)."""
+        best: tuple[float, int, str] | None = None
         for d in self._backlogged():
-            order, seq = self._queues[d][0]
-            key = (self.counters[d], order, seq)
+            order, _ = self._queues[d][0]
+            key = (self.counters[d], order, d)
             if best is None or key[:2] < best[:2]:
                 best = key
-        return None if best is None else best[2]
+        if best is None:
+            return None
+        return self._within(self._queues[best[2]])
+
+    def _within(self, queue: deque[tuple[int, Sequence]]) -> Sequence:
+        """FCFS head, or among the first candidates the longest cached prefix (ties: oldest)."""
+        if self.kv is None:
+            return queue[0][1]
+        chosen, chosen_len = queue[0][1], -1
+        for _, seq in itertools.islice(queue, MAX_CANDIDATES):
+            n = self.kv.match_length(seq) if seq.use_cache else 0
+            if n > chosen_len:
+                chosen, chosen_len = seq, n
+        return chosen
 
     def pop(self, seq: Sequence) -> None:
         """Removes the admitted sequence."""
@@ -85,17 +124,19 @@ class FairQueue:
 
     def remove(self, seq: Sequence) -> bool:
         """Removes `seq` if present."""
-        q = self._queues.get(seq.cache_domain)
+        q = self._queues.get(seq.fairness_key)
         if not q:
             return False
         for i, (_, s) in enumerate(q):
             if s is seq:
                 del q[i]
                 self._len -= 1
+                if not q:
+                    del self._queues[seq.fairness_key]
                 return True
         return False
 
     def charge(self, seq: Sequence, tokens: int) -> None:
-        """Adds weighted service to the sequence's domain."""
-        d = seq.cache_domain
+        """Adds weighted service to the sequence's key."""
+        d = seq.fairness_key
         self.counters[d] = self.counters.get(d, 0.0) + tokens / self.weight(d)

@@ -48,6 +48,10 @@ class WaitingQueue(Protocol):
         """Sets a domain's share for policies that weigh domains (others ignore it)."""
         ...
 
+    def forget(self, key: str) -> None:
+        """Drops what the policy keeps for a fairness key with nothing waiting or running."""
+        ...
+
 
 class FcfsQueue:
     """First come, first served; preempted sequences go back to the front."""
@@ -93,3 +97,6 @@ class FcfsQueue:
 
     def set_weight(self, domain: str, weight: float) -> None:
         """FCFS ignores weights."""
+
+    def forget(self, key: str) -> None:
+        """FCFS keeps nothing per key."""

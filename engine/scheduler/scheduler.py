@@ -14,6 +14,7 @@ from engine.kv_cache.manager import KVCacheManager
 from engine.scheduler.output import ScheduledSequence, SchedulerOutput
 from engine.scheduler.policies import make_waiting_queue
 from engine.scheduler.queue import WaitingQueue
+from engine.scheduler.tenants import TenantBook
 from engine.sequence import Sequence, SequenceStatus
 
 
@@ -33,8 +34,10 @@ class Scheduler:
         self.kv = kv
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
+        # Per tenant (fairness key): weights, counts, shares of the waiting slots.
+        self.tenants = TenantBook(dict(config.domain_weights))
         self.waiting: WaitingQueue = (
-            waiting if waiting is not None else make_waiting_queue(config, kv)
+            waiting if waiting is not None else make_waiting_queue(config, kv, self.tenants)
         )
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -44,7 +47,21 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         """Queues a validated sequence for admission."""
         seq.status = SequenceStatus.WAITING
+        self.tenants.arrived(seq)
         self.waiting.push(seq)
+
+    def set_weight(self, key: str, weight: float) -> None:
+        """Sets a tenant's share (fair ordering and waiting slots) while it has work."""
+        self.tenants.set_weight(key, weight)
+
+    def make_room(self, key: str, n: int, weight: float | None = None) -> list[str] | None:
+        """Before `n` sequences of `key` (share `weight`) are queued: request ids to refuse
+        to make room (usually none), or None when it is `key`'s request that is refused."""
+        capacity = self.config.max_waiting
+        if self.num_waiting < capacity:
+            return []
+        need = self.num_waiting - capacity + 1
+        return self.tenants.make_room(key, n, need, capacity, weight=weight)
 
     def has_unfinished(self) -> bool:
         """True while any sequence waits or runs."""
@@ -103,6 +120,7 @@ class Scheduler:
                 seq.num_computed_tokens = 0
                 break
             self.waiting.pop(seq)
+            self.tenants.admitted(seq)
             if not seq.admitted_once:
                 seq.admitted_once = True
                 seq.num_cached_tokens = num_computed
@@ -128,6 +146,7 @@ class Scheduler:
         seq.num_preemptions += 1
         seq.status = SequenceStatus.WAITING
         self.num_preemptions += 1
+        self.tenants.requeued(seq)
         self.waiting.push_front(seq)
 
     # -- after the step -----------------------------------------------------------
@@ -178,10 +197,13 @@ class Scheduler:
         """Ends a sequence wherever it is and frees its blocks at once."""
         if seq.is_finished:
             return
-        if seq.status is SequenceStatus.RUNNING:
-            self.running.remove(seq)
-        else:
+        was_waiting = seq.status is not SequenceStatus.RUNNING
+        if was_waiting:
             self.waiting.remove(seq)
+        else:
+            self.running.remove(seq)
+        if self.tenants.finished(seq, was_waiting=was_waiting):
+            self.waiting.forget(seq.fairness_key)
         self.kv.free(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

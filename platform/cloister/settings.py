@@ -108,15 +108,35 @@ class Settings(BaseSettings):
     db_pool_size: int = Field(default=8, ge=1)  # the admin API's pool (the gateway has its own)
     model: str | None = None  # None: the bundled SmolLM2-135M-Instruct GGUF
     model_name: str = "smollm2-135m-instruct"
+    # The engine (see engine/config.py). "auto": CUDA when a GPU is there, else the CPU;
+    # on CUDA bf16 and triton attention, on the CPU fp32 and the torch reference.
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     attention_backend: Literal["torch", "triton", "auto"] = "auto"
+    prefix_cache: Literal["hash", "radix", "off"] = "hash"
+    # Fair across tenants (virtual token counters, weighted by the tenant's weight),
+    # longest prefix match within one tenant's own queue.
+    scheduling_policy: Literal["fair_lpm", "fair", "lpm", "fcfs"] = "fair_lpm"
+    max_num_batched_tokens: int = Field(default=2048, ge=1)
+    prefill_chunk_size: int | None = Field(default=None, ge=1)
+    block_size: int = Field(default=16, ge=1, le=1024)
+    # The KV pool: an explicit budget in bytes, else (on CUDA) this fraction of the GPU.
+    gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
+    retention_ttl_s: float | None = Field(default=None, gt=0.0)  # idle cached blocks
+    scrub_freed_blocks: bool = False  # zero KV blocks when they leave a cache domain
+    strict_partition: bool = False  # no cross-domain eviction; domains cache <= their floor
+    # Every cache domain's floor: cached blocks no other domain's traffic evicts (the larger).
+    min_cached_blocks: int = Field(default=0, ge=0)
+    min_cached_share: float = Field(default=0.0, ge=0.0, le=1.0)
+    enforce_eager: bool = False  # never capture CUDA graphs
     # Where the engine loop runs: "thread" (a thread of the server process, the embedded
     # default) or "process" (a child process of its own, so that the HTTP event loop and
     # the engine never wait for each other's GIL; the better choice under load).
     engine_mode: Literal["thread", "process"] = "thread"
-    kv_cache_bytes: int | None = None
-    max_num_seqs: int = 64
-    max_waiting: int = 256
-    max_model_len: int | None = 8192
+    kv_cache_bytes: int | None = Field(default=None, ge=1)
+    max_num_seqs: int = Field(default=64, ge=1)
+    max_waiting: int = Field(default=256, ge=1)
+    max_model_len: int | None = Field(default=8192, ge=1)
     log_level: str = "INFO"
     metrics_top_tenants: int = Field(default=20, ge=1)
     max_n: int = Field(default=16, ge=1)  # most choices one request may ask for

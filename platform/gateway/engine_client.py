@@ -72,11 +72,13 @@ class EngineClient(Protocol):
         adapter: str | None = None,
         cache: bool = True,
         weight: float | None = None,
+        fairness_key: str | None = None,
     ) -> AsyncIterator[StreamEvent]:
         """Queues one request; raises at once when it cannot be queued.
 
-        `cache=False` neither reads nor writes the prefix cache. `weight` is the
-        tenant's share under the engine's fair scheduling policy.
+        `cache=False` neither reads nor writes the prefix cache. `fairness_key` (the
+        tenant) and its `weight` are whose share of the engine's scheduler and waiting
+        slots the request uses; the cache domain is separate.
         """
         ...
 
@@ -130,6 +132,7 @@ class InProcessEngineClient:
         adapter: str | None = None,
         cache: bool = True,
         weight: float | None = None,
+        fairness_key: str | None = None,
     ) -> AsyncIterator[StreamEvent]:
         """Forwards to `AsyncEngine.submit`; its stream is already an async iterator."""
         stream: AsyncIterator[StreamEvent] = self._engine.submit(
@@ -140,6 +143,7 @@ class InProcessEngineClient:
             adapter=adapter,
             cache=cache,
             weight=weight,
+            fairness_key=fairness_key,
         )
         return stream
 

@@ -85,8 +85,14 @@ async def admit_and_submit(
         reserve_tokens=max_tokens * body.n * len(prompts),
     )
     domain = derive_cache_domain(principal, body.user)
+    # Fairness belongs to the tenant: its keys and users share one share of the engine.
     streams = life.submit(
-        prompts, params, cache_domain=domain, weight=principal.weight, cache=body.cache
+        prompts,
+        params,
+        cache_domain=domain,
+        weight=principal.weight,
+        fairness_key=f"t:{principal.tenant_id}",
+        cache=body.cache,
     )
     return Submitted(streams=streams, headers=headers, n=body.n)
 

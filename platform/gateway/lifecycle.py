@@ -125,6 +125,7 @@ class RequestLifecycle:
         cache_domain: str,
         weight: float | None = None,
         cache: bool = True,
+        fairness_key: str | None = None,
     ) -> list[AsyncIterator[StreamEvent]]:
         """Queues one engine request per prompt; on a refusal, aborts the ones already queued."""
         streams: list[AsyncIterator[StreamEvent]] = []
@@ -141,6 +142,7 @@ class RequestLifecycle:
                     cache_domain=cache_domain,
                     cache=cache,
                     weight=weight,
+                    fairness_key=fairness_key,
                 )
             )
             self._engine_ids.append(engine_id)

@@ -66,3 +66,134 @@ def test_model_roots_from_the_environment(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setenv("CLOISTER_MODEL_ROOTS", f"{tmp_path / 'a'}{os.pathsep}{tmp_path / 'b'}")
     roots = Settings(data_dir=tmp_path).admin_settings().model_roots
     assert roots == ((tmp_path / "a").resolve(), (tmp_path / "b").resolve())
+
+
+ENGINE_SETTINGS = {
+    "device": "cpu",
+    "dtype": "bfloat16",
+    "attention_backend": "torch",
+    "prefix_cache": "radix",
+    "scheduling_policy": "fair",
+    "max_num_seqs": 7,
+    "max_num_batched_tokens": 333,
+    "prefill_chunk_size": 64,
+    "max_waiting": 99,
+    "max_n": 5,
+    "max_model_len": 1000,
+    "kv_cache_bytes": 12345678,
+    "gpu_memory_utilization": 0.5,
+    "block_size": 32,
+    "retention_ttl_s": 42.0,
+    "scrub_freed_blocks": True,
+    "strict_partition": True,
+    "min_cached_blocks": 3,
+    "min_cached_share": 0.25,
+    "enforce_eager": True,
+}
+
+
+def engine_fields(config: object) -> dict[str, object]:
+    """Every field of the engine config, flattened (model / cache / scheduler / top)."""
+    import dataclasses
+
+    out: dict[str, object] = {}
+    for f in dataclasses.fields(config):  # type: ignore[arg-type]
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            out.update(engine_fields(value))
+        else:
+            out[f.name] = value
+    return out
+
+
+def test_every_engine_setting_reaches_the_engine_config(tmp_path: Path) -> None:
+    import torch
+
+    from cloister.commands.serve import serve_engine_options
+    from engine.llm_engine import build_config
+
+    default = engine_fields(build_config("m"))
+    for name, value in ENGINE_SETTINGS.items():
+        if name != "device":  # the default device is what this machine has
+            assert default[name] != (getattr(torch, value) if name == "dtype" else value), name
+    settings = Settings(data_dir=tmp_path, **ENGINE_SETTINGS)  # type: ignore[arg-type]
+    config = engine_fields(build_config("m", **serve_engine_options(settings)))
+    for name, value in ENGINE_SETTINGS.items():
+        expected = getattr(torch, str(value)) if name == "dtype" else value
+        assert config[name] == expected, name
+    # The environment is the same path in.
+    env = {f"CLOISTER_{k.upper()}": str(v) for k, v in ENGINE_SETTINGS.items()}
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        from_env = Settings(data_dir=tmp_path)
+    assert engine_fields(build_config("m", **serve_engine_options(from_env))) == config
+
+
+def test_multi_tenant_defaults_and_auto_device() -> None:
+    from cloister.commands.serve import serve_engine_options
+
+    settings = Settings()
+    assert settings.scheduling_policy == "fair_lpm"
+    gpu = serve_engine_options(settings, cuda_available=True)
+    assert (gpu["device"], gpu["dtype"], gpu["attention_backend"]) == ("cuda", "bfloat16", "auto")
+    cpu = serve_engine_options(settings, cuda_available=False)
+    assert (cpu["device"], cpu["dtype"]) == ("cpu", "float32")
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--scheduling-policy", "bogus"],
+        ["--block-size", "0"],
+        ["--max-num-batched-tokens", "-1"],
+        ["--gpu-memory-utilization", "1.5"],
+        ["--dtype", "int8"],
+    ],
+)
+def test_bad_engine_settings_are_refused_at_start(flags: list[str], tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from cloister.commands.serve import serve
+
+    result = CliRunner().invoke(serve, ["--data-dir", str(tmp_path), *flags])
+    assert result.exit_code in (1, 2), result.output
+    assert not isinstance(result.exception, Exception) or isinstance(
+        result.exception, SystemExit
+    ), result.exception
+    assert "Traceback" not in result.output and "No such option" not in result.output
+    name = flags[0].removeprefix("--")
+    assert name in result.output or name.replace("-", "_") in result.output, result.output
+    assert not (tmp_path / "cloister.db").exists()  # refused before anything started
+
+
+def test_bad_environment_settings_are_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import click
+
+    from cloister.commands.serve import load_settings, resolve_device
+
+    monkeypatch.setenv("CLOISTER_PREFIX_CACHE", "trie")
+    with pytest.raises(click.ClickException, match="prefix_cache"):
+        load_settings()
+    with pytest.raises(click.ClickException, match="no CUDA GPU"):
+        resolve_device("cuda", cuda_available=False)
+
+
+def test_cloister_serve_with_a_bad_environment_stops_with_the_name(tmp_path: Path) -> None:
+    """The real process: CLOISTER_BLOCK_SIZE=0 ends `cloister serve` at once, no traceback."""
+    import os
+    import subprocess
+
+    from tests.gateway.conftest import free_port
+    from tests.gateway.processes import SERVE_COMMAND
+
+    env = {
+        **os.environ,
+        "CLOISTER_DATA_DIR": str(tmp_path),
+        "CLOISTER_PORT": str(free_port()),
+        "CLOISTER_BLOCK_SIZE": "0",
+    }
+    done = subprocess.run(SERVE_COMMAND, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert "block_size" in done.stderr and "greater than or equal to 1" in done.stderr
+    assert "Traceback" not in done.stderr + done.stdout

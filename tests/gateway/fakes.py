@@ -97,6 +97,7 @@ class FakeEngine:
         adapter: str | None = None,
         cache: bool = True,
         weight: float | None = None,
+        fairness_key: str | None = None,
     ) -> AsyncIterator[StreamEvent]:
         """Validates like the engine, then returns the stream."""
         if len(prompt_token_ids) + (params.max_tokens or 1) > self.max_model_len:

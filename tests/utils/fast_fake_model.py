@@ -9,6 +9,7 @@ prompt; KV blocks are allocated and freed by the engine as usual but never read.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -44,12 +45,29 @@ class FastFakeModel(torch.nn.Module):
         return table[hidden]
 
 
+class GatedFakeModel(FastFakeModel):
+    """The fake model, whose every forward pass waits for `gate` to be open.
+
+    Closed, the engine stops inside its first step and its inbox fills: a test can
+    build a backlog exactly, then open the gate and watch the order it drains in.
+    """
+
+    def __init__(self, vocab_size: int, seed: int = 0) -> None:
+        super().__init__(vocab_size, seed)
+        self.gate = threading.Event()
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: Any) -> torch.Tensor:
+        """Waits for the gate (at most a minute, so a failing test cannot hang), then answers."""
+        self.gate.wait(timeout=60)
+        return super().forward(input_ids, positions, ctx)
+
+
 def fast_fake_engine(**options: Any) -> AsyncEngine:
     """An AsyncEngine over `fast_fake_llm_engine(**options)`."""
     return AsyncEngine(fast_fake_llm_engine(**options))
 
 
-def fast_fake_llm_engine(**options: Any) -> LLMEngine:
+def fast_fake_llm_engine(*, model: FastFakeModel | None = None, **options: Any) -> LLMEngine:
     """An LLMEngine over the fake model, with the tiny model's shape and SmolLM2's tokenizer.
 
     No weights are written or loaded: the fake needs only a shape and a tokenizer.
@@ -59,7 +77,7 @@ def fast_fake_llm_engine(**options: Any) -> LLMEngine:
     folder = smollm2_tokenizer_dir()
     arch = architecture_from_config(tiny_config())
     fake = LoadedModel(
-        model=FastFakeModel(arch.vocab_size),  # type: ignore[arg-type]
+        model=model if model is not None else FastFakeModel(arch.vocab_size),  # type: ignore[arg-type]
         arch=arch,
         tokenizer=load_hf_tokenizer(folder),
         revision="fast-fake",

@@ -53,15 +53,55 @@ def prepare_database(settings: Settings) -> bool:
         engine.dispose()
 
 
-def serve_engine_options(settings: Settings) -> dict[str, Any]:
-    """The engine options `cloister serve` derives from its settings (besides the model)."""
+def resolve_device(requested: str, *, cuda_available: bool | None = None) -> str:
+    """ "cpu" or "cuda" for the `device` setting; "cuda" without a GPU is refused."""
+    if cuda_available is None:
+        import torch
+
+        cuda_available = bool(torch.cuda.is_available())
+    if requested == "auto":
+        return "cuda" if cuda_available else "cpu"
+    if requested == "cuda" and not cuda_available:
+        raise click.ClickException("device is 'cuda' but no CUDA GPU is available here")
+    return requested
+
+
+def resolve_dtype(requested: str, device: str) -> str:
+    """The `dtype` setting on `device`: "auto" is bfloat16 on CUDA and float32 elsewhere."""
+    if requested == "auto":
+        return "bfloat16" if device == "cuda" else "float32"
+    return requested
+
+
+def serve_engine_options(
+    settings: Settings, *, cuda_available: bool | None = None
+) -> dict[str, Any]:
+    """The engine options `cloister serve` derives from its settings (besides the model).
+
+    On CUDA, "auto" attention is triton (the engine's own choice for the device).
+    """
+    device = resolve_device(settings.device, cuda_available=cuda_available)
     return {
+        "device": device,
+        "dtype": resolve_dtype(settings.dtype, device),
         "max_model_len": settings.max_model_len,
+        "enforce_eager": settings.enforce_eager,
         "kv_cache_bytes": settings.kv_cache_bytes,
+        "gpu_memory_utilization": settings.gpu_memory_utilization,
+        "block_size": settings.block_size,
+        "prefix_cache": settings.prefix_cache,
+        "min_cached_blocks": settings.min_cached_blocks,
+        "min_cached_share": settings.min_cached_share,
+        "strict_partition": settings.strict_partition,
+        "retention_ttl_s": settings.retention_ttl_s,
+        "scrub_freed_blocks": settings.scrub_freed_blocks,
         "max_num_seqs": settings.max_num_seqs,
+        "max_num_batched_tokens": settings.max_num_batched_tokens,
+        "prefill_chunk_size": settings.prefill_chunk_size,
         "max_waiting": settings.max_waiting,
+        "max_n": settings.max_n,
+        "scheduling_policy": settings.scheduling_policy,
         "attention_backend": settings.attention_backend,
-        "prefix_cache": "hash",
     }
 
 
@@ -214,11 +254,47 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
     default=None,
     help="Run the engine loop on a thread of this process (default) or in a child process.",
 )
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default=None)
+@click.option(
+    "--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default=None
+)
+@click.option("--attention-backend", type=click.Choice(["auto", "torch", "triton"]), default=None)
+@click.option("--prefix-cache", type=click.Choice(["hash", "radix", "off"]), default=None)
+@click.option(
+    "--scheduling-policy",
+    type=click.Choice(["fair_lpm", "fair", "lpm", "fcfs"]),
+    default=None,
+    help="fair_lpm (default): fair across tenants, longest prefix match within one.",
+)
+@click.option("--max-num-seqs", type=int, default=None, help="Most sequences running at once.")
+@click.option("--max-num-batched-tokens", type=int, default=None, help="Token budget per step.")
+@click.option("--max-waiting", type=int, default=None, help="Waiting-queue slots (shared).")
+@click.option("--block-size", type=int, default=None, help="Tokens per KV block.")
+@click.option(
+    "--gpu-memory-utilization", type=float, default=None, help="CUDA: share of the GPU to use."
+)
+@click.option("--retention-ttl-s", type=float, default=None, help="Drop idle cached blocks.")
+@click.option("--scrub-freed-blocks/--no-scrub-freed-blocks", default=None)
+@click.option("--strict-partition/--no-strict-partition", default=None)
 @click.option("--log-level", default=None, help="DEBUG, INFO, WARNING, ...")
 def serve(**flags: Any) -> None:
     """Serve the OpenAI-compatible API; the engine runs on a thread or in a child process."""
     overrides = {k: v for k, v in flags.items() if v is not None}
-    run_server(Settings(**overrides))
+    run_server(load_settings(**overrides))
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Settings from CLOISTER_* and `overrides`; a bad value is a clear error, not a traceback."""
+    from pydantic import ValidationError
+
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        lines = [
+            f"  {'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}"
+            for e in exc.errors()
+        ]
+        raise click.ClickException("invalid settings:\n" + "\n".join(lines)) from None
 
 
 def close_at_shutdown(app: FastAPI, *closers: Callable[[], None]) -> None:

@@ -82,6 +82,10 @@ def test_streams_validation_abort_and_overload(tiny_model: pathlib.Path) -> None
             burst = [engine.submit(p, long, cache_domain="d") for p in prompts]
             with pytest.raises(EngineOverloadedError):
                 engine.submit(prompts[0], long, cache_domain="d")
+            # ... but only for the tenant that filled it: another one, under its share of
+            # the slots, is sent on (the engine takes a slot back from "d" if it must).
+            other = engine.submit(prompts[1], greedy, cache_domain="e/k1", fairness_key="e")
+            assert await collect(other) == expected[1]
             for s in burst:
                 await engine.abort(s.request_id)
             assert engine.stats().num_running + engine.stats().num_waiting == 0

@@ -98,6 +98,7 @@ class CacheDriver:
         *,
         adapter: str | None = None,
         use_cache: bool = True,
+        fairness_key: str = "",
     ) -> Sequence:
         seq_id = f"r{len(self.seqs)}"
         seq = Sequence(
@@ -110,6 +111,7 @@ class CacheDriver:
             cache_domain=domain,
             adapter=adapter,
             use_cache=use_cache,
+            fairness_key=fairness_key,
         )
         self.seqs.append(seq)
         self.scheduler.add(seq)
