@@ -31,12 +31,16 @@ from tests.utils.tiny_model import make_tiny_model_dir
 
 MAX_NUM_SEQS = 8
 MAX_WAITING = 8
+AUTH_FAILURE_WINDOW_S = 3.0
 MAX_N = 4  # with at most 3 prompts per fuzzed request, one request never fills the engine
-SERVER_SETTINGS = {
+SERVER_SETTINGS: dict[str, Any] = {
     "max_num_seqs": MAX_NUM_SEQS,
     "max_waiting": MAX_WAITING,
     "max_n": MAX_N,
     "max_model_len": 512,
+    # Every client here shares 127.0.0.1, so the admin flood throttles the operator's own
+    # address too; a short window lets the tests after it wait the throttle out.
+    "auth_failure_window_s": AUTH_FAILURE_WINDOW_S,
 }
 BYSTANDER_PROMPTS = {
     "bystander-a": ("Tell me a story about a lighthouse keeper.", 24),
