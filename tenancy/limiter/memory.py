@@ -10,16 +10,15 @@ The lock only matters if two event loops (threads) share one instance.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import threading
 import time
 from dataclasses import dataclass
 
-from tenancy.errors import LimiterUnavailableError, RateInfo, RateLimitedError
+from tenancy.errors import RateInfo, RateLimitedError
 from tenancy.limiter.base import DEFAULT_LEASE_TTL_S, Admission, BudgetLedger, bucket_retry_after
-from tenancy.limiter.plan import AcquirePlan, plan_acquire
+from tenancy.limiter.plan import AcquirePlan, period_spend, plan_acquire
 from tenancy.principal import Principal
 from tenancy.unique_ids import UniqueIds
 
@@ -104,22 +103,11 @@ class MemoryLimiter:
 
     async def _seed(self, p: AcquirePlan, ledger: BudgetLedger) -> None:
         """Sets a cold budget counter to the ledger's spend for the period (once)."""
-        try:
-            used = await asyncio.to_thread(
-                ledger,
-                tenant_id=p.tenant_id,
-                key_id=p.budget_key_id,
-                start=p.budget_start,
-                end=p.budget_end,
-            )
-        except Exception:
-            # Admitting blind could spend a budget twice over; refuse until it is back.
-            logger.warning("usage ledger unavailable; cannot check a token budget", exc_info=True)
-            raise LimiterUnavailableError("the usage ledger is unavailable") from None
+        used = await period_spend(ledger, p)
         with self._lock:
             entry = self._budgets.get(p.budget_scope)
             if entry is None or entry[0] != p.budget_start:  # nobody seeded it meanwhile
-                self._budgets[p.budget_scope] = (p.budget_start, max(0, int(used)))
+                self._budgets[p.budget_scope] = (p.budget_start, used)
 
     def _acquire_locked(self, p: AcquirePlan, now: float) -> Admission:
         rq_level = self._level("r/" + p.rpm_scope, p.rpm, now) if p.rpm is not None else 0.0

@@ -5,11 +5,15 @@ Both limiters build the same `AcquirePlan`, so their keys and semantics agree.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from dataclasses import dataclass
 
-from tenancy.errors import InvalidValueError
-from tenancy.limiter.base import period_bounds
+from tenancy.errors import InvalidValueError, LimiterUnavailableError
+from tenancy.limiter.base import BudgetLedger, period_bounds
 from tenancy.principal import Principal
+
+logger = logging.getLogger("cloister.limiter")
 
 
 @dataclass(frozen=True)
@@ -55,3 +59,23 @@ def plan_acquire(
         budget_start=start,
         budget_end=end,
     )
+
+
+async def period_spend(ledger: BudgetLedger, p: AcquirePlan) -> int:
+    """The ledger's spend for `p`'s budget period, read off the event loop.
+
+    Raises LimiterUnavailableError when the ledger cannot answer: admitting blind
+    could spend a budget twice over, so the request is refused until it is back.
+    """
+    try:
+        used = await asyncio.to_thread(
+            ledger,
+            tenant_id=p.tenant_id,
+            key_id=p.budget_key_id,
+            start=p.budget_start,
+            end=p.budget_end,
+        )
+    except Exception:
+        logger.warning("usage ledger unavailable; cannot check a token budget", exc_info=True)
+        raise LimiterUnavailableError("the usage ledger is unavailable") from None
+    return max(0, int(used))

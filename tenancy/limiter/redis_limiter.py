@@ -19,7 +19,6 @@ from one loop only.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import time
@@ -34,7 +33,7 @@ from tenancy.errors import LimiterUnavailableError, RateInfo, RateLimitedError
 from tenancy.limiter.base import DEFAULT_LEASE_TTL_S, Admission, BudgetLedger, FailMode
 from tenancy.limiter.lua import ACQUIRE, RELEASE
 from tenancy.limiter.memory import CONCURRENCY_RETRY_S, MemoryLimiter
-from tenancy.limiter.plan import AcquirePlan, plan_acquire
+from tenancy.limiter.plan import AcquirePlan, period_spend, plan_acquire
 from tenancy.limits import EffectiveLimits
 from tenancy.principal import Principal
 from tenancy.unique_ids import UniqueIds
@@ -157,21 +156,10 @@ class RedisLimiter:
     async def _seed(self, p: AcquirePlan) -> None:
         """Writes the ledger's spend for the period into the missing budget counter."""
         assert self._ledger is not None
-        try:
-            used = await asyncio.to_thread(
-                self._ledger,
-                tenant_id=p.tenant_id,
-                key_id=p.budget_key_id,
-                start=p.budget_start,
-                end=p.budget_end,
-            )
-        except Exception:
-            # Admitting blind could spend a budget twice over; refuse until it is back.
-            logger.warning("usage ledger unavailable; cannot check a token budget", exc_info=True)
-            raise LimiterUnavailableError("the usage ledger is unavailable") from None
+        used = await period_spend(self._ledger, p)
         key = self._key(p.tenant_id, "bd", f"{p.budget_scope}:{p.budget_start}")
         # The acquire script's expiry for the counter: a day past the period's end.
-        await self._client.set(key, str(max(0, int(used))), nx=True, exat=p.budget_end + 86400)
+        await self._client.set(key, str(used), nx=True, exat=p.budget_end + 86400)
 
     def _acquire_keys(self, p: AcquirePlan, lease_id: str) -> list[str]:
         tid = p.tenant_id
