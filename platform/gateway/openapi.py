@@ -22,7 +22,7 @@ from starlette.routing import Route
 from gateway.schemas.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest
 from gateway.schemas.common import ErrorBody
 from gateway.schemas.completions import Completion, CompletionRequest
-from gateway.schemas.models import ModelList
+from gateway.schemas.models import ModelCard, ModelList
 
 REF = "#/components/schemas/{model}"
 BEARER = "TenantKey"
@@ -36,6 +36,7 @@ MODELS: tuple[type[BaseModel], ...] = (
     CompletionRequest,
     Completion,
     ModelList,
+    ModelCard,
     ErrorBody,
 )
 # Statuses each kind of route can answer with an OpenAI error body.
@@ -115,6 +116,23 @@ def gateway_paths() -> dict[str, Any]:
                         "content": {"application/json": {"schema": _ref(ModelList)}},
                     },
                     **_error_responses(AUTHED_ERRORS),
+                },
+            }
+        },
+        "/v1/models/{model}": {
+            "get": {
+                "summary": "Retrieve one model this key may use (404 for any other)",
+                "tags": ["openai"],
+                "security": [{BEARER: []}],
+                "parameters": [
+                    {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
+                ],
+                "responses": {
+                    "200": {
+                        "description": "The model",
+                        "content": {"application/json": {"schema": _ref(ModelCard)}},
+                    },
+                    **_error_responses({**AUTHED_ERRORS, "404": "Not served, or not allowed"}),
                 },
             }
         },

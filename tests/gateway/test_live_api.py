@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import httpx
+import openai
+import pytest
 
 from tests.gateway.conftest import OPERATOR_HEADERS, LiveGateway
 
@@ -126,6 +128,21 @@ def test_models_lists_only_allowed(gateway: LiveGateway) -> None:
     gateway.tenant("narrow", allowed_models=["other-model"])
     narrow_key = gateway.key("narrow")
     assert gateway.client(narrow_key).models.list().data == []
+
+
+def test_models_retrieve_only_allowed(gateway: LiveGateway) -> None:
+    open_key = gateway.tenant("acme")
+    card = gateway.client(open_key).models.retrieve(gateway.model)
+    assert (card.id, card.object, card.owned_by) == (gateway.model, "model", "cloister")
+    gateway.tenant("narrow", allowed_models=["other-model"])
+    narrow = gateway.client(gateway.key("narrow"))
+    # Not allowed and not served look the same: a key learns nothing of other models.
+    for name in (gateway.model, "no-such-model", "org/with-slash", "x" * 5000):
+        with pytest.raises(openai.NotFoundError) as caught:
+            narrow.models.retrieve(name)
+        assert caught.value.body["code"] == "model_not_found"  # type: ignore[index]
+    with pytest.raises(openai.AuthenticationError):
+        gateway.client("sk-clo-wrong").models.retrieve(gateway.model)
 
 
 def test_prefix_cache_is_per_tenant(gateway: LiveGateway) -> None:

@@ -1,4 +1,4 @@
-"""GET /v1/models: the models the caller's key may use."""
+"""GET /v1/models and /v1/models/{model}: the models the caller's key may use."""
 
 from __future__ import annotations
 
@@ -6,22 +6,40 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from gateway.errors import ModelNotFoundError
 from gateway.schemas.models import ModelCard, ModelList
 from gateway.state import app_state, client_host
 from tenancy.authenticator import allowed_models
 
 
-async def list_models(request: Request) -> JSONResponse:
-    """Lists the served models this key is allowed to use."""
+async def _allowed_cards(request: Request) -> list[ModelCard]:
     state = app_state(request)
     principal = await state.auth.authenticate(
         request.headers.get("authorization"), source=client_host(request)
     )
     names = allowed_models(principal, state.served_models)
-    body = ModelList(
-        data=[ModelCard(id=name, created=state.started_at, owned_by="cloister") for name in names]
+    return [ModelCard(id=name, created=state.started_at, owned_by="cloister") for name in names]
+
+
+async def list_models(request: Request) -> JSONResponse:
+    """Lists the served models this key is allowed to use."""
+    return JSONResponse(ModelList(data=await _allowed_cards(request)).model_dump())
+
+
+async def retrieve_model(request: Request) -> JSONResponse:
+    """One served model this key may use; 404 otherwise, also for one it may not use,
+    so that a key learns nothing of the models it is not allowed."""
+    name = request.path_params["model"]
+    for card in await _allowed_cards(request):
+        if card.id == name:
+            return JSONResponse(card.model_dump())
+    raise ModelNotFoundError(
+        f"the model {name!r} does not exist", param="model", code="model_not_found"
     )
-    return JSONResponse(body.model_dump())
 
 
-routes = [Route("/v1/models", list_models, methods=["GET"])]
+routes = [
+    Route("/v1/models", list_models, methods=["GET"]),
+    # :path, since model names may hold a slash (org/name)
+    Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
+]
