@@ -154,6 +154,7 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
     from tenancy.key_usage import LastUsedWriter
     from tenancy.limiter import make_limiter
 
+    loads_model = engine is None  # a given engine (tests, benchmarks) serves no model file
     if engine is None:
         engine = load_engine(settings, **engine_options)
     client = InProcessEngineClient(engine, model_name=settings.model_name)
@@ -222,6 +223,8 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
     app.include_router(create_admin_router(services))
     mount_console(app, services, engine_stats=gateway_engine_stats(app.state.cloister))
     app.state.metering = metering
+    if loads_model:
+        record_served_model(settings, services, context_length=client.max_model_len)
     app.state.admin_services = services  # run_server runs its audit checkpoint timer
     app.state.background_writers = (last_used, services.audit_writer)
     return app
@@ -295,6 +298,30 @@ def load_settings(**overrides: Any) -> Settings:
             for e in exc.errors()
         ]
         raise click.ClickException("invalid settings:\n" + "\n".join(lines)) from None
+
+
+def record_served_model(settings: Settings, services: Any, *, context_length: int) -> None:
+    """Records the loaded model in the registry (status `loaded`); warns when it has no
+    price, since its usage would then be billed at $0."""
+    import datetime as dt
+    import logging
+
+    from admin import registry
+    from admin.served_models import describe, record_served
+    from engine.model.loader import default_model_path
+
+    source = Path(settings.model) if settings.model else Path(default_model_path())
+    served = describe(settings.model_name, source, context_length)
+    record_served(services.sessions, services.audit_writer, served)
+    with services.sessions() as session:
+        prices = registry.price_at(session, model=served.name, when=dt.datetime.now(dt.UTC))
+    if prices == registry.FREE:
+        logging.getLogger("cloister.serve").warning(
+            "model %r has no price: its usage is billed at $0 until one is set "
+            "(POST /admin/api/v1/models/%s/prices)",
+            served.name,
+            served.name,
+        )
 
 
 def close_at_shutdown(app: FastAPI, *closers: Callable[[], None]) -> None:

@@ -1,0 +1,117 @@
+"""What `cloister serve` loaded, recorded in the registry at start-up.
+
+The registry is the source of truth for what is served: the model a server loads is
+registered (or brought up to date) with status `loaded`, and models left `loaded` by
+an earlier run that this one does not serve go back to `registered`. Each change is
+audited with the actor `system:serve`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from admin import registry
+from admin.audit_writer import AuditWriter
+from admin.models import RegisteredModel
+
+ACTOR = "system:serve"
+# How much of each end of a weights file the fingerprint reads: a full digest of a
+# multi-gigabyte file would cost seconds at every start.
+FINGERPRINT_EDGE_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """The model one server process loaded, as the registry describes it."""
+
+    name: str
+    source: str
+    format: str  # one of registry.MODEL_FORMATS
+    context_length: int
+    revision: str  # a fingerprint of the weights (see `fingerprint`)
+
+
+def fingerprint(source: Path) -> str:
+    """`sha256-edges:<hex>` of the weights' size and first and last MiB, per file.
+
+    Cheap enough for every start and changes whenever a file is replaced or resized;
+    not a full content digest, which the name says.
+    """
+    files = sorted(p for p in source.rglob("*") if p.is_file()) if source.is_dir() else [source]
+    digest = hashlib.sha256()
+    for path in files:
+        size = path.stat().st_size
+        digest.update(f"{path.name}\0{size}\0".encode())
+        with path.open("rb") as f:
+            digest.update(f.read(FINGERPRINT_EDGE_BYTES))
+            if size > 2 * FINGERPRINT_EDGE_BYTES:
+                f.seek(size - FINGERPRINT_EDGE_BYTES)
+                digest.update(f.read(FINGERPRINT_EDGE_BYTES))
+    return f"sha256-edges:{digest.hexdigest()[:32]}"
+
+
+def describe(name: str, source: Path, context_length: int) -> ServedModel:
+    """The registry's description of a model file (GGUF) or Hugging Face folder."""
+    fmt = "safetensors" if source.is_dir() else "gguf"
+    return ServedModel(
+        name=name,
+        source=str(source.resolve()),
+        format=fmt,
+        context_length=context_length,
+        revision=fingerprint(source),
+    )
+
+
+def record_served(
+    sessions: sessionmaker[Session], audit: AuditWriter, served: ServedModel
+) -> RegisteredModel:
+    """Registers `served` as loaded (new or updated); un-loads the models it replaced."""
+    with sessions() as session:
+        row = session.scalars(
+            select(RegisteredModel).where(RegisteredModel.name == served.name)
+        ).first()
+        if row is None:
+            row = registry.register_model(
+                session,
+                name=served.name,
+                source=served.source,
+                format=served.format,
+                context_length=served.context_length,
+                revision=served.revision,
+            )
+            _audit(audit, "model.register", served.name, revision=served.revision)
+        changed = {
+            field: getattr(served, field)
+            for field in ("source", "format", "context_length", "revision")
+            if getattr(row, field) != getattr(served, field)
+        }
+        for field, value in changed.items():
+            setattr(row, field, value)
+        if row.status != "loaded" or changed:
+            row.status = "loaded"
+            session.commit()
+            _audit(audit, "model.load", served.name, **changed)
+        for stale in registry.list_models(session, status="loaded"):
+            if stale.name != served.name:
+                stale.status = "registered"
+                session.commit()
+                _audit(audit, "model.unload", stale.name)
+        session.refresh(row)
+        session.expunge(row)
+        return row
+
+
+def _audit(audit: AuditWriter, action: str, name: str, **detail: object) -> None:
+    audit.record(
+        actor=ACTOR,
+        role="system",
+        action=action,
+        resource=f"models/{name}",
+        outcome="success",
+        detail=detail or None,
+    )
