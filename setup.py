@@ -12,6 +12,7 @@ ROOTS = {
     "cloister": "platform/cloister",
     "gateway": "platform/gateway",
     "admin": "platform/admin",
+    "server": "platform/server",
 }
 
 packages: list[str] = []

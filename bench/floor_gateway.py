@@ -23,9 +23,9 @@ import redis.asyncio
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
-from cloister.commands.serve import load_engine, serve_engine_options
-from cloister.settings import Settings
 from engine.sampling_params import SamplingParams
+from server.settings import Settings
+from server.wiring import load_engine, serve_engine_options
 from tests.utils.fast_fake_model import fast_fake_llm_engine
 
 # One counter per request: the least an exact Redis-backed limiter does.

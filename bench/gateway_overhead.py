@@ -58,10 +58,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.floor_gateway import serve_floor  # noqa: E402
 from bench.litellm_peer import litellm_proxy  # noqa: E402
-from cloister.commands.serve import load_engine, run_server, serve_engine_options  # noqa: E402
-from cloister.settings import Settings  # noqa: E402
+from cloister.commands.serve import run_server  # noqa: E402
 from engine.async_engine import AsyncEngine  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
+from server.settings import Settings  # noqa: E402
+from server.wiring import load_engine, serve_engine_options  # noqa: E402
 from tests.gateway.processes import (  # noqa: E402
     create_tenant_key,
     database,

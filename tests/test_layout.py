@@ -1,5 +1,6 @@
 """The repository layout keeps the standard library's `platform` module importable."""
 
+import ast
 import importlib
 import pathlib
 import subprocess
@@ -23,5 +24,28 @@ def test_stdlib_platform_still_works_from_repo_root() -> None:
 
 
 def test_platform_packages_import_by_their_own_names() -> None:
-    for name in ("engine", "tenancy", "cloister", "gateway", "admin"):
+    for name in ("engine", "tenancy", "cloister", "server", "gateway", "admin"):
         assert importlib.import_module(name) is not None
+
+
+def imported_roots(package: pathlib.Path) -> set[str]:
+    """Top-level names every module under `package` imports (lazy imports included)."""
+    roots: set[str] = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                roots.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                roots.add(node.module.split(".")[0])
+    return roots
+
+
+def test_imports_go_one_way() -> None:
+    """The services never import the CLI; tenancy never imports the services; the engine
+    imports none of them (it runs alone on a GPU image)."""
+    services = {"cloister", "server", "gateway", "admin"}
+    assert "cloister" not in imported_roots(ROOT / "platform" / "gateway")
+    assert "cloister" not in imported_roots(ROOT / "platform" / "admin")
+    assert "cloister" not in imported_roots(ROOT / "platform" / "server")
+    assert not imported_roots(ROOT / "tenancy") & services
+    assert not imported_roots(ROOT / "engine") & (services | {"tenancy"})

@@ -9,7 +9,6 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from opentelemetry.sdk.trace import TracerProvider
 
-from cloister.settings import Settings
 from gateway.admission import AsyncLimiter
 from gateway.auth_cache import CachingAuthenticator
 from gateway.engine_client import EngineClient
@@ -21,6 +20,7 @@ from gateway.state import AppState, AuthenticatorLike, OperatorAuth
 from gateway.tokenize import PromptTokenizer
 from gateway.tracing import gateway_tracer, make_tracer_provider
 from gateway.usage import LoggingUsageSink, UsageSink
+from server.settings import Settings
 from tenancy.limiter.base import Limiter
 from tenancy.unique_ids import UniqueIds
 

@@ -8,13 +8,13 @@ from dataclasses import dataclass
 from fastapi import Request
 from opentelemetry.trace import Tracer
 
-from cloister.settings import Settings
 from gateway.admission import AsyncLimiter
 from gateway.auth_cache import AuthenticatorLike, CachingAuthenticator
 from gateway.engine_client import EngineClient
 from gateway.metrics import GatewayMetrics
 from gateway.tokenize import PromptTokenizer
 from gateway.usage import UsageSink
+from server.settings import Settings
 from tenancy.unique_ids import UniqueIds
 
 __all__ = ["AppState", "AuthenticatorLike", "OperatorAuth", "app_state", "client_host"]

@@ -19,7 +19,7 @@ from admin.audit_log import AuditLog, event_dict
 from admin.models import AuditCheckpoint, AuditEvent
 from cloister.commands import admin as admin_cmd
 from cloister.commands import audit as audit_cmd
-from cloister.settings import Settings
+from server.settings import Settings
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tests.admin.conftest import SIGNING_SEED
 

@@ -39,7 +39,7 @@ def test_create_token_json_then_audit_round_trip(cli: click.Group, tmp_path: Pat
     from fastapi.testclient import TestClient
 
     from admin.app import create_admin_app, make_services
-    from cloister.settings import Settings
+    from server.settings import Settings
     from tenancy.db import make_engine, make_session_factory
 
     settings = Settings()

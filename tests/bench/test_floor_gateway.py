@@ -9,8 +9,8 @@ import redis
 from starlette.testclient import TestClient
 
 from bench.floor_gateway import FloorApp
-from cloister.settings import Settings
 from engine.sampling_params import SamplingParams
+from server.settings import Settings
 from tests.utils.fast_fake_model import fast_fake_llm_engine
 from tests.utils.services import delete_prefix, redis_url
 
@@ -18,7 +18,7 @@ MESSAGES = [{"role": "user", "content": "Write one sentence about caches."}]
 
 
 def _offline_text(settings: Settings, prompt_ids: list[int], max_tokens: int) -> str:
-    from cloister.commands.serve import serve_engine_options
+    from server.wiring import serve_engine_options
 
     engine = fast_fake_llm_engine(**serve_engine_options(settings))
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)

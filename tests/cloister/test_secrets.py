@@ -18,9 +18,9 @@ from pydantic import SecretStr, ValidationError
 from admin.app import create_admin_app, make_services
 from admin.identity import AdminIdentity, create_admin_token, issue_session
 from cloister.commands.keys import commands as key_commands
-from cloister.commands.serve import prepare_database
 from cloister.commands.tenants import commands as tenant_commands
-from cloister.settings import Settings
+from server.settings import Settings
+from server.wiring import prepare_database
 from tenancy.db import make_engine, make_session_factory
 from tenancy.keys import find_key
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from cloister.settings import Settings
+from server.settings import Settings
 
 
 def test_development_audit_key_is_made_once_and_private(tmp_path: Path) -> None:
@@ -109,8 +109,8 @@ def engine_fields(config: object) -> dict[str, object]:
 def test_every_engine_setting_reaches_the_engine_config(tmp_path: Path) -> None:
     import torch
 
-    from cloister.commands.serve import serve_engine_options
     from engine.llm_engine import build_config
+    from server.wiring import serve_engine_options
 
     default = engine_fields(build_config("m"))
     for name, value in ENGINE_SETTINGS.items():
@@ -131,7 +131,7 @@ def test_every_engine_setting_reaches_the_engine_config(tmp_path: Path) -> None:
 
 
 def test_multi_tenant_defaults_and_auto_device() -> None:
-    from cloister.commands.serve import serve_engine_options
+    from server.wiring import serve_engine_options
 
     settings = Settings()
     assert settings.scheduling_policy == "fair_lpm"
@@ -170,12 +170,13 @@ def test_bad_engine_settings_are_refused_at_start(flags: list[str], tmp_path: Pa
 def test_bad_environment_settings_are_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     import click
 
-    from cloister.commands.serve import load_settings, resolve_device
+    from cloister.commands.serve import load_settings
+    from server.wiring import DeviceUnavailableError, resolve_device
 
     monkeypatch.setenv("CLOISTER_PREFIX_CACHE", "trie")
     with pytest.raises(click.ClickException, match="prefix_cache"):
         load_settings()
-    with pytest.raises(click.ClickException, match="no CUDA GPU"):
+    with pytest.raises(DeviceUnavailableError, match="no CUDA GPU"):
         resolve_device("cuda", cuda_available=False)
 
 

@@ -23,11 +23,11 @@ from openai import OpenAI
 from opentelemetry.sdk.trace import TracerProvider
 from sqlalchemy.orm import Session, sessionmaker
 
-from cloister.logging_setup import configure_logging
-from cloister.settings import Settings
 from gateway.app import create_app
 from gateway.engine_client import InProcessEngineClient
 from gateway.usage import UsageRecord
+from server.logging_setup import configure_logging
+from server.settings import Settings
 from tenancy import store
 from tenancy.authenticator import Authenticator
 from tenancy.db import make_engine, make_session_factory, upgrade_database

@@ -17,9 +17,9 @@ import httpx
 import openai
 import pytest
 
-from cloister.commands.serve import load_engine
-from cloister.settings import Settings
 from engine.process_engine import ProcessEngine
+from server.settings import Settings
+from server.wiring import load_engine
 from tenancy.limiter.memory import MemoryLimiter
 from tests.gateway.conftest import LiveGateway, start_gateway
 from tests.utils.tiny_model import make_tiny_model_dir

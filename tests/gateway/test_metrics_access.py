@@ -10,8 +10,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from admin.identity import create_admin_token
-from cloister.commands.serve import build_app, prepare_database
-from cloister.settings import Settings
+from server.settings import Settings
+from server.wiring import build_app, prepare_database
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory
 from tests.gateway.conftest import PEPPER

@@ -14,11 +14,11 @@ import redis.asyncio
 from click.testing import CliRunner
 from opentelemetry import trace
 
-from cloister.logging_setup import configure_logging, redact
 from gateway.engine_client import EngineSnapshot
 from gateway.metrics import GatewayMetrics
 from gateway.ratelimit_headers import format_duration
 from gateway.tracing import extract_context
+from server.logging_setup import configure_logging, redact
 from tenancy.limiter.redis_limiter import RedisLimiter
 from tests.gateway.conftest import make_test_engine, start_gateway
 from tests.utils.services import delete_prefix, redis_url
@@ -99,8 +99,9 @@ def test_reset_duration_format() -> None:
 
 
 def test_serve_help_and_first_start_database(tmp_path: Path) -> None:
-    from cloister.commands.serve import commands, prepare_database
-    from cloister.settings import Settings
+    from cloister.commands.serve import commands
+    from server.settings import Settings
+    from server.wiring import prepare_database
 
     result = CliRunner().invoke(commands[0], ["--help"])
     assert result.exit_code == 0 and "--redis-url" in result.output

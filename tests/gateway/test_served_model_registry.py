@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 
 from admin import registry
 from admin.identity import create_admin_token
-from cloister.commands.serve import build_app
-from cloister.settings import Settings
+from server.settings import Settings
+from server.wiring import build_app
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tests.gateway.conftest import PEPPER
 from tests.utils.tiny_model import make_tiny_model_dir

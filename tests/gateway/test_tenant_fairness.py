@@ -21,9 +21,9 @@ import pytest
 from openai import AsyncOpenAI
 from sqlalchemy import select
 
-from cloister.commands.serve import serve_engine_options
-from cloister.settings import Settings
 from engine.async_engine import AsyncEngine
+from server.settings import Settings
+from server.wiring import serve_engine_options
 from tenancy import store
 from tenancy.limiter.memory import MemoryLimiter
 from tenancy.models import Tenant

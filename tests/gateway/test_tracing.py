@@ -9,8 +9,8 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from cloister.settings import Settings
 from gateway.tracing import extract_context, gateway_tracer, make_tracer_provider
+from server.settings import Settings
 from tenancy.limiter.memory import MemoryLimiter
 from tests.gateway.conftest import start_gateway
 from tests.gateway.fakes import FakeEngine

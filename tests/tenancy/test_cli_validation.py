@@ -13,7 +13,7 @@ from click.testing import CliRunner, Result
 from cloister.commands import billing as billing_cmd
 from cloister.commands.keys import commands as key_commands
 from cloister.commands.tenants import commands as tenant_commands
-from cloister.settings import Settings
+from server.settings import Settings
 from tenancy.db import make_engine, make_session_factory
 from tenancy.models import ApiKey
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from cloister.settings import Settings, private_data_dir
+from server.settings import Settings, private_data_dir
 
 
 @contextmanager

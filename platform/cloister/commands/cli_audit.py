@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from cloister.settings import Settings
+from server.settings import Settings
 
 
 def cli_actor() -> str:

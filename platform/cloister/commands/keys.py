@@ -9,7 +9,7 @@ import click
 
 from cloister.commands.cli_audit import audit_change
 from cloister.commands.tenants import open_session, parse_models
-from cloister.settings import Settings
+from server.settings import Settings
 from tenancy import store
 from tenancy.models import ApiKey
 

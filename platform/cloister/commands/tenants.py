@@ -12,7 +12,7 @@ import click
 from sqlalchemy.orm import Session
 
 from cloister.commands.cli_audit import audit_change
-from cloister.settings import Settings
+from server.settings import Settings
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tenancy.errors import InvalidValueError, TenancyError

@@ -1,0 +1,259 @@
+"""How `cloister serve` assembles one app: the engine from settings, the gateway over it,
+the admin API and console beside it, and what runs at start-up and shutdown.
+
+The CLI's `serve` command only parses flags and runs uvicorn over `build_app`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from server.settings import Settings, private_data_dir
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from engine.llm_engine import LLMEngine
+
+
+class DeviceUnavailableError(ValueError):
+    """The `device` setting names a device this machine does not have."""
+
+
+def prepare_database(settings: Settings) -> bool:
+    """Creates the data dir and migrates the database; True when it has no tenant yet."""
+    from sqlalchemy import func, select
+
+    from tenancy.db import make_engine, upgrade_database
+    from tenancy.models import Tenant
+
+    private_data_dir(settings.data_dir)
+    url = settings.resolved_database_url
+    upgrade_database(url)
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(Tenant)).scalar_one()) == 0
+    finally:
+        engine.dispose()
+
+
+def resolve_device(requested: str, *, cuda_available: bool | None = None) -> str:
+    """ "cpu" or "cuda" for the `device` setting; "cuda" without a GPU is refused."""
+    if cuda_available is None:
+        import torch
+
+        cuda_available = bool(torch.cuda.is_available())
+    if requested == "auto":
+        return "cuda" if cuda_available else "cpu"
+    if requested == "cuda" and not cuda_available:
+        raise DeviceUnavailableError("device is 'cuda' but no CUDA GPU is available here")
+    return requested
+
+
+def resolve_dtype(requested: str, device: str) -> str:
+    """The `dtype` setting on `device`: "auto" is bfloat16 on CUDA and float32 elsewhere."""
+    if requested == "auto":
+        return "bfloat16" if device == "cuda" else "float32"
+    return requested
+
+
+def serve_engine_options(
+    settings: Settings, *, cuda_available: bool | None = None
+) -> dict[str, Any]:
+    """The engine options `cloister serve` derives from its settings (besides the model).
+
+    On CUDA, "auto" attention is triton (the engine's own choice for the device).
+    """
+    device = resolve_device(settings.device, cuda_available=cuda_available)
+    return {
+        "device": device,
+        "dtype": resolve_dtype(settings.dtype, device),
+        "max_model_len": settings.max_model_len,
+        "enforce_eager": settings.enforce_eager,
+        "kv_cache_bytes": settings.kv_cache_bytes,
+        "gpu_memory_utilization": settings.gpu_memory_utilization,
+        "block_size": settings.block_size,
+        "prefix_cache": settings.prefix_cache,
+        "min_cached_blocks": settings.min_cached_blocks,
+        "min_cached_share": settings.min_cached_share,
+        "strict_partition": settings.strict_partition,
+        "retention_ttl_s": settings.retention_ttl_s,
+        "scrub_freed_blocks": settings.scrub_freed_blocks,
+        "max_num_seqs": settings.max_num_seqs,
+        "max_num_batched_tokens": settings.max_num_batched_tokens,
+        "prefill_chunk_size": settings.prefill_chunk_size,
+        "max_waiting": settings.max_waiting,
+        "max_n": settings.max_n,
+        "scheduling_policy": settings.scheduling_policy,
+        "attention_backend": settings.attention_backend,
+    }
+
+
+def load_engine(
+    settings: Settings, *, factory: Callable[[], LLMEngine] | None = None, **engine_options: Any
+) -> Any:
+    """The engine front `settings.engine_mode` asks for.
+
+    "thread": an AsyncEngine whose loop is a thread of this process; "process": a
+    ProcessEngine whose loop is a child process (this call waits for it to be ready).
+    The engine is `factory()` (picklable, for the child) when given, else
+    `settings.model` with the serve options and `engine_options`.
+    """
+    options = {**serve_engine_options(settings), **engine_options}
+    if settings.engine_mode == "process":
+        from engine.process_engine import ProcessEngine
+
+        return ProcessEngine(
+            factory
+            or functools.partial(build_engine_in_child, settings.log_level, settings.model, options)
+        )
+    from engine.async_engine import AsyncEngine
+    from engine.llm_engine import LLMEngine
+
+    return AsyncEngine(factory() if factory else LLMEngine.from_options(settings.model, **options))
+
+
+def build_engine_in_child(log_level: str, model: str | None, options: dict[str, Any]) -> LLMEngine:
+    """The engine process's factory: the server's log format, then the model."""
+    from engine.llm_engine import LLMEngine
+    from server.logging_setup import configure_logging
+
+    configure_logging(log_level)
+    return LLMEngine.from_options(model, **options)
+
+
+def build_app(settings: Settings, *, engine: Any | None = None, **engine_options: Any) -> FastAPI:
+    """The wired gateway: authenticator on the database, limiter from settings, engine in-process.
+
+    `engine` may be an already built engine front (tests, benchmarks); otherwise one is
+    loaded from `settings.model` (None: the bundled SmolLM2) with `engine_options`, on
+    a thread or in a child process as `settings.engine_mode` says.
+    """
+    from gateway.app import create_app
+    from gateway.auth_cache import READ_THREADS, CachingAuthenticator
+    from gateway.engine_client import InProcessEngineClient
+    from tenancy.auth_throttle import FailureThrottle
+    from tenancy.authenticator import Authenticator
+    from tenancy.db import make_engine, make_session_factory
+    from tenancy.key_usage import LastUsedWriter
+    from tenancy.limiter import make_limiter
+
+    loads_model = engine is None  # a given engine (tests, benchmarks) serves no model file
+    if engine is None:
+        engine = load_engine(settings, **engine_options)
+    client = InProcessEngineClient(engine, model_name=settings.model_name)
+    url = settings.resolved_database_url
+    timeout_ms = int(settings.auth_read_timeout_s * 1000)
+    # Three pools, so tenant traffic never waits on the admin API's database use: the
+    # gateway's key reads (one connection per read thread), the admin API's requests,
+    # and the background writers (audit, metering, last_used_at).
+    gateway_sessions = make_session_factory(
+        make_engine(
+            url,
+            pool_size=READ_THREADS,
+            max_overflow=0,
+            pool_timeout_s=settings.auth_read_timeout_s,
+            statement_timeout_ms=timeout_ms,
+        )
+    )
+    sessions = make_session_factory(
+        make_engine(url, pool_size=settings.db_pool_size, max_overflow=settings.db_pool_size)
+    )
+    writer_sessions = make_session_factory(make_engine(url, pool_size=3, max_overflow=2))
+    pepper = settings.key_pepper.get_secret_value()
+    last_used = LastUsedWriter(writer_sessions, interval_s=max(1.0, settings.config_refresh_s))
+    from admin.app import make_services
+    from admin.deps import operator_auth
+    from admin.metering import MeteringSink
+    from admin.router import create_admin_router
+    from admin.ui import gateway_engine_stats, mount_console
+    from admin.usage_store import UsageLedger
+
+    admin_settings = settings.admin_settings()
+    services = make_services(
+        sessions, pepper=pepper, settings=admin_settings, audit_sessions=writer_sessions
+    )
+    # Started first: it replays a spool left by a killed process into the ledger, from
+    # which the limiter seeds its budget counters.
+    metering = MeteringSink(writer_sessions, admin_settings.spool_path).start()
+    limiter = make_limiter(
+        settings.redis_url,
+        fail_mode=settings.limiter_fail_mode,
+        local_cap_rpm=settings.limiter_local_cap_rpm,
+        key_prefix=settings.redis_key_prefix,
+        budget_ledger=UsageLedger(writer_sessions),
+    )
+    # One cache (the gateway's): the inner Authenticator keeps none, so the revocation
+    # window is config_refresh_s.
+    authenticator = CachingAuthenticator(
+        Authenticator(gateway_sessions, pepper, refresh_s=0.0, last_used=last_used.start()),
+        refresh_s=settings.config_refresh_s,
+        max_stale_s=settings.auth_max_stale_s,
+        read_timeout_s=settings.auth_read_timeout_s,
+        throttle=FailureThrottle(
+            limit=settings.auth_failure_limit, window_s=settings.auth_failure_window_s
+        ),
+        denials=services.audit_writer,
+    )
+    app = create_app(
+        settings,
+        engine_client=client,
+        authenticator=authenticator,
+        limiter=limiter,
+        usage_sink=metering,
+        operator_auth=operator_auth(services),  # who sees the tenant series on /metrics
+    )
+    # One process serves the admin API and its console next to the gateway.
+    app.include_router(create_admin_router(services))
+    mount_console(app, services, engine_stats=gateway_engine_stats(app.state.cloister))
+    app.state.metering = metering
+    if loads_model:
+        record_served_model(settings, services, context_length=client.max_model_len)
+    app.state.admin_services = services  # run_server runs its audit checkpoint timer
+    app.state.background_writers = (last_used, services.audit_writer)
+    return app
+
+
+def record_served_model(settings: Settings, services: Any, *, context_length: int) -> None:
+    """Records the loaded model in the registry (status `loaded`); warns when it has no
+    price, since its usage would then be billed at $0."""
+    import datetime as dt
+    import logging
+
+    from admin import registry
+    from admin.served_models import describe, record_served
+    from engine.model.loader import default_model_path
+
+    source = Path(settings.model) if settings.model else Path(default_model_path())
+    served = describe(settings.model_name, source, context_length)
+    record_served(services.sessions, services.audit_writer, served)
+    with services.sessions() as session:
+        prices = registry.price_at(session, model=served.name, when=dt.datetime.now(dt.UTC))
+    if prices == registry.FREE:
+        logging.getLogger("cloister.serve").warning(
+            "model %r has no price: its usage is billed at $0 until one is set "
+            "(POST /admin/api/v1/models/%s/prices)",
+            served.name,
+            served.name,
+        )
+
+
+def close_at_shutdown(app: FastAPI, *closers: Callable[[], None]) -> None:
+    """Runs `closers` in order, off the event loop, once the app's lifespan has ended."""
+    from starlette.concurrency import run_in_threadpool
+
+    inner = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(a: FastAPI) -> AsyncIterator[None]:
+        async with inner(a):
+            yield
+        for close in closers:
+            await run_in_threadpool(close)
+
+    app.router.lifespan_context = lifespan
