@@ -166,6 +166,7 @@ class EngineLoop:
         # and when that report went (None: none yet, so the first report carries them).
         self._domains_changed = False
         self._domains_sent_at: float | None = None
+        self._cache_rules: CacheRules | None = None  # the last rules applied
 
     def put(self, item: InboxItem) -> None:
         """Hands one item to the loop (any thread)."""
@@ -238,13 +239,17 @@ class EngineLoop:
                 aborted.append(item.token)
                 continue
             if isinstance(item, UpdateCacheRules):
+                if item.rules == self._cache_rules:
+                    continue  # a periodic push of the same rules: nothing to do or report
                 try:
                     self.engine.update_cache_rules(item.rules)
                 except (TypeError, ValueError):
                     # The rules are validated where they are built; a bad push must not
                     # take the engine down, and the last good rules stay in force.
                     log.exception("cache rules were refused")
-                self._domains_changed = True
+                else:
+                    self._cache_rules = item.rules
+                    self._domains_changed = True  # a withdrawal may have evicted blocks
                 continue
             self._num_added += 1
             try:

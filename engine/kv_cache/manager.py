@@ -110,6 +110,7 @@ class KVCacheManager:
         # those of the last `apply_rules` push; `_published` is their union.
         self._base_published: dict[tuple[int, ...], bytes] = {}
         self._pushed: dict[tuple[int, ...], bytes] = {}
+        self._rules = CacheRules()  # the last push
         self._published: dict[tuple[int, ...], bytes] = {}
         self._public: set[int] = set()  # registered blocks of the public domain
         # Maps per domain, pruned when the domain goes idle (see `_maybe_idle`).
@@ -179,6 +180,9 @@ class KVCacheManager:
         """
         if not isinstance(rules, CacheRules):
             raise TypeError(f"apply_rules takes CacheRules, not {type(rules).__name__}")
+        if rules == self._rules:
+            return  # the registry pushes every few seconds, mostly the same rules
+        self._rules = rules
         self.ledger.set_rules(rules.rule_map())
         self._pushed = {p: tokens_digest(p) for p in rules.published if len(p) >= self.block_size}
         self._published = {**self._base_published, **self._pushed}

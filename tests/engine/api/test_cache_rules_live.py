@@ -15,6 +15,7 @@ import pytest
 
 from engine import AsyncEngine, SamplingParams
 from engine.async_engine import EngineFront
+from engine.core_loop import EngineLoop, UpdateCacheRules
 from engine.errors import EngineDeadError
 from engine.kv_cache.cache_rules import CacheRules, DomainRule
 from engine.llm_engine import LLMEngine
@@ -96,3 +97,31 @@ def test_the_engine_applies_pushed_rules_to_its_cache(tiny_model: pathlib.Path) 
     assert engine.kv.ledger.floor("t:a/k:1") == 16
     assert engine.kv.published_prefixes() == {SYSTEM}
     engine.kv.check_integrity()
+
+
+class _RulesOnlyEngine:
+    """The part of LLMEngine the loop touches for rule pushes, recording them."""
+
+    def __init__(self) -> None:
+        self.applied: list[CacheRules] = []
+
+    def update_cache_rules(self, rules: CacheRules) -> None:
+        if rules.domains and rules.domains[0][0] == "refuse":
+            raise ValueError("refused")
+        self.applied.append(rules)
+
+    def has_unfinished(self) -> bool:
+        return False
+
+
+def test_the_loop_applies_each_push_in_order_and_skips_repeats() -> None:
+    engine = _RulesOnlyEngine()
+    loop = EngineLoop(engine, lambda report: None)  # type: ignore[arg-type]
+    one = CacheRules(published=(SYSTEM,))
+    two = CacheRules(domains=(("t:a", DomainRule(floor_blocks=1)),))
+    bad = CacheRules(domains=(("refuse", DomainRule()),))
+    for rules in (one, CacheRules(published=(SYSTEM,)), two, bad, two, one):
+        loop.put(UpdateCacheRules(rules))
+    assert loop._take_inbox([], [], []) is False
+    # The repeat of `one` is skipped; the refused push leaves `two` in force.
+    assert engine.applied == [one, two, one]
