@@ -16,6 +16,7 @@ from engine.attention.backend import get_attention_backend
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from engine.errors import EngineOverloadedError, InvalidRequestError
 from engine.kv_cache.manager import KVCacheManager
+from engine.model.fused import load_fused_ops, resolve_fused_ops
 from engine.model.loader import LoadedModel, load_model
 from engine.outputs import StreamEvent
 from engine.request_state import RequestState
@@ -82,6 +83,9 @@ class LLMEngine:
             loaded = load_model(
                 config.model.path or None, dtype=config.model.dtype, device=device, progress=False
             )
+        # Before the memory profile and graph capture, which must run the same kernels.
+        fused = resolve_fused_ops(config.model.fused_ops, device)
+        loaded.model.use_fused_ops(load_fused_ops() if fused else None)
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
         self.arch = loaded.arch
