@@ -129,6 +129,16 @@ class LLMEngine:
                 config.model.cuda_graph_max_batch or config.scheduler.max_num_seqs,
                 self.max_model_len,
             )
+        graphs = self.runner.graphs.captured_sizes if self.runner.graphs else ()
+        # One line that says which path this engine runs (the GPU check greps it).
+        log.info(
+            "engine path: device %s, dtype %s, attention %s, fused ops %s, cuda graphs %s",
+            device,
+            str(config.model.dtype).removeprefix("torch."),
+            backend.name,
+            "on" if fused else "off",
+            f"for batch sizes {list(graphs)}" if graphs else "off",
+        )
         self.requests: dict[str, RequestState] = {}
         # Requests refused after they were queued, to make room for a tenant under its
         # share of the waiting slots; the caller reports them (`take_refused`).

@@ -23,7 +23,7 @@ from engine.model.fused import (
     resolve_fused_ops,
 )
 from engine.model.hf_loader import architecture_from_config
-from engine.model.llama import LlamaForCausalLM
+from engine.model.llama import LlamaDecoderLayer, LlamaForCausalLM
 from engine.sampling_params import SamplingParams
 from tests.engine.runner.factory import tiny_arch, tiny_engine, tiny_model
 from tests.utils.model_step import ModelStepper
@@ -106,7 +106,8 @@ def test_unpacked_projections_take_the_fused_path_too() -> None:
     arch = architecture_from_config(tiny_config(qwen2=True))
     model = LlamaForCausalLM(arch).to(DEVICE).eval().requires_grad_(False)
     model.load_state_dict(random_state_dict(arch, seed=2), strict=False)
-    assert model.model.layers[0].self_attn.qkv_weight is None
+    layer = model.model.layers[0]
+    assert isinstance(layer, LlamaDecoderLayer) and layer.self_attn.qkv_weight is None
     with torch.inference_mode():
         reference = _prefill_then_decode(model, steps=1)
         model.use_fused_ops(load_fused_ops())
