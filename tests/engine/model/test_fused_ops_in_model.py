@@ -9,7 +9,10 @@ included.
 
 from __future__ import annotations
 
+import collections
 import os
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -101,6 +104,33 @@ def test_fused_path_is_not_the_torch_path() -> None:
 
 
 @needs_kernels
+def test_every_fused_kernel_runs_in_every_layer() -> None:
+    arch = architecture_from_config(tiny_config(num_layers=3))
+    model = _loaded_model(arch)
+    real = load_fused_ops()
+    calls: collections.Counter[str] = collections.Counter()
+
+    def counted(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any) -> Any:
+            calls[name] += 1
+            return fn(*args)
+
+        return wrapper
+
+    model.use_fused_ops(
+        type(real)(
+            add_rms_norm=counted("norm", real.add_rms_norm),
+            rotary_=counted("rotary", real.rotary_),
+            silu_and_mul=counted("silu", real.silu_and_mul),
+        )
+    )
+    with torch.inference_mode():
+        _prefill_then_decode(model, steps=0)
+    # Two norms per layer (each with the residual add before it) and the final one.
+    assert calls == {"norm": 2 * 3 + 1, "rotary": 3, "silu": 3}
+
+
+@needs_kernels
 def test_unpacked_projections_take_the_fused_path_too() -> None:
     """A model built by its constructor (q/k/v and gate/up not packed) gives the same logits."""
     arch = architecture_from_config(tiny_config(qwen2=True))
@@ -168,7 +198,9 @@ def test_resolution_of_the_fused_ops_mode(monkeypatch: pytest.MonkeyPatch) -> No
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert resolve_fused_ops("off", cuda) is False
     assert resolve_fused_ops("auto", cpu) is False  # the CPU default is the torch path
-    assert resolve_fused_ops("auto", cuda) is True  # triton is installed here
+    monkeypatch.setattr("engine.model.fused.triton_importable", lambda: True)
+    assert resolve_fused_ops("auto", cuda) is True
+    assert resolve_fused_ops("on", cuda) is True
     monkeypatch.setattr("engine.model.fused.triton_importable", lambda: False)
     assert resolve_fused_ops("auto", cuda) is False
     with pytest.raises(FusedOpsUnavailableError, match="triton is not installed"):
