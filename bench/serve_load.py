@@ -1,10 +1,11 @@
 """A small serving benchmark client (stdlib only): the GPU check's fallback to SGLang's.
 
-`--concurrency` threads each send streamed `/v1/completions` requests of random token
-ids (`--input-len` ids, `--output-len` tokens; the EOS ids are biased away so every
-request runs to its length) until `--num-prompts` are done. It prints one JSON line
-with the figures SGLang's bench_serving gives: request and token throughput, TTFT,
-inter-token latency (ITL) and time per output token (TPOT), mean / p50 / p99.
+`--concurrency` threads each send streamed greedy `/v1/completions` requests of random
+token ids (`--input-len` ids, at most `--output-len` tokens) until `--num-prompts` are
+done. It prints one JSON line with the figures SGLang's bench_serving gives: request
+and token throughput, TTFT, inter-token latency (ITL) and time per output token
+(TPOT), mean / p50 / p99. Token counts are the server's (`usage`), so an output that
+ended at an EOS counts what it had; `--eos-bias` biases the EOS ids away instead.
 
     python bench/serve_load.py --base-url http://127.0.0.1:8123 --model bench \
         --api-key sk-... [--num-prompts 64] [--concurrency 16] [--json-out F]
@@ -128,8 +129,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "temperature": 0.0,
                 "stream": True,
                 "stream_options": {"include_usage": True},
-                "logit_bias": EOS_BIAS,
             }
+            if args.eos_bias:
+                body["logit_bias"] = EOS_BIAS
             res = stream_completion(url, body, args.api_key)
             with lock:
                 results.append(res)
@@ -151,6 +153,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "concurrency": args.concurrency,
         "input_len": args.input_len,
         "output_len": args.output_len,
+        "eos_bias": args.eos_bias,
         "completed": len(ok),
         "failed": len(results) - len(ok),
         "first_error": next((r.error for r in results if not r.ok), ""),
@@ -178,6 +181,7 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--vocab", type=int, default=49152)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eos-bias", action="store_true", help="bias the EOS ids away")
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args()
     figures = run(args)

@@ -6,8 +6,8 @@
 #   run(command="bash scripts/gpu_check.sh", carry=[".whl", "var/gpu"], timeout_s=580)
 # Figures and logs are written to a work folder and packed after every step into
 # $OUT/gpu_check.tgz (the device tool returns at most 8 files); $OUT/summary.txt,
-# $OUT/decode_vs_hf.png, $OUT/serve_bench.json and $OUT/serve_path.txt come back
-# beside it. The archive holds kernel test logs and junit XML, gpu.json (every
+# $OUT/decode_vs_hf.png, $OUT/serve_bench.json (SGLang's bench_serving),
+# $OUT/serve_load.json (bench/serve_load.py) and $OUT/serve_path.txt come back beside it. The archive holds kernel test logs and junit XML, gpu.json (every
 # figure), the server's log and one .log per step.
 #
 # That machine has Python 3.12 with torch, triton, transformers, numpy and pytest
@@ -25,7 +25,7 @@
 #   serve   scripts/gpu_serve_bench.sh: `cloister serve` with no engine flag on
 #           random weights in SmolLM2-135M's shape (SERVE_SHAPE=llama-1b: a 1B
 #           Llama), the engine path it picked (device, dtype, attention, fused ops,
-#           CUDA graphs), then SGLang's bench_serving (or bench/serve_load.py);
+#           CUDA graphs), then SGLang's bench_serving and bench/serve_load.py;
 #   decode  bench/gpu_decode.py, every part: the attention kernels (triton vs SDPA,
 #           HBM fraction), bf16 greedy parity vs the fp32 CPU reference, the HF
 #           transformers peer on the same weights (greedy parity, decode tokens/s
@@ -72,7 +72,7 @@ record() {  # name rc seconds
 pack() {  # what exists so far, so that a run cut short still returns its figures
   tar czf "$OUT/gpu_check.tgz" -C "$LOGS" . 2>/dev/null
   cp "$SUMMARY" "$OUT/summary.txt"
-  for f in serve_bench.json serve_path.txt; do
+  for f in serve_bench.json serve_load.json serve_path.txt; do
     if [ -f "$LOGS/$f" ]; then cp "$LOGS/$f" "$OUT/$f"; fi
   done
 }

@@ -11,7 +11,9 @@
 #   var/gpu/tokenizer SmolLM2's tokenizer as HF files (from the bundled GGUF);
 #   var/gpu/sgl       SGLang's benchmark client: from /tmp/peers/sgl when
 #                     /work/shared/tools/peers-setup built it, else taken from the
-#                     sglang wheel the same way (two heavy imports stubbed).
+#                     sglang wheel the same way (two heavy imports stubbed);
+#   var/gpu/sgl-stubs a stand-in for HF datasets, which that client imports but the
+#                     random datasets never use.
 # On the GPU machine each wheel is installed only when its distribution is missing.
 #
 #   PYTHON=.venv/bin/python scripts/gpu_prepare.sh     # then the device tool's run call:
@@ -95,6 +97,17 @@ PY
   fi
   find var/gpu/sgl -name __pycache__ -prune -exec rm -rf {} +
 fi
+# The client imports HF `datasets` at import time (mmmu.py) but never calls it for the
+# random datasets; pyarrow alone would not fit the carry, so where the GPU machine has
+# no `datasets`, gpu_serve_bench.sh puts this stub on the client's path.
+mkdir -p var/gpu/sgl-stubs/datasets
+cat >var/gpu/sgl-stubs/datasets/__init__.py <<'PY'
+"""Stand-in for HF datasets: SGLang's benchmark imports it; the random datasets never call it."""
+
+
+def load_dataset(*args, **kwargs):
+    raise NotImplementedError("HF datasets is not installed here (a stub from gpu_prepare.sh)")
+PY
 
 du -sh .whl .whl/web .whl/client var/gpu/tokenizer var/gpu/sgl
 echo "carry total: $(du -scm .whl var/gpu | tail -n 1 | cut -f1) MiB (the limit is 64)"

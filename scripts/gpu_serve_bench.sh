@@ -11,11 +11,15 @@
 #      engine's "engine path:" log line (device, dtype, attention, fused ops, CUDA
 #      graphs) is kept in $LOGS/serve_path.txt;
 #   3. SGLang's bench_serving client ($ASSETS/sgl, extracted from the sglang wheel by
-#      scripts/gpu_prepare.sh) when it imports here, else bench/serve_load.py (stdlib),
-#      on random-id prompts (SERVE_INPUT_LEN / SERVE_OUTPUT_LEN tokens, SERVE_PROMPTS
-#      requests, SERVE_CONCURRENCY at once), EOS biased away so outputs run full length.
-# Figures: $LOGS/serve_bench.json (one JSON object, whichever client made it).
-# Exit status 0 only when the server started and the benchmark completed every request.
+#      scripts/gpu_prepare.sh) when it imports here, then bench/serve_load.py (stdlib,
+#      token counts from the server's usage), each on random-id prompts
+#      (SERVE_INPUT_LEN / SERVE_OUTPUT_LEN tokens, SERVE_PROMPTS requests,
+#      SERVE_CONCURRENCY at once), greedy. The gateway does not honour ignore_eos, so
+#      an output may end early at an EOS (serve_load.json shows the real count);
+#      SERVE_EOS_BIAS=1 biases the EOS ids away, at the price of the sampler's slower
+#      logit-bias path.
+# Figures: $LOGS/serve_bench.json (SGLang's result line), $LOGS/serve_load.json (ours).
+# Exit status 0 only when the server started and every client run completed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -66,41 +70,49 @@ done
 echo "ready in $((SECONDS - t0))s (shape $SHAPE)" | tee "$LOGS/serve_path.txt"
 grep -o 'engine path: [^"]*' "$LOGS/serve.log" | tee -a "$LOGS/serve_path.txt"
 
-# 3. The benchmark: a warm-up, then SGLang's client or ours.
+# 3. The benchmark: a warm-up, SGLang's client when it imports here, then ours (whose
+#    token counts come from the server's usage, so outputs cut short by an EOS show).
 IN=${SERVE_INPUT_LEN:-256} OUTLEN=${SERVE_OUTPUT_LEN:-128}
 N=${SERVE_PROMPTS:-64} C=${SERVE_CONCURRENCY:-16}
 base=http://127.0.0.1:$PORT
+bias=()
+extra='{}'
+if [ -n "${SERVE_EOS_BIAS:-}" ]; then  # off by default: a logit_bias leaves the greedy fast path
+  bias=(--eos-bias)
+  extra='{"logit_bias": {"0": -100, "2": -100}}'
+fi
 "$PY" bench/serve_load.py --base-url "$base" --model bench --api-key "$KEY" \
   --num-prompts 4 --concurrency 4 --input-len 32 --output-len 8 >"$LOGS/serve_warmup.json" \
   || fail "warm-up requests failed: $(cat "$LOGS/serve_warmup.json")"
 
-rm -f "$LOGS/serve_bench.json"
+rm -f "$LOGS/serve_bench.json" "$LOGS/serve_load.json"
+rc=0
 SGL_PATH=$ASSETS/sgl:/tmp/site-client  # gpu_check.sh installs the client's wheels there
+if ! "$PY" -c "import datasets" 2>/dev/null; then
+  SGL_PATH=$SGL_PATH:$ASSETS/sgl-stubs  # HF datasets: imported by the client, unused here
+fi
 if [ -d "$ASSETS/sgl/sglang" ] && PYTHONPATH=$SGL_PATH:$PYTHONPATH "$PY" -c "import sglang.benchmark.serving" 2>"$LOGS/sglang_import.log"; then
-  echo "client: SGLang bench_serving ($ASSETS/sgl)" | tee -a "$LOGS/serve_path.txt"
+  echo "client: SGLang bench_serving ($ASSETS/sgl) -> serve_bench.json" | tee -a "$LOGS/serve_path.txt"
   OPENAI_API_KEY=$KEY PYTHONPATH=$SGL_PATH:$PYTHONPATH "$PY" -m sglang.benchmark.serving \
     --backend vllm --base-url "$base" --model bench --tokenizer "$ASSETS/tokenizer" \
     --dataset-name random-ids --random-input-len "$IN" --random-output-len "$OUTLEN" \
     --random-range-ratio 1.0 --num-prompts "$N" --max-concurrency "$C" \
-    --extra-request-body '{"logit_bias": {"0": -100, "2": -100}}' \
-    --output-file "$WORK/sglang.jsonl" >"$LOGS/bench_serving.log" 2>&1
-  rc=$?
+    --extra-request-body "$extra" --output-file "$WORK/sglang.jsonl" >"$LOGS/bench_serving.log" 2>&1
+  sgl_rc=$?
   tail -n 40 "$LOGS/bench_serving.log"
-  if [ "$rc" -eq 0 ] && [ -s "$WORK/sglang.jsonl" ]; then
+  if [ "$sgl_rc" -eq 0 ] && [ -s "$WORK/sglang.jsonl" ]; then
     tail -n 1 "$WORK/sglang.jsonl" >"$LOGS/serve_bench.json"
   else
-    sglang_failed=1
+    rc=2
   fi
+  echo "SGLang bench_serving rc=$sgl_rc" | tee -a "$LOGS/serve_path.txt"
+else
+  echo "client: SGLang bench_serving absent or not importable: $(tail -n 1 "$LOGS/sglang_import.log" 2>/dev/null)" \
+    | tee -a "$LOGS/serve_path.txt"
 fi
-if [ -n "${sglang_failed:-}" ] || [ ! -s "$LOGS/serve_bench.json" ]; then
-  why=${sglang_failed:+"its run failed, rc=$rc"}
-  why=${why:-"absent or not importable: $(tail -n 1 "$LOGS/sglang_import.log" 2>/dev/null)"}
-  echo "client: bench/serve_load.py (SGLang's client $why)" | tee -a "$LOGS/serve_path.txt"
-  "$PY" bench/serve_load.py --base-url "$base" --model bench --api-key "$KEY" --num-prompts "$N" \
-    --concurrency "$C" --input-len "$IN" --output-len "$OUTLEN" --json-out "$LOGS/serve_bench.json"
-  rc=$?
-  # A fallback after a failed SGLang run still reports that failure.
-  if [ -n "${sglang_failed:-}" ] && [ "$rc" -eq 0 ]; then rc=2; fi
-fi
+echo "client: bench/serve_load.py -> serve_load.json" | tee -a "$LOGS/serve_path.txt"
+"$PY" bench/serve_load.py --base-url "$base" --model bench --api-key "$KEY" --num-prompts "$N" \
+  --concurrency "$C" --input-len "$IN" --output-len "$OUTLEN" "${bias[@]}" \
+  --json-out "$LOGS/serve_load.json" || rc=1
 echo "benchmark rc=$rc" | tee -a "$LOGS/serve_path.txt"
 exit "$rc"
