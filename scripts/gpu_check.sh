@@ -20,7 +20,7 @@
 # all, in this order):
 #   env     versions, GPU, which packages import;
 #   tests   the kernel tests, the fused-kernel model parity tests and the runner's
-#           CUDA tests (graphs, memory profile), compiled for CUDA, in three
+#           CUDA tests (graphs, memory profile), compiled for CUDA, in four
 #           parallel shards so compilation uses several cores;
 #   serve   scripts/gpu_serve_bench.sh: `cloister serve` with no engine flag on
 #           random weights in SmolLM2-135M's shape (SERVE_SHAPE=llama-1b: a 1B
@@ -160,18 +160,19 @@ for m in gguf safetensors tqdm yaml transformers tokenizers engine.llm_engine fa
 done
 nvidia-smi || true"
 
-# Kernel, fused-model and runner CUDA tests: three shards at once; each compiles its
+# Kernel, runner CUDA and fused-model tests: four shards at once; each compiles its
 # own kernels.
 run_tests() {
   local limit t0 i k rc
-  limit=$(budget 170)
-  echo "== tests (limit ${limit}s, 3 shards)"
-  t0=$SECONDS
   local shards=(
     "tests/engine/kernels/test_decode_attention.py"
     "tests/engine/kernels/test_prefill_attention.py"
-    "tests/engine/kernels/test_kv_write.py tests/engine/kernels/test_fused_ops.py tests/engine/model/test_fused_ops_in_model.py tests/engine/kernels/test_triton_backend.py tests/engine/kernels/test_import_surface.py tests/engine/runner/test_cuda_device.py tests/engine/runner/test_cuda_graphs.py tests/engine/runner/test_memory.py"
+    "tests/engine/kernels/test_kv_write.py tests/engine/kernels/test_fused_ops.py tests/engine/kernels/test_triton_backend.py tests/engine/kernels/test_import_surface.py tests/engine/runner/test_cuda_device.py tests/engine/runner/test_cuda_graphs.py tests/engine/runner/test_memory.py"
+    "tests/engine/model/test_fused_ops_in_model.py"
   )
+  limit=$(budget 170)
+  echo "== tests (limit ${limit}s, ${#shards[@]} shards)"
+  t0=$SECONDS
   local pids=() ran=()
   for i in ${SHARDS:-${!shards[@]}}; do  # SHARDS="2": a rerun of one shard
     ran+=("$i")
