@@ -195,7 +195,7 @@ want tests && run_tests
 # the step be cut short, the server it left (pid in serve.pid) is stopped here: it holds
 # most of the GPU's memory, which the decode benchmark needs.
 if want serve; then
-  run_step serve_bench 240 env LOGS="$LOGS" PYTHON="$PY" bash scripts/gpu_serve_bench.sh
+  run_step serve_bench 300 env LOGS="$LOGS" PYTHON="$PY" bash scripts/gpu_serve_bench.sh
   if [ -s "$LOGS/serve.pid" ] && kill -0 "$(cat "$LOGS/serve.pid")" 2>/dev/null; then
     kill -KILL "$(cat "$LOGS/serve.pid")"
     echo "stopped the server the serve step left running" | tee -a "$SUMMARY"

@@ -28,7 +28,7 @@ LOGS=${LOGS:?set LOGS to the folder for logs and figures}
 ASSETS=${ASSETS:-var/gpu}
 SHAPE=${SERVE_SHAPE:-smollm2-135m}
 PORT=${SERVE_PORT:-8123}
-READY_S=${SERVE_READY_S:-240}
+READY_S=${SERVE_READY_S:-180}
 WORK=$(mktemp -d /tmp/gpu_serve.XXXXXX)
 export PYTHONPATH=$PWD:$PWD/platform${PYTHONPATH:+:$PYTHONPATH}
 export CLOISTER_DATA_DIR=$WORK/data HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
