@@ -10,6 +10,8 @@ import torch
 AttentionBackendName = Literal["torch", "triton", "auto"]
 PrefixCacheMode = Literal["hash", "radix", "off"]
 SchedulingPolicy = Literal["fcfs", "lpm", "fair", "fair_lpm"]
+# The fused triton kernels in the model (engine/model/fused.py): auto = on CUDA with triton.
+FusedOpsMode = Literal["auto", "on", "off"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,8 @@ class ModelConfig:
     revision: str = ""  # part of the cache key; defaults to a digest of the file
     enforce_eager: bool = False  # True: never capture CUDA graphs (debugging, profiling)
     cuda_graph_max_batch: int | None = None  # largest captured decode batch; None: max_num_seqs
+    # RMSNorm(+residual), rotary and SiLU-and-mul as triton kernels; "auto": on CUDA only.
+    fused_ops: FusedOpsMode = "auto"
 
 
 @dataclass(frozen=True)

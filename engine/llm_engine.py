@@ -17,6 +17,7 @@ from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfi
 from engine.errors import EngineOverloadedError, InvalidRequestError
 from engine.kv_cache.cache_rules import CacheRules
 from engine.kv_cache.manager import KVCacheManager
+from engine.model.fused import load_fused_ops, resolve_fused_ops
 from engine.model.loader import LoadedModel, load_model
 from engine.outputs import StreamEvent
 from engine.request_state import RequestState
@@ -83,6 +84,9 @@ class LLMEngine:
             loaded = load_model(
                 config.model.path or None, dtype=config.model.dtype, device=device, progress=False
             )
+        # Before the memory profile and graph capture, which must run the same kernels.
+        fused = resolve_fused_ops(config.model.fused_ops, device)
+        loaded.model.use_fused_ops(load_fused_ops() if fused else None)
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
         self.arch = loaded.arch
@@ -126,6 +130,16 @@ class LLMEngine:
                 config.model.cuda_graph_max_batch or config.scheduler.max_num_seqs,
                 self.max_model_len,
             )
+        graphs = self.runner.graphs.captured_sizes if self.runner.graphs else ()
+        # One line that says which path this engine runs (the GPU check greps it).
+        log.info(
+            "engine path: device %s, dtype %s, attention %s, fused ops %s, cuda graphs %s",
+            device,
+            str(config.model.dtype).removeprefix("torch."),
+            backend.name,
+            "on" if fused else "off",
+            f"for batch sizes {list(graphs)}" if graphs else "off",
+        )
         self.requests: dict[str, RequestState] = {}
         # Requests refused after they were queued, to make room for a tenant under its
         # share of the waiting slots; the caller reports them (`take_refused`).

@@ -4,6 +4,15 @@ The batch has no batch dimension and no padding: `input_ids` and `positions` are
 [T] and every sequence's new tokens sit end to end. Attention goes through the
 per-step `ForwardContext`, which owns the paged KV cache and its metadata.
 Parameter names follow Hugging Face's, so a safetensors state dict loads as is.
+
+Two code paths compute the same function: the torch ops (the reference, the CPU
+default) and, after `use_fused_ops(load_fused_ops())`, triton kernels for the
+elementwise work (engine/model/fused.py). The fused path carries the residual
+stream beside the hidden state, so each RMSNorm also does the add before it:
+
+    torch:  h = x + attn(norm1(x));            out = h + mlp(norm2(h))
+    fused:  n, r = add_norm1(x, r);  a = attn(n);  n, r = add_norm2(a, r);  x = mlp(n)
+            (r starts as the embeddings; the final norm adds the last layer's x)
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from torch import nn
 from engine.config import ModelArchitecture
 from engine.errors import UnsupportedModelError
 from engine.model.forward_context import ForwardContext
+from engine.model.fused import FusedOps
 from engine.model.rope import RotaryEmbedding, rope_scaling_dict
 
 # Checkpoint entries that are derived state, not weights.
@@ -98,8 +108,9 @@ class LlamaAttention(nn.Module):
         positions: torch.Tensor,
         rotary: RotaryEmbedding,
         ctx: ForwardContext,
+        fused: FusedOps | None = None,
     ) -> torch.Tensor:
-        """x [T, hidden] -> [T, hidden]."""
+        """x [T, hidden] -> [T, hidden]; with `fused`, rotary runs as a triton kernel."""
         t = x.shape[0]
         if self.qkv_weight is not None:
             q2, k2, v2 = torch.split(F.linear(x, self.qkv_weight, self.qkv_bias), self._sizes, -1)
@@ -108,7 +119,12 @@ class LlamaAttention(nn.Module):
         q = q2.view(t, self.num_heads, self.head_dim)
         k = k2.view(t, self.num_kv_heads, self.head_dim)
         v = v2.view(t, self.num_kv_heads, self.head_dim)
-        q, k = rotary(positions, q, k)
+        if fused is None:
+            q, k = rotary(positions, q, k)
+        else:
+            # In place on the views into this step's fresh projection output (the
+            # kernel takes the row and head strides, so the split needs no copy).
+            fused.rotary_(q, k, positions, rotary.cos_cache, rotary.sin_cache)
         kv_cache = ctx.kv_caches[self.layer_idx]
         out = ctx.backend.forward(q, k, v, kv_cache, ctx.meta, self.scale)
         projected: torch.Tensor = self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
@@ -131,8 +147,15 @@ class LlamaMLP(nn.Module):
         """Packs gate and up into one matrix so one GEMM computes both."""
         self.gate_up_weight = pack_linears(self.gate_proj, self.up_proj)[0]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [T, hidden] -> [T, hidden]."""
+    def forward(self, x: torch.Tensor, fused: FusedOps | None = None) -> torch.Tensor:
+        """x [T, hidden] -> [T, hidden]; with `fused`, SiLU-and-mul is one triton kernel."""
+        if fused is not None:
+            if self.gate_up_weight is not None:
+                gate_up = F.linear(x, self.gate_up_weight)  # [T, 2I]: gate, then up
+            else:
+                gate_up = torch.cat((self.gate_proj(x), self.up_proj(x)), dim=-1)
+            fused_out: torch.Tensor = self.down_proj(fused.silu_and_mul(gate_up))
+            return fused_out
         if self.gate_up_weight is not None:
             gate, up = torch.split(F.linear(x, self.gate_up_weight), self._intermediate, -1)
         else:
@@ -162,6 +185,25 @@ class LlamaDecoderLayer(nn.Module):
         h: torch.Tensor = x + self.self_attn(self.input_layernorm(x), positions, rotary, ctx)
         out: torch.Tensor = h + self.mlp(self.post_attention_layernorm(h))
         return out
+
+    def forward_fused(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        positions: torch.Tensor,
+        rotary: RotaryEmbedding,
+        ctx: ForwardContext,
+        fused: FusedOps,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, residual) -> (mlp output, residual): the layer's output is their sum.
+
+        residual None (the first layer): x is the residual stream itself.
+        """
+        norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
+        normed, residual = fused.add_rms_norm(x, residual, norm1.weight, norm1.eps)
+        attn = self.self_attn(normed, positions, rotary, ctx, fused)
+        normed, residual = fused.add_rms_norm(attn, residual, norm2.weight, norm2.eps)
+        return self.mlp(normed, fused), residual
 
 
 class LlamaModel(nn.Module):
@@ -196,6 +238,14 @@ class LlamaForCausalLM(nn.Module):
             rope_freq_factors,
         )
         self.tie_weights()
+        self.fused_ops: FusedOps | None = None
+
+    def use_fused_ops(self, fused: FusedOps | None) -> None:
+        """Runs the forward pass with these triton kernels from now on; None: torch ops.
+
+        The engine sets it from ModelConfig.fused_ops (see engine/model/fused.py).
+        """
+        self.fused_ops = fused
 
     @classmethod
     def empty(
@@ -225,9 +275,24 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """input_ids, positions [T] -> final hidden states [T, hidden] (after the norm)."""
         x: torch.Tensor = self.model.embed_tokens(input_ids)
+        fused = self.fused_ops
+        if fused is not None:
+            return self._forward_fused(x, positions, ctx, fused)
         for layer in self.model.layers:
             x = layer(x, positions, self.rotary, ctx)
         hidden: torch.Tensor = self.model.norm(x)
+        return hidden
+
+    def _forward_fused(
+        self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext, fused: FusedOps
+    ) -> torch.Tensor:
+        """The decoder stack on the fused kernels (same result as the torch path)."""
+        residual: torch.Tensor | None = None
+        for layer in self.model.layers:
+            assert isinstance(layer, LlamaDecoderLayer)
+            x, residual = layer.forward_fused(x, residual, positions, self.rotary, ctx, fused)
+        norm = self.model.norm
+        hidden, _ = fused.add_rms_norm(x, residual, norm.weight, norm.eps)
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -113,6 +113,9 @@ class Settings(BaseSettings):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     attention_backend: Literal["torch", "triton", "auto"] = "auto"
+    # RMSNorm(+residual), rotary and SiLU-and-mul as fused triton kernels: "auto" is on
+    # exactly on CUDA (with triton), "on" refuses to start anywhere else.
+    fused_ops: Literal["auto", "on", "off"] = "auto"
     prefix_cache: Literal["hash", "radix", "off"] = "hash"
     # Fair across tenants (virtual token counters, weighted by the tenant's weight),
     # longest prefix match within one tenant's own queue.

@@ -62,12 +62,22 @@ def resolve_dtype(requested: str, device: str) -> str:
     return requested
 
 
+def resolve_fused_ops_setting(requested: str, device: str) -> str:
+    """The `fused_ops` setting on `device`; "on" needs CUDA (the server runs no interpreter)."""
+    if requested == "on" and device != "cuda":
+        raise DeviceUnavailableError(
+            f"fused_ops is 'on' but the device is {device!r}: the fused kernels need CUDA"
+        )
+    return requested
+
+
 def serve_engine_options(
     settings: Settings, *, cuda_available: bool | None = None
 ) -> dict[str, Any]:
     """The engine options `cloister serve` derives from its settings (besides the model).
 
-    On CUDA, "auto" attention is triton (the engine's own choice for the device).
+    On CUDA, "auto" attention is triton and "auto" fused ops are on (the engine's own
+    choices for the device); CUDA graphs are captured unless enforce_eager.
     """
     device = resolve_device(settings.device, cuda_available=cuda_available)
     return {
@@ -91,6 +101,7 @@ def serve_engine_options(
         "max_n": settings.max_n,
         "scheduling_policy": settings.scheduling_policy,
         "attention_backend": settings.attention_backend,
+        "fused_ops": resolve_fused_ops_setting(settings.fused_ops, device),
     }
 
 

@@ -89,6 +89,7 @@ ENGINE_SETTINGS = {
     "min_cached_blocks": 3,
     "min_cached_share": 0.25,
     "enforce_eager": True,
+    "fused_ops": "off",
 }
 
 
@@ -141,6 +142,40 @@ def test_multi_tenant_defaults_and_auto_device() -> None:
     assert (cpu["device"], cpu["dtype"]) == ("cpu", "float32")
 
 
+def test_on_a_gpu_serve_picks_bf16_triton_fused_kernels_and_cuda_graphs() -> None:
+    """The GPU path by default: what the engine makes of the options `cloister serve` passes."""
+    import torch
+
+    from engine.attention.backend import get_attention_backend
+    from engine.llm_engine import build_config
+    from engine.model.fused import resolve_fused_ops
+    from server.wiring import serve_engine_options
+
+    config = build_config("m", **serve_engine_options(Settings(), cuda_available=True))
+    device = torch.device(config.model.device)
+    assert device.type == "cuda" and config.model.dtype == torch.bfloat16
+    assert get_attention_backend(config.attention_backend, device).name == "triton"
+    assert resolve_fused_ops(config.model.fused_ops, device) is True
+    assert config.model.enforce_eager is False  # decode steps replay captured CUDA graphs
+    # On the CPU the same defaults are the torch reference path, fp32, unfused.
+    cpu = build_config("m", **serve_engine_options(Settings(), cuda_available=False))
+    assert cpu.model.dtype == torch.float32
+    assert get_attention_backend(cpu.attention_backend, torch.device("cpu")).name == "torch"
+    assert resolve_fused_ops(cpu.model.fused_ops, torch.device("cpu")) is False
+
+
+def test_fused_ops_on_needs_cuda() -> None:
+    from server.wiring import DeviceUnavailableError, serve_engine_options
+
+    on = Settings(fused_ops="on")
+    assert serve_engine_options(on, cuda_available=True)["fused_ops"] == "on"
+    with pytest.raises(DeviceUnavailableError, match="fused_ops is 'on'"):
+        serve_engine_options(on, cuda_available=False)
+    assert (
+        serve_engine_options(Settings(fused_ops="off"), cuda_available=True)["fused_ops"] == "off"
+    )
+
+
 @pytest.mark.parametrize(
     "flags",
     [
@@ -149,6 +184,8 @@ def test_multi_tenant_defaults_and_auto_device() -> None:
         ["--max-num-batched-tokens", "-1"],
         ["--gpu-memory-utilization", "1.5"],
         ["--dtype", "int8"],
+        ["--fused-ops", "fast"],
+        ["--fused-ops", "on", "--device", "cpu"],  # the kernels need CUDA
     ],
 )
 def test_bad_engine_settings_are_refused_at_start(flags: list[str], tmp_path: Path) -> None:

@@ -34,6 +34,12 @@ class FastFakeModel(torch.nn.Module):
             "logits_table", torch.randn(FAKE_VOCAB_ROWS, vocab_size, generator=gen)
         )
 
+        self.fused_ops: Any = None
+
+    def use_fused_ops(self, fused: Any) -> None:
+        """Kept, like LlamaForCausalLM does; the fake has no norm, rotary or MLP to fuse."""
+        self.fused_ops = fused
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: Any) -> torch.Tensor:
         """The row index of each position (as the hidden state); the KV cache is untouched."""
         return input_ids % FAKE_VOCAB_ROWS

@@ -59,6 +59,12 @@ then call the API:
     "--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default=None
 )
 @click.option("--attention-backend", type=click.Choice(["auto", "torch", "triton"]), default=None)
+@click.option(
+    "--fused-ops",
+    type=click.Choice(["auto", "on", "off"]),
+    default=None,
+    help="Fused triton kernels for norms, rotary and SiLU (auto: on CUDA only).",
+)
 @click.option("--prefix-cache", type=click.Choice(["hash", "radix", "off"]), default=None)
 @click.option(
     "--scheduling-policy",
@@ -113,11 +119,14 @@ def run_server(settings: Settings, *, engine: Any | None = None) -> None:
         build_app,
         close_at_shutdown,
         prepare_database,
+        serve_engine_options,
     )
 
     configure_logging(settings.log_level)
-    first_start = prepare_database(settings)
     try:
+        if engine is None:  # a device this machine lacks is refused before any file is made
+            serve_engine_options(settings)
+        first_start = prepare_database(settings)
         app = build_app(settings, engine=engine)
     except DeviceUnavailableError as exc:
         raise click.ClickException(str(exc)) from None
