@@ -155,8 +155,9 @@ class GatewayMetrics:
             for counter, now, before in pairs:
                 # A smaller value means the engine restarted: count from its zero.
                 delta = now - before if before is not None and now >= before else now
+                child = counter.labels(name)  # a model with no traffic yet still shows 0
                 if delta > 0:
-                    counter.labels(name).inc(delta)
+                    child.inc(delta)
             self._last[name] = snap
 
     def update_limiter(self, backend_errors: int) -> None:
