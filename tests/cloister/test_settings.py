@@ -308,3 +308,33 @@ def test_bad_model_flags_are_refused(
     assert not isinstance(result.exception, Exception) or isinstance(
         result.exception, SystemExit
     ), result.exception
+
+
+def test_models_share_the_gpu_memory_utilization(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each engine sizes its pool after measuring the ones before it: engine i of n is let
+    up to (i + 1) / n of the share, so each ends with about an equal part."""
+    from server import wiring
+
+    calls: list[tuple[str | None, dict[str, Any]]] = []
+
+    def fake_load(settings: Settings, *, model: str | None = None, **options: Any) -> str:
+        calls.append((model, options))
+        return f"engine:{model}"
+
+    monkeypatch.setattr(wiring, "load_engine", fake_load)
+    three = Settings(
+        data_dir=tmp_path, models=["a=/m/a", "b=/m/b", "c=/m/c"], gpu_memory_utilization=0.9
+    )
+    assert wiring.load_engines(three, max_model_len=128) == {
+        "a": "engine:/m/a",
+        "b": "engine:/m/b",
+        "c": "engine:/m/c",
+    }
+    shares = [options["gpu_memory_utilization"] for _, options in calls]
+    assert shares == pytest.approx([0.3, 0.6, 0.9])
+    assert all(options["max_model_len"] == 128 for _, options in calls)
+    calls.clear()
+    wiring.load_engines(Settings(data_dir=tmp_path, model="/m/one"))
+    assert calls == [("/m/one", {})]  # one model: the setting as it is

@@ -13,12 +13,14 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
 import uvicorn
+from fastapi.testclient import TestClient
 from openai import OpenAI
 
 from admin.identity import create_admin_token
@@ -185,3 +187,46 @@ def test_metrics_usage_and_registry_name_each_model(served: Served) -> None:
     assert loaded["alpha"]["status"] == loaded["beta"]["status"] == "loaded"
     assert loaded["alpha"]["revision"] != loaded["beta"]["revision"]  # different weights
     assert loaded["alpha"]["context_length"] == loaded["beta"]["context_length"] == 256
+
+
+def test_two_models_each_in_a_child_process(tmp_path: Path) -> None:
+    """engine_mode "process": one child process per model, each answering its own model."""
+    from engine.process_engine import ProcessEngine
+
+    settings = Settings(
+        data_dir=tmp_path,
+        key_pepper=PEPPER,
+        models=[
+            f"alpha={make_tiny_model_dir(tmp_path / 'm', seed=1)}",
+            f"beta={make_tiny_model_dir(tmp_path / 'm', seed=2)}",
+        ],
+        engine_mode="process",
+        attention_backend="torch",
+        max_model_len=256,
+        kv_cache_bytes=8 * 1024 * 1024,
+        log_level="WARNING",
+    )
+    upgrade_database(settings.resolved_database_url)
+    sessions = make_session_factory(make_engine(settings.resolved_database_url))
+    with sessions() as s:
+        store.create_tenant(s, name="acme")
+        key = store.create_key(s, tenant_name="acme", pepper=PEPPER).secret
+    app = build_app(settings)
+    engines = app.state.cloister.engines
+    pids = {name: client._engine.pid for name, client in engines.items()}
+    assert all(isinstance(c._engine, ProcessEngine) for c in engines.values())
+    assert len(set(pids.values())) == 2 and None not in pids.values()
+    texts = {}
+    with TestClient(app) as http:
+        for model in ("alpha", "beta"):
+            r = http.post(
+                "/v1/completions",
+                json={"model": model, "prompt": "Hello there", "max_tokens": 8, "temperature": 0},
+                headers={"Authorization": f"Bearer {key}"},
+            )
+            assert r.status_code == 200, r.text
+            texts[model] = r.json()["choices"][0]["text"]
+    app.state.metering.close()
+    for writer in app.state.background_writers:
+        writer.close()
+    assert texts["alpha"] != texts["beta"]
