@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -88,11 +89,18 @@ def create_app(
             await state.limits.close()
             await state.auth.drain()
             state.tokenize.close()
-            for client in reversed(started):
-                try:
-                    await client.shutdown()
-                except Exception:  # the others still stop
-                    logger.exception("engine shutdown failed", extra={"model": client.model_name})
+            # All at once: an engine process takes seconds to exit, and one failing to stop
+            # does not keep the others running.
+            results = await asyncio.gather(
+                *(client.shutdown() for client in started), return_exceptions=True
+            )
+            for client, result in zip(started, results, strict=True):
+                if isinstance(result, BaseException):
+                    logger.error(
+                        "engine shutdown failed",
+                        exc_info=result,
+                        extra={"model": client.model_name},
+                    )
             provider.shutdown()
 
     app = FastAPI(title="Cloister", lifespan=lifespan, docs_url=None, redoc_url=None)
