@@ -194,3 +194,47 @@ def test_engine_counters_are_kept_per_model() -> None:
     assert 'vllm:prefix_cache_hits_total{model_name="a"} 60.0' in text
     assert 'vllm:prefix_cache_hits_total{model_name="b"} 6.0' in text
     assert 'vllm:kv_cache_usage_perc{model_name="b"} 0.2' in text
+
+
+class RecordingEngine(FakeEngine):
+    """A fake that notes its start and stop, and can fail either."""
+
+    def __init__(self, log: list[str], name: str, *, fail: str = "") -> None:
+        super().__init__()
+        self.log, self.name, self.fail = log, name, fail
+
+    async def start(self) -> None:
+        """Notes the start; raises when told to fail it."""
+        if self.fail == "start":
+            raise RuntimeError(f"{self.name} cannot start")
+        self.log.append(f"start {self.name}")
+
+    async def shutdown(self) -> None:
+        """Notes the stop; raises when told to fail it."""
+        self.log.append(f"stop {self.name}")
+        if self.fail == "stop":
+            raise RuntimeError(f"{self.name} cannot stop")
+
+
+@pytest.mark.parametrize("fail", ["start", "stop"])
+def test_the_lifespan_starts_and_stops_every_engine(fail: str, tmp_path: Path) -> None:
+    log: list[str] = []
+    engines = {
+        "a": RecordingEngine(log, "a", fail="stop" if fail == "stop" else ""),
+        "b": RecordingEngine(log, "b", fail="start" if fail == "start" else ""),
+        "c": RecordingEngine(log, "c"),
+    }
+    app = create_app(
+        Settings(data_dir=tmp_path, key_pepper=PEPPER),
+        engines={n: InProcessEngineClient(e, model_name=n) for n, e in engines.items()},
+        authenticator=Authenticator(make_session_factory(make_engine("sqlite://")), PEPPER),
+        limiter=MemoryLimiter(),
+    )
+    if fail == "start":  # b fails: a, started, is stopped again; c never starts
+        with pytest.raises(RuntimeError, match="b cannot start"), TestClient(app):
+            pass
+        assert log == ["start a", "stop a"]
+    else:  # a fails to stop: the others are stopped all the same
+        with TestClient(app):
+            assert log == ["start a", "start b", "start c"]
+        assert sorted(log[3:]) == ["stop a", "stop b", "stop c"]
