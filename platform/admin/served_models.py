@@ -1,6 +1,6 @@
 """What `cloister serve` loaded, recorded in the registry at start-up.
 
-The registry is the source of truth for what is served: the model a server loads is
+The registry is the source of truth for what is served: each model a server loads is
 registered (or brought up to date) with status `loaded`, and models left `loaded` by
 an earlier run that this one does not serve go back to `registered`. Each change is
 audited with the actor `system:serve`.
@@ -68,42 +68,51 @@ def describe(name: str, source: Path, context_length: int) -> ServedModel:
 
 
 def record_served(
-    sessions: sessionmaker[Session], audit: AuditWriter, served: ServedModel
-) -> RegisteredModel:
-    """Registers `served` as loaded (new or updated); un-loads the models it replaced."""
+    sessions: sessionmaker[Session], audit: AuditWriter, *served: ServedModel
+) -> list[RegisteredModel]:
+    """Registers each of `served` as loaded (new or updated); un-loads the models left
+    loaded that none of them is (an earlier run's)."""
     with sessions() as session:
-        row = session.scalars(
-            select(RegisteredModel).where(RegisteredModel.name == served.name)
-        ).first()
-        if row is None:
-            row = registry.register_model(
-                session,
-                name=served.name,
-                source=served.source,
-                format=served.format,
-                context_length=served.context_length,
-                revision=served.revision,
-            )
-            _audit(audit, "model.register", served.name, revision=served.revision)
-        changed = {
-            field: getattr(served, field)
-            for field in ("source", "format", "context_length", "revision")
-            if getattr(row, field) != getattr(served, field)
-        }
-        for field, value in changed.items():
-            setattr(row, field, value)
-        if row.status != "loaded" or changed:
-            row.status = "loaded"
-            session.commit()
-            _audit(audit, "model.load", served.name, **changed)
+        rows = [_record_loaded(session, audit, one) for one in served]
+        names = {one.name for one in served}
         for stale in registry.list_models(session, status="loaded"):
-            if stale.name != served.name:
+            if stale.name not in names:
                 stale.status = "registered"
                 session.commit()
                 _audit(audit, "model.unload", stale.name)
-        session.refresh(row)
-        session.expunge(row)
-        return row
+        for row in rows:
+            session.refresh(row)
+            session.expunge(row)
+        return rows
+
+
+def _record_loaded(session: Session, audit: AuditWriter, served: ServedModel) -> RegisteredModel:
+    """`served`'s registry row, registered if new, brought up to date and `loaded`."""
+    row = session.scalars(
+        select(RegisteredModel).where(RegisteredModel.name == served.name)
+    ).first()
+    if row is None:
+        row = registry.register_model(
+            session,
+            name=served.name,
+            source=served.source,
+            format=served.format,
+            context_length=served.context_length,
+            revision=served.revision,
+        )
+        _audit(audit, "model.register", served.name, revision=served.revision)
+    changed = {
+        field: getattr(served, field)
+        for field in ("source", "format", "context_length", "revision")
+        if getattr(row, field) != getattr(served, field)
+    }
+    for field, value in changed.items():
+        setattr(row, field, value)
+    if row.status != "loaded" or changed:
+        row.status = "loaded"
+        session.commit()
+        _audit(audit, "model.load", served.name, **changed)
+    return row
 
 
 def _audit(audit: AuditWriter, action: str, name: str, **detail: object) -> None:

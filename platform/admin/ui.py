@@ -37,17 +37,18 @@ PAGE_HEADERS = {
 
 
 def gateway_engine_stats(state: Any) -> EngineStats:
-    """A stats callable over a gateway AppState: engine snapshot plus limiter rejections."""
+    """A stats callable over a gateway AppState: its engines' snapshots (cache counters
+    summed over the served models, KV usage their mean) plus limiter rejections."""
 
     def read() -> Mapping[str, float]:
-        snap = state.engine.stats()
+        snaps = [engine.stats() for engine in state.engines.values()]
         rejected = 0.0
         for metric in state.metrics.limiter_rejections.collect():
             rejected += sum(s.value for s in metric.samples if s.name.endswith("_total"))
         return {
-            "kv_cache_usage": float(snap.kv_cache_usage),
-            "prefix_cache_queries": float(snap.prefix_cache_queries),
-            "prefix_cache_hits": float(snap.prefix_cache_hits),
+            "kv_cache_usage": sum(float(s.kv_cache_usage) for s in snaps) / len(snaps),
+            "prefix_cache_queries": float(sum(s.prefix_cache_queries for s in snaps)),
+            "prefix_cache_hits": float(sum(s.prefix_cache_hits for s in snaps)),
             "rate_limit_rejections": rejected,
         }
 

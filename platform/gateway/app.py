@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from types import MappingProxyType
 
 from fastapi import FastAPI
 from opentelemetry.sdk.trace import TracerProvider
@@ -24,11 +27,14 @@ from server.settings import Settings
 from tenancy.limiter.base import Limiter
 from tenancy.unique_ids import UniqueIds
 
+logger = logging.getLogger("cloister.gateway")
+
 
 def create_app(
     settings: Settings,
     *,
-    engine_client: EngineClient,
+    engine_client: EngineClient | None = None,
+    engines: Mapping[str, EngineClient] | None = None,
     authenticator: AuthenticatorLike | CachingAuthenticator,
     limiter: Limiter,
     usage_sink: UsageSink | None = None,
@@ -36,18 +42,21 @@ def create_app(
     manage_engine: bool = True,
     operator_auth: OperatorAuth | None = None,
 ) -> FastAPI:
-    """An app serving the OpenAI-compatible API over `engine_client`.
+    """An app serving the OpenAI-compatible API over its engines.
 
-    The lifespan starts the engine (when `manage_engine`) and shuts it and the
+    Give `engines` (model name -> its engine; requests go to the engine of their
+    `model`) or `engine_client` alone (one model, under its `model_name`), not both.
+    The lifespan starts the engines (when `manage_engine`) and shuts them and the
     tracer provider down on exit. Nothing lives in module globals: two apps in one
     process (tests, benchmarks) share nothing. `operator_auth` decides who sees the
     tenant-labelled series on /metrics (None: nobody). `authenticator` is wrapped in the
     gateway's key cache unless it already is one (then it is used as it is).
     """
+    served = _served_engines(engine_client, engines)
     provider = tracer_provider or make_tracer_provider(settings.otel_exporter)
     state = AppState(
         settings=settings,
-        engine=engine_client,
+        engines=served,
         auth=authenticator
         if isinstance(authenticator, CachingAuthenticator)
         else CachingAuthenticator(authenticator, refresh_s=settings.config_refresh_s),
@@ -58,27 +67,40 @@ def create_app(
         ),
         usage_sink=usage_sink or LoggingUsageSink(),
         metrics=GatewayMetrics(
-            model_name=engine_client.model_name, top_tenants=settings.metrics_top_tenants
+            model_name=next(iter(served)), top_tenants=settings.metrics_top_tenants
         ),
         tracer=gateway_tracer(provider),
         started_at=int(time.time()),
         request_ids=UniqueIds(),
-        tokenize=PromptTokenizer(engine_client),
+        tokenize=PromptTokenizer(),
         operator_auth=operator_auth,
     )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if manage_engine:
-            await engine_client.start()
+        started: list[EngineClient] = []
         try:
+            if manage_engine:
+                for client in served.values():
+                    await client.start()
+                    started.append(client)
             yield
         finally:
             await state.limits.close()
             await state.auth.drain()
             state.tokenize.close()
-            if manage_engine:
-                await engine_client.shutdown()
+            # All at once: an engine process takes seconds to exit, and one failing to stop
+            # does not keep the others running.
+            results = await asyncio.gather(
+                *(client.shutdown() for client in started), return_exceptions=True
+            )
+            for client, result in zip(started, results, strict=True):
+                if isinstance(result, BaseException):
+                    logger.error(
+                        "engine shutdown failed",
+                        exc_info=result,
+                        extra={"model": client.model_name},
+                    )
             provider.shutdown()
 
     app = FastAPI(title="Cloister", lifespan=lifespan, docs_url=None, redoc_url=None)
@@ -88,3 +110,18 @@ def create_app(
         app.router.routes.extend(module.routes)
     install_openapi(app)
     return app
+
+
+def _served_engines(
+    engine_client: EngineClient | None, engines: Mapping[str, EngineClient] | None
+) -> Mapping[str, EngineClient]:
+    """The read-only model name -> engine map of `create_app`'s two ways of giving it."""
+    if engines is not None and engine_client is None:
+        served = dict(engines)
+    elif engine_client is not None and engines is None:
+        served = {engine_client.model_name: engine_client}
+    else:
+        raise ValueError("give engine_client or engines, exactly one of them")
+    if not served:
+        raise ValueError("engines is empty: a gateway serves at least one model")
+    return MappingProxyType(served)

@@ -69,14 +69,14 @@ async def admit_and_submit(
         requested_max_tokens,
         param=max_tokens_param,
         prompt_tokens=max(len(p) for p in prompts),
-        max_model_len=state.engine.max_model_len,
+        max_model_len=life.engine.max_model_len,
         limits=principal.limits,
     )
     params = build_sampling_params(
         body,
         max_tokens=max_tokens,
         logprobs=logprobs,
-        vocab_size=state.engine.vocab_size,
+        vocab_size=life.engine.vocab_size,
         max_n=state.settings.max_n,
     )
     check_request_fits(len(prompts), body.n, max_waiting=state.settings.max_waiting)

@@ -21,9 +21,11 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from engine.outputs import StreamEvent
 from engine.sampling_params import SamplingParams
-from gateway.errors import ModelNotFoundError, status_of
+from gateway.engine_client import EngineClient
+from gateway.errors import status_of
 from gateway.ratelimit_headers import rate_limit_headers
 from gateway.state import AppState
+from gateway.tokenize import ModelPrompts
 from gateway.tracing import extract_context
 from gateway.usage import UsageGuard, UsageRecord
 from tenancy.authenticator import check_model
@@ -49,6 +51,7 @@ class RequestLifecycle:
         self.principal: Principal | None = None
         self.source: str | None = None
         self.model: str = ""
+        self._engine: EngineClient | None = None  # the engine of `model`, once resolved
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.cached_tokens = 0
@@ -83,10 +86,7 @@ class RequestLifecycle:
 
     def resolve_model(self, name: str) -> str:
         """404 for a model not served here, 403 for one this key may not use."""
-        if name not in self.state.served_models:
-            raise ModelNotFoundError(
-                f"the model {name!r} does not exist", param="model", code="model_not_found"
-            )
+        engine = self.state.engine_for(name)
         assert self.principal is not None, "authenticate first"
         try:
             check_model(self.principal, name)
@@ -96,8 +96,20 @@ class RequestLifecycle:
             )
             raise
         self.model = name
+        self._engine = engine
         self.span.set_attribute("gen_ai.request.model", name)
         return name
+
+    @property
+    def engine(self) -> EngineClient:
+        """The engine serving this request's model (`resolve_model` picks it)."""
+        assert self._engine is not None, "resolve the model first"
+        return self._engine
+
+    @property
+    def prompts(self) -> ModelPrompts:
+        """Prompt encoding with this request's model's tokenizer."""
+        return self.state.tokenize.for_engine(self.engine)
 
     async def admit(self, *, prompt_tokens: int, reserve_tokens: int) -> dict[str, str]:
         """Consumes the caller's limits; returns the x-ratelimit-* headers to send."""
@@ -135,7 +147,7 @@ class RequestLifecycle:
             # Raises InvalidRequestError / EngineOverloadedError with nothing queued for it;
             # `close` aborts the earlier prompts' requests.
             streams.append(
-                self.state.engine.submit(
+                self.engine.submit(
                     prompt,
                     params,
                     request_id=engine_id,
@@ -257,7 +269,7 @@ class RequestLifecycle:
         for engine_id in self._engine_ids:
             if engine_id not in self._finished_ids:
                 try:
-                    await state.engine.abort(engine_id)
+                    await self.engine.abort(engine_id)
                 except Exception:
                     logger.exception("abort failed", extra={"request_id": engine_id})
         if disconnected and self.finish_reason is None:
@@ -275,7 +287,11 @@ class RequestLifecycle:
         state.metrics.observe_request(tenant=tenant, status=status, model=self.model or "none")
         if self._engine_ids:
             state.metrics.observe_timings(
-                ttft_s=ttft, e2e_s=latency, queue_s=self._queue_s, itl_s=self._gaps
+                model=self.model,
+                ttft_s=ttft,
+                e2e_s=latency,
+                queue_s=self._queue_s,
+                itl_s=self._gaps,
             )
         self._end_span(status)
         if principal is not None:

@@ -13,6 +13,7 @@ registry holds engine-level series without a tenant in them.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -43,7 +44,11 @@ class TenantLabeler:
 
 
 class GatewayMetrics:
-    """All series of one app; `render` refreshes the engine-derived ones first."""
+    """All series of one app; `render` refreshes the engine-derived ones first.
+
+    Engine and latency series carry the `model_name` label of the base model (each has
+    its own engine); `model_name` here is the label when a caller names none.
+    """
 
     def __init__(self, *, model_name: str, top_tenants: int) -> None:
         self.registry = CollectorRegistry(auto_describe=True)  # public: no tenant in it
@@ -93,7 +98,7 @@ class GatewayMetrics:
         self.limiter_backend_errors = Counter(
             "cloister_limiter_backend_errors", "Limiter backend failures.", registry=r
         )
-        self._last: EngineSnapshot | None = None
+        self._last: dict[str, EngineSnapshot] = {}  # per model: the previous snapshot
         self._last_backend_errors = 0
         self._lock = threading.Lock()
 
@@ -112,9 +117,10 @@ class GatewayMetrics:
         e2e_s: float,
         queue_s: float | None,
         itl_s: list[float],
+        model: str | None = None,
     ) -> None:
-        """Records one request's latency histograms."""
-        name = self.model_name
+        """Records one request's latency histograms under its model (None: the default)."""
+        name = model or self.model_name
         if ttft_s is not None:
             self.ttft.labels(name).observe(ttft_s)
         self.e2e.labels(name).observe(e2e_s)
@@ -124,14 +130,15 @@ class GatewayMetrics:
         for gap in itl_s:
             itl.observe(gap)
 
-    def update_engine(self, snap: EngineSnapshot) -> None:
-        """Sets the gauges and advances the counters by the change since the last snapshot."""
-        name = self.model_name
+    def update_engine(self, snap: EngineSnapshot, *, model: str | None = None) -> None:
+        """Sets `model`'s gauges and advances its counters by the change since its last
+        snapshot (None: the default model)."""
+        name = model or self.model_name
         with self._lock:
             self.running.labels(name).set(snap.num_running)
             self.waiting.labels(name).set(snap.num_waiting)
             self.kv_usage.labels(name).set(snap.kv_cache_usage)
-            last = self._last
+            last = self._last.get(name)
             pairs = (
                 (
                     self.prefix_queries,
@@ -148,9 +155,10 @@ class GatewayMetrics:
             for counter, now, before in pairs:
                 # A smaller value means the engine restarted: count from its zero.
                 delta = now - before if before is not None and now >= before else now
+                child = counter.labels(name)  # a model with no traffic yet still shows 0
                 if delta > 0:
-                    counter.labels(name).inc(delta)
-            self._last = snap
+                    child.inc(delta)
+            self._last[name] = snap
 
     def update_limiter(self, backend_errors: int) -> None:
         """Advances the backend-error counter to the limiter's own cumulative count.
@@ -166,17 +174,22 @@ class GatewayMetrics:
 
     def render(
         self,
-        snap: EngineSnapshot | None,
+        snap: EngineSnapshot | Mapping[str, EngineSnapshot] | None,
         *,
         limiter_backend_errors: int | None = None,
         include_tenants: bool = False,
     ) -> bytes:
         """The exposition text, after folding in `snap` and the limiter's count when given.
 
+        `snap` is the default model's snapshot, or a snapshot per model name.
+
         Tenant-labelled series are in it only with `include_tenants` (an operator asked).
         """
-        if snap is not None:
+        if isinstance(snap, EngineSnapshot):
             self.update_engine(snap)
+        elif snap is not None:
+            for model, one in snap.items():
+                self.update_engine(one, model=model)
         if limiter_backend_errors is not None:
             self.update_limiter(limiter_backend_errors)
         text = generate_latest(self.registry)

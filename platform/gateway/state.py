@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from fastapi import Request
@@ -11,6 +11,7 @@ from opentelemetry.trace import Tracer
 from gateway.admission import AsyncLimiter
 from gateway.auth_cache import AuthenticatorLike, CachingAuthenticator
 from gateway.engine_client import EngineClient
+from gateway.errors import ModelNotFoundError
 from gateway.metrics import GatewayMetrics
 from gateway.tokenize import PromptTokenizer
 from gateway.usage import UsageSink
@@ -29,7 +30,7 @@ class AppState:
     """Everything a request handler needs; built by `create_app`, never mutated."""
 
     settings: Settings
-    engine: EngineClient
+    engines: Mapping[str, EngineClient]  # one engine (and cache) per served base model
     auth: CachingAuthenticator  # in-memory answers; database reads off the loop
     limits: AsyncLimiter  # the limiter, awaited on the loop; releases settle in the background
     usage_sink: UsageSink
@@ -42,8 +43,17 @@ class AppState:
 
     @property
     def served_models(self) -> tuple[str, ...]:
-        """Model names this gateway serves (adapters join here with the LoRA issue)."""
-        return (self.engine.model_name,)
+        """Model names this gateway serves, in the order they were configured."""
+        return tuple(self.engines)
+
+    def engine_for(self, model: str) -> EngineClient:
+        """The engine serving `model`; 404 model_not_found for a model not served here."""
+        engine = self.engines.get(model)
+        if engine is None:
+            raise ModelNotFoundError(
+                f"the model {model!r} does not exist", param="model", code="model_not_found"
+            )
+        return engine
 
 
 def app_state(request: Request) -> AppState:

@@ -61,17 +61,16 @@ class _TenantGate:
     users: int = 0
 
 
-class PromptTokenizer:
-    """Encodes prompts for the gateway following the module's three rules."""
+class ModelPrompts:
+    """One model's prompts: its tokenizer and context, the gateway's shared pool and gates."""
 
-    def __init__(self, engine: EngineClient) -> None:
+    def __init__(self, owner: PromptTokenizer, engine: EngineClient) -> None:
+        self._owner = owner
         self._engine = engine  # read at call time: the tokenizer may come with the engine
-        self._pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="cloister-tok")
-        self._gates: dict[str, _TenantGate] = {}
 
     @property
     def tokenizer(self) -> TokenizerLike:
-        """The served model's tokenizer."""
+        """The model's tokenizer."""
         return self._engine.tokenizer
 
     def check_size(self, chars: int, *, param: str) -> None:
@@ -83,7 +82,7 @@ class PromptTokenizer:
     ) -> list[int]:
         """Token ids of `text` (size-checked; large texts on the pool)."""
         self.check_size(len(text), param=param)
-        return await self._run(
+        return await self._owner.run(
             tenant_id, len(text), lambda: self.tokenizer.encode(text, add_special_tokens)
         )
 
@@ -106,9 +105,54 @@ class PromptTokenizer:
             self.check_size(len(text), param="messages")
             return tokenizer.encode(text, add_special_tokens=False)
 
-        return await self._run(tenant_id, cost, work)
+        return await self._owner.run(tenant_id, cost, work)
 
-    async def _run(self, tenant_id: str, cost: int, work: Callable[[], T]) -> T:
+
+class PromptTokenizer:
+    """Encodes prompts for the gateway following the module's three rules.
+
+    One pool and one set of tenant gates for the whole gateway, whatever model a prompt
+    is for: `for_engine` gives the view that encodes with one engine's tokenizer. The
+    methods below use the `engine` given here (a gateway of one model, tests).
+    """
+
+    def __init__(self, engine: EngineClient | None = None) -> None:
+        self._default = None if engine is None else ModelPrompts(self, engine)
+        self._pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="cloister-tok")
+        self._gates: dict[str, _TenantGate] = {}
+
+    def for_engine(self, engine: EngineClient) -> ModelPrompts:
+        """Prompts encoded with `engine`'s tokenizer and checked against its context."""
+        return ModelPrompts(self, engine)
+
+    def _view(self) -> ModelPrompts:
+        if self._default is None:
+            raise RuntimeError("this PromptTokenizer has no default engine; use for_engine")
+        return self._default
+
+    @property
+    def tokenizer(self) -> TokenizerLike:
+        """The default engine's tokenizer."""
+        return self._view().tokenizer
+
+    def check_size(self, chars: int, *, param: str) -> None:
+        """`check_prompt_size` against the default engine's context."""
+        self._view().check_size(chars, param=param)
+
+    async def encode(
+        self, tenant_id: str, text: str, *, add_special_tokens: bool = True, param: str = "prompt"
+    ) -> list[int]:
+        """`ModelPrompts.encode` with the default engine."""
+        return await self._view().encode(
+            tenant_id, text, add_special_tokens=add_special_tokens, param=param
+        )
+
+    async def encode_chat(self, tenant_id: str, messages: list[dict[str, Any]]) -> list[int]:
+        """`ModelPrompts.encode_chat` with the default engine."""
+        return await self._view().encode_chat(tenant_id, messages)
+
+    async def run(self, tenant_id: str, cost: int, work: Callable[[], T]) -> T:
+        """`work()` inline when cheap, else on the pool within the tenant's share of it."""
         if cost <= INLINE_CHARS:
             return work()
         gate = self._gates.get(tenant_id)

@@ -5,14 +5,16 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import json
 import os
 import secrets
 import stat
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 if TYPE_CHECKING:
     from admin.settings import AdminSettings
@@ -59,6 +61,46 @@ def read_or_create_secret(path: Path) -> str:
     if not value:
         raise ValueError(f"{path} is empty; delete it to make a new secret")
     return value
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One base model a server serves: the name clients put in `model`, and its weights.
+
+    `path` None is the bundled SmolLM2 GGUF (the single-model default only).
+    """
+
+    name: str
+    path: str | None
+
+
+def parse_model_entries(entries: list[str] | tuple[str, ...] | str) -> tuple[ModelSpec, ...]:
+    """`NAME=PATH` entries (a list, or one string: a JSON list or comma-separated) as specs.
+
+    The name is what comes before the first "=". An empty name or path, or a name given
+    twice, is refused with a message naming the entry.
+    """
+    if isinstance(entries, str):
+        text = entries.strip()
+        if text.startswith("["):
+            decoded = json.loads(text)
+            if not isinstance(decoded, list) or not all(isinstance(e, str) for e in decoded):
+                raise ValueError("give a JSON list of NAME=PATH strings")
+            entries = decoded
+        else:
+            entries = [e for e in (part.strip() for part in text.split(",")) if e]
+    specs: list[ModelSpec] = []
+    for entry in entries:
+        name, sep, path = entry.partition("=")
+        name, path = name.strip(), path.strip()
+        if not sep or not name or not path:
+            raise ValueError(f"{entry!r} is not NAME=PATH (a name, '=', then a file or folder)")
+        if any(ch.isspace() for ch in name):
+            raise ValueError(f"the model name {name!r} holds whitespace")
+        if any(spec.name == name for spec in specs):
+            raise ValueError(f"the model name {name!r} is given twice")
+        specs.append(ModelSpec(name=name, path=path))
+    return tuple(specs)
 
 
 def _development_secret(file_name: str) -> Any:
@@ -108,6 +150,10 @@ class Settings(BaseSettings):
     db_pool_size: int = Field(default=8, ge=1)  # the admin API's pool (the gateway has its own)
     model: str | None = None  # None: the bundled SmolLM2-135M-Instruct GGUF
     model_name: str = "smollm2-135m-instruct"
+    # Several base models, each on its own engine (and cache): NAME=PATH entries, from
+    # CLOISTER_MODELS as a JSON list or comma-separated. Empty: the one `model` above.
+    # Given, it replaces `model` and `model_name` (setting those too is refused).
+    models: Annotated[tuple[ModelSpec, ...], NoDecode] = ()
     # The engine (see engine/config.py). "auto": CUDA when a GPU is there, else the CPU;
     # on CUDA bf16 and triton attention, on the CPU fp32 and the torch reference.
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -165,6 +211,28 @@ class Settings(BaseSettings):
     # directory's models/ and adapters/, the bundled model's folder and CLOISTER_MODEL.
     model_roots: str | None = None
     admin_adapter_upload_max_bytes: int = Field(default=1024**3, ge=1)
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _parse_models(cls, value: Any) -> Any:
+        if isinstance(value, str | list) or (
+            isinstance(value, tuple) and all(isinstance(v, str) for v in value)
+        ):
+            return parse_model_entries(value)
+        return value
+
+    @model_validator(mode="after")
+    def _refuse_models_with_model(self) -> Settings:
+        if self.models and self.model is not None:
+            raise ValueError("give models (NAME=PATH entries) or model (one path), not both")
+        if self.models and "model_name" in self.model_fields_set:
+            raise ValueError("model_name names the single model; with models, name each there")
+        return self
+
+    @property
+    def served_models(self) -> tuple[ModelSpec, ...]:
+        """The base models to serve, in order: `models`, else the one `model`/`model_name`."""
+        return self.models or (ModelSpec(name=self.model_name, path=self.model),)
 
     @model_validator(mode="after")
     def _refuse_missing_or_public_secrets(self) -> Settings:
@@ -224,8 +292,7 @@ class Settings(BaseSettings):
         spec = importlib.util.find_spec(BUNDLED_MODEL_PACKAGE)
         if spec is not None and spec.submodule_search_locations:
             roots.append(Path(list(spec.submodule_search_locations)[0]))
-        if self.model:
-            roots.append(Path(self.model))
+        roots.extend(Path(spec.path) for spec in self.served_models if spec.path)
         return tuple(root.resolve() for root in roots)
 
     def _development_signing_key(self) -> SecretStr:

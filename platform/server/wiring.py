@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from server.settings import Settings, private_data_dir
+from server.settings import ModelSpec, Settings, private_data_dir
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -106,27 +106,69 @@ def serve_engine_options(
 
 
 def load_engine(
-    settings: Settings, *, factory: Callable[[], LLMEngine] | None = None, **engine_options: Any
+    settings: Settings,
+    *,
+    factory: Callable[[], LLMEngine] | None = None,
+    model: str | None = None,
+    **engine_options: Any,
 ) -> Any:
     """The engine front `settings.engine_mode` asks for.
 
     "thread": an AsyncEngine whose loop is a thread of this process; "process": a
     ProcessEngine whose loop is a child process (this call waits for it to be ready).
-    The engine is `factory()` (picklable, for the child) when given, else
-    `settings.model` with the serve options and `engine_options`.
+    The engine is `factory()` (picklable, for the child) when given, else `model`
+    (None: `settings.model`) with the serve options and `engine_options`.
     """
     options = {**serve_engine_options(settings), **engine_options}
+    path = model if model is not None else settings.model
     if settings.engine_mode == "process":
         from engine.process_engine import ProcessEngine
 
         return ProcessEngine(
-            factory
-            or functools.partial(build_engine_in_child, settings.log_level, settings.model, options)
+            factory or functools.partial(build_engine_in_child, settings.log_level, path, options)
         )
     from engine.async_engine import AsyncEngine
     from engine.llm_engine import LLMEngine
 
-    return AsyncEngine(factory() if factory else LLMEngine.from_options(settings.model, **options))
+    return AsyncEngine(factory() if factory else LLMEngine.from_options(path, **options))
+
+
+def load_engines(settings: Settings, **engine_options: Any) -> dict[str, Any]:
+    """One engine front per served model (`settings.served_models`), in order, each with
+    the same options and its own KV pool and prefix cache.
+
+    On CUDA, without an explicit `kv_cache_bytes`, the models share
+    `gpu_memory_utilization`: each engine sizes its pool after measuring what the ones
+    loaded before it hold, so engine i of n is allowed (i + 1) / n of the share, and
+    each ends with about an equal part. If one fails to load, those already loaded stop.
+    """
+    specs = settings.served_models
+    engines: dict[str, Any] = {}
+    try:
+        for i, spec in enumerate(specs):
+            options = dict(engine_options)
+            if len(specs) > 1 and "gpu_memory_utilization" not in options:
+                options["gpu_memory_utilization"] = (
+                    settings.gpu_memory_utilization * (i + 1) / len(specs)
+                )
+            engines[spec.name] = load_engine(settings, model=spec.path, **options)
+    except BaseException:
+        for engine in engines.values():
+            _stop_unstarted(engine)
+        raise
+    return engines
+
+
+def _stop_unstarted(engine: Any) -> None:
+    """Stops an engine front `build_app` will not serve (a later model failed to load)."""
+    import asyncio
+
+    try:
+        asyncio.run(engine.shutdown())
+    except Exception:  # best effort: the start-up error is the one to report
+        import logging
+
+        logging.getLogger("cloister.serve").exception("stopping a loaded engine failed")
 
 
 def build_engine_in_child(log_level: str, model: str | None, options: dict[str, Any]) -> LLMEngine:
@@ -139,11 +181,13 @@ def build_engine_in_child(log_level: str, model: str | None, options: dict[str, 
 
 
 def build_app(settings: Settings, *, engine: Any | None = None, **engine_options: Any) -> FastAPI:
-    """The wired gateway: authenticator on the database, limiter from settings, engine in-process.
+    """The wired gateway: authenticator on the database, limiter from settings, engines
+    in-process.
 
-    `engine` may be an already built engine front (tests, benchmarks); otherwise one is
-    loaded from `settings.model` (None: the bundled SmolLM2) with `engine_options`, on
-    a thread or in a child process as `settings.engine_mode` says.
+    `engine` may be an already built engine front (tests, benchmarks), served as the one
+    model `settings.model_name`; otherwise one engine per `settings.served_models` is
+    loaded (the default: the bundled SmolLM2) with `engine_options`, each on a thread or
+    in a child process as `settings.engine_mode` says, and recorded in the registry.
     """
     from gateway.app import create_app
     from gateway.auth_cache import READ_THREADS, CachingAuthenticator
@@ -155,9 +199,14 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
     from tenancy.limiter import make_limiter
 
     loads_model = engine is None  # a given engine (tests, benchmarks) serves no model file
-    if engine is None:
-        engine = load_engine(settings, **engine_options)
-    client = InProcessEngineClient(engine, model_name=settings.model_name)
+    fronts = (
+        load_engines(settings, **engine_options)
+        if engine is None
+        else {settings.model_name: engine}
+    )
+    clients = {
+        name: InProcessEngineClient(front, model_name=name) for name, front in fronts.items()
+    }
     url = settings.resolved_database_url
     timeout_ms = int(settings.auth_read_timeout_s * 1000)
     # Three pools, so tenant traffic never waits on the admin API's database use: the
@@ -213,7 +262,7 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
     )
     app = create_app(
         settings,
-        engine_client=client,
+        engines=clients,
         authenticator=authenticator,
         limiter=limiter,
         usage_sink=metering,
@@ -224,15 +273,18 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
     mount_console(app, services, engine_stats=gateway_engine_stats(app.state.cloister))
     app.state.metering = metering
     if loads_model:
-        record_served_model(settings, services, context_length=client.max_model_len)
+        record_served_models(
+            services,
+            [(spec, clients[spec.name].max_model_len) for spec in settings.served_models],
+        )
     app.state.admin_services = services  # run_server runs its audit checkpoint timer
     app.state.background_writers = (last_used, services.audit_writer)
     return app
 
 
-def record_served_model(settings: Settings, services: Any, *, context_length: int) -> None:
-    """Records the loaded model in the registry (status `loaded`); warns when it has no
-    price, since its usage would then be billed at $0."""
+def record_served_models(services: Any, models: list[tuple[ModelSpec, int]]) -> None:
+    """Records the loaded models (each with its context length) in the registry, status
+    `loaded`; warns for each without a price, since its usage would be billed at $0."""
     import datetime as dt
     import logging
 
@@ -240,18 +292,21 @@ def record_served_model(settings: Settings, services: Any, *, context_length: in
     from admin.served_models import describe, record_served
     from engine.model.loader import default_model_path
 
-    source = Path(settings.model) if settings.model else Path(default_model_path())
-    served = describe(settings.model_name, source, context_length)
-    record_served(services.sessions, services.audit_writer, served)
-    with services.sessions() as session:
-        prices = registry.price_at(session, model=served.name, when=dt.datetime.now(dt.UTC))
-    if prices == registry.FREE:
-        logging.getLogger("cloister.serve").warning(
-            "model %r has no price: its usage is billed at $0 until one is set "
-            "(POST /admin/api/v1/models/%s/prices)",
-            served.name,
-            served.name,
-        )
+    served = [
+        describe(spec.name, Path(spec.path or default_model_path()), context_length)
+        for spec, context_length in models
+    ]
+    record_served(services.sessions, services.audit_writer, *served)
+    for one in served:
+        with services.sessions() as session:
+            prices = registry.price_at(session, model=one.name, when=dt.datetime.now(dt.UTC))
+        if prices == registry.FREE:
+            logging.getLogger("cloister.serve").warning(
+                "model %r has no price: its usage is billed at $0 until one is set "
+                "(POST /admin/api/v1/models/%s/prices)",
+                one.name,
+                one.name,
+            )
 
 
 def close_at_shutdown(app: FastAPI, *closers: Callable[[], None]) -> None:

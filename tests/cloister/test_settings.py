@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import SecretStr, ValidationError
@@ -235,3 +236,142 @@ def test_cloister_serve_with_a_bad_environment_stops_with_the_name(tmp_path: Pat
     assert done.returncode == 1
     assert "block_size" in done.stderr and "greater than or equal to 1" in done.stderr
     assert "Traceback" not in done.stderr + done.stdout
+
+
+def test_several_models_from_settings_and_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from server.settings import ModelSpec
+
+    assert Settings(data_dir=tmp_path).served_models == (
+        ModelSpec(name="smollm2-135m-instruct", path=None),  # the bundled default
+    )
+    one = Settings(data_dir=tmp_path, model="/m/one.gguf", model_name="one")
+    assert one.served_models == (ModelSpec(name="one", path="/m/one.gguf"),)
+    two = Settings(data_dir=tmp_path, models=["a=/m/a", "org/b=/m/b"])
+    assert two.served_models == (ModelSpec("a", "/m/a"), ModelSpec("org/b", "/m/b"))
+    assert {Path("/m/a").resolve(), Path("/m/b").resolve()} <= set(two.resolved_model_roots)
+    monkeypatch.setenv("CLOISTER_MODELS", "a=/m/a, b=/m/b")  # comma-separated
+    assert [s.name for s in Settings(data_dir=tmp_path).served_models] == ["a", "b"]
+    monkeypatch.setenv("CLOISTER_MODELS", '["a=/m/a,1", "b=/m/b"]')  # JSON: commas in paths
+    assert Settings(data_dir=tmp_path).served_models[0].path == "/m/a,1"
+
+
+@pytest.mark.parametrize(
+    ("models", "message"),
+    [
+        (["a=/m/a", "a=/m/b"], "given twice"),
+        (["=/m/a"], "is not NAME=PATH"),
+        (["a="], "is not NAME=PATH"),
+        (["/m/a"], "is not NAME=PATH"),
+        (["my model=/m/a"], "whitespace"),
+    ],
+)
+def test_bad_model_entries_are_refused(models: list[str], message: str, tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match=message):
+        Settings(data_dir=tmp_path, models=models)
+
+
+def test_models_and_the_single_model_settings_do_not_mix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import click
+
+    from cloister.commands.serve import load_settings
+
+    with pytest.raises(ValidationError, match="not both"):
+        Settings(data_dir=tmp_path, models=["a=/m/a"], model="/m/one")
+    with pytest.raises(ValidationError, match="name each there"):
+        Settings(data_dir=tmp_path, models=["a=/m/a"], model_name="one")
+    monkeypatch.setenv("CLOISTER_MODELS", '["a=/m/a"')  # broken JSON: a clear error
+    with pytest.raises(click.ClickException, match="models") as caught:
+        load_settings(data_dir=tmp_path)
+    assert "default factory" not in caught.value.message  # only the real error is shown
+
+
+def _serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *flags: str) -> tuple[Any, Any]:
+    """Invokes `cloister serve` with `flags`; returns the CLI result and the settings that
+    reached `run_server` (None when it was refused before)."""
+    from click.testing import CliRunner
+
+    from cloister.commands import serve as serve_module
+
+    reached: list[Settings] = []
+    monkeypatch.setattr(serve_module, "run_server", reached.append)
+    result = CliRunner().invoke(serve_module.serve, ["--data-dir", str(tmp_path), *flags])
+    assert "Traceback" not in result.output
+    return result, reached[0] if reached else None
+
+
+def test_model_flag_is_repeatable_as_name_equals_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from server.settings import ModelSpec
+
+    result, settings = _serve(tmp_path, monkeypatch, "--model", "a=/m/a", "--model", "b=/m/b")
+    assert result.exit_code == 0, result.output
+    assert settings.served_models == (ModelSpec("a", "/m/a"), ModelSpec("b", "/m/b"))
+    assert settings.model is None
+    result, settings = _serve(tmp_path, monkeypatch, "--model", "/m/one", "--model-name", "one")
+    assert result.exit_code == 0, result.output
+    assert settings.served_models == (ModelSpec("one", "/m/one"),)  # the old meaning
+    # Flags replace the environment's choice, whichever form either uses.
+    monkeypatch.setenv("CLOISTER_MODEL", "/m/env")
+    _, settings = _serve(tmp_path, monkeypatch, "--model", "a=/m/a")
+    assert settings.served_models == (ModelSpec("a", "/m/a"),)
+    monkeypatch.delenv("CLOISTER_MODEL")
+    monkeypatch.setenv("CLOISTER_MODELS", "x=/m/x,y=/m/y")
+    _, settings = _serve(tmp_path, monkeypatch, "--model", "/m/one")
+    assert [s.path for s in settings.served_models] == ["/m/one"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--model", "/m/one", "--model", "b=/m/b"], "not both forms"),
+        (["--model", "b=/m/b", "--model", "/m/one"], "not both forms"),
+        (["--model", "/m/one", "--model", "/m/two"], "once"),
+        (["--model", "a=/m/a", "--model", "a=/m/b"], "given twice"),
+        (["--model", "a=", "--model", "b=/m/b"], "is not NAME=PATH"),
+        (["--model", "a=/m/a", "--model-name", "n"], "name each there"),
+    ],
+)
+def test_bad_model_flags_are_refused(
+    flags: list[str], message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result, settings = _serve(tmp_path, monkeypatch, *flags)
+    assert result.exit_code == 1 and settings is None, result.output
+    assert message in result.output, result.output
+    assert not isinstance(result.exception, Exception) or isinstance(
+        result.exception, SystemExit
+    ), result.exception
+
+
+def test_models_share_the_gpu_memory_utilization(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each engine sizes its pool after measuring the ones before it: engine i of n is let
+    up to (i + 1) / n of the share, so each ends with about an equal part."""
+    from server import wiring
+
+    calls: list[tuple[str | None, dict[str, Any]]] = []
+
+    def fake_load(settings: Settings, *, model: str | None = None, **options: Any) -> str:
+        calls.append((model, options))
+        return f"engine:{model}"
+
+    monkeypatch.setattr(wiring, "load_engine", fake_load)
+    three = Settings(
+        data_dir=tmp_path, models=["a=/m/a", "b=/m/b", "c=/m/c"], gpu_memory_utilization=0.9
+    )
+    assert wiring.load_engines(three, max_model_len=128) == {
+        "a": "engine:/m/a",
+        "b": "engine:/m/b",
+        "c": "engine:/m/c",
+    }
+    shares = [options["gpu_memory_utilization"] for _, options in calls]
+    assert shares == pytest.approx([0.3, 0.6, 0.9])
+    assert all(options["max_model_len"] == 128 for _, options in calls)
+    calls.clear()
+    wiring.load_engines(Settings(data_dir=tmp_path, model="/m/one"))
+    assert calls == [("/m/one", {})]  # one model: the setting as it is

@@ -31,8 +31,14 @@ then call the API:
 @click.option("--host", default=None, help="Interface to bind (default 127.0.0.1).")
 @click.option("--port", type=int, default=None, help="Port to bind (default 8000).")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Data folder.")
-@click.option("--model", default=None, help="GGUF file or HF folder (default: bundled SmolLM2).")
-@click.option("--model-name", default=None, help="The name clients use in `model`.")
+@click.option(
+    "--model",
+    "model_flags",
+    multiple=True,
+    help="GGUF file or HF folder (default: bundled SmolLM2); or NAME=PATH, repeatable, "
+    "to serve several base models, each on its own engine.",
+)
+@click.option("--model-name", default=None, help="The name clients use in `model` (one model).")
 @click.option("--redis-url", default=None, help="Share limiter state through Redis.")
 @click.option("--max-model-len", type=int, default=None, help="Context length cap.")
 @click.option("--kv-cache-bytes", type=int, default=None, help="KV pool size in bytes.")
@@ -85,8 +91,27 @@ then call the API:
 @click.option("--log-level", default=None, help="DEBUG, INFO, WARNING, ...")
 def serve(**flags: Any) -> None:
     """Serve the OpenAI-compatible API; the engine runs on a thread or in a child process."""
+    model_flags: tuple[str, ...] = flags.pop("model_flags")
     overrides = {k: v for k, v in flags.items() if v is not None}
+    overrides.update(model_overrides(model_flags))
     run_server(load_settings(**overrides))
+
+
+def model_overrides(values: tuple[str, ...]) -> dict[str, Any]:
+    """The settings the `--model` flags give: one path (`model`) or NAME=PATH entries
+    (`models`). Flags replace the environment's choice, whichever form it used."""
+    if not values:
+        return {}
+    named = ["=" in v for v in values]
+    if all(named):
+        return {"models": list(values), "model": None}
+    if not any(named) and len(values) == 1:
+        return {"model": values[0], "models": ()}
+    raise click.ClickException(
+        "--model: give one PATH, or NAME=PATH for each model (repeatable); not both forms"
+        if any(named)
+        else "--model PATH can be given once; to serve several models, give NAME=PATH each time"
+    )
 
 
 def load_settings(**overrides: Any) -> Settings:
@@ -99,6 +124,8 @@ def load_settings(**overrides: Any) -> Settings:
         lines = [
             f"  {'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}"
             for e in exc.errors()
+            # A secret's default waits on the other fields: not an error of its own.
+            if e["type"] != "default_factory_not_called"
         ]
         raise click.ClickException("invalid settings:\n" + "\n".join(lines)) from None
 
@@ -139,7 +166,7 @@ def run_server(settings: Settings, *, engine: Any | None = None) -> None:
     if first_start:
         click.echo(
             FIRST_START_HINT.format(
-                host=settings.host, port=settings.port, model=settings.model_name
+                host=settings.host, port=settings.port, model=settings.served_models[0].name
             )
         )
     # The model, tokenizer and app live as long as the process: moved out of the

@@ -77,7 +77,7 @@ async def _prompt_ids(life: RequestLifecycle, body: ChatCompletionRequest) -> li
         raise InvalidParameterError("messages must not be empty", param="messages")
     assert life.principal is not None, "authenticate first"
     messages: list[dict[str, Any]] = [{"role": m.role, "content": m.text()} for m in body.messages]
-    return await life.state.tokenize.encode_chat(life.principal.tenant_id, messages)
+    return await life.prompts.encode_chat(life.principal.tenant_id, messages)
 
 
 async def create_chat_completion(request: Request) -> Response:

@@ -59,9 +59,9 @@ def completion_logprobs(
 async def _prompts(life: RequestLifecycle, body: CompletionRequest) -> list[list[int]]:
     """Strings are encoded with the model's special tokens; token id lists are used as given."""
     raw = body.prompt
-    tokenize = life.state.tokenize
-    vocab = life.state.engine.vocab_size
-    max_model_len = life.state.engine.max_model_len
+    tokenize = life.prompts
+    vocab = life.engine.vocab_size
+    max_model_len = life.engine.max_model_len
     assert life.principal is not None, "authenticate first"
     if isinstance(raw, str):
         items: list[str | list[int]] = [raw]

@@ -36,11 +36,11 @@ async def metrics(request: Request) -> Response:
                 headers={"WWW-Authenticate": "Bearer"},
             )
         include_tenants = True
-    snap = state.engine.stats()
+    snaps = {name: engine.stats() for name, engine in state.engines.items()}
     # Limiters with a shared backend count their own failures; in-memory ones have none.
     errors = getattr(state.limits.limiter, "backend_errors", None)
     text = state.metrics.render(
-        snap,
+        snaps,
         limiter_backend_errors=errors if isinstance(errors, int) else None,
         include_tenants=include_tenants,
     )
@@ -48,9 +48,9 @@ async def metrics(request: Request) -> Response:
 
 
 async def health(request: Request) -> JSONResponse:
-    """Liveness: the process answers and its engine serves (503 once the engine died, so
+    """Liveness: the process answers and its engines serve (503 once one of them died, so
     that an orchestrator restarts the server instead of routing tenants to it)."""
-    if not app_state(request).engine.alive:
+    if not all(engine.alive for engine in app_state(request).engines.values()):
         return JSONResponse({"status": "engine_unavailable"}, status_code=503)
     return JSONResponse({"status": "ok"})
 
