@@ -14,6 +14,7 @@ from gateway.auth_cache import CachingAuthenticator
 from gateway.engine_client import EngineClient
 from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
+from gateway.model_access import ModelAccess
 from gateway.openapi import install_openapi
 from gateway.routes import chat, completions, metrics, models
 from gateway.state import AppState, AuthenticatorLike, OperatorAuth
@@ -35,13 +36,15 @@ def create_app(
     tracer_provider: TracerProvider | None = None,
     manage_engine: bool = True,
     operator_auth: OperatorAuth | None = None,
+    model_access: ModelAccess | None = None,
 ) -> FastAPI:
     """An app serving the OpenAI-compatible API over `engine_client`.
 
     The lifespan starts the engine (when `manage_engine`) and shuts it and the
     tracer provider down on exit. Nothing lives in module globals: two apps in one
     process (tests, benchmarks) share nothing. `operator_auth` decides who sees the
-    tenant-labelled series on /metrics (None: nobody). `authenticator` is wrapped in the
+    tenant-labelled series on /metrics (None: nobody); `model_access`, the registry's
+    per-model tenant allow-lists (None: only keys and tenant limits restrict models). `authenticator` is wrapped in the
     gateway's key cache unless it already is one (then it is used as it is).
     """
     provider = tracer_provider or make_tracer_provider(settings.otel_exporter)
@@ -65,6 +68,7 @@ def create_app(
         request_ids=UniqueIds(),
         tokenize=PromptTokenizer(engine_client),
         operator_auth=operator_auth,
+        model_access=model_access,
     )
 
     @asynccontextmanager
@@ -77,6 +81,8 @@ def create_app(
             await state.limits.close()
             await state.auth.drain()
             state.tokenize.close()
+            if model_access is not None:
+                model_access.close()
             if manage_engine:
                 await engine_client.shutdown()
             provider.shutdown()

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from engine.llm_engine import LLMEngine
+    from gateway.model_access import ModelAccess
 
 
 class DeviceUnavailableError(ValueError):
@@ -146,6 +147,7 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
     loads_model = engine is None  # a given engine (tests, benchmarks) serves no model file
     if engine is None:
         engine = load_engine(settings, **engine_options)
+        resolved = {**serve_engine_options(settings), **engine_options}
     client = InProcessEngineClient(engine, model_name=settings.model_name)
     url = settings.resolved_database_url
     timeout_ms = int(settings.auth_read_timeout_s * 1000)
@@ -200,6 +202,14 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
         ),
         denials=services.audit_writer,
     )
+    if loads_model:  # before the allow-lists are first read: it may register the model
+        record_served_model(
+            settings,
+            services,
+            context_length=client.max_model_len,
+            device=str(resolved["device"]),
+            dtype=str(resolved["dtype"]),
+        )
     app = create_app(
         settings,
         engine_client=client,
@@ -207,21 +217,54 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
         limiter=limiter,
         usage_sink=metering,
         operator_auth=operator_auth(services),  # who sees the tenant series on /metrics
+        model_access=registry_model_access(settings, url),
     )
     # One process serves the admin API and its console next to the gateway.
     app.include_router(create_admin_router(services))
     mount_console(app, services, engine_stats=gateway_engine_stats(app.state.cloister))
     app.state.metering = metering
-    if loads_model:
-        record_served_model(settings, services, context_length=client.max_model_len)
     app.state.admin_services = services  # run_server runs its audit checkpoint timer
     app.state.background_writers = (last_used, services.audit_writer)
     return app
 
 
-def record_served_model(settings: Settings, services: Any, *, context_length: int) -> None:
-    """Records the loaded model in the registry (status `loaded`); warns when it has no
-    price, since its usage would then be billed at $0."""
+def registry_model_access(settings: Settings, url: str) -> ModelAccess:
+    """The gateway's view of the registry's per-model tenant allow-lists, read once now and
+    then every `config_refresh_s` on its own thread and database connection."""
+    from admin import registry
+    from gateway.model_access import ModelAccess
+    from tenancy.db import make_engine, make_session_factory
+
+    sessions = make_session_factory(
+        make_engine(
+            url,
+            pool_size=1,
+            max_overflow=0,
+            pool_timeout_s=settings.auth_read_timeout_s,
+            statement_timeout_ms=int(settings.auth_read_timeout_s * 1000),
+        )
+    )
+
+    def read() -> dict[str, frozenset[str] | None]:
+        with sessions() as session:
+            return registry.allow_lists(session)
+
+    return ModelAccess.load(
+        read, refresh_s=settings.config_refresh_s, read_timeout_s=settings.auth_read_timeout_s
+    )
+
+
+def record_served_model(
+    settings: Settings,
+    services: Any,
+    *,
+    context_length: int,
+    device: str | None = None,
+    dtype: str | None = None,
+) -> None:
+    """Records the loaded model in the registry (status `loaded`, on `device` in `dtype`);
+    warns when it has no price, since its usage would then be billed at $0 (and marked
+    unpriced)."""
     import datetime as dt
     import logging
 
@@ -230,14 +273,14 @@ def record_served_model(settings: Settings, services: Any, *, context_length: in
     from engine.model.loader import default_model_path
 
     source = Path(settings.model) if settings.model else Path(default_model_path())
-    served = describe(settings.model_name, source, context_length)
+    served = describe(settings.model_name, source, context_length, device=device, dtype=dtype)
     record_served(services.sessions, services.audit_writer, served)
     with services.sessions() as session:
-        prices = registry.price_at(session, model=served.name, when=dt.datetime.now(dt.UTC))
-    if prices == registry.FREE:
+        prices = registry.price_in_force(session, model=served.name, when=dt.datetime.now(dt.UTC))
+    if prices is None:  # a price of 0 is a deliberate choice, not a missing price
         logging.getLogger("cloister.serve").warning(
-            "model %r has no price: its usage is billed at $0 until one is set "
-            "(POST /admin/api/v1/models/%s/prices)",
+            "model %r has no price: its usage is billed at $0 and marked unpriced until "
+            "one is set (POST /admin/api/v1/models/%s/prices)",
             served.name,
             served.name,
         )
