@@ -166,9 +166,7 @@ def test_an_allow_list_denies_another_tenant_and_hides_the_model(served: Served)
     audit = served.admin.get("/admin/api/v1/audit", params={"limit": 500})
     assert audit.status_code == 200
     denials = [
-        e
-        for e in audit.json()["items"]
-        if e["outcome"] == "denied:403" and e["resource"] == "tiny"
+        e for e in audit.json()["items"] if e["outcome"] == "denied:403" and e["resource"] == "tiny"
     ]
     assert denials and all(e["tenant_id"] == served.tenant_ids["beta"] for e in denials)
     assert {reason for e in denials for reason in e["detail"]["reasons"]} == {"model_tenant"}
