@@ -16,6 +16,7 @@ from server.settings import Settings, private_data_dir
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
+    from sqlalchemy.orm import Session, sessionmaker
 
     from engine.llm_engine import LLMEngine
     from gateway.model_access import ModelAccess
@@ -167,6 +168,18 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
         make_engine(url, pool_size=settings.db_pool_size, max_overflow=settings.db_pool_size)
     )
     writer_sessions = make_session_factory(make_engine(url, pool_size=3, max_overflow=2))
+    # The registry's allow-lists, read by the gateway on its own thread and connection.
+    # Made with the others, before any connection is open: on SQLite, make_engine opens
+    # and closes the file, which would drop the process's locks held by open connections.
+    access_sessions = make_session_factory(
+        make_engine(
+            url,
+            pool_size=1,
+            max_overflow=0,
+            pool_timeout_s=settings.auth_read_timeout_s,
+            statement_timeout_ms=timeout_ms,
+        )
+    )
     pepper = settings.key_pepper.get_secret_value()
     last_used = LastUsedWriter(writer_sessions, interval_s=max(1.0, settings.config_refresh_s))
     from admin.app import make_services
@@ -217,7 +230,7 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
         limiter=limiter,
         usage_sink=metering,
         operator_auth=operator_auth(services),  # who sees the tenant series on /metrics
-        model_access=registry_model_access(settings, url),
+        model_access=registry_model_access(settings, access_sessions),
     )
     # One process serves the admin API and its console next to the gateway.
     app.include_router(create_admin_router(services))
@@ -228,22 +241,11 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
     return app
 
 
-def registry_model_access(settings: Settings, url: str) -> ModelAccess:
+def registry_model_access(settings: Settings, sessions: sessionmaker[Session]) -> ModelAccess:
     """The gateway's view of the registry's per-model tenant allow-lists, read once now and
-    then every `config_refresh_s` on its own thread and database connection."""
+    then every `config_refresh_s` on its own thread (and `sessions`' connection)."""
     from admin import registry
     from gateway.model_access import ModelAccess
-    from tenancy.db import make_engine, make_session_factory
-
-    sessions = make_session_factory(
-        make_engine(
-            url,
-            pool_size=1,
-            max_overflow=0,
-            pool_timeout_s=settings.auth_read_timeout_s,
-            statement_timeout_ms=int(settings.auth_read_timeout_s * 1000),
-        )
-    )
 
     def read() -> dict[str, frozenset[str] | None]:
         with sessions() as session:
