@@ -43,9 +43,10 @@ def create_app(
     The lifespan starts the engine (when `manage_engine`) and shuts it and the
     tracer provider down on exit. Nothing lives in module globals: two apps in one
     process (tests, benchmarks) share nothing. `operator_auth` decides who sees the
-    tenant-labelled series on /metrics (None: nobody); `model_access`, the registry's
-    per-model tenant allow-lists (None: only keys and tenant limits restrict models). `authenticator` is wrapped in the
-    gateway's key cache unless it already is one (then it is used as it is).
+    tenant-labelled series on /metrics (None: nobody); `model_access` holds the
+    registry's per-model tenant allow-lists (None: only keys and tenant limits restrict
+    models). `authenticator` is wrapped in the gateway's key cache unless it already is
+    one (then it is used as it is).
     """
     provider = tracer_provider or make_tracer_provider(settings.otel_exporter)
     state = AppState(

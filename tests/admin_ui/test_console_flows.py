@@ -230,7 +230,8 @@ def test_models_page_shows_the_loaded_model_its_device_dtype_and_price(admin: Co
     models = page.get_by_role("table", name="Models")
     headers = [h.strip() for h in models.locator("thead th").all_inner_texts()]
     row = models.locator("tbody tr", has_text="tiny").first
-    cells = dict(zip(headers, (c.strip() for c in row.locator("td").all_inner_texts())))
+    texts = [c.strip() for c in row.locator("td").all_inner_texts()]
+    cells = dict(zip(headers, texts, strict=True))
     assert cells["Status"] == "loaded"
     assert cells["Device"] == "cpu" and cells["Dtype"] == "float32"  # as `serve` built it
     assert cells["Priced"] == "unpriced"
