@@ -244,3 +244,27 @@ def test_bad_allow_lists_are_refused_with_4xx(served: Served, body: dict[str, An
 def test_a_tenant_name_is_refused_with_a_hint(served: Served) -> None:
     r = served.patch_model(allowed_tenants=["alpha"])
     assert r.status_code == 422 and "give their ids" in r.text
+
+
+def test_register_checks_the_allow_list_and_without_a_price_is_unpriced(
+    served: Served, tmp_path: Path
+) -> None:
+    weights = tmp_path / "models" / "w.gguf"
+    weights.parent.mkdir(exist_ok=True)
+    weights.write_bytes(b"GGUF")
+    body = {"source": str(weights), "format": "gguf", "context_length": 64}
+    bad = served.admin.post(
+        "/admin/api/v1/models", json={**body, "name": "m1", "allowed_tenants": ["ten_nope"]}
+    )
+    assert bad.status_code == 422, bad.text
+    assert served.admin.get("/admin/api/v1/models/m1").status_code == 404  # nothing registered
+    alpha = served.tenant_ids["alpha"]
+    ok = served.admin.post(
+        "/admin/api/v1/models", json={**body, "name": "m1", "allowed_tenants": [alpha]}
+    )
+    assert ok.status_code == 201, ok.text
+    assert ok.json()["allowed_tenants"] == [alpha] and ok.json()["price"] is None
+    free = served.admin.post(
+        "/admin/api/v1/models", json={**body, "name": "m2", "input_price": 0, "output_price": 0}
+    )
+    assert free.status_code == 201 and free.json()["price"]["input_price"] == 0  # priced at 0
