@@ -35,6 +35,8 @@ EXPORT_FIELDS = (
     "completion_tokens",
     "cost_pico_usd",
     "cost_usd",
+    "unpriced",  # true: some of these requests used tokens while the model had no price
+    "unpriced_requests",
 )
 
 
@@ -74,6 +76,12 @@ class UsageBucket:
     cached_tokens: int
     completion_tokens: int
     cost_pico_usd: int
+    unpriced_requests: int = 0  # requests that used tokens with no price in force ($0)
+
+    @property
+    def unpriced(self) -> bool:
+        """Whether any of this usage was unpriced (billed $0 for want of a price)."""
+        return self.unpriced_requests > 0
 
 
 def query_usage(
@@ -113,7 +121,7 @@ def query_usage(
             row.adapter,
             int(row.status),
         )
-        acc = sums.setdefault(group, [0, 0, 0, 0, 0])
+        acc = sums.setdefault(group, [0, 0, 0, 0, 0, 0])
         for i, v in enumerate(
             (
                 row.requests,
@@ -121,6 +129,7 @@ def query_usage(
                 row.cached_tokens,
                 row.completion_tokens,
                 row.cost_pico_usd,
+                row.unpriced_requests,
             )
         ):
             acc[i] += int(v)
@@ -135,7 +144,9 @@ def billing_lines(
     """One line per tenant x model x adapter x status x day of `period`.
 
     Refused requests (429, 503, ...) get lines of their own with their status and zero
-    tokens and cost: a tenant is billed only for what the engine processed.
+    tokens and cost: a tenant is billed only for what the engine processed. `unpriced`
+    is true on a line with usage of a model that had no price in force at the time of
+    use (billed $0, never silently); a model deliberately priced at 0 is not unpriced.
     """
     start, end = parse_period(period)
     lines: list[dict[str, object]] = []
@@ -144,6 +155,7 @@ def billing_lines(
         line["day"] = line.pop("start")
         line.pop("key_id")
         line["cost_usd"] = pico_to_usd(b.cost_pico_usd)
+        line["unpriced"] = b.unpriced
         lines.append({k: line[k] for k in EXPORT_FIELDS})
     lines.sort(
         key=lambda r: (

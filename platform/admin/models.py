@@ -21,6 +21,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -50,6 +51,9 @@ class RegisteredModel(Base):
     status: Mapped[str] = mapped_column(String(16), default="registered")
     allowed_tenants: Mapped[list[str] | None] = mapped_column(JSON, default=None)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # What the server that loaded it runs it on; None unless loaded (migration 0005).
+    device: Mapped[str | None] = mapped_column(String(32), default=None)
+    dtype: Mapped[str | None] = mapped_column(String(16), default=None)
 
 
 class ModelPrice(Base):
@@ -142,6 +146,8 @@ class UsageRow(Base):
     status: Mapped[int] = mapped_column(Integer)
     finish_reason: Mapped[str | None] = mapped_column(String(32), default=None)
     client_disconnected: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Tokens used while the model had no price in force: billed $0, but marked so.
+    unpriced: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class UsageHourly(Base):
@@ -161,6 +167,8 @@ class UsageHourly(Base):
     cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     cost_pico_usd: Mapped[int] = mapped_column(BigInteger, default=0)
+    # How many of `requests` were unpriced (UsageRow.unpriced); migration 0005.
+    unpriced_requests: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
 
 class AuditEvent(Base):

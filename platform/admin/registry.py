@@ -23,10 +23,12 @@ from admin.models import (
 )
 from tenancy.errors import ConflictError, InvalidValueError, NotFoundError
 from tenancy.keys import new_id
+from tenancy.models import Tenant
 
 MODEL_FORMATS = ("gguf", "safetensors")
 MAX_RANK = 4096
 MAX_SOURCE_CHARS = 1024  # the source columns' width
+MAX_ALLOWED_TENANTS = 1000  # bounds one allow-list (and the query checking it)
 
 
 @dataclass(frozen=True)
@@ -71,11 +73,16 @@ def register_model(
     format: str,
     context_length: int,
     revision: str = "main",
-    prices: Prices = FREE,
+    prices: Prices | None = None,
     allowed_tenants: Sequence[str] | None = None,
     now: dt.datetime | None = None,
 ) -> RegisteredModel:
-    """Register a model with its first price (effective now)."""
+    """Register a model with its first price (effective now).
+
+    `prices` None registers it without a price: its usage is billed $0 and marked
+    unpriced until one is set (FREE is a deliberate price of $0, not unpriced).
+    `allowed_tenants` are tenant ids (None: every tenant).
+    """
     if format not in MODEL_FORMATS:
         raise InvalidValueError(f"format must be one of {', '.join(MODEL_FORMATS)}")
     if not name or len(name) > 128 or context_length <= 0:
@@ -84,6 +91,8 @@ def register_model(
         raise InvalidValueError(f"source must be 1-{MAX_SOURCE_CHARS} characters")
     if session.scalars(select(RegisteredModel.id).where(RegisteredModel.name == name)).first():
         raise ConflictError(f"model {name!r} already exists")
+    if allowed_tenants is not None:
+        check_tenant_ids(session, allowed_tenants)
     row = RegisteredModel(
         id=new_id("mdl"),
         name=name,
@@ -96,9 +105,35 @@ def register_model(
     )
     session.add(row)
     session.flush()
-    _add_price(session, name, prices, now or dt.datetime.now(dt.UTC))
+    if prices is not None:
+        _add_price(session, name, prices, now or dt.datetime.now(dt.UTC))
     session.commit()
     return row
+
+
+def check_tenant_ids(session: Session, tenant_ids: Sequence[str]) -> None:
+    """InvalidValueError unless every entry is the id of an existing tenant.
+
+    A model's allow-list holds tenant ids (as keys hold model names), so renaming a
+    tenant never changes what it may use; a name is refused with a hint.
+    """
+    if isinstance(tenant_ids, str) or not all(isinstance(t, str) for t in tenant_ids):
+        raise InvalidValueError("allowed_tenants must be a list of tenant ids")
+    if len(tenant_ids) > MAX_ALLOWED_TENANTS:
+        raise InvalidValueError(f"allowed_tenants may list at most {MAX_ALLOWED_TENANTS} tenants")
+    wanted = set(tenant_ids)
+    known = set(session.scalars(select(Tenant.id).where(Tenant.id.in_(wanted))).all())
+    unknown = sorted(wanted - known)
+    if unknown:
+        named = set(session.scalars(select(Tenant.name).where(Tenant.name.in_(unknown))).all())
+        hint = " (these are tenant names; give their ids)" if named else ""
+        raise InvalidValueError(f"allowed_tenants: no tenant with id {unknown[0]!r}{hint}")
+
+
+def allow_lists(session: Session) -> dict[str, frozenset[str] | None]:
+    """Model name -> the tenant ids that may use it (None: every tenant); every model."""
+    rows = session.execute(select(RegisteredModel.name, RegisteredModel.allowed_tenants)).all()
+    return {name: None if ids is None else frozenset(ids) for name, ids in rows}
 
 
 def update_model(
@@ -109,8 +144,11 @@ def update_model(
     allowed_tenants: Sequence[str] | None = None,
     clear_allowed_tenants: bool = False,
 ) -> RegisteredModel:
-    """Change a model's status or tenant allow-list (None keeps it; clear: every tenant)."""
+    """Change a model's status or tenant allow-list (tenant ids; None keeps it; clear:
+    every tenant)."""
     row = get_model(session, name)
+    if allowed_tenants is not None and not clear_allowed_tenants:
+        check_tenant_ids(session, allowed_tenants)
     if status is not None:
         if status not in MODEL_STATUSES:
             raise InvalidValueError(f"status must be one of {', '.join(MODEL_STATUSES)}")
@@ -164,7 +202,13 @@ def price_history(session: Session, *, model: str) -> Sequence[ModelPrice]:
 
 
 def price_at(session: Session, *, model: str, when: dt.datetime) -> Prices:
-    """The price in force for `model` at `when`; FREE for an unregistered model."""
+    """The price in force for `model` at `when`; FREE when it has none (see `price_in_force`)."""
+    return price_in_force(session, model=model, when=when) or FREE
+
+
+def price_in_force(session: Session, *, model: str, when: dt.datetime) -> Prices | None:
+    """The price in force for `model` at `when`; None when it has none (unpriced), which
+    is not a price of 0 (a deliberately free model)."""
     row = session.scalars(
         select(ModelPrice)
         .where(ModelPrice.model_name == model, ModelPrice.effective_from <= when)
@@ -172,7 +216,7 @@ def price_at(session: Session, *, model: str, when: dt.datetime) -> Prices:
         .limit(1)
     ).first()
     if row is None:
-        return FREE
+        return None
     return Prices(row.input_micros_per_m, row.cached_input_micros_per_m, row.output_micros_per_m)
 
 

@@ -42,21 +42,33 @@ class KeyCreate(BaseModel):
 
 
 class ModelCreate(BaseModel):
-    """A model to register; prices in micro-USD per million tokens."""
+    """A model to register; prices in micro-USD per million tokens.
+
+    With no price at all the model is unpriced (its usage is billed $0 and marked
+    unpriced) until one is set; a price given in part is 0 for the parts left out.
+    `allowed_tenants` are tenant ids (None: every tenant).
+    """
 
     name: str
     source: str
     format: str
     context_length: int
     revision: str = "main"
-    input_price: int = 0
-    cached_input_price: int = 0
-    output_price: int = 0
+    input_price: int | None = None
+    cached_input_price: int | None = None
+    output_price: int | None = None
     allowed_tenants: list[str] | None = None
+
+    def prices(self) -> registry.Prices | None:
+        """The first price, or None for an unpriced model."""
+        given = (self.input_price, self.cached_input_price, self.output_price)
+        if all(p is None for p in given):
+            return None
+        return registry.Prices(*(p or 0 for p in given))
 
 
 class ModelUpdate(BaseModel):
-    """A status or allow-list change."""
+    """A status or allow-list (tenant ids) change."""
 
     status: str | None = None
     allowed_tenants: list[str] | None = None
@@ -303,7 +315,7 @@ def create_admin_router(services: AdminServices) -> APIRouter:
         except SourcePathError as exc:
             ctx.audit("model.register", f"models/{body.name}", outcome="invalid")
             raise HTTPException(400, str(exc)) from exc
-        prices = registry.Prices(body.input_price, body.cached_input_price, body.output_price)
+        prices = body.prices()
         m = write(
             ctx,
             "model.register",

@@ -274,7 +274,7 @@ def add_ops_routes(
             adapter=adapter,
             by_key=by_key,
         )
-        return {"items": [b.__dict__ for b in buckets]}
+        return {"items": [{**b.__dict__, "unpriced": b.unpriced} for b in buckets]}
 
     @router.get("/billing/export")
     def billing_export(

@@ -67,7 +67,7 @@ def key_dict(k: ApiKey) -> dict[str, Any]:
 
 
 def model_dict(session: Session, m: RegisteredModel, *, history: bool = False) -> dict[str, Any]:
-    """A model with its current price (and its price history on request)."""
+    """A model with its current price (None: unpriced) and its price history on request."""
     prices = registry.price_history(session, model=m.name)
     out: dict[str, Any] = {
         "id": m.id,
@@ -77,7 +77,9 @@ def model_dict(session: Session, m: RegisteredModel, *, history: bool = False) -
         "format": m.format,
         "context_length": m.context_length,
         "status": m.status,
-        "allowed_tenants": m.allowed_tenants,
+        "allowed_tenants": m.allowed_tenants,  # tenant ids; None: every tenant
+        "device": m.device,  # where the server that loaded it runs it; None unless loaded
+        "dtype": m.dtype,
         "created_at": _iso(m.created_at),
     }
     rows = [

@@ -1,9 +1,11 @@
 """What `cloister serve` loaded, recorded in the registry at start-up.
 
 The registry is the source of truth for what is served: each model a server loads is
-registered (or brought up to date) with status `loaded`, and models left `loaded` by
-an earlier run that this one does not serve go back to `registered`. Each change is
-audited with the actor `system:serve`.
+registered (or brought up to date) with status `loaded` and the device and dtype it
+runs on, and models left `loaded` by an earlier run that this one does not serve go
+back to `registered` with their device and dtype cleared. A model registered here has
+no price (its usage is marked unpriced until one is set). Each change is audited with
+the actor `system:serve`.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ class ServedModel:
     format: str  # one of registry.MODEL_FORMATS
     context_length: int
     revision: str  # a fingerprint of the weights (see `fingerprint`)
+    device: str | None = None  # "cpu", "cuda", ...: as the engine was built
+    dtype: str | None = None  # "float32", "bfloat16", ...
 
 
 def fingerprint(source: Path) -> str:
@@ -55,7 +59,14 @@ def fingerprint(source: Path) -> str:
     return f"sha256-edges:{digest.hexdigest()[:32]}"
 
 
-def describe(name: str, source: Path, context_length: int) -> ServedModel:
+def describe(
+    name: str,
+    source: Path,
+    context_length: int,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+) -> ServedModel:
     """The registry's description of a model file (GGUF) or Hugging Face folder."""
     fmt = "safetensors" if source.is_dir() else "gguf"
     return ServedModel(
@@ -64,6 +75,8 @@ def describe(name: str, source: Path, context_length: int) -> ServedModel:
         format=fmt,
         context_length=context_length,
         revision=fingerprint(source),
+        device=device,
+        dtype=dtype,
     )
 
 
@@ -78,6 +91,7 @@ def record_served(
         for stale in registry.list_models(session, status="loaded"):
             if stale.name not in names:
                 stale.status = "registered"
+                stale.device = stale.dtype = None
                 session.commit()
                 _audit(audit, "model.unload", stale.name)
         for row in rows:
@@ -103,7 +117,7 @@ def _record_loaded(session: Session, audit: AuditWriter, served: ServedModel) ->
         _audit(audit, "model.register", served.name, revision=served.revision)
     changed = {
         field: getattr(served, field)
-        for field in ("source", "format", "context_length", "revision")
+        for field in ("source", "format", "context_length", "revision", "device", "dtype")
         if getattr(row, field) != getattr(served, field)
     }
     for field, value in changed.items():

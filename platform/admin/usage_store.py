@@ -43,7 +43,9 @@ from admin.registry import FREE, Prices
 
 ROLLUP_SUMS = ("prompt_tokens", "cached_tokens", "completion_tokens", "cost_pico_usd")
 _ROLLUP_KEY = ("hour", "tenant_id", "key_id", "model", "adapter", "status")
-_ROLLUP_COLUMNS = (*_ROLLUP_KEY, "requests", *ROLLUP_SUMS)
+# Summed per rollup row: the request count, ROLLUP_SUMS and how many were unpriced.
+_COUNTED = ("requests", *ROLLUP_SUMS, "unpriced_requests")
+_ROLLUP_COLUMNS = (*_ROLLUP_KEY, *_COUNTED)
 
 _USAGE: Table = UsageRow.__table__  # type: ignore[assignment]
 _HOURLY: Table = UsageHourly.__table__  # type: ignore[assignment]
@@ -114,7 +116,7 @@ def _build(dialect: str) -> _Statements:
     )
     upsert_hourly = hourly.on_conflict_do_update(
         index_elements=list(_ROLLUP_KEY),
-        set_={name: _HOURLY.c[name] + hourly.excluded[name] for name in ("requests", *ROLLUP_SUMS)},
+        set_={name: _HOURLY.c[name] + hourly.excluded[name] for name in _COUNTED},
     )
     return _Statements(insert_usage, upsert_hourly, as_json)
 
@@ -144,7 +146,11 @@ class PriceBook:
 
     def at(self, model: str, when: dt.datetime) -> Prices:
         """The latest price effective at or before `when` (FREE if none)."""
-        found = FREE
+        return self.find(model, when) or FREE
+
+    def find(self, model: str, when: dt.datetime) -> Prices | None:
+        """The latest price effective at or before `when`; None if none (unpriced)."""
+        found: Prices | None = None
         for start, prices in self._history.get(model, []):
             if start <= when:
                 found = prices
@@ -153,7 +159,9 @@ class PriceBook:
         return found
 
 
-def _usage_params(r: Mapping[str, Any], when: dt.datetime, cost: int) -> dict[str, Any]:
+def _usage_params(
+    r: Mapping[str, Any], when: dt.datetime, cost: int, unpriced: bool
+) -> dict[str, Any]:
     # Every parameter set must have the same keys (one compiled statement serves all),
     # so optional fields are filled here rather than left to column defaults.
     return {
@@ -172,6 +180,7 @@ def _usage_params(r: Mapping[str, Any], when: dt.datetime, cost: int) -> dict[st
         "status": r["status"],
         "finish_reason": r.get("finish_reason"),
         "client_disconnected": bool(r.get("client_disconnected", False)),
+        "unpriced": unpriced,
     }
 
 
@@ -198,12 +207,16 @@ def write_usage(session: Session, rows: Sequence[Mapping[str, Any]]) -> int:
         when = dt.datetime.fromisoformat(r["occurred_at"])
         if when.tzinfo is None:  # PostgreSQL would read it in the session's zone
             raise ValueError(f"usage row {r['request_id']!r}: naive occurred_at")
-        cost = book.at(r["model"], when).cost_pico_usd(
+        prices = book.find(r["model"], when)
+        cost = (prices or FREE).cost_pico_usd(
             prompt_tokens=r["prompt_tokens"],
             cached_tokens=r["cached_tokens"],
             completion_tokens=r["completion_tokens"],
         )
-        values.append(_usage_params(r, when, cost))
+        # Unpriced: tokens used with no price in force. A request that used none (a
+        # refusal) costs nothing whatever the price, so it is not marked.
+        used = r["prompt_tokens"] + r["completion_tokens"] > 0
+        values.append(_usage_params(r, when, cost, prices is None and used))
     result = conn.execute(statements.insert_usage, statements.params(values))
     inserted = set(result.scalars().all())
     buckets: dict[tuple[dt.datetime, str, str, str, str, int], list[int]] = {}
@@ -220,17 +233,18 @@ def write_usage(session: Session, rows: Sequence[Mapping[str, Any]]) -> int:
         )
         sums = buckets.get(key)
         if sums is None:
-            sums = buckets[key] = [0] * (1 + len(ROLLUP_SUMS))
+            sums = buckets[key] = [0] * len(_COUNTED)
         sums[0] += 1
         for i, name in enumerate(ROLLUP_SUMS, 1):
             sums[i] += int(v[name])
+        sums[-1] += int(v["unpriced"])
     if buckets:
         # The buckets are distinct, so no row is touched twice; sorted so that concurrent
         # writers lock rollup rows in the same order (no deadlock on PostgreSQL).
         rollups = [
             {
                 **dict(zip(_ROLLUP_KEY, key, strict=True)),
-                **dict(zip(("requests", *ROLLUP_SUMS), sums, strict=True)),
+                **dict(zip(_COUNTED, sums, strict=True)),
             }
             for key, sums in sorted(buckets.items())
         ]

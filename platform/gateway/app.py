@@ -17,6 +17,7 @@ from gateway.auth_cache import CachingAuthenticator
 from gateway.engine_client import EngineClient
 from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
+from gateway.model_access import ModelAccess
 from gateway.openapi import install_openapi
 from gateway.routes import chat, completions, metrics, models
 from gateway.state import AppState, AuthenticatorLike, OperatorAuth
@@ -41,6 +42,7 @@ def create_app(
     tracer_provider: TracerProvider | None = None,
     manage_engine: bool = True,
     operator_auth: OperatorAuth | None = None,
+    model_access: ModelAccess | None = None,
 ) -> FastAPI:
     """An app serving the OpenAI-compatible API over its engines.
 
@@ -49,8 +51,10 @@ def create_app(
     The lifespan starts the engines (when `manage_engine`) and shuts them and the
     tracer provider down on exit. Nothing lives in module globals: two apps in one
     process (tests, benchmarks) share nothing. `operator_auth` decides who sees the
-    tenant-labelled series on /metrics (None: nobody). `authenticator` is wrapped in the
-    gateway's key cache unless it already is one (then it is used as it is).
+    tenant-labelled series on /metrics (None: nobody); `model_access` holds the
+    registry's per-model tenant allow-lists (None: only keys and tenant limits restrict
+    models). `authenticator` is wrapped in the gateway's key cache unless it already is
+    one (then it is used as it is).
     """
     served = _served_engines(engine_client, engines)
     provider = tracer_provider or make_tracer_provider(settings.otel_exporter)
@@ -74,6 +78,7 @@ def create_app(
         request_ids=UniqueIds(),
         tokenize=PromptTokenizer(),
         operator_auth=operator_auth,
+        model_access=model_access,
     )
 
     @asynccontextmanager
@@ -89,6 +94,8 @@ def create_app(
             await state.limits.close()
             await state.auth.drain()
             state.tokenize.close()
+            if model_access is not None:
+                model_access.close()
             # All at once: an engine process takes seconds to exit, and one failing to stop
             # does not keep the others running.
             results = await asyncio.gather(

@@ -23,6 +23,7 @@ from engine.outputs import StreamEvent
 from engine.sampling_params import SamplingParams
 from gateway.engine_client import EngineClient
 from gateway.errors import status_of
+from gateway.model_access import AccessSnapshot
 from gateway.ratelimit_headers import rate_limit_headers
 from gateway.state import AppState
 from gateway.tokenize import ModelPrompts
@@ -60,6 +61,7 @@ class RequestLifecycle:
         # The status an engine failure maps to (None: the engine did not fail this request).
         self.failure_status: int | None = None
         self._admission: Admission | None = None
+        self._access: AccessSnapshot | None = None  # the registry's allow-lists, if any
         self._engine_ids: list[str] = []
         self._prompt_lens: dict[str, int] = {}  # engine id -> prompt tokens submitted
         self._processed: set[str] = set()  # engine ids the engine produced a token for
@@ -81,11 +83,14 @@ class RequestLifecycle:
         self.source = source
         principal = await self.state.auth.authenticate(authorization, source=source)
         self.principal = principal
+        if self.state.model_access is not None:
+            self._access = await self.state.model_access.current()
         self.span.set_attribute("cloister.tenant_id", principal.tenant_id)
         return principal
 
     def resolve_model(self, name: str) -> str:
-        """404 for a model not served here, 403 for one this key may not use."""
+        """404 for a model not served here, 403 for one this key, its tenant's limits or
+        the model's registry allow-list do not let it use."""
         engine = self.state.engine_for(name)
         assert self.principal is not None, "authenticate first"
         try:
@@ -95,6 +100,11 @@ class RequestLifecycle:
                 source=self.source, principal=self.principal, reason="model", resource=name
             )
             raise
+        if self._access is not None and not self._access.allows(name, self.principal.tenant_id):
+            self.state.auth.denied(
+                source=self.source, principal=self.principal, reason="model_tenant", resource=name
+            )
+            raise PermissionDeniedError(name, f"this tenant may not use model {name!r}")
         self.model = name
         self._engine = engine
         self.span.set_attribute("gen_ai.request.model", name)

@@ -44,7 +44,7 @@ AUTHED_ERRORS = {"401": "No, invalid, expired or revoked key", "429": "A limit w
 GENERATION_ERRORS = {
     **AUTHED_ERRORS,
     "400": "Malformed body or parameter out of range",
-    "403": "The key may not use this model",
+    "403": "The key, its tenant's limits or the model's allow-list do not permit this model",
     "404": "No such model",
     "413": "The body is over the size cap",
     "503": "The engine or the limiter is unavailable; see Retry-After",

@@ -13,6 +13,7 @@ from gateway.auth_cache import AuthenticatorLike, CachingAuthenticator
 from gateway.engine_client import EngineClient
 from gateway.errors import ModelNotFoundError
 from gateway.metrics import GatewayMetrics
+from gateway.model_access import ModelAccess
 from gateway.tokenize import PromptTokenizer
 from gateway.usage import UsageSink
 from server.settings import Settings
@@ -40,6 +41,7 @@ class AppState:
     request_ids: UniqueIds
     tokenize: PromptTokenizer  # prompts size-checked, then encoded off the loop when large
     operator_auth: OperatorAuth | None = None  # None: tenant metrics are never served
+    model_access: ModelAccess | None = None  # the registry's allow-lists; None: none apply
 
     @property
     def served_models(self) -> tuple[str, ...]:

@@ -16,8 +16,10 @@ from server.settings import ModelSpec, Settings, private_data_dir
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
+    from sqlalchemy.orm import Session, sessionmaker
 
     from engine.llm_engine import LLMEngine
+    from gateway.model_access import ModelAccess
 
 
 class DeviceUnavailableError(ValueError):
@@ -207,6 +209,7 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
     clients = {
         name: InProcessEngineClient(front, model_name=name) for name, front in fronts.items()
     }
+    resolved = {**serve_engine_options(settings), **engine_options} if loads_model else {}
     url = settings.resolved_database_url
     timeout_ms = int(settings.auth_read_timeout_s * 1000)
     # Three pools, so tenant traffic never waits on the admin API's database use: the
@@ -225,6 +228,18 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
         make_engine(url, pool_size=settings.db_pool_size, max_overflow=settings.db_pool_size)
     )
     writer_sessions = make_session_factory(make_engine(url, pool_size=3, max_overflow=2))
+    # The registry's allow-lists, read by the gateway on its own thread and connection.
+    # Made with the others, before any connection is open: on SQLite, make_engine opens
+    # and closes the file, which would drop the process's locks held by open connections.
+    access_sessions = make_session_factory(
+        make_engine(
+            url,
+            pool_size=1,
+            max_overflow=0,
+            pool_timeout_s=settings.auth_read_timeout_s,
+            statement_timeout_ms=timeout_ms,
+        )
+    )
     pepper = settings.key_pepper.get_secret_value()
     last_used = LastUsedWriter(writer_sessions, interval_s=max(1.0, settings.config_refresh_s))
     from admin.app import make_services
@@ -260,6 +275,13 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
         ),
         denials=services.audit_writer,
     )
+    if loads_model:  # before the allow-lists are first read: it may register the model
+        record_served_models(
+            services,
+            [(spec, clients[spec.name].max_model_len) for spec in settings.served_models],
+            device=str(resolved["device"]),
+            dtype=str(resolved["dtype"]),
+        )
     app = create_app(
         settings,
         engines=clients,
@@ -267,24 +289,42 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
         limiter=limiter,
         usage_sink=metering,
         operator_auth=operator_auth(services),  # who sees the tenant series on /metrics
+        model_access=registry_model_access(settings, access_sessions),
     )
     # One process serves the admin API and its console next to the gateway.
     app.include_router(create_admin_router(services))
     mount_console(app, services, engine_stats=gateway_engine_stats(app.state.cloister))
     app.state.metering = metering
-    if loads_model:
-        record_served_models(
-            services,
-            [(spec, clients[spec.name].max_model_len) for spec in settings.served_models],
-        )
     app.state.admin_services = services  # run_server runs its audit checkpoint timer
     app.state.background_writers = (last_used, services.audit_writer)
     return app
 
 
-def record_served_models(services: Any, models: list[tuple[ModelSpec, int]]) -> None:
+def registry_model_access(settings: Settings, sessions: sessionmaker[Session]) -> ModelAccess:
+    """The gateway's view of the registry's per-model tenant allow-lists, read once now and
+    then every `config_refresh_s` on its own thread (and `sessions`' connection)."""
+    from admin import registry
+    from gateway.model_access import ModelAccess
+
+    def read() -> dict[str, frozenset[str] | None]:
+        with sessions() as session:
+            return registry.allow_lists(session)
+
+    return ModelAccess.load(
+        read, refresh_s=settings.config_refresh_s, read_timeout_s=settings.auth_read_timeout_s
+    )
+
+
+def record_served_models(
+    services: Any,
+    models: list[tuple[ModelSpec, int]],
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+) -> None:
     """Records the loaded models (each with its context length) in the registry, status
-    `loaded`; warns for each without a price, since its usage would be billed at $0."""
+    `loaded`, on `device` in `dtype`; warns for each without a price, since its usage
+    would be billed at $0 (and marked unpriced)."""
     import datetime as dt
     import logging
 
@@ -293,17 +333,23 @@ def record_served_models(services: Any, models: list[tuple[ModelSpec, int]]) -> 
     from engine.model.loader import default_model_path
 
     served = [
-        describe(spec.name, Path(spec.path or default_model_path()), context_length)
+        describe(
+            spec.name,
+            Path(spec.path or default_model_path()),
+            context_length,
+            device=device,
+            dtype=dtype,
+        )
         for spec, context_length in models
     ]
     record_served(services.sessions, services.audit_writer, *served)
     for one in served:
         with services.sessions() as session:
-            prices = registry.price_at(session, model=one.name, when=dt.datetime.now(dt.UTC))
-        if prices == registry.FREE:
+            prices = registry.price_in_force(session, model=one.name, when=dt.datetime.now(dt.UTC))
+        if prices is None:  # a price of 0 is a deliberate choice, not a missing price
             logging.getLogger("cloister.serve").warning(
-                "model %r has no price: its usage is billed at $0 until one is set "
-                "(POST /admin/api/v1/models/%s/prices)",
+                "model %r has no price: its usage is billed at $0 and marked unpriced until "
+                "one is set (POST /admin/api/v1/models/%s/prices)",
                 one.name,
                 one.name,
             )

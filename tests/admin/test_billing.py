@@ -95,3 +95,84 @@ def test_cost_depends_only_on_token_counts_in_exact_units() -> None:
     a = P1.cost_pico_usd(prompt_tokens=50, cached_tokens=10, completion_tokens=20)
     assert a == 40 * P1.input + 10 * P1.cached_input + 20 * P1.output
     assert billing.pico_to_usd(a) == "0.000018750000"
+
+
+def _record_of(i: int, model: str, *, tokens: int = 10, status: int = 200) -> UsageRecord:
+    return UsageRecord(
+        request_id=f"{model}-{i}",
+        tenant_id="ten_a",
+        key_id="k",
+        model=model,
+        prompt_tokens=tokens,
+        cached_tokens=0,
+        completion_tokens=tokens,
+        ttft_s=None,
+        latency_s=0.1,
+        status=status,
+        finish_reason="stop",
+        client_disconnected=False,
+    )
+
+
+def test_unpriced_usage_is_marked_and_a_price_of_zero_is_not(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'b.db'}"
+    upgrade_database(url)
+    sessions = make_session_factory(make_engine(url))
+    with sessions() as s:
+        # "free": deliberately priced at 0; "later": no price until MID; "never": none at all.
+        registry.register_model(
+            s,
+            name="free",
+            source="/m",
+            format="gguf",
+            context_length=8,
+            prices=registry.FREE,
+            now=START,
+        )
+        registry.register_model(s, name="later", source="/m", format="gguf", context_length=8)
+        registry.set_price(s, model="later", prices=P1, effective_from=MID)
+        registry.register_model(s, name="never", source="/m", format="gguf", context_length=8)
+        assert registry.price_in_force(s, model="never", when=MID) is None
+        assert registry.price_at(s, model="never", when=MID) == registry.FREE
+        assert registry.price_in_force(s, model="free", when=MID) == registry.FREE
+    before, after = MID - dt.timedelta(hours=1), MID + dt.timedelta(days=1)
+    uses = [
+        (before, _record_of(1, "free")),
+        (before, _record_of(2, "later")),
+        (before, _record_of(3, "later")),
+        (after, _record_of(4, "later")),
+        (after, _record_of(5, "never")),
+        (after, _record_of(6, "never", tokens=0, status=429)),  # a refusal used nothing
+    ]
+    clock_iter = iter(when for when, _ in uses)
+    sink = MeteringSink(sessions, tmp_path / "spool.jsonl", clock=lambda: next(clock_iter)).start()
+    for _, record in uses:
+        sink.record(record)
+    sink.close()
+    with sessions() as s:
+        lines = billing.billing_lines(s, period="2026-11")
+        raw = {r.request_id: r.unpriced for r in s.scalars(sa.select(UsageRow))}
+    assert raw == {
+        "free-1": False,
+        "later-2": True,
+        "later-3": True,
+        "later-4": False,
+        "never-5": True,
+        "never-6": False,
+    }
+    marks = {
+        (r["model"], r["day"], r["status"]): (r["unpriced"], r["unpriced_requests"]) for r in lines
+    }
+    assert marks == {
+        ("free", "2026-11-15", 200): (False, 0),
+        ("later", "2026-11-15", 200): (True, 2),
+        ("later", "2026-11-16", 200): (False, 0),
+        ("never", "2026-11-16", 200): (True, 1),
+        ("never", "2026-11-16", 429): (False, 0),
+    }
+    priced_later = next(r for r in lines if r["model"] == "later" and r["day"] == "2026-11-16")
+    assert int(str(priced_later["cost_pico_usd"])) > 0
+    rows = list(csv.DictReader(io.StringIO(billing.render(lines, "csv"))))
+    assert [r["unpriced"] for r in rows if r["model"] == "never"] == ["True", "False"]
+    jsonl = [json.loads(x) for x in billing.render(lines, "jsonl").splitlines()]
+    assert [r["unpriced"] for r in jsonl if r["model"] == "later"] == [True, False]

@@ -76,4 +76,38 @@ def test_billing_export_command(cli: click.Group) -> None:
     out = runner.invoke(cli, ["billing", "export", "--period", "2026-11", "--format", "csv"])
     assert out.exit_code == 0, out.output
     assert out.output.splitlines()[0].startswith("day,tenant_id,model,adapter,status,requests")
+    assert out.output.splitlines()[0].endswith(",cost_usd,unpriced,unpriced_requests")
     assert runner.invoke(cli, ["billing", "export", "--period", "nope"]).exit_code != 0
+
+
+def test_billing_export_command_marks_unpriced_usage(cli: click.Group) -> None:
+    import datetime as dt
+
+    from admin import registry
+    from admin.usage_store import write_usage
+    from server.settings import Settings
+    from tenancy.db import make_engine, make_session_factory, upgrade_database
+
+    url = Settings().resolved_database_url
+    upgrade_database(url)
+    sessions = make_session_factory(make_engine(url))
+    when = dt.datetime(2026, 11, 3, 10, tzinfo=dt.UTC)
+    with sessions() as s:
+        registry.register_model(s, name="nopri", source="/m", format="gguf", context_length=8)
+        row = {
+            "request_id": "r1",
+            "occurred_at": when.isoformat(),
+            "tenant_id": "ten_1",
+            "key_id": "k",
+            "model": "nopri",
+            "prompt_tokens": 5,
+            "cached_tokens": 0,
+            "completion_tokens": 3,
+            "latency_s": 0.1,
+            "status": 200,
+        }
+        assert write_usage(s, [row]) == 1
+    out = CliRunner().invoke(cli, ["billing", "export", "--period", "2026-11", "--format", "jsonl"])
+    assert out.exit_code == 0, out.output
+    (line,) = [json.loads(x) for x in out.output.splitlines()]
+    assert line["model"] == "nopri" and line["unpriced"] is True and line["cost_pico_usd"] == 0

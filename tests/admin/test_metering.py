@@ -225,10 +225,11 @@ def _hourly_from_raw(engine: sa.Engine) -> dict[tuple[Any, ...], tuple[int, ...]
                 r["adapter"],
                 r["status"],
             )
-            sums = out.setdefault(key, [0, 0, 0, 0, 0])
+            sums = out.setdefault(key, [0, 0, 0, 0, 0, 0])
             sums[0] += 1
             for i, name in enumerate(ROLLUP_SUMS, 1):
                 sums[i] += r[name]
+            sums[-1] += int(r["unpriced"])  # usage_hourly.unpriced_requests
     return {k: tuple(v) for k, v in out.items()}
 
 

@@ -211,7 +211,31 @@ def test_billing_csv_download_matches_usage(admin: Console) -> None:
     assert sum(int(r["prompt_tokens"]) for r in rows) == totals["prompt_tokens"]
     assert sum(int(r["completion_tokens"]) for r in rows) == totals["completion_tokens"]
     assert sum(int(r["cost_pico_usd"]) for r in rows) == totals["cost_pico_usd"]
+    # `cloister serve` registered "tiny" without a price: its usage is marked, not silent.
+    assert {r["unpriced"] for r in rows if r["status"] == "200"} == {"True"}
+    notice = page.locator("#usage-unpriced")
+    assert notice.is_visible()
+    n = totals["requests"]
+    assert f"{n} request{'' if n == 1 else 's'} of model tiny" in notice.inner_text()
+    assert "no price" in notice.inner_text()
+    usage_table = page.get_by_role("table", name="Usage")
+    assert usage_table.locator(".status.unpriced").first.inner_text() == "unpriced"
     admin.shot("06-usage-and-billing")
+    admin.assert_no_errors()
+
+
+def test_models_page_shows_the_loaded_model_its_device_dtype_and_price(admin: Console) -> None:
+    admin.go("/models")
+    page = admin.page
+    models = page.get_by_role("table", name="Models")
+    headers = [h.strip() for h in models.locator("thead th").all_inner_texts()]
+    row = models.locator("tbody tr", has_text="tiny").first
+    texts = [c.strip() for c in row.locator("td").all_inner_texts()]
+    cells = dict(zip(headers, texts, strict=True))
+    assert cells["Status"] == "loaded"
+    assert cells["Device"] == "cpu" and cells["Dtype"] == "float32"  # as `serve` built it
+    assert cells["Priced"] == "unpriced"
+    admin.shot("06b-models")
     admin.assert_no_errors()
 
 

@@ -61,6 +61,9 @@ def test_serve_registers_its_model_as_loaded(
             s, name="old", source=str(folder), format="safetensors", context_length=64
         )
         registry.update_model(s, name="old", status="loaded")
+        old = registry.get_model(s, "old")
+        old.device, old.dtype = "cuda", "bfloat16"
+        s.commit()
 
     with caplog.at_level(logging.WARNING, logger="cloister.serve"):
         served, events = _serve_once(settings)
@@ -68,7 +71,10 @@ def test_serve_registers_its_model_as_loaded(
     assert tiny["status"] == "loaded" and tiny["format"] == "safetensors"
     assert tiny["context_length"] == 256 and tiny["source"] == str(folder.resolve())
     assert tiny["revision"].startswith("sha256-edges:")
+    assert (tiny["device"], tiny["dtype"]) == ("cpu", "float32")  # as the engine was built
+    assert tiny["price"] is None  # registered by serve: unpriced until a price is set
     assert served["old"]["status"] == "registered"  # not loaded by this server
+    assert (served["old"]["device"], served["old"]["dtype"]) == (None, None)
     assert {e["action"] for e in events} == {"model.register", "model.load", "model.unload"}
     assert "has no price" in caplog.text  # unpriced usage is never silently free
 
@@ -78,3 +84,11 @@ def test_serve_registers_its_model_as_loaded(
     (folder / "generation_config.json").write_text('{"note": "v2"}')
     changed, _ = _serve_once(settings)
     assert changed["tiny"]["revision"] != tiny["revision"]
+
+    # A price of 0 is a deliberate choice: no warning then.
+    with sessions() as s:
+        registry.set_price(s, model="tiny", prices=registry.FREE)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="cloister.serve"):
+        priced, _ = _serve_once(settings)
+    assert priced["tiny"]["price"] is not None and "has no price" not in caplog.text

@@ -34,4 +34,11 @@ export function totals(items) {
   return t;
 }
 
+// Requests that used tokens while their model had no price, per model: [[model, n], ...].
+export function unpricedByModel(items) {
+  const out = new Map();
+  for (const b of items) if (b.unpriced_requests) out.set(b.model, (out.get(b.model) || 0) + b.unpriced_requests);
+  return [...out.entries()].sort((a, b) => a[0].localeCompare(b[0]));
+}
+
 export function usd(pico) { return `$${(pico / 1e12).toFixed(6)}`; }

@@ -1,4 +1,5 @@
-"""GET /v1/models and /v1/models/{model}: the models the caller's key may use."""
+"""GET /v1/models and /v1/models/{model}: the served models the caller may use (its key,
+its tenant's limits and each model's registry allow-list)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ async def _allowed_cards(request: Request) -> list[ModelCard]:
         request.headers.get("authorization"), source=client_host(request)
     )
     names = allowed_models(principal, state.served_models)
+    if state.model_access is not None:  # and the registry's allow-lists
+        access = await state.model_access.current()
+        names = [name for name in names if access.allows(name, principal.tenant_id)]
     return [ModelCard(id=name, created=state.started_at, owned_by="cloister") for name in names]
 
 

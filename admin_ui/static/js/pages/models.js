@@ -93,10 +93,12 @@ export async function render(ctx) {
   const modelCols = [
     { title: "Name", key: "name" }, { title: "Format", key: "format" }, { title: "Source", key: "source" },
     { title: "Context", key: "context_length", num: true }, { title: "Status", render: (m) => statusPill(m.status) },
+    { title: "Device", render: (m) => m.device || "—" }, { title: "Dtype", render: (m) => m.dtype || "—" },
     { title: "Access", render: (m) => (m.allowed_tenants ? `private (${m.allowed_tenants.length})` : "public") },
     { title: "Input $/1M", num: true, render: (m) => usdPerM(m.price && m.price.input_price) },
     { title: "Cached $/1M", num: true, render: (m) => usdPerM(m.price && m.price.cached_input_price) },
     { title: "Output $/1M", num: true, render: (m) => usdPerM(m.price && m.price.output_price) },
+    { title: "Priced", render: (m) => (m.price ? "yes" : el("span", { class: "status unpriced", title: "usage is billed $0 and marked unpriced until a price is set" }, "unpriced")) },
   ];
   const adapterCols = [
     { title: "Name", key: "name" }, { title: "Base model", key: "base_model" }, { title: "Rank", key: "rank", num: true },

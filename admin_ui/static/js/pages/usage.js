@@ -2,7 +2,17 @@
 import { api, getAll } from "../api.js";
 import { attempt, card, download, el, field, fmtNum, table } from "../dom.js";
 import { barConfig, chartBox } from "../charts.js";
-import { dayLabels, daysBack, isoDay, pivot, totals, usd } from "../usage_data.js";
+import { dayLabels, daysBack, isoDay, pivot, totals, unpricedByModel, usd } from "../usage_data.js";
+
+// Unpriced usage is billed $0 but never silently: one line per model without a price.
+function unpricedNotice(items) {
+  const rows = unpricedByModel(items);
+  if (!rows.length) return null;
+  return el("div", { class: "banner warn", id: "usage-unpriced", role: "status" },
+    ...rows.map(([m, n]) => el("div", {}, `${fmtNum(n)} request${n === 1 ? "" : "s"} of model ${m} ${n === 1 ? "has" : "have"} no price (billed $0 until one is set).`)));
+}
+
+const unpricedBadge = (b) => (b.unpriced ? el("span", { class: "status unpriced" }, "unpriced") : "");
 
 export async function render(ctx) {
   const pinned = ctx.me.role === "tenant-admin";
@@ -38,6 +48,7 @@ export async function render(ctx) {
       ...pivot(items, labels, () => "completion", (b) => b.completion_tokens),
     ];
     results.replaceChildren(
+      ...[unpricedNotice(items)].filter(Boolean),
       chartBox("Tokens per day", barConfig(labels, datasets.length ? datasets : [{ label: "tokens", data: labels.map(() => 0) }]), { id: "chart-usage" }),
       card(`Usage by day (${fmtNum(sum.requests)} request${sum.requests === 1 ? "" : "s"}, ${usd(sum.cost_pico_usd)})`, table([
         { title: "Day", render: (b) => b.start.slice(0, 10) },
@@ -49,6 +60,7 @@ export async function render(ctx) {
         { title: "Cached", num: true, render: (b) => fmtNum(b.cached_tokens) },
         { title: "Completion", num: true, render: (b) => fmtNum(b.completion_tokens) },
         { title: "Cost", num: true, render: (b) => usd(b.cost_pico_usd) },
+        { title: "Price", render: unpricedBadge },
       ], items, { empty: "No usage in this period.", label: "Usage" })));
   }
 
@@ -67,5 +79,5 @@ export async function render(ctx) {
     card("Billing export", el("div", { class: "row" }, period,
       el("button", { type: "button", id: "export-csv", onclick: exportAs("csv") }, "Download CSV"),
       el("button", { type: "button", id: "export-jsonl", class: "secondary", onclick: exportAs("jsonl") }, "Download JSON lines")),
-    el("p", { class: "muted" }, "One line per tenant, model, adapter, status and day; refused requests (429, 503) carry no tokens or cost; cost in USD with 12 decimals.")));
+    el("p", { class: "muted" }, "One line per tenant, model, adapter, status and day; refused requests (403, 429, 503) carry no tokens or cost; cost in USD with 12 decimals; unpriced is true where a model had no price at the time of use.")));
 }
