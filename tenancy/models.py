@@ -10,8 +10,8 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
-    CheckConstraint,
     Boolean,
+    CheckConstraint,
     DateTime,
     Float,
     ForeignKey,

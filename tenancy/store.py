@@ -123,20 +123,20 @@ def update_tenant(session: Session, *, name: str, **values: Any) -> Tenant:
     if unknown:
         raise InvalidValueError(f"unknown tenant fields: {', '.join(sorted(unknown))}")
     checked = {
-        field: TENANT_POLICY_FIELDS[field](value)
-        for field, value in values.items()
-        if value is not UNSET
+        key: TENANT_POLICY_FIELDS[key](value) for key, value in values.items() if value is not UNSET
     }
     blocks, share = checked.get("cache_floor_blocks"), checked.get("cache_floor_share")
     if blocks is not None and share is not None:
-        raise InvalidValueError("give the cache floor as blocks or as a share of the pool, not both")
+        raise InvalidValueError(
+            "give the cache floor as blocks or as a share of the pool, not both"
+        )
     if blocks is not None:
         checked["cache_floor_share"] = None
     if share is not None:
         checked["cache_floor_blocks"] = None
     tenant = get_tenant(session, name)
-    for field, value in checked.items():
-        setattr(tenant, field, value)
+    for column, value in checked.items():
+        setattr(tenant, column, value)
     session.commit()
     return tenant
 
