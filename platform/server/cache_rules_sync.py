@@ -64,7 +64,11 @@ def read_cache_rules(session: Session, *, model: str, tokenizer: TokenizerLike) 
 
     domains = []
     for tenant in session.scalars(select(Tenant).order_by(Tenant.id)):
-        rule = tenant_rule(tenant)
+        try:
+            rule = tenant_rule(tenant)
+        except ValueError:  # a row written around the store's checks: skip it, keep the rest
+            log.error("tenant %s has an invalid cache policy; ignored", tenant.id)
+            continue
         if rule is not None:
             domains.append((f"t:{tenant.id}", rule))
     published = []
