@@ -34,8 +34,10 @@ from engine.core_loop import (
     EngineLoop,
     InboxItem,
     StepReport,
+    UpdateCacheRules,
 )
 from engine.errors import EngineDeadError, EngineOverloadedError
+from engine.kv_cache.cache_rules import CacheRules
 from engine.llm_engine import LLMEngine, build_config
 from engine.model.tokenizer import Tokenizer
 from engine.outputs import StreamEvent
@@ -205,6 +207,19 @@ class EngineFront(abc.ABC):
         self._aborts[token] = done
         self._send(AbortRequest(request_id, token))
         await done
+
+    async def update_cache_rules(self, rules: CacheRules) -> None:
+        """Replaces the engine cache's per-domain rules and pushed published prefixes.
+
+        Returns once the rules are queued to the engine loop (in process mode, once
+        sent); the loop applies them before its next step, and so before any request
+        submitted after this returns. Raises `EngineDeadError` if the engine is dead.
+        """
+        if not isinstance(rules, CacheRules):
+            raise TypeError(f"update_cache_rules takes CacheRules, not {type(rules).__name__}")
+        if self._dead is not None or self._stopping:
+            raise EngineDeadError("the engine is not running")
+        self._send(UpdateCacheRules(rules))
 
     def stats(self) -> EngineStats:
         """The counters as of the last report, with the last per-domain counters received."""

@@ -1,6 +1,7 @@
 """The loop that drives one `LLMEngine`, fed by an inbox and reporting once per step.
 
-    put(AddRequest | AbortRequest | STOP) --inbox--> [run(): take inbox, step, step, ...]
+    put(AddRequest | AbortRequest | UpdateCacheRules | STOP)
+         --inbox--> [run(): take inbox, step, step, ...]
                                                           |
                                          sink(StepReport) once per step or inbox batch
 
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.errors import EngineError, RequestFailedError
+from engine.kv_cache.cache_rules import CacheRules
 from engine.llm_engine import LLMEngine
 from engine.outputs import StreamEvent
 from engine.sampling_params import SamplingParams
@@ -104,12 +106,22 @@ class AbortRequest:
     token: int
 
 
+@dataclass(frozen=True)
+class UpdateCacheRules:
+    """Replace the cache's per-domain rules and pushed published prefixes.
+
+    Applied in inbox order, so before the next step and before any request put after it.
+    """
+
+    rules: CacheRules
+
+
 class Stop:
     """Ends `EngineLoop.run` (the one instance is `STOP`)."""
 
 
 STOP = Stop()
-InboxItem = AddRequest | AbortRequest | Stop
+InboxItem = AddRequest | AbortRequest | UpdateCacheRules | Stop
 
 
 @dataclass(frozen=True)
@@ -154,6 +166,7 @@ class EngineLoop:
         # and when that report went (None: none yet, so the first report carries them).
         self._domains_changed = False
         self._domains_sent_at: float | None = None
+        self._cache_rules: CacheRules | None = None  # the last rules applied
 
     def put(self, item: InboxItem) -> None:
         """Hands one item to the loop (any thread)."""
@@ -224,6 +237,19 @@ class EngineLoop:
                     events.append(event)
                     self._domains_changed = True
                 aborted.append(item.token)
+                continue
+            if isinstance(item, UpdateCacheRules):
+                if item.rules == self._cache_rules:
+                    continue  # a periodic push of the same rules: nothing to do or report
+                try:
+                    self.engine.update_cache_rules(item.rules)
+                except (TypeError, ValueError):
+                    # The rules are validated where they are built; a bad push must not
+                    # take the engine down, and the last good rules stay in force.
+                    log.exception("cache rules were refused")
+                else:
+                    self._cache_rules = item.rules
+                    self._domains_changed = True  # a withdrawal may have evicted blocks
                 continue
             self._num_added += 1
             try:

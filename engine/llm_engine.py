@@ -15,6 +15,7 @@ import torch
 from engine.attention.backend import get_attention_backend
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from engine.errors import EngineOverloadedError, InvalidRequestError
+from engine.kv_cache.cache_rules import CacheRules
 from engine.kv_cache.manager import KVCacheManager
 from engine.model.loader import LoadedModel, load_model
 from engine.outputs import StreamEvent
@@ -263,6 +264,13 @@ class LLMEngine:
         Returns the number of full blocks shared; tokens after them stay per domain.
         """
         return self.kv.publish_prefix([int(t) for t in token_ids])
+
+    def update_cache_rules(self, rules: CacheRules) -> None:
+        """Replaces the per-domain cache rules and the pushed published prefixes.
+
+        Takes effect for the next lookup; see `KVCacheManager.apply_rules`.
+        """
+        self.kv.apply_rules(rules)
 
     def abort(self, request_id: str) -> StreamEvent | None:
         """Ends a request now and frees its blocks; returns its final event, if it was live."""

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from engine.kv_cache.cache_rules import DomainRule, match_rule
 
 PUBLIC = "<public>"  # the ledger's name for the published-prefix domain
 
@@ -33,7 +36,12 @@ class CachePolicy:
 
 
 class EvictionLedger:
-    """Per-domain LRU heaps of candidate blocks, with cached and idle counts."""
+    """Per-domain LRU heaps of candidate blocks, with cached and idle counts.
+
+    Per-domain settings resolve in order: an exact override (`set_floor`, `set_ttl`),
+    the rule of the longest matching root (`set_rules`), then the policy's default.
+    The counts and heaps of a domain are dropped (`forget`) once it caches nothing.
+    """
 
     def __init__(self, num_blocks: int, policy: CachePolicy) -> None:
         self.num_blocks = num_blocks
@@ -42,6 +50,8 @@ class EvictionLedger:
         self.idle: Counter[str] = Counter()
         self._floors: dict[str, int] = {}
         self._ttls: dict[str, float | None] = {}
+        self._rules: dict[str, DomainRule] = {}
+        self.has_ttls = policy.retention_ttl_s is not None  # whether any idle block may expire
         self._heaps: dict[str, list[tuple[int, int]]] = {}
         self._entry: dict[int, tuple[str, int]] = {}  # candidate block -> (domain, tick)
         self._last_used: dict[int, float] = {}
@@ -55,17 +65,63 @@ class EvictionLedger:
     def set_ttl(self, domain: str, ttl_s: float | None) -> None:
         """Overrides one domain's retention."""
         self._ttls[domain] = ttl_s
+        self._update_has_ttls()
+
+    def set_rules(self, rules: Mapping[str, DomainRule]) -> None:
+        """Replaces the per-root rules (see `cache_rules.match_rule`)."""
+        self._rules = dict(rules)
+        self._update_has_ttls()
+
+    def rule(self, domain: str) -> DomainRule | None:
+        """The rule that applies to `domain`, if any (never one for `PUBLIC`)."""
+        return None if domain == PUBLIC else match_rule(self._rules, domain)
+
+    def _update_has_ttls(self) -> None:
+        # Asked on every lookup: kept up to date here rather than computed there.
+        self.has_ttls = (
+            self.policy.retention_ttl_s is not None
+            or any(t is not None for t in self._ttls.values())
+            or any(r.retention_ttl_s is not None for r in self._rules.values())
+        )
 
     def floor(self, domain: str) -> int:
         """Cached blocks of `domain` that other domains cannot evict."""
         if domain in self._floors:
             return self._floors[domain]
+        rule = self.rule(domain)
+        if rule is not None and rule.has_floor:
+            return rule.floor(self.num_blocks)
         share = int(self.policy.min_cached_share * self.num_blocks)
         return max(self.policy.min_cached_blocks, share)
 
     def ttl(self, domain: str) -> float | None:
         """Seconds an idle cached block of `domain` is kept."""
-        return self._ttls.get(domain, self.policy.retention_ttl_s)
+        if domain in self._ttls:
+            return self._ttls[domain]
+        rule = self.rule(domain)
+        if rule is not None and rule.retention_ttl_s is not None:
+            return rule.retention_ttl_s
+        return self.policy.retention_ttl_s
+
+    def scrub(self, domain: str) -> bool:
+        """Whether blocks leaving `domain` are zeroed before reuse."""
+        rule = self.rule(domain)
+        if rule is not None and rule.scrub_freed_blocks is not None:
+            return rule.scrub_freed_blocks
+        return self.policy.scrub_freed_blocks
+
+    def forget(self, domain: str) -> None:
+        """Drops the counts and heap of a domain that caches nothing (bounded maps)."""
+        if self.cached[domain] or self.idle[domain]:
+            raise AssertionError(f"forget of domain {domain!r}, which still caches blocks")
+        self.cached.pop(domain, None)
+        self.idle.pop(domain, None)
+        # Its heap holds stale entries only: every candidate is a cached block.
+        self._heaps.pop(domain, None)
+
+    def map_sizes(self) -> dict[str, int]:
+        """Entries of each per-domain map."""
+        return {"cached": len(self.cached), "idle": len(self.idle), "heaps": len(self._heaps)}
 
     # -- candidates -----------------------------------------------------------------
 

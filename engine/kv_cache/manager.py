@@ -18,6 +18,7 @@ sequence's own `CacheKey` (continued from the published prefix, if any):
 from __future__ import annotations
 
 import time
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from engine.config import CacheConfig
 from engine.kv_cache.block_pool import BlockPool
 from engine.kv_cache.cache_key import CacheKey, tokens_digest
+from engine.kv_cache.cache_rules import CacheRules
 from engine.kv_cache.counters import DomainCacheStats, DomainCounters
 from engine.kv_cache.eviction import PUBLIC, CachePolicy, EvictionLedger
 from engine.kv_cache.prefix_index import PrefixIndex, make_prefix_index
@@ -36,6 +38,11 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# Counters of domains that went idle (nothing cached, no live sequence) are kept for
+# the most recent ones only, so that a stream of one-off domains stays bounded.
+IDLE_DOMAIN_COUNTERS = 1024
+
+
 @dataclass
 class _Meta:
     domain: str
@@ -43,6 +50,10 @@ class _Meta:
     children: int = 0
     tick: int = 0
     last_used: float = 0.0
+    # Published blocks only: the prefix whose sequence registered the block, and its
+    # depth in blocks (what decides whether the block stays pinned after a push).
+    prefix: tuple[int, ...] = ()
+    depth: int = 0
 
 
 @dataclass(frozen=True)
@@ -51,11 +62,14 @@ class _Segment:
     domain: str
     start: int  # first block index
     end: int | None  # one past the last block index; None: open-ended
+    prefix: tuple[int, ...] = ()  # the published prefix of a public segment
 
 
 @dataclass
 class _SeqCache:
+    domain: str
     segments: tuple[_Segment, ...]
+    admitted: bool = False  # holds blocks; False: a plan made at a lookup, not yet used
     registered: int = 0  # leading blocks of seq.block_ids that are registered
     locked: dict[int, int] = field(default_factory=dict)  # segment -> deepest block
     stopped: bool = False  # strict quota reached: register nothing more
@@ -92,9 +106,18 @@ class KVCacheManager:
         self._meta: dict[int, _Meta] = {}
         self._pinned: set[int] = set()
         self._seqs: dict[str, _SeqCache] = {}
+        # Published prefixes: those of `publish_prefix` (the engine's configuration) and
+        # those of the last `apply_rules` push; `_published` is their union.
+        self._base_published: dict[tuple[int, ...], bytes] = {}
+        self._pushed: dict[tuple[int, ...], bytes] = {}
+        self._rules = CacheRules()  # the last push
         self._published: dict[tuple[int, ...], bytes] = {}
-        self._keys: dict[tuple[str, str | None], CacheKey] = {}
+        self._public: set[int] = set()  # registered blocks of the public domain
+        # Maps per domain, pruned when the domain goes idle (see `_maybe_idle`).
+        self._keys: dict[str, dict[str | None, CacheKey]] = {}
+        self._live: Counter[str] = Counter()  # sequences with a cache state, per domain
         self._counters: dict[str, DomainCounters] = {}
+        self._idle_counters: OrderedDict[str, None] = OrderedDict()  # idle domains, oldest first
         self._to_scrub: list[int] = []
         self._tick = 0
 
@@ -141,8 +164,59 @@ class KVCacheManager:
         n = len(token_ids) // self.block_size
         if n:
             full = tuple(int(t) for t in token_ids)
-            self._published[full] = tokens_digest(full)
+            self._base_published[full] = tokens_digest(full)
+            self._published[full] = self._base_published[full]
+            self._sync_pins()
         return n
+
+    def apply_rules(self, rules: CacheRules) -> None:
+        """Replaces the per-domain rules and the pushed set of published prefixes.
+
+        A rule on root R covers domain R and every domain "R/..." (the longest root
+        wins); other domains keep the defaults of `CacheConfig`. Prefixes of
+        `publish_prefix` stay published whatever is pushed. A withdrawn prefix stops
+        matching at once: its blocks lose their pin and are evicted as soon as no
+        sequence holds them (sequences running over them keep them until they end).
+        """
+        if not isinstance(rules, CacheRules):
+            raise TypeError(f"apply_rules takes CacheRules, not {type(rules).__name__}")
+        if rules == self._rules:
+            return  # the registry pushes every few seconds, mostly the same rules
+        self._rules = rules
+        self.ledger.set_rules(rules.rule_map())
+        self._pushed = {p: tokens_digest(p) for p in rules.published if len(p) >= self.block_size}
+        self._published = {**self._base_published, **self._pushed}
+        # A plan made at a lookup that found no room yet is made again at the next one,
+        # so that it sees the new set of published prefixes.
+        for seq_id, st in list(self._seqs.items()):
+            if not st.admitted:
+                del self._seqs[seq_id]
+                self._seq_ended(st.domain)
+        self._sync_pins()
+
+    def _sync_pins(self) -> None:
+        """Pins the public blocks of published prefixes and unpins the others."""
+        for b in sorted(self._public):
+            meta = self._meta.get(b)
+            if meta is None:
+                continue  # evicted below with a withdrawn child
+            should = self._is_published(meta)
+            if should and b not in self._pinned:
+                # Re-published while a sequence still held it.
+                self._acquire([b])
+                self._pinned.add(b)
+            elif not should and b in self._pinned:
+                self._pinned.discard(b)
+                self._release([b], PUBLIC)  # evicted at once if nobody holds it
+
+    def _is_published(self, meta: _Meta) -> bool:
+        """Whether a public block lies within a prefix that is published now."""
+        if meta.prefix in self._published:
+            return True
+        # Another published prefix may share this block (one is a prefix of the other).
+        end = (meta.depth + 1) * self.block_size
+        head = meta.prefix[:end]
+        return any(len(p) >= end and p[:end] == head for p in self._published)
 
     def set_domain_floor(self, domain: str, blocks: int) -> None:
         """Overrides the cached blocks of `domain` that other domains cannot evict."""
@@ -155,10 +229,10 @@ class KVCacheManager:
     # -- lookup -------------------------------------------------------------------------
 
     def _key(self, seq: Sequence) -> CacheKey:
-        k = (seq.cache_domain, seq.adapter)
-        key = self._keys.get(k)
+        keys = self._keys.setdefault(seq.cache_domain, {})
+        key = keys.get(seq.adapter)
         if key is None:
-            key = self._keys[k] = CacheKey.derive(seq.cache_domain, seq.adapter, self.revision)
+            key = keys[seq.adapter] = CacheKey.derive(seq.cache_domain, seq.adapter, self.revision)
         return key
 
     def _plan(self, seq: Sequence) -> _SeqCache:
@@ -169,19 +243,23 @@ class KVCacheManager:
             fits = len(best) < len(head) <= len(prompt)
             if fits and tuple(prompt[: len(head)]) == head:
                 best = head
+        domain = seq.cache_domain
         if not best:
-            return _SeqCache((_Segment(key.digest, seq.cache_domain, 0, None),))
+            return _SeqCache(domain, (_Segment(key.digest, domain, 0, None),))
         n = len(best) // self.block_size
         public = CacheKey.public(seq.adapter, self.revision)
         rest = key.continuation(self._published[best])
         return _SeqCache(
-            (_Segment(public.digest, PUBLIC, 0, n), _Segment(rest, seq.cache_domain, n, None))
+            domain,
+            (_Segment(public.digest, PUBLIC, 0, n, best), _Segment(rest, domain, n, None)),
         )
 
     def _state(self, seq: Sequence) -> _SeqCache:
         st = self._seqs.get(seq.seq_id)
         if st is None:
             st = self._seqs[seq.seq_id] = self._plan(seq)
+            self._live[st.domain] += 1
+            self._idle_counters.pop(st.domain, None)
         return st
 
     def _match(self, seq: Sequence, st: _SeqCache) -> list[int]:
@@ -241,7 +319,7 @@ class KVCacheManager:
         own = len(seq.block_ids) + len(computed)
         if need > 0 and not self._make_room(need, seq.cache_domain, own):
             if computed:
-                self._release(computed)
+                self._release(computed, seq.cache_domain)
             return False
         seq.block_ids.extend(computed)
         if need > 0:
@@ -253,6 +331,7 @@ class KVCacheManager:
     def _adopted(self, seq: Sequence, n: int) -> None:
         assert self.index is not None
         st = self._state(seq)
+        st.admitted = True
         st.registered = n
         for i, seg in enumerate(st.segments):
             last = n if seg.end is None else min(seg.end, n)
@@ -262,7 +341,7 @@ class KVCacheManager:
         if st.pending is not None:
             queried, hit = st.pending
             st.pending = None
-            c = self._counters.setdefault(seq.cache_domain, DomainCounters())
+            c = self._counters_of(seq.cache_domain)
             c.queries += 1
             c.hits += hit > 0
             c.query_tokens += queried
@@ -296,12 +375,14 @@ class KVCacheManager:
             self.ledger.idle[self._meta[b].domain] -= 1
             self.ledger.drop_candidate(b)
 
-    def _release(self, blocks: list[int]) -> None:
+    def _release(self, blocks: list[int], domain: str) -> None:
+        """Drops one reference from each block; `domain` held the uncached ones."""
         now = self.clock()
+        withdrawn: list[int] = []
         for b in self.pool.free(blocks):
             meta = self._meta.get(b)
             if meta is None:
-                if self.policy.scrub_freed_blocks:
+                if self.ledger.scrub(domain):
                     self._to_scrub.append(b)
                 continue
             self._tick += 1
@@ -309,6 +390,24 @@ class KVCacheManager:
             self.ledger.idle[meta.domain] += 1
             if meta.children == 0:
                 self.ledger.add_candidate(b, meta.domain, meta.tick, now)
+            if meta.domain == PUBLIC and b not in self._pinned:
+                withdrawn.append(b)
+        if withdrawn:
+            self._drop_withdrawn(withdrawn)
+
+    def _drop_withdrawn(self, blocks: list[int]) -> None:
+        """Evicts idle blocks of withdrawn prefixes, tail first, up to a published one."""
+        work = list(blocks)
+        while work:
+            b = work.pop()
+            meta = self._meta.get(b)
+            if meta is None or meta.domain != PUBLIC or b in self._pinned:
+                continue
+            if not self.ledger.is_candidate(b):
+                continue  # still held, or it has cached children (each comes back here)
+            self._evict(b)
+            if meta.parent is not None:
+                work.append(meta.parent)
 
     def _evict(self, block_id: int) -> None:
         assert self.index is not None
@@ -318,17 +417,19 @@ class KVCacheManager:
         self.ledger.drop_candidate(block_id)
         self.ledger.cached[meta.domain] -= 1
         self.ledger.idle[meta.domain] -= 1
-        self._counters.setdefault(meta.domain, DomainCounters()).evictions += 1
-        if self.policy.scrub_freed_blocks:
+        self._counters_of(meta.domain).evictions += 1
+        self._public.discard(block_id)
+        if self.ledger.scrub(meta.domain):
             self._to_scrub.append(block_id)
         if meta.parent is not None:
             parent = self._meta[meta.parent]
             parent.children -= 1
             if parent.children == 0 and self.pool.is_idle(meta.parent):
                 self.ledger.add_candidate(meta.parent, parent.domain, parent.tick, parent.last_used)
+        self._maybe_idle(meta.domain)
 
     def _expire(self) -> None:
-        if self.policy.retention_ttl_s is None and not self.ledger._ttls:
+        if not self.ledger.has_ttls:
             return
         now = self.clock()
         while expired := self.ledger.expired(now):
@@ -366,9 +467,9 @@ class KVCacheManager:
                 self._acquire([canon])
                 seq.block_ids[i] = canon
                 swapped = True
-                self._release([block])
+                self._release([block], seq.cache_domain)
             else:
-                self._register(block, seg.domain, parent)
+                self._register(block, seg.domain, parent, seg.prefix, i)
             self.index.lock(canon)
             old = st.locked.get(seg_i)
             if old is not None:
@@ -393,17 +494,23 @@ class KVCacheManager:
         self._evict(victim)
         return True
 
-    def _register(self, block: int, domain: str, parent: int | None) -> None:
+    def _register(
+        self, block: int, domain: str, parent: int | None, prefix: tuple[int, ...], depth: int
+    ) -> None:
         self.pool.mark_cached(block)
-        self._meta[block] = _Meta(domain, parent)
+        meta = self._meta[block] = _Meta(domain, parent)
         if parent is not None:
             self._meta[parent].children += 1
             self.ledger.drop_candidate(parent)
         self.ledger.cached[domain] += 1
         if domain == PUBLIC:
-            # Published prefixes are pinned: one extra reference, never released.
-            self.pool.incref([block])
-            self._pinned.add(block)
+            meta.prefix, meta.depth = prefix, depth
+            self._public.add(block)
+            # Published prefixes are pinned: one extra reference, held until withdrawn.
+            # A sequence planned before a withdrawal registers its blocks unpinned.
+            if self._is_published(meta):
+                self.pool.incref([block])
+                self._pinned.add(block)
 
     def free(self, seq: Sequence) -> None:
         """Releases the sequence's blocks; cached ones stay (idle) until evicted."""
@@ -412,8 +519,42 @@ class KVCacheManager:
             for b in st.locked.values():
                 self.index.unlock(b)
         if seq.block_ids:
-            self._release(seq.block_ids)
+            self._release(seq.block_ids, seq.cache_domain)
             seq.block_ids = []
+        if st is not None:
+            self._seq_ended(st.domain)
+
+    # -- bounded per-domain maps --------------------------------------------------------
+
+    def _counters_of(self, domain: str) -> DomainCounters:
+        c = self._counters.get(domain)
+        if c is None:
+            c = self._counters[domain] = DomainCounters()
+        return c
+
+    def _seq_ended(self, domain: str) -> None:
+        self._live[domain] -= 1
+        if self._live[domain] <= 0:
+            del self._live[domain]
+            self._maybe_idle(domain)
+
+    def _maybe_idle(self, domain: str) -> None:
+        """Prunes the maps of a domain with nothing cached and no live sequence.
+
+        Its counters (what `domain_stats` reports) stay for the most recent
+        `IDLE_DOMAIN_COUNTERS` idle domains; rules and overrides are configuration
+        and stay whatever happens.
+        """
+        if domain == PUBLIC or self.ledger.cached[domain] or domain in self._live:
+            return
+        self.ledger.forget(domain)
+        self._keys.pop(domain, None)
+        if domain in self._counters:
+            self._idle_counters[domain] = None
+            self._idle_counters.move_to_end(domain)
+            while len(self._idle_counters) > IDLE_DOMAIN_COUNTERS:
+                oldest, _ = self._idle_counters.popitem(last=False)
+                self._counters.pop(oldest, None)
 
     def take_blocks_to_scrub(self) -> list[int]:
         """Blocks that left a domain since the last call (to be zeroed before reuse)."""
@@ -421,6 +562,20 @@ class KVCacheManager:
         return out
 
     # -- introspection ------------------------------------------------------------------
+
+    def published_prefixes(self) -> set[tuple[int, ...]]:
+        """The token ids of every prefix published now (configured and pushed)."""
+        return set(self._published)
+
+    def domain_map_sizes(self) -> dict[str, int]:
+        """Entries of each per-domain map (for tests that check they stay bounded)."""
+        return {
+            "keys": len(self._keys),
+            "live": len(self._live),
+            "counters": len(self._counters),
+            "idle_counters": len(self._idle_counters),
+            **self.ledger.map_sizes(),
+        }
 
     @property
     def num_pinned(self) -> int:
@@ -481,3 +636,14 @@ class KVCacheManager:
             raise AssertionError("idle counts are off")
         if {d: n for d, n in self.ledger.cached.items() if n} != cached:
             raise AssertionError("cached counts are off")
+        public = {b for b, meta in self._meta.items() if meta.domain == PUBLIC}
+        if public != self._public or not self._pinned <= public:
+            raise AssertionError("the public block set is off")
+        for b in public:
+            if (b in self._pinned) != self._is_published(self._meta[b]):
+                raise AssertionError(f"public block {b} is pinned against the published set")
+            if b not in self._pinned and self.ledger.is_candidate(b):
+                raise AssertionError(f"withdrawn block {b} is idle but still cached")
+        live = Counter(st.domain for st in self._seqs.values())
+        if live != self._live:
+            raise AssertionError("live sequence counts are off")

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from engine.kv_cache.cache_rules import CacheRules
 from engine.outputs import StreamEvent
 from engine.sampling_params import SamplingParams
 
@@ -86,6 +87,14 @@ class EngineClient(Protocol):
         """Stops a request and frees its KV blocks."""
         ...
 
+    async def update_cache_rules(self, rules: CacheRules) -> None:
+        """Replaces the engine cache's per-domain rules and pushed published prefixes.
+
+        Returns once the engine has them queued; it applies them before its next step.
+        Raises `EngineDeadError` when the engine is dead.
+        """
+        ...
+
     def stats(self) -> EngineSnapshot:
         """Current engine load and cumulative cache counters."""
         ...
@@ -150,6 +159,10 @@ class InProcessEngineClient:
     async def abort(self, request_id: str) -> None:
         """Forwards to `AsyncEngine.abort`."""
         await self._engine.abort(request_id)
+
+    async def update_cache_rules(self, rules: CacheRules) -> None:
+        """Forwards to `EngineFront.update_cache_rules`."""
+        await self._engine.update_cache_rules(rules)
 
     def stats(self) -> EngineSnapshot:
         """Copies the fields the gateway exports out of `AsyncEngine.stats()`."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import ContextLengthExceededError, EngineOverloadedError
+from engine.kv_cache.cache_rules import CacheRules
 from engine.outputs import (
     CompletionDelta,
     PositionLogprobs,
@@ -78,6 +79,7 @@ class FakeEngine:
         self._seen: dict[str, list[tuple[int, ...]]] = {}
         self._queries = 0
         self._hits = 0
+        self.cache_rules: CacheRules | None = None  # the last rules pushed
 
     alive = True  # a fake never dies
 
@@ -172,6 +174,10 @@ class FakeEngine:
                     return
         finally:
             self.running.discard(rid)
+
+    async def update_cache_rules(self, rules: CacheRules) -> None:
+        """Records the rules (a fake has no cache to apply them to)."""
+        self.cache_rules = rules
 
     async def abort(self, request_id: str) -> None:
         """Marks the request aborted; its stream ends at the next step."""

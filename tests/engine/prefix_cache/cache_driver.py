@@ -19,7 +19,8 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
 
-Identity = tuple[str, str | None, tuple[int, ...]]  # (domain or PUBLIC, adapter, prefix tokens)
+# (domain or PUBLIC, adapter, prefix tokens, the published prefix a domain's chain follows)
+Identity = tuple[str, str | None, tuple[int, ...], tuple[int, ...]]
 
 
 def fake_next_token(history: list[int]) -> int:
@@ -50,6 +51,9 @@ class CacheDriver:
     identity: dict[int, Identity] = field(default_factory=dict)
     check_hits: bool = True
     hit_log: list[tuple[str, int]] = field(default_factory=list)
+    # The published prefix each sequence's last lookup planned with: the published set
+    # may change while it runs (`apply_rules`), its chain does not.
+    plans: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @classmethod
     def make(
@@ -79,6 +83,7 @@ class CacheDriver:
         original = kv.get_computed_blocks
 
         def checked(seq: Sequence) -> tuple[list[int], int]:
+            driver.plans[seq.seq_id] = driver._best(seq)
             blocks, n = original(seq)
             # After the lookup, which drops expired blocks before matching.
             expected = driver.expected_hit(seq)
@@ -119,17 +124,24 @@ class CacheDriver:
 
     # -- the reference model of what must be hit --------------------------------------
 
-    def _public_blocks(self, seq: Sequence) -> int:
-        best = 0
+    def _best(self, seq: Sequence) -> tuple[int, ...]:
+        """The longest published prefix (of at least one block) the prompt starts with."""
+        best: tuple[int, ...] = ()
         for p in self.published:
-            if len(p) <= seq.num_prompt_tokens and tuple(seq.prompt_token_ids[: len(p)]) == p:
-                best = max(best, len(p) // self.kv.block_size)
+            fits = len(best) < len(p) <= seq.num_prompt_tokens and len(p) >= self.kv.block_size
+            if fits and tuple(seq.prompt_token_ids[: len(p)]) == p:
+                best = tuple(p)
         return best
 
     def block_identity(self, seq: Sequence, i: int) -> Identity:
         bs = self.kv.block_size
-        owner = PUBLIC if i < self._public_blocks(seq) else seq.cache_domain
-        return owner, seq.adapter, tuple(seq.token_ids(0, (i + 1) * bs))
+        best = self.plans.get(seq.seq_id)
+        if best is None:
+            best = self._best(seq)
+        tokens = tuple(seq.token_ids(0, (i + 1) * bs))
+        if i < len(best) // bs:
+            return PUBLIC, seq.adapter, tokens, ()  # one public chain per adapter
+        return seq.cache_domain, seq.adapter, tokens, best
 
     def expected_hit(self, seq: Sequence) -> int:
         """Tokens that must be hit: every cached block of this key's prefix, in order."""
