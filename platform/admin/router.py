@@ -223,13 +223,13 @@ def create_admin_router(services: AdminServices) -> APIRouter:
         changes = body.changes()
 
         def apply() -> Tenant:
-            if body.status not in (None, "active", "suspended"):  # before any change commits
+            # Both checked before either commits: a refused body changes nothing.
+            if body.status not in (None, "active", "suspended"):
                 raise InvalidValueError("status must be active or suspended")
+            tenant = store.update_tenant(ctx.session, name=name, **changes)
             if body.status is not None:
-                store.set_tenant_status(ctx.session, name=name, status=body.status)
-            if changes or body.status is None:
-                return store.update_tenant(ctx.session, name=name, **changes)
-            return t
+                tenant = store.set_tenant_status(ctx.session, name=name, status=body.status)
+            return tenant
 
         detail = {**changes, **({"status": body.status} if body.status is not None else {})}
         write(ctx, "tenant.update", f"tenants/{name}", apply, t.id, **detail)

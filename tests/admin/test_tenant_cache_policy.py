@@ -106,6 +106,7 @@ BAD_BODIES = [
     '{"never_cache": 0}',
     '{"cache_floor": 4}',  # unknown field
     '{"status": "gone", "weight": 2}',  # a bad status changes nothing else either
+    '{"status": "suspended", "weight": 0}',  # nor a bad weight the status
     "[]",
 ]
 
