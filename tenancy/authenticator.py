@@ -155,6 +155,7 @@ class Authenticator:
                 weight=tenant.weight,
                 limits=limits,
                 allowed_models=_intersect(key_models, limits.allowed_models),
+                never_cache=bool(tenant.never_cache),
             )
             state = _KeyState(
                 principal=principal,

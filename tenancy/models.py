@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     CheckConstraint,
     DateTime,
     Float,
@@ -65,6 +66,17 @@ class Tenant(Base):
             "isolation_level IN ('tenant', 'key', 'user')", name="ck_tenants_isolation"
         ),
         CheckConstraint("weight > 0", name="ck_tenants_weight"),
+        CheckConstraint(
+            "cache_floor_blocks IS NULL OR cache_floor_blocks >= 0",
+            name="ck_tenants_cache_floor_blocks",
+        ),
+        CheckConstraint(
+            "cache_floor_share IS NULL OR (cache_floor_share >= 0 AND cache_floor_share <= 1)",
+            name="ck_tenants_cache_floor_share",
+        ),
+        CheckConstraint(
+            "retention_ttl_s IS NULL OR retention_ttl_s > 0", name="ck_tenants_retention_ttl"
+        ),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
@@ -72,6 +84,12 @@ class Tenant(Base):
     status: Mapped[str] = mapped_column(String(16), default="active")
     isolation_level: Mapped[str] = mapped_column(String(16), default="tenant")
     weight: Mapped[float] = mapped_column(Float, default=1.0)
+    # Cache policy, pushed to the running engine (None: the engine's default).
+    cache_floor_blocks: Mapped[int | None] = mapped_column(Integer, default=None)
+    cache_floor_share: Mapped[float | None] = mapped_column(Float, default=None)
+    retention_ttl_s: Mapped[float | None] = mapped_column(Float, default=None)
+    scrub_on_free: Mapped[bool | None] = mapped_column(Boolean, default=None)
+    never_cache: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 

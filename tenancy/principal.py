@@ -27,6 +27,7 @@ class Principal:
     weight: float
     limits: EffectiveLimits
     allowed_models: frozenset[str] | None  # None: every model in the registry
+    never_cache: bool = False  # the tenant's policy: no request of it reads or writes the cache
 
 
 def _checked_id(value: str, what: str) -> str:

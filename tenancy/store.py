@@ -7,7 +7,7 @@ Flat keyword-only functions over a Session; they raise tenancy errors
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,8 +22,13 @@ from tenancy.limits import EffectiveLimits
 from tenancy.models import ApiKey, Limit, Tenant
 from tenancy.validation import (
     check_expires_in_days,
+    check_flag,
+    check_floor_blocks,
+    check_floor_share,
     check_key_name,
     check_limit_int,
+    check_optional_flag,
+    check_retention_ttl,
     check_tenant_name,
     check_weight,
 )
@@ -41,6 +46,15 @@ LIMIT_FIELDS = (
     "allowed_models",
 )
 UNSET: Any = object()  # "leave this field as it is" (None means "clear it")
+# Tenant fields `update_tenant` sets, each with its check (None: the engine default).
+TENANT_POLICY_FIELDS: dict[str, Callable[[Any], Any]] = {
+    "weight": check_weight,
+    "cache_floor_blocks": check_floor_blocks,
+    "cache_floor_share": check_floor_share,
+    "retention_ttl_s": check_retention_ttl,
+    "scrub_on_free": lambda v: check_optional_flag("scrub_on_free", v),
+    "never_cache": lambda v: check_flag("never_cache", v),
+}
 
 
 @dataclass(frozen=True)
@@ -94,6 +108,35 @@ def set_tenant_status(session: Session, *, name: str, status: str) -> Tenant:
         raise InvalidValueError("status must be active or suspended")
     tenant = get_tenant(session, name)
     tenant.status = status
+    session.commit()
+    return tenant
+
+
+def update_tenant(session: Session, *, name: str, **values: Any) -> Tenant:
+    """Set a tenant's weight and cache policy (TENANT_POLICY_FIELDS); fields not passed
+    (or UNSET) keep their value, None clears an optional one back to the engine default.
+
+    Every value is checked before anything changes. The floor is one setting, in blocks
+    or as a share of the pool: setting one clears the other; giving both is refused.
+    """
+    unknown = set(values) - set(TENANT_POLICY_FIELDS)
+    if unknown:
+        raise InvalidValueError(f"unknown tenant fields: {', '.join(sorted(unknown))}")
+    checked = {
+        key: TENANT_POLICY_FIELDS[key](value) for key, value in values.items() if value is not UNSET
+    }
+    blocks, share = checked.get("cache_floor_blocks"), checked.get("cache_floor_share")
+    if blocks is not None and share is not None:
+        raise InvalidValueError(
+            "give the cache floor as blocks or as a share of the pool, not both"
+        )
+    if blocks is not None:
+        checked["cache_floor_share"] = None
+    if share is not None:
+        checked["cache_floor_blocks"] = None
+    tenant = get_tenant(session, name)
+    for column, value in checked.items():
+        setattr(tenant, column, value)
     session.commit()
     return tenant
 

@@ -76,3 +76,62 @@ def check_limit_int(field: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_LIMIT_VALUE:
         raise InvalidValueError(f"{field} must be an integer from 0 to {MAX_LIMIT_VALUE}")
     return value
+
+
+# A floor in blocks is stored in an INTEGER column; a TTL of over a year is a typo.
+MAX_RETENTION_TTL_S = 366 * 86_400.0
+
+
+def check_floor_blocks(value: Any) -> int | None:
+    """A cache floor in KV blocks: an integer from 0 to MAX_LIMIT_VALUE (None: none)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_LIMIT_VALUE:
+        raise InvalidValueError(
+            f"cache floor blocks must be an integer from 0 to {MAX_LIMIT_VALUE}"
+        )
+    return value
+
+
+def check_floor_share(value: Any) -> float | None:
+    """A cache floor as a share of the pool: a number from 0 to 1 (None: none)."""
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not 0 <= value <= 1
+    ):
+        raise InvalidValueError("cache floor share must be a number from 0 to 1")
+    return float(value)
+
+
+def check_retention_ttl(value: Any) -> float | None:
+    """A retention TTL in seconds, in (0, MAX_RETENTION_TTL_S] (None: engine default)."""
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not 0 < value <= MAX_RETENTION_TTL_S
+    ):
+        raise InvalidValueError(
+            f"retention TTL must be a number of seconds above 0 and at most {MAX_RETENTION_TTL_S:g}"
+        )
+    return float(value)
+
+
+def check_optional_flag(field: str, value: Any) -> bool | None:
+    """true, false or None (engine default)."""
+    if value is not None and not isinstance(value, bool):
+        raise InvalidValueError(f"{field} must be true, false or null")
+    return value
+
+
+def check_flag(field: str, value: Any) -> bool:
+    """true or false."""
+    if not isinstance(value, bool):
+        raise InvalidValueError(f"{field} must be true or false")
+    return value

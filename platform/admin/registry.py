@@ -306,6 +306,8 @@ def publish_prefix(
         not token_ids or not all(isinstance(t, int) and t >= 0 for t in token_ids)
     ):
         raise InvalidValueError("token_ids must be non-negative integers")
+    if text is not None and not text:
+        raise InvalidValueError("text must not be empty")
     get_model(session, model)
     if session.scalars(select(SharedPrefix.id).where(SharedPrefix.name == name)).first():
         raise ConflictError(f"shared prefix {name!r} already exists")
@@ -327,3 +329,13 @@ def list_prefixes(session: Session, *, model: str | None = None) -> Sequence[Sha
     if model is not None:
         query = query.where(SharedPrefix.model == model)
     return session.scalars(query).all()
+
+
+def withdraw_prefix(session: Session, *, name: str) -> SharedPrefix:
+    """Withdraw (delete) the published prefix called `name`; NotFoundError if none."""
+    row = session.scalars(select(SharedPrefix).where(SharedPrefix.name == name)).first()
+    if row is None:
+        raise NotFoundError(f"no shared prefix named {name!r}")
+    session.delete(row)
+    session.commit()
+    return row

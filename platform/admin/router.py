@@ -4,7 +4,7 @@ import datetime as dt
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt
 from sqlalchemy import select
 
 from admin import registry
@@ -27,10 +27,31 @@ class TenantCreate(BaseModel):
     weight: float = 1.0
 
 
-class TenantUpdate(BaseModel):
-    """A tenant status change."""
+class TenantPolicy(BaseModel):
+    """A tenant's weight and cache policy; absent fields keep their value, null clears an
+    optional one (the engine default). Values are checked by the store (422 when refused)."""
 
-    status: str
+    model_config = ConfigDict(extra="forbid")
+
+    weight: StrictFloat | StrictInt | None = None
+    cache_floor_blocks: StrictInt | None = None
+    cache_floor_share: StrictFloat | StrictInt | None = None
+    retention_ttl_s: StrictFloat | StrictInt | None = None
+    scrub_on_free: StrictBool | None = None
+    never_cache: StrictBool | None = None
+
+    def changes(self) -> dict[str, Any]:
+        """The policy fields the caller sent, with their values."""
+        return {f: getattr(self, f) for f in sorted(self.model_fields_set & POLICY_FIELDS)}
+
+
+POLICY_FIELDS = frozenset(store.TENANT_POLICY_FIELDS)
+
+
+class TenantUpdate(TenantPolicy):
+    """A status change and/or policy change of a tenant."""
+
+    status: str | None = None
 
 
 class KeyCreate(BaseModel):
@@ -143,7 +164,12 @@ def create_admin_router(services: AdminServices) -> APIRouter:
     Ctx = Annotated[AdminContext, Depends(context_dependency(services))]
 
     def write(
-        ctx: AdminContext, action: str, resource: str, fn: Any, tenant_id: str | None = None
+        ctx: AdminContext,
+        action: str,
+        resource: str,
+        fn: Any,
+        tenant_id: str | None = None,
+        **detail: Any,
     ) -> Any:
         try:
             result = fn()
@@ -151,7 +177,7 @@ def create_admin_router(services: AdminServices) -> APIRouter:
             ctx.session.rollback()
             ctx.audit(action, resource, outcome="error", tenant_id=tenant_id)
             raise _mapped(exc) from exc
-        ctx.audit(action, resource, tenant_id=tenant_id)
+        ctx.audit(action, resource, tenant_id=tenant_id, **detail)
         return result
 
     @router.get("/whoami")
@@ -202,16 +228,23 @@ def create_admin_router(services: AdminServices) -> APIRouter:
 
     @router.patch("/tenants/{name}")
     def update_tenant(ctx: Ctx, name: str, body: TenantUpdate) -> dict[str, Any]:
-        """Suspends or resumes a tenant."""
+        """Suspends or resumes a tenant and/or changes its weight and cache policy (the
+        running engine follows within the config refresh interval)."""
         ctx.require("admin")
         t = _tenant(ctx, name)
-        write(
-            ctx,
-            "tenant.update",
-            f"tenants/{name}",
-            lambda: store.set_tenant_status(ctx.session, name=name, status=body.status),
-            t.id,
-        )
+        changes = body.changes()
+
+        def apply() -> Tenant:
+            # Both checked before either commits: a refused body changes nothing.
+            if body.status not in (None, "active", "suspended"):
+                raise InvalidValueError("status must be active or suspended")
+            tenant = store.update_tenant(ctx.session, name=name, **changes)
+            if body.status is not None:
+                tenant = store.set_tenant_status(ctx.session, name=name, status=body.status)
+            return tenant
+
+        detail = {**changes, **({"status": body.status} if body.status is not None else {})}
+        write(ctx, "tenant.update", f"tenants/{name}", apply, t.id, **detail)
         return tenant_dict(t)
 
     @router.get("/tenants/{name}/limits")

@@ -4,25 +4,24 @@ import datetime as dt
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException
-from pydantic import BaseModel
 from sqlalchemy import select
 
 from admin.audit_log import event_dict
 from admin.body_cap import CappedJsonRoute
 from admin.deps import AdminContext, AdminServices, context_dependency
 from admin.models import AuditEvent
-from admin.router import PREFIX, _tenant
+from admin.router import PREFIX, TenantPolicy, _tenant
 from admin.serialize import Limit, Offset, page, tenant_dict
-from tenancy.errors import InvalidValueError
+from tenancy import store
+from tenancy.errors import TenancyError
 from tenancy.store import ISOLATION_LEVELS
-from tenancy.validation import check_weight
 
 
-class TenantSettings(BaseModel):
-    """Isolation level and scheduling weight; absent fields keep their value."""
+class TenantSettings(TenantPolicy):
+    """Isolation level, scheduling weight and cache policy; absent fields keep their
+    value, null clears an optional policy field (the engine default)."""
 
     isolation_level: str | None = None
-    weight: float | None = None
 
 
 def _iso_utc(value: dt.datetime | None) -> str | None:
@@ -47,31 +46,23 @@ def create_console_router(services: AdminServices) -> APIRouter:
 
     @router.patch("/tenants/{name}/settings")
     def update_settings(ctx: Ctx, name: str, body: TenantSettings) -> dict[str, Any]:
-        """Changes a tenant's isolation level and/or weight."""
+        """Changes a tenant's isolation level, weight and cache policy."""
         ctx.require("admin")
         tenant = _tenant(ctx, name)
         if body.isolation_level is not None and body.isolation_level not in ISOLATION_LEVELS:
             ctx.audit("tenant.settings", f"tenants/{name}", outcome="error", tenant_id=tenant.id)
             raise HTTPException(422, f"isolation must be one of {', '.join(ISOLATION_LEVELS)}")
-        if body.weight is not None:
-            try:
-                check_weight(body.weight)
-            except InvalidValueError as exc:
-                ctx.audit(
-                    "tenant.settings", f"tenants/{name}", outcome="error", tenant_id=tenant.id
-                )
-                raise HTTPException(422, str(exc)) from exc
         if body.isolation_level is not None:
             tenant.isolation_level = body.isolation_level
-        if body.weight is not None:
-            tenant.weight = body.weight
-        ctx.session.commit()
-        ctx.audit(
-            "tenant.settings",
-            f"tenants/{name}",
-            tenant_id=tenant.id,
-            **body.model_dump(exclude_none=True),
-        )
+        changes = body.changes()
+        try:
+            store.update_tenant(ctx.session, name=name, **changes)  # commits both
+        except TenancyError as exc:
+            ctx.session.rollback()
+            ctx.audit("tenant.settings", f"tenants/{name}", outcome="error", tenant_id=tenant.id)
+            raise HTTPException(422, str(exc)) from exc
+        detail = {**changes, **body.model_dump(include={"isolation_level"}, exclude_none=True)}
+        ctx.audit("tenant.settings", f"tenants/{name}", tenant_id=tenant.id, **detail)
         return tenant_dict(tenant)
 
     @router.get("/audit/search")

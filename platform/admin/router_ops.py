@@ -239,6 +239,20 @@ def add_ops_routes(
             )
         )
 
+    @router.delete("/prefixes/{name}")
+    def withdraw_prefix(ctx: Ctx, name: str) -> dict[str, Any]:
+        """Withdraws a published prefix: the running engines stop sharing it within the
+        config refresh interval."""
+        ctx.require("admin")
+        return prefix_dict(
+            write(
+                ctx,
+                "prefix.withdraw",
+                f"prefixes/{name}",
+                lambda: registry.withdraw_prefix(ctx.session, name=name),
+            )
+        )
+
     def scoped_tenant(ctx: Any, tenant: str | None) -> str | None:
         """The tenant filter to apply: a tenant-admin is pinned to its own tenant."""
         if ctx.identity.role != "tenant-admin":

@@ -46,6 +46,11 @@ def tenant_dict(t: Tenant) -> dict[str, Any]:
         "status": t.status,
         "isolation_level": t.isolation_level,
         "weight": t.weight,
+        "cache_floor_blocks": t.cache_floor_blocks,
+        "cache_floor_share": t.cache_floor_share,
+        "retention_ttl_s": t.retention_ttl_s,
+        "scrub_on_free": t.scrub_on_free,
+        "never_cache": bool(t.never_cache),
         "created_at": _iso(t.created_at),
     }
 

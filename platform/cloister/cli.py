@@ -13,6 +13,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "cloister.commands.generate",
     "cloister.commands.tenants",
     "cloister.commands.keys",
+    "cloister.commands.prefixes",
     "cloister.commands.admin",
     "cloister.commands.billing",
     "cloister.commands.audit",

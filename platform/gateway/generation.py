@@ -92,7 +92,8 @@ async def admit_and_submit(
         cache_domain=domain,
         weight=principal.weight,
         fairness_key=f"t:{principal.tenant_id}",
-        cache=body.cache,
+        # A never-cache tenant's policy wins over whatever the request asks.
+        cache=body.cache and not principal.never_cache,
     )
     return Submitted(streams=streams, headers=headers, n=body.n)
 

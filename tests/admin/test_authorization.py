@@ -180,6 +180,12 @@ def _cells() -> list[Cell]:
             **gw,
         ),
         Cell(
+            "DELETE",
+            "/prefixes/{name}",
+            lambda f, t: (f"{P}/prefixes/{f['new_prefix']()}", {}),
+            **gw,
+        ),
+        Cell(
             "GET",
             "/usage",
             lambda f, t: (
@@ -242,6 +248,12 @@ def _fixtures(env: AdminEnv) -> dict[str, Any]:
         with env.sessions() as s:
             return create_admin_token(s, pepper=PEPPER, role="viewer").id
 
+    def new_prefix() -> str:
+        name = _n()
+        with env.sessions() as s:
+            registry.publish_prefix(s, name=name, model="base", token_ids=[1, 2])
+        return name
+
     model_file = env.tmp / "models" / "m.gguf"
     model_file.write_bytes(b"GGUF")
     adapter_dir = env.tmp / "models" / "adapter"
@@ -251,6 +263,7 @@ def _fixtures(env: AdminEnv) -> dict[str, Any]:
         "ids": ids,
         "new_key": new_key,
         "new_token": new_token,
+        "new_prefix": new_prefix,
         "model_file": str(model_file),
         "adapter_dir": str(adapter_dir),
     }

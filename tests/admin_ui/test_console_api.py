@@ -132,6 +132,34 @@ def test_tenant_settings_admin_only_and_validated(env: AdminEnv) -> None:
     assert env.client.get("/admin/api/v1/tenants/alpha", headers=admin).json()["weight"] == 3
 
 
+def test_tenant_settings_carry_the_cache_policy(env: AdminEnv) -> None:
+    admin = env.token("admin")
+    url = "/admin/api/v1/tenants/alpha/settings"
+    body = {
+        "isolation_level": "user",
+        "weight": 2,
+        "cache_floor_blocks": None,
+        "cache_floor_share": 0.5,
+        "retention_ttl_s": 12.5,
+        "scrub_on_free": False,
+        "never_cache": True,
+    }
+    r = env.client.patch(url, json=body, headers=admin)
+    assert r.status_code == 200, r.text
+    assert {k: r.json()[k] for k in body} == {**body, "weight": 2.0}
+    for bad in (
+        {"cache_floor_share": 2},
+        {"cache_floor_blocks": 3, "cache_floor_share": 0.1},
+        {"retention_ttl_s": -1},
+        {"never_cache": "yes"},
+        {"isolation_level": "key", "retention_ttl_s": 0},  # nothing changes, isolation neither
+    ):
+        r = env.client.patch(url, json=bad, headers=admin)
+        assert r.status_code == 422, (bad, r.text)
+    t = env.client.get("/admin/api/v1/tenants/alpha", headers=admin).json()
+    assert {k: t[k] for k in body} == {**body, "weight": 2.0}
+
+
 def test_audit_search_filters(env: AdminEnv) -> None:
     admin = env.token("admin")
     env.client.patch("/admin/api/v1/tenants/alpha/settings", json={"weight": 2}, headers=admin)

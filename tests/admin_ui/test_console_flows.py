@@ -106,6 +106,42 @@ def test_set_limits_and_weight(admin: Console) -> None:
     admin.assert_no_errors()
 
 
+def test_edit_cache_policy(admin: Console) -> None:
+    admin.go(f"/tenants/{TENANT}")
+    page = admin.page
+    page.get_by_label("Cache floor", exact=True).fill("2")
+    page.get_by_label("Cache floor unit").select_option("share")
+    page.get_by_role("button", name="Save settings").click()
+    error = page.locator("#tenant-settings-error")
+    page.wait_for_function("() => document.querySelector('#tenant-settings-error')?.textContent")
+    assert "share must be a number from 0 to 1" in error.inner_text()
+    assert admin.server.api("GET", f"/tenants/{TENANT}").json()["cache_floor_share"] is None
+    page.get_by_label("Cache floor", exact=True).fill("0.25")
+    page.get_by_label("Retention TTL (s)").fill("30")
+    page.get_by_label("Scrub freed blocks").select_option("true")
+    page.get_by_role("button", name="Save settings").click()
+    page.wait_for_function(
+        "() => document.querySelector('input[name=retention_ttl_s]')?.value === '30'"
+    )
+    tenant = admin.server.api("GET", f"/tenants/{TENANT}").json()
+    assert tenant["cache_floor_share"] == 0.25 and tenant["cache_floor_blocks"] is None
+    assert tenant["retention_ttl_s"] == 30.0 and tenant["scrub_on_free"] is True
+    assert tenant["never_cache"] is False and tenant["weight"] == 2.5  # untouched fields kept
+    # Back to the defaults, so the flows after this one see a plain tenant.
+    page.get_by_label("Cache floor", exact=True).fill("")
+    page.get_by_label("Retention TTL (s)").fill("")
+    page.get_by_label("Scrub freed blocks").select_option("")
+    page.get_by_role("button", name="Save settings").click()
+    deadline = time.monotonic() + 10
+    while admin.server.api("GET", f"/tenants/{TENANT}").json()["retention_ttl_s"] is not None:
+        assert time.monotonic() < deadline, "the console did not save the defaults"
+        time.sleep(0.05)
+    tenant = admin.server.api("GET", f"/tenants/{TENANT}").json()
+    assert tenant["cache_floor_share"] is None and tenant["scrub_on_free"] is None
+    admin.shot("03b-cache-policy")
+    admin.assert_no_errors(allowed=("status of 422",))
+
+
 def test_create_key_and_read_secret(admin: Console) -> None:
     admin.go(f"/keys/{TENANT}")
     page = admin.page

@@ -47,6 +47,14 @@ def _round_trip(url: str) -> None:
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT name FROM tenants")).scalar_one() == "acme"
         assert conn.execute(sa.text("SELECT rpm FROM limits")).scalar_one() == 5
+        # 0004: an existing tenant keeps the engine defaults and caching on.
+        policy = conn.execute(
+            sa.text(
+                "SELECT cache_floor_blocks, cache_floor_share, retention_ttl_s, scrub_on_free, "
+                "never_cache FROM tenants"
+            )
+        ).one()
+        assert tuple(policy) == (None, None, None, None, False)
     # The one-tenant-wide-limits-row rule is enforced by the database.
     with engine.connect() as conn:
         try:
@@ -86,3 +94,30 @@ def test_sqlite_up_down_up(tmp_path: Path) -> None:
 def test_postgres_up_down_up(postgres_url: str) -> None:
     _round_trip(postgres_url)
     _matches_models(postgres_url)
+    _policy_checks(postgres_url)
+
+
+def _policy_checks(url: str) -> None:
+    """On PostgreSQL the database itself refuses out-of-range cache policies."""
+    engine = make_engine(url)
+    now = dt.datetime.now(dt.UTC)
+    for column, value in (
+        ("cache_floor_blocks", -1),
+        ("cache_floor_share", 1.5),
+        ("retention_ttl_s", 0.0),
+    ):
+        with engine.connect() as conn:
+            try:
+                conn.execute(
+                    sa.text(
+                        f"INSERT INTO tenants (id, name, status, isolation_level, weight, "
+                        f"created_at, {column}) VALUES ('ten_x', 'x', 'active', 'tenant', 1.0, "
+                        ":now, :v)"
+                    ),
+                    {"now": now, "v": value},
+                )
+                conn.commit()
+                raise AssertionError(f"{column}={value} accepted")
+            except sa.exc.IntegrityError:
+                conn.rollback()
+    engine.dispose()

@@ -64,6 +64,11 @@ def tenant_dict(tenant: Tenant) -> dict[str, Any]:
         "status": tenant.status,
         "isolation_level": tenant.isolation_level,
         "weight": tenant.weight,
+        "cache_floor_blocks": tenant.cache_floor_blocks,
+        "cache_floor_share": tenant.cache_floor_share,
+        "retention_ttl_s": tenant.retention_ttl_s,
+        "scrub_on_free": tenant.scrub_on_free,
+        "never_cache": bool(tenant.never_cache),
         "created_at": tenant.created_at.isoformat(),
     }
 
@@ -175,6 +180,76 @@ def set_limits(
         )
 
     _echo(data, as_json, text)
+
+
+@tenants.command("update")
+@click.argument("name")
+@click.option("--weight", type=float, help="Scheduling weight (0.01 to 100).")
+@click.option("--cache-floor-blocks", type=int, help="KV blocks kept for this tenant's cache.")
+@click.option("--cache-floor-share", type=float, help="Share of the KV pool kept (0 to 1).")
+@click.option("--no-cache-floor", is_flag=True, help="Remove the cache floor.")
+@click.option("--retention-ttl-s", type=float, help="Seconds a freed cached block is kept.")
+@click.option("--default-retention-ttl", is_flag=True, help="Back to the engine's TTL.")
+@click.option(
+    "--scrub-on-free/--no-scrub-on-free",
+    default=None,
+    help="Zero this tenant's KV blocks when they are freed.",
+)
+@click.option("--default-scrub", is_flag=True, help="Back to the engine's scrub setting.")
+@click.option("--never-cache/--cache", default=None, help="Never read or write the prefix cache.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def update(
+    name: str,
+    weight: float | None,
+    cache_floor_blocks: int | None,
+    cache_floor_share: float | None,
+    no_cache_floor: bool,
+    retention_ttl_s: float | None,
+    default_retention_ttl: bool,
+    scrub_on_free: bool | None,
+    default_scrub: bool,
+    never_cache: bool | None,
+    as_json: bool,
+) -> None:
+    """Change a tenant's weight and cache policy (only the options given change); the
+    running server applies it within its refresh interval."""
+    _exclusive(
+        ("--no-cache-floor", no_cache_floor),
+        ("--cache-floor-blocks", cache_floor_blocks is not None),
+        ("--cache-floor-share", cache_floor_share is not None),
+    )
+    _exclusive(
+        ("--default-retention-ttl", default_retention_ttl),
+        ("--retention-ttl-s", retention_ttl_s is not None),
+    )
+    _exclusive(("--default-scrub", default_scrub), ("--scrub-on-free", scrub_on_free is not None))
+    given: dict[str, Any] = {
+        "weight": weight,
+        "cache_floor_blocks": cache_floor_blocks,
+        "cache_floor_share": cache_floor_share,
+        "retention_ttl_s": retention_ttl_s,
+        "scrub_on_free": scrub_on_free,
+        "never_cache": never_cache,
+    }
+    changed = {k: v for k, v in given.items() if v is not None}
+    if no_cache_floor:
+        changed.update(cache_floor_blocks=None, cache_floor_share=None)
+    if default_retention_ttl:
+        changed["retention_ttl_s"] = None
+    if default_scrub:
+        changed["scrub_on_free"] = None
+    if not changed:
+        raise InvalidArgument("nothing to change: give at least one option")
+    with open_session() as session:
+        tenant = store.update_tenant(session, name=name, **changed)
+        audit_change(session, "tenant.update", f"tenants/{name}", tenant_id=tenant.id, **changed)
+        _echo(tenant_dict(tenant), as_json, lambda: f"updated tenant {tenant.name}")
+
+
+def _exclusive(*options: tuple[str, bool]) -> None:
+    given = [name for name, present in options if present]
+    if len(given) > 1:
+        raise click.UsageError(f"{' and '.join(given)} cannot be combined")
 
 
 def _status_command(command_name: str, status: str, verb: str) -> click.Command:

@@ -1,4 +1,4 @@
-// One tenant: status, isolation and weight, limits, and its usage charts.
+// One tenant: status, isolation, weight and cache policy, limits, and its usage charts.
 import { api } from "../api.js";
 import { attempt, card, confirmAction, el, field, fmtNum, showBanner, statusPill, table } from "../dom.js";
 import { barConfig, chartBox } from "../charts.js";
@@ -36,19 +36,55 @@ function limitsForm(ctx, name, limits) {
   el("div", { class: "row" }, el("button", { type: "submit" }, "Save limits"), saved));
 }
 
+function floorText(t) {
+  if (t.cache_floor_blocks !== null) return `${t.cache_floor_blocks} blocks`;
+  if (t.cache_floor_share !== null) return `${fmtNum(100 * t.cache_floor_share, 1)} % of the pool`;
+  return "none";
+}
+
+const DEFAULT_FLAG = [["", "engine default"], ["true", "yes"], ["false", "no"]];
+const flagValue = (v) => (v === null || v === undefined ? "" : String(v));
+const numberOrNull = (input) => (input.value === "" ? null : Number(input.value));
+
 function settingsForm(ctx, t, rerender) {
+  const policy = `cache floor: ${floorText(t)} · retention TTL: ${t.retention_ttl_s === null ? "engine default" : `${fmtNum(t.retention_ttl_s, 1)} s`}` +
+    ` · scrub freed blocks: ${t.scrub_on_free === null ? "engine default" : (t.scrub_on_free ? "yes" : "no")} · never cache: ${t.never_cache ? "yes" : "no"}`;
   if (!ctx.canWrite) {
-    return el("p", {}, `Cache isolation: ${t.isolation_level} · scheduling weight: ${fmtNum(t.weight, 2)}`);
+    return el("div", {},
+      el("p", {}, `Cache isolation: ${t.isolation_level} · scheduling weight: ${fmtNum(t.weight, 2)}`),
+      el("p", { id: "tenant-cache-policy" }, policy));
   }
   const isolation = field("Cache isolation", { name: "isolation_level", value: t.isolation_level, options: [["tenant", "tenant"], ["key", "per key"], ["user", "per end user"]] });
   const weight = field("Scheduling weight", { name: "weight", type: "number", min: "0.01", step: "0.01", value: t.weight });
+  const unit = t.cache_floor_share !== null ? "share" : "blocks";
+  const floor = field("Cache floor", { name: "cache_floor", type: "number", min: "0", step: "any", placeholder: "none",
+    value: unit === "share" ? t.cache_floor_share : (t.cache_floor_blocks ?? ""), help: "KV kept for this tenant whatever others send; empty: none." });
+  const floorUnit = field("Cache floor unit", { name: "cache_floor_unit", value: unit, options: [["blocks", "blocks"], ["share", "share of the pool (0-1)"]] });
+  const ttl = field("Retention TTL (s)", { name: "retention_ttl_s", type: "number", min: "0", step: "any", placeholder: "engine default", value: t.retention_ttl_s ?? "" });
+  const scrub = field("Scrub freed blocks", { name: "scrub_on_free", value: flagValue(t.scrub_on_free), options: DEFAULT_FLAG });
+  const never = field("Never cache", { name: "never_cache", value: String(t.never_cache), options: [["false", "no"], ["true", "yes"]] });
+  const error = el("span", { class: "error", role: "alert", id: "tenant-settings-error" });
   return el("form", { "aria-label": "Tenant settings", onsubmit: async (e) => {
     e.preventDefault();
     weight.setError("");
-    const ok = await attempt(() => api.patch(`/tenants/${encodeURIComponent(t.name)}/settings`, { isolation_level: isolation.input.value, weight: Number(weight.input.value) }),
-      (err) => weight.setError(err.message));
+    error.textContent = "";
+    const amount = numberOrNull(floor.input);
+    const share = floorUnit.input.value === "share";
+    const body = {
+      isolation_level: isolation.input.value,
+      weight: Number(weight.input.value),
+      cache_floor_blocks: share ? null : amount,
+      cache_floor_share: share ? amount : null,
+      retention_ttl_s: numberOrNull(ttl.input),
+      scrub_on_free: scrub.input.value === "" ? null : scrub.input.value === "true",
+      never_cache: never.input.value === "true",
+    };
+    const ok = await attempt(() => api.patch(`/tenants/${encodeURIComponent(t.name)}/settings`, body),
+      (err) => { error.textContent = err.message; });
     if (ok) rerender();
-  } }, el("div", { class: "row" }, isolation, weight, el("button", { type: "submit" }, "Save settings")));
+  } }, el("div", { class: "row" }, isolation, weight),
+  el("div", { class: "row" }, floor, floorUnit, ttl, scrub, never),
+  el("div", { class: "row" }, el("button", { type: "submit" }, "Save settings"), error));
 }
 
 // The model names are the point of this chart, so its legend shows even for one model.

@@ -1,0 +1,114 @@
+"""`cloister prefixes ...`: publish, list and withdraw shared prefixes.
+
+A published prefix is shared by every tenant of its model; a running server pushes the
+change to its engine within its refresh interval.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from cloister.commands.cli_audit import audit_change
+from cloister.commands.tenants import open_session
+
+
+def parse_token_ids(value: str) -> list[int]:
+    """ "1,2,3" -> [1, 2, 3]; anything else is a bad parameter."""
+    try:
+        ids = [int(part) for part in value.split(",")]
+    except ValueError:
+        raise click.BadParameter(
+            "give comma-separated non-negative integers", param_hint="--token-ids"
+        ) from None
+    return ids
+
+
+def prefix_dict(row: Any) -> dict[str, Any]:
+    """A published prefix as JSON-ready values."""
+    return {
+        "id": row.id,
+        "name": row.name,
+        "model": row.model,
+        "token_ids": row.token_ids,
+        "text": row.text,
+        "created_at": row.created_at.isoformat(),
+    }
+
+
+@click.group("prefixes")
+def prefixes() -> None:
+    """Manage published (shared) prefixes."""
+
+
+@prefixes.command("publish")
+@click.argument("name")
+@click.option("--model", required=True, help="The registered model the prefix is for.")
+@click.option("--text", help="The prefix as text (tokenized without special tokens).")
+@click.option("--text-file", type=click.File("r", encoding="utf-8"), help="The text, from a file.")
+@click.option("--token-ids", help="The prefix as comma-separated token ids.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def publish(
+    name: str,
+    model: str,
+    text: str | None,
+    text_file: Any,
+    token_ids: str | None,
+    as_json: bool,
+) -> None:
+    """Publish a prefix for every tenant of MODEL."""
+    from admin import registry
+
+    given = [
+        o
+        for o, v in (("--text", text), ("--text-file", text_file), ("--token-ids", token_ids))
+        if v is not None
+    ]
+    if len(given) != 1:
+        raise click.UsageError("give exactly one of --text, --text-file and --token-ids")
+    if text_file is not None:
+        text = text_file.read()
+    ids = parse_token_ids(token_ids) if token_ids is not None else None
+    with open_session() as session:
+        row = registry.publish_prefix(session, name=name, model=model, token_ids=ids, text=text)
+        audit_change(session, "prefix.publish", f"prefixes/{name}", model=model)
+        data = prefix_dict(row)
+    click.echo(json.dumps(data, sort_keys=True) if as_json else f"published prefix {name}")
+
+
+@prefixes.command("list")
+@click.option("--model", help="Only this model's prefixes.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def list_(model: str | None, as_json: bool) -> None:
+    """List published prefixes."""
+    from admin import registry
+
+    with open_session() as session:
+        rows = [prefix_dict(p) for p in registry.list_prefixes(session, model=model)]
+    if as_json:
+        click.echo(json.dumps(rows, sort_keys=True))
+        return
+    lines = [f"{'NAME':<32} {'MODEL':<24} KIND"]
+    lines += [
+        f"{r['name']:<32} {r['model']:<24} "
+        + (f"{len(r['token_ids'])} token ids" if r["token_ids"] is not None else "text")
+        for r in rows
+    ]
+    click.echo("\n".join(lines))
+
+
+@prefixes.command("withdraw")
+@click.argument("name")
+def withdraw(name: str) -> None:
+    """Withdraw a published prefix."""
+    from admin import registry
+
+    with open_session() as session:
+        row = registry.withdraw_prefix(session, name=name)
+        audit_change(session, "prefix.withdraw", f"prefixes/{name}", model=row.model)
+    click.echo(f"withdrew prefix {name}")
+
+
+commands: list[click.Command] = [prefixes]

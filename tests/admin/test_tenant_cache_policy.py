@@ -1,0 +1,180 @@
+"""Tenant weight and cache policy through PATCH /tenants/{name}, and prefix withdrawal.
+
+Every field is stored, returned and audited; every bad value is a 422 in the admin
+error format with nothing changed; DELETE /prefixes/{name} is audited and 404s for
+an unknown name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from admin import registry
+from admin.models import AuditEvent
+from tests.admin.conftest import AdminEnv
+
+P = "/admin/api/v1"
+DEFAULTS = {
+    "weight": 1.0,
+    "cache_floor_blocks": None,
+    "cache_floor_share": None,
+    "retention_ttl_s": None,
+    "scrub_on_free": None,
+    "never_cache": False,
+}
+
+
+def _policy(env: AdminEnv, name: str = "alpha") -> dict[str, Any]:
+    t = env.client.get(f"{P}/tenants/{name}", headers=env.token("admin")).json()
+    return {k: t[k] for k in DEFAULTS}
+
+
+def _audit(env: AdminEnv, action: str) -> list[AuditEvent]:
+    env.services.audit_writer.flush()
+    with env.sessions() as s:
+        return list(s.query(AuditEvent).filter(AuditEvent.action == action).all())
+
+
+def test_every_field_is_set_returned_and_audited(env: AdminEnv) -> None:
+    assert _policy(env) == DEFAULTS
+    body = {
+        "weight": 2.5,
+        "cache_floor_blocks": 16,
+        "retention_ttl_s": 60,
+        "scrub_on_free": True,
+        "never_cache": True,
+    }
+    r = env.client.patch(f"{P}/tenants/alpha", json=body, headers=env.token("admin"))
+    assert r.status_code == 200, r.text
+    assert {k: r.json()[k] for k in DEFAULTS} == {**DEFAULTS, **body, "retention_ttl_s": 60.0}
+    assert _policy(env) == {**DEFAULTS, **body}
+    assert _policy(env, "beta") == DEFAULTS  # only the named tenant changed
+    (event,) = _audit(env, "tenant.update")
+    assert event.outcome == "success" and event.resource == "tenants/alpha"
+    assert event.detail is not None and event.detail["cache_floor_blocks"] == 16
+
+
+def test_floor_is_blocks_or_share_and_null_restores_defaults(env: AdminEnv) -> None:
+    admin = env.token("admin")
+    env.client.patch(f"{P}/tenants/alpha", json={"cache_floor_blocks": 8}, headers=admin)
+    r = env.client.patch(f"{P}/tenants/alpha", json={"cache_floor_share": 0.3}, headers=admin)
+    assert r.status_code == 200, r.text
+    assert (r.json()["cache_floor_blocks"], r.json()["cache_floor_share"]) == (None, 0.3)
+    env.client.patch(
+        f"{P}/tenants/alpha", json={"retention_ttl_s": 5, "scrub_on_free": False}, headers=admin
+    )
+    r = env.client.patch(
+        f"{P}/tenants/alpha",
+        json={"cache_floor_share": None, "retention_ttl_s": None, "scrub_on_free": None},
+        headers=admin,
+    )
+    assert r.status_code == 200, r.text
+    assert _policy(env) == DEFAULTS
+    # status alone still suspends, and leaves the policy as it is
+    env.client.patch(f"{P}/tenants/alpha", json={"weight": 3}, headers=admin)
+    r = env.client.patch(f"{P}/tenants/alpha", json={"status": "suspended"}, headers=admin)
+    assert r.json()["status"] == "suspended" and r.json()["weight"] == 3.0
+
+
+BAD_BODIES = [
+    '{"weight": 0}',
+    '{"weight": 101}',
+    '{"weight": Infinity}',
+    '{"weight": NaN}',
+    '{"weight": null}',
+    '{"weight": "2"}',
+    '{"cache_floor_blocks": -1}',
+    f'{{"cache_floor_blocks": {2**31}}}',
+    '{"cache_floor_blocks": 1.5}',
+    '{"cache_floor_blocks": "8"}',
+    '{"cache_floor_blocks": true}',
+    '{"cache_floor_share": -0.1}',
+    '{"cache_floor_share": 1.5}',
+    '{"cache_floor_share": NaN}',
+    '{"cache_floor_share": "half"}',
+    '{"cache_floor_blocks": 4, "cache_floor_share": 0.5}',
+    '{"retention_ttl_s": 0}',
+    '{"retention_ttl_s": -5}',
+    '{"retention_ttl_s": 1e12}',
+    '{"retention_ttl_s": Infinity}',
+    '{"scrub_on_free": "yes"}',
+    '{"scrub_on_free": 1}',
+    '{"never_cache": null}',
+    '{"never_cache": "true"}',
+    '{"never_cache": 0}',
+    '{"cache_floor": 4}',  # unknown field
+    '{"status": "gone", "weight": 2}',  # a bad status changes nothing else either
+    '{"status": "suspended", "weight": 0}',  # nor a bad weight the status
+    "[]",
+]
+
+
+@pytest.mark.parametrize("raw", BAD_BODIES)
+def test_bad_values_are_422_and_change_nothing(env: AdminEnv, raw: str) -> None:
+    r = env.client.patch(
+        f"{P}/tenants/alpha",
+        content=raw,
+        headers={**env.token("admin"), "Content-Type": "application/json"},
+    )
+    assert r.status_code == 422, (raw, r.status_code, r.text)
+    assert r.json()["detail"], r.text  # the admin API's error format
+    assert _policy(env) == DEFAULTS
+    t = env.client.get(f"{P}/tenants/alpha", headers=env.token("admin")).json()
+    assert t["status"] == "active"
+
+
+def test_only_admins_change_policy(env: AdminEnv) -> None:
+    for headers in (env.token("viewer"), env.token("tenant-admin", "alpha")):
+        r = env.client.patch(f"{P}/tenants/alpha", json={"never_cache": True}, headers=headers)
+        assert r.status_code == 403, r.text
+    assert _policy(env) == DEFAULTS
+    r = env.client.patch(f"{P}/tenants/nobody", json={"weight": 2}, headers=env.token("admin"))
+    assert r.status_code == 404
+
+
+def test_withdraw_prefix_is_audited_and_unknown_is_404(env: AdminEnv) -> None:
+    admin = env.token("admin")
+    with env.sessions() as s:
+        registry.register_model(s, name="base", source="/m", format="gguf", context_length=8)
+    r = env.client.post(
+        f"{P}/prefixes", json={"name": "sys", "model": "base", "text": "You are"}, headers=admin
+    )
+    assert r.status_code == 201, r.text
+    r = env.client.delete(f"{P}/prefixes/sys", headers=env.token("viewer"))
+    assert r.status_code == 403
+    r = env.client.delete(f"{P}/prefixes/sys", headers=admin)
+    assert r.status_code == 200, r.text
+    assert r.json()["name"] == "sys" and r.json()["text"] == "You are"
+    assert env.client.get(f"{P}/prefixes", headers=admin).json()["items"] == []
+    (event,) = _audit(env, "prefix.withdraw")
+    assert event.outcome == "success" and event.resource == "prefixes/sys"
+    for name in ("sys", "x" * 300, "%00"):
+        r = env.client.delete(f"{P}/prefixes/{name}", headers=admin)
+        assert r.status_code == 404, r.text
+        assert r.json()["detail"]
+    assert [e.outcome for e in _audit(env, "prefix.withdraw")][1:] == ["error"] * 3
+    # published again under the same name once withdrawn
+    r = env.client.post(
+        f"{P}/prefixes", json={"name": "sys", "model": "base", "token_ids": [3]}, headers=admin
+    )
+    assert r.status_code == 201, r.text
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"name": "p", "model": "base", "text": ""},
+        {"name": "p", "model": "base", "token_ids": []},
+        {"name": "p", "model": "base", "token_ids": [-1]},
+        {"name": "p", "model": "base", "text": "a", "token_ids": [1]},
+        {"name": "p", "model": "base"},
+    ],
+)
+def test_bad_prefix_is_422(env: AdminEnv, body: dict[str, Any]) -> None:
+    with env.sessions() as s:
+        registry.register_model(s, name="base", source="/m", format="gguf", context_length=8)
+    r = env.client.post(f"{P}/prefixes", json=body, headers=env.token("admin"))
+    assert r.status_code == 422, r.text
+    assert env.client.get(f"{P}/prefixes", headers=env.token("admin")).json()["total"] == 0

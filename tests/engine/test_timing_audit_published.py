@@ -1,0 +1,66 @@
+"""The timing audit (test_timing_audit.py) again, with a published prefix in front of
+every prompt: the published part is a hit for everyone, and the private part after it
+must stay untimeable across domains while the same domain is still detected.
+
+Same method, helpers and knobs (CLOISTER_AUDIT_TOKENS, CLOISTER_AUDIT_TRIALS) as the
+plain audit; the prefix is pushed the way the gateway pushes it (`update_cache_rules`).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from scipy.stats import ks_2samp
+
+from engine.kv_cache.cache_rules import CacheRules
+from engine.llm_engine import LLMEngine
+from tests.engine.test_timing_audit import SHARED, TOKENS, TRIALS, letter_ids, timed
+
+PUBLISHED = 64  # four full blocks, shared by every domain
+
+
+@pytest.mark.slow
+def test_private_part_after_a_published_prefix_is_untimeable_across_domains() -> None:
+    engine = LLMEngine.from_options(
+        None, num_blocks=4 * TRIALS * (TOKENS // 16 + 2) + PUBLISHED // 16 + 64
+    )
+    rng = random.Random(4321)
+    letters = letter_ids(engine)
+    published = [rng.choice(letters) for _ in range(PUBLISHED)]
+    engine.update_cache_rules(CacheRules(published=(tuple(published),)))
+
+    def fresh() -> list[int]:
+        return published + [rng.choice(letters) for _ in range(TOKENS)]
+
+    def probe_of(victim: list[int]) -> list[int]:
+        k = PUBLISHED + int(TOKENS * SHARED)
+        differ = rng.choice([t for t in letters if t != victim[k]])
+        return victim[:k] + [differ] + [rng.choice(letters) for _ in range(len(victim) - k - 1)]
+
+    timed(engine, fresh(), "t:warmup")  # also computes the published blocks
+    arms: list[str] = []
+    for _ in range(TRIALS):
+        block = ["same", "cross", "base"]
+        rng.shuffle(block)
+        arms.extend(block)
+    ttft: dict[str, list[float]] = {"same": [], "cross": [], "base": []}
+    cached: dict[str, list[int]] = {"same": [], "cross": [], "base": []}
+    for i, arm in enumerate(arms):
+        victim = fresh()
+        timed(engine, victim, "t:victim")
+        probe = fresh() if arm == "base" else probe_of(victim)
+        domain = "t:victim" if arm == "same" else f"t:prober{i}"
+        t, c = timed(engine, probe, domain)
+        ttft[arm].append(t)
+        cached[arm].append(c)
+
+    same = ks_2samp(ttft["same"], ttft["base"], alternative="greater")
+    cross = ks_2samp(ttft["cross"], ttft["base"], alternative="greater")
+    report = {k: [round(x, 3) for x in v] for k, v in ttft.items()}
+    assert all(c >= PUBLISHED + int(TOKENS * SHARED) - 16 for c in cached["same"]), cached
+    # Every other domain gets the published part, exactly, and nothing of the victim's.
+    assert cached["cross"] == [PUBLISHED] * TRIALS, cached
+    assert cached["base"] == [PUBLISHED] * TRIALS, cached
+    assert same.pvalue < 1e-3, (same, report)
+    assert cross.pvalue > 1e-3, (cross, report)

@@ -1,0 +1,180 @@
+"""CacheRulesSync: tenant cache policies and published prefixes reach the engine client.
+
+Against FakeEngine (which records the last push in `.cache_rules`) behind the real
+InProcessEngineClient, on a migrated SQLite database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from admin import registry
+from engine.kv_cache.cache_rules import CacheRules, DomainRule
+from gateway.engine_client import InProcessEngineClient
+from server.cache_rules_sync import CacheRulesSync
+from tenancy import store
+from tenancy.db import make_engine, make_session_factory, upgrade_database
+from tests.gateway.fakes import FakeEngine
+
+MODEL = "fake-model"
+
+
+@pytest.fixture
+def sessions(tmp_path: Path) -> sessionmaker[Session]:
+    url = f"sqlite:///{tmp_path / 'sync.db'}"
+    upgrade_database(url)
+    factory = make_session_factory(make_engine(url))
+    with factory() as s:
+        registry.register_model(
+            s, name=MODEL, source="/nowhere", format="safetensors", context_length=512
+        )
+        registry.register_model(
+            s, name="other", source="/nowhere", format="safetensors", context_length=512
+        )
+    return factory
+
+
+def _sync(sessions: sessionmaker[Session]) -> tuple[FakeEngine, CacheRulesSync]:
+    fake = FakeEngine()
+    return fake, CacheRulesSync(
+        InProcessEngineClient(fake, model_name=MODEL), sessions, interval_s=0.05
+    )
+
+
+def test_first_push_then_only_changes(sessions: sessionmaker[Session]) -> None:
+    with sessions() as s:
+        a = store.create_tenant(s, name="a").id
+        b = store.create_tenant(s, name="b").id
+        store.create_tenant(s, name="plain")  # all defaults: no rule at all
+        store.update_tenant(s, name="b", cache_floor_share=0.25, scrub_on_free=True)
+        store.update_tenant(s, name="a", cache_floor_blocks=8, retention_ttl_s=30.0)
+    fake, sync = _sync(sessions)
+
+    async def scenario() -> None:
+        assert await sync.sync_once() is True
+        assert fake.cache_rules == CacheRules(
+            domains=tuple(
+                sorted(
+                    [
+                        (f"t:{a}", DomainRule(floor_blocks=8, retention_ttl_s=30.0)),
+                        (f"t:{b}", DomainRule(floor_share=0.25, scrub_freed_blocks=True)),
+                    ]
+                )
+            ),
+            published=(),
+        )
+        fake.cache_rules = None
+        assert await sync.sync_once() is False  # nothing changed: no push
+        assert fake.cache_rules is None
+
+    asyncio.run(scenario())
+
+
+def test_published_prefixes_of_the_served_model_only(sessions: sessionmaker[Session]) -> None:
+    with sessions() as s:
+        registry.publish_prefix(s, name="z-ids", model=MODEL, token_ids=[5, 6, 7])
+        registry.publish_prefix(s, name="a-text", model=MODEL, text="hello")
+        registry.publish_prefix(s, name="elsewhere", model="other", token_ids=[1, 2])
+    fake, sync = _sync(sessions)
+    tokenizer = fake.tokenizer
+
+    async def scenario() -> None:
+        await sync.sync_once()
+        assert fake.cache_rules is not None
+        # By name; text tokenized without special tokens; the other model's left out.
+        assert fake.cache_rules.published == (
+            tuple(tokenizer.encode("hello", add_special_tokens=False)),
+            (5, 6, 7),
+        )
+        with sessions() as s:
+            registry.withdraw_prefix(s, name="a-text")
+        assert await sync.sync_once() is True
+        assert fake.cache_rules.published == ((5, 6, 7),)
+
+    asyncio.run(scenario())
+
+
+def test_background_loop_follows_a_change(sessions: sessionmaker[Session]) -> None:
+    with sessions() as s:
+        tid = store.create_tenant(s, name="a").id
+    fake, sync = _sync(sessions)
+
+    async def scenario() -> None:
+        await sync.start()
+        try:
+            assert fake.cache_rules == CacheRules()  # pushed once at start, even if empty
+            with sessions() as s:
+                store.update_tenant(s, name="a", cache_floor_blocks=3)
+            for _ in range(100):
+                if fake.cache_rules and fake.cache_rules.domains:
+                    break
+                await asyncio.sleep(0.02)
+            assert fake.cache_rules.domains == ((f"t:{tid}", DomainRule(floor_blocks=3)),)
+        finally:
+            await sync.stop()
+
+    asyncio.run(scenario())
+
+
+def test_database_error_keeps_last_rules_and_retries(
+    sessions: sessionmaker[Session], caplog: pytest.LogCaptureFixture
+) -> None:
+    with sessions() as s:
+        tid = store.create_tenant(s, name="a").id
+        store.update_tenant(s, name="a", cache_floor_blocks=4)
+    broken = {"on": False}
+
+    def flaky() -> Any:
+        if broken["on"]:
+            raise OperationalError("SELECT", {}, Exception("database is down"))
+        return sessions()
+
+    fake = FakeEngine()
+    sync = CacheRulesSync(InProcessEngineClient(fake, model_name=MODEL), flaky, interval_s=0.05)
+    expected = CacheRules(domains=((f"t:{tid}", DomainRule(floor_blocks=4)),))
+
+    async def scenario() -> None:
+        assert await sync.sync_once() is True
+        broken["on"] = True
+        with caplog.at_level(logging.ERROR, logger="cloister.cache_rules"):
+            assert await sync.sync_once() is False
+        assert "last rules stay in force" in caplog.text
+        assert fake.cache_rules == expected and sync.last_pushed == expected
+        broken["on"] = False
+        with sessions() as s:
+            store.update_tenant(s, name="a", cache_floor_blocks=None)
+        assert await sync.sync_once() is True
+        assert fake.cache_rules == CacheRules()
+
+    asyncio.run(scenario())
+
+
+def test_engine_failure_is_retried(sessions: sessionmaker[Session]) -> None:
+    with sessions() as s:
+        store.create_tenant(s, name="a")
+        store.update_tenant(s, name="a", never_cache=True, cache_floor_share=0.5)
+    calls: list[CacheRules] = []
+
+    class Refusing(FakeEngine):
+        async def update_cache_rules(self, rules: CacheRules) -> None:
+            calls.append(rules)
+            if len(calls) == 1:
+                raise RuntimeError("engine busy")
+            await super().update_cache_rules(rules)
+
+    fake = Refusing()
+    sync = CacheRulesSync(InProcessEngineClient(fake, model_name=MODEL), sessions, interval_s=1)
+
+    async def scenario() -> None:
+        assert await sync.sync_once() is False and sync.last_pushed is None
+        assert await sync.sync_once() is True  # the same rules, pushed again
+        assert fake.cache_rules == calls[0] and len(calls) == 2
+
+    asyncio.run(scenario())
