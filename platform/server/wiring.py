@@ -296,14 +296,17 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
     mount_console(app, services, engine_stats=gateway_engine_stats(app.state.cloister))
     app.state.metering = metering
     app.state.admin_services = services  # run_server runs its audit checkpoint timer
-    # Tenant cache policies and published prefixes reach the running engine within
-    # config_refresh_s, like limits; read on the background writers' pool.
+    # Tenant cache policies and published prefixes reach each running engine within
+    # config_refresh_s, like limits; read on the background writers' pool. One sync per
+    # model: a published prefix belongs to one model and is tokenized by its tokenizer.
     from server.cache_rules_sync import CacheRulesSync, with_cache_rules_sync
 
-    app.state.cache_rules_sync = CacheRulesSync(
-        client, writer_sessions, interval_s=settings.config_refresh_s
-    )
-    with_cache_rules_sync(app, app.state.cache_rules_sync)
+    app.state.cache_rules_syncs = {
+        name: CacheRulesSync(client, writer_sessions, interval_s=settings.config_refresh_s)
+        for name, client in clients.items()
+    }
+    for sync in app.state.cache_rules_syncs.values():
+        with_cache_rules_sync(app, sync)
     app.state.background_writers = (last_used, services.audit_writer)
     return app
 

@@ -135,7 +135,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PolicyGateway]
         f"http://127.0.0.1:{port}",
         sessions,
         {"Authorization": f"Bearer {admin}"},
-        app.state.cache_rules_sync,
+        app.state.cache_rules_syncs[settings.model_name],
         engine.tokenizer,
     )
     server.should_exit = True

@@ -15,7 +15,7 @@ def _columns(engine: sa.Engine, table: str) -> set[str]:
 
 
 def _round_trip(url: str) -> None:
-    upgrade_database(url, "0003")
+    upgrade_database(url, "0004")
     engine = make_engine(url)
     now = dt.datetime.now(dt.UTC)
     with engine.begin() as c:
@@ -43,7 +43,7 @@ def _round_trip(url: str) -> None:
         assert tuple(hourly) == (3, 0)  # earlier usage is not claimed unpriced
     with engine.begin() as c:
         c.execute(sa.text("UPDATE registry_models SET device = 'cpu', dtype = 'float32'"))
-    downgrade_database(url, "0003")
+    downgrade_database(url, "0004")
     assert "device" not in _columns(engine, "registry_models")
     assert "unpriced" not in _columns(engine, "usage_records")
     assert "unpriced_requests" not in _columns(engine, "usage_hourly")

@@ -18,7 +18,10 @@ export function setToken(token) {
   else sessionStorage.removeItem(TOKEN_KEY);
 }
 
+// The admin API's own errors carry `detail`; behind `cloister serve` the gateway's error
+// handler answers in OpenAI's format (`error.message`) instead.
 function detailText(body) {
+  if (body && body.error && typeof body.error.message === "string") return body.error.message;
   if (!body || body.detail === undefined) return "";
   const d = body.detail;
   if (typeof d === "string") return d;
