@@ -23,6 +23,7 @@ import redis.asyncio
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
+from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 from server.settings import Settings
 from server.wiring import load_engine, serve_engine_options
@@ -84,7 +85,12 @@ class FloorApp:
         self.served += 1
         text = []
         stream = self.engine.submit(
-            self.prompt_ids, params, request_id=f"floor-{self.served}", cache_domain="t:floor"
+            EngineRequest(
+                prompt_token_ids=tuple(self.prompt_ids),
+                params=params,
+                request_id=f"floor-{self.served}",
+                cache_domain="t:floor",
+            )
         )
         async for event in stream:
             text.extend(d.text for d in event.deltas)

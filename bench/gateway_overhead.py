@@ -60,6 +60,7 @@ from bench.floor_gateway import serve_floor  # noqa: E402
 from bench.litellm_peer import litellm_proxy  # noqa: E402
 from cloister.commands.serve import run_server  # noqa: E402
 from engine.async_engine import AsyncEngine  # noqa: E402
+from engine.request import EngineRequest  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 from server.settings import Settings  # noqa: E402
 from server.wiring import load_engine, serve_engine_options  # noqa: E402
@@ -233,7 +234,14 @@ async def measure(
     statuses: dict[int, int] = {}
 
     async def direct(i: int) -> bool:
-        stream = engine.submit(ids, params, request_id=f"{tag}-{i}", cache_domain="t:bench")
+        stream = engine.submit(
+            EngineRequest(
+                prompt_token_ids=tuple(ids),
+                params=params,
+                request_id=f"{tag}-{i}",
+                cache_domain="t:bench",
+            )
+        )
         async for _ in stream:
             pass
         return True

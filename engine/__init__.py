@@ -12,15 +12,17 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from engine.async_engine import AsyncEngine
     from engine.llm import LLM
+    from engine.request import EngineRequest
     from engine.sampling_params import SamplingParams
 
 _EXPORTS = {
     "LLM": "engine.llm",
     "AsyncEngine": "engine.async_engine",
+    "EngineRequest": "engine.request",
     "SamplingParams": "engine.sampling_params",
 }
 
-__all__ = ["LLM", "AsyncEngine", "SamplingParams"]
+__all__ = ["LLM", "AsyncEngine", "EngineRequest", "SamplingParams"]
 
 
 def __getattr__(name: str) -> Any:

@@ -22,8 +22,7 @@ import dataclasses
 import itertools
 import logging
 import threading
-import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 from engine.core_loop import (
@@ -41,7 +40,7 @@ from engine.kv_cache.cache_rules import CacheRules
 from engine.llm_engine import LLMEngine, build_config
 from engine.model.tokenizer import Tokenizer
 from engine.outputs import StreamEvent
-from engine.sampling_params import SamplingParams
+from engine.request import EngineRequest
 from engine.scheduler.tenants import within_share
 from engine.stats import EngineStats
 
@@ -118,41 +117,32 @@ class EngineFront(abc.ABC):
 
     # -- the caller's side ------------------------------------------------------------
 
-    def submit(
-        self,
-        prompt_token_ids: Sequence[int],
-        params: SamplingParams,
-        *,
-        request_id: str | None = None,
-        cache_domain: str = "default",
-        adapter: str | None = None,
-        cache: bool = True,
-        prompt: str | None = None,
-        weight: float | None = None,
-        fairness_key: str | None = None,
-    ) -> RequestStream:
+    def submit(self, request: EngineRequest) -> RequestStream:
         """Queues a request and returns its stream; bad or excess requests raise at once.
 
-        `fairness_key` is the tenant (default: the cache domain) and `weight` its share,
-        of the scheduler and of the waiting slots. When the queue looks full, a tenant
-        under its share is still sent on: the engine refuses the newest request of the
-        tenant most over its share instead, through that request's stream.
+        The request's own fields were checked when it was built; here it is checked
+        once against the engine's limits, and nowhere after. Its fairness key (the
+        tenant) and weight are whose share of the scheduler and of the waiting slots
+        it uses. When the queue looks full, a tenant under its share is still sent on:
+        the engine refuses the newest request of the tenant most over its share
+        instead, through that request's stream.
         """
         if self._dead is not None or self._stopping:
             raise EngineDeadError("the engine is not running")
         if self._loop is None:
             raise EngineDeadError("the engine was not started; await engine.start() first")
-        # Validate our own copy, so that what was checked is exactly what is queued.
-        prompt_ids = list(prompt_token_ids)
-        max_tokens = self.info.validate(prompt_ids, params)
-        key = fairness_key or cache_domain
+        if not isinstance(request, EngineRequest):
+            raise TypeError("submit takes an EngineRequest")
+        params, weight = request.params, request.weight
+        max_tokens = self.info.validate(request.prompt_token_ids, params)
+        key = request.fairness_key
         limit = self.info.max_waiting
         full = self._num_sent - self._num_taken + self._stats.num_waiting >= limit
         if full and not self._within_share(key, params.n, weight):
             raise EngineOverloadedError(f"the waiting queue is full ({limit} requests)")
-        request_id = request_id or uuid.uuid4().hex
+        request_id = request.request_id
         stream = RequestStream(
-            request_id, () if self.events_carry_prompts else tuple(prompt_ids), key, params.n
+            request_id, () if self.events_carry_prompts else request.prompt_token_ids, key, params.n
         )
         self._streams[request_id] = stream
         live = self._live.setdefault(key, [0, 1.0])
@@ -160,20 +150,7 @@ class EngineFront(abc.ABC):
         if weight is not None:
             live[1] = weight
         self._num_sent += 1
-        self._send(
-            AddRequest(
-                request_id,
-                prompt_ids,
-                params,
-                cache_domain,
-                adapter,
-                cache,
-                prompt,
-                weight,
-                max_tokens,
-                key,
-            )
-        )
+        self._send(AddRequest(request, max_tokens))
         return stream
 
     def _within_share(self, key: str, n: int, weight: float | None) -> bool:

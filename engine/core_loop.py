@@ -17,13 +17,14 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from engine.errors import EngineError, RequestFailedError
 from engine.kv_cache.cache_rules import CacheRules
 from engine.llm_engine import LLMEngine
 from engine.outputs import StreamEvent
+from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 from engine.stats import EngineStats
 from engine.validation import validate_request
@@ -65,7 +66,7 @@ class EngineInfo:
             max_waiting=sched.max_waiting,
         )
 
-    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
+    def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> int:
         """Raises a typed error for a bad request; returns its resolved max_tokens.
 
         The same check as `LLMEngine.validate`, from these figures alone.
@@ -84,18 +85,10 @@ class EngineInfo:
 
 @dataclass(frozen=True)
 class AddRequest:
-    """Queue one validated request."""
+    """Queue one validated request (pickled as is to a child process)."""
 
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    cache_domain: str
-    adapter: str | None
-    use_cache: bool
-    prompt: str | None
-    weight: float | None
-    max_tokens: int  # what validation returned for these ids and params
-    fairness_key: str | None = None  # the tenant; None: the cache domain
+    request: EngineRequest
+    max_tokens: int  # what validation against the engine's limits returned
 
 
 @dataclass(frozen=True)
@@ -253,20 +246,9 @@ class EngineLoop:
                 continue
             self._num_added += 1
             try:
-                self.engine.add_request(
-                    item.prompt_token_ids,
-                    item.params,
-                    request_id=item.request_id,
-                    cache_domain=item.cache_domain,
-                    adapter=item.adapter,
-                    use_cache=item.use_cache,
-                    prompt=item.prompt,
-                    weight=item.weight,
-                    validated_max_tokens=item.max_tokens,
-                    fairness_key=item.fairness_key,
-                )
+                self.engine.add_request(item.request, validated_max_tokens=item.max_tokens)
             except EngineError as exc:
-                failures.append(RequestFailure(item.request_id, exc))
+                failures.append(RequestFailure(item.request.request_id, exc))
             else:
                 self._domains_changed = True
                 # Requests of a tenant over its share that made room for this one.

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import time
 import uuid
 from collections.abc import Sequence as Seq
-from typing import Any
+from typing import Any, overload
 
 import torch
 
@@ -20,6 +19,7 @@ from engine.kv_cache.manager import KVCacheManager
 from engine.model.fused import load_fused_ops, resolve_fused_ops
 from engine.model.loader import LoadedModel, load_model
 from engine.outputs import StreamEvent
+from engine.request import EngineRequest
 from engine.request_state import RequestState
 from engine.runner.memory import plan_engine_kv_capacity
 from engine.runner.model_runner import ModelRunner
@@ -174,9 +174,19 @@ class LLMEngine:
             max_waiting=cfg.max_waiting,
         )
 
+    @overload
     def add_request(
         self,
-        prompt_token_ids: Seq[int],
+        request: EngineRequest,
+        *,
+        arrival_time: float | None = None,
+        validated_max_tokens: int | None = None,
+    ) -> str: ...
+
+    @overload
+    def add_request(
+        self,
+        request: Seq[int],
         params: SamplingParams,
         *,
         request_id: str | None = None,
@@ -188,36 +198,65 @@ class LLMEngine:
         weight: float | None = None,
         validated_max_tokens: int | None = None,
         fairness_key: str | None = None,
-    ) -> str:
-        """Validates and queues a request; raises at once if it is bad or the queue is full.
+        priority: int = 0,
+    ) -> str: ...
 
-        `fairness_key` (the tenant; default: the cache domain) is whose share of the
-        scheduler the request uses; `weight` is that share. When the waiting queue is
-        full, a tenant under its share of the slots takes one back from the tenant most
-        over its share, whose newest requests are refused (see `take_refused`).
-        `validated_max_tokens` is for a caller that already ran `validate` on these
-        very ids and params (AsyncEngine, on its caller's thread): pass what it
-        returned and the checks are not repeated. The limits they read are fixed
-        for the engine's life, so the earlier answer still holds.
+    def add_request(
+        self,
+        request: EngineRequest | Seq[int],
+        params: SamplingParams | None = None,
+        *,
+        request_id: str | None = None,
+        cache_domain: str = "default",
+        adapter: str | None = None,
+        use_cache: bool = True,
+        prompt: str | None = None,
+        arrival_time: float | None = None,
+        weight: float | None = None,
+        validated_max_tokens: int | None = None,
+        fairness_key: str | None = None,
+        priority: int = 0,
+    ) -> str:
+        """Queues a request; raises at once if it is bad or the queue is full.
+
+        Takes an `EngineRequest`, or (a convenience for offline callers and tests) a
+        prompt's ids, its params and the request's fields as keywords, from which one
+        is built: its constructor is the one place the fields are checked. The
+        request's fairness key (the tenant) is whose share of the scheduler it uses,
+        its weight that share. When the waiting queue is full, a tenant under its
+        share of the slots takes one back from the tenant most over its share, whose
+        newest requests are refused (see `take_refused`).
+        `validated_max_tokens` is for a caller that already ran `validate` on this
+        very request (the fronts, on their caller's thread): pass what it returned
+        and the checks against the engine's limits are not repeated. The limits they
+        read are fixed for the engine's life, so the earlier answer still holds.
         """
+        if not isinstance(request, EngineRequest):
+            if params is None:
+                raise TypeError("add_request takes an EngineRequest, or prompt ids and params")
+            request = EngineRequest(
+                prompt_token_ids=tuple(request),
+                params=params,
+                request_id=request_id or uuid.uuid4().hex,
+                cache_domain=cache_domain,
+                fairness_key=fairness_key or "",
+                weight=weight,
+                adapter=adapter,
+                cache=use_cache,
+                priority=priority,
+                prompt=prompt,
+            )
+        params = request.params
         if validated_max_tokens is None:
-            max_tokens = self.validate(prompt_token_ids, params)
+            max_tokens = self.validate(request.prompt_token_ids, params)
         else:
             max_tokens = validated_max_tokens
-        request_id = request_id or uuid.uuid4().hex
+        request_id = request.request_id
         if request_id in self.requests:
             raise InvalidRequestError(
                 f"request id {request_id!r} is already live", param="request_id"
             )
-        if not isinstance(cache_domain, str) or not cache_domain:
-            raise InvalidRequestError(
-                "cache_domain must be a non-empty string", param="cache_domain"
-            )
-        key = fairness_key or cache_domain
-        if not isinstance(key, str):
-            raise InvalidRequestError("fairness_key must be a string", param="fairness_key")
-        if weight is not None and not (isinstance(weight, int | float) and 0 < weight < math.inf):
-            raise InvalidRequestError("weight must be a positive number", param="weight")
+        key, weight = request.fairness_key, request.weight
         room = self.scheduler.make_room(key, params.n, weight)
         if room is None:
             raise EngineOverloadedError(
@@ -228,7 +267,7 @@ class LLMEngine:
         if weight is not None:
             self.scheduler.set_weight(key, weight)
         now = arrival_time if arrival_time is not None else time.time()
-        prompt_ids = list(map(int, prompt_token_ids))
+        prompt_ids = list(map(int, request.prompt_token_ids))
         seqs = [
             Sequence(
                 seq_id=f"{request_id}#{i}",
@@ -237,16 +276,17 @@ class LLMEngine:
                 prompt_token_ids=prompt_ids,
                 params=params,
                 max_tokens=max_tokens,
-                cache_domain=cache_domain,
-                adapter=adapter,
-                use_cache=use_cache,
+                cache_domain=request.cache_domain,
+                adapter=request.adapter,
+                use_cache=request.cache,
                 arrival_time=now,
                 fairness_key=key,
+                priority=request.priority,
             )
             for i in range(params.n)
         ]
         self.requests[request_id] = RequestState(
-            request_id, prompt, prompt_ids, seqs, self.tokenizer, now
+            request_id, request.prompt, prompt_ids, seqs, self.tokenizer, now
         )
         for seq in seqs:
             self.scheduler.add(seq)

@@ -52,6 +52,9 @@ class Sequence:
     # domain, for callers with no tenants. Separate from the domain, so that a tenant
     # with per-key or per-user isolation still gets one share, not one per key.
     fairness_key: str = ""
+    # Order among the waiting sequences of one fairness key (lower first), under the
+    # fair policies; never an order across keys.
+    priority: int = 0
 
     def __post_init__(self) -> None:
         if not self.fairness_key:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from engine.kv_cache.cache_key import block_hash
-from engine.kv_cache.prefix_index import MatchResult, PrefixIndexError
+from engine.kv_cache.prefix_index import BlockKey, Chunk, MatchResult, PrefixIndexError
 
 
 class HashIndex:
@@ -32,8 +32,27 @@ class HashIndex:
     def __len__(self) -> int:
         return len(self._by_hash)
 
+    def block_key(self, root: bytes, parent: BlockKey | None, chunk: Chunk) -> bytes:
+        """The chained hash of one block: on its parent's hash, or on the root."""
+        if parent is None:
+            return block_hash(root, chunk)
+        assert isinstance(parent, bytes)
+        return block_hash(parent, chunk)
+
+    def _keyed(
+        self, root: bytes, parent: bytes | None, tokens: Sequence[int], n: int
+    ) -> tuple[list[Chunk], list[BlockKey]]:
+        bs = self.block_size
+        chunks = [tuple(tokens[i * bs : (i + 1) * bs]) for i in range(n)]
+        keys: list[BlockKey] = []
+        key: BlockKey | None = parent
+        for chunk in chunks:
+            key = self.block_key(root, key, chunk)
+            keys.append(key)
+        return chunks, keys
+
     def match(self, root: bytes, tokens: Sequence[int], max_blocks: int) -> MatchResult:
-        """Probes block by block until the first miss."""
+        """Hashes block by block, probing each, until the first miss."""
         bs = self.block_size
         found: list[int] = []
         parent = root
@@ -49,18 +68,47 @@ class HashIndex:
             parent = h
         return MatchResult(found, probes)
 
+    def match_keys(
+        self, root: bytes, chunks: Sequence[Chunk], keys: Sequence[BlockKey]
+    ) -> MatchResult:
+        """Probes block by block until the first miss; nothing is hashed."""
+        found: list[int] = []
+        probes = 0
+        by_hash, tokens_of = self._by_hash, self._tokens_of
+        for chunk, h in zip(chunks, keys, strict=True):
+            probes += 1
+            block_id = by_hash.get(h)  # type: ignore[arg-type]  # keys of this index are bytes
+            if block_id is None or tokens_of[block_id] != chunk:
+                break
+            found.append(block_id)
+        return MatchResult(found, probes)
+
     def insert(
         self, root: bytes, parent: int | None, tokens: Sequence[int], block_ids: Sequence[int]
     ) -> list[int]:
         """Registers each block under its chained hash, keeping any existing twin."""
-        bs = self.block_size
-        if len(tokens) != bs * len(block_ids):
+        if len(tokens) != self.block_size * len(block_ids):
             raise PrefixIndexError("insert takes full blocks only")
-        parent_hash = root if parent is None else self._hash_of[parent]
+        parent_hash = None if parent is None else self._hash_of[parent]
+        chunks, keys = self._keyed(root, parent_hash, tokens, len(block_ids))
+        return self.insert_keys(root, parent, chunks, keys, block_ids)
+
+    def insert_keys(
+        self,
+        root: bytes,
+        parent: int | None,
+        chunks: Sequence[Chunk],
+        keys: Sequence[BlockKey],
+        block_ids: Sequence[int],
+    ) -> list[int]:
+        """`insert` with the blocks' chained hashes already computed."""
+        if not len(chunks) == len(keys) == len(block_ids):
+            raise PrefixIndexError("insert takes one chunk and one key per block")
         canonical: list[int] = []
-        for i, block_id in enumerate(block_ids):
-            chunk = tuple(tokens[i * bs : (i + 1) * bs])
-            h = block_hash(parent_hash, chunk)
+        for chunk, h, block_id in zip(chunks, keys, block_ids, strict=True):
+            assert isinstance(h, bytes)
+            if len(chunk) != self.block_size:
+                raise PrefixIndexError("insert takes full blocks only")
             existing = self._by_hash.get(h)
             if existing is not None:
                 if self._tokens_of[existing] != chunk:
@@ -77,7 +125,6 @@ class HashIndex:
                     self._children[parent] += 1
                 canonical.append(block_id)
             parent = canonical[-1]
-            parent_hash = h
         return canonical
 
     def remove(self, block_id: int) -> None:

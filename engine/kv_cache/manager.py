@@ -29,7 +29,7 @@ from engine.kv_cache.cache_key import CacheKey, tokens_digest
 from engine.kv_cache.cache_rules import CacheRules
 from engine.kv_cache.counters import DomainCacheStats, DomainCounters
 from engine.kv_cache.eviction import PUBLIC, CachePolicy, EvictionLedger
-from engine.kv_cache.prefix_index import PrefixIndex, make_prefix_index
+from engine.kv_cache.prefix_index import BlockKey, Chunk, PrefixIndex, make_prefix_index
 from engine.sequence import Sequence
 
 
@@ -74,6 +74,11 @@ class _SeqCache:
     locked: dict[int, int] = field(default_factory=dict)  # segment -> deepest block
     stopped: bool = False  # strict quota reached: register nothing more
     pending: tuple[int, int] | None = None  # (query tokens, hit tokens) of the last lookup
+    # The sequence's full blocks so far, each cut and keyed once (`_extend_keys`): a
+    # waiting sequence looked up on every step, or re-admitted after a preemption,
+    # never hashes a block again. A block's tokens never change once it is full.
+    chunks: list[Chunk] = field(default_factory=list)
+    keys: list[BlockKey] = field(default_factory=list)
 
 
 class KVCacheManager:
@@ -101,6 +106,7 @@ class KVCacheManager:
         self.clock = clock
         self.ledger = EvictionLedger(pool.num_blocks, self.policy)
         self.lookup_work = 0  # probes or nodes visited by all lookups (for tests)
+        self.keyed_blocks = 0  # block keys (hashes) computed, all sequences (for tests)
         self.query_tokens = 0
         self.hit_tokens = 0
         self._meta: dict[int, _Meta] = {}
@@ -262,18 +268,33 @@ class KVCacheManager:
             self._idle_counters.pop(st.domain, None)
         return st
 
-    def _match(self, seq: Sequence, st: _SeqCache) -> list[int]:
+    def _extend_keys(self, seq: Sequence, st: _SeqCache, n: int) -> None:
+        """Cuts and keys the sequence's blocks up to its first `n`, each only once."""
         assert self.index is not None
         bs = self.block_size
+        i = len(st.keys)
+        while i < n:
+            seg = next(s for s in st.segments if s.end is None or i < s.end)
+            chunk = tuple(seq.token_ids(i * bs, (i + 1) * bs))
+            parent = None if i == seg.start else st.keys[i - 1]
+            st.chunks.append(chunk)
+            st.keys.append(self.index.block_key(seg.root, parent, chunk))
+            self.keyed_blocks += 1
+            i += 1
+
+    def _match(self, seq: Sequence, st: _SeqCache) -> list[int]:
+        assert self.index is not None
         # Never the last token: at least one must be computed to get logits.
-        max_blocks = (seq.num_tokens - 1) // bs
-        tokens = seq.token_ids(0, max_blocks * bs)
+        max_blocks = (seq.num_tokens - 1) // self.block_size
+        self._extend_keys(seq, st, max_blocks)
         found: list[int] = []
         for seg in st.segments:
             end = max_blocks if seg.end is None else min(seg.end, max_blocks)
             if len(found) < seg.start or end <= seg.start:
                 break
-            result = self.index.match(seg.root, tokens[seg.start * bs : end * bs], end - seg.start)
+            result = self.index.match_keys(
+                seg.root, st.chunks[seg.start : end], st.keys[seg.start : end]
+            )
             self.lookup_work += result.work
             found.extend(result.block_ids)
             if len(result.block_ids) < end - seg.start:
@@ -291,11 +312,15 @@ class KVCacheManager:
         return found, len(found) * self.block_size
 
     def match_length(self, seq: Sequence) -> int:
-        """Tokens of `seq` the cache would serve now; no side effects (for queue ordering)."""
+        """Tokens of `seq` the cache would serve now (for queue ordering).
+
+        Changes nothing in the cache or its counters; it keeps the sequence's block
+        keys, so that the next lookup of the same waiting sequence computes none.
+        """
         if self.index is None or not seq.use_cache:
             return 0
         work = self.lookup_work
-        n = len(self._match(seq, self._seqs.get(seq.seq_id) or self._plan(seq)))
+        n = len(self._match(seq, self._state(seq)))
         self.lookup_work = work
         return n * self.block_size
 
@@ -447,9 +472,10 @@ class KVCacheManager:
         if self.index is None or not seq.use_cache or not seq.block_ids:
             return
         st = self._state(seq)
-        bs = self.block_size
-        full = min(seq.num_computed_tokens // bs, len(seq.block_ids))
+        full = min(seq.num_computed_tokens // self.block_size, len(seq.block_ids))
         i = st.registered
+        if i < full and not st.stopped:
+            self._extend_keys(seq, st, full)
         swapped = False
         while i < full and not st.stopped:
             seg_i, seg = next(
@@ -460,8 +486,8 @@ class KVCacheManager:
                 break
             block = seq.block_ids[i]
             parent = None if i == seg.start else seq.block_ids[i - 1]
-            (canon,) = self.index.insert(
-                seg.root, parent, seq.token_ids(i * bs, (i + 1) * bs), [block]
+            (canon,) = self.index.insert_keys(
+                seg.root, parent, st.chunks[i : i + 1], st.keys[i : i + 1], [block]
             )
             if canon != block:
                 self._acquire([canon])
@@ -512,16 +538,27 @@ class KVCacheManager:
                 self.pool.incref([block])
                 self._pinned.add(block)
 
-    def free(self, seq: Sequence) -> None:
-        """Releases the sequence's blocks; cached ones stay (idle) until evicted."""
+    def free(self, seq: Sequence, *, keep_keys: bool = False) -> None:
+        """Releases the sequence's blocks; cached ones stay (idle) until evicted.
+
+        `keep_keys` (a preempted sequence, which will be looked up again) keeps its
+        plan and block keys, and nothing else.
+        """
         st = self._seqs.pop(seq.seq_id, None)
+        kept = False
         if st is not None and self.index is not None:
             for b in st.locked.values():
                 self.index.unlock(b)
+            if keep_keys:
+                # Still live (it waits to run again): its domain keeps counting it.
+                self._seqs[seq.seq_id] = _SeqCache(
+                    st.domain, st.segments, chunks=st.chunks, keys=st.keys
+                )
+                kept = True
         if seq.block_ids:
             self._release(seq.block_ids, seq.cache_domain)
             seq.block_ids = []
-        if st is not None:
+        if st is not None and not kept:
             self._seq_ended(st.domain)
 
     # -- bounded per-domain maps --------------------------------------------------------

@@ -12,6 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
+Chunk = tuple[int, ...]  # the tokens of one full block
+# What an index looks a block up by, given its chain so far: a chained hash (hash
+# index) or the block's own tokens (radix). Computed once per block of a sequence
+# (`block_key`) and kept by the caller, so repeated lookups of a waiting sequence
+# never redo it.
+BlockKey = bytes | Chunk
+
 
 class MatchResult(NamedTuple):
     """The cached blocks of the longest block-aligned prefix, and the lookup's work."""
@@ -32,6 +39,9 @@ class PrefixIndex(Protocol):
     - `remove` drops a block that has no registered children.
     - `lock`/`unlock` mark the path ending at a block as in use (a no-op where the
       reference counts of the pool already suffice).
+    - `block_key` is pure; `match_keys` / `insert_keys` are `match` / `insert` over
+      chunks and keys the caller made with it (the key of a chain's first block has
+      parent None), so that a caller that keeps them never computes one twice.
     """
 
     name: str
@@ -45,6 +55,27 @@ class PrefixIndex(Protocol):
         self, root: bytes, parent: int | None, tokens: Sequence[int], block_ids: Sequence[int]
     ) -> list[int]:
         """Registers `block_ids` (full blocks of `tokens`) after `parent`; canonical ids back."""
+        ...
+
+    def block_key(self, root: bytes, parent: BlockKey | None, chunk: Chunk) -> BlockKey:
+        """The key of the block holding `chunk` after the block keyed `parent` (None: first)."""
+        ...
+
+    def match_keys(
+        self, root: bytes, chunks: Sequence[Chunk], keys: Sequence[BlockKey]
+    ) -> MatchResult:
+        """`match` over whole blocks given with their keys (one block per chunk)."""
+        ...
+
+    def insert_keys(
+        self,
+        root: bytes,
+        parent: int | None,
+        chunks: Sequence[Chunk],
+        keys: Sequence[BlockKey],
+        block_ids: Sequence[int],
+    ) -> list[int]:
+        """`insert` over whole blocks given with their keys."""
         ...
 
     def remove(self, block_id: int) -> None:

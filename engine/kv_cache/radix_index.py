@@ -16,9 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from engine.kv_cache.prefix_index import MatchResult, PrefixIndexError
-
-Chunk = tuple[int, ...]
+from engine.kv_cache.prefix_index import BlockKey, Chunk, MatchResult, PrefixIndexError
 
 
 @dataclass(eq=False)
@@ -48,15 +46,30 @@ class RadixIndex:
         bs = self.block_size
         return [tuple(tokens[i * bs : (i + 1) * bs]) for i in range(n)]
 
+    def block_key(self, root: bytes, parent: BlockKey | None, chunk: Chunk) -> Chunk:
+        """A block's own tokens: the tree is keyed by them, under the root's tree."""
+        return chunk
+
     def match(self, root: bytes, tokens: Sequence[int], max_blocks: int) -> MatchResult:
         """Walks down the root's tree while whole blocks agree."""
         n = min(max_blocks, len(tokens) // self.block_size)
+        if n == 0:
+            return MatchResult([], 1)
+        return self._walk(root, self._chunks(tokens, n))
+
+    def match_keys(
+        self, root: bytes, chunks: Sequence[Chunk], keys: Sequence[BlockKey]
+    ) -> MatchResult:
+        """`match` over chunks already cut (the keys are the chunks themselves)."""
+        return self._walk(root, chunks)
+
+    def _walk(self, root: bytes, chunks: Sequence[Chunk]) -> MatchResult:
+        n = len(chunks)
         node = self._trees.get(root)
         visited = 1
         found: list[int] = []
         if node is None or n == 0:
             return MatchResult(found, visited)
-        chunks = self._chunks(tokens, n)
         while len(found) < n:
             child = node.children.get(chunks[len(found)])
             if child is None:
@@ -79,17 +92,30 @@ class RadixIndex:
         """Follows existing edges where blocks agree, then hangs the rest as one new node."""
         if len(tokens) != self.block_size * len(block_ids):
             raise PrefixIndexError("insert takes full blocks only")
+        chunks = self._chunks(tokens, len(block_ids))
+        return self.insert_keys(root, parent, chunks, chunks, block_ids)
+
+    def insert_keys(
+        self,
+        root: bytes,
+        parent: int | None,
+        chunks: Sequence[Chunk],
+        keys: Sequence[BlockKey],
+        block_ids: Sequence[int],
+    ) -> list[int]:
+        """`insert` over chunks already cut (the keys are the chunks themselves)."""
+        if len(chunks) != len(block_ids) or any(len(c) != self.block_size for c in chunks):
+            raise PrefixIndexError("insert takes full blocks only")
         if parent is None:
             node = self._trees.setdefault(root, _Node([], [], None))
         else:
             node = self._end_node_at(parent)
-        chunks = self._chunks(tokens, len(block_ids))
         canonical: list[int] = []
         i = 0
         while i < len(chunks):
             child = node.children.get(chunks[i])
             if child is None:
-                new = _Node(chunks[i:], list(block_ids[i:]), node)
+                new = _Node(list(chunks[i:]), list(block_ids[i:]), node)
                 node.children[chunks[i]] = new
                 for b in new.blocks:
                     self._node_of[b] = new

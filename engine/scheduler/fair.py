@@ -11,9 +11,11 @@ stays bounded (the paper's Theorem 4.4), whereas FCFS lets it grow with time.
 
 Within one key's own queue the order is FCFS, or, given the KV cache manager,
 longest prefix match (`fair_lpm`): the key's sequence with the most cached tokens
-goes first. The choice of key never looks at the cache, and the counters charge
-whole prompts whatever was cached, so the order across tenants cannot depend on
-what another tenant has cached (the PromptPeek channel, NDSS 2025).
+goes first. A request's priority (lower first) comes before both, among the key's
+first `MAX_CANDIDATES` waiting sequences; it only picks among one key's sequences,
+never which key goes next. The choice of key never looks at the cache, and the
+counters charge whole prompts whatever was cached, so the order across tenants
+cannot depend on what another tenant has cached (the PromptPeek channel, NDSS 2025).
 
 A key with nothing waiting or running is forgotten (`forget`), so the maps hold
 only the keys with work in the engine.
@@ -107,14 +109,15 @@ class FairQueue:
         return self._within(self._queues[best[2]])
 
     def _within(self, queue: deque[tuple[int, Sequence]]) -> Sequence:
-        """FCFS head, or among the first candidates the longest cached prefix (ties: oldest)."""
-        if self.kv is None:
-            return queue[0][1]
-        chosen, chosen_len = queue[0][1], -1
+        """Among the key's first candidates: the lowest priority, then (`fair_lpm`) the
+        longest cached prefix, then the oldest. With equal priorities that is the FCFS
+        head, or the longest match."""
+        chosen, best = queue[0][1], None
         for _, seq in itertools.islice(queue, MAX_CANDIDATES):
-            n = self.kv.match_length(seq) if seq.use_cache else 0
-            if n > chosen_len:
-                chosen, chosen_len = seq, n
+            n = self.kv.match_length(seq) if self.kv is not None and seq.use_cache else 0
+            rank = (seq.priority, -n)
+            if best is None or rank < best:
+                chosen, best = seq, rank
         return chosen
 
     def pop(self, seq: Sequence) -> None:

@@ -140,8 +140,9 @@ class Scheduler:
         return min(left, budget)
 
     def _preempt(self, seq: Sequence) -> None:
-        """Frees a running sequence's blocks; it will be recomputed from scratch."""
-        self.kv.free(seq)
+        """Frees a running sequence's blocks; it will be recomputed from scratch (its block
+        keys are kept: its tokens are the same)."""
+        self.kv.free(seq, keep_keys=True)
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         seq.status = SequenceStatus.WAITING

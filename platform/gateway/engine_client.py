@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from engine.kv_cache.cache_rules import CacheRules
 from engine.outputs import StreamEvent
-from engine.sampling_params import SamplingParams
+from engine.request import EngineRequest
 
 
 class TokenizerLike(Protocol):
@@ -63,23 +63,14 @@ class EngineClient(Protocol):
         """The tokenizer of the served model."""
         ...
 
-    def submit(
-        self,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        *,
-        request_id: str,
-        cache_domain: str,
-        adapter: str | None = None,
-        cache: bool = True,
-        weight: float | None = None,
-        fairness_key: str | None = None,
-    ) -> AsyncIterator[StreamEvent]:
+    def submit(self, request: EngineRequest) -> AsyncIterator[StreamEvent]:
         """Queues one request; raises at once when it cannot be queued.
 
-        `cache=False` neither reads nor writes the prefix cache. `fairness_key` (the
-        tenant) and its `weight` are whose share of the engine's scheduler and waiting
-        slots the request uses; the cache domain is separate.
+        The request was validated when it was built (`EngineRequest`); the engine
+        checks it once more against its own limits only. `cache=False` neither reads
+        nor writes the prefix cache. Its `fairness_key` (the tenant) and `weight` are
+        whose share of the engine's scheduler and waiting slots it uses; the cache
+        domain is separate.
         """
         ...
 
@@ -131,29 +122,9 @@ class InProcessEngineClient:
         tokenizer: TokenizerLike = self._engine.tokenizer
         return tokenizer
 
-    def submit(
-        self,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        *,
-        request_id: str,
-        cache_domain: str,
-        adapter: str | None = None,
-        cache: bool = True,
-        weight: float | None = None,
-        fairness_key: str | None = None,
-    ) -> AsyncIterator[StreamEvent]:
-        """Forwards to `AsyncEngine.submit`; its stream is already an async iterator."""
-        stream: AsyncIterator[StreamEvent] = self._engine.submit(
-            prompt_token_ids,
-            params,
-            request_id=request_id,
-            cache_domain=cache_domain,
-            adapter=adapter,
-            cache=cache,
-            weight=weight,
-            fairness_key=fairness_key,
-        )
+    def submit(self, request: EngineRequest) -> AsyncIterator[StreamEvent]:
+        """Forwards to the front's `submit`; its stream is already an async iterator."""
+        stream: AsyncIterator[StreamEvent] = self._engine.submit(request)
         return stream
 
     async def abort(self, request_id: str) -> None:

@@ -16,6 +16,7 @@ from fastapi import Response
 from starlette.requests import Request
 
 from engine.outputs import PositionLogprobs, StreamEvent
+from engine.request import EngineRequest
 from gateway.errors import GatewayError, status_of
 from gateway.lifecycle import RequestLifecycle
 from gateway.params import build_sampling_params, check_request_fits, resolve_max_tokens
@@ -85,16 +86,23 @@ async def admit_and_submit(
         reserve_tokens=max_tokens * body.n * len(prompts),
     )
     domain = derive_cache_domain(principal, body.user)
-    # Fairness belongs to the tenant: its keys and users share one share of the engine.
-    streams = life.submit(
-        prompts,
-        params,
-        cache_domain=domain,
-        weight=principal.weight,
-        fairness_key=f"t:{principal.tenant_id}",
-        # A never-cache tenant's policy wins over whatever the request asks.
-        cache=body.cache and not principal.never_cache,
-    )
+    # The one place the gateway builds engine requests; each is checked as it is built,
+    # all before any is queued. Fairness belongs to the tenant: its keys and users
+    # share one share of the engine.
+    requests = [
+        EngineRequest(
+            prompt_token_ids=tuple(prompt),
+            params=params,
+            request_id=life.engine_request_id(i, len(prompts)),
+            cache_domain=domain,
+            fairness_key=f"t:{principal.tenant_id}",
+            weight=principal.weight,
+            # A never-cache tenant's policy wins over whatever the request asks.
+            cache=body.cache and not principal.never_cache,
+        )
+        for i, prompt in enumerate(prompts)
+    ]
+    streams = life.submit(requests)
     return Submitted(streams=streams, headers=headers, n=body.n)
 
 

@@ -20,7 +20,7 @@ import anyio
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from engine.outputs import StreamEvent
-from engine.sampling_params import SamplingParams
+from engine.request import EngineRequest
 from gateway.engine_client import EngineClient
 from gateway.errors import status_of
 from gateway.model_access import AccessSnapshot
@@ -139,36 +139,22 @@ class RequestLifecycle:
         self._admission = admission
         return rate_limit_headers(admission.requests, admission.tokens)
 
-    def submit(
-        self,
-        prompts: list[list[int]],
-        params: SamplingParams,
-        *,
-        cache_domain: str,
-        weight: float | None = None,
-        cache: bool = True,
-        fairness_key: str | None = None,
-    ) -> list[AsyncIterator[StreamEvent]]:
-        """Queues one engine request per prompt; on a refusal, aborts the ones already queued."""
+    def engine_request_id(self, index: int, count: int) -> str:
+        """The engine's id for prompt `index` of `count`: the request's id, suffixed if many."""
+        return self.request_id if count == 1 else f"{self.request_id}-{index}"
+
+    def submit(self, requests: list[EngineRequest]) -> list[AsyncIterator[StreamEvent]]:
+        """Queues each engine request; on a refusal, aborts the ones already queued."""
         streams: list[AsyncIterator[StreamEvent]] = []
-        self.span.set_attribute("gen_ai.request.max_tokens", params.max_tokens or 0)
-        for i, prompt in enumerate(prompts):
-            engine_id = self.request_id if len(prompts) == 1 else f"{self.request_id}-{i}"
+        if requests:
+            max_tokens = requests[0].params.max_tokens
+            self.span.set_attribute("gen_ai.request.max_tokens", max_tokens or 0)
+        for request in requests:
             # Raises InvalidRequestError / EngineOverloadedError with nothing queued for it;
             # `close` aborts the earlier prompts' requests.
-            streams.append(
-                self.engine.submit(
-                    prompt,
-                    params,
-                    request_id=engine_id,
-                    cache_domain=cache_domain,
-                    cache=cache,
-                    weight=weight,
-                    fairness_key=fairness_key,
-                )
-            )
-            self._engine_ids.append(engine_id)
-            self._prompt_lens[engine_id] = len(prompt)
+            streams.append(self.engine.submit(request))
+            self._engine_ids.append(request.request_id)
+            self._prompt_lens[request.request_id] = len(request.prompt_token_ids)
         return streams
 
     async def events(

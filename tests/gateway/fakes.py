@@ -18,6 +18,7 @@ from engine.outputs import (
     StreamEvent,
     TokenLogprob,
 )
+from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 
 EOS = 256
@@ -89,27 +90,18 @@ class FakeEngine:
     async def shutdown(self) -> None:
         """Nothing to stop."""
 
-    def submit(
-        self,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        *,
-        request_id: str,
-        cache_domain: str,
-        adapter: str | None = None,
-        cache: bool = True,
-        weight: float | None = None,
-        fairness_key: str | None = None,
-    ) -> AsyncIterator[StreamEvent]:
+    def submit(self, request: EngineRequest) -> AsyncIterator[StreamEvent]:
         """Validates like the engine, then returns the stream."""
-        if len(prompt_token_ids) + (params.max_tokens or 1) > self.max_model_len:
+        params = request.params
+        prompt = request.prompt_token_ids
+        if len(prompt) + (params.max_tokens or 1) > self.max_model_len:
             raise ContextLengthExceededError("too long", param="prompt")
         if len(self.running) >= self.max_waiting:
             raise EngineOverloadedError("full", retry_after_s=2.0)
-        self.running.add(request_id)
-        self.domains.append(cache_domain)
-        cached = self._lookup(cache_domain, tuple(prompt_token_ids))
-        return self._run(request_id, list(prompt_token_ids), params, cached)
+        self.running.add(request.request_id)
+        self.domains.append(request.cache_domain)
+        cached = self._lookup(request.cache_domain, prompt)
+        return self._run(request.request_id, list(prompt), params, cached)
 
     def _lookup(self, domain: str, prompt: tuple[int, ...]) -> int:
         best = 0

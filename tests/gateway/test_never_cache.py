@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from engine.outputs import StreamEvent
-from engine.sampling_params import SamplingParams
+from engine.request import EngineRequest
 from tenancy import store
 from tenancy.limiter.memory import MemoryLimiter
 from tests.gateway.conftest import LiveGateway, start_gateway
@@ -29,17 +29,15 @@ class RecordingEngine(FakeEngine):
         super().__init__()
         self.cache_flags: list[tuple[str, bool]] = []
 
-    def submit(
-        self, prompt_token_ids: list[int], params: SamplingParams, **kw: Any
-    ) -> AsyncIterator[StreamEvent]:
+    def submit(self, request: EngineRequest) -> AsyncIterator[StreamEvent]:
         """Records (domain, cache); a cache=False request neither reads nor writes."""
-        self.cache_flags.append((kw["cache_domain"], kw.get("cache", True)))
-        if kw.get("cache", True):
-            return super().submit(prompt_token_ids, params, **kw)
+        self.cache_flags.append((request.cache_domain, request.cache))
+        if request.cache:
+            return super().submit(request)
         seen = self._seen
         self._seen = {}  # nothing read, and what it would write is dropped below
         try:
-            return super().submit(prompt_token_ids, params, **kw)
+            return super().submit(request)
         finally:
             self._seen = seen
 

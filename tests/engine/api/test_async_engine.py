@@ -9,6 +9,7 @@ import pytest
 
 from engine import AsyncEngine, SamplingParams
 from engine.errors import EngineOverloadedError, InvalidRequestError
+from tests.utils.engine_requests import make_request
 
 
 def run(coro):  # noqa: ANN001, ANN201
@@ -29,7 +30,7 @@ def test_streams_match_offline_and_interleave(tiny_engine: AsyncEngine) -> None:
         prompts = [
             tiny_engine.tokenizer.encode(p) for p in ("alpha beta", "gamma", "delta epsilon zeta")
         ]
-        streams = [tiny_engine.submit(p, params, cache_domain="d") for p in prompts]
+        streams = [tiny_engine.submit(make_request(p, params, cache_domain="d")) for p in prompts]
 
         async def collect(stream):  # noqa: ANN001, ANN202
             tokens: list[int] = []
@@ -54,7 +55,7 @@ def test_abort_mid_stream_frees_blocks(tiny_engine: AsyncEngine) -> None:
 
     async def main() -> str | None:
         await tiny_engine.start()
-        stream = tiny_engine.submit([3] * 30, params, request_id="to-abort")
+        stream = tiny_engine.submit(make_request([3] * 30, params, request_id="to-abort"))
         reason = None
         async for event in stream:
             if event.deltas and event.deltas[0].token_ids and reason is None:
@@ -73,7 +74,7 @@ def test_bad_request_raises_at_submit(tiny_engine: AsyncEngine) -> None:
     async def main() -> None:
         await tiny_engine.start()
         with pytest.raises(InvalidRequestError):
-            tiny_engine.submit([], SamplingParams())
+            tiny_engine.submit(make_request([], SamplingParams()))
 
     run(main())
 
@@ -88,7 +89,7 @@ def test_overload_raises_at_submit(tiny_model: pathlib.Path) -> None:
         refused = 0
         for _ in range(6):
             try:
-                accepted.append(engine.submit([1, 2, 3], params))
+                accepted.append(engine.submit(make_request([1, 2, 3], params)))
             except EngineOverloadedError:
                 refused += 1
         for stream in accepted:

@@ -20,6 +20,7 @@ from engine.errors import EngineDeadError
 from engine.kv_cache.cache_rules import CacheRules, DomainRule
 from engine.llm_engine import LLMEngine
 from engine.process_engine import ProcessEngine
+from tests.utils.engine_requests import make_request
 
 GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
 SYSTEM = tuple(range(40, 72))  # two whole blocks of 16
@@ -43,7 +44,7 @@ async def _cached(front: EngineFront, tail: list[int], domain: str) -> tuple[int
     """(cached tokens reported, tokens generated) for SYSTEM + tail in `domain`."""
     cached = -1
     tokens: list[int] = []
-    async for event in front.submit([*SYSTEM, *tail], GREEDY, cache_domain=domain):
+    async for event in front.submit(make_request([*SYSTEM, *tail], GREEDY, cache_domain=domain)):
         cached = event.num_cached_tokens
         tokens.extend(t for d in event.deltas for t in d.token_ids)
     return cached, tokens

@@ -20,6 +20,7 @@ from engine.core_loop import StepReport
 from engine.llm_engine import LLMEngine
 from engine.process_engine import ProcessEngine
 from engine.stats import EngineStats
+from tests.utils.engine_requests import make_request
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 # Three whole blocks of 16: the second lookup of this prompt in its domain hits.
@@ -46,8 +47,8 @@ async def _drain(stream: RequestStream) -> int:
 
 async def _a_and_b(front: EngineFront) -> list[int]:
     """PROMPT_A in domain t:a and PROMPT_B in t:b at once; the tokens each produced."""
-    a = front.submit(PROMPT_A, GREEDY, cache_domain="t:a")
-    b = front.submit(PROMPT_B, GREEDY, cache_domain="t:b")
+    a = front.submit(make_request(PROMPT_A, GREEDY, cache_domain="t:a"))
+    b = front.submit(make_request(PROMPT_B, GREEDY, cache_domain="t:b"))
     return list(await asyncio.gather(_drain(a), _drain(b)))
 
 
@@ -78,7 +79,7 @@ def test_domains_only_in_first_and_idle_reports(
 
     async def bursts() -> None:
         assert await _a_and_b(tiny_engine) == [8, 8]
-        again = tiny_engine.submit(PROMPT_A, GREEDY, cache_domain="t:a")
+        again = tiny_engine.submit(make_request(PROMPT_A, GREEDY, cache_domain="t:a"))
         assert await _drain(again) == 8
 
     _serve(tiny_engine, bursts)

@@ -25,6 +25,7 @@ from engine.llm_engine import LLMEngine
 from engine.process_engine import ProcessEngine
 from engine.request_state import RequestState
 from engine.scheduler.output import SchedulerOutput
+from tests.utils.engine_requests import make_request
 from tests.utils.faulty_engine import POISON_SEED, SECRET
 from tests.utils.faulty_engine import faulty_engine as make_faulty_engine
 
@@ -162,8 +163,11 @@ async def _serve_mixed(front: Any, expected: list[list[list[int]]], temperature:
 
     await front.start()
     try:
-        good = [front.submit(p, sp, cache_domain=f"t{i}") for i, (p, sp) in enumerate(GOOD)]
-        bad = front.submit([7, 8, 9], poison(temperature), cache_domain="evil")
+        good = [
+            front.submit(make_request(p, sp, cache_domain=f"t{i}"))
+            for i, (p, sp) in enumerate(GOOD)
+        ]
+        bad = front.submit(make_request([7, 8, 9], poison(temperature), cache_domain="evil"))
         results = await asyncio.gather(
             *(collect(s) for s in good), collect(bad), return_exceptions=True
         )
@@ -173,7 +177,7 @@ async def _serve_mixed(front: Any, expected: list[list[list[int]]], temperature:
         assert str(error) == RequestFailedError.MESSAGE
         assert SECRET not in repr(error)
         # The engine goes on serving.
-        assert await collect(front.submit(*GOOD[0], cache_domain="t0")) == expected[0]
+        assert await collect(front.submit(make_request(*GOOD[0], cache_domain="t0"))) == expected[0]
         assert front.stats().num_running == 0
         assert front.stats().kv_cache_usage == 0.0
     finally:
@@ -215,7 +219,7 @@ def test_an_unreadable_report_ends_the_process_engine_instead_of_hanging(
         await engine.start()
         try:
             engine._decoder.feed = unreadable  # type: ignore[method-assign]
-            stream = engine.submit([1, 2, 3], GREEDY)
+            stream = engine.submit(make_request([1, 2, 3], GREEDY))
             with pytest.raises(EngineDeadError):
                 await asyncio.wait_for(stream.__anext__(), timeout=60)
             assert not engine.alive

@@ -23,6 +23,7 @@ from engine.errors import (
 from engine.llm import LLM
 from engine.llm_engine import LLMEngine
 from engine.process_engine import EngineStartError, ProcessEngine
+from tests.utils.engine_requests import make_request
 
 
 def _tiny_factory(folder: pathlib.Path, **options: object) -> functools.partial[LLMEngine]:
@@ -52,22 +53,24 @@ def test_streams_validation_abort_and_overload(tiny_model: pathlib.Path) -> None
         try:
             # Refused in this process, before anything is sent.
             with pytest.raises(InvalidRequestError):
-                engine.submit([1, engine.vocab_size], greedy)
+                engine.submit(make_request([1, engine.vocab_size], greedy))
             with pytest.raises(InvalidRequestError):
-                engine.submit([1] * (engine.max_model_len + 1), greedy)
+                engine.submit(make_request([1] * (engine.max_model_len + 1), greedy))
 
-            streams = [engine.submit(p, greedy, cache_domain="d") for p in prompts]
+            streams = [engine.submit(make_request(p, greedy, cache_domain="d")) for p in prompts]
             got = await asyncio.gather(*(collect(s) for s in streams))
             assert got == expected
 
             # Events cross without their prompt; each stream puts its own back.
-            stream = engine.submit(prompts[2], greedy, cache_domain="d")
+            stream = engine.submit(make_request(prompts[2], greedy, cache_domain="d"))
             events = [ev async for ev in stream]
             assert all(ev.prompt_token_ids == tuple(prompts[2]) for ev in events)
 
             # Abort mid-stream: the stream ends with "abort" and the blocks are free.
             long = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
-            stream = engine.submit(prompts[0], long, request_id="long", cache_domain="d")
+            stream = engine.submit(
+                make_request(prompts[0], long, request_id="long", cache_domain="d")
+            )
             first = await stream.__anext__()
             assert not first.finished
             await engine.abort("long")
@@ -79,12 +82,14 @@ def test_streams_validation_abort_and_overload(tiny_model: pathlib.Path) -> None
             await engine.abort("never-seen")  # a no-op
 
             # The waiting queue is bounded on this side: the 4th queued request is refused.
-            burst = [engine.submit(p, long, cache_domain="d") for p in prompts]
+            burst = [engine.submit(make_request(p, long, cache_domain="d")) for p in prompts]
             with pytest.raises(EngineOverloadedError):
-                engine.submit(prompts[0], long, cache_domain="d")
+                engine.submit(make_request(prompts[0], long, cache_domain="d"))
             # ... but only for the tenant that filled it: another one, under its share of
             # the slots, is sent on (the engine takes a slot back from "d" if it must).
-            other = engine.submit(prompts[1], greedy, cache_domain="e/k1", fairness_key="e")
+            other = engine.submit(
+                make_request(prompts[1], greedy, cache_domain="e/k1", fairness_key="e")
+            )
             assert await collect(other) == expected[1]
             for s in burst:
                 await engine.abort(s.request_id)
@@ -93,7 +98,7 @@ def test_streams_validation_abort_and_overload(tiny_model: pathlib.Path) -> None
             await engine.shutdown()
         assert not engine._process.is_alive()
         with pytest.raises(EngineDeadError):
-            engine.submit(prompts[0], greedy)
+            engine.submit(make_request(prompts[0], greedy))
 
     asyncio.run(main())
 
@@ -107,7 +112,7 @@ def test_a_killed_engine_process_fails_live_requests_not_the_caller(
     async def main() -> None:
         await engine.start()
         try:
-            stream = engine.submit([1, 2, 3], params)
+            stream = engine.submit(make_request([1, 2, 3], params))
             await stream.__anext__()
             assert engine.pid is not None
             os.kill(engine.pid, signal.SIGKILL)
@@ -115,7 +120,7 @@ def test_a_killed_engine_process_fails_live_requests_not_the_caller(
                 async for _ in stream:
                     pass
             with pytest.raises(EngineDeadError):
-                engine.submit([1, 2, 3], params)
+                engine.submit(make_request([1, 2, 3], params))
         finally:
             await engine.shutdown()
 

@@ -13,6 +13,7 @@ import engine.llm_engine as llm_engine_module
 from engine import AsyncEngine, SamplingParams
 from engine.errors import InvalidRequestError
 from engine.llm_engine import LLMEngine, build_config
+from tests.utils.engine_requests import make_request
 
 
 @pytest.fixture
@@ -40,9 +41,11 @@ def test_async_engine_validates_once_on_the_callers_side(
         await engine.start()
         try:
             with pytest.raises(InvalidRequestError):
-                engine.submit([1, 10**9], params)  # still refused at once, before queueing
+                engine.submit(
+                    make_request([1, 10**9], params)
+                )  # still refused at once, before queueing
             prompt = [3, 4, 5]
-            stream = engine.submit(prompt, params)
+            stream = engine.submit(make_request(prompt, params))
             prompt.append(10**9)  # the caller's list changing later changes nothing
             return [t async for ev in stream for d in ev.deltas for t in d.token_ids]
         finally:

@@ -183,13 +183,21 @@ def test_waiting_shares_follow_weights() -> None:
 
 def test_the_loop_reports_a_request_refused_to_make_room() -> None:
     from engine.core_loop import STOP, AddRequest, EngineLoop, StepReport
+    from engine.request import EngineRequest
 
     engine = fast_fake_llm_engine(max_waiting=2, max_model_len=64, num_blocks=64)
     reports: list[StepReport] = []
     loop = EngineLoop(engine, reports.append)
     params = SamplingParams(max_tokens=2)
     for rid, key in (("a0", "a"), ("a1", "a"), ("b0", "b")):
-        loop.put(AddRequest(rid, [1, 2, 3], params, f"{key}/k", None, True, None, None, 2, key))
+        request = EngineRequest(
+            prompt_token_ids=(1, 2, 3),
+            params=params,
+            request_id=rid,
+            cache_domain=f"{key}/k",
+            fairness_key=key,
+        )
+        loop.put(AddRequest(request, 2))
     loop.put(STOP)
     loop.run()
     failures = [f for r in reports for f in r.failures]
