@@ -49,6 +49,7 @@ from engine.sampling_params import SamplingParams  # noqa: E402
 
 CONFIGS = ("shared", "isolated", "published")
 GOAL_RATIO = 1.05
+WARM_UP_TOKENS = 256
 
 # Word pools for realistic-looking, seeded text (no fetched corpus).
 _COMPANIES = ["Northwind Outfitters", "Bluebird Telecom", "Harbor Mutual", "Kestrel Air"]
@@ -323,7 +324,7 @@ def run_config(
     """Serves the whole workload once on a fresh engine; returns what each request saw."""
     published = (workload.system_ids,) if config == "published" else ()
     engine = LLMEngine(build_config(None, published_prefixes=published, **options), loaded)
-    warm_up(engine, min(256, len(workload.system_ids)), max_tokens)
+    warm_up(engine, WARM_UP_TOKENS, max_tokens)
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     turns = workload.turns
     pending = list(turns)  # in arrival order
@@ -439,12 +440,20 @@ def summarize(config: str, runs: list[RunResult], workload: Workload, block_size
 
 
 def kv_blocks_needed(workload: Workload, block_size: int, max_tokens: int) -> int:
-    """A pool no run can evict from: every distinct cached block plus live sequences'."""
-    distinct = sum(
-        len(t.prompt_ids) // block_size for t in workload.turns
-    )  # isolated caches the most; this sum bounds it (no sharing counted)
-    live = max(len(t.prompt_ids) for t in workload.turns) + max_tokens
-    return distinct + 4 * (live // block_size + 1) + 64
+    """A pool no run evicts from: every block any run can fill, counted as isolation does.
+
+    Isolation caches the most (each tenant its own system prompt): its distinct prompt
+    blocks, plus per request the blocks its answer can fill, plus the warm-up's.
+    """
+    bs = block_size
+    distinct: set[tuple[int, int]] = set()
+    for t in workload.turns:
+        chain = 0
+        for k in range(len(t.prompt_ids) // bs):
+            chain = hash((chain, t.prompt_ids[k * bs : (k + 1) * bs]))
+            distinct.add((t.tenant, chain))
+    answers = len(workload.turns) * (max_tokens // bs + 2)
+    return len(distinct) + answers + WARM_UP_TOKENS // bs + 2 + 16
 
 
 def _seq(record: Record) -> int:
@@ -462,25 +471,26 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--model", default=None, help="GGUF file or HF folder (default: SmolLM2)")
     ap.add_argument("--tenants", type=int, default=8)
     ap.add_argument("--system-tokens", type=int, default=1800)
-    ap.add_argument("--conversations", type=int, default=1, help="per tenant")
-    ap.add_argument("--turns", type=int, default=3, help="per conversation")
-    ap.add_argument("--rate", type=float, default=0.4, help="Poisson arrivals per second")
+    ap.add_argument("--conversations", type=int, default=2, help="per tenant")
+    ap.add_argument("--turns", type=int, default=2, help="per conversation")
+    ap.add_argument("--rate", type=float, default=0.5, help="Poisson arrivals per second")
     ap.add_argument("--max-tokens", type=int, default=8)
-    ap.add_argument("--repeats", type=int, default=1, help="mirrored rounds of the 3 configs")
+    ap.add_argument("--repeats", type=int, default=2, help="mirrored rounds of the 3 configs")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: its default)")
     ap.add_argument("--details", action="store_true", help="per-request records in the JSON")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument(
         "--quick",
         action="store_true",
-        help="a small run for smoke tests: 4 tenants, 160-token system prompt, 2x2 turns",
+        help="a small run for smoke tests: 4 tenants, 160-token system prompt, 2x2 turns, one round",
     )
     args = ap.parse_args(argv)
     if args.quick:
         args.tenants, args.system_tokens, args.conversations, args.turns = 4, 160, 2, 2
-        args.rate, args.max_tokens = 4.0, 4
+        args.rate, args.max_tokens, args.repeats = 4.0, 4, 1
     for name in ("tenants", "system_tokens", "conversations", "turns", "max_tokens", "repeats"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -502,6 +512,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Runs the three configurations, prints the table and the JSON line; returns the JSON."""
     args = parse_args(argv)
     started = time.perf_counter()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     loaded = load_model(args.model, dtype=torch.float32, device="cpu")
     workload = build_workload(
         loaded.tokenizer,

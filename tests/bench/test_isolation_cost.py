@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bench.isolation_cost import main
+from bench.isolation_cost import main, order_of, parse_args
 from tests.utils.tiny_model import make_tiny_model_dir
 
 
@@ -106,3 +106,26 @@ def test_hit_rates_shared_and_published_above_isolated(report: dict[str, Any]) -
     slack = first_turns * bs + report["workload"]["system_message_tokens"]
     assert published["cached_tokens"] >= shared["cached_tokens"] - slack
     assert shared["prompt_tokens"] == isolated["prompt_tokens"] == published["prompt_tokens"]
+
+
+@pytest.mark.parametrize(
+    "argv", [["--tenants", "0"], ["--turns", "0"], ["--rate", "0"], ["--max-tokens", "-1"]]
+)
+def test_bad_flags_exit_with_a_usage_error(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_args(argv)
+    assert exc.value.code == 2
+    assert "must be" in capsys.readouterr().err
+
+
+def test_repeats_run_in_a_mirrored_order() -> None:
+    assert order_of(2) == [
+        ("shared", 0),
+        ("isolated", 0),
+        ("published", 0),
+        ("published", 1),
+        ("isolated", 1),
+        ("shared", 1),
+    ]
