@@ -332,7 +332,7 @@ def run_config(
     live: dict[str, tuple[Turn, float, bool, int]] = {}
     submitted = 0
     records: dict[int, Record] = {}
-    output_tokens = 0
+    output_tokens = errors = 0
     t0 = time.perf_counter()
     while pending or live:
         now = time.perf_counter() - t0
@@ -378,8 +378,11 @@ def run_config(
             if event.finished:
                 done[t.index] = time.perf_counter() - t0
                 del live[event.request_id]
+        # A failed or refused request has no record; its conversation goes on without it.
+        for rid, _ in engine.take_failures() + engine.take_refused():
+            errors += 1
+            done[live.pop(rid)[0].index] = time.perf_counter() - t0
     wall = time.perf_counter() - t0
-    errors = len(engine.take_failures()) + len(engine.take_refused())
     del engine
     gc.collect()
     ordered = tuple(records[i] for i in sorted(records))
