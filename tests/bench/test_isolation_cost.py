@@ -10,8 +10,16 @@ from typing import Any
 
 import pytest
 
-from bench.isolation_cost import main, order_of, parse_args, round_ratio
-from tests.utils.tiny_model import make_tiny_model_dir
+from bench.isolation_cost import (
+    encode_chat,
+    main,
+    order_of,
+    parse_args,
+    round_ratio,
+    user_header_prefix,
+)
+from engine.model.tokenizer import load_hf_tokenizer
+from tests.utils.tiny_model import make_tiny_model_dir, smollm2_tokenizer_dir
 
 
 @pytest.fixture(scope="module")
@@ -140,3 +148,16 @@ def test_repeats_run_in_a_mirrored_order() -> None:
         ("isolated", 1),
         ("shared", 1),
     ]
+
+
+def test_the_published_prefix_is_the_system_message_and_the_user_header() -> None:
+    tokenizer = load_hf_tokenizer(smollm2_tokenizer_dir())
+    system = {"role": "system", "content": "Answer briefly."}
+    system_ids = encode_chat(tokenizer, [system], generation=False)
+    published = user_header_prefix(tokenizer, system)
+    assert list(published[: len(system_ids)]) == system_ids
+    assert tokenizer.decode(published[len(system_ids) :], skip_special_tokens=False) == (
+        "<|im_start|>user\n"
+    )
+    chat = [system, {"role": "user", "content": "Hi"}]
+    assert tuple(encode_chat(tokenizer, chat, generation=True)[: len(published)]) == published
