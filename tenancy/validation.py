@@ -34,14 +34,14 @@ def check_tenant_name(name: Any) -> str:
     return name
 
 
+def _is_finite_number(value: Any) -> bool:
+    """An int or float that is finite; a bool is not a number here (True == 1)."""
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+
+
 def check_weight(weight: Any) -> float:
     """A finite scheduling weight in [MIN_WEIGHT, MAX_WEIGHT], else InvalidValueError."""
-    if (
-        isinstance(weight, bool)
-        or not isinstance(weight, int | float)
-        or not math.isfinite(weight)
-        or not MIN_WEIGHT <= weight <= MAX_WEIGHT
-    ):
+    if not _is_finite_number(weight) or not MIN_WEIGHT <= weight <= MAX_WEIGHT:
         raise InvalidValueError(f"weight must be a number from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}")
     return float(weight)
 
@@ -59,12 +59,7 @@ def check_expires_in_days(days: Any) -> float | None:
     """A finite expiry in (0, MAX_EXPIRES_IN_DAYS] days (None: never expires)."""
     if days is None:
         return None
-    if (
-        isinstance(days, bool)
-        or not isinstance(days, int | float)
-        or not math.isfinite(days)
-        or not 0 < days <= MAX_EXPIRES_IN_DAYS
-    ):
+    if not _is_finite_number(days) or not 0 < days <= MAX_EXPIRES_IN_DAYS:
         raise InvalidValueError(
             f"expires-in-days must be positive and at most {MAX_EXPIRES_IN_DAYS}"
         )
@@ -97,12 +92,7 @@ def check_floor_share(value: Any) -> float | None:
     """A cache floor as a share of the pool: a number from 0 to 1 (None: none)."""
     if value is None:
         return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or not 0 <= value <= 1
-    ):
+    if not _is_finite_number(value) or not 0 <= value <= 1:
         raise InvalidValueError("cache floor share must be a number from 0 to 1")
     return float(value)
 
@@ -111,12 +101,7 @@ def check_retention_ttl(value: Any) -> float | None:
     """A retention TTL in seconds, in (0, MAX_RETENTION_TTL_S] (None: engine default)."""
     if value is None:
         return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or not 0 < value <= MAX_RETENTION_TTL_S
-    ):
+    if not _is_finite_number(value) or not 0 < value <= MAX_RETENTION_TTL_S:
         raise InvalidValueError(
             f"retention TTL must be a number of seconds above 0 and at most {MAX_RETENTION_TTL_S:g}"
         )
