@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from pathlib import Path
@@ -194,7 +195,11 @@ def test_bad_engine_settings_are_refused_at_start(flags: list[str], tmp_path: Pa
 
     from cloister.commands.serve import serve
 
+    handlers = list(logging.getLogger().handlers)
     result = CliRunner().invoke(serve, ["--data-dir", str(tmp_path), *flags])
+    # Refused before the log handler is installed: a handler left behind would outlive
+    # the command (and its redaction filter would rewrite every later record).
+    assert logging.getLogger().handlers == handlers
     assert result.exit_code in (1, 2), result.output
     assert not isinstance(result.exception, Exception) or isinstance(
         result.exception, SystemExit

@@ -149,10 +149,12 @@ def run_server(settings: Settings, *, engine: Any | None = None) -> None:
         serve_engine_options,
     )
 
-    configure_logging(settings.log_level)
     try:
-        if engine is None:  # a device this machine lacks is refused before any file is made
+        # A device this machine lacks is refused before anything is made or installed
+        # (no file, no log handler).
+        if engine is None:
             serve_engine_options(settings)
+        configure_logging(settings.log_level)
         first_start = prepare_database(settings)
         app = build_app(settings, engine=engine)
     except DeviceUnavailableError as exc:
