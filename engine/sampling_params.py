@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from engine.errors import InvalidRequestError
+from engine.structured.spec import StructuredSpec
 
 # Below this temperature a request is greedy (vLLM's _SAMPLING_EPS): logits divided by
 # it would overflow float32.
@@ -52,6 +53,7 @@ class SamplingParams:
     logprobs: int | None = None  # number of top logprobs per token; 0 = only the chosen token
     skip_special_tokens: bool = True
     logit_bias: tuple[tuple[int, float], ...] = field(default=())
+    structured: StructuredSpec | None = None  # what the output must match (constrained decoding)
 
     def __post_init__(self) -> None:
         # Accept lists and dicts from callers but keep the object hashable and frozen.
@@ -120,6 +122,8 @@ class SamplingParams:
             not _integer(self.seed) or not SEED_MIN <= self.seed < SEED_END
         ):
             raise bad("seed", f"must be a 64-bit integer, got {self.seed!r}")
+        if self.structured is not None and not isinstance(self.structured, StructuredSpec):
+            raise bad("structured", "must be a StructuredSpec")
         if len(self.logit_bias) > MAX_LOGIT_BIAS:
             raise bad("logit_bias", f"takes at most {MAX_LOGIT_BIAS} entries")
         if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
