@@ -1,0 +1,1 @@
+"""Planning tools: the capacity worksheet and the prefix-reuse replay of a traffic sample."""
