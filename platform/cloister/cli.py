@@ -18,6 +18,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "cloister.commands.billing",
     "cloister.commands.audit",
     "cloister.commands.bench",
+    "cloister.commands.bench_serve",
     "cloister.commands.planning",
 )
 
