@@ -65,8 +65,10 @@ def test_create_returns_a_response_with_usage_and_one_usage_record(gateway: Live
         instructions="Answer briefly.",
         max_output_tokens=8,
         temperature=0,
+        metadata={"ticket": "42"},
     )
     assert out.id.startswith("resp_") and out.object == "response"
+    assert out.metadata == {"ticket": "42"}
     assert out.model == gateway.model and out.instructions == "Answer briefly."
     assert out.usage is not None and out.usage.input_tokens > 0
     assert 1 <= out.usage.output_tokens <= 8
@@ -148,6 +150,36 @@ def test_previous_response_id_continues_the_conversation(gateway: LiveGateway) -
         model=gateway.model, input="Bye.", previous_response_id=second.id, max_output_tokens=2
     )
     assert third.usage is not None and third.usage.input_tokens > second.usage.input_tokens
+
+
+def test_input_items_render_like_the_same_chat(gateway: LiveGateway) -> None:
+    client = gateway.client(_tenant(gateway, "acme"))
+    out = client.responses.create(
+        model=gateway.model,
+        input=[
+            {"role": "developer", "content": "Be terse."},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": "Hello!", "annotations": []}],
+            },
+            {"role": "user", "content": [{"type": "input_text", "text": "Bye"}]},
+        ],
+        max_output_tokens=1,
+    )
+    same = client.chat.completions.create(
+        model=gateway.model,
+        messages=[
+            {"role": "system", "content": "Be terse."},
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello!"},
+            {"role": "user", "content": "Bye"},
+        ],
+        max_tokens=1,
+    )
+    assert out.usage is not None and same.usage is not None
+    assert out.usage.input_tokens == same.usage.prompt_tokens
 
 
 def test_another_tenants_response_is_not_found_like_an_unknown_one(gateway: LiveGateway) -> None:
@@ -282,6 +314,9 @@ FUNCTION = [{"type": "function", "name": "f", "parameters": {"type": "object"}}]
         ({"input": "hi", "max_tokens": 4}, "max_tokens", "unsupported"),
         ({"input": "hi", "n": 2}, "n", "unsupported"),
         ({"input": "hi", "previous_response_id": 12}, "previous_response_id", None),
+        ({"input": "hi", "metadata": {"k": 1}}, "metadata", None),
+        ({"input": "hi", "metadata": {"k" * 65: "v"}}, "metadata", None),
+        ({"input": "hi", "metadata": {str(i): "v" for i in range(17)}}, "metadata", None),
         ({"input": "word " * 5000}, "input", "context_length_exceeded"),
     ],
 )

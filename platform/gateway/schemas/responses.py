@@ -7,11 +7,15 @@ a schema-level union could only report as a mismatch.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StringConstraints
 
 from gateway.schemas.common import MIN_TOP_P
+
+# OpenAI's metadata limits: 16 pairs, keys up to 64 characters, values up to 512.
+MetadataKey = Annotated[str, StringConstraints(max_length=64)]
+MetadataValue = Annotated[str, StringConstraints(max_length=512)]
 
 
 class ResponseCreateRequest(BaseModel):
@@ -28,7 +32,7 @@ class ResponseCreateRequest(BaseModel):
     stream: StrictBool = False
     store: StrictBool = True
     previous_response_id: str | None = Field(default=None, max_length=256)
-    metadata: dict[str, str] | None = Field(default=None, max_length=16)
+    metadata: dict[MetadataKey, MetadataValue] | None = Field(default=None, max_length=16)
     user: str | None = Field(default=None, max_length=256)
     # SECURITY.md: `cache: false` neither reads nor writes the prefix cache.
     cache: StrictBool = True
