@@ -114,6 +114,11 @@ def with_instructions(instructions: str | None, turns: Sequence[Turn]) -> list[T
     return [*head, *turns]
 
 
+def _type_name(tool: Any) -> str:
+    kind = tool.get("type") if isinstance(tool, dict) else None
+    return kind[:64] if isinstance(kind, str) else "?"
+
+
 def vet_response_request(body: ResponseCreateRequest) -> None:
     """400 `unsupported` for any option that would change the output and is not served."""
     extra = body.extra_fields()
@@ -128,7 +133,7 @@ def vet_response_request(body: ResponseCreateRequest) -> None:
             raise unsupported(f"parameter {name!r}", name)
     vet_extra_fields(extra)
     if body.tools:
-        kinds = sorted({str(t.get("type")) if isinstance(t, dict) else "?" for t in body.tools})
+        kinds = sorted({_type_name(t) for t in body.tools})
         raise unsupported(f"tools (of type {', '.join(kinds)})", "tools")
     if body.tool_choice not in (None, "auto", "none"):
         raise unsupported("tool_choice other than 'auto' or 'none'", "tool_choice")
