@@ -6,6 +6,7 @@ tenant's limits, a 400 naming each bad field, and stored responses scoped to a t
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,29 @@ def test_stream_sends_the_typed_events_in_order_and_ends_with_usage(gateway: Liv
     assert 1 <= final.usage.output_tokens <= 6
     # A streamed response is stored like any other.
     assert client.responses.retrieve(final.id).output_text == text
+
+
+def test_a_stream_cut_short_is_metered_once_and_not_stored(gateway: LiveGateway) -> None:
+    client = gateway.client(_tenant(gateway, "acme"))
+    stream = client.responses.create(
+        model=gateway.model, input="Hello", max_output_tokens=400, temperature=0, stream=True
+    )
+    events = iter(stream)
+    created = next(events)
+    for _ in range(6):  # the opening events and a few deltas
+        next(events)
+    stream.close()
+    response_id = created.response.id  # type: ignore[union-attr]
+    deadline = time.monotonic() + 20
+    while not _records(gateway, response_id) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)
+    [record] = _records(gateway, response_id)
+    assert record.client_disconnected and record.finish_reason == "abort"
+    assert 1 <= record.completion_tokens < 400
+    assert gateway.engine.stats().num_running == 0
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(response_id)
 
 
 def test_previous_response_id_continues_the_conversation(gateway: LiveGateway) -> None:
