@@ -19,7 +19,8 @@ from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
 from gateway.model_access import ModelAccess
 from gateway.openapi import install_openapi
-from gateway.routes import chat, completions, metrics, models
+from gateway.response_store import ResponseStore
+from gateway.routes import chat, completions, metrics, models, responses
 from gateway.state import AppState, AuthenticatorLike, OperatorAuth
 from gateway.tokenize import PromptTokenizer
 from gateway.tracing import gateway_tracer, make_tracer_provider
@@ -77,6 +78,12 @@ def create_app(
         started_at=int(time.time()),
         request_ids=UniqueIds(),
         tokenize=PromptTokenizer(),
+        responses=ResponseStore(
+            ttl_s=settings.responses_ttl_s,
+            max_entries=settings.responses_max_entries,
+            max_per_tenant=settings.responses_max_per_tenant,
+            max_chars=settings.responses_max_chars,
+        ),
         operator_auth=operator_auth,
         model_access=model_access,
     )
@@ -113,7 +120,7 @@ def create_app(
     app = FastAPI(title="Cloister", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.cloister = state
     install_error_handlers(app)
-    for module in (chat, completions, models, metrics):
+    for module in (chat, completions, responses, models, metrics):
         app.router.routes.extend(module.routes)
     install_openapi(app)
     return app

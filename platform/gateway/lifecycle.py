@@ -41,9 +41,17 @@ ENGINE_ERROR = "engine_error"  # the finish reason of a request the engine faile
 class RequestLifecycle:
     """State and steps of one API request; see the module docstring."""
 
-    def __init__(self, state: AppState, *, id_prefix: str, headers: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        state: AppState,
+        *,
+        id_prefix: str,
+        headers: Mapping[str, str],
+        request_id: str | None = None,
+    ) -> None:
         self.state = state
-        self.request_id = state.request_ids.next(id_prefix)
+        # `request_id`: an id the route minted in its API's own spelling ("resp_...").
+        self.request_id = request_id or state.request_ids.next(id_prefix)
         self.created = int(time.time())
         self.started = time.monotonic()
         self.span: Span = state.tracer.start_span(

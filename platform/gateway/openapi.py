@@ -23,6 +23,7 @@ from gateway.schemas.chat import ChatCompletion, ChatCompletionChunk, ChatComple
 from gateway.schemas.common import ErrorBody
 from gateway.schemas.completions import Completion, CompletionRequest
 from gateway.schemas.models import ModelCard, ModelList
+from gateway.schemas.responses import DeletedResponse, ResponseCreateRequest, ResponseObject
 
 REF = "#/components/schemas/{model}"
 BEARER = "TenantKey"
@@ -38,6 +39,9 @@ MODELS: tuple[type[BaseModel], ...] = (
     ModelList,
     ModelCard,
     ErrorBody,
+    ResponseCreateRequest,
+    ResponseObject,
+    DeletedResponse,
 )
 # Statuses each kind of route can answer with an OpenAI error body.
 AUTHED_ERRORS = {"401": "No, invalid, expired or revoked key", "429": "A limit was reached"}
@@ -96,6 +100,45 @@ def _generation(
     }
 
 
+def _responses_paths() -> dict[str, Any]:
+    """POST /v1/responses, and GET / DELETE of one stored response of the caller's tenant."""
+    create = _generation(
+        "Create a model response", ResponseCreateRequest, ResponseObject, ResponseObject
+    )
+    create["post"]["responses"]["200"]["description"] = (
+        "The response; with `stream: true`, typed server-sent events (`event: <type>`) "
+        "from `response.created` to `response.completed` or `response.incomplete`"
+    )
+    create["post"]["responses"]["404"]["description"] = (
+        "No such model, or no such previous response"
+    )
+    one = {"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}
+    stored = _error_responses({**AUTHED_ERRORS, "404": "Not stored for this tenant, or expired"})
+
+    def operation(summary: str, body: type[BaseModel]) -> dict[str, Any]:
+        return {
+            "summary": summary,
+            "tags": ["openai"],
+            "security": [{BEARER: []}],
+            "parameters": [one],
+            "responses": {
+                "200": {
+                    "description": summary,
+                    "content": {"application/json": {"schema": _ref(body)}},
+                },
+                **stored,
+            },
+        }
+
+    return {
+        "/v1/responses": create,
+        "/v1/responses/{response_id}": {
+            "get": operation("Retrieve a stored response", ResponseObject),
+            "delete": operation("Delete a stored response", DeletedResponse),
+        },
+    }
+
+
 def gateway_paths() -> dict[str, Any]:
     """The OpenAPI `paths` of the OpenAI-compatible routes and the health check."""
     return {
@@ -105,6 +148,7 @@ def gateway_paths() -> dict[str, Any]:
         "/v1/completions": _generation(
             "Create a text completion", CompletionRequest, Completion, Completion
         ),
+        **_responses_paths(),
         "/v1/models": {
             "get": {
                 "summary": "List the models this key may use",

@@ -189,6 +189,13 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     metrics_top_tenants: int = Field(default=20, ge=1)
     max_n: int = Field(default=16, ge=1)  # most choices one request may ask for
+    # Stored /v1/responses (for previous_response_id, GET and DELETE): in memory, per
+    # tenant, dropped after the TTL or, oldest first, past the caps (entries, entries
+    # per tenant, characters of stored conversation).
+    responses_ttl_s: float = Field(default=3600.0, gt=0.0, allow_inf_nan=False)
+    responses_max_entries: int = Field(default=10_000, ge=1)
+    responses_max_per_tenant: int = Field(default=1_000, ge=1)
+    responses_max_chars: int = Field(default=200_000_000, ge=1)
     otel_exporter: Literal["none", "console", "otlp"] = "none"
     # Admin service (CLOISTER_ADMIN_*): OpenID Connect sign-in, audit signing, metering.
     admin_oidc_issuer: str | None = None

@@ -61,6 +61,19 @@ BAD_BODIES: dict[str, tuple[str, bytes]] = {
         "/v1/chat/completions",
         f'{{"model": "tiny", "messages": {MESSAGES}, "max_tokens": {"9" * 5000}}}'.encode(),
     ),
+    "surrogate in a response's input": (
+        "/v1/responses",
+        b'{"model": "tiny", "input": [{"role": "user", "content": "\\ud800"}]}',
+    ),
+    "a response's tool type nested 1000 deep": (
+        "/v1/responses",
+        f'{{"model": "tiny", "input": "hi", "tools": [{{"type": {_nested(1000)}}}]}}'.encode(),
+    ),
+    "a response's input part nested 1000 deep": (
+        "/v1/responses",
+        b'{"model": "tiny", "input": [{"role": "user", "content": [{"type": "input_text", '
+        + f'"text": {_nested(1000)}}}]}}]}}'.encode(),
+    ),
     "5000-digit unknown field": (
         "/v1/completions",
         f'{{"model": "tiny", "prompt": "hi", "zzz": -{"1" * 5000}}}'.encode(),

@@ -21,7 +21,14 @@ from tests.reliability.conftest import LiveServer
 from tests.reliability.live import Reply, problems, server_errors
 
 EXAMPLES_PER_MODE = 6
-OPENAI_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health"}
+OPENAI_PATHS = {
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/responses",
+    "/v1/responses/{response_id}",
+    "/v1/models",
+    "/health",
+}
 
 
 def test_openapi_document_describes_gateway_and_admin(live_server: LiveServer) -> None:
