@@ -13,6 +13,7 @@ ROOTS = {
     "gateway": "platform/gateway",
     "admin": "platform/admin",
     "server": "platform/server",
+    "engine_server": "platform/engine_server",
 }
 
 packages: list[str] = []

@@ -24,7 +24,7 @@ def test_stdlib_platform_still_works_from_repo_root() -> None:
 
 
 def test_platform_packages_import_by_their_own_names() -> None:
-    for name in ("engine", "tenancy", "cloister", "server", "gateway", "admin"):
+    for name in ("engine", "tenancy", "cloister", "server", "gateway", "admin", "engine_server"):
         assert importlib.import_module(name) is not None
 
 
@@ -43,9 +43,12 @@ def imported_roots(package: pathlib.Path) -> set[str]:
 def test_imports_go_one_way() -> None:
     """The services never import the CLI; tenancy never imports the services; the engine
     imports none of them (it runs alone on a GPU image)."""
-    services = {"cloister", "server", "gateway", "admin"}
+    services = {"cloister", "server", "gateway", "admin", "engine_server"}
     assert "cloister" not in imported_roots(ROOT / "platform" / "gateway")
     assert "cloister" not in imported_roots(ROOT / "platform" / "admin")
     assert "cloister" not in imported_roots(ROOT / "platform" / "server")
+    # The engine server knows nothing of tenants: it gets an opaque domain and fairness key.
+    engine_side = imported_roots(ROOT / "platform" / "engine_server")
+    assert not engine_side & {"cloister", "server", "gateway", "admin", "tenancy"}
     assert not imported_roots(ROOT / "tenancy") & services
     assert not imported_roots(ROOT / "engine") & (services | {"tenancy"})

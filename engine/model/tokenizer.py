@@ -154,3 +154,11 @@ def _generation_eos_ids(folder: Path) -> list[int]:
     if value is None:
         return []
     return [int(v) for v in value] if isinstance(value, list) else [int(value)]
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """The tokenizer of the model at `path`: a Hugging Face folder, else a GGUF file."""
+    path = Path(path)
+    if path.is_dir():
+        return load_hf_tokenizer(path)
+    return load_gguf_tokenizer(path)

@@ -1,4 +1,4 @@
-"""A model's shape and tokenizer from a GGUF file, a Hugging Face folder or a config.json,
+"""A model's shape from a GGUF file, a Hugging Face folder or a config.json,
 without loading its weights."""
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from engine.config import ModelArchitecture
 from engine.errors import UnsupportedModelError
 from engine.model.gguf_loader import read_architecture
 from engine.model.hf_loader import architecture_from_config, read_config
-from engine.model.tokenizer import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer
 
 
 def read_model_architecture(path: str | Path) -> ModelArchitecture:
@@ -35,11 +34,3 @@ def read_model_architecture(path: str | Path) -> ModelArchitecture:
     if not isinstance(config, dict):
         raise UnsupportedModelError(f"{path} is not a config.json object")
     return architecture_from_config(config)
-
-
-def load_tokenizer(path: str | Path) -> Tokenizer:
-    """The tokenizer of the model at `path` (a .gguf file or a Hugging Face folder)."""
-    path = Path(path)
-    if path.is_dir():
-        return load_hf_tokenizer(path)
-    return load_gguf_tokenizer(path)

@@ -183,6 +183,12 @@ class Settings(BaseSettings):
     # the engine never wait for each other's GIL; the better choice under load).
     engine_mode: Literal["thread", "process"] = "thread"
     kv_cache_bytes: int | None = Field(default=None, ge=1)
+    # Engine servers (`cloister engine serve`) the gateway uses instead of an in-process
+    # engine, comma-separated: http://host:port, or dns+http://name:port for a headless
+    # Service whose addresses are re-resolved. Empty: the engine runs in this process.
+    engine_urls: Annotated[tuple[str, ...], NoDecode] = ()
+    # The credential between gateways and engine servers (both sides read it).
+    service_token: SecretStr | None = None
     max_num_seqs: int = Field(default=64, ge=1)
     max_waiting: int = Field(default=256, ge=1)
     max_model_len: int | None = Field(default=8192, ge=1)
@@ -218,6 +224,20 @@ class Settings(BaseSettings):
     # directory's models/ and adapters/, the bundled model's folder and CLOISTER_MODEL.
     model_roots: str | None = None
     admin_adapter_upload_max_bytes: int = Field(default=1024**3, ge=1)
+
+    @field_validator("engine_urls", mode="before")
+    @classmethod
+    def _parse_engine_urls(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        for url in value or ():
+            if not isinstance(url, str) or not url.startswith(
+                ("http://", "https://", "dns+http://")
+            ):
+                raise ValueError(
+                    f"an engine URL is http(s)://host:port or dns+http://name:port: {url!r}"
+                )
+        return tuple(value or ())
 
     @field_validator("models", mode="before")
     @classmethod

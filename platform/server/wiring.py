@@ -200,15 +200,22 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
     from tenancy.key_usage import LastUsedWriter
     from tenancy.limiter import make_limiter
 
-    loads_model = engine is None  # a given engine (tests, benchmarks) serves no model file
-    fronts = (
-        load_engines(settings, **engine_options)
-        if engine is None
-        else {settings.model_name: engine}
-    )
-    clients = {
-        name: InProcessEngineClient(front, model_name=name) for name, front in fronts.items()
-    }
+    # A given engine (tests, benchmarks) or remote engines: no model file is loaded here.
+    loads_model = engine is None and not settings.engine_urls
+    clients: dict[str, Any]
+    if settings.engine_urls and engine is None:
+        from server.remote_engines import remote_engine_clients
+
+        clients = remote_engine_clients(settings)
+    else:
+        fronts = (
+            load_engines(settings, **engine_options)
+            if engine is None
+            else {settings.model_name: engine}
+        )
+        clients = {
+            name: InProcessEngineClient(front, model_name=name) for name, front in fronts.items()
+        }
     resolved = {**serve_engine_options(settings), **engine_options} if loads_model else {}
     url = settings.resolved_database_url
     timeout_ms = int(settings.auth_read_timeout_s * 1000)

@@ -125,9 +125,12 @@ def start_gateway(
     limiter: Limiter,
     refresh_s: float = 0.0,
     tracer_provider: TracerProvider | None = None,
+    client: Any | None = None,
     **settings: Any,
 ) -> tuple[LiveGateway, Callable[[], None]]:
     """Starts uvicorn in a thread; returns the gateway and its stop function.
+
+    `client` (an EngineClient, e.g. a remote one) replaces the in-process client of `engine`.
 
     `refresh_s` 0 makes revocations visible at once (tests); production caches rows.
     """
@@ -136,7 +139,8 @@ def start_gateway(
     sessions = make_session_factory(make_engine(url))
     cfg = Settings(data_dir=tmp_path, key_pepper=PEPPER, config_refresh_s=refresh_s, **settings)
     usage = ListUsageSink()
-    client = InProcessEngineClient(engine, model_name="tiny")
+    if client is None:
+        client = InProcessEngineClient(engine, model_name="tiny")
     app = create_app(
         cfg,
         engine_client=client,

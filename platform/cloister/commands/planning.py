@@ -192,7 +192,7 @@ def reuse_replay(
     """
     from engine.errors import EngineError
     from engine.model.loader import default_model_path
-    from engine.planning.model_source import load_tokenizer
+    from engine.model.tokenizer import load_tokenizer
     from engine.planning.reuse import read_sample, replay_reuse
 
     model = model_path or default_model_path()

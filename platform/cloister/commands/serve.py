@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from cloister.commands.engine_flags import engine_options
 from server.settings import Settings
 
 # How long a thread may hold the GIL while another waits for it (Python's default: 5 ms).
@@ -40,8 +41,6 @@ then call the API:
 )
 @click.option("--model-name", default=None, help="The name clients use in `model` (one model).")
 @click.option("--redis-url", default=None, help="Share limiter state through Redis.")
-@click.option("--max-model-len", type=int, default=None, help="Context length cap.")
-@click.option("--kv-cache-bytes", type=int, default=None, help="KV pool size in bytes.")
 @click.option(
     "--limiter-fail-mode",
     type=click.Choice(["open", "closed"]),
@@ -55,39 +54,12 @@ then call the API:
     help="Over the concurrency limit: 429 at once (reject) or wait for a slot (queue).",
 )
 @click.option(
-    "--engine-mode",
-    type=click.Choice(["thread", "process"]),
+    "--engine-urls",
     default=None,
-    help="Run the engine loop on a thread of this process (default) or in a child process.",
+    help="Engine servers to use instead of an in-process engine: URL[,URL...] "
+    "(http://host:port, or dns+http://name:port for a headless Service).",
 )
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default=None)
-@click.option(
-    "--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default=None
-)
-@click.option("--attention-backend", type=click.Choice(["auto", "torch", "triton"]), default=None)
-@click.option(
-    "--fused-ops",
-    type=click.Choice(["auto", "on", "off"]),
-    default=None,
-    help="Fused triton kernels for norms, rotary and SiLU (auto: on CUDA only).",
-)
-@click.option("--prefix-cache", type=click.Choice(["hash", "radix", "off"]), default=None)
-@click.option(
-    "--scheduling-policy",
-    type=click.Choice(["fair_lpm", "fair", "lpm", "fcfs"]),
-    default=None,
-    help="fair_lpm (default): fair across tenants, longest prefix match within one.",
-)
-@click.option("--max-num-seqs", type=int, default=None, help="Most sequences running at once.")
-@click.option("--max-num-batched-tokens", type=int, default=None, help="Token budget per step.")
-@click.option("--max-waiting", type=int, default=None, help="Waiting-queue slots (shared).")
-@click.option("--block-size", type=int, default=None, help="Tokens per KV block.")
-@click.option(
-    "--gpu-memory-utilization", type=float, default=None, help="CUDA: share of the GPU to use."
-)
-@click.option("--retention-ttl-s", type=float, default=None, help="Drop idle cached blocks.")
-@click.option("--scrub-freed-blocks/--no-scrub-freed-blocks", default=None)
-@click.option("--strict-partition/--no-strict-partition", default=None)
+@engine_options
 @click.option("--log-level", default=None, help="DEBUG, INFO, WARNING, ...")
 def serve(**flags: Any) -> None:
     """Serve the OpenAI-compatible API; the engine runs on a thread or in a child process."""

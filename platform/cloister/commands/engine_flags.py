@@ -1,0 +1,59 @@
+"""The engine's flags, shared by `cloister serve` and `cloister engine serve`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Each maps to the Settings field of the same name (None: the setting's own value).
+ENGINE_OPTIONS: tuple[Callable[[Any], Any], ...] = (
+    click.option("--max-model-len", type=int, default=None, help="Context length cap."),
+    click.option("--kv-cache-bytes", type=int, default=None, help="KV pool size in bytes."),
+    click.option(
+        "--engine-mode",
+        type=click.Choice(["thread", "process"]),
+        default=None,
+        help="Run the engine loop on a thread of this process (default) or in a child process.",
+    ),
+    click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default=None),
+    click.option(
+        "--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default=None
+    ),
+    click.option(
+        "--attention-backend", type=click.Choice(["auto", "torch", "triton"]), default=None
+    ),
+    click.option(
+        "--fused-ops",
+        type=click.Choice(["auto", "on", "off"]),
+        default=None,
+        help="Fused triton kernels for norms, rotary and SiLU (auto: on CUDA only).",
+    ),
+    click.option("--prefix-cache", type=click.Choice(["hash", "radix", "off"]), default=None),
+    click.option(
+        "--scheduling-policy",
+        type=click.Choice(["fair_lpm", "fair", "lpm", "fcfs"]),
+        default=None,
+        help="fair_lpm (default): fair across tenants, longest prefix match within one.",
+    ),
+    click.option("--max-num-seqs", type=int, default=None, help="Most sequences running at once."),
+    click.option("--max-num-batched-tokens", type=int, default=None, help="Token budget per step."),
+    click.option("--max-waiting", type=int, default=None, help="Waiting-queue slots (shared)."),
+    click.option("--block-size", type=int, default=None, help="Tokens per KV block."),
+    click.option(
+        "--gpu-memory-utilization", type=float, default=None, help="CUDA: share of the GPU to use."
+    ),
+    click.option("--retention-ttl-s", type=float, default=None, help="Drop idle cached blocks."),
+    click.option("--scrub-freed-blocks/--no-scrub-freed-blocks", default=None),
+    click.option("--strict-partition/--no-strict-partition", default=None),
+)
+
+
+def engine_options(command: F) -> F:
+    """Adds every engine flag to `command`."""
+    for option in reversed(ENGINE_OPTIONS):
+        command = option(command)
+    return command

@@ -1,0 +1,100 @@
+"""`cloister engine serve`: one model's engine as a server for gateways (engine_server).
+
+It takes `serve`'s engine flags and settings (CLOISTER_*), and the service credential
+from CLOISTER_SERVICE_TOKEN. Without a credential it refuses to start, unless told
+`--insecure-loopback`, which binds 127.0.0.1 only. SIGTERM drains: /health turns 503
+and new requests are refused at once, running streams finish (up to
+`--drain-timeout-s`), then the process exits.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from cloister.commands.engine_flags import engine_options
+from cloister.commands.serve import load_settings, model_overrides
+
+LOOPBACK = "127.0.0.1"
+
+
+@click.group("engine")
+def engine() -> None:
+    """Run an engine server (the split deployment's engine replica)."""
+
+
+@engine.command("serve")
+@click.option("--host", default=None, help="Interface to bind (default 127.0.0.1).")
+@click.option("--port", type=int, default=None, help="Port to bind (default 8000).")
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Data folder.")
+@click.option("--model", "model_flags", multiple=True, help="GGUF file or HF folder.")
+@click.option("--model-name", default=None, help="The model's name in requests.")
+@engine_options
+@click.option(
+    "--insecure-loopback",
+    is_flag=True,
+    help="Serve without a service credential, on 127.0.0.1 only (development).",
+)
+@click.option("--drain-timeout-s", type=click.FloatRange(0, 3600), default=30.0, show_default=True)
+@click.option("--log-level", default=None, help="DEBUG, INFO, WARNING, ...")
+def serve_engine(**flags: Any) -> None:
+    """Serve one model's engine over the internal API (OpenAI completions on token ids)."""
+    insecure: bool = flags.pop("insecure_loopback")
+    drain_timeout_s: float = flags.pop("drain_timeout_s")
+    model_flags: tuple[str, ...] = flags.pop("model_flags")
+    if len(model_flags) > 1 or any("=" in m for m in model_flags):
+        raise click.ClickException("an engine server serves one model: give --model PATH once")
+    overrides = {k: v for k, v in flags.items() if v is not None}
+    overrides.update(model_overrides(model_flags))
+    settings = load_settings(**overrides)
+    token = None if settings.service_token is None else settings.service_token.get_secret_value()
+    if not token and not insecure:
+        raise click.ClickException(
+            "no service credential: set CLOISTER_SERVICE_TOKEN (the gateways use the same), "
+            "or pass --insecure-loopback to serve on 127.0.0.1 without one"
+        )
+    if insecure and not token and settings.host != LOOPBACK:
+        raise click.ClickException(
+            f"--insecure-loopback serves on {LOOPBACK} only, not on {settings.host}"
+        )
+    run_engine_server(settings, token=token or None, drain_timeout_s=drain_timeout_s)
+
+
+def run_engine_server(settings: Any, *, token: str | None, drain_timeout_s: float) -> None:
+    """Loads the engine and serves it until SIGTERM, then drains."""
+    import uvicorn
+
+    from engine_server.app import EngineServer
+    from engine_server.auth import ServiceAuth, ServiceTokenError
+    from server.logging_setup import configure_logging
+    from server.wiring import DeviceUnavailableError, load_engine, serve_engine_options
+
+    try:
+        serve_engine_options(settings)
+        auth = ServiceAuth(token)
+    except (DeviceUnavailableError, ServiceTokenError) as exc:
+        raise click.ClickException(str(exc)) from None
+    configure_logging(settings.log_level)
+    front = load_engine(settings)
+    server = EngineServer(front, model_name=settings.served_models[0].name, auth=auth)
+
+    class DrainingServer(uvicorn.Server):
+        """uvicorn's server, which marks the engine as draining on the first signal."""
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            server.draining = True
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(
+        server.app(),
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        timeout_graceful_shutdown=int(drain_timeout_s),
+    )
+    DrainingServer(config).run()
+
+
+commands: list[click.Command] = [engine]

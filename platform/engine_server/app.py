@@ -1,0 +1,251 @@
+"""The engine as its own HTTP server: one model, reached only by gateways.
+
+Routes (all but /health and /metrics need the service credential):
+
+    GET  /health                 200 once the engine runs, 503 when it died or drains
+    GET  /metrics                vLLM's metric names, for routers and dashboards
+    POST /v1/completions         OpenAI completions on token ids, streamed (see wire.py)
+    POST /internal/abort         {"request_id": ...}: stop a request, free its blocks
+    PUT  /internal/cache_rules   the registry's per-domain rules and published prefixes
+    GET  /internal/info          model name, context length, vocabulary, KV pool
+    GET  /internal/stats         load and cumulative cache counters
+
+A client that hangs up mid-stream aborts its request, as in-process. Errors are
+OpenAI error bodies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from engine.errors import EngineDeadError, EngineOverloadedError, InvalidRequestError
+from engine.outputs import StreamEvent
+from engine_server.auth import ServiceAuth
+from engine_server.metrics import EngineMetrics
+from engine_server.wire import (
+    REQUEST_ID_HEADER,
+    event_to_wire,
+    request_from_wire,
+    rules_from_wire,
+)
+
+MAX_BODY_BYTES = 16 * 1024 * 1024  # a 128k-token prompt of ids is about 1 MiB
+
+
+def error(status: int, message: str, *, type_: str, code: str | None = None) -> JSONResponse:
+    """An OpenAI error body."""
+    body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
+    return JSONResponse(body, status_code=status)
+
+
+class EngineServer:
+    """The routes over one engine front (an `AsyncEngine` or a `ProcessEngine`)."""
+
+    def __init__(self, front: Any, *, model_name: str, auth: ServiceAuth) -> None:
+        self.front = front
+        self.model_name = model_name
+        self.auth = auth
+        self.draining = False
+        self.metrics = EngineMetrics(front, model_name)
+
+    def app(self) -> Starlette:
+        """The Starlette app; its lifespan starts and stops the engine."""
+
+        @contextlib.asynccontextmanager
+        async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+            await self.front.start()
+            try:
+                yield
+            finally:
+                self.draining = True
+                await self.front.shutdown()
+
+        return Starlette(
+            routes=[
+                Route("/health", self.health, methods=["GET"]),
+                Route("/metrics", self.metrics_endpoint, methods=["GET"]),
+                Route("/v1/completions", self.completions, methods=["POST"]),
+                Route("/internal/abort", self.abort, methods=["POST"]),
+                Route("/internal/cache_rules", self.cache_rules, methods=["PUT"]),
+                Route("/internal/info", self.info, methods=["GET"]),
+                Route("/internal/stats", self.stats, methods=["GET"]),
+            ],
+            lifespan=lifespan,
+        )
+
+    async def health(self, _request: Request) -> Response:
+        """Ready: the engine runs and takes requests."""
+        if self.draining or not self.front.alive:
+            return error(503, "the engine is not serving", type_="unavailable")
+        return JSONResponse({"status": "ok", "model": self.model_name})
+
+    async def metrics_endpoint(self, _request: Request) -> Response:
+        """Prometheus text exposition."""
+        body, content_type = self.metrics.render()
+        return Response(body, media_type=content_type)
+
+    async def _json(self, request: Request) -> Any:
+        denied = self.auth.check(request.headers.get("authorization"))
+        if denied is not None:
+            raise _Refused(error(401, denied, type_="authentication_error", code="invalid_token"))
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+            raise _Refused(error(413, "the body is over the size cap", type_="invalid_request"))
+        raw = await request.body()
+        if len(raw) > MAX_BODY_BYTES:
+            raise _Refused(error(413, "the body is over the size cap", type_="invalid_request"))
+        try:
+            return json.loads(raw or b"{}")
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise _Refused(error(400, "the body is not JSON", type_="invalid_request")) from None
+
+    async def completions(self, request: Request) -> Response:
+        """Submits one request and streams its events as OpenAI completion chunks."""
+        try:
+            body = await self._json(request)
+            if not isinstance(body, dict):
+                raise _Refused(error(400, "the body must be an object", type_="invalid_request"))
+            if body.get("model") != self.model_name:
+                raise _Refused(
+                    error(
+                        404,
+                        f"this engine serves {self.model_name!r}",
+                        type_="invalid_request",
+                        code="model_not_found",
+                    )
+                )
+            if self.draining:
+                raise _Refused(error(503, "the engine is draining", type_="unavailable"))
+            engine_request = request_from_wire(body, request.headers)
+            stream = self.front.submit(engine_request)
+        except _Refused as refused:
+            return refused.response
+        except InvalidRequestError as exc:
+            return error(400, exc.message, type_="invalid_request_error", code=exc.code)
+        except EngineOverloadedError as exc:
+            response = error(503, str(exc), type_="overloaded", code="engine_overloaded")
+            response.headers["retry-after"] = str(max(1, round(exc.retry_after_s)))
+            return response
+        except EngineDeadError as exc:
+            return error(503, str(exc), type_="unavailable", code="engine_dead")
+        request_id = engine_request.request_id
+        chunks = self._chunks(request_id, stream)
+        return StreamingResponse(
+            chunks, media_type="text/event-stream", headers={REQUEST_ID_HEADER: request_id}
+        )
+
+    async def _chunks(
+        self, request_id: str, stream: AsyncIterator[StreamEvent]
+    ) -> AsyncIterator[bytes]:
+        created = int(time.time())
+        finished = False
+        try:
+            async for event in stream:
+                chunk = {
+                    "id": request_id,
+                    "object": "text_completion",
+                    "created": created,
+                    "model": self.model_name,
+                    "choices": [
+                        {
+                            "index": d.index,
+                            "text": d.text,
+                            "logprobs": None,
+                            "finish_reason": d.finish_reason,
+                        }
+                        for d in event.deltas
+                    ],
+                    "cloister": event_to_wire(event),
+                }
+                finished = event.finished
+                yield b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+        except Exception as exc:  # the request failed in the engine: say so in-band
+            finished = True
+            failure = {"error": {"message": str(exc), "type": type(exc).__name__, "code": None}}
+            yield b"data: " + json.dumps(failure).encode() + b"\n\n"
+        finally:
+            # The client left (or the stream broke) before the end: free its blocks now.
+            if not finished:
+                with contextlib.suppress(Exception):
+                    await self.front.abort(request_id)
+        yield b"data: [DONE]\n\n"
+
+    async def abort(self, request: Request) -> Response:
+        """Stops a request; unknown ids are a no-op."""
+        try:
+            body = await self._json(request)
+        except _Refused as refused:
+            return refused.response
+        request_id = body.get("request_id") if isinstance(body, dict) else None
+        if not isinstance(request_id, str) or not request_id:
+            return error(400, "request_id must be a non-empty string", type_="invalid_request")
+        await self.front.abort(request_id)
+        return JSONResponse({"aborted": request_id})
+
+    async def cache_rules(self, request: Request) -> Response:
+        """Replaces the cache rules; they apply before the engine's next step."""
+        try:
+            body = await self._json(request)
+            if not isinstance(body, dict):
+                raise _Refused(error(400, "the body must be an object", type_="invalid_request"))
+            rules = rules_from_wire(body)
+        except _Refused as refused:
+            return refused.response
+        except InvalidRequestError as exc:
+            return error(400, exc.message, type_="invalid_request_error", code=exc.code)
+        try:
+            await self.front.update_cache_rules(rules)
+        except EngineDeadError as exc:
+            return error(503, str(exc), type_="unavailable", code="engine_dead")
+        return JSONResponse({"domains": len(rules.domains), "published": len(rules.published)})
+
+    async def info(self, request: Request) -> Response:
+        """The figures a gateway validates requests against."""
+        denied = self.auth.check(request.headers.get("authorization"))
+        if denied is not None:
+            return error(401, denied, type_="authentication_error", code="invalid_token")
+        stats = self.front.stats()
+        return JSONResponse(
+            {
+                "model_name": self.model_name,
+                "max_model_len": self.front.max_model_len,
+                "vocab_size": self.front.vocab_size,
+                "num_blocks": stats.num_blocks,
+                "block_size": stats.block_size,
+            }
+        )
+
+    async def stats(self, request: Request) -> Response:
+        """Load and cumulative counters (what `EngineClient.stats` returns)."""
+        denied = self.auth.check(request.headers.get("authorization"))
+        if denied is not None:
+            return error(401, denied, type_="authentication_error", code="invalid_token")
+        s = self.front.stats()
+        return JSONResponse(
+            {
+                "num_running": s.num_running,
+                "num_waiting": s.num_waiting,
+                "kv_cache_usage": s.kv_cache_usage,
+                "prefix_cache_queries": s.prefix_cache_queries,
+                "prefix_cache_hits": s.prefix_cache_hits,
+                "num_preemptions": s.num_preemptions,
+                "draining": self.draining,
+            }
+        )
+
+
+class _Refused(Exception):
+    """Carries an error response out of a helper."""
+
+    def __init__(self, response: Response) -> None:
+        super().__init__(response.status_code)
+        self.response = response

@@ -1,0 +1,73 @@
+"""An engine server's /metrics, under vLLM's names so routers and dashboards work unchanged.
+
+Read from the engine front at scrape time (a custom collector): nothing is counted on
+the request path. The series carry `model_name` only, never a tenant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+
+class EngineMetrics:
+    """The collector and registry of one engine server."""
+
+    def __init__(self, front: Any, model_name: str) -> None:
+        self._front, self._model = front, model_name
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+
+    def collect(self) -> Iterator[Metric]:
+        """The current series (prometheus_client's collector protocol)."""
+        s = self._front.stats()
+        labels, values = ["model_name"], [self._model]
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc, labels=labels)
+            g.add_metric(values, value)
+            return g
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            c = CounterMetricFamily(name, doc, labels=labels)
+            c.add_metric(values, value)
+            return c
+
+        yield gauge("vllm:num_requests_running", "Requests running.", s.num_running)
+        yield gauge("vllm:num_requests_waiting", "Requests waiting.", s.num_waiting)
+        yield gauge("vllm:kv_cache_usage_perc", "KV cache usage (0..1).", s.kv_cache_usage)
+        yield counter(
+            "vllm:prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache.",
+            s.prefix_cache_queries,
+        )
+        yield counter(
+            "vllm:prefix_cache_hits",
+            "Prompt tokens found in the prefix cache.",
+            s.prefix_cache_hits,
+        )
+        yield counter("vllm:num_preemptions", "Requests preempted.", s.num_preemptions)
+        info = InfoMetricFamily("vllm:cache_config", "The KV cache's configuration.")
+        info.add_metric(
+            [],
+            {
+                "model_name": self._model,
+                "block_size": str(s.block_size),
+                "num_gpu_blocks": str(s.num_blocks),
+                "enable_prefix_caching": "True",
+            },
+        )
+        yield info
+
+    def render(self) -> tuple[bytes, str]:
+        """The text exposition and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

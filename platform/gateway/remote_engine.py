@@ -1,0 +1,292 @@
+"""`RemoteEngineClient`: the `EngineClient` of an engine server (`cloister engine serve`).
+
+Requests go out as the wire format of engine_server.wire, with the service token,
+and their chunks come back as the `StreamEvent`s an in-process engine would give.
+A request is sent as soon as it is submitted (not when its stream is first read).
+Closing a stream, or `abort`, hangs up on the engine server, which aborts the
+request and frees its KV blocks at once; an abort call backs that up.
+
+`stats()` and `alive` must answer without I/O, so a background task polls the
+server's /internal/stats every `poll_s`; a server that fails `max_failures` polls in
+a row is not alive until it answers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from engine.errors import EngineDeadError, EngineOverloadedError, InvalidRequestError
+from engine.kv_cache.cache_rules import CacheRules
+from engine.outputs import StreamEvent
+from engine.request import EngineRequest
+from engine_server.wire import event_from_wire, request_to_wire, rules_to_wire
+from gateway.engine_client import EngineSnapshot, TokenizerLike
+
+logger = logging.getLogger("cloister.gateway.remote")
+CONNECT_TIMEOUT_S = 5.0
+
+
+class EngineUnavailableError(EngineDeadError):
+    """The engine server cannot be reached or answered with a server error."""
+
+
+@dataclass(frozen=True)
+class EngineServerInfo:
+    """What an engine server says of itself (GET /internal/info)."""
+
+    model_name: str
+    max_model_len: int
+    vocab_size: int
+    num_blocks: int
+    block_size: int
+
+
+def fetch_info(base_url: str, token: str | None, *, wait_s: float = 0.0) -> EngineServerInfo:
+    """The server's info; retries for up to `wait_s` while the server is starting."""
+    deadline = time.monotonic() + wait_s
+    headers = _auth(token)
+    while True:
+        try:
+            response = httpx.get(f"{base_url}/internal/info", headers=headers, timeout=5.0)
+            if response.status_code == 401:
+                raise EngineUnavailableError(
+                    f"{base_url} refused the service credential (CLOISTER_SERVICE_TOKEN)"
+                )
+            response.raise_for_status()
+            data = response.json()
+            return EngineServerInfo(
+                model_name=str(data["model_name"]),
+                max_model_len=int(data["max_model_len"]),
+                vocab_size=int(data["vocab_size"]),
+                num_blocks=int(data["num_blocks"]),
+                block_size=int(data["block_size"]),
+            )
+        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            if time.monotonic() >= deadline:
+                raise EngineUnavailableError(f"engine server {base_url}: {exc}") from None
+            time.sleep(0.5)
+
+
+def _auth(token: str | None) -> dict[str, str]:
+    return {} if token is None else {"authorization": f"Bearer {token}"}
+
+
+class RemoteStream:
+    """The events of one request on an engine server; iterate it, or `aclose` it."""
+
+    def __init__(self, client: RemoteEngineClient, request: EngineRequest) -> None:
+        self.request_id = request.request_id
+        self._prompt = request.prompt_token_ids
+        self._client = client
+        self._queue: asyncio.Queue[StreamEvent | BaseException | None] = asyncio.Queue()
+        self._task = asyncio.get_running_loop().create_task(self._run(request))
+        self._done = False
+
+    async def _run(self, request: EngineRequest) -> None:
+        body, headers = request_to_wire(request, self._client.model_name)
+        headers.update(self._client.auth_headers)
+        try:
+            async with self._client.http.stream(
+                "POST", "/v1/completions", json=body, headers=headers
+            ) as response:
+                if response.status_code != 200:
+                    raise _error_of(response.status_code, await response.aread(), response)
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    chunk = json.loads(data)
+                    if "error" in chunk:
+                        raise EngineDeadError(str(chunk["error"].get("message", "engine error")))
+                    event = event_from_wire(self.request_id, chunk["cloister"], self._prompt)
+                    self._queue.put_nowait(event)
+                    if event.finished:
+                        break
+        except asyncio.CancelledError:
+            raise
+        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            self._client.note_failure()
+            self._queue.put_nowait(EngineUnavailableError(f"engine server: {exc}"))
+        except Exception as exc:
+            self._queue.put_nowait(exc)
+        finally:
+            self._queue.put_nowait(None)
+
+    def __aiter__(self) -> AsyncIterator[StreamEvent]:
+        return self
+
+    async def __anext__(self) -> StreamEvent:
+        if self._done:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if item is None:
+            self._done = True
+            raise EngineUnavailableError("the engine server ended the stream early")
+        if isinstance(item, BaseException):
+            self._done = True
+            raise item
+        if item.finished:
+            self._done = True
+        return item
+
+    async def aclose(self) -> None:
+        """Hangs up: the engine server aborts the request."""
+        self._done = True
+        if not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
+
+def _error_of(status: int, raw: bytes, response: httpx.Response) -> Exception:
+    try:
+        err = json.loads(raw)["error"]
+        message, code = str(err.get("message")), err.get("code")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        message, code = raw[:200].decode(errors="replace"), None
+    if status == 400:
+        exc = InvalidRequestError(message)
+        if code:
+            exc.code = str(code)
+        return exc
+    if status == 503 and code == "engine_overloaded":
+        retry = float(response.headers.get("retry-after") or 1.0)
+        return EngineOverloadedError(message, retry_after_s=retry)
+    return EngineUnavailableError(f"engine server answered {status}: {message}")
+
+
+class RemoteEngineClient:
+    """An `EngineClient` over one engine server."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None,
+        tokenizer: TokenizerLike,
+        info: EngineServerInfo,
+        model_name: str | None = None,
+        poll_s: float = 1.0,
+        max_failures: int = 3,
+        request_timeout_s: float = 600.0,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model_name: str = model_name or info.model_name
+        self.max_model_len: int = info.max_model_len
+        self.vocab_size: int = info.vocab_size
+        self.info = info
+        self.auth_headers = _auth(token)
+        self._tokenizer = tokenizer
+        self._poll_s, self._max_failures = poll_s, max_failures
+        self._timeout = httpx.Timeout(request_timeout_s, connect=CONNECT_TIMEOUT_S)
+        self.http = httpx.AsyncClient(base_url=self.base_url, timeout=self._timeout)
+        self._snapshot = EngineSnapshot(0, 0, 0.0, 0, 0, 0)
+        self._failures = 0
+        self._draining = False
+        self._closed = False
+        self._poller: asyncio.Task[None] | None = None
+        self._streams: dict[str, RemoteStream] = {}
+
+    @property
+    def tokenizer(self) -> TokenizerLike:
+        """The served model's tokenizer, loaded by the gateway from the same model."""
+        return self._tokenizer
+
+    def submit(self, request: EngineRequest) -> AsyncIterator[StreamEvent]:
+        """Sends the request now; errors (400, overload, an unreachable server) arrive as the
+        stream's first item."""
+        if self._closed:
+            raise EngineDeadError("the engine client was shut down")
+        stream = RemoteStream(self, request)
+        self._streams[request.request_id] = stream
+        stream._task.add_done_callback(lambda _t: self._streams.pop(request.request_id, None))
+        return stream
+
+    async def abort(self, request_id: str) -> None:
+        """Hangs up on the request and tells the server, in case the hang-up is missed."""
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            await stream.aclose()
+        with contextlib.suppress(httpx.HTTPError):
+            await self.http.post(
+                "/internal/abort", json={"request_id": request_id}, headers=self.auth_headers
+            )
+
+    async def update_cache_rules(self, rules: CacheRules) -> None:
+        """PUT /internal/cache_rules; an unreachable server raises `EngineDeadError`."""
+        try:
+            response = await self.http.put(
+                "/internal/cache_rules", json=rules_to_wire(rules), headers=self.auth_headers
+            )
+        except httpx.HTTPError as exc:
+            raise EngineUnavailableError(f"engine server {self.base_url}: {exc}") from None
+        if response.status_code != 200:
+            raise EngineUnavailableError(
+                f"engine server {self.base_url} refused the cache rules: {response.text[:200]}"
+            )
+
+    def stats(self) -> EngineSnapshot:
+        """The last polled figures."""
+        return self._snapshot
+
+    @property
+    def alive(self) -> bool:
+        """False after `max_failures` failed polls in a row, while draining, or once shut."""
+        return not self._closed and not self._draining and self._failures < self._max_failures
+
+    def note_failure(self) -> None:
+        """A request could not reach the server: counts as a failed poll."""
+        self._failures += 1
+
+    async def start(self) -> None:
+        """Starts the stats poller (idempotent)."""
+        if self._poller is None:
+            self._poller = asyncio.get_running_loop().create_task(self._poll())
+
+    async def shutdown(self) -> None:
+        """Stops polling and closes the connections; the engine server keeps running."""
+        self._closed = True
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+        for stream in list(self._streams.values()):
+            await stream.aclose()
+        await self.http.aclose()
+
+    async def poll_once(self) -> None:
+        """One stats poll."""
+        try:
+            response = await self.http.get(
+                "/internal/stats", headers=self.auth_headers, timeout=self._poll_s * 2 + 1
+            )
+            response.raise_for_status()
+            s: dict[str, Any] = response.json()
+            self._snapshot = EngineSnapshot(
+                num_running=int(s["num_running"]),
+                num_waiting=int(s["num_waiting"]),
+                kv_cache_usage=float(s["kv_cache_usage"]),
+                prefix_cache_queries=int(s["prefix_cache_queries"]),
+                prefix_cache_hits=int(s["prefix_cache_hits"]),
+                num_preemptions=int(s["num_preemptions"]),
+            )
+            self._draining = bool(s.get("draining"))
+            self._failures = 0
+        except (httpx.HTTPError, ValueError, KeyError):
+            self._failures += 1
+
+    async def _poll(self) -> None:
+        while True:
+            await self.poll_once()
+            await asyncio.sleep(self._poll_s)

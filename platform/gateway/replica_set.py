@@ -1,0 +1,292 @@
+"""`ReplicaSetClient`: one `EngineClient` over several engine servers of one model.
+
+Replicas come from a static list of URLs, or from `dns+http://name:port`, whose
+addresses (a Kubernetes headless Service's pods) are re-resolved every `refresh_s`.
+Each request is routed by gateway.routing; if its replica fails before the first
+event (unreachable, overloaded, died), it is sent to the next one in the route
+order, and never after a token was streamed. A replica whose stats polls fail leaves
+the set (within about three poll periods) and rejoins, ramping up, when it answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+import urllib.parse
+from collections.abc import AsyncIterator, Callable, Sequence
+
+from engine.errors import EngineDeadError, EngineOverloadedError
+from engine.kv_cache.cache_rules import CacheRules
+from engine.outputs import StreamEvent
+from engine.request import EngineRequest
+from gateway.engine_client import EngineSnapshot, TokenizerLike
+from gateway.remote_engine import (
+    EngineServerInfo,
+    EngineUnavailableError,
+    RemoteEngineClient,
+    fetch_info,
+)
+from gateway.routing import ReplicaLoad, RoutingConfig, choose, route_key
+
+logger = logging.getLogger("cloister.gateway.replicas")
+DNS_SCHEME = "dns+"
+
+
+def expand_urls(urls: Sequence[str]) -> list[str]:
+    """Static URLs as they are; each `dns+http://name:port` as one URL per address now."""
+    out: list[str] = []
+    for url in urls:
+        if not url.startswith(DNS_SCHEME):
+            out.append(url.rstrip("/"))
+            continue
+        parts = urllib.parse.urlsplit(url.removeprefix(DNS_SCHEME))
+        host, port = parts.hostname or "", parts.port or 80
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError:
+            continue  # the name does not resolve (yet): no replicas from it this round
+        for address in sorted({str(info[4][0]) for info in infos}):
+            shown = f"[{address}]" if ":" in address else address
+            out.append(f"{parts.scheme}://{shown}:{port}")
+    return list(dict.fromkeys(out))
+
+
+class _Replica:
+    """One engine server and when it last joined the set."""
+
+    def __init__(self, client: RemoteEngineClient) -> None:
+        self.client = client
+        self.joined_at = time.monotonic()
+        self.was_alive = True
+
+    def load(self) -> ReplicaLoad:
+        s = self.client.stats()
+        return ReplicaLoad(
+            self.client.base_url, s.num_waiting + s.num_running, s.kv_cache_usage, self.joined_at
+        )
+
+
+class ReplicaSetClient:
+    """An `EngineClient` that routes each request to one of several engine servers."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        token: str | None,
+        tokenizer: TokenizerLike,
+        model_name: str,
+        resolve: Callable[[Sequence[str]], list[str]] = expand_urls,
+        routing: RoutingConfig | None = None,
+        refresh_s: float = 2.0,
+        poll_s: float = 1.0,
+        connect_wait_s: float = 0.0,
+    ) -> None:
+        self._urls, self._token, self._tokenizer = tuple(urls), token, tokenizer
+        self._resolve, self._refresh_s, self._poll_s = resolve, refresh_s, poll_s
+        self.model_name = model_name
+        found = resolve(self._urls)
+        if not found:
+            raise EngineUnavailableError(f"no engine server found at {', '.join(self._urls)}")
+        info = fetch_info(found[0], token, wait_s=connect_wait_s)
+        if info.model_name != model_name:
+            raise EngineUnavailableError(
+                f"the engine at {found[0]} serves {info.model_name!r}, not {model_name!r}"
+            )
+        self.info = info
+        self.max_model_len: int = info.max_model_len
+        self.vocab_size: int = info.vocab_size
+        self.routing = routing or RoutingConfig(block_size=info.block_size)
+        self._replicas: dict[str, _Replica] = {url: self._new(url, info) for url in found}
+        self._owners: dict[str, RemoteEngineClient] = {}  # request id -> its replica
+        self._refresher: asyncio.Task[None] | None = None
+        self._closed = False
+
+    def _new(self, url: str, info: EngineServerInfo) -> _Replica:
+        client = RemoteEngineClient(
+            url, token=self._token, tokenizer=self._tokenizer, info=info, poll_s=self._poll_s
+        )
+        client.model_name = self.model_name
+        return _Replica(client)
+
+    @property
+    def tokenizer(self) -> TokenizerLike:
+        """The model's tokenizer."""
+        return self._tokenizer
+
+    def replicas(self) -> list[RemoteEngineClient]:
+        """The replicas in the set now, alive or not."""
+        return [r.client for r in self._replicas.values()]
+
+    def _healthy(self) -> list[_Replica]:
+        now = time.monotonic()
+        healthy = []
+        for replica in self._replicas.values():
+            alive = replica.client.alive
+            if alive and not replica.was_alive:
+                replica.joined_at = now  # back from a failure: ramp up from a cold cache
+                logger.info("engine replica %s rejoined", replica.client.base_url)
+            elif not alive and replica.was_alive:
+                logger.warning("engine replica %s left the set", replica.client.base_url)
+            replica.was_alive = alive
+            if alive:
+                healthy.append(replica)
+        return healthy
+
+    def route(self, request: EngineRequest) -> list[RemoteEngineClient]:
+        """The replicas to try for `request`, in order."""
+        healthy = self._healthy()
+        if not healthy:
+            raise EngineUnavailableError("no engine replica is serving")
+        key = route_key(
+            request.cache_domain, request.adapter, request.prompt_token_ids, self.routing
+        )
+        order = choose(key, [r.load() for r in healthy], time.monotonic(), self.routing)
+        return [self._replicas[url].client for url in order]
+
+    def submit(self, request: EngineRequest) -> AsyncIterator[StreamEvent]:
+        """Routes and sends; falls back to the next replica until the first event."""
+        if self._closed:
+            raise EngineDeadError("the engine client was shut down")
+        return _RoutedStream(self, request, self.route(request))
+
+    def own(self, request_id: str, client: RemoteEngineClient | None) -> None:
+        """Records (or forgets, with None) which replica runs a request."""
+        if client is None:
+            self._owners.pop(request_id, None)
+        else:
+            self._owners[request_id] = client
+
+    async def abort(self, request_id: str) -> None:
+        """Aborts the request on the replica that runs it."""
+        client = self._owners.pop(request_id, None)
+        if client is not None:
+            await client.abort(request_id)
+
+    async def update_cache_rules(self, rules: CacheRules) -> None:
+        """Pushes the rules to every replica; raises only when none took them."""
+        clients = self.replicas()
+        results = await asyncio.gather(
+            *(c.update_cache_rules(rules) for c in clients), return_exceptions=True
+        )
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed and len(failed) == len(clients):
+            raise EngineUnavailableError(f"no engine replica took the cache rules: {failed[0]}")
+
+    def stats(self) -> EngineSnapshot:
+        """The replicas' figures summed (KV usage: their mean)."""
+        snaps = [r.client.stats() for r in self._replicas.values() if r.client.alive]
+        if not snaps:
+            return EngineSnapshot(0, 0, 0.0, 0, 0, 0)
+        return EngineSnapshot(
+            num_running=sum(s.num_running for s in snaps),
+            num_waiting=sum(s.num_waiting for s in snaps),
+            kv_cache_usage=sum(s.kv_cache_usage for s in snaps) / len(snaps),
+            prefix_cache_queries=sum(s.prefix_cache_queries for s in snaps),
+            prefix_cache_hits=sum(s.prefix_cache_hits for s in snaps),
+            num_preemptions=sum(s.num_preemptions for s in snaps),
+        )
+
+    @property
+    def alive(self) -> bool:
+        """True while at least one replica serves."""
+        return not self._closed and any(r.client.alive for r in self._replicas.values())
+
+    async def start(self) -> None:
+        """Starts every replica's poller and the re-resolution of the URLs."""
+        for replica in self._replicas.values():
+            await replica.client.start()
+        if self._refresher is None:
+            self._refresher = asyncio.get_running_loop().create_task(self._refresh())
+
+    async def shutdown(self) -> None:
+        """Stops routing and closes every replica's connections."""
+        self._closed = True
+        if self._refresher is not None:
+            self._refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresher
+        for replica in self._replicas.values():
+            await replica.client.shutdown()
+
+    async def refresh_once(self) -> None:
+        """Re-resolves the URLs: new addresses join (ramping), vanished ones leave."""
+        found = await asyncio.to_thread(self._resolve, self._urls)
+        for url in found:
+            if url not in self._replicas:
+                replica = self._new(url, self.info)
+                await replica.client.start()
+                await replica.client.poll_once()
+                self._replicas[url] = replica
+                logger.info("engine replica %s joined", url)
+        for url in [u for u in self._replicas if u not in found]:
+            replica = self._replicas.pop(url)
+            logger.info("engine replica %s is gone", url)
+            await replica.client.shutdown()
+
+    async def _refresh(self) -> None:
+        while True:
+            await asyncio.sleep(self._refresh_s)
+            try:
+                await self.refresh_once()
+            except Exception:  # a bad round must not stop the next one
+                logger.exception("re-resolving the engine replicas failed")
+
+
+class _RoutedStream:
+    """A request's events from the first replica of its route that takes it."""
+
+    def __init__(
+        self, owner: ReplicaSetClient, request: EngineRequest, route: list[RemoteEngineClient]
+    ) -> None:
+        self._owner, self._request, self._route = owner, request, list(route)
+        self._current = self._send()
+        self._started = False
+        self._done = False
+
+    def _send(self) -> AsyncIterator[StreamEvent]:
+        client = self._route.pop(0)
+        self._owner.own(self._request.request_id, client)
+        return client.submit(self._request)
+
+    def __aiter__(self) -> AsyncIterator[StreamEvent]:
+        return self
+
+    async def __anext__(self) -> StreamEvent:
+        if self._done:
+            raise StopAsyncIteration
+        while True:
+            try:
+                event = await self._current.__anext__()
+            except (EngineUnavailableError, EngineOverloadedError, EngineDeadError):
+                if self._started or not self._route:
+                    self._finish()
+                    raise
+                await _close(self._current)
+                self._current = self._send()  # nothing was streamed yet: try the next one
+                continue
+            except BaseException:
+                self._finish()
+                raise
+            self._started = True
+            if event.finished:
+                self._finish()
+            return event
+
+    def _finish(self) -> None:
+        self._done = True
+        self._owner.own(self._request.request_id, None)
+
+    async def aclose(self) -> None:
+        """Hangs up on the replica."""
+        self._finish()
+        await _close(self._current)
+
+
+async def _close(stream: AsyncIterator[StreamEvent]) -> None:
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        await aclose()

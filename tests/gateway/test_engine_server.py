@@ -1,0 +1,257 @@
+"""The engine as its own server: `cloister engine serve`, the remote client, the credential.
+
+One engine process (tiny model) for the module; a gateway in this process reaches it
+through `RemoteEngineClient`, as a split deployment does.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine.kv_cache.cache_rules import CacheRules, DomainRule
+from engine.model.tokenizer import load_tokenizer
+from engine.outputs import (
+    CompletionDelta,
+    PositionLogprobs,
+    RequestMetrics,
+    StreamEvent,
+    TokenLogprob,
+)
+from engine.request import EngineRequest
+from engine.sampling_params import SamplingParams
+from engine.structured.spec import StructuredSpec
+from engine_server.wire import (
+    event_from_wire,
+    event_to_wire,
+    request_from_wire,
+    request_to_wire,
+    rules_from_wire,
+    rules_to_wire,
+)
+from gateway.remote_engine import RemoteEngineClient, fetch_info
+from tests.gateway.conftest import LiveGateway
+from tests.gateway.engine_servers import (
+    ENGINE_COMMAND,
+    SERVICE_TOKEN,
+    EngineProcess,
+    engine_env,
+    engine_servers,
+    gateway_over,
+    spawn_engine,
+    wait_ready,
+)
+from tests.utils.tiny_model import make_tiny_model_dir
+
+MESSAGES = [{"role": "user", "content": "Tell me a story about a cache, at length."}]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model_dir(tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
+    with engine_servers(model_dir, tmp_path_factory.mktemp("logs"), 1) as (one,):
+        yield one
+
+
+@pytest.fixture(scope="module")
+def remote_gateway(
+    engine: EngineProcess, model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveGateway]:
+    tokenizer = load_tokenizer(model_dir)
+
+    def client() -> RemoteEngineClient:
+        info = fetch_info(engine.base_url, SERVICE_TOKEN)
+        return RemoteEngineClient(
+            engine.base_url, token=SERVICE_TOKEN, tokenizer=tokenizer, info=info, poll_s=0.2
+        )
+
+    with gateway_over(tmp_path_factory.mktemp("gw"), client) as gw:
+        yield gw
+
+
+def test_the_request_object_survives_the_hop() -> None:
+    request = EngineRequest(
+        prompt_token_ids=(5, 6, 7),
+        params=SamplingParams(
+            n=2, temperature=0.7, top_p=0.9, top_k=20, min_p=0.05, seed=3, max_tokens=9,
+            min_tokens=1, stop=("x",), stop_token_ids=(4,), logprobs=2, logit_bias={9: -5.0},
+            repetition_penalty=1.1, structured=StructuredSpec("regex", "[a-z]+"),
+        ),
+        request_id="r-1", cache_domain="t:a/k:b", fairness_key="t:a", weight=2.5,
+        adapter="lora-x", cache=False, priority=-3, prompt="hi",
+    )  # fmt: skip
+    body, headers = request_to_wire(request, "tiny")
+    assert body["cache_salt"] == "t:a/k:b" and headers["x-llm-d-inference-fairness-id"] == "t:a"
+    assert request_from_wire(body, headers) == request
+    event = StreamEvent(
+        request_id="r-1",
+        deltas=(
+            CompletionDelta(
+                0, "hé", (1, 2), (PositionLogprobs(TokenLogprob(1, -0.5, "h"), (TokenLogprob(3, -1.0, "x"),)),), None
+            ),
+            CompletionDelta(1, "", (), None, "stop"),
+        ),
+        prompt_token_ids=(5, 6, 7),
+        num_cached_tokens=16,
+        finished=True,
+        metrics=RequestMetrics(1.0, 1.1, 1.2, 1.3, 0),
+    )  # fmt: skip
+    assert event_from_wire("r-1", event_to_wire(event), (5, 6, 7)) == event
+    rules = CacheRules(domains=(("t:a", DomainRule(floor_blocks=2)),), published=((1, 2, 3),))
+    assert rules_from_wire(rules_to_wire(rules)) == rules
+
+
+@pytest.mark.slow
+def test_chat_through_the_engine_server(remote_gateway: LiveGateway) -> None:
+    key, other = remote_gateway.tenant("acme"), remote_gateway.tenant("globex")
+    client = remote_gateway.client(key)
+    first = client.chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=6, temperature=0
+    )
+    again = client.chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=6, temperature=0
+    )
+    assert first.choices[0].message.content == again.choices[0].message.content
+    assert first.usage is not None and again.usage is not None
+    assert again.usage.prompt_tokens_details is not None
+    assert again.usage.prompt_tokens_details.cached_tokens > 0  # the same tenant's cache
+    elsewhere = remote_gateway.client(other).chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=6, temperature=0
+    )
+    assert elsewhere.usage is not None and elsewhere.usage.prompt_tokens_details is not None
+    assert elsewhere.usage.prompt_tokens_details.cached_tokens == 0  # never another tenant's
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny",
+            messages=MESSAGES,
+            max_tokens=6,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == first.choices[0].message.content
+    records = [r for r in remote_gateway.usage.records if r.status == 200]
+    assert len(records) == 4 and sum(r.completion_tokens for r in records) == 4 * 6
+
+
+@pytest.mark.slow
+def test_a_bad_request_is_a_400_and_the_engine_checks_its_own_limits(
+    remote_gateway: LiveGateway,
+) -> None:
+    key = remote_gateway.tenant("initech")
+    with pytest.raises(openai.BadRequestError):
+        remote_gateway.client(key).completions.create(
+            model="tiny",
+            prompt=[1] * 600,
+            max_tokens=4,  # over the 512-token context
+        )
+
+
+def test_the_engine_refuses_callers_without_the_credential(
+    engine: EngineProcess, remote_gateway: LiveGateway
+) -> None:
+    body = {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 2}
+    url = engine.base_url + "/v1/completions"
+    assert httpx.post(url, json=body).status_code == 401
+    tenant_key = remote_gateway.tenant("hooli")  # a tenant's key is no service credential
+    refused = httpx.post(url, json=body, headers={"authorization": f"Bearer {tenant_key}"})
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_token"
+    assert httpx.get(engine.base_url + "/internal/stats").status_code == 401
+    assert httpx.put(engine.base_url + "/internal/cache_rules", json={}).status_code == 401
+    auth = {"authorization": f"Bearer {SERVICE_TOKEN}"}
+    wrong_model = httpx.post(url, json={**body, "model": "other"}, headers=auth)
+    assert wrong_model.status_code == 404
+    assert httpx.post(url, content=b"{nope", headers=auth).status_code == 400
+    bad_field = httpx.post(url, json={**body, "temperature": "hot"}, headers=auth)
+    assert bad_field.status_code == 400 and "error" in bad_field.json()
+    bad_rules = httpx.put(
+        engine.base_url + "/internal/cache_rules", json={"published": [[-1]]}, headers=auth
+    )
+    assert bad_rules.status_code == 400
+
+
+def test_health_and_vllm_metrics(engine: EngineProcess) -> None:
+    assert httpx.get(engine.base_url + "/health").status_code == 200
+    text = httpx.get(engine.base_url + "/metrics").text
+    names = {f.name for f in text_string_to_metric_families(text)}
+    for name in (
+        "vllm:num_requests_waiting",
+        "vllm:num_requests_running",
+        "vllm:kv_cache_usage_perc",
+        "vllm:cache_config_info",
+        "vllm:prefix_cache_queries",
+    ):
+        assert name in names, name
+    assert 'num_gpu_blocks="' in text and 'model_name="tiny"' in text
+
+
+def test_no_credential_no_start(model_dir: Path, tmp_path: Path) -> None:
+    env = engine_env(model_dir, token=None)
+    refused = subprocess.run(
+        [*ENGINE_COMMAND, "--port", "1"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert refused.returncode != 0
+    assert "no service credential" in refused.stderr and "Traceback" not in refused.stderr
+    wide = subprocess.run(
+        [*ENGINE_COMMAND, "--insecure-loopback", "--host", "0.0.0.0", "--port", "1"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert wide.returncode != 0 and "127.0.0.1 only" in wide.stderr
+    short = subprocess.run(
+        [*ENGINE_COMMAND, "--port", "1"],
+        env={**env, "CLOISTER_SERVICE_TOKEN": "short"}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert short.returncode != 0 and "at least 24 characters" in short.stderr
+
+
+@pytest.mark.slow
+def test_sigterm_drains_streams_and_admits_nothing_new(model_dir: Path, tmp_path: Path) -> None:
+    engine = spawn_engine(model_dir, tmp_path / "drain.log")
+    try:
+        wait_ready(engine)
+        auth = {"authorization": f"Bearer {SERVICE_TOKEN}"}
+        body = {"model": "tiny", "prompt": list(range(10, 40)), "max_tokens": 300,
+                "ignore_eos": True, "stream": True}  # fmt: skip
+        events: list[str] = []
+
+        def stream() -> None:
+            with httpx.stream(
+                "POST", engine.base_url + "/v1/completions", json=body, headers=auth, timeout=60
+            ) as response:
+                events.extend(line for line in response.iter_lines() if line.startswith("data:"))
+
+        reader = threading.Thread(target=stream)
+        reader.start()
+        deadline = time.monotonic() + 30
+        while len(events) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert events, engine.logs()
+        engine.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        with pytest.raises(httpx.HTTPError):  # the listener is closed: nothing new comes in
+            httpx.post(engine.base_url + "/v1/completions", json=body, headers=auth, timeout=5)
+        reader.join(timeout=60)
+        assert events[-1] == "data: [DONE]"
+        finishes = [e for e in events if '"finish_reason":"length"' in e]
+        assert len(finishes) == 1  # the running stream ran to its end
+        # uvicorn shuts down cleanly, then re-raises the signal it caught (exit -15).
+        assert engine.proc.wait(timeout=60) in (0, -signal.SIGTERM)
+        assert "Application shutdown complete" in engine.logs()
+    finally:
+        if engine.proc.poll() is None:
+            engine.proc.kill()
