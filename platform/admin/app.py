@@ -17,7 +17,9 @@ from admin.deps import AdminServices
 from admin.router import create_admin_router
 from admin.settings import AdminSettings
 from admin.ui import mount_console
+from server.request_ids import install_request_ids
 from tenancy.auth_throttle import FailureThrottle
+from tenancy.unique_ids import UniqueIds
 
 
 def make_services(
@@ -59,6 +61,7 @@ def create_admin_app(services: AdminServices) -> FastAPI:
     app = FastAPI(title="Cloister admin", docs_url=None, redoc_url=None)
     app.include_router(create_admin_router(services))
     mount_console(app, services)  # the console at /admin and its extra API routes
+    install_request_ids(app, UniqueIds().next)  # x-request-id on every answer, as audited
     return app
 
 

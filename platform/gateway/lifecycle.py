@@ -29,6 +29,7 @@ from gateway.state import AppState
 from gateway.tokenize import ModelPrompts
 from gateway.tracing import extract_context
 from gateway.usage import UsageGuard, UsageRecord
+from server.request_ids import REQUEST_ID_HEADER, RequestIds, valid_client_id
 from tenancy.authenticator import check_model
 from tenancy.errors import PermissionDeniedError, RateLimitedError
 from tenancy.limiter.base import Admission
@@ -41,14 +42,29 @@ ENGINE_ERROR = "engine_error"  # the finish reason of a request the engine faile
 class RequestLifecycle:
     """State and steps of one API request; see the module docstring."""
 
-    def __init__(self, state: AppState, *, id_prefix: str, headers: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        state: AppState,
+        *,
+        id_prefix: str,
+        headers: Mapping[str, str],
+        ids: RequestIds | None = None,
+    ) -> None:
+        """`ids`: the HTTP request's ids (server.request_ids.request_ids_of); the request's
+        own id is drawn here, with `id_prefix`, and becomes theirs (x-cloister-request-id)."""
         self.state = state
-        self.request_id = state.request_ids.next(id_prefix)
+        if ids is None:  # no middleware (direct use): the client's id still reaches usage
+            ids = RequestIds(valid_client_id(headers.get(REQUEST_ID_HEADER)), state.request_ids.next)
+        self.ids = ids
+        self.request_id = ids.assign(state.request_ids.next(id_prefix))
         self.created = int(time.time())
         self.started = time.monotonic()
         self.span: Span = state.tracer.start_span(
             "gen_ai.request", context=extract_context(headers), kind=SpanKind.SERVER
         )
+        self.span.set_attribute("cloister.request_id", self.request_id)
+        if ids.client is not None:
+            self.span.set_attribute("cloister.client_request_id", ids.client)
         self.principal: Principal | None = None
         self.source: str | None = None
         self.model: str = ""
@@ -293,6 +309,7 @@ class RequestLifecycle:
         if principal is not None:
             record = UsageRecord(
                 request_id=self.request_id,
+                client_request_id=self.ids.client,
                 tenant_id=principal.tenant_id,
                 key_id=principal.key_id,
                 model=self.model,
