@@ -54,7 +54,9 @@ class RequestLifecycle:
         own id is drawn here, with `id_prefix`, and becomes theirs (x-cloister-request-id)."""
         self.state = state
         if ids is None:  # no middleware (direct use): the client's id still reaches usage
-            ids = RequestIds(valid_client_id(headers.get(REQUEST_ID_HEADER)), state.request_ids.next)
+            ids = RequestIds(
+                valid_client_id(headers.get(REQUEST_ID_HEADER)), state.request_ids.next
+            )
         self.ids = ids
         self.request_id = ids.assign(state.request_ids.next(id_prefix))
         self.created = int(time.time())

@@ -38,6 +38,7 @@ OWN_ID_HEADER = "x-cloister-request-id"
 MAX_CLIENT_ID_CHARS = 128
 STATE_KEY = "request_ids"  # in scope["state"], i.e. request.state.request_ids
 _CLIENT_ID = re.compile(rf"[\x21-\x7e]{{1,{MAX_CLIENT_ID_CHARS}}}")
+_HTTP_METHODS = frozenset({"get", "put", "post", "delete", "patch", "head", "options", "trace"})
 _CURRENT: ContextVar[RequestIds | None] = ContextVar("cloister_request_ids", default=None)
 
 
@@ -157,3 +158,37 @@ class RequestIdFilter(logging.Filter):
         if ids.client is not None:
             fields.setdefault("client_request_id", ids.client)
         return True
+
+
+def describe_request_ids(paths: dict[str, Any]) -> dict[str, Any]:
+    """OpenAPI `paths` with the optional x-request-id parameter and both response headers
+    added to every operation (in place; returned for convenience)."""
+    parameter = {
+        "name": REQUEST_ID_HEADER,
+        "in": "header",
+        "required": False,
+        "description": (
+            "Your id for this request, echoed in the response's x-request-id (and kept with "
+            f"its usage record); 1 to {MAX_CLIENT_ID_CHARS} visible ASCII characters, any "
+            "other value is ignored"
+        ),
+        "schema": {"type": "string", "maxLength": MAX_CLIENT_ID_CHARS, "pattern": "^[!-~]+$"},
+    }
+    headers = {
+        REQUEST_ID_HEADER: {
+            "description": "Your x-request-id if you sent a valid one, else the server's id",
+            "schema": {"type": "string"},
+        },
+        OWN_ID_HEADER: {
+            "description": "The server's unique id of this request (a completion's `id`)",
+            "schema": {"type": "string"},
+        },
+    }
+    for item in paths.values():
+        for method, operation in item.items():
+            if method not in _HTTP_METHODS:  # a path item's own summary or parameters
+                continue
+            operation.setdefault("parameters", []).append(parameter)
+            for response in operation.get("responses", {}).values():
+                response.setdefault("headers", {}).update(headers)
+    return paths
