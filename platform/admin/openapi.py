@@ -13,7 +13,6 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
@@ -30,18 +29,20 @@ PUBLIC_ADMIN_PATHS = ("/admin/api/v1/auth/login", "/admin/api/v1/auth/callback")
 
 def admin_document(app: FastAPI) -> dict[str, Any]:
     """The document of the admin API routes `app` serves (none of its other routes)."""
-    routes = [
-        r
-        for r in app.routes
-        if isinstance(r, APIRoute) and r.include_in_schema and r.path.startswith(ADMIN_API_PREFIX)
-    ]
     document = get_openapi(
         title="Cloister admin API",
         version=app.version,
         openapi_version="3.1.0",
         description="Tenants, keys, limits, models, adapters, usage, billing and audit.",
-        routes=routes,
+        routes=app.routes,
     )
+    # FastAPI describes all of its own routes (the tenant API's are plain Starlette
+    # routes it never sees); keep the admin API's.
+    document["paths"] = {
+        path: item
+        for path, item in document.get("paths", {}).items()
+        if path.startswith(ADMIN_API_PREFIX)
+    }
     for path, item in document.get("paths", {}).items():
         if path not in PUBLIC_ADMIN_PATHS:
             for operation in item.values():

@@ -10,9 +10,9 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi.routing import iter_route_contexts
 from openapi_spec_validator import validate
 from openapi_spec_validator.validation import OpenAPIV31SpecValidator
-from starlette.routing import Route
 
 from gateway.openapi import tenant_document
 from tenancy.limiter.memory import MemoryLimiter
@@ -42,11 +42,13 @@ def document(gateway: LiveGateway) -> dict[str, Any]:
 def served_v1_operations(app: Any) -> set[tuple[str, str]]:
     """(path template, method) of every /v1 route `app` serves, from its routes."""
     found = set()
-    for route in app.routes:
-        if isinstance(route, Route) and route.path.startswith("/v1"):
+    # Plain routes and those of included routers alike.
+    for route in iter_route_contexts(app.routes):
+        path = route.path_format or ""
+        if path.startswith("/v1"):
             for method in route.methods or ():
                 if method != "HEAD":  # Starlette adds HEAD to every GET
-                    found.add((route.path_format, method.lower()))
+                    found.add((path, method.lower()))
     return found
 
 
