@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
 from engine.sampling_params import MAX_STOP_TOKEN_IDS, REPETITION_PENALTY_RANGE
 
@@ -40,8 +40,8 @@ class SamplingFields(BaseModel):
     logit_bias: dict[str, float] | None = None
     # vLLM's extra sampling parameters (not in OpenAI's API); None: the engine default.
     top_k: StrictInt | None = Field(default=None, ge=-1, description="-1 or 0: disabled")
-    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    repetition_penalty: float | None = Field(
+    min_p: StrictFloat | None = Field(default=None, ge=0.0, le=1.0)
+    repetition_penalty: StrictFloat | None = Field(
         default=None, ge=REPETITION_PENALTY_RANGE[0], le=REPETITION_PENALTY_RANGE[1]
     )
     min_tokens: StrictInt | None = Field(default=None, ge=0, description="At most max_tokens")
