@@ -1,6 +1,6 @@
 """Client request ids in the usage store (SQLite and PostgreSQL's JSON path): one client
 id on many records is kept every time, a replay still counts once, and rows spooled
-before migration 0006 (no client id) still go in."""
+before migration 0006 (no client id) still go in; the admin API finds them per tenant."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from admin.models import UsageHourly, UsageRow
 from admin.usage_store import write_usage
 from gateway.usage import UsageRecord
 from tenancy.db import make_engine, make_session_factory, upgrade_database
+from tenancy.models import Tenant
+from tests.admin.conftest import AdminEnv
 from tests.utils.services import postgres_database
 
 
@@ -81,3 +83,34 @@ def test_one_client_id_on_many_records(sessions: sessionmaker[Session]) -> None:
         "cmpl-5": ("ten_a", None),
     }
     assert requests == 5
+
+
+def test_admin_finds_a_tenants_requests_by_client_id(env: AdminEnv) -> None:
+    with env.sessions() as s:
+        ids = {name: id_ for name, id_ in s.execute(sa.select(Tenant.name, Tenant.id))}
+        alpha, beta = ids["alpha"], ids["beta"]
+        now = dt.datetime.now(dt.UTC)
+        rows = [
+            usage_row(_record("cmpl-a1", alpha, "retry-1"), now),
+            usage_row(_record("cmpl-a2", alpha, "retry-1"), now + dt.timedelta(seconds=1)),
+            usage_row(_record("cmpl-b1", beta, "retry-1"), now),
+        ]
+        assert write_usage(s, rows) == 3
+    url = "/admin/api/v1/usage/requests"
+    admin = env.token("admin")
+    found = env.client.get(
+        url, params={"tenant_id": alpha, "client_request_id": "retry-1"}, headers=admin
+    ).json()
+    assert [r["request_id"] for r in found["items"]] == ["cmpl-a2", "cmpl-a1"]
+    assert {r["client_request_id"] for r in found["items"]} == {"retry-1"}
+    # Client ids are per tenant: no tenant, no answer.
+    r = env.client.get(url, params={"client_request_id": "retry-1"}, headers=admin)
+    assert r.status_code == 422
+    # A tenant-admin sees its own tenant's records only.
+    own = env.token("tenant-admin", tenant="beta")
+    mine = env.client.get(url, params={"client_request_id": "retry-1"}, headers=own).json()
+    assert [r["request_id"] for r in mine["items"]] == ["cmpl-b1"]
+    other = env.client.get(
+        url, params={"tenant_id": alpha, "client_request_id": "retry-1"}, headers=own
+    )
+    assert other.status_code == 404
