@@ -29,7 +29,12 @@ from gateway.state import AppState
 from gateway.tokenize import ModelPrompts
 from gateway.tracing import extract_context
 from gateway.usage import UsageGuard, UsageRecord
-from server.request_ids import REQUEST_ID_HEADER, RequestIds, valid_client_id
+from server.request_ids import (
+    REQUEST_ID_HEADER,
+    RequestIds,
+    current_request_ids,
+    valid_client_id,
+)
 from tenancy.authenticator import check_model
 from tenancy.errors import PermissionDeniedError, RateLimitedError
 from tenancy.limiter.base import Admission
@@ -50,9 +55,11 @@ class RequestLifecycle:
         headers: Mapping[str, str],
         ids: RequestIds | None = None,
     ) -> None:
-        """`ids`: the HTTP request's ids (server.request_ids.request_ids_of); the request's
-        own id is drawn here, with `id_prefix`, and becomes theirs (x-cloister-request-id)."""
+        """`ids`: the HTTP request's ids (server.request_ids.request_ids_of; by default
+        those of the request being served). The request's own id is drawn here, with
+        `id_prefix`, and becomes theirs: the response's x-cloister-request-id."""
         self.state = state
+        ids = ids or current_request_ids()
         if ids is None:  # no middleware (direct use): the client's id still reaches usage
             ids = RequestIds(
                 valid_client_id(headers.get(REQUEST_ID_HEADER)), state.request_ids.next
