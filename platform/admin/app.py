@@ -14,10 +14,13 @@ from admin.audit_chain import load_private_key
 from admin.audit_log import AuditLog
 from admin.audit_writer import AuditWriter
 from admin.deps import AdminServices
+from admin.openapi import install_admin_openapi
 from admin.router import create_admin_router
 from admin.settings import AdminSettings
 from admin.ui import mount_console
+from server.request_ids import install_request_ids
 from tenancy.auth_throttle import FailureThrottle
+from tenancy.unique_ids import UniqueIds
 
 
 def make_services(
@@ -56,9 +59,11 @@ def make_services(
 
 def create_admin_app(services: AdminServices) -> FastAPI:
     """A FastAPI app serving the admin API and console (`cloister admin serve`)."""
-    app = FastAPI(title="Cloister admin", docs_url=None, redoc_url=None)
+    app = FastAPI(title="Cloister admin", docs_url=None, redoc_url=None, openapi_url=None)
     app.include_router(create_admin_router(services))
     mount_console(app, services)  # the console at /admin and its extra API routes
+    install_admin_openapi(app)  # at /admin/api/openapi.json, as in `cloister serve`
+    install_request_ids(app, UniqueIds().next)  # x-request-id on every answer, as audited
     return app
 
 

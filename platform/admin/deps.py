@@ -29,6 +29,7 @@ from admin.audit_writer import AuditWriter
 from admin.errors import Unauthenticated
 from admin.identity import AdminIdentity, Role, authenticate_admin
 from admin.settings import AdminSettings
+from server.request_ids import REQUEST_ID_HEADER, request_ids_of, valid_client_id
 from tenancy.auth_throttle import FailureThrottle
 from tenancy.errors import AuthThrottledError
 
@@ -113,6 +114,14 @@ def client_ip(request: Request) -> str | None:
     return request.client.host if request.client else None
 
 
+def _request_id(request: Request) -> str | None:
+    """The id the response names (x-request-id): the client's if valid, else the server's."""
+    ids = request_ids_of(request)
+    if ids is not None:
+        return ids.echoed
+    return valid_client_id(request.headers.get(REQUEST_ID_HEADER))
+
+
 def record_request(
     audit: AuditLog | AuditWriter,
     request: Request,
@@ -134,7 +143,7 @@ def record_request(
         resource=resource,
         outcome=outcome,
         source_ip=client_ip(request),
-        request_id=request.headers.get("x-request-id"),
+        request_id=_request_id(request),
         detail=detail or None,
     )
 

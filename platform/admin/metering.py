@@ -36,7 +36,8 @@ Done = Callable[[BaseException | None], None]
 
 
 class UsageLike(Protocol):
-    """The fields of gateway.usage.UsageRecord that metering reads (adapter optional).
+    """The fields of gateway.usage.UsageRecord that metering reads (adapter and
+    client_request_id optional).
 
     Read-only members, so that frozen records satisfy it.
     """
@@ -95,6 +96,7 @@ def usage_row(usage: UsageLike, occurred_at: dt.datetime) -> dict[str, Any]:
         "status": int(usage.status),
         "finish_reason": usage.finish_reason,
         "client_disconnected": bool(usage.client_disconnected),
+        "client_request_id": getattr(usage, "client_request_id", None),
     }
 
 

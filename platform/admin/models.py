@@ -129,7 +129,10 @@ class UsageRow(Base):
     """One request's usage; the primary key makes a second write of the same id a no-op."""
 
     __tablename__ = "usage_records"
-    __table_args__ = (Index("ix_usage_records_tenant_time", "tenant_id", "occurred_at"),)
+    __table_args__ = (
+        Index("ix_usage_records_tenant_time", "tenant_id", "occurred_at"),
+        Index("ix_usage_records_tenant_client_request", "tenant_id", "client_request_id"),
+    )
 
     request_id: Mapped[str] = mapped_column(String(128), primary_key=True)
     occurred_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), index=True)
@@ -148,6 +151,9 @@ class UsageRow(Base):
     client_disconnected: Mapped[bool] = mapped_column(Boolean, default=False)
     # Tokens used while the model had no price in force: billed $0, but marked so.
     unpriced: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # The client's x-request-id (migration 0006): not unique, since retries and other
+    # tenants reuse ids; looked up per tenant.
+    client_request_id: Mapped[str | None] = mapped_column(String(128), default=None)
 
 
 class UsageHourly(Base):

@@ -6,7 +6,7 @@ import hashlib
 import hmac
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import anyio.to_thread
 from fastapi import APIRouter, HTTPException, Query, Request
@@ -19,9 +19,9 @@ from admin.audit_chain import public_hex
 from admin.deps import AdminServices
 from admin.errors import AdapterValidationError, Unauthenticated
 from admin.identity import create_admin_token, issue_session, revoke_admin_token
-from admin.models import AdminToken, AuditEvent, LoraAdapter
+from admin.models import AdminToken, AuditEvent, LoraAdapter, UsageRow
 from admin.oidc import OidcClient
-from admin.serialize import adapter_dict, page, prefix_dict, token_dict
+from admin.serialize import adapter_dict, page, prefix_dict, token_dict, usage_record_dict
 from admin.source_paths import SourcePathError, check_source
 from admin.upload_intake import UploadSlots, new_upload_dir, receive_to_file, remove_upload_dir
 from tenancy import store
@@ -289,6 +289,26 @@ def add_ops_routes(
             by_key=by_key,
         )
         return {"items": [{**b.__dict__, "unpriced": b.unpriced} for b in buckets]}
+
+    @router.get("/usage/requests")
+    def usage_requests(
+        ctx: Ctx,
+        client_request_id: Annotated[str, Query(min_length=1, max_length=128)],
+        tenant_id: str | None = None,
+        limit: Limit = 100,
+        offset: Offset = 0,
+    ) -> dict[str, Any]:
+        """One tenant's usage records sent with a client's x-request-id, newest first
+        (a retried request has several)."""
+        tenant = scoped_tenant(ctx, tenant_id)
+        if tenant is None:  # client ids are the tenant's own: another may use the same
+            raise HTTPException(422, "tenant_id is required: client request ids are per tenant")
+        query = (
+            select(UsageRow)
+            .where(UsageRow.tenant_id == tenant, UsageRow.client_request_id == client_request_id)
+            .order_by(UsageRow.occurred_at.desc(), UsageRow.request_id)
+        )
+        return page(ctx.session, query, limit, offset, usage_record_dict)
 
     @router.get("/billing/export")
     def billing_export(

@@ -10,7 +10,7 @@ from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
 from admin import registry
-from admin.models import AdminToken, LoraAdapter, RegisteredModel, SharedPrefix
+from admin.models import AdminToken, LoraAdapter, RegisteredModel, SharedPrefix, UsageRow
 from tenancy import store
 from tenancy.models import ApiKey, Tenant
 
@@ -138,4 +138,24 @@ def token_dict(t: AdminToken) -> dict[str, Any]:
         "prefix": t.prefix,
         "created_at": _iso(t.created_at),
         "revoked_at": _iso(t.revoked_at),
+    }
+
+
+def usage_record_dict(u: UsageRow) -> dict[str, Any]:
+    """One request's usage record, with the gateway's and the client's request ids."""
+    return {
+        "request_id": u.request_id,
+        "client_request_id": u.client_request_id,
+        "occurred_at": _iso(u.occurred_at),
+        "tenant_id": u.tenant_id,
+        "key_id": u.key_id,
+        "model": u.model,
+        "adapter": u.adapter or None,
+        "prompt_tokens": u.prompt_tokens,
+        "cached_tokens": u.cached_tokens,
+        "completion_tokens": u.completion_tokens,
+        "cost_pico_usd": u.cost_pico_usd,
+        "status": u.status,
+        "finish_reason": u.finish_reason,
+        "client_disconnected": u.client_disconnected,
     }

@@ -181,6 +181,8 @@ def _usage_params(
         "finish_reason": r.get("finish_reason"),
         "client_disconnected": bool(r.get("client_disconnected", False)),
         "unpriced": unpriced,
+        # Absent from rows spooled before migration 0006.
+        "client_request_id": r.get("client_request_id"),
     }
 
 

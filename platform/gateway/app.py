@@ -25,6 +25,7 @@ from gateway.state import AppState, AuthenticatorLike, OperatorAuth
 from gateway.tokenize import PromptTokenizer
 from gateway.tracing import gateway_tracer, make_tracer_provider
 from gateway.usage import LoggingUsageSink, UsageSink
+from server.request_ids import install_request_ids
 from server.settings import Settings
 from tenancy.limiter.base import Limiter
 from tenancy.unique_ids import UniqueIds
@@ -123,6 +124,8 @@ def create_app(
     for module in (chat, completions, responses, models, metrics):
         app.router.routes.extend(module.routes)
     install_openapi(app)
+    # Every response names its request (x-request-id), 500s and the admin routes included.
+    install_request_ids(app, lambda: state.request_ids.next("req"))
     return app
 
 

@@ -29,6 +29,12 @@ from gateway.state import AppState
 from gateway.tokenize import ModelPrompts
 from gateway.tracing import extract_context
 from gateway.usage import UsageGuard, UsageRecord
+from server.request_ids import (
+    REQUEST_ID_HEADER,
+    RequestIds,
+    current_request_ids,
+    valid_client_id,
+)
 from tenancy.authenticator import check_model
 from tenancy.errors import PermissionDeniedError, RateLimitedError
 from tenancy.limiter.base import Admission
@@ -48,15 +54,28 @@ class RequestLifecycle:
         id_prefix: str,
         headers: Mapping[str, str],
         request_id: str | None = None,
+        ids: RequestIds | None = None,
     ) -> None:
+        """`request_id`: an id the route minted in its API's own spelling ("resp_...");
+        by default one is drawn with `id_prefix`. `ids`: the HTTP request's ids
+        (server.request_ids.request_ids_of; by default those of the request being served).
+        The request's own id becomes theirs: the response's x-cloister-request-id."""
         self.state = state
-        # `request_id`: an id the route minted in its API's own spelling ("resp_...").
-        self.request_id = request_id or state.request_ids.next(id_prefix)
+        ids = ids or current_request_ids()
+        if ids is None:  # no middleware (direct use): the client's id still reaches usage
+            ids = RequestIds(
+                valid_client_id(headers.get(REQUEST_ID_HEADER)), state.request_ids.next
+            )
+        self.ids = ids
+        self.request_id = ids.assign(request_id or state.request_ids.next(id_prefix))
         self.created = int(time.time())
         self.started = time.monotonic()
         self.span: Span = state.tracer.start_span(
             "gen_ai.request", context=extract_context(headers), kind=SpanKind.SERVER
         )
+        self.span.set_attribute("cloister.request_id", self.request_id)
+        if ids.client is not None:
+            self.span.set_attribute("cloister.client_request_id", ids.client)
         self.principal: Principal | None = None
         self.source: str | None = None
         self.model: str = ""
@@ -301,6 +320,7 @@ class RequestLifecycle:
         if principal is not None:
             record = UsageRecord(
                 request_id=self.request_id,
+                client_request_id=self.ids.client,
                 tenant_id=principal.tenant_id,
                 key_id=principal.key_id,
                 model=self.model,

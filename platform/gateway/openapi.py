@@ -1,18 +1,18 @@
-"""The OpenAPI 3.1 description of the gateway's OpenAI routes, merged into the app's own.
+"""The OpenAPI 3.1 document of the tenant API (the gateway's OpenAI routes).
 
 The OpenAI routes are plain Starlette routes whose bodies are validated by hand
 (gateway/body.py), so FastAPI knows nothing about them. This module describes them
 from the same pydantic schemas, for clients, /docs and API fuzzers. It is only a
-document: nothing here runs on the request path.
+document: nothing here runs on the request path. Every `/v1` route the app serves
+must have its entry in `gateway_paths` (tests/gateway/test_openapi.py checks it
+against `app.routes`). The admin API has its own document: admin/openapi.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI
-from fastapi.openapi.docs import get_swagger_ui_html
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 from starlette.requests import Request
@@ -24,12 +24,11 @@ from gateway.schemas.common import ErrorBody
 from gateway.schemas.completions import Completion, CompletionRequest
 from gateway.schemas.models import ModelCard, ModelList
 from gateway.schemas.responses import DeletedResponse, ResponseCreateRequest, ResponseObject
+from server.api_docs import docs_response
+from server.request_ids import describe_request_ids
 
 REF = "#/components/schemas/{model}"
 BEARER = "TenantKey"
-ADMIN_BEARER = "AdminToken"
-ADMIN_PREFIX = "/admin/api/"
-PUBLIC_ADMIN_PATHS = ("/admin/api/v1/auth/login", "/admin/api/v1/auth/callback")
 MODELS: tuple[type[BaseModel], ...] = (
     ChatCompletionRequest,
     ChatCompletion,
@@ -200,52 +199,41 @@ def gateway_components() -> dict[str, Any]:
         "schemas": defs.get("$defs", {}),
         "securitySchemes": {
             BEARER: {"type": "http", "scheme": "bearer", "description": "A tenant's API key"},
-            ADMIN_BEARER: {
-                "type": "http",
-                "scheme": "bearer",
-                "description": "An admin token or a signed-in admin's session",
-            },
         },
     }
 
 
-def merge_gateway_description(document: dict[str, Any]) -> dict[str, Any]:
-    """`document` (FastAPI's description of the app's own routes) with the gateway's added.
-
-    The admin routes read their credential by hand, so FastAPI does not know they need
-    one: they are marked as needing an admin token here.
-    """
-    paths = {**document.get("paths", {}), **gateway_paths()}
-    for path, item in paths.items():
-        if path.startswith(ADMIN_PREFIX) and path not in PUBLIC_ADMIN_PATHS:
-            for operation in item.values():
-                operation.setdefault("security", [{ADMIN_BEARER: []}])
-    components = dict(document.get("components", {}))
-    extra = gateway_components()
-    components["schemas"] = {**components.get("schemas", {}), **extra["schemas"]}
-    components["securitySchemes"] = {
-        **components.get("securitySchemes", {}),
-        **extra["securitySchemes"],
+def tenant_document(title: str, version: str) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of the tenant API: the OpenAI routes and the health check."""
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": title,
+            "version": version,
+            "description": "The OpenAI-compatible API tenants call with their keys.",
+        },
+        "paths": describe_request_ids(gateway_paths()),
+        "components": gateway_components(),
     }
-    return {**document, "paths": paths, "components": components}
 
 
 def install_openapi(app: FastAPI) -> None:
-    """Serves the merged description at the app's `/openapi.json`, and Swagger UI at `/docs`.
+    """Serves the tenant API's document at the app's `/openapi.json`, and a page of it at
+    `/docs` (server/api_docs.py: offline, unlike Swagger UI's CDN-loaded one).
 
-    The document is built on first request, so routers included after this call (the
-    admin API in `cloister serve`) are part of it.
+    Only the tenant API: the admin routes a `cloister serve` app also holds have their
+    own document (admin/openapi.py), so a tenant's client or fuzzer never sees them.
     """
-    fastapi_openapi: Callable[[], dict[str, Any]] = app.openapi
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = merge_gateway_description(fastapi_openapi())
+            app.openapi_schema = tenant_document(app.title, app.version)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+    url = app.openapi_url or "/openapi.json"
 
     async def docs(request: Request) -> HTMLResponse:
-        return get_swagger_ui_html(openapi_url=app.openapi_url or "/openapi.json", title=app.title)
+        return docs_response(openapi(), url)
 
     app.router.routes.append(Route("/docs", docs, methods=["GET"], include_in_schema=False))

@@ -17,7 +17,7 @@ from tenancy.limits import EffectiveLimits
 
 # Accepted but ignored because they never change the generated tokens.
 _HARMLESS_EXTRAS = frozenset(
-    {"metadata", "store", "service_tier", "parallel_tool_calls", "stream_options", "top_k"}
+    {"metadata", "store", "service_tier", "parallel_tool_calls", "stream_options"}
 )
 # Unknown fields that would change the output: refused rather than silently dropped.
 _OUTPUT_CHANGING = frozenset(
@@ -136,6 +136,25 @@ def check_request_fits(num_prompts: int, n: int, *, max_waiting: int) -> None:
         )
 
 
+def _vllm_extras(body: SamplingFields, *, max_tokens: int) -> dict[str, Any]:
+    """vLLM's extra parameters the client set, as SamplingParams keywords (ranges: the
+    schema and SamplingParams check them)."""
+    if body.min_tokens is not None and body.min_tokens > max_tokens:
+        raise InvalidParameterError(
+            f"min_tokens ({body.min_tokens}) must be at most max_tokens ({max_tokens})",
+            param="min_tokens",
+        )
+    given = {
+        "top_k": body.top_k,
+        "min_p": body.min_p,
+        "repetition_penalty": body.repetition_penalty,
+        "min_tokens": body.min_tokens,
+        "ignore_eos": body.ignore_eos,
+        "stop_token_ids": None if body.stop_token_ids is None else tuple(body.stop_token_ids),
+    }
+    return {name: value for name, value in given.items() if value is not None}
+
+
 def build_sampling_params(
     body: SamplingFields,
     *,
@@ -162,7 +181,9 @@ def build_sampling_params(
             stop=tuple(stop),
             logprobs=logprobs,
             logit_bias=tuple(parse_logit_bias(body.logit_bias, vocab_size).items()),
+            **_vllm_extras(body, max_tokens=max_tokens),
         )
+        params.check_against(vocab_size=vocab_size, max_n=max_n, max_tokens_limit=None)
     except InvalidRequestError as exc:
         raise InvalidParameterError(exc.message, param=exc.param) from None
     return params

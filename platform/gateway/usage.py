@@ -32,6 +32,9 @@ class UsageRecord:
     finish_reason: str | None
     client_disconnected: bool
     adapter: str | None = None  # the LoRA adapter served, when there is one
+    # The client's x-request-id, if it sent a valid one: not unique (retries, other
+    # tenants), so stored beside `request_id`, never as a key.
+    client_request_id: str | None = None
 
 
 class UsageSink(Protocol):

@@ -1,7 +1,8 @@
 """The one structured logging setup: JSON lines on stderr, with secrets redacted.
 
 Every record passes `RedactingFilter` before it is formatted, so an API key or an
-Authorization header never reaches a log sink, whichever module logged it.
+Authorization header never reaches a log sink, whichever module logged it. Records
+logged while a request is served carry its `request_id` (server/request_ids.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import re
 import sys
 from datetime import UTC, datetime
 from typing import Any, TextIO
+
+from server.request_ids import RequestIdFilter
 
 # Keys look like `sk-<tenant-ish prefix>_<random>`; match generously so that
 # a key embedded in any text (a URL, a repr of headers) is caught.
@@ -92,6 +95,7 @@ def configure_logging(level: str = "INFO", *, stream: TextIO | None = None) -> l
     """
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter())
+    handler.addFilter(RequestIdFilter())  # before redaction: a client's id is redacted too
     handler.addFilter(RedactingFilter())
     root = logging.getLogger()
     for old in [h for h in root.handlers if getattr(h, "_cloister", False)]:

@@ -252,6 +252,7 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
     from admin.app import make_services
     from admin.deps import operator_auth
     from admin.metering import MeteringSink
+    from admin.openapi import install_admin_openapi
     from admin.router import create_admin_router
     from admin.ui import gateway_engine_stats, mount_console
     from admin.usage_store import UsageLedger
@@ -301,6 +302,7 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
     # One process serves the admin API and its console next to the gateway.
     app.include_router(create_admin_router(services))
     mount_console(app, services, engine_stats=gateway_engine_stats(app.state.cloister))
+    install_admin_openapi(app)  # the admin API's own document, apart from the tenant API's
     app.state.metering = metering
     app.state.admin_services = services  # run_server runs its audit checkpoint timer
     # Tenant cache policies and published prefixes reach each running engine within

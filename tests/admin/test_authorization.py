@@ -199,6 +199,15 @@ def _cells() -> list[Cell]:
         ),
         Cell(
             "GET",
+            "/usage/requests",
+            lambda f, t: (f"{P}/usage/requests?client_request_id=r1&tenant_id={f['ids'][t]}", {}),
+            OK,
+            OK,
+            OK,
+            HIDDEN,
+        ),
+        Cell(
+            "GET",
             "/billing/export",
             lambda f, t: (f"{P}/billing/export?period=2026-11&tenant_id={f['ids'][t]}", {}),
             OK,

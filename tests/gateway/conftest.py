@@ -88,6 +88,7 @@ class LiveGateway:
     usage: ListUsageSink
     logs: io.StringIO
     secrets: list[str] = field(default_factory=list)
+    app: Any = None  # the ASGI app uvicorn serves (create_app's FastAPI)
 
     def client(self, key: str) -> OpenAI:
         """An OpenAI SDK client with this key and no retries."""
@@ -169,7 +170,7 @@ def start_gateway(
         thread.join(timeout=30)
         logging.getLogger().removeHandler(handler)
 
-    gw = LiveGateway(f"http://127.0.0.1:{port}", "tiny", engine, sessions, usage, logs)
+    gw = LiveGateway(f"http://127.0.0.1:{port}", "tiny", engine, sessions, usage, logs, app=app)
     return gw, stop
 
 

@@ -1,6 +1,7 @@
-"""Schemathesis over the live server's OpenAPI document (the gateway's OpenAI routes and the
-admin API): valid and invalid requests to every operation, and never a 5xx other than
-503 with Retry-After, never an error body outside OpenAI's format."""
+"""Schemathesis over the live server's two OpenAPI documents (the tenant API's, the admin
+API's): valid and invalid requests to every operation, and never a 5xx other than 503
+with Retry-After, never an error body outside OpenAI's format, never an answer
+without x-request-id."""
 
 from __future__ import annotations
 
@@ -29,13 +30,15 @@ OPENAI_PATHS = {
     "/v1/models",
     "/health",
 }
+TENANT_DOCUMENT = "/openapi.json"
+ADMIN_DOCUMENT = "/admin/api/openapi.json"
 
 
-def test_openapi_document_describes_gateway_and_admin(live_server: LiveServer) -> None:
-    doc = httpx.get(live_server.base_url + "/openapi.json", timeout=30).json()
+def test_tenant_and_admin_documents_are_apart(live_server: LiveServer) -> None:
+    doc = httpx.get(live_server.base_url + TENANT_DOCUMENT, timeout=30).json()
     assert doc["openapi"].startswith("3.1")
     assert set(doc["paths"]) >= OPENAI_PATHS, sorted(doc["paths"])
-    assert {"/admin/api/v1/tenants", "/admin/api/v1/usage"} <= set(doc["paths"])
+    assert not [p for p in doc["paths"] if p.startswith("/admin")]
     chat = doc["paths"]["/v1/chat/completions"]["post"]
     assert chat["security"] == [{"TenantKey": []}]
     body = chat["requestBody"]["content"]["application/json"]["schema"]["$ref"]
@@ -44,11 +47,16 @@ def test_openapi_document_describes_gateway_and_admin(live_server: LiveServer) -
     assert {"temperature", "top_p", "messages", "stream"} <= set(
         schemas["ChatCompletionRequest"]["properties"]
     )
-    assert doc["paths"]["/admin/api/v1/tenants"]["get"]["security"] == [{"AdminToken": []}]
     refs = set(re.findall(r'"\$ref": "#/components/schemas/([^"]+)"', json.dumps(doc)))
     assert refs and refs <= set(schemas), refs - set(schemas)
-    docs = httpx.get(live_server.base_url + "/docs", timeout=30)
-    assert docs.status_code == 200 and "swagger" in docs.text.lower()
+    admin = httpx.get(live_server.base_url + ADMIN_DOCUMENT, timeout=30).json()
+    assert admin["openapi"].startswith("3.1")
+    assert {"/admin/api/v1/tenants", "/admin/api/v1/usage"} <= set(admin["paths"])
+    assert all(p.startswith("/admin/api/") for p in admin["paths"])
+    assert admin["paths"]["/admin/api/v1/tenants"]["get"]["security"] == [{"AdminToken": []}]
+    for page, path in (("/docs", "/v1/chat/completions"), ("/admin/docs", "/admin/api/v1/tenants")):
+        docs = httpx.get(live_server.base_url + page, timeout=30)
+        assert docs.status_code == 200 and path in docs.text
 
 
 def _reply(response: Any, what: str) -> Reply:
@@ -88,6 +96,8 @@ def fuzz_operation(server: LiveServer, strategy: Any, label: str, found: list[st
             found.append(f"{what}: no response: {exc!r}")
             return
         found.extend(problems(_reply(response, what)))
+        if "x-request-id" not in response.headers:
+            found.append(f"{what}: no x-request-id -> {response.status_code}")
 
     with contextlib.suppress(Unsatisfiable):  # no invalid input exists for this operation
         one()
@@ -96,12 +106,14 @@ def fuzz_operation(server: LiveServer, strategy: Any, label: str, found: list[st
 
 @pytest.mark.slow
 def test_no_server_errors_anywhere_in_the_openapi_document(live_server: LiveServer) -> None:
-    schema = schemathesis.openapi.from_url(live_server.base_url + "/openapi.json")
     operations = []
-    for result in schema.get_all_operations():
-        assert isinstance(result, Ok), result.err()
-        operations.append(result.ok())
-    assert {op.path for op in operations} >= OPENAI_PATHS
+    for document in (TENANT_DOCUMENT, ADMIN_DOCUMENT):
+        schema = schemathesis.openapi.from_url(live_server.base_url + document)
+        for result in schema.get_all_operations():
+            assert isinstance(result, Ok), result.err()
+            operations.append(result.ok())
+    paths = {op.path for op in operations}
+    assert paths >= OPENAI_PATHS and "/admin/api/v1/tenants" in paths
     found: list[str] = []
     for operation in operations:
         admin = operation.path.startswith("/admin")

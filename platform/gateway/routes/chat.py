@@ -42,6 +42,7 @@ from gateway.sse import (
     sse_model,
 )
 from gateway.state import app_state, client_host
+from server.request_ids import request_ids_of
 
 
 def chat_logprobs(
@@ -82,7 +83,12 @@ async def _prompt_ids(life: RequestLifecycle, body: ChatCompletionRequest) -> li
 
 async def create_chat_completion(request: Request) -> Response:
     """Creates a model response for a conversation; streamed as SSE with stream=true."""
-    life = RequestLifecycle(app_state(request), id_prefix="chatcmpl", headers=request.headers)
+    life = RequestLifecycle(
+        app_state(request),
+        id_prefix="chatcmpl",
+        headers=request.headers,
+        ids=request_ids_of(request),
+    )
     async with settled_on_error(life):
         await life.authenticate(request.headers.get("authorization"), source=client_host(request))
         body = await parse_body(request, ChatCompletionRequest)

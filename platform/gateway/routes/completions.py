@@ -36,6 +36,7 @@ from gateway.sse import (
     sse_model,
 )
 from gateway.state import app_state, client_host
+from server.request_ids import request_ids_of
 
 MAX_PROMPTS = 64
 
@@ -103,7 +104,12 @@ def _vet_legacy(body: CompletionRequest) -> None:
 
 async def create_completion(request: Request) -> Response:
     """Completes one or more prompts; streamed as SSE with stream=true."""
-    life = RequestLifecycle(app_state(request), id_prefix="cmpl", headers=request.headers)
+    life = RequestLifecycle(
+        app_state(request),
+        id_prefix="cmpl",
+        headers=request.headers,
+        ids=request_ids_of(request),
+    )
     async with settled_on_error(life):
         await life.authenticate(request.headers.get("authorization"), source=client_host(request))
         body = await parse_body(request, CompletionRequest)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
+
+from engine.sampling_params import MAX_STOP_TOKEN_IDS, REPETITION_PENALTY_RANGE
 
 # The smallest top_p accepted: far above float32's underflow, and any top_p this
 # small already keeps only the top token.
@@ -36,6 +38,17 @@ class SamplingFields(BaseModel):
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
+    # vLLM's extra sampling parameters (not in OpenAI's API); None: the engine default.
+    top_k: StrictInt | None = Field(default=None, ge=-1, description="-1 or 0: disabled")
+    min_p: StrictFloat | None = Field(default=None, ge=0.0, le=1.0)
+    repetition_penalty: StrictFloat | None = Field(
+        default=None, ge=REPETITION_PENALTY_RANGE[0], le=REPETITION_PENALTY_RANGE[1]
+    )
+    min_tokens: StrictInt | None = Field(default=None, ge=0, description="At most max_tokens")
+    ignore_eos: StrictBool | None = Field(
+        default=None, description="Go on past EOS; max_tokens and the key's caps still apply"
+    )
+    stop_token_ids: list[StrictInt] | None = Field(default=None, max_length=MAX_STOP_TOKEN_IDS)
     user: str | None = Field(default=None, max_length=256)
     # SECURITY.md: `cache: false` neither reads nor writes the prefix cache.
     cache: StrictBool = True
