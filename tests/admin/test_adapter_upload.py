@@ -29,8 +29,8 @@ import uvicorn
 
 from admin import registry
 from admin.app import create_admin_app
+from admin.deps import UPLOAD_CONCURRENCY
 from admin.models import AuditEvent, LoraAdapter
-from admin.router_ops import UPLOAD_CONCURRENCY
 from gateway.errors import install_error_handlers
 from tests.admin.conftest import AdminEnv, make_env
 from tests.admin.zip_archives import (
