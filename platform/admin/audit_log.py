@@ -143,7 +143,7 @@ class AuditLog:
             "resource": resource[:512],
             "outcome": outcome,
             "source_ip": source_ip,
-            "request_id": request_id,
+            "request_id": request_id[:128] if request_id is not None else None,
             "detail": json.loads(json.dumps(scrub(detail), default=str)) if detail else None,
         }
         with self._lock:

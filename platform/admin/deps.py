@@ -14,11 +14,12 @@ database read, until its window ends.
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, TypeVar
 
-from fastapi import Depends, HTTPException, Request
+from fastapi import Depends, HTTPException, Request, Response
 from fastapi.params import Depends as DependsParam
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -43,6 +44,7 @@ from tenancy.models import Tenant
 T = TypeVar("T")
 Detail = Mapping[str, object]
 UPLOAD_CONCURRENCY = 2  # adapter uploads received and validated at once
+MAX_REQUEST_ID = 128  # audit_events.request_id
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,17 @@ def http_error(exc: TenancyError) -> HTTPException:
     return HTTPException(400, str(exc))
 
 
+def request_id(request: Request) -> str:
+    """This request's id: the caller's `x-request-id` (at most 128 characters), else one
+    made here; `get_context` returns it in the response's `x-request-id` header."""
+    rid: str | None = getattr(request.state, "admin_request_id", None)
+    if rid is None:
+        given = request.headers.get("x-request-id", "").strip()[:MAX_REQUEST_ID]
+        rid = given or "adm-" + secrets.token_hex(12)
+        request.state.admin_request_id = rid
+    return rid
+
+
 def client_ip(request: Request) -> str | None:
     """The peer address of `request` (the source denials are counted by)."""
     return request.client.host if request.client else None
@@ -195,7 +208,7 @@ def record_request(
         resource=resource,
         outcome=outcome,
         source_ip=client_ip(request),
-        request_id=request.headers.get("x-request-id"),
+        request_id=request_id(request),
         detail=dict(detail) if detail else None,
     )
 
@@ -236,10 +249,14 @@ async def throttled(request: Request, services: ServicesDep) -> None:
 
 
 def get_context(
-    request: Request, services: ServicesDep, _: Annotated[None, Depends(throttled)]
+    request: Request,
+    response: Response,
+    services: ServicesDep,
+    _: Annotated[None, Depends(throttled)],
 ) -> Iterator[AdminContext]:
     """The AdminContext of an authenticated request; 401 (audited in aggregate) for a bad
     credential; an unexpected error is audited as 500."""
+    response.headers["x-request-id"] = request_id(request)  # what its audit records carry
     with services.sessions() as session:
         try:
             identity = authenticate_admin(

@@ -106,3 +106,19 @@ def test_a_records_name_is_under_the_chain(env: AdminEnv) -> None:
         s.commit()
     verify = env.client.get(f"{P}/audit/verify", headers=headers).json()
     assert verify["ok"] is False and verify["first_bad_seq"] is not None
+
+
+def test_every_request_has_an_id_in_its_response_and_its_records(env: AdminEnv) -> None:
+    headers, _ = _named(env, "ops")
+    r = env.client.post(f"{P}/tenants", json={"name": "delta"}, headers=headers)
+    made = r.headers["x-request-id"]
+    assert made.startswith("adm-")
+    long = env.client.post(
+        f"{P}/tenants", json={"name": "epsilon"}, headers={**headers, "x-request-id": "r" * 5000}
+    )
+    assert long.headers["x-request-id"] == "r" * 128  # the column's width, not a failed write
+    export = env.client.get(f"{P}/audit/export", headers={**headers, "x-request-id": "exp-1"})
+    assert export.headers["x-request-id"] == "exp-1"
+    ids = [e["request_id"] for e in _events(env, "tenant.create")]
+    assert ids == [made, "r" * 128]
+    assert [e["request_id"] for e in _events(env, "audit.export")] == ["exp-1"]

@@ -366,3 +366,22 @@ def test_secrets_never_reach_the_audit_log(env: AdminEnv) -> None:
     assert "key.create" in export and "token.create" in export
     keys = env.client.get("/admin/api/v1/tenants/alpha/keys", headers=headers).json()["items"]
     assert all("secret" not in k and "secret_hash" not in k for k in keys)
+
+
+def test_tenant_metrics_are_for_platform_wide_roles_only(env: AdminEnv) -> None:
+    """The gateway's /metrics check: admin, operator and viewer see tenant series."""
+    from admin.deps import operator_auth
+
+    check = operator_auth(env.services)
+    seen = {
+        role: check(env.token(role, "alpha" if role == "tenant-admin" else None)["Authorization"])
+        for role in ROLES
+    }
+    assert seen == {
+        "admin": True,
+        "operator": True,
+        "viewer": True,
+        "finance": False,
+        "auditor": False,
+        "tenant-admin": False,
+    }

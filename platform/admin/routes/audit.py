@@ -11,7 +11,7 @@ from sqlalchemy import select
 from admin.audit_chain import load_private_key, public_hex
 from admin.audit_log import event_dict
 from admin.body_cap import CappedJsonRoute
-from admin.deps import Ctx, allow
+from admin.deps import Ctx, allow, request_id
 from admin.models import AuditEvent
 from admin.roles import AUDIT_READ
 from admin.schemas.audit import AuditEventPublic, AuditVerifyPublic
@@ -103,7 +103,8 @@ def audit_export(ctx: Ctx) -> PlainTextResponse:
         text = ctx.services.audit.export_jsonl()
     except RuntimeError as exc:
         raise HTTPException(409, str(exc)) from exc
-    return PlainTextResponse(text, media_type="application/x-ndjson")
+    headers = {"x-request-id": request_id(ctx.request)}
+    return PlainTextResponse(text, media_type="application/x-ndjson", headers=headers)
 
 
 @router.get("/verify")

@@ -9,7 +9,7 @@ from fastapi.responses import PlainTextResponse
 
 from admin import billing
 from admin.body_cap import CappedJsonRoute
-from admin.deps import Ctx, allow
+from admin.deps import Ctx, allow, request_id
 from admin.roles import BILLING_READ
 
 router = APIRouter(prefix="/billing", tags=["billing"], route_class=CappedJsonRoute)
@@ -35,4 +35,5 @@ def billing_export(
         raise HTTPException(422, str(exc)) from exc
     ctx.audit("billing.export", f"billing/{period}", tenant_id=tenant, detail={"format": format})
     rendered = billing.render(lines, cast(Literal["csv", "jsonl"], format))
-    return PlainTextResponse(rendered, media_type=MEDIA[format])
+    headers = {"x-request-id": request_id(ctx.request)}
+    return PlainTextResponse(rendered, media_type=MEDIA[format], headers=headers)
