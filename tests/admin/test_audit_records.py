@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
 
 from admin import registry
-from admin.audit_log import event_dict
+from admin.audit_log import AuditLog, event_dict
 from admin.identity import create_admin_token
 from admin.models import AuditEvent
+from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tests.admin.conftest import PEPPER, AdminEnv
 
 P = "/admin/api/v1"
@@ -122,3 +124,28 @@ def test_every_request_has_an_id_in_its_response_and_its_records(env: AdminEnv) 
     ids = [e["request_id"] for e in _events(env, "tenant.create")]
     assert ids == [made, "r" * 128]
     assert [e["request_id"] for e in _events(env, "audit.export")] == ["exp-1"]
+
+
+def test_over_long_request_ids_and_names_fit_postgresql(tmp_path: Path) -> None:
+    """A caller's 5,000-character x-request-id must not make the insert fail (and the
+    writer retry it forever): the record keeps the id's first 128 characters."""
+    from tests.utils.services import postgres_database
+
+    with postgres_database() as url:
+        upgrade_database(url)
+        engine = make_engine(url)
+        try:
+            log = AuditLog(make_session_factory(engine), signing_key=None)
+            sealed = log.record(
+                actor="token:adm_1",
+                actor_name="n" * 5000,
+                role="admin",
+                action="tenant.create",
+                resource="tenants/x",
+                outcome="success",
+                request_id="r" * 5000,
+            )
+            (records, _) = log.load()
+        finally:
+            engine.dispose()
+    assert sealed["request_id"] == "r" * 128 and records[0]["actor_name"] == "n" * 256
