@@ -149,3 +149,11 @@ def test_over_long_request_ids_and_names_fit_postgresql(tmp_path: Path) -> None:
         finally:
             engine.dispose()
     assert sealed["request_id"] == "r" * 128 and records[0]["actor_name"] == "n" * 256
+
+
+def test_a_create_records_what_was_made(env: AdminEnv) -> None:
+    headers, _ = _named(env, "ops")
+    made = env.client.post(f"{P}/tenants", json={"name": "zeta", "weight": 3}, headers=headers)
+    assert made.status_code == 201
+    (create,) = _events(env, "tenant.create")
+    assert create["detail"]["after"] == made.json()

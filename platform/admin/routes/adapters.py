@@ -75,6 +75,7 @@ def register_adapter(ctx: Ctx, body: AdapterCreate) -> AdapterPublic:
             source_path=body.source_path,
             owner_tenant_id=owner,
         ),
+        detail=lambda a: {"after": adapter_public(a).model_dump(mode="json")},
     )
     return adapter_public(a)
 
@@ -144,6 +145,7 @@ def _finish_upload(
             source_path=str(folder),
             owner_tenant_id=owner,
         ),
+        detail=lambda a: {"after": adapter_public(a).model_dump(mode="json")},
     )
     return adapter_public(a)
 

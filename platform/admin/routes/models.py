@@ -58,6 +58,7 @@ def register_model(ctx: Ctx, body: ModelCreate) -> ModelPublic:
             prices=prices,
             allowed_tenants=body.allowed_tenants,
         ),
+        detail=lambda m: {"after": model_public(ctx.session, m).model_dump(mode="json")},
     )
     return model_public(ctx.session, m)
 

@@ -48,6 +48,7 @@ def create_tenant(ctx: Ctx, body: TenantCreate) -> TenantPublic:
         lambda: store.create_tenant(
             ctx.session, name=body.name, isolation_level=body.isolation_level, weight=body.weight
         ),
+        detail=lambda t: {"after": tenant_public(t).model_dump(mode="json")},
     )
     return tenant_public(t)
 
