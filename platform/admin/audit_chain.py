@@ -41,6 +41,8 @@ RECORD_FIELDS = (
     "detail",
     "prev_hash",
 )
+# Hashed only when set, so records written before a field existed keep their hash.
+OPTIONAL_FIELDS = ("actor_name",)
 
 
 def canonical(data: Mapping[str, Any]) -> bytes:
@@ -49,13 +51,15 @@ def canonical(data: Mapping[str, Any]) -> bytes:
 
 
 def record_hash(record: Mapping[str, Any]) -> str:
-    """The hash a record must carry (over RECORD_FIELDS only)."""
-    return hashlib.sha256(canonical({k: record.get(k) for k in RECORD_FIELDS})).hexdigest()
+    """The hash a record must carry (over RECORD_FIELDS, and OPTIONAL_FIELDS when set)."""
+    hashed = {k: record.get(k) for k in RECORD_FIELDS}
+    hashed.update({k: record[k] for k in OPTIONAL_FIELDS if record.get(k) is not None})
+    return hashlib.sha256(canonical(hashed)).hexdigest()
 
 
 def seal(fields: Mapping[str, Any], *, seq: int, prev_hash: str) -> dict[str, Any]:
     """A complete record: the fields plus seq, prev_hash and its own hash."""
-    record = {k: fields.get(k) for k in RECORD_FIELDS}
+    record = {k: fields.get(k) for k in (*RECORD_FIELDS, *OPTIONAL_FIELDS)}
     record["seq"] = seq
     record["prev_hash"] = prev_hash
     record["hash"] = record_hash(record)

@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from admin.audit_chain import (
     GENESIS,
+    OPTIONAL_FIELDS,
     RECORD_FIELDS,
     VerifyReport,
     checkpoint_digest,
@@ -40,7 +41,11 @@ from admin.models import AuditCheckpoint, AuditEvent
 
 logger = logging.getLogger("cloister.admin.audit")
 
-SECRET_NAME = re.compile(r"secret|token|password|authorization|api_key|pepper|signing", re.I)
+# "token" alone or as a suffix ("id_token") is a credential; "token_budget",
+# "max_output_tokens" and "token_ids" are counts and ids, which before/after must show.
+SECRET_NAME = re.compile(
+    r"secret|password|authorization|api_key|pepper|signing|bearer|(^|_)token$|^tokens$", re.I
+)
 CHECKPOINT_FIELDS = ("seq", "record_hash", "prev_digest", "public_key", "signature", "created_at")
 CHECKPOINT_LOCK_ID = 0x636C6F6973746572  # PostgreSQL advisory lock: one checkpoint signer
 
@@ -63,7 +68,7 @@ def _iso(when: dt.datetime) -> str:
 
 def event_dict(row: AuditEvent) -> dict[str, Any]:
     """A stored record as the dict the chain hashes."""
-    out = {k: getattr(row, k) for k in RECORD_FIELDS}
+    out = {k: getattr(row, k) for k in (*RECORD_FIELDS, *OPTIONAL_FIELDS)}
     out["hash"] = row.hash
     return out
 
@@ -122,18 +127,23 @@ class AuditLog:
         source_ip: str | None = None,
         request_id: str | None = None,
         detail: Mapping[str, Any] | None = None,
+        actor_name: str | None = None,
     ) -> dict[str, Any]:
-        """Appends one record (and a checkpoint when one is due); returns the sealed record."""
+        """Appends one record (and a checkpoint when one is due); returns the sealed record.
+
+        `actor` is the caller's stable id, `actor_name` what a person reads (if any).
+        """
         fields = {
             "at": _iso(self._clock()),
             "actor": actor[:256],
+            "actor_name": actor_name[:256] if actor_name is not None else None,
             "role": role,
             "tenant_id": tenant_id,
             "action": action,
             "resource": resource[:512],
             "outcome": outcome,
             "source_ip": source_ip,
-            "request_id": request_id,
+            "request_id": request_id[:128] if request_id is not None else None,
             "detail": json.loads(json.dumps(scrub(detail), default=str)) if detail else None,
         }
         with self._lock:

@@ -15,30 +15,34 @@ import json
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Literal
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from admin.errors import Unauthenticated
-from admin.models import ROLES, AdminToken
+from admin.models import AdminToken
+from admin.roles import ROLES, Role
 from tenancy.errors import InvalidValueError, NotFoundError
 from tenancy.keys import hash_secret, new_id
 from tenancy.models import Tenant
 from tenancy.validation import check_key_name
 
-Role = Literal["admin", "viewer", "tenant-admin"]
 TOKEN_PREFIX = "clo-adm-"
 SESSION_PREFIX = "ses."
 
 
 @dataclass(frozen=True)
 class AdminIdentity:
-    """An authenticated admin caller; `tenant_id` is set exactly for tenant-admin."""
+    """An authenticated admin caller; `tenant_id` is set exactly for tenant-admin.
+
+    `actor` is the stable id ("token:<id>", "oidc:<email or sub>"); `name` what a person
+    reads in the audit log (the token's name, the OIDC name or email), if any.
+    """
 
     actor: str
     role: Role
     tenant_id: str | None = None
+    name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,7 @@ def check_role(role: str, tenant_id: str | None) -> Role:
         raise InvalidValueError(f"role must be one of {', '.join(ROLES)}")
     if (role == "tenant-admin") != (tenant_id is not None):
         raise InvalidValueError("a tenant is required for tenant-admin and only for it")
-    return role  # type: ignore[return-value]
+    return role
 
 
 def create_admin_token(
@@ -122,6 +126,7 @@ def issue_session(
         "sub": identity.actor,
         "role": identity.role,
         "tenant": identity.tenant_id,
+        "name": identity.name,
         "exp": int((now or time.time()) + ttl_s),
     }
     body = _b64(json.dumps(payload, sort_keys=True).encode())
@@ -154,7 +159,10 @@ def _from_session(session_key: str, token: str) -> AdminIdentity:
     sub = payload.get("sub")
     if not isinstance(sub, str) or not sub or (tenant is not None and not isinstance(tenant, str)):
         raise Unauthenticated("malformed session token")
-    return AdminIdentity(actor=sub, role=role, tenant_id=tenant)
+    name = payload.get("name")
+    return AdminIdentity(
+        actor=sub, role=role, tenant_id=tenant, name=name if isinstance(name, str) else None
+    )
 
 
 def authenticate_admin(
@@ -182,5 +190,8 @@ def authenticate_admin(
     if row.revoked_at is not None:
         raise Unauthenticated("admin token revoked")
     return AdminIdentity(
-        actor=f"token:{row.id}", role=check_role(row.role, row.tenant_id), tenant_id=row.tenant_id
+        actor=f"token:{row.id}",
+        role=check_role(row.role, row.tenant_id),
+        tenant_id=row.tenant_id,
+        name=row.name,
     )

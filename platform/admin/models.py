@@ -25,11 +25,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
+from admin.roles import ROLES
 from tenancy.models import Base, UTCDateTime, utcnow
 
 MODEL_STATUSES = ("registered", "loaded", "retired")
 ADAPTER_STATUSES = ("registered", "loaded", "retired")
-ROLES = ("admin", "viewer", "tenant-admin")
 
 
 class RegisteredModel(Base):
@@ -110,7 +110,9 @@ class AdminToken(Base):
 
     __tablename__ = "admin_tokens"
     __table_args__ = (
-        CheckConstraint("role IN ('admin', 'viewer', 'tenant-admin')", name="ck_admin_tokens_role"),
+        CheckConstraint(
+            "role IN (" + ", ".join(f"'{r}'" for r in ROLES) + ")", name="ck_admin_tokens_role"
+        ),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
@@ -185,6 +187,8 @@ class AuditEvent(Base):
     seq: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     at: Mapped[str] = mapped_column(String(40))  # ISO-8601 UTC, hashed as text
     actor: Mapped[str] = mapped_column(String(256))
+    # The actor's display name (token name, OIDC name); hashed only when set (0006).
+    actor_name: Mapped[str | None] = mapped_column(String(256), default=None)
     role: Mapped[str] = mapped_column(String(32))
     tenant_id: Mapped[str | None] = mapped_column(String(32), default=None)
     action: Mapped[str] = mapped_column(String(128))

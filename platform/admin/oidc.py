@@ -123,4 +123,7 @@ class OidcClient:
         except ValueError as exc:
             raise Unauthenticated(str(exc)) from exc
         actor = f"oidc:{claims.get('email') or claims['sub']}"
-        return AdminIdentity(actor=actor, role=checked, tenant_id=tenant)
+        name = claims.get("name") or claims.get("email")
+        return AdminIdentity(
+            actor=actor, role=checked, tenant_id=tenant, name=str(name) if name else None
+        )

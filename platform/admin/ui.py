@@ -2,8 +2,8 @@
 
 The console is static HTML and small JavaScript modules that call the admin API
 with the signed-in caller's bearer token; it has no server-side powers of its
-own. `mount_console` also adds the console's extra API routes (overview,
-tenant settings, audit search), so one call wires everything.
+own; its API routes are the admin router's (admin/router.py). `mount_console` starts
+the sampler the overview route reads engine counters from.
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ from fastapi.staticfiles import StaticFiles
 
 from admin.deps import AdminServices
 from admin.overview_stats import EngineStats, StatsSampler
-from admin.router_console import create_console_router
-from admin.router_overview import create_overview_router
 
 DEFAULT_UI_DIR = Path(__file__).resolve().parents[2] / "admin_ui"
 CHART_JS = Path("node_modules/chart.js/dist/chart.umd.min.js")
@@ -73,8 +71,7 @@ def mount_console(
         sampler = StatsSampler(engine_stats)
         if sample_every_s > 0:
             sampler.start(sample_every_s)
-    app.include_router(create_overview_router(services, sampler))
-    app.include_router(create_console_router(services))
+    app.state.admin_stats_sampler = sampler  # read by GET /overview (admin/routes/overview.py)
     index = ui_dir / "index.html"
 
     def page() -> Response:

@@ -113,7 +113,7 @@ def start_provider(client_id: str) -> tuple[Provider, Any]:
     port = free_port()
     provider = Provider(issuer=f"http://127.0.0.1:{port}", client_id=client_id)
     server = uvicorn.Server(
-        uvicorn.Config(provider.app(), host="127.0.0.1", port=port, log_level="warning")
+        uvicorn.Config(provider.app(), host="127.0.0.1", port=port, log_config=None)
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

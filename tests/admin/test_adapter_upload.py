@@ -29,8 +29,8 @@ import uvicorn
 
 from admin import registry
 from admin.app import create_admin_app
+from admin.deps import UPLOAD_CONCURRENCY
 from admin.models import AuditEvent, LoraAdapter
-from admin.router_ops import UPLOAD_CONCURRENCY
 from gateway.errors import install_error_handlers
 from tests.admin.conftest import AdminEnv, make_env
 from tests.admin.zip_archives import (
@@ -100,7 +100,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     install_error_handlers(app)  # as `cloister serve` does for the admin router it mounts
     port = free_port()
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="off")
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

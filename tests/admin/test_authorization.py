@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi.routing import APIRoute
+from fastapi import FastAPI
 
 from admin import registry
 from admin.identity import create_admin_token
 from admin.models import AuditEvent
+from admin.roles import ROLES
 from tenancy import store
 from tests.admin.conftest import PEPPER, AdminEnv
 
@@ -25,35 +26,55 @@ def _n() -> str:
     return f"x{next(_counter)}"
 
 
+GLOBAL_ROLES = {"a": "admin", "o": "operator", "v": "viewer", "f": "finance", "u": "auditor"}
+
+
 @dataclass(frozen=True)
 class Cell:
-    """One endpoint: how to call it against a tenant, and the expected statuses per role."""
+    """One endpoint: how to call it against a tenant, and the expected status per role.
+
+    `allowed` names the platform-wide roles that succeed (a=admin, o=operator,
+    v=viewer, f=finance, u=auditor, with a status in `ok`); the others get 403.
+    """
 
     method: str
     template: str
     call: Callable[[dict[str, Any], str], tuple[str, dict[str, Any]]]
-    admin: set[int]
-    viewer: set[int]
+    allowed: str
     own: set[int]  # tenant-admin of alpha, on alpha (or a global resource)
     other: set[int] | None = None  # tenant-admin of alpha, on beta's resource
+    ok: set[int] = field(default_factory=lambda: OK)
+
+    def expected(self, role: str) -> set[int]:
+        """The statuses `role` may get."""
+        if role == "tenant-admin":
+            return self.own
+        letter = next(k for k, v in GLOBAL_ROLES.items() if v == role)
+        return self.ok if letter in self.allowed else DENY
 
 
 def _cells() -> list[Cell]:
     P = "/admin/api/v1"
-    reads = {"admin": OK, "viewer": OK}
-    ga = dict(reads, own=DENY)  # global read: tenant-admin has no business there
-    gw = {"admin": OK, "viewer": DENY, "own": DENY}  # global write
     return [
-        Cell("GET", "/whoami", lambda f, t: (f"{P}/whoami", {}), OK, OK, OK),
-        Cell("GET", "/tenants", lambda f, t: (f"{P}/tenants?limit=10", {}), OK, OK, OK),
-        Cell("POST", "/tenants", lambda f, t: (f"{P}/tenants", {"json": {"name": _n()}}), **gw),
-        Cell("GET", "/tenants/{name}", lambda f, t: (f"{P}/tenants/{t}", {}), OK, OK, OK, HIDDEN),
+        Cell("GET", "/whoami", lambda f, t: (f"{P}/whoami", {}), "aovfu", OK),
+        Cell("GET", "/tenants", lambda f, t: (f"{P}/tenants?limit=10", {}), "aov", OK),
+        Cell(
+            "POST", "/tenants", lambda f, t: (f"{P}/tenants", {"json": {"name": _n()}}), "ao", DENY
+        ),
+        Cell("GET", "/tenants/{name}", lambda f, t: (f"{P}/tenants/{t}", {}), "aov", OK, HIDDEN),
         Cell(
             "PATCH",
             "/tenants/{name}",
             lambda f, t: (f"{P}/tenants/{t}", {"json": {"status": "active"}}),
-            OK,
+            "ao",
             DENY,
+            DENY,
+        ),
+        Cell(
+            "PATCH",
+            "/tenants/{name}/settings",
+            lambda f, t: (f"{P}/tenants/{t}/settings", {"json": {"weight": 2}}),
+            "ao",
             DENY,
             DENY,
         ),
@@ -61,8 +82,7 @@ def _cells() -> list[Cell]:
             "GET",
             "/tenants/{name}/limits",
             lambda f, t: (f"{P}/tenants/{t}/limits", {}),
-            OK,
-            OK,
+            "aov",
             OK,
             HIDDEN,
         ),
@@ -70,8 +90,7 @@ def _cells() -> list[Cell]:
             "PUT",
             "/tenants/{name}/limits",
             lambda f, t: (f"{P}/tenants/{t}/limits", {"json": {"rpm": 5}}),
-            OK,
-            DENY,
+            "ao",
             DENY,
             DENY,
         ),
@@ -79,8 +98,7 @@ def _cells() -> list[Cell]:
             "GET",
             "/tenants/{name}/keys",
             lambda f, t: (f"{P}/tenants/{t}/keys", {}),
-            OK,
-            OK,
+            "aov",
             OK,
             HIDDEN,
         ),
@@ -88,8 +106,7 @@ def _cells() -> list[Cell]:
             "POST",
             "/tenants/{name}/keys",
             lambda f, t: (f"{P}/tenants/{t}/keys", {"json": {}}),
-            OK,
-            DENY,
+            "ao",
             OK,
             HIDDEN,
         ),
@@ -97,12 +114,11 @@ def _cells() -> list[Cell]:
             "POST",
             "/tenants/{name}/keys/{key_id}/revoke",
             lambda f, t: (f"{P}/tenants/{t}/keys/{f['new_key'](t)}/revoke", {}),
-            OK,
-            DENY,
+            "ao",
             OK,
             HIDDEN,
         ),
-        Cell("GET", "/models", lambda f, t: (f"{P}/models", {}), **ga),
+        Cell("GET", "/models", lambda f, t: (f"{P}/models", {}), "aov", DENY),
         Cell(
             "POST",
             "/models",
@@ -117,14 +133,16 @@ def _cells() -> list[Cell]:
                     }
                 },
             ),
-            **gw,
+            "ao",
+            DENY,
         ),
-        Cell("GET", "/models/{name}", lambda f, t: (f"{P}/models/base", {}), **ga),
+        Cell("GET", "/models/{name}", lambda f, t: (f"{P}/models/base", {}), "aov", DENY),
         Cell(
             "PATCH",
             "/models/{name}",
             lambda f, t: (f"{P}/models/base", {"json": {"status": "loaded"}}),
-            **gw,
+            "ao",
+            DENY,
         ),
         Cell(
             "POST",
@@ -133,9 +151,10 @@ def _cells() -> list[Cell]:
                 f"{P}/models/base/prices",
                 {"json": {"input_price": 1, "cached_input_price": 1, "output_price": 2}},
             ),
-            **gw,
+            "ao",
+            DENY,
         ),
-        Cell("GET", "/adapters", lambda f, t: (f"{P}/adapters", {}), **ga),
+        Cell("GET", "/adapters", lambda f, t: (f"{P}/adapters", {}), "aov", DENY),
         Cell(
             "POST",
             "/adapters",
@@ -150,7 +169,8 @@ def _cells() -> list[Cell]:
                     }
                 },
             ),
-            **gw,
+            "ao",
+            DENY,
         ),
         Cell(
             "POST",
@@ -159,17 +179,18 @@ def _cells() -> list[Cell]:
                 f"{P}/adapters/upload?name={_n()}&base_model=base",
                 {"content": b"not a zip"},
             ),
-            {400},
+            "ao",
             DENY,
-            DENY,
+            ok={400},
         ),
         Cell(
             "PATCH",
             "/adapters/{name}",
             lambda f, t: (f"{P}/adapters/ad1", {"json": {"status": "loaded"}}),
-            **gw,
+            "ao",
+            DENY,
         ),
-        Cell("GET", "/prefixes", lambda f, t: (f"{P}/prefixes", {}), **ga),
+        Cell("GET", "/prefixes", lambda f, t: (f"{P}/prefixes", {}), "aov", DENY),
         Cell(
             "POST",
             "/prefixes",
@@ -177,13 +198,15 @@ def _cells() -> list[Cell]:
                 f"{P}/prefixes",
                 {"json": {"name": _n(), "model": "base", "token_ids": [1, 2]}},
             ),
-            **gw,
+            "ao",
+            DENY,
         ),
         Cell(
             "DELETE",
             "/prefixes/{name}",
             lambda f, t: (f"{P}/prefixes/{f['new_prefix']()}", {}),
-            **gw,
+            "ao",
+            DENY,
         ),
         Cell(
             "GET",
@@ -192,8 +215,7 @@ def _cells() -> list[Cell]:
                 f"{P}/usage?start=2026-01-01T00:00:00Z&end=2027-01-01T00:00:00Z&tenant_id={f['ids'][t]}",
                 {},
             ),
-            OK,
-            OK,
+            "aovf",
             OK,
             HIDDEN,
         ),
@@ -201,8 +223,7 @@ def _cells() -> list[Cell]:
             "GET",
             "/usage/requests",
             lambda f, t: (f"{P}/usage/requests?client_request_id=r1&tenant_id={f['ids'][t]}", {}),
-            OK,
-            OK,
+            "aovf",
             OK,
             HIDDEN,
         ),
@@ -210,37 +231,46 @@ def _cells() -> list[Cell]:
             "GET",
             "/billing/export",
             lambda f, t: (f"{P}/billing/export?period=2026-11&tenant_id={f['ids'][t]}", {}),
-            OK,
-            OK,
+            "avf",
             OK,
             HIDDEN,
         ),
-        Cell("GET", "/audit", lambda f, t: (f"{P}/audit", {}), **ga),
-        Cell("GET", "/audit/export", lambda f, t: (f"{P}/audit/export", {}), **ga),
-        Cell("GET", "/audit/verify", lambda f, t: (f"{P}/audit/verify", {}), **ga),
-        Cell("GET", "/tokens", lambda f, t: (f"{P}/tokens", {}), **ga),
-        Cell("POST", "/tokens", lambda f, t: (f"{P}/tokens", {"json": {"role": "viewer"}}), **gw),
+        Cell("GET", "/audit", lambda f, t: (f"{P}/audit", {}), "avu", DENY),
+        Cell(
+            "GET", "/audit/search", lambda f, t: (f"{P}/audit/search?action=key", {}), "avu", DENY
+        ),
+        Cell("GET", "/audit/export", lambda f, t: (f"{P}/audit/export", {}), "avu", DENY),
+        Cell("GET", "/audit/verify", lambda f, t: (f"{P}/audit/verify", {}), "avu", DENY),
+        Cell("GET", "/tokens", lambda f, t: (f"{P}/tokens", {}), "av", DENY),
+        Cell(
+            "POST", "/tokens", lambda f, t: (f"{P}/tokens", {"json": {"role": "viewer"}}), "a", DENY
+        ),
         Cell(
             "POST",
             "/tokens/{token_id}/revoke",
             lambda f, t: (f"{P}/tokens/{f['new_token']()}/revoke", {}),
-            **gw,
+            "a",
+            DENY,
         ),
+        Cell("GET", "/overview", lambda f, t: (f"{P}/overview", {}), "aov", OK),
     ]
 
 
-PUBLIC = {("GET", "/auth/login"), ("GET", "/auth/callback")}  # the OIDC flow itself
+# The OIDC flow itself, and the console's sign-in options (no secrets).
+PUBLIC = {("GET", "/auth/login"), ("GET", "/auth/callback"), ("GET", "/console/config")}
 
 
 def _routes(env: AdminEnv) -> set[tuple[str, str]]:
+    """Every (method, path) the admin router serves, from an app's OpenAPI document."""
     from admin.router import create_admin_router
 
-    out = set()
-    for route in create_admin_router(env.services).routes:
-        if isinstance(route, APIRoute):
-            for method in route.methods:
-                out.add((method, route.path.removeprefix("/admin/api/v1")))
-    return out
+    app = FastAPI()
+    app.include_router(create_admin_router(env.services))
+    return {
+        (method.upper(), path.removeprefix("/admin/api/v1"))
+        for path, ops in app.openapi()["paths"].items()
+        for method in ops
+    }
 
 
 def _fixtures(env: AdminEnv) -> dict[str, Any]:
@@ -298,21 +328,20 @@ def test_no_endpoint_without_authentication(env: AdminEnv) -> None:
 
 def test_every_endpoint_times_every_role(env: AdminEnv) -> None:
     fx = _fixtures(env)
-    roles = {
-        "admin": env.token("admin"),
-        "viewer": env.token("viewer"),
-        "own": env.token("tenant-admin", "alpha"),
-    }
+    roles = {role: env.token(role) for role in GLOBAL_ROLES.values()}
+    roles["tenant-admin"] = env.token("tenant-admin", "alpha")
+    assert set(roles) == set(ROLES)  # a role added without a column here fails
     failures = []
     for cell in _cells():
         for role, headers in roles.items():
             path, kwargs = cell.call(fx, "alpha")
             got = env.client.request(cell.method, path, headers=headers, **kwargs).status_code
-            if got not in getattr(cell, role):
+            if got not in cell.expected(role):
                 failures.append((cell.method, cell.template, role, got))
         if cell.other is not None:
             path, kwargs = cell.call(fx, "beta")
-            got = env.client.request(cell.method, path, headers=roles["own"], **kwargs).status_code
+            headers = roles["tenant-admin"]
+            got = env.client.request(cell.method, path, headers=headers, **kwargs).status_code
             if got not in cell.other:
                 failures.append((cell.method, cell.template, "tenant-admin(alpha) on beta", got))
     assert failures == []
@@ -345,3 +374,22 @@ def test_secrets_never_reach_the_audit_log(env: AdminEnv) -> None:
     assert "key.create" in export and "token.create" in export
     keys = env.client.get("/admin/api/v1/tenants/alpha/keys", headers=headers).json()["items"]
     assert all("secret" not in k and "secret_hash" not in k for k in keys)
+
+
+def test_tenant_metrics_are_for_platform_wide_roles_only(env: AdminEnv) -> None:
+    """The gateway's /metrics check: admin, operator and viewer see tenant series."""
+    from admin.deps import operator_auth
+
+    check = operator_auth(env.services)
+    seen = {
+        role: check(env.token(role, "alpha" if role == "tenant-admin" else None)["Authorization"])
+        for role in ROLES
+    }
+    assert seen == {
+        "admin": True,
+        "operator": True,
+        "viewer": True,
+        "finance": False,
+        "auditor": False,
+        "tenant-admin": False,
+    }

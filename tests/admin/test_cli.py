@@ -111,3 +111,10 @@ def test_billing_export_command_marks_unpriced_usage(cli: click.Group) -> None:
     assert out.exit_code == 0, out.output
     (line,) = [json.loads(x) for x in out.output.splitlines()]
     assert line["model"] == "nopri" and line["unpriced"] is True and line["cost_pico_usd"] == 0
+
+
+@pytest.mark.parametrize("role", ["operator", "finance", "auditor"])
+def test_create_token_accepts_the_new_roles(cli: click.Group, role: str) -> None:
+    out = CliRunner().invoke(cli, ["admin", "create-token", "--role", role, "--json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output)["token"].startswith("clo-adm-")

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from admin.roles import ROLES
 from server.settings import Settings, private_data_dir
 
 
@@ -35,7 +36,7 @@ def admin() -> None:
 
 
 @admin.command("create-token")
-@click.option("--role", type=click.Choice(["admin", "viewer", "tenant-admin"]), required=True)
+@click.option("--role", type=click.Choice(ROLES), required=True)
 @click.option("--tenant", default=None, help="Tenant name (tenant-admin only).")
 @click.option("--name", default=None, help="A label for the token.")
 @click.option("--json", "as_json", is_flag=True, help='Print {"token": "..."}.')

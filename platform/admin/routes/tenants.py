@@ -1,0 +1,109 @@
+"""Tenants: list, create, read, status and policy updates, settings."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException
+from sqlalchemy import select
+
+from admin.audit_diff import changed
+from admin.body_cap import CappedJsonRoute
+from admin.deps import Ctx, PathTenant, allow
+from admin.roles import PLATFORM_WRITE, TENANT_READ
+from admin.schemas.common import Page
+from admin.schemas.tenants import TenantCreate, TenantPublic, TenantSettings, TenantUpdate
+from admin.serialize import Limit, Offset, page, tenant_public
+from tenancy import store
+from tenancy.errors import InvalidValueError, TenancyError
+from tenancy.models import Tenant
+from tenancy.store import ISOLATION_LEVELS
+
+router = APIRouter(prefix="/tenants", tags=["tenants"], route_class=CappedJsonRoute)
+
+
+@router.get("", dependencies=[allow(TENANT_READ)])
+def list_tenants(
+    ctx: Ctx,
+    limit: Limit = 100,
+    offset: Offset = 0,
+    status: str | None = None,
+    name_contains: str | None = None,
+) -> Page[TenantPublic]:
+    """Tenants, paginated; a tenant-admin sees only its own."""
+    query = select(Tenant).order_by(Tenant.name)
+    if ctx.identity.role == "tenant-admin":
+        query = query.where(Tenant.id == ctx.identity.tenant_id)
+    if status:
+        query = query.where(Tenant.status == status)
+    if name_contains:
+        query = query.where(Tenant.name.contains(name_contains))
+    return page(ctx.session, query, limit, offset, tenant_public)
+
+
+@router.post("", status_code=201, dependencies=[allow(PLATFORM_WRITE)])
+def create_tenant(ctx: Ctx, body: TenantCreate) -> TenantPublic:
+    """Creates a tenant."""
+    t = ctx.write(
+        "tenant.create",
+        f"tenants/{body.name}",
+        lambda: store.create_tenant(
+            ctx.session, name=body.name, isolation_level=body.isolation_level, weight=body.weight
+        ),
+        detail=lambda t: {"after": tenant_public(t).model_dump(mode="json")},
+    )
+    return tenant_public(t)
+
+
+@router.get("/{name}", dependencies=[allow(TENANT_READ)])
+def get_tenant(tenant: PathTenant) -> TenantPublic:
+    """One tenant."""
+    return tenant_public(tenant)
+
+
+@router.patch("/{name}", dependencies=[allow(PLATFORM_WRITE)])
+def update_tenant(ctx: Ctx, name: str, tenant: PathTenant, body: TenantUpdate) -> TenantPublic:
+    """Suspends or resumes a tenant and/or changes its weight and cache policy (the
+    running engine follows within the config refresh interval)."""
+    before = tenant_public(tenant)
+    changes = body.changes()
+
+    def apply() -> Tenant:
+        # Both checked before either commits: a refused body changes nothing.
+        if body.status not in (None, "active", "suspended"):
+            raise InvalidValueError("status must be active or suspended")
+        t = store.update_tenant(ctx.session, name=name, **changes)
+        if body.status is not None:
+            t = store.set_tenant_status(ctx.session, name=name, status=body.status)
+        return t
+
+    requested = {**changes, **({"status": body.status} if body.status is not None else {})}
+    ctx.write(
+        "tenant.update",
+        f"tenants/{name}",
+        apply,
+        tenant_id=tenant.id,
+        detail=lambda t: {**requested, **changed(before, tenant_public(t))},
+    )
+    return tenant_public(tenant)
+
+
+@router.patch("/{name}/settings", dependencies=[allow(PLATFORM_WRITE)])
+def update_settings(ctx: Ctx, name: str, tenant: PathTenant, body: TenantSettings) -> TenantPublic:
+    """Changes a tenant's isolation level, weight and cache policy."""
+    before = tenant_public(tenant)
+    if body.isolation_level is not None and body.isolation_level not in ISOLATION_LEVELS:
+        ctx.audit("tenant.settings", f"tenants/{name}", outcome="error", tenant_id=tenant.id)
+        raise HTTPException(422, f"isolation must be one of {', '.join(ISOLATION_LEVELS)}")
+    if body.isolation_level is not None:
+        tenant.isolation_level = body.isolation_level
+    changes = body.changes()
+    try:
+        store.update_tenant(ctx.session, name=name, **changes)  # commits both
+    except TenancyError as exc:
+        ctx.session.rollback()
+        ctx.audit("tenant.settings", f"tenants/{name}", outcome="error", tenant_id=tenant.id)
+        raise HTTPException(422, str(exc)) from exc
+    after = tenant_public(tenant)
+    requested = {**changes, **body.model_dump(include={"isolation_level"}, exclude_none=True)}
+    detail = {**requested, **changed(before, after)}
+    ctx.audit("tenant.settings", f"tenants/{name}", tenant_id=tenant.id, detail=detail)
+    return after

@@ -1,0 +1,36 @@
+"""LoRA adapters: register (already on disk), status update, and the public view."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from admin.schemas.common import IsoTime
+
+
+class AdapterCreate(BaseModel):
+    """A LoRA adapter already on disk in PEFT format."""
+
+    name: str
+    base_model: str
+    rank: int
+    source_path: str
+    owner_tenant: str | None = None
+
+
+class StatusUpdate(BaseModel):
+    """A status change."""
+
+    status: str
+
+
+class AdapterPublic(BaseModel):
+    """A LoRA adapter; `owner_tenant_id` None means public."""
+
+    id: str
+    name: str
+    base_model: str
+    owner_tenant_id: str | None
+    rank: int
+    source_path: str
+    status: str
+    created_at: IsoTime | None

@@ -1,0 +1,65 @@
+"""Tenants: create, update (status and policy), settings, and the public view."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt
+
+from admin.schemas.common import IsoTime
+from tenancy import store
+
+POLICY_FIELDS = frozenset(store.TENANT_POLICY_FIELDS)
+
+
+class TenantCreate(BaseModel):
+    """A new tenant."""
+
+    name: str
+    isolation_level: str = "tenant"
+    weight: float = 1.0
+
+
+class TenantPolicy(BaseModel):
+    """A tenant's weight and cache policy; absent fields keep their value, null clears an
+    optional one (the engine default). Values are checked by the store (422 when refused)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    weight: StrictFloat | StrictInt | None = None
+    cache_floor_blocks: StrictInt | None = None
+    cache_floor_share: StrictFloat | StrictInt | None = None
+    retention_ttl_s: StrictFloat | StrictInt | None = None
+    scrub_on_free: StrictBool | None = None
+    never_cache: StrictBool | None = None
+
+    def changes(self) -> dict[str, float | int | bool | None]:
+        """The policy fields the caller sent, with their values."""
+        return {f: getattr(self, f) for f in sorted(self.model_fields_set & POLICY_FIELDS)}
+
+
+class TenantUpdate(TenantPolicy):
+    """A status change and/or policy change of a tenant."""
+
+    status: str | None = None
+
+
+class TenantSettings(TenantPolicy):
+    """Isolation level, scheduling weight and cache policy; absent fields keep their
+    value, null clears an optional policy field (the engine default)."""
+
+    isolation_level: str | None = None
+
+
+class TenantPublic(BaseModel):
+    """A tenant as the API shows it."""
+
+    id: str
+    name: str
+    status: str
+    isolation_level: str
+    weight: float
+    cache_floor_blocks: int | None
+    cache_floor_share: float | None
+    retention_ttl_s: float | None
+    scrub_on_free: bool | None
+    never_cache: bool
+    created_at: IsoTime | None
