@@ -22,6 +22,9 @@ LogFormat = Literal["auto", "console", "json"]
 # Keys look like `sk-<tenant-ish prefix>_<random>`; match generously so that
 # a key embedded in any text (a URL, a repr of headers) is caught.
 _KEY_PATTERN = re.compile(r"sk-[A-Za-z0-9_\-\.]{4,}")
+# Admin tokens (admin.identity.TOKEN_PREFIX) are secrets too, wherever they appear.
+ADMIN_TOKEN_PREFIX = "clo-adm-"
+_ADMIN_TOKEN_PATTERN = re.compile(re.escape(ADMIN_TOKEN_PREFIX) + r"[A-Za-z0-9_\-]{4,}")
 _AUTH_PATTERN = re.compile(r"(?i)(authorization['\"]?\s*[:=]\s*['\"]?)(bearer\s+)?[^\s'\",}]+")
 _BEARER_PATTERN = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9_\-\.=]+")
 REDACTED = "[REDACTED]"
@@ -43,9 +46,11 @@ QUIET_LOGGERS = ("alembic", "uvicorn.access")
 
 
 def redact(text: str) -> str:
-    """Returns `text` with API keys, bearer tokens and Authorization values masked."""
+    """Returns `text` with API keys, admin tokens, bearer tokens and Authorization values
+    masked."""
     text = _AUTH_PATTERN.sub(lambda m: m.group(1) + REDACTED, text)
     text = _BEARER_PATTERN.sub(lambda m: m.group(1) + REDACTED, text)
+    text = _ADMIN_TOKEN_PATTERN.sub(REDACTED, text)
     return _KEY_PATTERN.sub(REDACTED, text)
 
 
