@@ -19,7 +19,7 @@ from gateway.engine_client import EngineSnapshot
 from server.engine_stats_log import EngineStatsLogger, engine_line
 from server.logging_setup import configure_logging
 from server.settings import Settings
-from server.wiring import build_app, prepare_database, with_server_logs
+from server.wiring import build_app, prepare_database, shows_progress, with_server_logs
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory
 from tests.gateway.conftest import PEPPER
@@ -191,3 +191,18 @@ def test_cloister_serve_app_logs_its_summary_and_engine_lines(
     (access,) = lines_of(logs, "cloister.access")
     assert access["tenant"] == "acme" and access["status"] == 200
     assert key not in logs.getvalue()
+
+
+def test_the_load_progress_bar_is_for_terminals_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Terminal(io.StringIO):
+        """stderr in a shell."""
+
+        def isatty(self) -> bool:
+            """Always a terminal."""
+            return True
+
+    monkeypatch.setattr("sys.stderr", Terminal())
+    assert shows_progress("auto") and shows_progress("console")
+    assert not shows_progress("json")  # JSON logs get no bar, even on a terminal
+    monkeypatch.setattr("sys.stderr", io.StringIO())
+    assert not shows_progress("auto") and not shows_progress("console")
