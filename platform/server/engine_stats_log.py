@@ -131,9 +131,12 @@ class EngineStatsLogger:
 
     async def run(self) -> None:
         """Logs every `interval_s` until cancelled; a failing snapshot is logged, not fatal."""
-        for name, engine in self._engines.items():
-            if engine.alive:  # counters start from the moment serving starts
-                self._last[name] = (self._clock(), engine.stats())
+        try:
+            for name, engine in self._engines.items():
+                if engine.alive:  # counters start from the moment serving starts
+                    self._last[name] = (self._clock(), engine.stats())
+        except Exception:
+            logger.exception("engine stats line failed")
         while True:
             await asyncio.sleep(self.interval_s)
             try:

@@ -358,6 +358,7 @@ def with_server_logs(
     """Once the app's engines started: logs the start-up summary (once), then an engine
     line every `settings.engine_log_interval_s` (0: none) until the app stops."""
     import asyncio
+    import logging
 
     from server.engine_stats_log import EngineStatsLogger
     from server.startup_summary import build_summary, log_summary
@@ -368,7 +369,10 @@ def with_server_logs(
     async def lifespan(a: FastAPI) -> AsyncIterator[None]:
         async with inner(a):
             engines = a.state.cloister.engines
-            log_summary(build_summary(settings, engines, engine_options or {}))
+            try:
+                log_summary(build_summary(settings, engines, engine_options or {}))
+            except Exception:  # a summary never keeps a server from serving
+                logging.getLogger("cloister.serve").exception("start-up summary failed")
             task = None
             if settings.engine_log_interval_s > 0:
                 stats_log = EngineStatsLogger(engines, settings.engine_log_interval_s)
