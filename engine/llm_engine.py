@@ -146,6 +146,7 @@ class LLMEngine:
         self._refused: list[tuple[str, EngineOverloadedError]] = []
         self._num_finished = 0
         self._num_generated = 0
+        self._num_prompt = 0  # prompt tokens of requests that sampled their first token
         self._failures: list[tuple[str, Exception]] = []
 
     @classmethod
@@ -382,6 +383,8 @@ class LLMEngine:
                 state = self.requests[seq.request_id]
                 touched[seq.request_id] = state
                 self._num_generated += 1
+                if state.first_token_time is None:  # its prompt is done: counted once
+                    self._num_prompt += len(state.prompt_token_ids)
                 stop = state.add_token(seq, token, now)
                 if stop is not None and not seq.is_finished:
                     self.scheduler.finish(seq, "stop", stop)
@@ -440,5 +443,6 @@ class LLMEngine:
             block_size=self.capacity.block_size,
             num_requests_finished=self._num_finished,
             num_generated_tokens=self._num_generated,
+            num_prompt_tokens=self._num_prompt,
             prefix_cache_domains=self.kv.domain_stats() if domains else {},
         )

@@ -21,5 +21,7 @@ class EngineStats:
     block_size: int
     num_requests_finished: int = 0
     num_generated_tokens: int = 0
+    # Prompt tokens (cached ones too) of requests whose prefill finished, as vLLM counts them.
+    num_prompt_tokens: int = 0
     # Per cache domain: lookups, hits, cached tokens, evictions (the public domain is "<public>").
     prefix_cache_domains: dict[str, DomainCacheStats] = field(default_factory=dict)

@@ -43,6 +43,10 @@ class EngineSnapshot:
     prefix_cache_queries: int
     prefix_cache_hits: int
     num_preemptions: int
+    num_prompt_tokens: int = 0  # prompt tokens of requests whose prefill finished
+    num_generation_tokens: int = 0  # tokens sampled
+    num_blocks: int = 0  # the KV pool, in blocks of `block_size` tokens (0: not known)
+    block_size: int = 0
 
 
 class EngineClient(Protocol):
@@ -145,6 +149,11 @@ class InProcessEngineClient:
             prefix_cache_queries=int(s.prefix_cache_queries),
             prefix_cache_hits=int(s.prefix_cache_hits),
             num_preemptions=int(s.num_preemptions),
+            # A test fake may lack the newer counters and the pool's shape.
+            num_prompt_tokens=int(getattr(s, "num_prompt_tokens", 0)),
+            num_generation_tokens=int(getattr(s, "num_generated_tokens", 0)),
+            num_blocks=int(getattr(s, "num_blocks", 0)),
+            block_size=int(getattr(s, "block_size", 0)),
         )
 
     @property

@@ -21,10 +21,12 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest
+from gateway.access_log import log_access
 from gateway.engine_client import EngineClient
 from gateway.errors import status_of
 from gateway.model_access import AccessSnapshot
 from gateway.ratelimit_headers import rate_limit_headers
+from gateway.request_outcomes import OutcomeTracker
 from gateway.state import AppState
 from gateway.tokenize import ModelPrompts
 from gateway.tracing import extract_context
@@ -98,6 +100,7 @@ class RequestLifecycle:
         self._last_token_at: float | None = None
         self._gaps: list[float] = []
         self._queue_s: float | None = None
+        self._outcomes = OutcomeTracker()  # for the per-request histograms
         self._usage = UsageGuard(state.usage_sink)
         self._closed = False
 
@@ -182,6 +185,7 @@ class RequestLifecycle:
             streams.append(self.engine.submit(request))
             self._engine_ids.append(request.request_id)
             self._prompt_lens[request.request_id] = len(request.prompt_token_ids)
+            self._outcomes.submitted(request)
         return streams
 
     async def events(
@@ -235,6 +239,7 @@ class RequestLifecycle:
 
     def _observe(self, event: StreamEvent) -> None:
         now = time.monotonic()
+        self._outcomes.observe(event)
         new_tokens = sum(len(d.token_ids) for d in event.deltas)
         m = event.metrics
         # The prompt was processed once the engine sampled from it, even a token it hides
@@ -316,7 +321,20 @@ class RequestLifecycle:
                 queue_s=self._queue_s,
                 itl_s=self._gaps,
             )
+            state.metrics.observe_outcomes(self._outcomes.outcomes(), model=self.model)
         self._end_span(status)
+        log_access(
+            request_id=self.request_id,
+            principal=principal,
+            model=self.model,
+            status=status,
+            prompt_tokens=billable_prompt,
+            completion_tokens=self.completion_tokens,
+            cached_tokens=self.billable_cached_tokens,
+            ttft_s=ttft,
+            latency_s=latency,
+            finish_reason=self.finish_reason,
+        )
         if principal is not None:
             record = UsageRecord(
                 request_id=self.request_id,

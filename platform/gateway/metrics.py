@@ -18,10 +18,15 @@ from collections.abc import Mapping
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from gateway.engine_client import EngineSnapshot
+from gateway.request_outcomes import EngineRequestOutcome
 
 OTHER_TENANT = "other"
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+# vLLM's 1-2-5 series for token counts, up to a 200k context.
+_TOKEN_BUCKETS = tuple(float(m * 10**e) for e in range(6) for m in (1, 2, 5))
+# The KV cache holds the model's own dtype: vLLM's "auto".
+CACHE_DTYPE = "auto"
 
 
 class TenantLabeler:
@@ -86,6 +91,41 @@ class GatewayMetrics:
         self.preemptions = Counter(
             "vllm:num_preemptions", "Requests preempted by the engine.", m, registry=r
         )
+        self.prompt_tokens = Counter(
+            "vllm:prompt_tokens", "Prompt tokens of requests whose prefill finished.", m,
+            registry=r,
+        )  # fmt: skip
+        self.generation_tokens = Counter(
+            "vllm:generation_tokens", "Tokens generated.", m, registry=r
+        )
+        self.request_success = Counter(
+            "vllm:request_success", "Finished requests by finish reason.",
+            [*m, "finished_reason"], registry=r,
+        )  # fmt: skip
+        self.request_prompt_tokens = Histogram(
+            "vllm:request_prompt_tokens", "Prompt tokens per finished request.", m,
+            registry=r, buckets=_TOKEN_BUCKETS,
+        )  # fmt: skip
+        self.request_generation_tokens = Histogram(
+            "vllm:request_generation_tokens", "Generated tokens per finished request.", m,
+            registry=r, buckets=_TOKEN_BUCKETS,
+        )  # fmt: skip
+        self.request_max_tokens = Histogram(
+            "vllm:request_max_num_generation_tokens", "The max_tokens of finished requests.",
+            m, registry=r, buckets=_TOKEN_BUCKETS,
+        )  # fmt: skip
+        self.prefill_time = Histogram(
+            "vllm:request_prefill_time_seconds", "First scheduled to first token.", m,
+            registry=r, buckets=_LATENCY_BUCKETS,
+        )  # fmt: skip
+        self.decode_time = Histogram(
+            "vllm:request_decode_time_seconds", "First token to finished.", m,
+            registry=r, buckets=_LATENCY_BUCKETS,
+        )  # fmt: skip
+        self.cache_config = Gauge(
+            "vllm:cache_config_info", "The KV cache's configuration (value 1).",
+            [*m, "block_size", "num_gpu_blocks", "cache_dtype"], registry=r,
+        )  # fmt: skip
         t = self.tenant_registry
         self.requests = Counter(
             "cloister_requests", "Gateway requests by outcome.", ["tenant", "status", "model"],
@@ -130,6 +170,22 @@ class GatewayMetrics:
         for gap in itl_s:
             itl.observe(gap)
 
+    def observe_outcomes(
+        self, outcomes: list[EngineRequestOutcome], *, model: str | None = None
+    ) -> None:
+        """Records each finished sample's lengths, finish reason and prefill/decode time."""
+        name = model or self.model_name
+        for one in outcomes:
+            self.request_success.labels(name, one.finished_reason).inc()
+            self.request_prompt_tokens.labels(name).observe(one.prompt_tokens)
+            self.request_generation_tokens.labels(name).observe(one.generation_tokens)
+            if one.max_tokens is not None:
+                self.request_max_tokens.labels(name).observe(one.max_tokens)
+            if one.prefill_s is not None:
+                self.prefill_time.labels(name).observe(one.prefill_s)
+            if one.decode_s is not None:
+                self.decode_time.labels(name).observe(one.decode_s)
+
     def update_engine(self, snap: EngineSnapshot, *, model: str | None = None) -> None:
         """Sets `model`'s gauges and advances its counters by the change since its last
         snapshot (None: the default model)."""
@@ -151,6 +207,16 @@ class GatewayMetrics:
                     last.prefix_cache_hits if last else None,
                 ),
                 (self.preemptions, snap.num_preemptions, last.num_preemptions if last else None),
+                (
+                    self.prompt_tokens,
+                    snap.num_prompt_tokens,
+                    last.num_prompt_tokens if last else None,
+                ),
+                (
+                    self.generation_tokens,
+                    snap.num_generation_tokens,
+                    last.num_generation_tokens if last else None,
+                ),
             )
             for counter, now, before in pairs:
                 # A smaller value means the engine restarted: count from its zero.
@@ -158,6 +224,10 @@ class GatewayMetrics:
                 child = counter.labels(name)  # a model with no traffic yet still shows 0
                 if delta > 0:
                     child.inc(delta)
+            if snap.num_blocks and (last is None or last.num_blocks != snap.num_blocks):
+                self.cache_config.labels(
+                    name, str(snap.block_size), str(snap.num_blocks), CACHE_DTYPE
+                ).set(1)
             self._last[name] = snap
 
     def update_limiter(self, backend_errors: int) -> None:

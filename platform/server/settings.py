@@ -193,6 +193,10 @@ class Settings(BaseSettings):
     max_waiting: int = Field(default=256, ge=1)
     max_model_len: int | None = Field(default=8192, ge=1)
     log_level: str = "INFO"
+    # "auto": readable lines on a terminal, JSON lines otherwise (pipes, files, collectors).
+    log_format: Literal["auto", "console", "json"] = "auto"
+    # An engine line (running, waiting, KV use, prefix hits, tokens/s) this often; 0: none.
+    engine_log_interval_s: float = Field(default=10.0, ge=0.0, allow_inf_nan=False)
     metrics_top_tenants: int = Field(default=20, ge=1)
     max_n: int = Field(default=16, ge=1)  # most choices one request may ask for
     # Stored /v1/responses (for previous_response_id, GET and DELETE): in memory, per

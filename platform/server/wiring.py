@@ -6,12 +6,15 @@ The CLI's `serve` command only parses flags and runs uvicorn over `build_app`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from server.logging_setup import LogFormat
 from server.settings import ModelSpec, Settings, private_data_dir
 
 if TYPE_CHECKING:
@@ -127,12 +130,44 @@ def load_engine(
         from engine.process_engine import ProcessEngine
 
         return ProcessEngine(
-            factory or functools.partial(build_engine_in_child, settings.log_level, path, options)
+            factory
+            or functools.partial(
+                build_engine_in_child,
+                settings.log_level,
+                path,
+                options,
+                log_format=settings.log_format,
+            )
         )
     from engine.async_engine import AsyncEngine
-    from engine.llm_engine import LLMEngine
 
-    return AsyncEngine(factory() if factory else LLMEngine.from_options(path, **options))
+    progress = shows_progress(settings.log_format)
+    return AsyncEngine(factory() if factory else build_engine(path, options, progress=progress))
+
+
+def shows_progress(log_format: str) -> bool:
+    """Whether model loading draws a progress bar: on a terminal, unless logs are JSON."""
+    from server.logging_setup import is_terminal
+
+    return log_format != "json" and is_terminal(sys.stderr)
+
+
+def build_engine(model: str | None, options: dict[str, Any], *, progress: bool) -> LLMEngine:
+    """`LLMEngine.from_options(model, **options)`, with a progress bar over the weights
+    when `progress`."""
+    import torch
+
+    from engine.llm_engine import LLMEngine, build_config
+    from engine.model.loader import load_model
+
+    config = build_config(model, **options)
+    loaded = load_model(
+        config.model.path or None,
+        dtype=config.model.dtype,
+        device=torch.device(config.model.device),
+        progress=progress,
+    )
+    return LLMEngine(config, loaded)
 
 
 def load_engines(settings: Settings, **engine_options: Any) -> dict[str, Any]:
@@ -173,13 +208,18 @@ def _stop_unstarted(engine: Any) -> None:
         logging.getLogger("cloister.serve").exception("stopping a loaded engine failed")
 
 
-def build_engine_in_child(log_level: str, model: str | None, options: dict[str, Any]) -> LLMEngine:
+def build_engine_in_child(
+    log_level: str,
+    model: str | None,
+    options: dict[str, Any],
+    *,
+    log_format: LogFormat = "auto",
+) -> LLMEngine:
     """The engine process's factory: the server's log format, then the model."""
-    from engine.llm_engine import LLMEngine
     from server.logging_setup import configure_logging
 
-    configure_logging(log_level)
-    return LLMEngine.from_options(model, **options)
+    configure_logging(log_level, fmt=log_format)
+    return build_engine(model, options, progress=shows_progress(log_format))
 
 
 def build_app(settings: Settings, *, engine: Any | None = None, **engine_options: Any) -> FastAPI:
@@ -317,7 +357,44 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
     for sync in app.state.cache_rules_syncs.values():
         with_cache_rules_sync(app, sync)
     app.state.background_writers = (last_used, services.audit_writer)
+    with_server_logs(app, settings, engine_options=resolved)
     return app
+
+
+def with_server_logs(
+    app: FastAPI, settings: Settings, *, engine_options: dict[str, Any] | None = None
+) -> None:
+    """Once the app's engines started: logs the start-up summary (once), then an engine
+    line every `settings.engine_log_interval_s` (0: none) until the app stops."""
+    import asyncio
+    import logging
+
+    from server.engine_stats_log import EngineStatsLogger
+    from server.startup_summary import build_summary, log_summary
+
+    inner = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(a: FastAPI) -> AsyncIterator[None]:
+        async with inner(a):
+            engines = a.state.cloister.engines
+            try:
+                log_summary(build_summary(settings, engines, engine_options or {}))
+            except Exception:  # a summary never keeps a server from serving
+                logging.getLogger("cloister.serve").exception("start-up summary failed")
+            task = None
+            if settings.engine_log_interval_s > 0:
+                stats_log = EngineStatsLogger(engines, settings.engine_log_interval_s)
+                task = asyncio.create_task(stats_log.run(), name="engine-stats-log")
+            try:
+                yield
+            finally:
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+
+    app.router.lifespan_context = lifespan
 
 
 def registry_model_access(settings: Settings, sessions: sessionmaker[Session]) -> ModelAccess:

@@ -126,7 +126,7 @@ def run_server(settings: Settings, *, engine: Any | None = None) -> None:
         # (no file, no log handler).
         if engine is None:
             serve_engine_options(settings)
-        configure_logging(settings.log_level)
+        configure_logging(settings.log_level, fmt=settings.log_format)
         first_start = prepare_database(settings)
         app = build_app(settings, engine=engine)
     except DeviceUnavailableError as exc:
