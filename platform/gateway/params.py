@@ -11,6 +11,7 @@ from typing import Any
 
 from engine.errors import ContextLengthExceededError, InvalidRequestError
 from engine.sampling_params import SamplingParams
+from engine.structured.spec import StructuredSpec
 from gateway.errors import InvalidParameterError
 from gateway.schemas.common import SamplingFields
 from tenancy.limits import EffectiveLimits
@@ -143,6 +144,7 @@ def build_sampling_params(
     logprobs: int | None,
     vocab_size: int,
     max_n: int,
+    structured: StructuredSpec | None = None,
 ) -> SamplingParams:
     """The engine parameters; any range error becomes a 400 naming the parameter."""
     if body.n > max_n:
@@ -162,6 +164,7 @@ def build_sampling_params(
             stop=tuple(stop),
             logprobs=logprobs,
             logit_bias=tuple(parse_logit_bias(body.logit_bias, vocab_size).items()),
+            structured=structured,
         )
     except InvalidRequestError as exc:
         raise InvalidParameterError(exc.message, param=exc.param) from None

@@ -189,6 +189,9 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     metrics_top_tenants: int = Field(default=20, ge=1)
     max_n: int = Field(default=16, ge=1)  # most choices one request may ask for
+    # How tool calls are written and parsed: auto picks the format from the chat
+    # template; none refuses requests with tools.
+    tool_parser: Literal["auto", "hermes", "llama3_json", "smollm2", "none"] = "auto"
     otel_exporter: Literal["none", "console", "otlp"] = "none"
     # Admin service (CLOISTER_ADMIN_*): OpenID Connect sign-in, audit signing, metering.
     admin_oidc_issuer: str | None = None

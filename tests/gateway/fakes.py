@@ -41,9 +41,12 @@ class ByteTokenizer:
         return bytes(i for i in ids if i < 256).decode(errors="replace")
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
-        """A fixed, simple template."""
+        """A fixed, simple template (it ignores tools, as SmolLM2's does)."""
         text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
         return text + ("<assistant>" if add_generation_prompt else "")
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from engine.outputs import PositionLogprobs
+from engine.outputs import CompletionDelta, PositionLogprobs
 from gateway.body import parse_body
 from gateway.errors import InvalidParameterError, stream_error_body
 from gateway.generation import (
@@ -31,7 +32,11 @@ from gateway.schemas.chat import (
     ChoiceLogprobs,
     ChunkChoice,
     ChunkDelta,
+    FunctionCall,
+    FunctionCallDelta,
     TokenLogprobEntry,
+    ToolCall,
+    ToolCallDelta,
     TopLogprob,
 )
 from gateway.schemas.common import make_usage
@@ -42,6 +47,20 @@ from gateway.sse import (
     sse_model,
 )
 from gateway.state import app_state, client_host
+from gateway.tools import (
+    ContentDelta,
+    ParserName,
+    StreamingToolParser,
+    ToolCallStart,
+    ToolRequest,
+    choose_parser,
+    new_call_id,
+    parse_tool_calls,
+    render_chat,
+    resolve_tools,
+    tool_call_grammar,
+)
+from gateway.tools.streaming import StreamItem
 
 
 def chat_logprobs(
@@ -72,12 +91,95 @@ def _engine_logprobs(body: ChatCompletionRequest) -> int | None:
     return body.top_logprobs or 0
 
 
-async def _prompt_ids(life: RequestLifecycle, body: ChatCompletionRequest) -> list[int]:
+@dataclass(frozen=True)
+class _Tooling:
+    """The request's tool calling and the format the model writes calls in."""
+
+    request: ToolRequest
+    parser: ParserName
+
+    @property
+    def active(self) -> bool:
+        return self.request.active
+
+    def stream_parser(self) -> StreamingToolParser:
+        """A fresh incremental parser for one choice."""
+        return StreamingToolParser(
+            self.parser, names=self.request.names, parallel=self.request.parallel
+        )
+
+
+def _tooling(life: RequestLifecycle, body: ChatCompletionRequest) -> _Tooling:
+    request = resolve_tools(
+        tools=body.tools,
+        tool_choice=body.tool_choice,
+        parallel_tool_calls=body.parallel_tool_calls,
+        functions=body.functions,
+        function_call=body.function_call,
+    )
+    template = getattr(life.prompts.tokenizer, "chat_template", None)
+    parser = choose_parser(life.state.settings.tool_parser, template)
+    if request.active and parser == "none":
+        raise InvalidParameterError(
+            "tool calling is not enabled for this model", param="tools", code="unsupported"
+        )
+    return _Tooling(request, parser)
+
+
+async def _prompt_ids(
+    life: RequestLifecycle, body: ChatCompletionRequest, tooling: _Tooling
+) -> list[int]:
     if not body.messages:
         raise InvalidParameterError("messages must not be empty", param="messages")
     assert life.principal is not None, "authenticate first"
-    messages: list[dict[str, Any]] = [{"role": m.role, "content": m.text()} for m in body.messages]
-    return await life.prompts.encode_chat(life.principal.tenant_id, messages)
+    rendered = render_chat(
+        [m.openai_dict() for m in body.messages],
+        tooling.request,
+        tooling.parser,
+        chat_template=getattr(life.prompts.tokenizer, "chat_template", None),
+    )
+    return await life.prompts.encode_chat(
+        life.principal.tenant_id, rendered.messages, tools=rendered.tools
+    )
+
+
+def _finish(reason: str | None, calls: int, tooling: _Tooling) -> str | None:
+    """OpenAI's finish reason: a turn that ends in calls ends with `tool_calls`."""
+    if not calls or reason != "stop":
+        return reason
+    return "function_call" if tooling.request.legacy else "tool_calls"
+
+
+def _reply(text: str, tooling: _Tooling) -> tuple[AssistantMessage, int]:
+    """The assistant message of one choice's text, and how many calls it holds."""
+    if not tooling.active:
+        return AssistantMessage(content=text), 0
+    req = tooling.request
+    parsed = parse_tool_calls(text, tooling.parser, names=req.names, parallel=req.parallel)
+    calls = [FunctionCall(name=c.name, arguments=c.arguments) for c in parsed.calls]
+    if not calls:
+        return AssistantMessage(content=parsed.content), 0
+    if req.legacy:
+        return AssistantMessage(content=parsed.content, function_call=calls[0]), 1
+    tool_calls = [ToolCall(id=new_call_id(), function=f) for f in calls]
+    return AssistantMessage(content=parsed.content, tool_calls=tool_calls), len(calls)
+
+
+def _tool_deltas(items: list[StreamItem], legacy: bool) -> list[ChunkDelta]:
+    """Parser items as chunk deltas, in OpenAI's streaming shape."""
+    out: list[ChunkDelta] = []
+    for item in items:
+        if isinstance(item, ContentDelta):
+            out.append(ChunkDelta(content=item.text))
+            continue
+        if isinstance(item, ToolCallStart):
+            function = FunctionCallDelta(name=item.name, arguments="")
+            call = ToolCallDelta(index=item.index, id=item.id, type="function", function=function)
+        else:
+            function = FunctionCallDelta(arguments=item.arguments)
+            call = ToolCallDelta(index=item.index, function=function)
+        out.append(ChunkDelta(function_call=function) if legacy else ChunkDelta(tool_calls=[call]))
+    return out
 
 
 async def create_chat_completion(request: Request) -> Response:
@@ -88,6 +190,7 @@ async def create_chat_completion(request: Request) -> Response:
         body = await parse_body(request, ChatCompletionRequest)
         life.resolve_model(body.model)
         vet_extra_fields(body.extra_fields())
+        tooling = _tooling(life, body)
         if body.max_tokens is not None and body.max_completion_tokens is not None:
             raise InvalidParameterError(
                 "give max_tokens or max_completion_tokens, not both", param="max_tokens"
@@ -97,15 +200,17 @@ async def create_chat_completion(request: Request) -> Response:
         submitted = await admit_and_submit(
             life,
             body,
-            [await _prompt_ids(life, body)],
+            [await _prompt_ids(life, body, tooling)],
             requested_max_tokens=requested,
             max_tokens_param=param,
             logprobs=_engine_logprobs(body),
+            structured=tool_call_grammar(tooling.request, tooling.parser),
         )
         if body.stream:
-            return stream_response(life, _stream(life, body, submitted), submitted)
+            return stream_response(life, _stream(life, body, submitted, tooling), submitted)
         choices = await collect(life, submitted, request)
     await life.close(200)
+    replies = [_reply(c.text, tooling) for c in choices]
     response = ChatCompletion(
         id=life.request_id,
         created=life.created,
@@ -113,11 +218,11 @@ async def create_chat_completion(request: Request) -> Response:
         choices=[
             ChatChoice(
                 index=c.index,
-                message=AssistantMessage(content=c.text),
+                message=message,
                 logprobs=chat_logprobs(c.logprobs) if body.logprobs else None,
-                finish_reason=c.finish_reason,
+                finish_reason=_finish(c.finish_reason, calls, tooling),
             )
-            for c in choices
+            for c, (message, calls) in zip(choices, replies, strict=True)
         ],
         usage=make_usage(life.prompt_tokens, life.completion_tokens, life.cached_tokens),
     )
@@ -125,7 +230,7 @@ async def create_chat_completion(request: Request) -> Response:
 
 
 async def _stream(
-    life: RequestLifecycle, body: ChatCompletionRequest, submitted: Submitted
+    life: RequestLifecycle, body: ChatCompletionRequest, submitted: Submitted, tooling: _Tooling
 ) -> AsyncIterator[bytes]:
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     exclude = None if include_usage else {"usage"}
@@ -136,12 +241,20 @@ async def _stream(
         )
         return sse_model(c, exclude=exclude)
 
-    for index in range(submitted.n * len(submitted.streams)):
-        yield chunk([ChunkChoice(index=index, delta=ChunkDelta(role="assistant", content=""))])
+    total = submitted.n * len(submitted.streams)
+    parsers = [tooling.stream_parser() for _ in range(total)] if tooling.active else []
+    for index in range(total):
+        # A turn that may be only calls has no content yet (null), as OpenAI sends it.
+        first = ChunkDelta(role="assistant", content=None if tooling.active else "")
+        yield chunk([ChunkChoice(index=index, delta=first)])
     try:
         async for prompt_index, event in life.events(submitted.streams):
             for d in event.deltas:
                 index = choice_index(prompt_index, d.index, submitted.n)
+                if parsers:
+                    for c in _parsed_chunks(body, d, parsers[index], tooling):
+                        yield chunk([ChunkChoice(index=index, **c)])
+                    continue
                 if d.text or d.logprobs:
                     logprobs = chat_logprobs(d.logprobs) if body.logprobs and d.logprobs else None
                     yield chunk(
@@ -170,6 +283,27 @@ async def _stream(
         yield sse_model(final)
     life.completed = True
     yield DONE
+
+
+def _parsed_chunks(
+    body: ChatCompletionRequest, d: CompletionDelta, parser: StreamingToolParser, tooling: _Tooling
+) -> list[dict[str, Any]]:
+    """One engine delta of a tool-calling choice as chunk-choice fields (delta, logprobs,
+    finish_reason); text that may open a call waits in `parser`."""
+    items = parser.feed(d.text)
+    if d.finish_reason is not None:
+        items += parser.finish()
+    deltas = _tool_deltas(items, tooling.request.legacy)
+    logprobs = chat_logprobs(d.logprobs) if body.logprobs and d.logprobs else None
+    if logprobs is not None and not deltas:
+        deltas = [ChunkDelta(content="")]
+    out: list[dict[str, Any]] = [
+        {"delta": delta, "logprobs": logprobs if i == 0 else None} for i, delta in enumerate(deltas)
+    ]
+    if d.finish_reason is not None:
+        reason = _finish(d.finish_reason, parser.calls, tooling)
+        out.append({"delta": ChunkDelta(), "finish_reason": reason})
+    return out
 
 
 # Plain Starlette routes: FastAPI's per-request dependency machinery costs ~60 us for
