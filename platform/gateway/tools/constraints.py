@@ -44,6 +44,9 @@ def call_schema(tool: FunctionTool, arguments_key: str, *, loose: bool = False) 
         },
         "required": ["name", arguments_key],
         "additionalProperties": False,
+        # json.dumps' separators, as models write calls; no runs of free whitespace
+        # (a weak model held to a schema could otherwise pad a call until max_tokens).
+        "x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "},
     }
 
 
@@ -61,10 +64,10 @@ def _calls_rule(
 def _calls_start(parser: ParserName, parallel: bool) -> str:
     """The rule `calls`: one or more calls in the family's format."""
     if parser == "smollm2":
-        more = ' ("," call)*' if parallel else ""
+        more = ' (", " call)*' if parallel else ""
         return f"calls: {_lit(TOOL_CALL_OPEN + '[')} call{more} {_lit(']' + TOOL_CALL_CLOSE)}"
     if parser == "llama3_json":
-        more = ' (";" call)*' if parallel else ""
+        more = ' ("; " call)*' if parallel else ""
         return f"calls: call{more}"
     block = f"{_lit(TOOL_CALL_OPEN + chr(10))} call {_lit(chr(10) + TOOL_CALL_CLOSE)}"
     more = f' ("\\n" {block})*' if parallel else ""

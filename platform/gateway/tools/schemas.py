@@ -91,38 +91,45 @@ def _function(raw: Any, param: str) -> FunctionTool:
     if not isinstance(name, str) or not _NAME.match(name):
         raise _bad(
             f"{param}.name must be 1-64 letters, digits, underscores or dashes, got {name!r}",
-            param,
+            f"{param}.name",
         )
     description = raw.get("description")
     if description is not None and not isinstance(description, str):
-        raise _bad(f"{param}.description must be a string", param)
+        raise _bad(f"{param}.description must be a string", f"{param}.description")
     parameters = raw.get("parameters", {"type": "object", "properties": {}})
     if not isinstance(parameters, dict):
-        raise _bad(f"{param}.parameters must be a JSON Schema object", param)
+        raise _bad(f"{param}.parameters must be a JSON Schema object", f"{param}.parameters")
     if parameters.get("type", "object") != "object":
-        raise _bad(f"{param}.parameters must describe an object (type 'object')", param)
+        raise _bad(
+            f"{param}.parameters must describe an object (type 'object')", f"{param}.parameters"
+        )
     strict = raw.get("strict", False)
     if not isinstance(strict, bool) and strict is not None:
-        raise _bad(f"{param}.strict must be a boolean", param)
+        raise _bad(f"{param}.strict must be a boolean", f"{param}.strict")
     return FunctionTool(name, description, parameters, bool(strict))
 
 
-def _tools(raw: Any) -> tuple[FunctionTool, ...]:
+def _tools(raw: Any, field: str) -> tuple[FunctionTool, ...]:
+    """`tools` (or the legacy `functions`, a list of bare function definitions)."""
     if not isinstance(raw, list):
-        raise _bad("tools must be a list", "tools")
+        raise _bad(f"{field} must be a list", field)
     if len(raw) > MAX_TOOLS:
-        raise _bad(f"tools takes at most {MAX_TOOLS} tools, got {len(raw)}", "tools")
+        raise _bad(f"{field} takes at most {MAX_TOOLS} functions, got {len(raw)}", field)
     if len(json.dumps(raw, ensure_ascii=False)) > MAX_TOOLS_BYTES:
-        raise _bad(f"the tool definitions exceed {MAX_TOOLS_BYTES} characters", "tools")
+        raise _bad(f"the {field} definitions exceed {MAX_TOOLS_BYTES} characters", field)
     out: list[FunctionTool] = []
     for i, tool in enumerate(raw):
+        if field == "functions":
+            out.append(_function(tool, f"functions[{i}]"))
+            continue
         if not isinstance(tool, dict) or tool.get("type") != "function":
-            raise _bad(f"tools[{i}] must be {{'type': 'function', 'function': {{...}}}}", "tools")
+            where = f"tools[{i}]"
+            raise _bad(f"{where} must be {{'type': 'function', 'function': {{...}}}}", where)
         out.append(_function(tool.get("function"), f"tools[{i}].function"))
     names = [t.name for t in out]
     duplicate = next((n for n in names if names.count(n) > 1), None)
     if duplicate is not None:
-        raise _bad(f"tools has two functions named {duplicate!r}", "tools")
+        raise _bad(f"{field} has two functions named {duplicate!r}", field)
     return tuple(out)
 
 
@@ -170,10 +177,9 @@ def resolve_tools(
             "parallel_tool_calls must be a boolean", param="parallel_tool_calls"
         )
     if functions is not None:
-        if not isinstance(functions, list):
-            raise _bad("functions must be a list", "functions")
-        tools = [{"type": "function", "function": f} for f in functions]
-    parsed = _tools(tools) if tools is not None else ()
+        parsed = _tools(functions, "functions")
+    else:
+        parsed = _tools(tools, "tools") if tools is not None else ()
     choice_param = "function_call" if function_call is not None else "tool_choice"
     raw_choice = function_call if function_call is not None else tool_choice
     if not parsed:
