@@ -153,13 +153,13 @@ class FakeEngine:
                     if done[i]:
                         continue
                     ch = REPLY[step % len(REPLY)] if params.greedy else rngs[i].choice("abcdefgh ")
-                    scripted = self.reply is not None and params.greedy
-                    if scripted:
-                        ch = self.reply[step] if step < len(self.reply) else ""
+                    reply = self.reply if params.greedy else None
+                    if reply is not None:
+                        ch = reply[step] if step < len(reply) else ""
                     texts[i] += ch
                     finish = None
                     hit = next((s for s in params.stop if s in texts[i]), None)
-                    if scripted and step + 1 >= len(self.reply):
+                    if reply is not None and step + 1 >= len(reply):
                         finish = "stop"
                     elif hit is not None:
                         ch = ch[: len(ch) - (len(texts[i]) - texts[i].index(hit))]

@@ -209,19 +209,39 @@ def test_scripted_stream_deltas_are_openai_shaped(scripted: LiveGateway, scripte
 
 def test_scripted_stream_reassembles_with_the_sdk(scripted: LiveGateway, scripted_key: str) -> None:
     client = scripted.client(scripted_key)
-    args = {"model": scripted.model, "messages": ASK, "tools": [WEATHER, TIME], "temperature": 0}
-    whole = client.chat.completions.create(**args, max_tokens=400)
-    calls: dict[int, dict[str, str]] = {}
-    for chunk in client.chat.completions.create(**args, max_tokens=400, stream=True):
-        for call in chunk.choices[0].delta.tool_calls or [] if chunk.choices else []:
-            entry = calls.setdefault(call.index, {"name": "", "arguments": ""})
-            entry["name"] += (call.function and call.function.name) or ""
-            entry["arguments"] += (call.function and call.function.arguments) or ""
-    expected = [
-        {"name": c.function.name, "arguments": c.function.arguments}
-        for c in whole.choices[0].message.tool_calls or []
-    ]
-    assert [calls[i] for i in sorted(calls)] == expected
+    args: dict[str, Any] = {
+        "model": scripted.model,
+        "messages": ASK,
+        "tools": [WEATHER, TIME],
+        "temperature": 0,
+        "n": 2,
+        "logprobs": True,
+        "max_tokens": 400,
+    }
+    whole = client.chat.completions.create(**args)
+    calls: dict[tuple[int, int], dict[str, str]] = {}
+    content = ["", ""]
+    tokens = [0, 0]
+    for chunk in client.chat.completions.create(**args, stream=True):
+        for choice in chunk.choices:
+            content[choice.index] += choice.delta.content or ""
+            if choice.logprobs and choice.logprobs.content:
+                tokens[choice.index] += len(choice.logprobs.content)
+            for call in choice.delta.tool_calls or []:
+                entry = calls.setdefault((choice.index, call.index), {"name": "", "arguments": ""})
+                entry["name"] += (call.function and call.function.name) or ""
+                entry["arguments"] += (call.function and call.function.arguments) or ""
+    for c in whole.choices:
+        expected = [
+            {"name": t.function.name, "arguments": t.function.arguments}
+            for t in c.message.tool_calls or []
+        ]
+        assert len(expected) == 2
+        assert [calls[(c.index, i)] for i in range(len(expected))] == expected
+        assert content[c.index] == c.message.content
+        # Every token's logprob is sent, also those of text held back as a call.
+        assert c.logprobs is not None and c.logprobs.content is not None
+        assert tokens[c.index] == len(c.logprobs.content) == len(SCRIPTED)
 
 
 def test_scripted_legacy_functions_get_function_call(

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -24,7 +22,6 @@ from gateway.generation import (
 from gateway.lifecycle import RequestLifecycle
 from gateway.params import vet_extra_fields
 from gateway.schemas.chat import (
-    AssistantMessage,
     ChatChoice,
     ChatCompletion,
     ChatCompletionChunk,
@@ -32,11 +29,7 @@ from gateway.schemas.chat import (
     ChoiceLogprobs,
     ChunkChoice,
     ChunkDelta,
-    FunctionCall,
-    FunctionCallDelta,
     TokenLogprobEntry,
-    ToolCall,
-    ToolCallDelta,
     TopLogprob,
 )
 from gateway.schemas.common import make_usage
@@ -47,20 +40,14 @@ from gateway.sse import (
     sse_model,
 )
 from gateway.state import app_state, client_host
-from gateway.tools import (
-    ContentDelta,
-    ParserName,
-    StreamingToolParser,
-    ToolCallStart,
-    ToolRequest,
-    choose_parser,
-    new_call_id,
-    parse_tool_calls,
-    render_chat,
-    resolve_tools,
-    tool_call_grammar,
+from gateway.tools import StreamingToolParser, render_chat, tool_call_grammar
+from gateway.tools.chat_reply import (
+    ChatTooling,
+    assistant_reply,
+    chat_tooling,
+    finish_reason,
+    stream_deltas,
 )
-from gateway.tools.streaming import StreamItem
 
 
 def chat_logprobs(
@@ -91,43 +78,8 @@ def _engine_logprobs(body: ChatCompletionRequest) -> int | None:
     return body.top_logprobs or 0
 
 
-@dataclass(frozen=True)
-class _Tooling:
-    """The request's tool calling and the format the model writes calls in."""
-
-    request: ToolRequest
-    parser: ParserName
-
-    @property
-    def active(self) -> bool:
-        return self.request.active
-
-    def stream_parser(self) -> StreamingToolParser:
-        """A fresh incremental parser for one choice."""
-        return StreamingToolParser(
-            self.parser, names=self.request.names, parallel=self.request.parallel
-        )
-
-
-def _tooling(life: RequestLifecycle, body: ChatCompletionRequest) -> _Tooling:
-    request = resolve_tools(
-        tools=body.tools,
-        tool_choice=body.tool_choice,
-        parallel_tool_calls=body.parallel_tool_calls,
-        functions=body.functions,
-        function_call=body.function_call,
-    )
-    template = getattr(life.prompts.tokenizer, "chat_template", None)
-    parser = choose_parser(life.state.settings.tool_parser, template)
-    if request.active and parser == "none":
-        raise InvalidParameterError(
-            "tool calling is not enabled for this model", param="tools", code="unsupported"
-        )
-    return _Tooling(request, parser)
-
-
 async def _prompt_ids(
-    life: RequestLifecycle, body: ChatCompletionRequest, tooling: _Tooling
+    life: RequestLifecycle, body: ChatCompletionRequest, tooling: ChatTooling
 ) -> list[int]:
     if not body.messages:
         raise InvalidParameterError("messages must not be empty", param="messages")
@@ -143,45 +95,6 @@ async def _prompt_ids(
     )
 
 
-def _finish(reason: str | None, calls: int, tooling: _Tooling) -> str | None:
-    """OpenAI's finish reason: a turn that ends in calls ends with `tool_calls`."""
-    if not calls or reason != "stop":
-        return reason
-    return "function_call" if tooling.request.legacy else "tool_calls"
-
-
-def _reply(text: str, tooling: _Tooling) -> tuple[AssistantMessage, int]:
-    """The assistant message of one choice's text, and how many calls it holds."""
-    if not tooling.active:
-        return AssistantMessage(content=text), 0
-    req = tooling.request
-    parsed = parse_tool_calls(text, tooling.parser, names=req.names, parallel=req.parallel)
-    calls = [FunctionCall(name=c.name, arguments=c.arguments) for c in parsed.calls]
-    if not calls:
-        return AssistantMessage(content=parsed.content), 0
-    if req.legacy:
-        return AssistantMessage(content=parsed.content, function_call=calls[0]), 1
-    tool_calls = [ToolCall(id=new_call_id(), function=f) for f in calls]
-    return AssistantMessage(content=parsed.content, tool_calls=tool_calls), len(calls)
-
-
-def _tool_deltas(items: list[StreamItem], legacy: bool) -> list[ChunkDelta]:
-    """Parser items as chunk deltas, in OpenAI's streaming shape."""
-    out: list[ChunkDelta] = []
-    for item in items:
-        if isinstance(item, ContentDelta):
-            out.append(ChunkDelta(content=item.text))
-            continue
-        if isinstance(item, ToolCallStart):
-            function = FunctionCallDelta(name=item.name, arguments="")
-            call = ToolCallDelta(index=item.index, id=item.id, type="function", function=function)
-        else:
-            function = FunctionCallDelta(arguments=item.arguments)
-            call = ToolCallDelta(index=item.index, function=function)
-        out.append(ChunkDelta(function_call=function) if legacy else ChunkDelta(tool_calls=[call]))
-    return out
-
-
 async def create_chat_completion(request: Request) -> Response:
     """Creates a model response for a conversation; streamed as SSE with stream=true."""
     life = RequestLifecycle(app_state(request), id_prefix="chatcmpl", headers=request.headers)
@@ -190,7 +103,11 @@ async def create_chat_completion(request: Request) -> Response:
         body = await parse_body(request, ChatCompletionRequest)
         life.resolve_model(body.model)
         vet_extra_fields(body.extra_fields())
-        tooling = _tooling(life, body)
+        tooling = chat_tooling(
+            body,
+            setting=life.state.settings.tool_parser,
+            chat_template=getattr(life.prompts.tokenizer, "chat_template", None),
+        )
         if body.max_tokens is not None and body.max_completion_tokens is not None:
             raise InvalidParameterError(
                 "give max_tokens or max_completion_tokens, not both", param="max_tokens"
@@ -210,7 +127,7 @@ async def create_chat_completion(request: Request) -> Response:
             return stream_response(life, _stream(life, body, submitted, tooling), submitted)
         choices = await collect(life, submitted, request)
     await life.close(200)
-    replies = [_reply(c.text, tooling) for c in choices]
+    replies = [assistant_reply(c.text, tooling) for c in choices]
     response = ChatCompletion(
         id=life.request_id,
         created=life.created,
@@ -220,7 +137,7 @@ async def create_chat_completion(request: Request) -> Response:
                 index=c.index,
                 message=message,
                 logprobs=chat_logprobs(c.logprobs) if body.logprobs else None,
-                finish_reason=_finish(c.finish_reason, calls, tooling),
+                finish_reason=finish_reason(c.finish_reason, calls, tooling),
             )
             for c, (message, calls) in zip(choices, replies, strict=True)
         ],
@@ -230,7 +147,7 @@ async def create_chat_completion(request: Request) -> Response:
 
 
 async def _stream(
-    life: RequestLifecycle, body: ChatCompletionRequest, submitted: Submitted, tooling: _Tooling
+    life: RequestLifecycle, body: ChatCompletionRequest, submitted: Submitted, tooling: ChatTooling
 ) -> AsyncIterator[bytes]:
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     exclude = None if include_usage else {"usage"}
@@ -252,8 +169,8 @@ async def _stream(
             for d in event.deltas:
                 index = choice_index(prompt_index, d.index, submitted.n)
                 if parsers:
-                    for c in _parsed_chunks(body, d, parsers[index], tooling):
-                        yield chunk([ChunkChoice(index=index, **c)])
+                    for choice in _parsed_choices(body, index, d, parsers[index], tooling):
+                        yield chunk([choice])
                     continue
                 if d.text or d.logprobs:
                     logprobs = chat_logprobs(d.logprobs) if body.logprobs and d.logprobs else None
@@ -285,24 +202,29 @@ async def _stream(
     yield DONE
 
 
-def _parsed_chunks(
-    body: ChatCompletionRequest, d: CompletionDelta, parser: StreamingToolParser, tooling: _Tooling
-) -> list[dict[str, Any]]:
-    """One engine delta of a tool-calling choice as chunk-choice fields (delta, logprobs,
-    finish_reason); text that may open a call waits in `parser`."""
+def _parsed_choices(
+    body: ChatCompletionRequest,
+    index: int,
+    d: CompletionDelta,
+    parser: StreamingToolParser,
+    tooling: ChatTooling,
+) -> list[ChunkChoice]:
+    """One engine delta of a tool-calling choice as chunk choices; text that may open a
+    call waits in `parser`."""
     items = parser.feed(d.text)
     if d.finish_reason is not None:
         items += parser.finish()
-    deltas = _tool_deltas(items, tooling.request.legacy)
+    deltas = stream_deltas(items, legacy=tooling.request.legacy)
     logprobs = chat_logprobs(d.logprobs) if body.logprobs and d.logprobs else None
     if logprobs is not None and not deltas:
         deltas = [ChunkDelta(content="")]
-    out: list[dict[str, Any]] = [
-        {"delta": delta, "logprobs": logprobs if i == 0 else None} for i, delta in enumerate(deltas)
+    out = [
+        ChunkChoice(index=index, delta=delta, logprobs=logprobs if i == 0 else None)
+        for i, delta in enumerate(deltas)
     ]
     if d.finish_reason is not None:
-        reason = _finish(d.finish_reason, parser.calls, tooling)
-        out.append({"delta": ChunkDelta(), "finish_reason": reason})
+        reason = finish_reason(d.finish_reason, parser.calls, tooling)
+        out.append(ChunkChoice(index=index, delta=ChunkDelta(), finish_reason=reason))
     return out
 
 
