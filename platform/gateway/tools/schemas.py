@@ -109,8 +109,11 @@ def _function(raw: Any, param: str) -> FunctionTool:
     return FunctionTool(name, description, parameters, bool(strict))
 
 
-def _tools(raw: Any, field: str) -> tuple[FunctionTool, ...]:
-    """`tools` (or the legacy `functions`, a list of bare function definitions)."""
+def _tools(raw: Any, field: str, *, flat: bool = False) -> tuple[FunctionTool, ...]:
+    """`tools` (or the legacy `functions`, a list of bare function definitions).
+
+    `flat`: the Responses API's shape, `{"type": "function", "name": ..., ...}`.
+    """
     if not isinstance(raw, list):
         raise _bad(f"{field} must be a list", field)
     if len(raw) > MAX_TOOLS:
@@ -125,7 +128,10 @@ def _tools(raw: Any, field: str) -> tuple[FunctionTool, ...]:
         if not isinstance(tool, dict) or tool.get("type") != "function":
             where = f"tools[{i}]"
             raise _bad(f"{where} must be {{'type': 'function', 'function': {{...}}}}", where)
-        out.append(_function(tool.get("function"), f"tools[{i}].function"))
+        if flat:
+            out.append(_function(tool, f"tools[{i}]"))
+        else:
+            out.append(_function(tool.get("function"), f"tools[{i}].function"))
     names = [t.name for t in out]
     duplicate = next((n for n in names if names.count(n) > 1), None)
     if duplicate is not None:
@@ -141,8 +147,9 @@ def _choice(raw: Any, names: frozenset[str], param: str) -> tuple[ChoiceMode, st
         return mode, None
     name: Any = None
     if isinstance(raw, dict):
-        # `{"type": "function", "function": {"name": ...}}`; legacy `{"name": ...}`.
-        function = raw.get("function") if raw.get("type") == "function" else raw
+        # `{"type": "function", "function": {"name": ...}}`; legacy `{"name": ...}`;
+        # the Responses API's `{"type": "function", "name": ...}`.
+        function = raw.get("function", raw) if raw.get("type") == "function" else raw
         name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(name, str):
         raise InvalidParameterError(
@@ -164,8 +171,12 @@ def resolve_tools(
     parallel_tool_calls: Any = None,
     functions: Any = None,
     function_call: Any = None,
+    flat: bool = False,
 ) -> ToolRequest:
-    """The request's tool calling, validated; legacy `functions` map onto tools."""
+    """The request's tool calling, validated; legacy `functions` map onto tools.
+
+    `flat` takes `tools` in the Responses API's shape (no `function` wrapper).
+    """
     if functions is not None and tools is not None:
         raise InvalidParameterError("give tools or functions, not both", param="functions")
     if function_call is not None and tool_choice is not None:
@@ -179,7 +190,7 @@ def resolve_tools(
     if functions is not None:
         parsed = _tools(functions, "functions")
     else:
-        parsed = _tools(tools, "tools") if tools is not None else ()
+        parsed = _tools(tools, "tools", flat=flat) if tools is not None else ()
     choice_param = "function_call" if function_call is not None else "tool_choice"
     raw_choice = function_call if function_call is not None else tool_choice
     if not parsed:
