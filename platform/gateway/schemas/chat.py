@@ -4,14 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SerializerFunctionWrapHandler,
-    model_serializer,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gateway.schemas.common import SamplingFields, Usage
 
@@ -34,12 +27,13 @@ class FunctionCall(BaseModel):
     arguments: str
 
 
-def _drop_none(data: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
-    """`data` without those of `keys` that are None: fields OpenAI only sends when set."""
-    for key in keys:
-        if key in data and data[key] is None:
-            del data[key]
-    return data
+def _is_none(value: Any) -> bool:
+    return value is None
+
+
+# Fields OpenAI only sends when set (it never sends them as null).
+def _unset_omitted() -> Any:
+    return Field(default=None, exclude_if=_is_none)
 
 
 class ToolCall(BaseModel):
@@ -134,12 +128,8 @@ class AssistantMessage(BaseModel):
 
     role: Literal["assistant"] = "assistant"
     content: str | None
-    tool_calls: list[ToolCall] | None = None
-    function_call: FunctionCall | None = None  # the legacy `functions` API's one call
-
-    @model_serializer(mode="wrap")
-    def _without_empty_calls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _drop_none(handler(self), ("tool_calls", "function_call"))
+    tool_calls: list[ToolCall] | None = _unset_omitted()
+    function_call: FunctionCall | None = _unset_omitted()  # the legacy `functions` API
 
 
 class ChatChoice(BaseModel):
@@ -166,28 +156,17 @@ class ChatCompletion(BaseModel):
 class FunctionCallDelta(BaseModel):
     """Part of a streamed call's function: the name once, then pieces of the arguments."""
 
-    name: str | None = None
-    arguments: str | None = None
-
-    @model_serializer(mode="wrap")
-    def _without_nulls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _drop_none(handler(self), ("name", "arguments"))
+    name: str | None = _unset_omitted()
+    arguments: str | None = _unset_omitted()
 
 
 class ToolCallDelta(BaseModel):
     """Part of a streamed call: index, id and type come in its first delta only."""
 
     index: int
-    id: str | None = None
-    type: Literal["function"] | None = None
+    id: str | None = _unset_omitted()
+    type: Literal["function"] | None = _unset_omitted()
     function: FunctionCallDelta
-
-    @model_serializer(mode="wrap")
-    def _without_nulls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # OpenAI leaves out what a delta does not carry; it never sends nulls here.
-        data: dict[str, Any] = handler(self)
-        data["function"] = _drop_none(data["function"], ("name", "arguments"))
-        return _drop_none(data, ("id", "type"))
 
 
 class ChunkDelta(BaseModel):
@@ -195,12 +174,8 @@ class ChunkDelta(BaseModel):
 
     role: Literal["assistant"] | None = None
     content: str | None = None
-    tool_calls: list[ToolCallDelta] | None = None
-    function_call: FunctionCallDelta | None = None  # the legacy `functions` API
-
-    @model_serializer(mode="wrap")
-    def _without_empty_calls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _drop_none(handler(self), ("tool_calls", "function_call"))
+    tool_calls: list[ToolCallDelta] | None = _unset_omitted()
+    function_call: FunctionCallDelta | None = _unset_omitted()  # the legacy `functions` API
 
 
 class ChunkChoice(BaseModel):
