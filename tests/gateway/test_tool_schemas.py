@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.errors import InvalidParameterError
 from gateway.schemas.chat import ChatCompletionRequest
-from gateway.tools import resolve_tools
+from gateway.tools import render_chat, resolve_tools, tool_call_grammar
 from gateway.tools.chat_reply import assistant_reply, chat_tooling, finish_reason
 
 WEATHER_FN: dict[str, Any] = {
@@ -123,3 +125,43 @@ def test_reply_and_finish_reason() -> None:
     assert finish_reason("stop", 0, tooling) == "stop"
     dumped = message.model_dump()
     assert "function_call" not in dumped and dumped["content"] is None
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+NAMES = st.sampled_from(["f", "g", "bad name", ""])
+FUNCTION = st.fixed_dictionaries(
+    {"name": NAMES},
+    optional={
+        "description": JSON,
+        "parameters": JSON | st.just({"type": "object"}),
+        "strict": JSON,
+    },
+)
+TOOL = st.fixed_dictionaries({"type": st.just("function"), "function": FUNCTION}) | JSON
+CHOICE = (
+    st.sampled_from(["none", "auto", "required"])
+    | st.builds(lambda n: {"type": "function", "function": {"name": n}}, NAMES)
+    | JSON
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    tools=st.none() | st.lists(TOOL, max_size=3) | JSON,
+    choice=st.none() | CHOICE,
+    parallel=st.none() | JSON,
+    parser=st.sampled_from(["hermes", "smollm2", "llama3_json"]),
+)
+def test_any_json_is_resolved_or_a_400(tools: Any, choice: Any, parallel: Any, parser: Any) -> None:
+    try:
+        req = resolve_tools(tools=tools, tool_choice=choice, parallel_tool_calls=parallel)
+        render_chat([{"role": "user", "content": "hi"}], req, parser, chat_template=None)
+        tool_call_grammar(req, parser)
+    except InvalidParameterError as exc:
+        assert exc.param and exc.message
