@@ -8,7 +8,7 @@ never lets transformers reach the network.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,16 +93,31 @@ class Tokenizer:
         """Token ids -> their vocabulary strings (byte-level form, not decoded text)."""
         return list(self.hf.convert_ids_to_tokens(list(ids)))
 
+    @property
+    def chat_template(self) -> str | None:
+        """The chat template's text (None without one); tool-call formats are read off it."""
+        template = self.hf.chat_template
+        return template if isinstance(template, str) else None
+
     def apply_chat_template(
-        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
-        """Renders a conversation with the model's own template, as prompt text."""
+        """Renders a conversation with the model's own template, as prompt text.
+
+        `tools` (OpenAI function definitions) reach templates that render them.
+        """
         if not self.has_chat_template:
             raise ChatTemplateMissingError(
                 "this model has no chat template; use the completions API", param="messages"
             )
+        functions: list[dict[Any, Any] | Callable[..., Any]] | None = (
+            None if tools is None else list(tools)
+        )
         rendered: Any = self.hf.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            messages, tools=functions, tokenize=False, add_generation_prompt=add_generation_prompt
         )
         return str(rendered)
 

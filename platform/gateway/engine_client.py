@@ -27,9 +27,12 @@ class TokenizerLike(Protocol):
         ...
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
-        """The model's chat template rendered over `messages`."""
+        """The model's chat template rendered over `messages` (and `tools`, if it reads them)."""
         ...
 
 

@@ -17,6 +17,7 @@ from starlette.requests import Request
 
 from engine.outputs import PositionLogprobs, StreamEvent
 from engine.request import EngineRequest
+from engine.structured.spec import StructuredSpec
 from gateway.errors import GatewayError, status_of
 from gateway.lifecycle import RequestLifecycle
 from gateway.params import build_sampling_params, check_request_fits, resolve_max_tokens
@@ -61,8 +62,12 @@ async def admit_and_submit(
     requested_max_tokens: int | None,
     max_tokens_param: str,
     logprobs: int | None,
+    structured: StructuredSpec | None = None,
 ) -> Submitted:
-    """Everything between a tokenized prompt and running engine requests."""
+    """Everything between a tokenized prompt and running engine requests.
+
+    `structured` is the constraint every choice's output must match (tool calls).
+    """
     state = life.state
     principal = life.principal
     assert principal is not None, "authenticate first"
@@ -79,6 +84,7 @@ async def admit_and_submit(
         logprobs=logprobs,
         vocab_size=life.engine.vocab_size,
         max_n=state.settings.max_n,
+        structured=structured,
     )
     check_request_fits(len(prompts), body.n, max_waiting=state.settings.max_waiting)
     headers = await life.admit(

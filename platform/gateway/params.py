@@ -11,6 +11,7 @@ from typing import Any
 
 from engine.errors import ContextLengthExceededError, InvalidRequestError
 from engine.sampling_params import SamplingParams
+from engine.structured.spec import StructuredSpec
 from gateway.errors import InvalidParameterError
 from gateway.schemas.common import SamplingFields
 from tenancy.limits import EffectiveLimits
@@ -162,6 +163,7 @@ def build_sampling_params(
     logprobs: int | None,
     vocab_size: int,
     max_n: int,
+    structured: StructuredSpec | None = None,
 ) -> SamplingParams:
     """The engine parameters; any range error becomes a 400 naming the parameter."""
     if body.n > max_n:
@@ -182,6 +184,7 @@ def build_sampling_params(
             logprobs=logprobs,
             logit_bias=tuple(parse_logit_bias(body.logit_bias, vocab_size).items()),
             **_vllm_extras(body, max_tokens=max_tokens),
+            structured=structured,
         )
         params.check_against(vocab_size=vocab_size, max_n=max_n, max_tokens_limit=None)
     except InvalidRequestError as exc:

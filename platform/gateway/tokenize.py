@@ -19,6 +19,7 @@ Three rules, in order:
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -86,12 +87,20 @@ class ModelPrompts:
             tenant_id, len(text), lambda: self.tokenizer.encode(text, add_special_tokens)
         )
 
-    async def encode_chat(self, tenant_id: str, messages: list[dict[str, Any]]) -> list[int]:
+    async def encode_chat(
+        self,
+        tenant_id: str,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
         """Token ids of `messages` rendered with the chat template.
 
-        The template already carries the model's BOS where it wants one.
+        The template already carries the model's BOS where it wants one. `tools` go to
+        templates that render them (gateway.tools.prompting decides).
         """
-        chars = sum(len(m["content"]) for m in messages)
+        chars = sum(len(m.get("content") or "") for m in messages)
+        chars += len(json.dumps(tools, ensure_ascii=False)) if tools else 0
         self.check_size(chars, param="messages")
         # The template loops over messages in Python: many empty ones cost as much as text.
         cost = chars + MESSAGE_COST_CHARS * len(messages)
@@ -99,7 +108,12 @@ class ModelPrompts:
         def work() -> list[int]:
             tokenizer = self.tokenizer
             try:
-                text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+                if tools:
+                    text = tokenizer.apply_chat_template(
+                        messages, add_generation_prompt=True, tools=tools
+                    )
+                else:
+                    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
             except Exception as exc:  # a template may reject a conversation shape (role order)
                 raise InvalidParameterError(f"messages: {exc}", param="messages") from None
             self.check_size(len(text), param="messages")
@@ -147,9 +161,15 @@ class PromptTokenizer:
             tenant_id, text, add_special_tokens=add_special_tokens, param=param
         )
 
-    async def encode_chat(self, tenant_id: str, messages: list[dict[str, Any]]) -> list[int]:
+    async def encode_chat(
+        self,
+        tenant_id: str,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
         """`ModelPrompts.encode_chat` with the default engine."""
-        return await self._view().encode_chat(tenant_id, messages)
+        return await self._view().encode_chat(tenant_id, messages, tools=tools)
 
     async def run(self, tenant_id: str, cost: int, work: Callable[[], T]) -> T:
         """`work()` inline when cheap, else on the pool within the tenant's share of it."""

@@ -206,6 +206,9 @@ class Settings(BaseSettings):
     responses_max_entries: int = Field(default=10_000, ge=1)
     responses_max_per_tenant: int = Field(default=1_000, ge=1)
     responses_max_chars: int = Field(default=200_000_000, ge=1)
+    # How tool calls are written and parsed: auto picks the format from the chat
+    # template; none refuses requests with tools.
+    tool_parser: Literal["auto", "hermes", "llama3_json", "smollm2", "none"] = "auto"
     otel_exporter: Literal["none", "console", "otlp"] = "none"
     # Admin service (CLOISTER_ADMIN_*): OpenID Connect sign-in, audit signing, metering.
     admin_oidc_issuer: str | None = None

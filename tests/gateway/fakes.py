@@ -41,9 +41,12 @@ class ByteTokenizer:
         return bytes(i for i in ids if i < 256).decode(errors="replace")
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
-        """A fixed, simple template."""
+        """A fixed, simple template (it ignores tools, as SmolLM2's does)."""
         text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
         return text + ("<assistant>" if add_generation_prompt else "")
 
@@ -66,9 +69,16 @@ class FakeEngine:
     """Streams scripted text token by token; tracks aborts and a per-domain prefix cache."""
 
     def __init__(
-        self, *, max_model_len: int = 512, token_delay_s: float = 0.002, max_waiting: int = 64
+        self,
+        *,
+        max_model_len: int = 512,
+        token_delay_s: float = 0.002,
+        max_waiting: int = 64,
+        reply: str | None = None,
     ) -> None:
         self.tokenizer = ByteTokenizer()
+        # With `reply`, a greedy request gets exactly that text, then stops.
+        self.reply = reply
         self.max_model_len = max_model_len
         self.vocab_size = ByteTokenizer.vocab_size
         self.model_name = "fake-model"
@@ -143,10 +153,15 @@ class FakeEngine:
                     if done[i]:
                         continue
                     ch = REPLY[step % len(REPLY)] if params.greedy else rngs[i].choice("abcdefgh ")
+                    reply = self.reply if params.greedy else None
+                    if reply is not None:
+                        ch = reply[step] if step < len(reply) else ""
                     texts[i] += ch
                     finish = None
                     hit = next((s for s in params.stop if s in texts[i]), None)
-                    if hit is not None:
+                    if reply is not None and step + 1 >= len(reply):
+                        finish = "stop"
+                    elif hit is not None:
                         ch = ch[: len(ch) - (len(texts[i]) - texts[i].index(hit))]
                         finish = "stop"
                     elif step + 1 == params.max_tokens:

@@ -51,7 +51,11 @@ def assert_error(r: httpx.Response, status: int, param: str | None = None) -> di
         ({"model": "tiny", "messages": MESSAGES, "logit_bias": {"x": 1}}, 400, "logit_bias"),
         ({"model": "tiny", "messages": MESSAGES, "logit_bias": {"5": 500}}, 400, "logit_bias"),
         ({"model": "tiny", "messages": MESSAGES, "logit_bias": {"5": "a"}}, 400, "logit_bias"),
-        ({"model": "tiny", "messages": MESSAGES, "tools": [{"type": "function"}]}, 400, "tools"),
+        (
+            {"model": "tiny", "messages": MESSAGES, "tools": [{"type": "function"}]},
+            400,
+            "tools[0].function",
+        ),
         ({"model": "nope", "messages": MESSAGES}, 404, "model"),
         ({"messages": MESSAGES}, 400, "model"),
     ],

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from engine.outputs import PositionLogprobs
+from engine.outputs import CompletionDelta, PositionLogprobs
 from gateway.body import parse_body
 from gateway.errors import InvalidParameterError, stream_error_body
 from gateway.generation import (
@@ -23,7 +22,6 @@ from gateway.generation import (
 from gateway.lifecycle import RequestLifecycle
 from gateway.params import vet_extra_fields
 from gateway.schemas.chat import (
-    AssistantMessage,
     ChatChoice,
     ChatCompletion,
     ChatCompletionChunk,
@@ -42,6 +40,14 @@ from gateway.sse import (
     sse_model,
 )
 from gateway.state import app_state, client_host
+from gateway.tools import StreamingToolParser, render_chat, tool_call_grammar
+from gateway.tools.chat_reply import (
+    ChatTooling,
+    assistant_reply,
+    chat_tooling,
+    finish_reason,
+    stream_deltas,
+)
 from server.request_ids import request_ids_of
 
 
@@ -73,12 +79,21 @@ def _engine_logprobs(body: ChatCompletionRequest) -> int | None:
     return body.top_logprobs or 0
 
 
-async def _prompt_ids(life: RequestLifecycle, body: ChatCompletionRequest) -> list[int]:
+async def _prompt_ids(
+    life: RequestLifecycle, body: ChatCompletionRequest, tooling: ChatTooling
+) -> list[int]:
     if not body.messages:
         raise InvalidParameterError("messages must not be empty", param="messages")
     assert life.principal is not None, "authenticate first"
-    messages: list[dict[str, Any]] = [{"role": m.role, "content": m.text()} for m in body.messages]
-    return await life.prompts.encode_chat(life.principal.tenant_id, messages)
+    rendered = render_chat(
+        [m.openai_dict() for m in body.messages],
+        tooling.request,
+        tooling.parser,
+        chat_template=getattr(life.prompts.tokenizer, "chat_template", None),
+    )
+    return await life.prompts.encode_chat(
+        life.principal.tenant_id, rendered.messages, tools=rendered.tools
+    )
 
 
 async def create_chat_completion(request: Request) -> Response:
@@ -94,6 +109,11 @@ async def create_chat_completion(request: Request) -> Response:
         body = await parse_body(request, ChatCompletionRequest)
         life.resolve_model(body.model)
         vet_extra_fields(body.extra_fields())
+        tooling = chat_tooling(
+            body,
+            setting=life.state.settings.tool_parser,
+            chat_template=getattr(life.prompts.tokenizer, "chat_template", None),
+        )
         if body.max_tokens is not None and body.max_completion_tokens is not None:
             raise InvalidParameterError(
                 "give max_tokens or max_completion_tokens, not both", param="max_tokens"
@@ -103,15 +123,17 @@ async def create_chat_completion(request: Request) -> Response:
         submitted = await admit_and_submit(
             life,
             body,
-            [await _prompt_ids(life, body)],
+            [await _prompt_ids(life, body, tooling)],
             requested_max_tokens=requested,
             max_tokens_param=param,
             logprobs=_engine_logprobs(body),
+            structured=tool_call_grammar(tooling.request, tooling.parser),
         )
         if body.stream:
-            return stream_response(life, _stream(life, body, submitted), submitted)
+            return stream_response(life, _stream(life, body, submitted, tooling), submitted)
         choices = await collect(life, submitted, request)
     await life.close(200)
+    replies = [assistant_reply(c.text, tooling) for c in choices]
     response = ChatCompletion(
         id=life.request_id,
         created=life.created,
@@ -119,11 +141,11 @@ async def create_chat_completion(request: Request) -> Response:
         choices=[
             ChatChoice(
                 index=c.index,
-                message=AssistantMessage(content=c.text),
+                message=message,
                 logprobs=chat_logprobs(c.logprobs) if body.logprobs else None,
-                finish_reason=c.finish_reason,
+                finish_reason=finish_reason(c.finish_reason, calls, tooling),
             )
-            for c in choices
+            for c, (message, calls) in zip(choices, replies, strict=True)
         ],
         usage=make_usage(life.prompt_tokens, life.completion_tokens, life.cached_tokens),
     )
@@ -131,7 +153,7 @@ async def create_chat_completion(request: Request) -> Response:
 
 
 async def _stream(
-    life: RequestLifecycle, body: ChatCompletionRequest, submitted: Submitted
+    life: RequestLifecycle, body: ChatCompletionRequest, submitted: Submitted, tooling: ChatTooling
 ) -> AsyncIterator[bytes]:
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     exclude = None if include_usage else {"usage"}
@@ -142,12 +164,20 @@ async def _stream(
         )
         return sse_model(c, exclude=exclude)
 
-    for index in range(submitted.n * len(submitted.streams)):
-        yield chunk([ChunkChoice(index=index, delta=ChunkDelta(role="assistant", content=""))])
+    total = submitted.n * len(submitted.streams)
+    parsers = [tooling.stream_parser() for _ in range(total)] if tooling.active else []
+    for index in range(total):
+        # A turn that may be only calls has no content yet (null), as OpenAI sends it.
+        first = ChunkDelta(role="assistant", content=None if tooling.active else "")
+        yield chunk([ChunkChoice(index=index, delta=first)])
     try:
         async for prompt_index, event in life.events(submitted.streams):
             for d in event.deltas:
                 index = choice_index(prompt_index, d.index, submitted.n)
+                if parsers:
+                    for choice in _parsed_choices(body, index, d, parsers[index], tooling):
+                        yield chunk([choice])
+                    continue
                 if d.text or d.logprobs:
                     logprobs = chat_logprobs(d.logprobs) if body.logprobs and d.logprobs else None
                     yield chunk(
@@ -176,6 +206,32 @@ async def _stream(
         yield sse_model(final)
     life.completed = True
     yield DONE
+
+
+def _parsed_choices(
+    body: ChatCompletionRequest,
+    index: int,
+    d: CompletionDelta,
+    parser: StreamingToolParser,
+    tooling: ChatTooling,
+) -> list[ChunkChoice]:
+    """One engine delta of a tool-calling choice as chunk choices; text that may open a
+    call waits in `parser`."""
+    items = parser.feed(d.text)
+    if d.finish_reason is not None:
+        items += parser.finish()
+    deltas = stream_deltas(items, legacy=tooling.request.legacy)
+    logprobs = chat_logprobs(d.logprobs) if body.logprobs and d.logprobs else None
+    if logprobs is not None and not deltas:
+        deltas = [ChunkDelta(content="")]
+    out = [
+        ChunkChoice(index=index, delta=delta, logprobs=logprobs if i == 0 else None)
+        for i, delta in enumerate(deltas)
+    ]
+    if d.finish_reason is not None:
+        reason = finish_reason(d.finish_reason, parser.calls, tooling)
+        out.append(ChunkChoice(index=index, delta=ChunkDelta(), finish_reason=reason))
+    return out
 
 
 # Plain Starlette routes: FastAPI's per-request dependency machinery costs ~60 us for
