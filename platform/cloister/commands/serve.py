@@ -32,6 +32,9 @@ then call the API:
 @click.option("--port", type=int, default=None, help="Port to bind (default 8000).")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Data folder.")
 @click.option(
+    "--database-url", default=None, metavar="URL", help="Database (default: SQLite in it)."
+)
+@click.option(
     "--model",
     "model_flags",
     multiple=True,
