@@ -43,7 +43,7 @@ def fail(message: str, code: int) -> None:
 class CloisterGroup(click.Group):
     """A group whose errors are one line each (click prints usage and a hint otherwise)."""
 
-    def main(  # type: ignore[override]
+    def main(
         self,
         args: Sequence[str] | None = None,
         prog_name: str | None = None,

@@ -147,10 +147,10 @@ class Cleared:
 CLEAR = Cleared()
 
 
-class NoneOr(click.ParamType):
+class NoneOr(click.ParamType[Any]):
     """`inner`'s values, or `none` (CLEAR): so that every limit option can unset its limit."""
 
-    def __init__(self, inner: click.ParamType) -> None:
+    def __init__(self, inner: click.ParamType[Any]) -> None:
         self.inner = inner
         self.name = f"{inner.name}|none"
 

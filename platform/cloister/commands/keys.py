@@ -103,9 +103,8 @@ def create(
             name=name,
             metadata=metadata,
         )
-    if as_json:
-        data = {"id": created.id, "key": created.secret, "prefix": created.prefix, "name": name}
-        click.echo(json.dumps({**data, "metadata": metadata or {}}, sort_keys=True))
+    if as_json:  # the rest of the key's fields: `keys list --json`
+        click.echo(json.dumps({"id": created.id, "key": created.secret}))
     else:
         click.echo(f"key id: {created.id}")
         click.echo(f"key:    {created.secret}")

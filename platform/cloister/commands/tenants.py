@@ -144,9 +144,9 @@ def set_limits(name: str, as_json: bool, **options: Any) -> None:
         "max_prompt_tokens": options["max_prompt_tokens"],
         "allowed_models": models if models in (None, CLEAR) else parse_models(models),
     }
-    changed = {k: None if v is CLEAR else v for k, v in given.items() if v is not None}
-    if not changed:
-        raise InvalidArgument("nothing to change: give at least one limit option")
+    changed: dict[str, Any] = {
+        k: None if v is CLEAR else v for k, v in given.items() if v is not None
+    }
     with open_session() as (settings, session):
         limits = store.set_limits(session, tenant_name=name, **changed)
         tenant = store.get_tenant(session, name)
