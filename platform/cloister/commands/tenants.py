@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any
 
 import click
@@ -271,10 +272,11 @@ def _status_command(command_name: str, status: str, verb: str) -> click.Command:
 def delete(name: str, yes: bool, as_json: bool) -> None:
     """Delete a tenant: its keys are revoked and it can no longer authenticate; its
     usage, billing and audit records are kept (and its name stays taken)."""
-    if not yes and not click.confirm(
-        f"Delete tenant {name} and revoke all its keys?", err=True, default=False
-    ):
-        raise click.Abort()
+    if not yes:
+        if not sys.stdin.isatty():  # a script: no question it could answer
+            raise InvalidArgument(f"give --yes to delete tenant {name} without a terminal")
+        if not click.confirm(f"Delete tenant {name} and revoke all its keys?", default=False):
+            raise click.Abort()
     with open_session() as (settings, session):
         deleted = store.delete_tenant(session, name=name)
         tenant = deleted.tenant
