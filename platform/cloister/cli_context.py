@@ -126,7 +126,9 @@ def cli_settings() -> Settings:
             if e["type"] != "default_factory_not_called"
         )
         raise CliError(f"invalid settings: {problems}") from None
-    except (OSError, ValueError) as exc:  # a secret file that cannot be made or read
+    except OSError as exc:  # the data folder or a secret file in it cannot be made or read
+        raise CliError(f"cannot use {exc.filename or 'the data folder'}: {exc.strerror}") from None
+    except ValueError as exc:  # a secret file with loose permissions, or empty
         raise CliError(str(exc)) from None
     root_meta[_SETTINGS_KEY] = settings
     return settings
@@ -163,5 +165,7 @@ class NoneOr(click.ParamType[Any]):
         return self.inner.convert(value, param, ctx)
 
     def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str | None:
-        """E.g. `INTEGER|none`."""
-        return f"{self.inner.name.upper()}|none"
+        """E.g. `INTEGER|none`, `[day|month|none]`."""
+        if isinstance(self.inner, click.Choice):
+            return "[" + "|".join([*map(str, self.inner.choices), "none"]) + "]"
+        return f"{self.inner.name.upper().removesuffix(' RANGE')}|none"

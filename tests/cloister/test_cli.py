@@ -269,3 +269,35 @@ def test_key_alias_and_metadata_are_stored_and_listed_without_secrets(data: str)
     engine.dispose()
     for output in (text.stdout, json.dumps(listed)):
         assert created["key"] not in output and secret_hash not in output
+
+
+def test_update_clears_floor_and_ttl_with_none(data: str) -> None:
+    set_policy = ["--cache-floor-blocks", "64", "--retention-ttl-s", "600", "--data-dir", data]
+    tenant = ok_json("tenants", "update", "acme", *set_policy)
+    assert isinstance(tenant, dict)
+    assert (tenant["cache_floor_blocks"], tenant["retention_ttl_s"]) == (64, 600.0)
+    clear = ["--cache-floor-blocks", "none", "--retention-ttl-s", "none", "--data-dir", data]
+    tenant = ok_json("tenants", "update", "acme", *clear)
+    assert isinstance(tenant, dict)
+    assert (tenant["cache_floor_blocks"], tenant["retention_ttl_s"]) == (None, None)
+
+
+def test_unusable_data_dir_is_one_line(tmp_path: Path) -> None:
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    assert_one_line_error(cli("tenants", "list", "--data-dir", str(a_file)), "--data-dir")
+    assert_one_line_error(cli("tenants", "list", "--data-dir", str(a_file / "below")))
+
+
+def test_a_bug_is_one_line_unless_traceback_is_asked_for(
+    data: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tenancy import store
+
+    def broken(*_args: object, **_kw: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(store, "list_tenants", broken)
+    assert_one_line_error(cli("tenants", "list", "--data-dir", data), "RuntimeError: boom")
+    shown = cli("--traceback", "tenants", "list", "--data-dir", data)
+    assert isinstance(shown.exception, RuntimeError)  # raised to the caller, traceback and all

@@ -10,6 +10,7 @@ import click
 
 from cloister.cli_context import (
     CLEAR,
+    Cleared,
     InvalidArgument,
     NoneOr,
     echo_result,
@@ -172,10 +173,18 @@ def set_limits(name: str, as_json: bool, **options: Any) -> None:
 @tenants.command("update")
 @click.argument("name")
 @click.option("--weight", type=float, help="Scheduling weight (0.01 to 100).")
-@click.option("--cache-floor-blocks", type=int, help="KV blocks kept for this tenant's cache.")
-@click.option("--cache-floor-share", type=float, help="Share of the KV pool kept (0 to 1).")
+@click.option(
+    "--cache-floor-blocks", type=NoneOr(click.INT), help="KV blocks kept for this tenant's cache."
+)
+@click.option(
+    "--cache-floor-share", type=NoneOr(click.FLOAT), help="Share of the KV pool kept (0 to 1)."
+)
 @click.option("--no-cache-floor", is_flag=True, help="Remove the cache floor.")
-@click.option("--retention-ttl-s", type=float, help="Seconds a freed cached block is kept.")
+@click.option(
+    "--retention-ttl-s",
+    type=NoneOr(click.FLOAT),
+    help="Seconds a freed cached block is kept (none: the engine's TTL).",
+)
 @click.option("--default-retention-ttl", is_flag=True, help="Back to the engine's TTL.")
 @click.option(
     "--scrub-on-free/--no-scrub-on-free",
@@ -189,18 +198,18 @@ def set_limits(name: str, as_json: bool, **options: Any) -> None:
 def update(
     name: str,
     weight: float | None,
-    cache_floor_blocks: int | None,
-    cache_floor_share: float | None,
+    cache_floor_blocks: int | Cleared | None,
+    cache_floor_share: float | Cleared | None,
     no_cache_floor: bool,
-    retention_ttl_s: float | None,
+    retention_ttl_s: float | Cleared | None,
     default_retention_ttl: bool,
     scrub_on_free: bool | None,
     default_scrub: bool,
     never_cache: bool | None,
     as_json: bool,
 ) -> None:
-    """Change a tenant's weight and cache policy (only the options given change); the
-    running server applies it within its refresh interval."""
+    """Change a tenant's weight and cache policy (only the options given change; `none`
+    clears a floor or TTL); the running server applies it within its refresh interval."""
     _exclusive(
         ("--no-cache-floor", no_cache_floor),
         ("--cache-floor-blocks", cache_floor_blocks is not None),
@@ -219,7 +228,7 @@ def update(
         "scrub_on_free": scrub_on_free,
         "never_cache": never_cache,
     }
-    changed = {k: v for k, v in given.items() if v is not None}
+    changed = {k: None if v is CLEAR else v for k, v in given.items() if v is not None}
     if no_cache_floor:
         changed.update(cache_floor_blocks=None, cache_floor_share=None)
     if default_retention_ttl:
