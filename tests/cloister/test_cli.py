@@ -81,30 +81,32 @@ def test_version_is_the_package_version() -> None:
     assert res.stdout.strip() == f"cloister, version {importlib.metadata.version('cloister')}"
 
 
-def test_from_another_directory(tmp_path: Path) -> None:
+def test_from_another_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The real process, run from a folder without a database: one line and nothing made
-    there; with --data-dir the same commands work from anywhere."""
+    there; with --data-dir the same command works from there."""
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     data_dir = tmp_path / "srv" / "data"
     env = {k: v for k, v in os.environ.items() if not k.startswith("CLOISTER_")}
     env["PYTHONPATH"] = f"{REPO}{os.pathsep}{REPO / 'platform'}"
-
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-c", "from cloister.cli import main; main()", *args]
-        return subprocess.run(
-            command, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=60
-        )
-
-    lost = run("tenants", "list")
+    lost = subprocess.run(
+        [sys.executable, "-c", "from cloister.cli import main; main()", "tenants", "list"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert lost.returncode == 1 and lost.stdout == ""
     assert lost.stderr.count("\n") == 1 and lost.stderr.startswith("error: no database at ")
     assert "--data-dir" in lost.stderr and "Traceback" not in lost.stderr
     assert list(elsewhere.iterdir()) == []  # no ./var, no secrets, no empty database
+    monkeypatch.chdir(elsewhere)  # the same folder, in-process from here on
     assert cli("tenants", "create", "acme", "--data-dir", str(data_dir)).exit_code == 0
-    listed = run("tenants", "list", "--json", "--data-dir", str(data_dir))
-    assert [t["name"] for t in json.loads(listed.stdout)] == ["acme"]
+    listed = ok_json("tenants", "list", "--data-dir", str(data_dir))
+    assert isinstance(listed, list) and [t["name"] for t in listed] == ["acme"]
     assert (data_dir / "cloister.db").is_file() and list(elsewhere.iterdir()) == []
+    assert_one_line_error(cli("tenants", "list"), "no database at")  # in-process too
 
 
 def test_database_url_flag_and_its_errors(tmp_path: Path) -> None:
