@@ -10,8 +10,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from click.testing import CliRunner, Result
 from sqlalchemy import func, select
 
@@ -31,7 +33,7 @@ def cli(*args: str) -> Result:
     return CliRunner().invoke(main, list(args), env=NO_LOCATION)
 
 
-def ok_json(*args: str) -> object:
+def ok_json(*args: str) -> Any:
     """`cloister ARGS --json`, which must succeed; its one JSON document."""
     res = cli(*args, "--json")
     assert res.exit_code == 0, (res.output, res.exception)
@@ -71,7 +73,8 @@ def shared_data(tmp_path_factory: pytest.TempPathFactory) -> str:
     return data_with_acme(tmp_path_factory.mktemp("refusals") / "data")
 
 
-def engine_of(folder: str):  # type: ignore[no-untyped-def]
+def engine_of(folder: str) -> sa.Engine:
+    """An engine on the SQLite database of data folder `folder`."""
     return make_engine(f"sqlite:///{Path(folder).resolve() / 'cloister.db'}")
 
 
@@ -207,9 +210,8 @@ def test_delete_revokes_keys_keeps_usage_and_is_audited(data: str) -> None:
         auth.authenticate(key["key"])
     assert denied.value.reason == "revoked"
     assert ok_json("tenants", "list", "--data-dir", data) == []
-    assert [t["status"] for t in ok_json("tenants", "list", "--all", "--data-dir", data)] == [  # type: ignore[union-attr]
-        "deleted"
-    ]
+    everyone = ok_json("tenants", "list", "--all", "--data-dir", data)
+    assert [t["status"] for t in everyone] == ["deleted"]
     with sessions() as s:
         assert s.scalar(select(func.count()).select_from(UsageRow)) == 1
         tenant = s.scalars(select(Tenant)).one()

@@ -228,7 +228,9 @@ def update(
         "scrub_on_free": scrub_on_free,
         "never_cache": never_cache,
     }
-    changed = {k: None if v is CLEAR else v for k, v in given.items() if v is not None}
+    changed: dict[str, Any] = {
+        k: None if v is CLEAR else v for k, v in given.items() if v is not None
+    }
     if no_cache_floor:
         changed.update(cache_floor_blocks=None, cache_floor_share=None)
     if default_retention_ttl:
