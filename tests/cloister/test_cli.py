@@ -305,3 +305,15 @@ def test_a_bug_is_one_line_unless_traceback_is_asked_for(
     assert_one_line_error(cli("tenants", "list", "--data-dir", data), "RuntimeError: boom")
     shown = cli("--traceback", "tenants", "list", "--data-dir", data)
     assert isinstance(shown.exception, RuntimeError)  # raised to the caller, traceback and all
+
+
+def test_first_start_hint_names_the_data_folder(tmp_path: Path) -> None:
+    from cloister.commands.serve import location_flags
+    from server.settings import Settings
+
+    default = Settings(data_dir=Path("./var"), key_pepper="p", admin_session_key="s")
+    assert location_flags(default) == ""  # (both secrets given: nothing made in ./var)
+    custom = Settings(data_dir=tmp_path, database_url="postgresql://u:pw@db/x")
+    flags = location_flags(custom)
+    assert f"--data-dir {tmp_path.resolve()}" in flags and "u:***@db/x" in flags
+    assert "pw" not in flags
