@@ -91,6 +91,9 @@ class Tenant(Base):
     scrub_on_free: Mapped[bool | None] = mapped_column(Boolean, default=None)
     never_cache: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # Set by a delete: the tenant stays (suspended, its keys revoked) so that its usage,
+    # billing and audit records keep their owner; its name stays taken.
+    deleted_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), default=None)
 
 
 class ApiKey(Base):
@@ -106,6 +109,9 @@ class ApiKey(Base):
     secret_hash: Mapped[str] = mapped_column(String(64), unique=True)
     name: Mapped[str | None] = mapped_column(String(128), default=None)
     allowed_models: Mapped[list[str] | None] = mapped_column(JSON, default=None)
+    # Labels of the operator's own (owner, environment, ...), bounded by the store's
+    # checks; `metadata` is taken on a declarative class, hence the attribute name.
+    key_metadata: Mapped[dict[str, str] | None] = mapped_column("metadata", JSON, default=None)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
     expires_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), default=None)
     revoked_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), default=None)

@@ -25,6 +25,7 @@ from tenancy.validation import (
     check_flag,
     check_floor_blocks,
     check_floor_share,
+    check_key_metadata,
     check_key_name,
     check_limit_int,
     check_optional_flag,
@@ -97,19 +98,56 @@ def create_tenant(
     return tenant
 
 
-def list_tenants(session: Session) -> Sequence[Tenant]:
-    """Every tenant, by name."""
-    return session.scalars(select(Tenant).order_by(Tenant.name)).all()
+def list_tenants(session: Session, *, include_deleted: bool = True) -> Sequence[Tenant]:
+    """Every tenant, by name (without the deleted ones unless `include_deleted`)."""
+    query = select(Tenant).order_by(Tenant.name)
+    if not include_deleted:
+        query = query.where(Tenant.deleted_at.is_(None))
+    return session.scalars(query).all()
+
+
+def _refuse_deleted(tenant: Tenant) -> Tenant:
+    if tenant.deleted_at is not None:
+        raise ConflictError(f"tenant {tenant.name!r} was deleted")
+    return tenant
 
 
 def set_tenant_status(session: Session, *, name: str, status: str) -> Tenant:
-    """Suspend ("suspended") or resume ("active") a tenant."""
+    """Suspend ("suspended") or resume ("active") a tenant; a deleted one stays deleted."""
     if status not in ("active", "suspended"):
         raise InvalidValueError("status must be active or suspended")
-    tenant = get_tenant(session, name)
+    tenant = _refuse_deleted(get_tenant(session, name))
     tenant.status = status
     session.commit()
     return tenant
+
+
+@dataclass(frozen=True)
+class DeletedTenant:
+    """What a delete did: the tenant, and the ids of the keys it revoked."""
+
+    tenant: Tenant
+    revoked_key_ids: tuple[str, ...]
+
+
+def delete_tenant(session: Session, *, name: str) -> DeletedTenant:
+    """Soft-delete a tenant: suspended, every live key revoked, `deleted_at` set.
+
+    The row stays so that its usage, billing lines and audit records keep their owner,
+    and its name stays taken (a new tenant of the same name would inherit that history
+    in exports). Deleting a deleted tenant is a ConflictError.
+    """
+    tenant = _refuse_deleted(get_tenant(session, name))
+    now = dt.datetime.now(dt.UTC)
+    keys = session.scalars(
+        select(ApiKey).where(ApiKey.tenant_id == tenant.id, ApiKey.revoked_at.is_(None))
+    ).all()
+    for key in keys:
+        key.revoked_at = now
+    tenant.status = "suspended"
+    tenant.deleted_at = now
+    session.commit()
+    return DeletedTenant(tenant=tenant, revoked_key_ids=tuple(sorted(k.id for k in keys)))
 
 
 def update_tenant(session: Session, *, name: str, **values: Any) -> Tenant:
@@ -208,12 +246,14 @@ def create_key(
     name: str | None = None,
     allowed_models: Sequence[str] | None = None,
     expires_in_days: float | None = None,
+    metadata: dict[str, str] | None = None,
 ) -> CreatedKey:
     """Create a key for a tenant; the secret is returned once and stored only as a hash."""
     _check_limit_value("allowed_models", list(allowed_models) if allowed_models else None)
     name = check_key_name(name)
     expires_in_days = check_expires_in_days(expires_in_days)
-    tenant = get_tenant(session, tenant_name)
+    metadata = check_key_metadata(metadata)
+    tenant = _refuse_deleted(get_tenant(session, tenant_name))
     generated = generate_key(pepper)
     now = dt.datetime.now(dt.UTC)
     key = ApiKey(
@@ -223,6 +263,7 @@ def create_key(
         secret_hash=generated.secret_hash,
         name=name,
         allowed_models=sorted(set(allowed_models)) if allowed_models else None,
+        key_metadata=metadata,
         created_at=now,
         expires_at=now + dt.timedelta(days=expires_in_days) if expires_in_days else None,
     )

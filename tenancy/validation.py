@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from typing import Any
 
 from tenancy.errors import InvalidValueError
@@ -46,13 +47,67 @@ def check_weight(weight: Any) -> float:
     return float(weight)
 
 
+def _has_control_chars(text: str) -> bool:
+    return any(unicodedata.category(ch) == "Cc" for ch in text)
+
+
 def check_key_name(name: Any, *, what: str = "key name") -> str | None:
-    """A key (or token) label of at most MAX_KEY_NAME characters (None: no label)."""
+    """A key (or token) label: 1 to MAX_KEY_NAME characters, not blank, no control
+    characters (it is shown in one-line listings and logs); None: no label."""
     if name is None:
         return None
-    if not isinstance(name, str) or len(name) > MAX_KEY_NAME or "\x00" in name:
-        raise InvalidValueError(f"{what} must be at most {MAX_KEY_NAME} characters, without NUL")
+    if (
+        not isinstance(name, str)
+        or not name.strip()
+        or len(name) > MAX_KEY_NAME
+        or _has_control_chars(name)
+    ):
+        raise InvalidValueError(
+            f"{what} must be 1-{MAX_KEY_NAME} characters, not blank, without control characters"
+        )
     return name
+
+
+# Key metadata: a few short labels, shown in listings and the audit log, so never secrets.
+MAX_METADATA_ENTRIES = 16
+MAX_METADATA_VALUE = 256
+METADATA_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+# Names the audit log scrubs as secrets (admin/audit_log.py): refused here rather than
+# stored and shown where the log would hide them.
+SECRET_LIKE_NAME = re.compile(r"secret|token|password|authorization|api_key|pepper|signing", re.I)
+CREDENTIAL_PREFIXES = ("sk-clo-", "clo-adm-")
+
+
+def check_key_metadata(metadata: Any) -> dict[str, str] | None:
+    """At most MAX_METADATA_ENTRIES string labels; keys like tenant names and not named
+    like secrets, values up to MAX_METADATA_VALUE printable characters and no credential.
+    An empty mapping or None: no metadata."""
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict):
+        raise InvalidValueError("metadata must be an object of string labels")
+    if len(metadata) > MAX_METADATA_ENTRIES:
+        raise InvalidValueError(f"metadata holds at most {MAX_METADATA_ENTRIES} entries")
+    for key, value in metadata.items():
+        if not isinstance(key, str) or METADATA_KEY.fullmatch(key) is None:
+            raise InvalidValueError(
+                "metadata keys must be 1-63 letters, digits, '.', '_' or '-', "
+                "starting with a letter or digit"
+            )
+        if SECRET_LIKE_NAME.search(key):
+            raise InvalidValueError(f"metadata key {key!r} names a secret; keep secrets out")
+        if (
+            not isinstance(value, str)
+            or len(value) > MAX_METADATA_VALUE
+            or _has_control_chars(value)
+        ):
+            raise InvalidValueError(
+                f"metadata value of {key!r} must be at most {MAX_METADATA_VALUE} characters, "
+                "without control characters"
+            )
+        if any(prefix in value for prefix in CREDENTIAL_PREFIXES):
+            raise InvalidValueError(f"metadata value of {key!r} holds a credential")
+    return dict(sorted(metadata.items())) or None
 
 
 def check_expires_in_days(days: Any) -> float | None:

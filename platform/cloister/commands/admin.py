@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -10,24 +9,16 @@ from typing import Any
 import click
 
 from admin.roles import ROLES
-from server.settings import Settings, private_data_dir
+from cloister.cli_context import echo_result, json_option, storage_options
+from cloister.cli_db import session_factory
+from server.settings import Settings
 
 
 @contextmanager
 def admin_context() -> Iterator[tuple[Settings, Any, Any]]:
     """(settings, session factory, AdminSettings) on the migrated configured database."""
-
-    from tenancy.db import make_engine, make_session_factory, upgrade_database
-
-    settings = Settings()
-    url = settings.resolved_database_url
-    private_data_dir(settings.data_dir)
-    upgrade_database(url)
-    engine = make_engine(url)
-    try:
-        yield settings, make_session_factory(engine), settings.admin_settings()
-    finally:
-        engine.dispose()
+    with session_factory() as (settings, sessions):
+        yield settings, sessions, settings.admin_settings()
 
 
 @click.group("admin")
@@ -39,57 +30,61 @@ def admin() -> None:
 @click.option("--role", type=click.Choice(ROLES), required=True)
 @click.option("--tenant", default=None, help="Tenant name (tenant-admin only).")
 @click.option("--name", default=None, help="A label for the token.")
-@click.option("--json", "as_json", is_flag=True, help='Print {"token": "..."}.')
+@json_option
+@storage_options
 def create_token(role: str, tenant: str | None, name: str | None, as_json: bool) -> None:
     """Create an admin API token; the secret is printed once."""
     from admin.identity import create_admin_token
     from cloister.commands.cli_audit import audit_change
-    from tenancy.errors import TenancyError
 
     with admin_context() as (settings, sessions, _admin), sessions() as session:
-        try:
-            created = create_admin_token(
-                session,
-                pepper=settings.key_pepper.get_secret_value(),
-                role=role,
-                tenant_name=tenant,
-                name=name,
-            )
-        except TenancyError as exc:
-            raise click.ClickException(str(exc)) from exc
+        created = create_admin_token(
+            session,
+            pepper=settings.key_pepper.get_secret_value(),
+            role=role,
+            tenant_name=tenant,
+            name=name,
+        )
         audit_change(
             session,
+            settings,
             "token.create",
             f"tokens/{role}",
             tenant_id=created.tenant_id,
             id=created.id,  # (a field named *token* would be scrubbed as a secret)
         )
-    if as_json:
-        click.echo(json.dumps({"token": created.secret}))
-    else:
-        click.echo(f"created {role} token {created.id}:\n{created.secret}")
+    data = {
+        "id": created.id,
+        "token": created.secret,
+        "role": role,
+        "tenant_id": created.tenant_id,
+        "name": name,
+    }
+    echo_result(data, as_json, lambda: f"created {role} token {created.id}:\n{created.secret}")
 
 
 @admin.command("revoke-token")
 @click.argument("token_id")
-def revoke_token(token_id: str) -> None:
+@json_option
+@storage_options
+def revoke_token(token_id: str, as_json: bool) -> None:
     """Revoke an admin API token by id."""
     from admin.identity import revoke_admin_token
     from cloister.commands.cli_audit import audit_change
-    from tenancy.errors import TenancyError
 
-    with admin_context() as (_settings, sessions, _admin), sessions() as session:
-        try:
-            row = revoke_admin_token(session, token_id=token_id)
-        except TenancyError as exc:
-            raise click.ClickException(str(exc)) from exc
-        audit_change(session, "token.revoke", f"tokens/{token_id}", tenant_id=row.tenant_id)
-    click.echo(f"revoked {token_id}")
+    with admin_context() as (settings, sessions, _admin), sessions() as session:
+        row = revoke_admin_token(session, token_id=token_id)
+        audit_change(
+            session, settings, "token.revoke", f"tokens/{token_id}", tenant_id=row.tenant_id
+        )
+    data = {"id": token_id, "revoked": True, "tenant_id": row.tenant_id}
+    echo_result(data, as_json, lambda: f"revoked {token_id}")
 
 
 @admin.command("serve")
 @click.option("--host", default=None)
 @click.option("--port", type=int, default=None)
+@storage_options
 def serve(host: str | None, port: int | None) -> None:
     """Serve only the admin API (/admin/api/v1)."""
     import uvicorn

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
+
+from cloister.cli_context import json_option, storage_options
 
 if TYPE_CHECKING:
     from admin.audit_chain import VerifyReport
@@ -69,7 +73,9 @@ def checkpoint_summary(report: VerifyReport, now: dt.datetime | None = None) -> 
     help="Verify an export file instead of the database.",
 )
 @click.option("--public-key", default=None, help="Trusted Ed25519 public key (hex).")
-def verify(export_file: Path | None, public_key: str | None) -> None:
+@json_option
+@storage_options
+def verify(export_file: Path | None, public_key: str | None, as_json: bool) -> None:
     """Verify the chain and signed checkpoints; names the first bad record (exit 1).
 
     Also says how old the newest signed checkpoint is: records after it are not
@@ -96,6 +102,13 @@ def verify(export_file: Path | None, public_key: str | None) -> None:
                 sessions, pepper=settings.key_pepper.get_secret_value(), settings=admin_settings
             )
             report = services.audit.verify(public_key=trusted)
+    if as_json:
+        click.echo(
+            json.dumps({**dataclasses.asdict(report), "unsigned": report.unsigned}, sort_keys=True)
+        )
+        if not report.ok:
+            raise SystemExit(1)
+        return
     if report.ok:
         click.echo(
             f"ok: {report.records} records, {report.checkpoints} checkpoints; "
@@ -108,8 +121,13 @@ def verify(export_file: Path | None, public_key: str | None) -> None:
 
 @audit.command("export")
 @click.option("--output", type=click.Path(path_type=Path), default=None)
-def export(output: Path | None) -> None:
-    """Export the log as JSON lines with a signed manifest and the checkpoints."""
+@json_option
+@storage_options
+def export(output: Path | None, as_json: bool) -> None:
+    """Export the log as JSON lines with a signed manifest and the checkpoints.
+
+    With --json: one document, the list of those lines' objects (manifest first).
+    """
     from admin.app import make_services
     from cloister.commands.admin import admin_context
 
@@ -121,6 +139,8 @@ def export(output: Path | None) -> None:
             text = services.audit.export_jsonl()
         except RuntimeError as exc:
             raise click.ClickException(str(exc)) from exc
+    if as_json:
+        text = json.dumps([json.loads(line) for line in text.splitlines() if line]) + "\n"
     if output is None:
         click.echo(text, nl=False)
     else:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
+
+from cloister.cli_context import json_option, storage_options
 
 
 @click.group("billing")
@@ -31,20 +34,26 @@ def _period(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option(
     "--output", type=click.Path(path_type=Path), default=None, help="File (default stdout)."
 )
-def export(period: str, fmt: str, tenant: str | None, output: Path | None) -> None:
-    """One line per tenant x model x adapter x day, costs from the prices at the time of use."""
+@json_option
+@storage_options
+def export(period: str, fmt: str, tenant: str | None, output: Path | None, as_json: bool) -> None:
+    """One line per tenant x model x adapter x day, costs from the prices at the time of use.
+
+    With --json: one document, {"period", "tenant", "lines": [the JSON lines' objects]}.
+    """
     from admin import billing as billing_data
     from cloister.commands.admin import admin_context
     from tenancy import store
-    from tenancy.errors import TenancyError
 
     with admin_context() as (_settings, sessions, _admin), sessions() as session:
-        try:
-            tenant_id = store.get_tenant(session, tenant).id if tenant else None
-            lines = billing_data.billing_lines(session, period=period, tenant_id=tenant_id)
-        except TenancyError as exc:
-            raise click.ClickException(str(exc)) from exc
-    text = billing_data.render(lines, fmt)  # type: ignore[arg-type]
+        tenant_id = store.get_tenant(session, tenant).id if tenant else None
+        lines = billing_data.billing_lines(session, period=period, tenant_id=tenant_id)
+    if as_json:
+        jsonl = billing_data.render(lines, "jsonl").splitlines()
+        document = {"period": period, "tenant": tenant, "lines": [json.loads(x) for x in jsonl]}
+        text = json.dumps(document, sort_keys=True) + "\n"
+    else:
+        text = billing_data.render(lines, fmt)  # type: ignore[arg-type]
     if output is None:
         click.echo(text, nl=False)
     else:

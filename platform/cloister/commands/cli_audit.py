@@ -22,6 +22,7 @@ def cli_actor() -> str:
 
 def audit_change(
     session: Session,
+    settings: Settings,
     action: str,
     resource: str,
     *,
@@ -29,7 +30,8 @@ def audit_change(
     outcome: str = "success",
     **detail: Any,
 ) -> None:
-    """Appends one record of a CLI change, on the database `session` is bound to.
+    """Appends one record of a CLI change, on the database `session` is bound to, signed
+    with the audit key of `settings` (the invocation's own, flags included).
 
     Written synchronously after the change committed: a CLI command is one
     change, and it reports success only once the change is audited.
@@ -37,7 +39,7 @@ def audit_change(
     from admin.audit_chain import load_private_key
     from admin.audit_log import AuditLog
 
-    admin_settings = Settings().admin_settings()
+    admin_settings = settings.admin_settings()
     key = admin_settings.audit_signing_key
     log = AuditLog(
         sessionmaker(bind=session.get_bind(), expire_on_commit=False),

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import cast
 
 import click
+
+from cloister.cli_context import json_option
 
 
 @click.command()
@@ -24,6 +27,7 @@ import click
     default="auto",
     show_default=True,
 )
+@json_option
 def generate(
     prompt: str,
     model: str | None,
@@ -33,8 +37,10 @@ def generate(
     seed: int | None,
     chat: bool,
     attention_backend: str,
+    as_json: bool,
 ) -> None:
-    """Streams a completion for PROMPT to standard output."""
+    """Streams a completion for PROMPT to standard output (with --json: prints one
+    document, {"text", "finish_reason", "prompt_tokens", "completion_tokens"}, at the end)."""
     from engine.config import AttentionBackendName, EngineConfig, ModelConfig
     from engine.errors import EngineError, RequestFailedError
     from engine.llm_engine import LLMEngine
@@ -60,14 +66,29 @@ def generate(
             ids = tokenizer.encode(prompt)
         engine.add_request(ids, params, prompt=prompt)
         finish = None
+        pieces: list[str] = []
+        completion_tokens = 0
         while engine.has_unfinished():
             for event in engine.step():
                 for delta in event.deltas:
-                    sys.stdout.write(delta.text)
+                    pieces.append(delta.text)
+                    completion_tokens += len(delta.token_ids)
+                    if not as_json:
+                        sys.stdout.write(delta.text)
                     finish = delta.finish_reason or finish
                 sys.stdout.flush()
             if engine.take_failures():  # the engine logged the cause
                 raise RequestFailedError()
+        if as_json:
+            text = "".join(pieces)
+            document = {
+                "text": text,
+                "finish_reason": finish,
+                "prompt_tokens": len(ids),
+                "completion_tokens": completion_tokens,
+            }
+            click.echo(json.dumps(document, sort_keys=True))
+            return
         sys.stdout.write("\n")
         click.echo(f"[finish_reason={finish}]", err=True)
     except EngineError as exc:

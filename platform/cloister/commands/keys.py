@@ -7,9 +7,10 @@ from typing import Any
 
 import click
 
+from cloister.cli_context import InvalidArgument, echo_result, json_option, storage_options
+from cloister.cli_db import open_session
 from cloister.commands.cli_audit import audit_change
-from cloister.commands.tenants import open_session, parse_models
-from server.settings import Settings
+from cloister.commands.tenants import parse_models
 from tenancy import store
 from tenancy.models import ApiKey
 
@@ -25,6 +26,7 @@ def key_dict(key: ApiKey) -> dict[str, Any]:
         "tenant_id": key.tenant_id,
         "prefix": key.prefix,
         "name": key.name,
+        "metadata": key.key_metadata or {},
         "allowed_models": key.allowed_models,
         "created_at": iso(key.created_at),
         "expires_at": iso(key.expires_at),
@@ -34,6 +36,24 @@ def key_dict(key: ApiKey) -> dict[str, Any]:
     }
 
 
+def parse_metadata(values: tuple[str, ...]) -> dict[str, str] | None:
+    """`("team=search", "env=prod")` -> a dict; the store checks sizes and contents."""
+    metadata: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise InvalidArgument(f"--metadata takes KEY=VALUE, not {item!r}")
+        if key.strip() in metadata:
+            raise InvalidArgument(f"--metadata: {key.strip()!r} is given twice")
+        metadata[key.strip()] = value
+    return metadata or None
+
+
+def metadata_text(metadata: dict[str, str]) -> str:
+    """`env=prod,team=search` (or `-`), for the one-line listing."""
+    return ",".join(f"{k}={v}" for k, v in sorted(metadata.items())) or "-"
+
+
 @click.group("keys")
 def keys() -> None:
     """Manage API keys."""
@@ -41,36 +61,49 @@ def keys() -> None:
 
 @keys.command("create")
 @click.option("--tenant", "tenant_name", required=True, help="Tenant name.")
-@click.option("--name", default=None, help="A label for the key.")
+@click.option("--name", default=None, help="An alias for the key, shown in `keys list`.")
+@click.option(
+    "--metadata",
+    "metadata_items",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A label (repeatable; at most 16, values up to 256 characters; no secrets).",
+)
 @click.option("--models", default=None, help="Comma-separated models this key may use.")
 @click.option("--expires-in-days", type=click.FloatRange(min=0, min_open=True), default=None)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
+@storage_options
 def create(
     tenant_name: str,
     name: str | None,
+    metadata_items: tuple[str, ...],
     models: str | None,
     expires_in_days: float | None,
     as_json: bool,
 ) -> None:
     """Create a key and print it ONCE; only its hash is stored."""
-    pepper = Settings().key_pepper.get_secret_value()
-    with open_session() as session:
+    metadata = parse_metadata(metadata_items)
+    with open_session() as (settings, session):
         created = store.create_key(
             session,
             tenant_name=tenant_name,
-            pepper=pepper,
+            pepper=settings.key_pepper.get_secret_value(),
             name=name,
             allowed_models=parse_models(models),
             expires_in_days=expires_in_days,
+            metadata=metadata,
         )
         audit_change(
             session,
+            settings,
             "key.create",
             f"tenants/{tenant_name}/keys",
             tenant_id=created.tenant_id,
             key_id=created.id,
+            name=name,
+            metadata=metadata,
         )
-    if as_json:
+    if as_json:  # the rest of the key's fields: `keys list --json`
         click.echo(json.dumps({"id": created.id, "key": created.secret}))
     else:
         click.echo(f"key id: {created.id}")
@@ -80,30 +113,36 @@ def create(
 
 @keys.command("list")
 @click.option("--tenant", "tenant_name", required=True, help="Tenant name.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
+@storage_options
 def list_(tenant_name: str, as_json: bool) -> None:
-    """List a tenant's keys (prefixes only)."""
-    with open_session() as session:
+    """List a tenant's keys (prefixes, aliases and metadata; never a secret)."""
+    with open_session() as (_settings, session):
         rows = [key_dict(k) for k in store.list_keys(session, tenant_name=tenant_name)]
-    if as_json:
-        click.echo(json.dumps(rows, sort_keys=True))
-        return
-    click.echo(f"{'ID':<18} {'PREFIX':<14} {'NAME':<16} {'STATE':<8} EXPIRES")
-    for r in rows:
-        click.echo(
+
+    def text() -> str:
+        lines = [f"{'ID':<18} {'PREFIX':<14} {'NAME':<16} {'STATE':<8} {'EXPIRES':<25} METADATA"]
+        lines += [
             f"{r['id']:<18} {r['prefix']:<14} {r['name'] or '-':<16} {r['status']:<8} "
-            f"{r['expires_at'] or 'never'}"
-        )
+            f"{r['expires_at'] or 'never':<25} {metadata_text(r['metadata'])}"
+            for r in rows
+        ]
+        return "\n".join(lines)
+
+    echo_result(rows, as_json, text)
 
 
 @keys.command("revoke")
 @click.argument("key_id")
-def revoke(key_id: str) -> None:
+@json_option
+@storage_options
+def revoke(key_id: str, as_json: bool) -> None:
     """Revoke a key (takes effect within the refresh interval)."""
-    with open_session() as session:
+    with open_session() as (settings, session):
         key = store.revoke_key(session, key_id=key_id)
-        audit_change(session, "key.revoke", f"keys/{key_id}", tenant_id=key.tenant_id)
-        click.echo(f"revoked key {key.id} ({key.prefix})")
+        audit_change(session, settings, "key.revoke", f"keys/{key_id}", tenant_id=key.tenant_id)
+        data = key_dict(key)
+    echo_result(data, as_json, lambda: f"revoked key {key.id} ({key.prefix})")
 
 
 commands: list[click.Command] = [keys]

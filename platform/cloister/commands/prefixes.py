@@ -11,8 +11,9 @@ from typing import Any
 
 import click
 
+from cloister.cli_context import echo_result, json_option, storage_options
+from cloister.cli_db import open_session
 from cloister.commands.cli_audit import audit_change
-from cloister.commands.tenants import open_session
 
 
 def parse_token_ids(value: str) -> list[int]:
@@ -49,7 +50,8 @@ def prefixes() -> None:
 @click.option("--text", help="The prefix as text (tokenized without special tokens).")
 @click.option("--text-file", type=click.File("r", encoding="utf-8"), help="The text, from a file.")
 @click.option("--token-ids", help="The prefix as comma-separated token ids.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
+@storage_options
 def publish(
     name: str,
     model: str,
@@ -71,21 +73,22 @@ def publish(
     if text_file is not None:
         text = text_file.read()
     ids = parse_token_ids(token_ids) if token_ids is not None else None
-    with open_session() as session:
+    with open_session() as (settings, session):
         row = registry.publish_prefix(session, name=name, model=model, token_ids=ids, text=text)
-        audit_change(session, "prefix.publish", f"prefixes/{name}", model=model)
+        audit_change(session, settings, "prefix.publish", f"prefixes/{name}", model=model)
         data = prefix_dict(row)
-    click.echo(json.dumps(data, sort_keys=True) if as_json else f"published prefix {name}")
+    echo_result(data, as_json, lambda: f"published prefix {name}")
 
 
 @prefixes.command("list")
 @click.option("--model", help="Only this model's prefixes.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
+@storage_options
 def list_(model: str | None, as_json: bool) -> None:
     """List published prefixes."""
     from admin import registry
 
-    with open_session() as session:
+    with open_session() as (_settings, session):
         rows = [prefix_dict(p) for p in registry.list_prefixes(session, model=model)]
     if as_json:
         click.echo(json.dumps(rows, sort_keys=True))
@@ -101,14 +104,17 @@ def list_(model: str | None, as_json: bool) -> None:
 
 @prefixes.command("withdraw")
 @click.argument("name")
-def withdraw(name: str) -> None:
+@json_option
+@storage_options
+def withdraw(name: str, as_json: bool) -> None:
     """Withdraw a published prefix."""
     from admin import registry
 
-    with open_session() as session:
+    with open_session() as (settings, session):
         row = registry.withdraw_prefix(session, name=name)
-        audit_change(session, "prefix.withdraw", f"prefixes/{name}", model=row.model)
-    click.echo(f"withdrew prefix {name}")
+        audit_change(session, settings, "prefix.withdraw", f"prefixes/{name}", model=row.model)
+        data = prefix_dict(row)
+    echo_result(data, as_json, lambda: f"withdrew prefix {name}")
 
 
 commands: list[click.Command] = [prefixes]

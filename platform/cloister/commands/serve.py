@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
+from cloister.cli_db import redact_url
 from cloister.commands.engine_flags import engine_options
 from server.settings import Settings
 
@@ -17,8 +19,8 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 FIRST_START_HINT = """\
 No tenants yet. Create one and a key for it:
 
-    cloister tenants create acme
-    cloister keys create --tenant acme
+    cloister tenants create acme{where}
+    cloister keys create --tenant acme{where}
 
 then call the API:
 
@@ -32,6 +34,9 @@ then call the API:
 @click.option("--host", default=None, help="Interface to bind (default 127.0.0.1).")
 @click.option("--port", type=int, default=None, help="Port to bind (default 8000).")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Data folder.")
+@click.option(
+    "--database-url", default=None, metavar="URL", help="Database (default: SQLite in it)."
+)
 @click.option(
     "--model",
     "model_flags",
@@ -102,6 +107,16 @@ def load_settings(**overrides: Any) -> Settings:
         raise click.ClickException("invalid settings:\n" + "\n".join(lines)) from None
 
 
+def location_flags(settings: Settings) -> str:
+    """The CLI flags that reach this server's data from any folder ("" for ./var)."""
+    flags = ""
+    if settings.data_dir != Settings.model_fields["data_dir"].default:
+        flags += f" --data-dir {shlex.quote(str(settings.data_dir.resolve()))}"
+    if settings.database_url is not None:
+        flags += f" --database-url {shlex.quote(redact_url(settings.database_url))}"
+    return flags
+
+
 def run_server(settings: Settings, *, engine: Any | None = None) -> None:
     """Migrates, wires and serves until stopped: all of `cloister serve` after its flags.
 
@@ -140,7 +155,10 @@ def run_server(settings: Settings, *, engine: Any | None = None) -> None:
     if first_start:
         click.echo(
             FIRST_START_HINT.format(
-                host=settings.host, port=settings.port, model=settings.served_models[0].name
+                host=settings.host,
+                port=settings.port,
+                model=settings.served_models[0].name,
+                where=location_flags(settings),
             )
         )
     # The model, tokenizer and app live as long as the process: moved out of the

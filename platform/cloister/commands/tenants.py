@@ -1,55 +1,35 @@
-"""`cloister tenants ...`: create, list, limit, suspend and resume tenants."""
+"""`cloister tenants ...`: create, list, limit, update, suspend, resume and delete tenants."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+import sys
 from typing import Any
 
 import click
-from sqlalchemy.orm import Session
 
+from cloister.cli_context import (
+    CLEAR,
+    Cleared,
+    InvalidArgument,
+    NoneOr,
+    echo_result,
+    json_option,
+    storage_options,
+)
+from cloister.cli_db import open_session
 from cloister.commands.cli_audit import audit_change
-from server.settings import Settings
 from tenancy import store
-from tenancy.db import make_engine, make_session_factory, upgrade_database
-from tenancy.errors import InvalidValueError, TenancyError
 from tenancy.limits import EffectiveLimits
 from tenancy.models import Tenant
-
-
-class InvalidArgument(click.ClickException):
-    """A value the store refused as malformed or out of range (exit code 2, no traceback)."""
-
-    exit_code = 2
-
-
-@contextmanager
-def open_session() -> Iterator[Session]:
-    """A session on the configured database, migrated first; tenancy errors become CLI errors.
-
-    A value out of range exits 2, like any other bad argument; other refusals exit 1.
-    """
-    url = Settings().resolved_database_url
-    upgrade_database(url)
-    engine = make_engine(url)
-    try:
-        with make_session_factory(engine)() as session:
-            yield session
-    except InvalidValueError as exc:
-        raise InvalidArgument(str(exc)) from exc
-    except TenancyError as exc:
-        raise click.ClickException(str(exc)) from exc
-    finally:
-        engine.dispose()
 
 
 def parse_models(value: str | None) -> list[str] | None:
     """ "a,b" -> ["a", "b"]; None stays None."""
     if value is None:
         return None
+    if not isinstance(value, str):
+        raise click.BadParameter("give comma-separated model names", param_hint="--models")
     models = [m.strip() for m in value.split(",") if m.strip()]
     if not models:
         raise click.BadParameter("give at least one model name", param_hint="--models")
@@ -61,7 +41,9 @@ def tenant_dict(tenant: Tenant) -> dict[str, Any]:
     return {
         "id": tenant.id,
         "name": tenant.name,
-        "status": tenant.status,
+        # A deleted tenant is stored suspended; people and scripts see "deleted".
+        "status": "deleted" if tenant.deleted_at is not None else tenant.status,
+        "deleted_at": tenant.deleted_at.isoformat() if tenant.deleted_at else None,
         "isolation_level": tenant.isolation_level,
         "weight": tenant.weight,
         "cache_floor_blocks": tenant.cache_floor_blocks,
@@ -81,10 +63,6 @@ def limits_dict(limits: EffectiveLimits) -> dict[str, Any]:
     return out
 
 
-def _echo(data: Any, as_json: bool, text: Callable[[], str]) -> None:
-    click.echo(json.dumps(data, sort_keys=True) if as_json else text())
-
-
 @click.group("tenants")
 def tenants() -> None:
     """Manage tenants and their limits."""
@@ -94,28 +72,35 @@ def tenants() -> None:
 @click.argument("name")
 @click.option("--isolation", type=click.Choice(["tenant", "key", "user"]), default="tenant")
 @click.option("--weight", type=float, default=1.0, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
+@storage_options
 def create(name: str, isolation: str, weight: float, as_json: bool) -> None:
     """Create a tenant."""
-    with open_session() as session:
+    with open_session() as (settings, session):
         tenant = store.create_tenant(session, name=name, isolation_level=isolation, weight=weight)
         audit_change(
             session,
+            settings,
             "tenant.create",
             f"tenants/{name}",
             tenant_id=tenant.id,
             isolation_level=isolation,
             weight=weight,
         )
-        _echo(tenant_dict(tenant), as_json, lambda: f"created tenant {tenant.name} ({tenant.id})")
+        echo_result(
+            tenant_dict(tenant), as_json, lambda: f"created tenant {tenant.name} ({tenant.id})"
+        )
 
 
 @tenants.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def list_(as_json: bool) -> None:
-    """List tenants."""
-    with open_session() as session:
-        rows = [tenant_dict(t) for t in store.list_tenants(session)]
+@click.option("--all", "include_deleted", is_flag=True, help="Deleted tenants too.")
+@json_option
+@storage_options
+def list_(include_deleted: bool, as_json: bool) -> None:
+    """List tenants (not the deleted ones, unless --all)."""
+    with open_session() as (_settings, session):
+        found = store.list_tenants(session, include_deleted=include_deleted)
+        rows = [tenant_dict(t) for t in found]
 
     def text() -> str:
         lines = [f"{'ID':<18} {'NAME':<24} {'STATUS':<10} {'ISOLATION':<10} WEIGHT"]
@@ -126,51 +111,54 @@ def list_(as_json: bool) -> None:
         ]
         return "\n".join(lines)
 
-    _echo(rows, as_json, text)
+    echo_result(rows, as_json, text)
+
+
+COUNT = NoneOr(click.IntRange(min=0))
+POSITIVE = NoneOr(click.IntRange(min=1))
 
 
 @tenants.command("set-limits")
 @click.argument("name")
-@click.option("--rpm", type=click.IntRange(min=0), help="Requests per minute.")
-@click.option("--tpm", type=click.IntRange(min=0), help="Tokens per minute.")
-@click.option("--concurrency", type=click.IntRange(min=0), help="Concurrent requests.")
-@click.option("--budget", type=click.IntRange(min=0), help="Token budget per period.")
-@click.option("--budget-period", type=click.Choice(["day", "month"]))
-@click.option("--max-output-tokens", type=click.IntRange(min=1))
-@click.option("--max-prompt-tokens", type=click.IntRange(min=1))
-@click.option("--models", help="Comma-separated allowed models.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def set_limits(
-    name: str,
-    rpm: int | None,
-    tpm: int | None,
-    concurrency: int | None,
-    budget: int | None,
-    budget_period: str | None,
-    max_output_tokens: int | None,
-    max_prompt_tokens: int | None,
-    models: str | None,
-    as_json: bool,
-) -> None:
-    """Set a tenant's limits (only the options given change) and print those in force."""
-    if budget_period is not None and budget is None:
+@click.option("--rpm", type=COUNT, help="Requests per minute.")
+@click.option("--tpm", type=COUNT, help="Tokens per minute.")
+@click.option("--concurrency", type=COUNT, help="Concurrent requests.")
+@click.option("--budget", type=COUNT, help="Token budget per period.")
+@click.option("--budget-period", type=NoneOr(click.Choice(["day", "month"])))
+@click.option("--max-output-tokens", type=POSITIVE)
+@click.option("--max-prompt-tokens", type=POSITIVE)
+@click.option("--models", type=NoneOr(click.STRING), help="Comma-separated allowed models.")
+@json_option
+@storage_options
+def set_limits(name: str, as_json: bool, **options: Any) -> None:
+    """Set a tenant's limits (only the options given change; `none` clears one: unlimited)
+    and print those in force."""
+    if options["budget_period"] not in (None, CLEAR) and options["budget"] in (None, CLEAR):
         raise click.BadParameter("needs --budget", param_hint="--budget-period")
+    models = options["models"]
     given: dict[str, Any] = {
-        "rpm": rpm,
-        "tpm": tpm,
-        "max_concurrent": concurrency,
-        "token_budget": budget,
-        "budget_period": budget_period,
-        "max_output_tokens": max_output_tokens,
-        "max_prompt_tokens": max_prompt_tokens,
-        "allowed_models": parse_models(models),
+        "rpm": options["rpm"],
+        "tpm": options["tpm"],
+        "max_concurrent": options["concurrency"],
+        "token_budget": options["budget"],
+        "budget_period": options["budget_period"],
+        "max_output_tokens": options["max_output_tokens"],
+        "max_prompt_tokens": options["max_prompt_tokens"],
+        "allowed_models": models if models in (None, CLEAR) else parse_models(models),
     }
-    changed = {k: v for k, v in given.items() if v is not None}
-    with open_session() as session:
+    changed: dict[str, Any] = {
+        k: None if v is CLEAR else v for k, v in given.items() if v is not None
+    }
+    with open_session() as (settings, session):
         limits = store.set_limits(session, tenant_name=name, **changed)
         tenant = store.get_tenant(session, name)
         audit_change(
-            session, "limits.set", f"tenants/{name}/limits", tenant_id=tenant.id, **changed
+            session,
+            settings,
+            "limits.set",
+            f"tenants/{name}/limits",
+            tenant_id=tenant.id,
+            **changed,
         )
     data = limits_dict(limits)
 
@@ -179,16 +167,24 @@ def set_limits(
             f"{k}: {'unlimited' if v is None else v}" for k, v in data.items() if k != "key_scoped"
         )
 
-    _echo(data, as_json, text)
+    echo_result(data, as_json, text)
 
 
 @tenants.command("update")
 @click.argument("name")
 @click.option("--weight", type=float, help="Scheduling weight (0.01 to 100).")
-@click.option("--cache-floor-blocks", type=int, help="KV blocks kept for this tenant's cache.")
-@click.option("--cache-floor-share", type=float, help="Share of the KV pool kept (0 to 1).")
+@click.option(
+    "--cache-floor-blocks", type=NoneOr(click.INT), help="KV blocks kept for this tenant's cache."
+)
+@click.option(
+    "--cache-floor-share", type=NoneOr(click.FLOAT), help="Share of the KV pool kept (0 to 1)."
+)
 @click.option("--no-cache-floor", is_flag=True, help="Remove the cache floor.")
-@click.option("--retention-ttl-s", type=float, help="Seconds a freed cached block is kept.")
+@click.option(
+    "--retention-ttl-s",
+    type=NoneOr(click.FLOAT),
+    help="Seconds a freed cached block is kept (none: the engine's TTL).",
+)
 @click.option("--default-retention-ttl", is_flag=True, help="Back to the engine's TTL.")
 @click.option(
     "--scrub-on-free/--no-scrub-on-free",
@@ -197,22 +193,23 @@ def set_limits(
 )
 @click.option("--default-scrub", is_flag=True, help="Back to the engine's scrub setting.")
 @click.option("--never-cache/--cache", default=None, help="Never read or write the prefix cache.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
+@storage_options
 def update(
     name: str,
     weight: float | None,
-    cache_floor_blocks: int | None,
-    cache_floor_share: float | None,
+    cache_floor_blocks: int | Cleared | None,
+    cache_floor_share: float | Cleared | None,
     no_cache_floor: bool,
-    retention_ttl_s: float | None,
+    retention_ttl_s: float | Cleared | None,
     default_retention_ttl: bool,
     scrub_on_free: bool | None,
     default_scrub: bool,
     never_cache: bool | None,
     as_json: bool,
 ) -> None:
-    """Change a tenant's weight and cache policy (only the options given change); the
-    running server applies it within its refresh interval."""
+    """Change a tenant's weight and cache policy (only the options given change; `none`
+    clears a floor or TTL); the running server applies it within its refresh interval."""
     _exclusive(
         ("--no-cache-floor", no_cache_floor),
         ("--cache-floor-blocks", cache_floor_blocks is not None),
@@ -231,7 +228,9 @@ def update(
         "scrub_on_free": scrub_on_free,
         "never_cache": never_cache,
     }
-    changed = {k: v for k, v in given.items() if v is not None}
+    changed: dict[str, Any] = {
+        k: None if v is CLEAR else v for k, v in given.items() if v is not None
+    }
     if no_cache_floor:
         changed.update(cache_floor_blocks=None, cache_floor_share=None)
     if default_retention_ttl:
@@ -240,10 +239,12 @@ def update(
         changed["scrub_on_free"] = None
     if not changed:
         raise InvalidArgument("nothing to change: give at least one option")
-    with open_session() as session:
+    with open_session() as (settings, session):
         tenant = store.update_tenant(session, name=name, **changed)
-        audit_change(session, "tenant.update", f"tenants/{name}", tenant_id=tenant.id, **changed)
-        _echo(tenant_dict(tenant), as_json, lambda: f"updated tenant {tenant.name}")
+        audit_change(
+            session, settings, "tenant.update", f"tenants/{name}", tenant_id=tenant.id, **changed
+        )
+        echo_result(tenant_dict(tenant), as_json, lambda: f"updated tenant {tenant.name}")
 
 
 def _exclusive(*options: tuple[str, bool]) -> None:
@@ -255,19 +256,63 @@ def _exclusive(*options: tuple[str, bool]) -> None:
 def _status_command(command_name: str, status: str, verb: str) -> click.Command:
     @click.command(command_name)
     @click.argument("name")
-    def command(name: str) -> None:
-        with open_session() as session:
+    @json_option
+    @storage_options
+    def command(name: str, as_json: bool) -> None:
+        with open_session() as (settings, session):
             tenant = store.set_tenant_status(session, name=name, status=status)
             audit_change(
-                session, "tenant.update", f"tenants/{name}", tenant_id=tenant.id, status=status
+                session,
+                settings,
+                "tenant.update",
+                f"tenants/{name}",
+                tenant_id=tenant.id,
+                status=status,
             )
-            click.echo(f"{verb} tenant {tenant.name}")
+            echo_result(tenant_dict(tenant), as_json, lambda: f"{verb} tenant {tenant.name}")
 
     command.help = f"{verb.capitalize()} a tenant (takes effect within the refresh interval)."
     return command
 
 
+@click.command("delete")
+@click.argument("name")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@json_option
+@storage_options
+def delete(name: str, yes: bool, as_json: bool) -> None:
+    """Delete a tenant: its keys are revoked and it can no longer authenticate; its
+    usage, billing and audit records are kept (and its name stays taken)."""
+    if not yes:
+        if not sys.stdin.isatty():  # a script: no question it could answer
+            raise InvalidArgument(f"give --yes to delete tenant {name} without a terminal")
+        if not click.confirm(f"Delete tenant {name} and revoke all its keys?", default=False):
+            raise click.Abort()
+    with open_session() as (settings, session):
+        deleted = store.delete_tenant(session, name=name)
+        tenant = deleted.tenant
+        audit_change(
+            session,
+            settings,
+            "tenant.delete",
+            f"tenants/{name}",
+            tenant_id=tenant.id,
+            revoked_keys=list(deleted.revoked_key_ids),
+        )
+        data = {**tenant_dict(tenant), "revoked_key_ids": list(deleted.revoked_key_ids)}
+    count = len(deleted.revoked_key_ids)
+    echo_result(
+        data,
+        as_json,
+        lambda: (
+            f"deleted tenant {name}: {count} key{'s' if count != 1 else ''} revoked; "
+            "usage and audit records kept"
+        ),
+    )
+
+
 tenants.add_command(_status_command("suspend", "suspended", "suspended"))
 tenants.add_command(_status_command("resume", "active", "resumed"))
+tenants.add_command(delete)
 
 commands: list[click.Command] = [tenants]
