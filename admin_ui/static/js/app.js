@@ -11,15 +11,16 @@ import * as audit from "./pages/audit.js";
 
 const main = document.getElementById("main");
 let me = null;
+let renderSeq = 0; // a render that a newer navigation overtook must not draw over it
 
 const ROUTES = [
   { re: /^\/overview$/, page: overview, nav: "overview" },
   { re: /^\/tenants$/, page: tenants, nav: "tenants" },
   { re: /^\/tenants\/([^/]+)$/, page: tenant, nav: "tenants" },
   { re: /^\/keys(?:\/([^/]+))?$/, page: keys, nav: "keys" },
-  { re: /^\/models$/, page: models, nav: "models" },
+  { re: /^\/models$/, page: models, nav: "models", roles: ["admin", "viewer"] },
   { re: /^\/usage$/, page: usage, nav: "usage" },
-  { re: /^\/audit$/, page: audit, nav: "audit" },
+  { re: /^\/audit$/, page: audit, nav: "audit", roles: ["admin", "viewer"] },
 ];
 
 function navItems() {
@@ -51,17 +52,28 @@ function ctxFor(params) {
   };
 }
 
+// A section the role cannot use says so once, instead of an error it cannot act on.
+function notForRole() {
+  return el("div", {}, el("h1", {}, "Not available"),
+    el("p", {}, "This section is for the platform's admins. Ask them if you need something from it."));
+}
+
 async function route() {
   if (!me) return;
   const path = decodeURIComponent(location.hash.replace(/^#/, "")) || "/overview";
   const match = ROUTES.map((r) => ({ r, m: path.match(r.re) })).find((x) => x.m);
   if (!match) { location.hash = "#/overview"; return; }
+  const seq = ++renderSeq;
   renderNav(match.r.nav);
   clearBanner();
+  delete main.dataset.rendered;
   main.replaceChildren(el("p", { class: "muted" }, "Loading…"));
   const params = match.m.slice(1).filter((p) => p !== undefined);
-  const node = await attempt(() => match.r.page.render(ctxFor(params)));
+  const allowed = !match.r.roles || match.r.roles.includes(me.role);
+  const node = allowed ? await attempt(() => match.r.page.render(ctxFor(params))) : notForRole();
+  if (seq !== renderSeq) return;
   main.replaceChildren(node || el("p", { class: "muted" }, "This page could not be shown."));
+  main.dataset.rendered = path; // tests and scripts wait for this, not for a spinner to go
   main.focus({ preventScroll: true });
 }
 
@@ -79,6 +91,7 @@ async function loadIdentity() {
 function signOut(message) {
   setToken(null);
   me = null;
+  delete main.dataset.rendered;
   document.getElementById("nav").hidden = true;
   document.getElementById("who").hidden = true;
   renderSignIn();
@@ -122,7 +135,7 @@ async function finishOidc() {
 
 async function start() {
   document.getElementById("sign-out").addEventListener("click", () => signOut("You are signed out."));
-  window.addEventListener("cloister:unauthenticated", () => { if (me) signOut("Your sign-in has expired. Please sign in again."); });
+  window.addEventListener("cloister:unauthenticated", (e) => { if (me) signOut(e.detail); });
   window.addEventListener("hashchange", route);
   if (location.pathname === "/admin/oidc") await finishOidc();
   if (getToken()) {
