@@ -16,6 +16,7 @@ from sqlalchemy import select
 from admin import billing, registry
 from admin.adapter_upload import dims_from_source, store_adapter, validate_adapter
 from admin.audit_chain import public_hex
+from admin.billing_export import build_statement, render_statement
 from admin.deps import AdminServices
 from admin.errors import AdapterValidationError, Unauthenticated
 from admin.identity import create_admin_token, issue_session, revoke_admin_token
@@ -299,12 +300,12 @@ def add_ops_routes(
         if format not in ("csv", "jsonl"):
             raise HTTPException(422, "format must be csv or jsonl")
         try:
-            lines = billing.billing_lines(ctx.session, period=period, tenant_id=tenant)
+            statement = build_statement(ctx.session, period=period, tenant_id=tenant)
         except ValueError as exc:
             raise HTTPException(422, str(exc)) from exc
         ctx.audit("billing.export", f"billing/{period}", tenant_id=tenant, format=format)
         media = "text/csv" if format == "csv" else "application/x-ndjson"
-        return PlainTextResponse(billing.render(lines, format), media_type=media)  # type: ignore[arg-type]
+        return PlainTextResponse(render_statement(statement, format), media_type=media)
 
     @router.get("/audit")
     def audit_events(

@@ -75,8 +75,10 @@ def test_billing_export_command(cli: click.Group) -> None:
     runner = CliRunner()
     out = runner.invoke(cli, ["billing", "export", "--period", "2026-11", "--format", "csv"])
     assert out.exit_code == 0, out.output
-    assert out.output.splitlines()[0].startswith("day,tenant_id,model,adapter,status,requests")
-    assert out.output.splitlines()[0].endswith(",cost_usd,unpriced,unpriced_requests")
+    header, period = out.output.splitlines()[:2]
+    assert header.startswith("record,period,period_start,period_end,section,tenant_name,tenant_id")
+    assert header.endswith(",requests,input_tokens,cached_input_tokens,output_tokens,total_usd")
+    assert period.startswith("period,2026-11,2026-11-01T00:00:00+00:00,2026-12-01T00:00:00+00:00")
     assert runner.invoke(cli, ["billing", "export", "--period", "nope"]).exit_code != 0
 
 
@@ -109,5 +111,8 @@ def test_billing_export_command_marks_unpriced_usage(cli: click.Group) -> None:
         assert write_usage(s, [row]) == 1
     out = CliRunner().invoke(cli, ["billing", "export", "--period", "2026-11", "--format", "jsonl"])
     assert out.exit_code == 0, out.output
-    (line,) = [json.loads(x) for x in out.output.splitlines()]
-    assert line["model"] == "nopri" and line["unpriced"] is True and line["cost_pico_usd"] == 0
+    records = [json.loads(x) for x in out.output.splitlines()]
+    (line,) = [r for r in records if r["record"] == "line"]
+    assert line["model"] == "nopri" and line["section"] == "unpriced"
+    assert line["total_usd"] == "0.000000000000" and line["input_usd_per_1m"] is None
+    assert (line["input_tokens"], line["output_tokens"]) == (5, 3)

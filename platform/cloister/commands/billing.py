@@ -32,8 +32,9 @@ def _period(ctx: click.Context, param: click.Parameter, value: str) -> str:
     "--output", type=click.Path(path_type=Path), default=None, help="File (default stdout)."
 )
 def export(period: str, fmt: str, tenant: str | None, output: Path | None) -> None:
-    """One line per tenant x model x adapter x day, costs from the prices at the time of use."""
-    from admin import billing as billing_data
+    """A period header, lines per tenant x model x adapter x status x unit prices (billable,
+    unpriced and not-billed sections), per-tenant and grand totals; see admin/billing_export.py."""
+    from admin.billing_export import build_statement, render_statement
     from cloister.commands.admin import admin_context
     from tenancy import store
     from tenancy.errors import TenancyError
@@ -41,10 +42,10 @@ def export(period: str, fmt: str, tenant: str | None, output: Path | None) -> No
     with admin_context() as (_settings, sessions, _admin), sessions() as session:
         try:
             tenant_id = store.get_tenant(session, tenant).id if tenant else None
-            lines = billing_data.billing_lines(session, period=period, tenant_id=tenant_id)
+            statement = build_statement(session, period=period, tenant_id=tenant_id)
         except TenancyError as exc:
             raise click.ClickException(str(exc)) from exc
-    text = billing_data.render(lines, fmt)  # type: ignore[arg-type]
+    text = render_statement(statement, fmt)
     if output is None:
         click.echo(text, nl=False)
     else:
