@@ -68,7 +68,7 @@ def test_create_token_json_then_audit_round_trip(cli: click.Group, tmp_path: Pat
     del lines[5]
     export.write_text("\n".join(lines) + "\n")
     failed = runner.invoke(cli, ["audit", "verify", "--export", str(export)])
-    assert failed.exit_code == 1 and "FAILED at record" in failed.output
+    assert failed.exit_code == 1 and failed.output.startswith("FAILED at line 6 (record 5): ")
 
 
 def test_billing_export_command(cli: click.Group) -> None:

@@ -12,6 +12,7 @@ import io
 import re
 import time
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,9 @@ import openai
 import pytest
 from playwright.sync_api import expect
 
-from tests.admin_ui.conftest import Console, Server, screenshot_dir, utc_month
+from admin.audit_chain import load_private_key, public_hex
+from admin.audit_file import verify_export
+from tests.admin_ui.conftest import SIGNING_KEY, Console, Server, screenshot_dir, utc_month
 
 pytestmark = pytest.mark.browser
 
@@ -253,7 +256,7 @@ def test_request_appears_in_the_tenant_usage_chart(admin: Console) -> None:
     assert "%" in page.locator("#tenant-hit-rate").inner_text()
     page.wait_for_function("() => document.querySelector('#chart-tenant-cache')?.chart")
     colours = page.evaluate(COLOURS, "#chart-tenant-cache")
-    assert CACHE_SPLIT <= colours.keys()
+    assert colours.keys() >= CACHE_SPLIT
     server.state["tenant_colours"] = colours
     admin.shot("05-usage-chart")
     admin.assert_no_errors()
@@ -273,13 +276,17 @@ def test_billing_csv_download_matches_usage(admin: Console) -> None:
     download = info.value
     assert download.suggested_filename == f"cloister-billing-{utc_month()}.csv"
     rows = list(csv.DictReader(io.StringIO(Path(download.path()).read_text())))
-    assert rows and {r["tenant_id"] for r in rows} == {server.state["tenant_id"]}
-    assert sum(int(r["requests"]) for r in rows) == totals["requests"]
-    assert sum(int(r["prompt_tokens"]) for r in rows) == totals["prompt_tokens"]
-    assert sum(int(r["completion_tokens"]) for r in rows) == totals["completion_tokens"]
-    assert sum(int(r["cost_pico_usd"]) for r in rows) == totals["cost_pico_usd"]
-    # `cloister serve` registered "tiny" without a price: its usage is marked, not silent.
-    assert {r["unpriced"] for r in rows if r["status"] == "200"} == {"True"}
+    lines = [r for r in rows if r["record"] == "line"]
+    assert lines and {r["tenant_id"] for r in lines} == {server.state["tenant_id"]}
+    assert {r["tenant_name"] for r in lines} == {TENANT}
+    assert sum(int(r["requests"]) for r in lines) == totals["requests"]
+    prompt = sum(int(r["input_tokens"]) + int(r["cached_input_tokens"]) for r in lines)
+    assert prompt == totals["prompt_tokens"]
+    assert sum(int(r["output_tokens"]) for r in lines) == totals["completion_tokens"]
+    # `cloister serve` registered "tiny" without a price: its usage is listed apart, at $0.
+    assert {r["section"] for r in lines if r["status"] == "200"} == {"unpriced"}
+    (grand,) = [r for r in rows if r["record"] == "total" and r["section"] == "billable"]
+    assert Decimal(grand["total_usd"]) == Decimal(totals["cost_pico_usd"]) / 10**12 == 0
     notice = page.locator("#usage-unpriced")
     assert notice.is_visible()
     n = totals["requests"]
@@ -290,7 +297,7 @@ def test_billing_csv_download_matches_usage(admin: Console) -> None:
     # One palette: cached and uncached prompt tokens have the tenant page's colours.
     page.wait_for_function("() => document.querySelector('#chart-usage')?.chart")
     colours = page.evaluate(COLOURS, "#chart-usage")
-    assert CACHE_SPLIT <= colours.keys()
+    assert colours.keys() >= CACHE_SPLIT
     assert {k: colours[k] for k in CACHE_SPLIT} == {
         k: server.state["tenant_colours"][k] for k in CACHE_SPLIT
     }
@@ -452,7 +459,12 @@ def test_audit_page_shows_the_actions_and_a_valid_chain(admin: Console) -> None:
     expect(records.get_by_role("cell", name="error", exact=True)).to_have_count(1)
     with page.expect_download() as info:
         page.get_by_role("button", name="Export (signed JSON lines)").click()
-    assert '"type": "manifest"' in Path(info.value.path()).read_text().splitlines()[0]
+    exported = Path(info.value.path()).read_text()
+    assert '"type": "manifest"' in exported.splitlines()[0]
+    # What an auditor downloads verifies offline, with the server's public key.
+    key = public_hex(load_private_key(SIGNING_KEY))
+    verdict = verify_export(exported, public_key=key)
+    assert verdict.ok, verdict.message
     admin.shot("13-audit")
     admin.assert_no_errors()
 

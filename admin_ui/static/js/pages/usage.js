@@ -85,5 +85,5 @@ export async function render(ctx) {
     card("Billing export", el("div", { class: "row" }, period,
       el("button", { type: "button", id: "export-csv", onclick: exportAs("csv") }, "Download CSV"),
       el("button", { type: "button", id: "export-jsonl", class: "secondary", onclick: exportAs("jsonl") }, "Download JSON lines")),
-    el("p", { class: "muted" }, "One line per tenant, model, adapter, status and day; refused requests (403, 429, 503) carry no tokens or cost; cost in USD with 12 decimals; unpriced is true where a model had no price at the time of use.")));
+    el("p", { class: "muted" }, "A period header, then one line per tenant, model, adapter, status and unit prices, in three sections: billable, unpriced (no price in force: $0, listed apart) and not billed (refused or failed, status 400 and up). Then a total per tenant and per section; the billable total is the grand total. Money in USD: totals with 12 decimals, unit prices per million tokens.")));
 }
