@@ -103,7 +103,9 @@ def _counts(requests: int, prompt: int, cached: int, completion: int, pico: int)
     return (requests, prompt - cached, cached, completion, pico)
 
 
-def _priced_parts(session: Session, book: PriceBook, row: UsageHourly) -> list[tuple[Any, Counts]]:
+def _priced_parts(
+    session: Session, book: PriceBook, row: UsageHourly
+) -> list[tuple[Prices | None, Counts]]:
     """The hour's usage split by the price in force at each request's time.
 
     An hour with no price change is one part. An hour in which the model's price
@@ -130,7 +132,7 @@ def _priced_parts(session: Session, book: PriceBook, row: UsageHourly) -> list[t
     ).all()
     if len(raw) != row.requests:
         return [(first, whole)]
-    parts: dict[Any, list[int]] = {}
+    parts: dict[Prices | None, list[int]] = {}
     for r in raw:
         acc = parts.setdefault(book.find(r.model, r.occurred_at), [0, 0, 0, 0, 0])
         for i, v in enumerate(
@@ -156,9 +158,8 @@ def build_statement(session: Session, *, period: str, tenant_id: str | None = No
             section: Section = (
                 "not_billed" if row.status >= 400 else "unpriced" if prices is None else "billable"
             )
-            key = (section, row.tenant_id, row.model, row.adapter, int(row.status), None)
-            if section == "billable":
-                key = (*key[:5], prices)
+            kept = prices if section == "billable" else None  # unit prices of billed lines
+            key = (section, row.tenant_id, row.model, row.adapter, int(row.status), kept)
             acc = sums.setdefault(key, [0, 0, 0, 0, 0])
             for i, v in enumerate(counts):
                 acc[i] += v
