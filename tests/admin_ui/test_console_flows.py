@@ -478,33 +478,47 @@ PAGES = (
     ("usage", "/usage"),
     ("audit", "/audit"),
 )
+TENANT_ADMIN_PAGES = (
+    ("overview", "/overview"),
+    ("tenant", f"/tenants/{TENANT}"),
+    ("keys", "/keys"),
+    ("usage", "/usage"),
+)
 WIDTHS = ((1280, 800), (390, 844))  # a laptop, a phone
 
 
 def test_every_page_fits_laptop_and_phone_widths(
     admin: Console, browser: Any, server: Server, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """Screenshots of every page with the flows' data, and no page-wide sideways scroll."""
+    """Screenshots of every page with the flows' data, as an admin and as a tenant-admin,
+    and no page-wide sideways scroll at either width."""
     out = screenshot_dir(tmp_path_factory)
-    page = admin.page
+    token = server.api("POST", "/tokens", json={"role": "tenant-admin", "tenant": TENANT}).json()
     guest = Console(browser, server, "guest")
+    tenant_admin = Console(browser, server, "tenant-admin-shots")
+    tenant_admin.sign_in(token["token"])
+    views = [(admin, "admin", PAGES), (tenant_admin, "tenant-admin", TENANT_ADMIN_PAGES)]
     try:
         for width, height in WIDTHS:
-            page.set_viewport_size({"width": width, "height": height})
-            guest.page.set_viewport_size({"width": width, "height": height})
+            for c in (admin, guest, tenant_admin):
+                c.page.set_viewport_size({"width": width, "height": height})
             guest.page.goto(server.base_url + "/admin")
             guest.page.get_by_label("Admin token").wait_for()
             guest.page.screenshot(path=str(out / f"{width}-sign-in.png"), full_page=True)
-            for label, path in PAGES:
-                admin.go(path)
-                page.wait_for_load_state("networkidle")
-                scroll = page.evaluate("document.documentElement.scrollWidth")
-                assert scroll <= width, (path, width, scroll)
-                page.screenshot(path=str(out / f"{width}-{label}.png"), full_page=True)
+            for c, who, pages in views:
+                for label, path in pages:
+                    c.go(path)
+                    c.page.wait_for_load_state("networkidle")
+                    scroll = c.page.evaluate("document.documentElement.scrollWidth")
+                    assert scroll <= width, (who, path, width, scroll)
+                    shot = out / f"{width}-{who}-{label}.png"
+                    c.page.screenshot(path=str(shot), full_page=True)
         shots = sorted(p.name for p in out.glob("*.png"))
-        assert len(shots) == len(WIDTHS) * (len(PAGES) + 1), shots
+        assert len(shots) == len(WIDTHS) * (len(PAGES) + len(TENANT_ADMIN_PAGES) + 1), shots
         guest.assert_no_errors()
+        tenant_admin.assert_no_errors()
     finally:
-        page.set_viewport_size({"width": 1280, "height": 800})
+        admin.page.set_viewport_size({"width": 1280, "height": 800})
         guest.close()
+        tenant_admin.close()
     admin.assert_no_errors()
