@@ -85,7 +85,7 @@ def create_tenant(
         raise InvalidValueError(f"isolation must be one of {', '.join(ISOLATION_LEVELS)}")
     weight = check_weight(weight)
     if session.scalars(select(Tenant.id).where(Tenant.name == name)).first() is not None:
-        raise ConflictError(f"tenant {name!r} already exists")
+        raise ConflictError(f"a tenant named {name!r} already exists")
     tenant = Tenant(
         id=new_id("ten"), name=name, status="active", isolation_level=isolation_level, weight=weight
     )
@@ -94,7 +94,7 @@ def create_tenant(
         session.commit()
     except IntegrityError as exc:  # a concurrent create won the race
         session.rollback()
-        raise ConflictError(f"tenant {name!r} already exists") from exc
+        raise ConflictError(f"a tenant named {name!r} already exists") from exc
     return tenant
 
 

@@ -1,17 +1,13 @@
-"""Usage queries and billing exports, both from the hourly rollups.
+"""Usage queries from the hourly rollups, and the period and money helpers of billing.
 
-Money leaves as a decimal string of USD with 12 places (pico-USD exactly), so a
-spreadsheet's sum of the cost column equals the sum of the usage records.
+The billing statement itself is admin/billing_export.py. Money leaves as a decimal
+string of USD with 12 places (pico-USD exactly), so a spreadsheet's sums are exact.
 """
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
-import io
-import json
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Literal
 
@@ -23,21 +19,6 @@ from tenancy.errors import InvalidValueError
 
 Granularity = Literal["hour", "day"]
 PICO = Decimal(10) ** 12
-EXPORT_FIELDS = (
-    "day",
-    "tenant_id",
-    "model",
-    "adapter",
-    "status",
-    "requests",
-    "prompt_tokens",
-    "cached_tokens",
-    "completion_tokens",
-    "cost_pico_usd",
-    "cost_usd",
-    "unpriced",  # true: some of these requests used tokens while the model had no price
-    "unpriced_requests",
-)
 
 
 def pico_to_usd(pico: int) -> str:
@@ -136,50 +117,6 @@ def query_usage(
     return [
         UsageBucket(*group, *acc) for group, acc in sorted(sums.items(), key=lambda kv: str(kv[0]))
     ]
-
-
-def billing_lines(
-    session: Session, *, period: str, tenant_id: str | None = None
-) -> list[dict[str, object]]:
-    """One line per tenant x model x adapter x status x day of `period`.
-
-    Refused requests (429, 503, ...) get lines of their own with their status and zero
-    tokens and cost: a tenant is billed only for what the engine processed. `unpriced`
-    is true on a line with usage of a model that had no price in force at the time of
-    use (billed $0, never silently); a model deliberately priced at 0 is not unpriced.
-    """
-    start, end = parse_period(period)
-    lines: list[dict[str, object]] = []
-    for b in query_usage(session, start=start, end=end, granularity="day", tenant_id=tenant_id):
-        line = asdict(b)
-        line["day"] = line.pop("start")
-        line.pop("key_id")
-        line["cost_usd"] = pico_to_usd(b.cost_pico_usd)
-        line["unpriced"] = b.unpriced
-        lines.append({k: line[k] for k in EXPORT_FIELDS})
-    lines.sort(
-        key=lambda r: (
-            str(r["tenant_id"]),
-            str(r["day"]),
-            str(r["model"]),
-            str(r["adapter"]),
-            int(str(r["status"])),
-        )
-    )
-    return lines
-
-
-def render(lines: Sequence[dict[str, object]], fmt: Literal["csv", "jsonl"]) -> str:
-    """Billing lines as CSV (with a header) or JSON lines."""
-    if fmt == "jsonl":
-        return "".join(json.dumps(line, sort_keys=True) + "\n" for line in lines)
-    if fmt != "csv":
-        raise InvalidValueError("format must be csv or jsonl")
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=list(EXPORT_FIELDS), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(lines)
-    return out.getvalue()
 
 
 def total_pico_usd(session: Session, *, start: dt.datetime, end: dt.datetime) -> int:

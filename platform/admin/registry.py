@@ -90,7 +90,7 @@ def register_model(
     if not source or len(source) > MAX_SOURCE_CHARS:
         raise InvalidValueError(f"source must be 1-{MAX_SOURCE_CHARS} characters")
     if session.scalars(select(RegisteredModel.id).where(RegisteredModel.name == name)).first():
-        raise ConflictError(f"model {name!r} already exists")
+        raise ConflictError(f"a model named {name!r} already exists")
     if allowed_tenants is not None:
         check_tenant_ids(session, allowed_tenants)
     row = RegisteredModel(
@@ -251,7 +251,7 @@ def register_adapter(
     if not source_path or len(source_path) > MAX_SOURCE_CHARS:
         raise InvalidValueError(f"source_path must be 1-{MAX_SOURCE_CHARS} characters")
     if session.scalars(select(LoraAdapter.id).where(LoraAdapter.name == name)).first():
-        raise ConflictError(f"adapter {name!r} already exists")
+        raise ConflictError(f"an adapter named {name!r} already exists")
     row = LoraAdapter(
         id=new_id("lora"),
         name=name,
@@ -310,7 +310,7 @@ def publish_prefix(
         raise InvalidValueError("text must not be empty")
     get_model(session, model)
     if session.scalars(select(SharedPrefix.id).where(SharedPrefix.name == name)).first():
-        raise ConflictError(f"shared prefix {name!r} already exists")
+        raise ConflictError(f"a shared prefix named {name!r} already exists")
     row = SharedPrefix(
         id=new_id("pfx"),
         name=name,

@@ -6,7 +6,8 @@
                   (read and write), usage and the overview; no admin tokens, no audit,
                   no billing export
     viewer        every read (GET) and the exports; no writes
-    finance       usage and billing: read and export; nothing else
+    finance       usage and billing: read and export, and the list of tenants (whose
+                  names label its usage and bills); nothing else
     auditor       the audit log: read, search, verify and export; nothing else
     tenant-admin  reads of its own tenant, its keys (create, revoke), usage and billing;
                   another tenant's resources are 404 (existence is not revealed)
@@ -28,6 +29,7 @@ ADMIN_ONLY: tuple[Role, ...] = ("admin",)
 PLATFORM_READ: tuple[Role, ...] = ("admin", "operator", "viewer")
 PLATFORM_WRITE: tuple[Role, ...] = ("admin", "operator")
 TENANT_READ: tuple[Role, ...] = (*PLATFORM_READ, "tenant-admin")  # scoped to its tenant
+TENANT_LIST: tuple[Role, ...] = (*TENANT_READ, "finance")  # finance labels usage by name
 KEY_WRITE: tuple[Role, ...] = (*PLATFORM_WRITE, "tenant-admin")
 OVERVIEW_READ: tuple[Role, ...] = (*PLATFORM_READ, "tenant-admin")
 USAGE_READ: tuple[Role, ...] = ("admin", "operator", "viewer", "finance", "tenant-admin")

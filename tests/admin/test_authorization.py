@@ -57,7 +57,7 @@ def _cells() -> list[Cell]:
     P = "/admin/api/v1"
     return [
         Cell("GET", "/whoami", lambda f, t: (f"{P}/whoami", {}), "aovfu", OK),
-        Cell("GET", "/tenants", lambda f, t: (f"{P}/tenants?limit=10", {}), "aov", OK),
+        Cell("GET", "/tenants", lambda f, t: (f"{P}/tenants?limit=10", {}), "aovf", OK),
         Cell(
             "POST", "/tenants", lambda f, t: (f"{P}/tenants", {"json": {"name": _n()}}), "ao", DENY
         ),

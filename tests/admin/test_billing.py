@@ -1,4 +1,4 @@
-"""Billing exports reconcile exactly with the requests made, with and without a price change."""
+"""Billing statements reconcile exactly with the requests made, with and without a price change."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from admin import billing, registry
+from admin.billing_export import build_statement, render_statement
 from admin.metering import MeteringSink
 from admin.models import UsageRow
 from gateway.usage import UsageRecord
@@ -70,18 +71,37 @@ def test_export_totals_equal_the_requests(tmp_path: Path, price_change: bool) ->
     sink.close()
     with sessions() as s:
         raw_total = int(s.scalar(sa.select(sa.func.sum(UsageRow.cost_pico_usd))) or 0)
-        lines = billing.billing_lines(s, period="2026-11")
-    assert raw_total == expected
-    rows = list(csv.DictReader(io.StringIO(billing.render(lines, "csv"))))
-    assert sum(int(r["cost_pico_usd"]) for r in rows) == expected
-    assert sum(Decimal(r["cost_usd"]) for r in rows) == Decimal(expected) / Decimal(10**12)
-    assert sum(int(r["completion_tokens"]) for r in rows) == sum(
-        _record(i).completion_tokens for i in range(300)
+        statement = build_statement(s, period="2026-11")
+    assert raw_total == expected == statement.grand_total_pico_usd
+    rows = list(csv.DictReader(io.StringIO(render_statement(statement, "csv"))))
+    lines = [r for r in rows if r["record"] == "line"]
+    assert {r["section"] for r in lines} == {"billable"}
+    for r in lines:  # each line's total is its tokens at its unit prices, exactly
+        assert Decimal(r["total_usd"]) == (
+            int(r["input_tokens"]) * Decimal(r["input_usd_per_1m"])
+            + int(r["cached_input_tokens"]) * Decimal(r["cached_input_usd_per_1m"])
+            + int(r["output_tokens"]) * Decimal(r["output_usd_per_1m"])
+        ) / Decimal(10**6)
+    (grand,) = [r for r in rows if r["record"] == "total" and r["section"] == "billable"]
+    assert sum(Decimal(r["total_usd"]) for r in lines) == Decimal(grand["total_usd"])
+    assert Decimal(grand["total_usd"]) == Decimal(expected) / Decimal(10**12)
+    tenant_totals = [r for r in rows if r["record"] == "tenant_total"]
+    assert sum(Decimal(r["total_usd"]) for r in tenant_totals) == Decimal(grand["total_usd"])
+    assert int(grand["output_tokens"]) == sum(_record(i).completion_tokens for i in range(300))
+    jsonl = [json.loads(x) for x in render_statement(statement, "jsonl").splitlines()]
+    assert [_as_csv(r) for r in jsonl] == rows  # the same records, the same totals
+    assert all(isinstance(r["requests"], int) for r in jsonl if r["record"] != "period")
+    prices = {(r["input_usd_per_1m"], r["output_usd_per_1m"]) for r in lines}
+    assert prices == (
+        {("0.150000", "0.600000"), ("0.200000", "0.900000")}
+        if price_change
+        else {("0.150000", "0.600000")}
     )
-    jsonl = [json.loads(x) for x in billing.render(lines, "jsonl").splitlines()]
-    assert sum(int(r["cost_pico_usd"]) for r in jsonl) == expected
-    keys = [(r["tenant_id"], r["model"], r["adapter"], r["day"]) for r in rows]
-    assert len(keys) == len(set(keys))  # one line per tenant x model x adapter x day
+    keys = [
+        (r["tenant_id"], r["model"], r["adapter"], r["status"], r["input_usd_per_1m"])
+        for r in lines
+    ]
+    assert len(keys) == len(set(keys))  # one line per tenant x model x adapter x status x price
     if price_change:
         assert expected != sum(
             (r.prompt_tokens - r.cached_tokens) * P1.input
@@ -89,6 +109,11 @@ def test_export_totals_equal_the_requests(tmp_path: Path, price_change: bool) ->
             + r.completion_tokens * P1.output
             for r in map(_record, range(300))
         )
+
+
+def _as_csv(record: dict[str, object]) -> dict[str, str]:
+    """A JSON-lines record as its CSV row reads (null: empty; numbers: their digits)."""
+    return {k: "" if v is None else str(v) for k, v in record.items()}
 
 
 def test_cost_depends_only_on_token_counts_in_exact_units() -> None:
@@ -150,7 +175,7 @@ def test_unpriced_usage_is_marked_and_a_price_of_zero_is_not(tmp_path: Path) -> 
         sink.record(record)
     sink.close()
     with sessions() as s:
-        lines = billing.billing_lines(s, period="2026-11")
+        statement = build_statement(s, period="2026-11")
         raw = {r.request_id: r.unpriced for r in s.scalars(sa.select(UsageRow))}
     assert raw == {
         "free-1": False,
@@ -160,19 +185,78 @@ def test_unpriced_usage_is_marked_and_a_price_of_zero_is_not(tmp_path: Path) -> 
         "never-5": True,
         "never-6": False,
     }
-    marks = {
-        (r["model"], r["day"], r["status"]): (r["unpriced"], r["unpriced_requests"]) for r in lines
+    sections = {
+        (x.section, x.model, x.status): (x.requests, x.total_pico_usd) for x in statement.lines
     }
-    assert marks == {
-        ("free", "2026-11-15", 200): (False, 0),
-        ("later", "2026-11-15", 200): (True, 2),
-        ("later", "2026-11-16", 200): (False, 0),
-        ("never", "2026-11-16", 200): (True, 1),
-        ("never", "2026-11-16", 429): (False, 0),
+    assert sections == {
+        ("billable", "free", 200): (1, 0),  # priced at 0 on purpose: billable, not unpriced
+        ("billable", "later", 200): (
+            1,
+            P1.cost_pico_usd(prompt_tokens=10, cached_tokens=0, completion_tokens=10),
+        ),
+        ("unpriced", "later", 200): (2, 0),
+        ("unpriced", "never", 200): (1, 0),
+        ("not_billed", "never", 429): (1, 0),
     }
-    priced_later = next(r for r in lines if r["model"] == "later" and r["day"] == "2026-11-16")
-    assert int(str(priced_later["cost_pico_usd"])) > 0
-    rows = list(csv.DictReader(io.StringIO(billing.render(lines, "csv"))))
-    assert [r["unpriced"] for r in rows if r["model"] == "never"] == ["True", "False"]
-    jsonl = [json.loads(x) for x in billing.render(lines, "jsonl").splitlines()]
-    assert [r["unpriced"] for r in jsonl if r["model"] == "later"] == [True, False]
+    rows = list(csv.DictReader(io.StringIO(render_statement(statement, "csv"))))
+    unpriced = [r for r in rows if r["record"] == "line" and r["section"] == "unpriced"]
+    assert {r["input_usd_per_1m"] for r in unpriced} == {""}  # no price, and none invented
+    totals = {r["section"]: r for r in rows if r["record"] == "total"}
+    assert (totals["unpriced"]["requests"], totals["unpriced"]["total_usd"]) == (
+        "3",
+        "0.000000000000",
+    )
+    assert totals["billable"]["total_usd"] == billing.pico_to_usd(
+        sections[("billable", "later", 200)][1]
+    )
+
+
+def test_rejected_requests_are_never_billable_even_with_tokens(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'b.db'}"
+    upgrade_database(url)
+    sessions = make_session_factory(make_engine(url))
+    with sessions() as s:
+        registry.register_model(
+            s, name="m", source="/m", format="gguf", context_length=8, prices=P1, now=START
+        )
+    uses = [_record_of(1, "m"), _record_of(2, "m", status=500), _record_of(3, "m", status=499)]
+    clock_iter = iter([MID, MID, MID])
+    sink = MeteringSink(sessions, tmp_path / "spool.jsonl", clock=lambda: next(clock_iter)).start()
+    for record in uses:
+        sink.record(record)
+    sink.close()
+    with sessions() as s:
+        statement = build_statement(s, period="2026-11-15")
+    one = P1.cost_pico_usd(prompt_tokens=10, cached_tokens=0, completion_tokens=10)
+    assert statement.grand_total_pico_usd == one
+    refused = [x for x in statement.lines if x.section == "not_billed"]
+    assert sorted((x.status, x.output_tokens, x.total_pico_usd) for x in refused) == [
+        (499, 10, 0),
+        (500, 10, 0),
+    ]
+    assert all(x.prices is None for x in refused)
+
+
+def test_an_hour_with_a_price_change_is_split_at_the_change(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'b.db'}"
+    upgrade_database(url)
+    sessions = make_session_factory(make_engine(url))
+    with sessions() as s:
+        registry.register_model(
+            s, name="m", source="/m", format="gguf", context_length=8, prices=P1, now=START
+        )
+        registry.set_price(s, model="m", prices=P2, effective_from=MID)  # 12:30
+    times = iter([MID - dt.timedelta(minutes=20), MID + dt.timedelta(minutes=20)])
+    sink = MeteringSink(sessions, tmp_path / "spool.jsonl", clock=lambda: next(times)).start()
+    sink.record(_record_of(1, "m"))
+    sink.record(_record_of(2, "m", tokens=20))
+    sink.close()
+    with sessions() as s:
+        statement = build_statement(s, period="2026-11")
+    assert [(x.prices, x.requests, x.output_tokens) for x in statement.lines] == [
+        (P1, 1, 10),
+        (P2, 1, 20),
+    ]
+    assert statement.grand_total_pico_usd == P1.cost_pico_usd(
+        prompt_tokens=10, cached_tokens=0, completion_tokens=10
+    ) + P2.cost_pico_usd(prompt_tokens=20, cached_tokens=0, completion_tokens=20)

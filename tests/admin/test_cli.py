@@ -68,15 +68,17 @@ def test_create_token_json_then_audit_round_trip(cli: click.Group, tmp_path: Pat
     del lines[5]
     export.write_text("\n".join(lines) + "\n")
     failed = runner.invoke(cli, ["audit", "verify", "--export", str(export)])
-    assert failed.exit_code == 1 and "FAILED at record" in failed.output
+    assert failed.exit_code == 1 and failed.output.startswith("FAILED at line 6 (record 5): ")
 
 
 def test_billing_export_command(cli: click.Group) -> None:
     runner = CliRunner()
     out = runner.invoke(cli, ["billing", "export", "--period", "2026-11", "--format", "csv"])
     assert out.exit_code == 0, out.output
-    assert out.output.splitlines()[0].startswith("day,tenant_id,model,adapter,status,requests")
-    assert out.output.splitlines()[0].endswith(",cost_usd,unpriced,unpriced_requests")
+    header, period = out.output.splitlines()[:2]
+    assert header.startswith("record,period,period_start,period_end,section,tenant_name,tenant_id")
+    assert header.endswith(",requests,input_tokens,cached_input_tokens,output_tokens,total_usd")
+    assert period.startswith("period,2026-11,2026-11-01T00:00:00+00:00,2026-12-01T00:00:00+00:00")
     assert runner.invoke(cli, ["billing", "export", "--period", "nope"]).exit_code != 0
 
 
@@ -109,8 +111,11 @@ def test_billing_export_command_marks_unpriced_usage(cli: click.Group) -> None:
         assert write_usage(s, [row]) == 1
     out = CliRunner().invoke(cli, ["billing", "export", "--period", "2026-11", "--format", "jsonl"])
     assert out.exit_code == 0, out.output
-    (line,) = [json.loads(x) for x in out.output.splitlines()]
-    assert line["model"] == "nopri" and line["unpriced"] is True and line["cost_pico_usd"] == 0
+    records = [json.loads(x) for x in out.output.splitlines()]
+    (line,) = [r for r in records if r["record"] == "line"]
+    assert line["model"] == "nopri" and line["section"] == "unpriced"
+    assert line["total_usd"] == "0.000000000000" and line["input_usd_per_1m"] is None
+    assert (line["input_tokens"], line["output_tokens"]) == (5, 3)
 
 
 @pytest.mark.parametrize("role", ["operator", "finance", "auditor"])

@@ -133,7 +133,8 @@ class Console:
 
     def __init__(self, browser: Any, server: Server, name: str) -> None:
         self.server = server
-        self.context = browser.new_context(viewport={"width": 1280, "height": 800})
+        # en-US: the locale whose date picker shows mm/dd/yyyy (the console must not use one).
+        self.context = browser.new_context(viewport={"width": 1280, "height": 800}, locale="en-US")
         self.page = self.context.new_page()
         self.page.set_default_timeout(15_000)
         self.errors: list[str] = []
@@ -157,8 +158,10 @@ class Console:
             self.page.reload()
         else:
             self.page.goto(url)
+        # The shell marks <main> with the path once that path's page is drawn: waiting
+        # for a spinner to go can pass before the hash change has even been handled.
         self.page.wait_for_function(
-            "() => !document.querySelector('main p.muted')?.textContent?.startsWith('Loading')"
+            "(path) => document.querySelector('main')?.dataset.rendered === path", arg=hash_path
         )
 
     def shot(self, label: str) -> Path:
@@ -177,6 +180,16 @@ class Console:
     def close(self) -> None:
         """Closes the context."""
         self.context.close()
+
+
+def screenshot_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the every-page screenshots go: var/screenshots/ with CLOISTER_KEEP_SCREENSHOTS=1,
+    else a folder under pytest's tmp dir."""
+    if os.environ.get("CLOISTER_KEEP_SCREENSHOTS") == "1":
+        path = Path(__file__).resolve().parents[2] / "var" / "screenshots"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    return tmp_path_factory.mktemp("screenshots")
 
 
 def utc_month() -> str:

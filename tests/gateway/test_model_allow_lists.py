@@ -193,25 +193,29 @@ def test_refusals_bill_nothing_and_unpriced_usage_is_marked_in_the_export(
     )
     assert r.status_code == 200, r.text
     lines = [json.loads(x) for x in r.text.splitlines()]
-    by_tenant = {(x["tenant_id"], x["status"]): x for x in lines}
+    by_tenant = {(x["tenant_id"], x["status"]): x for x in lines if x["record"] == "line"}
     used = by_tenant[(served.tenant_ids["alpha"], 200)]
-    assert used["unpriced"] is True and used["unpriced_requests"] == 1
-    assert used["cost_pico_usd"] == 0 and used["prompt_tokens"] > 0
+    assert used["section"] == "unpriced" and used["requests"] == 1
+    assert used["total_usd"] == "0.000000000000" and used["input_tokens"] > 0
+    assert used["tenant_name"] == "alpha"
     refused = by_tenant[(served.tenant_ids["beta"], 403)]
-    assert (refused["prompt_tokens"], refused["completion_tokens"], refused["cost_usd"]) == (
+    assert (refused["input_tokens"], refused["output_tokens"], refused["total_usd"]) == (
         0,
         0,
         "0.000000000000",
     )
-    assert refused["unpriced"] is False  # nothing was used, so nothing is unpriced
+    assert refused["section"] == "not_billed"  # refused: never billable
 
     csv_text = served.admin.get(
         "/admin/api/v1/billing/export", params={"period": period, "format": "csv"}
     ).text
-    assert csv_text.splitlines()[0].split(",")[-2:] == ["unpriced", "unpriced_requests"]
-    csv_rows = {(r["tenant_id"], r["status"]): r for r in csv.DictReader(io.StringIO(csv_text))}
+    csv_rows = {
+        (r["tenant_id"], r["status"]): r
+        for r in csv.DictReader(io.StringIO(csv_text))
+        if r["record"] == "line"
+    }
     alpha_row = csv_rows[(served.tenant_ids["alpha"], "200")]
-    assert (alpha_row["unpriced"], alpha_row["unpriced_requests"]) == ("True", "1")
+    assert (alpha_row["section"], alpha_row["requests"]) == ("unpriced", "1")
 
     # The console's usage API marks it too.
     start = (dt.datetime.now(dt.UTC) - dt.timedelta(days=1)).isoformat()

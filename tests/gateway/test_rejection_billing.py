@@ -9,13 +9,15 @@ import io
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from admin import billing, registry
+from admin import registry
+from admin.billing_export import build_statement, render_statement
 from admin.metering import usage_row
 from admin.usage_store import write_usage
 from engine.outputs import StreamEvent
@@ -79,10 +81,11 @@ def _export(gw: LiveGateway, tmp_path: Path) -> tuple[list[dict[str, str]], list
             s, name="tiny", source="/m", format="gguf", context_length=8, prices=PRICES, now=start
         )
         write_usage(s, [usage_row(r, dt.datetime.now(dt.UTC)) for r in gw.usage.records])
-        lines = billing.billing_lines(s, period=dt.datetime.now(dt.UTC).strftime("%Y-%m"))
-    rows = list(csv.DictReader(io.StringIO(billing.render(lines, "csv"))))
-    jsonl = [json.loads(x) for x in billing.render(lines, "jsonl").splitlines()]
-    return rows, jsonl
+        statement = build_statement(s, period=dt.datetime.now(dt.UTC).strftime("%Y-%m"))
+    rows = list(csv.DictReader(io.StringIO(render_statement(statement, "csv"))))
+    jsonl = [json.loads(x) for x in render_statement(statement, "jsonl").splitlines()]
+    lines = [r for r in rows if r["record"] == "line"]
+    return lines, [r for r in jsonl if r["record"] == "line"]
 
 
 def test_refused_requests_are_recorded_with_zero_billable_tokens(
@@ -121,11 +124,12 @@ def test_refused_requests_are_recorded_with_zero_billable_tokens(
         assert sum(int(x["requests"]) for x in by_status[429]) == 6
         assert sum(int(x["requests"]) for x in by_status[503]) == 1
         for line in by_status[429] + by_status[503]:
-            tokens = (line["prompt_tokens"], line["cached_tokens"], line["completion_tokens"])
+            tokens = (line["input_tokens"], line["cached_input_tokens"], line["output_tokens"])
             assert tuple(int(t) for t in tokens) == (0, 0, 0)
-            assert int(line["cost_pico_usd"]) == 0
-            assert line["cost_usd"] == "0.000000000000"
-        assert all(int(x["cost_pico_usd"]) > 0 for x in by_status[200])
+            assert line["section"] == "not_billed"
+            assert line["total_usd"] == "0.000000000000"
+        assert all(x["section"] == "billable" for x in by_status[200])
+        assert all(Decimal(x["total_usd"]) > 0 for x in by_status[200])
 
 
 def test_a_refused_request_refunds_its_budget_reservation(fake_gateway: LiveGateway) -> None:

@@ -31,15 +31,30 @@ function detailText(body) {
   return JSON.stringify(d);
 }
 
+// Why a credential was refused, from the API's 401 detail (admin/identity.py's words).
+function unauthenticatedWords(detail) {
+  const d = (detail || "").toLowerCase();
+  if (d.includes("expired")) return "Your sign-in has expired. Please sign in again.";
+  if (d.includes("revoked")) return "That token has been revoked. Ask an admin for a new one.";
+  if (d.includes("no admin credential")) return "You are not signed in. Please sign in.";
+  return "That token is not valid. Check that you pasted all of it, or create one with: cloister admin create-token.";
+}
+
+// The API's own sentence, capitalised and ended with a full stop.
+function sentence(detail) {
+  const d = (detail || "").trim();
+  return d ? `${d[0].toUpperCase()}${d.slice(1)}${/[.!?]$/.test(d) ? "" : "."}` : "";
+}
+
 // One sentence an operator can act on, from an HTTP status and the API's detail.
 export function plainWords(status, detail) {
   switch (status) {
     case 0: return "Cannot reach the Cloister server. Check that it is running and try again.";
     case 400: return `The request was not accepted: ${detail || "bad request"}.`;
-    case 401: return "You are not signed in, or your sign-in has expired. Please sign in again.";
+    case 401: return unauthenticatedWords(detail);
     case 403: return "Your role does not allow this action.";
     case 404: return "Not found: it does not exist, or you are not allowed to see it.";
-    case 409: return `That conflicts with what exists: ${detail || "conflict"}.`;
+    case 409: return sentence(detail) || "That already exists.";
     case 413: return "The upload is too large.";
     case 422: return `Please check the values: ${detail || "invalid input"}.`;
     default:
@@ -74,7 +89,7 @@ async function call(method, path, { body, raw, query, contentType } = {}) {
     let parsed = null;
     try { parsed = await res.json(); } catch { parsed = null; }
     const err = new ApiError(res.status, plainWords(res.status, detailText(parsed)));
-    if (res.status === 401) window.dispatchEvent(new CustomEvent("cloister:unauthenticated"));
+    if (res.status === 401) window.dispatchEvent(new CustomEvent("cloister:unauthenticated", { detail: err.message }));
     throw err;
   }
   if (raw) return res.text();

@@ -11,24 +11,31 @@ import * as audit from "./pages/audit.js";
 
 const main = document.getElementById("main");
 let me = null;
+let renderSeq = 0; // a render that a newer navigation overtook must not draw over it
 
+// Who may open each section: the admin API's role matrix (admin/roles.py), so that no
+// role is shown a page whose every call it would be refused.
+const PLATFORM = ["admin", "operator", "viewer"];
 const ROUTES = [
-  { re: /^\/overview$/, page: overview, nav: "overview" },
-  { re: /^\/tenants$/, page: tenants, nav: "tenants" },
-  { re: /^\/tenants\/([^/]+)$/, page: tenant, nav: "tenants" },
-  { re: /^\/keys(?:\/([^/]+))?$/, page: keys, nav: "keys" },
-  { re: /^\/models$/, page: models, nav: "models" },
-  { re: /^\/usage$/, page: usage, nav: "usage" },
-  { re: /^\/audit$/, page: audit, nav: "audit" },
+  { re: /^\/overview$/, page: overview, nav: "overview", roles: [...PLATFORM, "tenant-admin"] },
+  { re: /^\/tenants$/, page: tenants, nav: "tenants", roles: PLATFORM },
+  { re: /^\/tenants\/([^/]+)$/, page: tenant, nav: "tenants", roles: [...PLATFORM, "tenant-admin"] },
+  { re: /^\/keys(?:\/([^/]+))?$/, page: keys, nav: "keys", roles: [...PLATFORM, "tenant-admin"] },
+  { re: /^\/models$/, page: models, nav: "models", roles: PLATFORM },
+  { re: /^\/usage$/, page: usage, nav: "usage", roles: [...PLATFORM, "finance", "tenant-admin"] },
+  { re: /^\/audit$/, page: audit, nav: "audit", roles: ["admin", "viewer", "auditor"] },
 ];
+// Where each role lands when the address names no section.
+const HOME = { finance: "/usage", auditor: "/audit" };
 
 function navItems() {
   if (me.role === "tenant-admin") {
     return [["overview", "Overview"], [`tenants/${encodeURIComponent(me.tenant_name)}`, "My tenant", "tenants"],
       ["keys", "Keys"], ["usage", "Usage & billing"]];
   }
-  return [["overview", "Overview"], ["tenants", "Tenants"], ["keys", "Keys"], ["models", "Models & adapters"],
+  const items = [["overview", "Overview"], ["tenants", "Tenants"], ["keys", "Keys"], ["models", "Models & adapters"],
     ["usage", "Usage & billing"], ["audit", "Audit log"]];
+  return items.filter(([path]) => ROUTES.find((r) => r.nav === path).roles.includes(me.role));
 }
 
 function renderNav(active) {
@@ -45,23 +52,36 @@ function ctxFor(params) {
   return {
     me,
     params,
-    canWrite: me.role === "admin",
-    canManageKeys: me.role === "admin" || me.role === "tenant-admin",
+    canWrite: me.role === "admin" || me.role === "operator",
+    canManageKeys: ["admin", "operator", "tenant-admin"].includes(me.role),
     navigate: (hash) => { location.hash = hash; },
   };
 }
 
+// A section the role cannot use says so once, instead of an error it cannot act on.
+function notForRole() {
+  return el("div", {}, el("h1", {}, "Not available"),
+    el("p", {}, "This section is for the platform's admins. Ask them if you need something from it."));
+}
+
 async function route() {
   if (!me) return;
-  const path = decodeURIComponent(location.hash.replace(/^#/, "")) || "/overview";
+  const home = HOME[me.role] || "/overview";
+  const path = decodeURIComponent(location.hash.replace(/^#/, ""));
+  if (!path) { location.hash = `#${home}`; return; } // the hashchange draws it
   const match = ROUTES.map((r) => ({ r, m: path.match(r.re) })).find((x) => x.m);
-  if (!match) { location.hash = "#/overview"; return; }
+  if (!match) { location.hash = `#${home}`; return; }
+  const seq = ++renderSeq;
   renderNav(match.r.nav);
   clearBanner();
+  delete main.dataset.rendered;
   main.replaceChildren(el("p", { class: "muted" }, "Loading…"));
   const params = match.m.slice(1).filter((p) => p !== undefined);
-  const node = await attempt(() => match.r.page.render(ctxFor(params)));
+  const allowed = !match.r.roles || match.r.roles.includes(me.role);
+  const node = allowed ? await attempt(() => match.r.page.render(ctxFor(params))) : notForRole();
+  if (seq !== renderSeq) return;
   main.replaceChildren(node || el("p", { class: "muted" }, "This page could not be shown."));
+  main.dataset.rendered = path; // tests and scripts wait for this, not for a spinner to go
   main.focus({ preventScroll: true });
 }
 
@@ -79,6 +99,7 @@ async function loadIdentity() {
 function signOut(message) {
   setToken(null);
   me = null;
+  delete main.dataset.rendered;
   document.getElementById("nav").hidden = true;
   document.getElementById("who").hidden = true;
   renderSignIn();
@@ -93,8 +114,8 @@ async function renderSignIn() {
     setToken(tokenField.input.value.trim());
     const ok = await attempt(loadIdentity, (err) => { setToken(null); tokenField.setError(err.message); });
     if (ok) {
-      if (!location.hash || location.hash === "#/") location.hash = "#/overview";
-      await route();
+      if (location.hash === "#/") history.replaceState(null, "", "/admin");
+      await route(); // an empty hash goes to the role's home
     }
   } },
   el("h1", {}, "Sign in"),
@@ -116,13 +137,13 @@ async function renderSignIn() {
 async function finishOidc() {
   const q = new URLSearchParams(location.search);
   const token = await attempt(async () => (await api.get("/auth/callback", { code: q.get("code"), state: q.get("state") })).token);
-  history.replaceState(null, "", "/admin#/overview");
+  history.replaceState(null, "", "/admin"); // the role's home, once it is known
   if (token) setToken(token);
 }
 
 async function start() {
   document.getElementById("sign-out").addEventListener("click", () => signOut("You are signed out."));
-  window.addEventListener("cloister:unauthenticated", () => { if (me) signOut("Your sign-in has expired. Please sign in again."); });
+  window.addEventListener("cloister:unauthenticated", (e) => { if (me) signOut(e.detail); });
   window.addEventListener("hashchange", route);
   if (location.pathname === "/admin/oidc") await finishOidc();
   if (getToken()) {

@@ -5,6 +5,19 @@ const PALETTE = ["#1f5fbf", "#e07b00", "#2a9d5c", "#b3261e", "#7b4fc4", "#00838f
 
 export function color(i) { return PALETTE[i % PALETTE.length]; }
 
+// One colour per kind of token on every page, whatever order a page lists them in.
+export const TOKEN_COLORS = {
+  "uncached prompt tokens": "#1f5fbf",
+  "cached prompt tokens": "#2a9d5c",
+  "completion tokens": "#e07b00",
+};
+
+// A dataset of one kind of token (a key of TOKEN_COLORS), in that kind's colour.
+export function tokenSeries(label, data) {
+  const c = TOKEN_COLORS[label];
+  return { label, data, backgroundColor: c, borderColor: c };
+}
+
 // A chart card: canvas plus the same numbers as a table for screen readers and tests.
 export function chartBox(title, config, { id } = {}) {
   const canvas = el("canvas", { role: "img", "aria-label": title, id });

@@ -48,12 +48,46 @@ export function field(label, { name, type = "text", value = "", options, require
   return wrap;
 }
 
+// ISO 8601 dates typed as text: a browser's date picker shows its locale's format
+// (mm/dd/yyyy in en-US), which reads wrong next to ISO labels and tables.
+const ISO_DAY = /^(\d{4})-(\d{2})-(\d{2})$/;
+const ISO_MINUTE = /^(\d{4}-\d{2}-\d{2})(?:[ T](\d{2}:\d{2}))?$/;
+
+// A yyyy-mm-dd field (or yyyy-mm-dd hh:mm with `withTime`), UTC.
+export function isoField(label, { name, value = "", withTime = false, help } = {}) {
+  const f = field(label, { name, value, placeholder: withTime ? "yyyy-mm-dd hh:mm" : "yyyy-mm-dd", help });
+  f.input.setAttribute("inputmode", "numeric");
+  f.input.setAttribute("autocomplete", "off");
+  f.input.dataset.iso = withTime ? "minute" : "day";
+  return f;
+}
+
+// A day field's value as a UTC Date; null when empty, undefined when not yyyy-mm-dd.
+export function parseIsoDay(text) {
+  const t = text.trim();
+  if (!t) return null;
+  const m = t.match(ISO_DAY);
+  if (!m) return undefined;
+  const d = new Date(`${t}T00:00:00Z`);
+  return Number.isNaN(d.getTime()) || d.getUTCDate() !== Number(m[3]) ? undefined : d;
+}
+
+// A yyyy-mm-dd[ hh:mm] field's value as an ISO instant ("…T…:00Z"); null / undefined as above.
+export function parseIsoMinute(text) {
+  const t = text.trim();
+  if (!t) return null;
+  const m = t.match(ISO_MINUTE);
+  if (!m || !parseIsoDay(m[1])) return undefined;
+  const iso = `${m[1]}T${m[2] || "00:00"}:00Z`;
+  return Number.isNaN(new Date(iso).getTime()) ? undefined : iso;
+}
+
 export function table(columns, rows, { empty = "Nothing to show.", label } = {}) {
   if (!rows.length) return el("p", { class: "muted" }, empty);
   const head = el("tr", {}, columns.map((c) => el("th", { scope: "col", class: c.num ? "num" : null }, c.title)));
   const body = rows.map((r) => el("tr", {}, columns.map((c) => {
     const v = c.render ? c.render(r) : r[c.key];
-    return el("td", { class: c.num ? "num" : null }, v instanceof Node ? v : String(v ?? "—"));
+    return el("td", { class: c.num ? "num" : (c.wrap ? "wrap" : null) }, v instanceof Node ? v : String(v ?? "—"));
   })));
   return el("div", { class: "table-wrap" }, el("table", { "aria-label": label }, el("thead", {}, head), el("tbody", {}, body)));
 }

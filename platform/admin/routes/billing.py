@@ -7,7 +7,7 @@ from typing import Literal, cast
 from fastapi import APIRouter, HTTPException
 from fastapi.responses import PlainTextResponse
 
-from admin import billing
+from admin.billing_export import build_statement, render_statement
 from admin.body_cap import CappedJsonRoute
 from admin.deps import Ctx, allow
 from admin.roles import BILLING_READ
@@ -25,14 +25,15 @@ MEDIA = {"csv": "text/csv", "jsonl": "application/x-ndjson"}
 def billing_export(
     ctx: Ctx, period: str, format: str = "csv", tenant_id: str | None = None
 ) -> PlainTextResponse:
-    """Billing lines of a period (YYYY-MM or YYYY-MM-DD) as CSV or JSON lines."""
+    """A period's statement (YYYY-MM or YYYY-MM-DD) as CSV or JSON lines: a period row,
+    billable, unpriced and not-billed lines, per-tenant and grand totals."""
     tenant = ctx.scoped_tenant(tenant_id)
     if format not in MEDIA:
         raise HTTPException(422, "format must be csv or jsonl")
     try:
-        lines = billing.billing_lines(ctx.session, period=period, tenant_id=tenant)
+        statement = build_statement(ctx.session, period=period, tenant_id=tenant)
     except ValueError as exc:
         raise HTTPException(422, str(exc)) from exc
     ctx.audit("billing.export", f"billing/{period}", tenant_id=tenant, detail={"format": format})
-    rendered = billing.render(lines, cast(Literal["csv", "jsonl"], format))
+    rendered = render_statement(statement, cast(Literal["csv", "jsonl"], format))
     return PlainTextResponse(rendered, media_type=MEDIA[format])

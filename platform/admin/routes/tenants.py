@@ -8,7 +8,7 @@ from sqlalchemy import select
 from admin.audit_diff import changed
 from admin.body_cap import CappedJsonRoute
 from admin.deps import Ctx, PathTenant, allow
-from admin.roles import PLATFORM_WRITE, TENANT_READ
+from admin.roles import PLATFORM_WRITE, TENANT_LIST, TENANT_READ
 from admin.schemas.common import Page
 from admin.schemas.tenants import TenantCreate, TenantPublic, TenantSettings, TenantUpdate
 from admin.serialize import Limit, Offset, page, tenant_public
@@ -20,7 +20,7 @@ from tenancy.store import ISOLATION_LEVELS
 router = APIRouter(prefix="/tenants", tags=["tenants"], route_class=CappedJsonRoute)
 
 
-@router.get("", dependencies=[allow(TENANT_READ)])
+@router.get("", dependencies=[allow(TENANT_LIST)])
 def list_tenants(
     ctx: Ctx,
     limit: Limit = 100,

@@ -66,42 +66,44 @@ def checkpoint_summary(report: VerifyReport, now: dt.datetime | None = None) -> 
 
 @audit.command("verify")
 @click.option(
+    "--file",
     "--export",
     "export_file",
-    type=click.Path(exists=True, path_type=Path),
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
     default=None,
-    help="Verify an export file instead of the database.",
+    help="Verify an export file offline (no database, no settings) instead of the database.",
 )
 @click.option("--public-key", default=None, help="Trusted Ed25519 public key (hex).")
+@click.option(
+    "--checkpoint-every",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --file: the exporter's checkpoint interval (each multiple must have one).",
+)
 @json_option
 @storage_options
-def verify(export_file: Path | None, public_key: str | None, as_json: bool) -> None:
+def verify(
+    export_file: Path | None, public_key: str | None, checkpoint_every: int | None, as_json: bool
+) -> None:
     """Verify the chain and signed checkpoints; names the first bad record (exit 1).
 
     Also says how old the newest signed checkpoint is: records after it are not
     protected yet (a running server signs one every CLOISTER_ADMIN_AUDIT_CHECKPOINT_INTERVAL_S).
+    With --file, an export is checked offline and the message names the file's line
+    at fault; without --public-key the manifest's own key is used (and said so).
     """
+    if export_file is not None:
+        _verify_file(export_file, public_key, checkpoint_every, as_json)
+        return
     from admin.app import make_services
-    from admin.audit_chain import parse_export
-    from admin.audit_chain import verify as verify_chain
     from cloister.commands.admin import admin_context
 
     with admin_context() as (settings, sessions, admin_settings):
         trusted = _public_key(public_key, admin_settings)
-        if export_file is not None:
-            manifest, records, cps = parse_export(export_file.read_text())
-            report = verify_chain(
-                records,
-                cps,
-                public_key=trusted,
-                interval=admin_settings.audit_checkpoint_every,
-                manifest=manifest,
-            )
-        else:
-            services = make_services(
-                sessions, pepper=settings.key_pepper.get_secret_value(), settings=admin_settings
-            )
-            report = services.audit.verify(public_key=trusted)
+        services = make_services(
+            sessions, pepper=settings.key_pepper.get_secret_value(), settings=admin_settings
+        )
+        report = services.audit.verify(public_key=trusted)
     if as_json:
         click.echo(
             json.dumps({**dataclasses.asdict(report), "unsigned": report.unsigned}, sort_keys=True)
@@ -117,6 +119,28 @@ def verify(export_file: Path | None, public_key: str | None, as_json: bool) -> N
         return
     click.echo(f"FAILED at record {report.first_bad_seq}: {report.reason}", err=True)
     raise SystemExit(1)
+
+
+def _verify_file(
+    path: Path, public_key: str | None, interval: int | None, as_json: bool = False
+) -> None:
+    """`verify --file`: one line, ok (exit 0) or the line at fault (exit 1); with
+    `as_json`, {"ok", "message", "line"} on stdout either way."""
+    from admin.audit_file import verify_export
+
+    verdict = verify_export(
+        path.read_text(encoding="utf-8", errors="replace"),
+        public_key=public_key,
+        interval=interval,
+    )
+    if as_json:
+        click.echo(json.dumps({"ok": verdict.ok, "message": verdict.message, "line": verdict.line}))
+    elif verdict.ok:
+        click.echo(verdict.message)
+    else:
+        click.echo(verdict.message, err=True)
+    if not verdict.ok:
+        raise SystemExit(1)
 
 
 @audit.command("export")

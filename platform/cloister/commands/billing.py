@@ -37,23 +37,24 @@ def _period(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @json_option
 @storage_options
 def export(period: str, fmt: str, tenant: str | None, output: Path | None, as_json: bool) -> None:
-    """One line per tenant x model x adapter x day, costs from the prices at the time of use.
+    """A period header, lines per tenant x model x adapter x status x unit prices (billable,
+    unpriced and not-billed sections), per-tenant and grand totals; see admin/billing_export.py.
 
-    With --json: one document, {"period", "tenant", "lines": [the JSON lines' objects]}.
+    With --json: one document, {"period", "tenant", "records": [the JSON lines' objects]}.
     """
-    from admin import billing as billing_data
+    from admin.billing_export import build_statement, render_statement
     from cloister.commands.admin import admin_context
     from tenancy import store
 
     with admin_context() as (_settings, sessions, _admin), sessions() as session:
         tenant_id = store.get_tenant(session, tenant).id if tenant else None
-        lines = billing_data.billing_lines(session, period=period, tenant_id=tenant_id)
+        statement = build_statement(session, period=period, tenant_id=tenant_id)
     if as_json:
-        jsonl = billing_data.render(lines, "jsonl").splitlines()
-        document = {"period": period, "tenant": tenant, "lines": [json.loads(x) for x in jsonl]}
+        jsonl = render_statement(statement, "jsonl").splitlines()
+        document = {"period": period, "tenant": tenant, "records": [json.loads(x) for x in jsonl]}
         text = json.dumps(document, sort_keys=True) + "\n"
     else:
-        text = billing_data.render(lines, fmt)  # type: ignore[arg-type]
+        text = render_statement(statement, fmt)
     if output is None:
         click.echo(text, nl=False)
     else:

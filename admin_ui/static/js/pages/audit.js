@@ -1,6 +1,6 @@
 // Audit log: chain verification first, then filters, records and export.
 import { api } from "../api.js";
-import { attempt, card, download, el, field, table } from "../dom.js";
+import { attempt, card, download, el, field, isoField, parseIsoMinute, table } from "../dom.js";
 
 async function verifyBanner() {
   try {
@@ -23,15 +23,22 @@ export async function render() {
   const actor = field("Actor", { name: "audit_actor", placeholder: "token:adm_…" });
   const tenant = field("Tenant id", { name: "audit_tenant", placeholder: "ten_…" });
   const action = field("Action", { name: "audit_action", placeholder: "e.g. key. or tenant.create" });
-  const since = field("Since (UTC)", { name: "audit_since", type: "datetime-local" });
-  const until = field("Until (UTC)", { name: "audit_until", type: "datetime-local" });
+  const since = isoField("Since (UTC)", { name: "audit_since", withTime: true });
+  const until = isoField("Until (UTC)", { name: "audit_until", withTime: true });
   const results = el("div", { id: "audit-results" });
   let offset = 0;
 
   async function refresh() {
+    const bounds = [since, until].map((f) => {
+      f.setError("");
+      const iso = parseIsoMinute(f.input.value);
+      if (iso === undefined) f.setError("Give a UTC time as yyyy-mm-dd hh:mm (or only the day).");
+      return iso;
+    });
+    if (bounds.includes(undefined)) return;
     const page = await attempt(() => api.get("/audit/search", {
       actor: actor.input.value.trim(), tenant_id: tenant.input.value.trim(), action: action.input.value.trim(),
-      since: since.input.value ? `${since.input.value}:00Z` : null, until: until.input.value ? `${until.input.value}:00Z` : null,
+      since: bounds[0], until: bounds[1],
       limit: PAGE, offset,
     }));
     if (!page) return;

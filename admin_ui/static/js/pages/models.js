@@ -1,9 +1,15 @@
 // Models and LoRA adapters: register, upload, load or unload, access, prices.
 import { api, getAll } from "../api.js";
-import { attempt, card, el, field, fmtTime, showBanner, statusPill, table } from "../dom.js";
+import { attempt, card, el, field, fmtTime, isoField, parseIsoMinute, showBanner, statusPill, table } from "../dom.js";
 
 const usdPerM = (micros) => (micros === null || micros === undefined ? "—" : `$${(micros / 1e6).toFixed(4)}`);
 const toMicros = (usd) => Math.round(Number(usd || 0) * 1e6);
+
+// A model's prices in force, or the unpriced pill (its usage is billed $0 and marked).
+function priceCell(m) {
+  if (!m.price) return el("span", { class: "status unpriced", title: "usage is billed $0 and marked unpriced until a price is set" }, "unpriced");
+  return [m.price.input_price, m.price.cached_input_price, m.price.output_price].map(usdPerM).join(" · ");
+}
 
 function priceFields(prefix) {
   return [
@@ -51,11 +57,14 @@ function accessAndPriceForms(models, reload) {
 
   const pmodel = field("Model", { name: "price_model", options: names });
   const prices = priceFields("set");
-  const from = field("Effective from (UTC)", { name: "effective_from", type: "datetime-local", help: "Empty: now." });
+  const from = isoField("Effective from (UTC)", { name: "effective_from", withTime: true, help: "yyyy-mm-dd hh:mm; empty: now." });
   const price = el("form", { "aria-label": "Set prices", onsubmit: async (e) => {
     e.preventDefault();
+    from.setError("");
+    const when = parseIsoMinute(from.input.value);
+    if (when === undefined) { from.setError("Give a UTC time as yyyy-mm-dd hh:mm."); return; }
     const body = { input_price: toMicros(prices[0].input.value), cached_input_price: toMicros(prices[1].input.value), output_price: toMicros(prices[2].input.value) };
-    if (from.input.value) body.effective_from = `${from.input.value}:00Z`;
+    if (when) body.effective_from = when;
     const ok = await attempt(() => api.post(`/models/${encodeURIComponent(pmodel.input.value)}/prices`, body), (err) => from.setError(err.message));
     if (ok) reload(`New prices for ${ok.name} are saved.`);
   } }, el("div", { class: "row" }, pmodel, prices, from, el("button", { type: "submit" }, "Set prices")));
@@ -90,15 +99,15 @@ export async function render(ctx) {
   const [models, adapters, tenants] = await Promise.all([getAll("/models"), getAll("/adapters"), ctx.canWrite ? getAll("/tenants") : []]);
   const byId = new Map(tenants.map((t) => [t.id, t.name]));
   const reload = (msg) => { window.dispatchEvent(new HashChangeEvent("hashchange")); if (msg) setTimeout(() => showBanner(msg, "info"), 0); };
+  // Thirteen columns overflowed 1280 px: the source wraps, device and dtype share a
+  // column and so do the three prices, so prices and actions stay in view.
   const modelCols = [
-    { title: "Name", key: "name" }, { title: "Format", key: "format" }, { title: "Source", key: "source" },
+    { title: "Name", key: "name" }, { title: "Format", key: "format" },
+    { title: "Source", key: "source", wrap: true },
     { title: "Context", key: "context_length", num: true }, { title: "Status", render: (m) => statusPill(m.status) },
-    { title: "Device", render: (m) => m.device || "—" }, { title: "Dtype", render: (m) => m.dtype || "—" },
+    { title: "Device", render: (m) => [m.device, m.dtype].filter(Boolean).join(" · ") || "—" },
     { title: "Access", render: (m) => (m.allowed_tenants ? `private (${m.allowed_tenants.length})` : "public") },
-    { title: "Input $/1M", num: true, render: (m) => usdPerM(m.price && m.price.input_price) },
-    { title: "Cached $/1M", num: true, render: (m) => usdPerM(m.price && m.price.cached_input_price) },
-    { title: "Output $/1M", num: true, render: (m) => usdPerM(m.price && m.price.output_price) },
-    { title: "Priced", render: (m) => (m.price ? "yes" : el("span", { class: "status unpriced", title: "usage is billed $0 and marked unpriced until a price is set" }, "unpriced")) },
+    { title: "USD per 1M tokens (input · cached · output)", render: priceCell },
   ];
   const adapterCols = [
     { title: "Name", key: "name" }, { title: "Base model", key: "base_model" }, { title: "Rank", key: "rank", num: true },

@@ -1,7 +1,7 @@
 // One tenant: status, isolation, weight and cache policy, limits, and its usage charts.
 import { api } from "../api.js";
 import { attempt, card, confirmAction, el, field, fmtNum, showBanner, statusPill, table } from "../dom.js";
-import { barConfig, chartBox } from "../charts.js";
+import { barConfig, chartBox, tokenSeries } from "../charts.js";
 import { dayLabels, daysBack, pivot, totals } from "../usage_data.js";
 
 const LIMITS = [
@@ -81,7 +81,7 @@ function settingsForm(ctx, t, rerender) {
     };
     const ok = await attempt(() => api.patch(`/tenants/${encodeURIComponent(t.name)}/settings`, body),
       (err) => { error.textContent = err.message; });
-    if (ok) rerender();
+    if (ok) { rerender(); showBanner("Settings saved.", "info"); }
   } }, el("div", { class: "row" }, isolation, weight),
   el("div", { class: "row" }, floor, floorUnit, ttl, scrub, never),
   el("div", { class: "row" }, el("button", { type: "submit" }, "Save settings"), error));
@@ -100,15 +100,18 @@ async function usageSection(t) {
   const sum = totals(items);
   const hit = sum.prompt_tokens ? (100 * sum.cached_tokens) / sum.prompt_tokens : null;
   const byModel = pivot(items, labels, (b) => b.model + (b.adapter ? ` + ${b.adapter}` : ""), (b) => b.prompt_tokens + b.completion_tokens);
-  const cached = pivot(items, labels, () => "cached prompt tokens", (b) => b.cached_tokens)[0];
-  const uncached = pivot(items, labels, () => "uncached prompt tokens", (b) => b.prompt_tokens - b.cached_tokens)[0];
+  const series = (label, value) => tokenSeries(label, (pivot(items, labels, () => label, value)[0] || { data: labels.map(() => 0) }).data);
+  const cacheSplit = [
+    series("uncached prompt tokens", (b) => b.prompt_tokens - b.cached_tokens),
+    series("cached prompt tokens", (b) => b.cached_tokens),
+  ];
   return el("div", {},
     el("div", { class: "grid" },
       card("Prompt-cache hit rate (14 days)",
         el("p", { class: "kpi", id: "tenant-hit-rate" }, hit === null ? "no traffic yet" : `${hit.toFixed(1)} %`),
         el("p", { class: "muted" }, `${fmtNum(sum.requests)} request${sum.requests === 1 ? "" : "s"} · ${fmtNum(sum.prompt_tokens)} prompt tokens (${fmtNum(sum.cached_tokens)} cached) · ${fmtNum(sum.completion_tokens)} completion tokens`)),
       chartBox("Tokens by model per day", withLegend(barConfig(labels, byModel.length ? byModel : [{ label: "tokens", data: labels.map(() => 0) }])), { id: "chart-tenant-tokens" }),
-      chartBox("Cached vs uncached prompt tokens", barConfig(labels, [cached || { label: "cached prompt tokens", data: labels.map(() => 0) }, uncached || { label: "uncached prompt tokens", data: labels.map(() => 0) }]), { id: "chart-tenant-cache" })));
+      chartBox("Cached vs uncached prompt tokens", barConfig(labels, cacheSplit), { id: "chart-tenant-cache" })));
 }
 
 export async function render(ctx) {
@@ -127,7 +130,7 @@ export async function render(ctx) {
   }
   return el("div", {},
     el("h1", {}, `Tenant ${t.name} `, statusPill(t.status)),
-    card("Settings", el("p", { class: "muted" }, `id ${t.id}`), settingsForm(ctx, t, rerender),
+    card("Settings", ctx.me.role === "tenant-admin" ? null : el("p", { class: "muted" }, `id ${t.id}`), settingsForm(ctx, t, rerender),
       el("div", { class: "row" }, statusButton, el("a", { href: `#/keys/${encodeURIComponent(t.name)}` }, "Manage keys →"))),
     card("Limits", limitsForm(ctx, t.name, limits)),
     await usageSection(t));

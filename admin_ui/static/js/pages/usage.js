@@ -1,7 +1,7 @@
 // Usage and billing: filters, a chart and a table, CSV and JSON-lines exports.
 import { api, getAll } from "../api.js";
-import { attempt, card, download, el, field, fmtNum, table } from "../dom.js";
-import { barConfig, chartBox } from "../charts.js";
+import { attempt, card, download, el, field, fmtNum, isoField, parseIsoDay, table } from "../dom.js";
+import { barConfig, chartBox, tokenSeries } from "../charts.js";
 import { dayLabels, daysBack, isoDay, pivot, totals, unpricedByModel, usd } from "../usage_data.js";
 
 // Unpriced usage is billed $0 but never silently: one line per model without a price.
@@ -17,20 +17,25 @@ const unpricedBadge = (b) => (b.unpriced ? el("span", { class: "status unpriced"
 export async function render(ctx) {
   const pinned = ctx.me.role === "tenant-admin";
   const tenants = pinned ? [] : await getAll("/tenants");
-  const names = new Map(tenants.map((t) => [t.id, t.name]));
+  // A tenant-admin sees its tenant's name, never the raw id.
+  const names = pinned ? new Map([[ctx.me.tenant_id, ctx.me.tenant_name]]) : new Map(tenants.map((t) => [t.id, t.name]));
   const range = daysBack(14);
   const tenant = pinned ? null : field("Tenant", { name: "usage_tenant", options: [["", "all tenants"], ...tenants.map((t) => [t.id, t.name])] });
   const model = field("Model", { name: "usage_model", placeholder: "all models" });
-  const from = field("From (UTC day)", { name: "usage_from", type: "date", value: isoDay(range.start) });
-  const to = field("To (UTC day, inclusive)", { name: "usage_to", type: "date", value: isoDay(new Date(range.end.getTime() - 86400000)) });
+  const from = isoField("From (UTC day)", { name: "usage_from", value: isoDay(range.start) });
+  const to = isoField("To (UTC day, inclusive)", { name: "usage_to", value: isoDay(new Date(range.end.getTime() - 86400000)) });
   const results = el("div", { id: "usage-results" });
 
   async function refresh() {
     from.setError("");
-    const start = new Date(`${from.input.value}T00:00:00Z`);
-    const end = new Date(`${to.input.value}T00:00:00Z`);
+    to.setError("");
+    const start = parseIsoDay(from.input.value);
+    const last = parseIsoDay(to.input.value);
+    if (!start) { from.setError("Give a day as yyyy-mm-dd, e.g. 2026-11-05."); return; }
+    if (!last) { to.setError("Give a day as yyyy-mm-dd, e.g. 2026-11-30."); return; }
+    const end = new Date(last);
     end.setUTCDate(end.getUTCDate() + 1);
-    if (Number.isNaN(start.getTime()) || Number.isNaN(end.getTime()) || end <= start) {
+    if (end <= start) {
       from.setError("Choose a start day on or before the end day.");
       return;
     }
@@ -42,10 +47,11 @@ export async function render(ctx) {
     const labels = dayLabels(start, end);
     const items = data.items;
     const sum = totals(items);
+    const series = (label, value) => pivot(items, labels, () => label, value).map((d) => tokenSeries(label, d.data));
     const datasets = [
-      ...pivot(items, labels, () => "uncached prompt", (b) => b.prompt_tokens - b.cached_tokens),
-      ...pivot(items, labels, () => "cached prompt", (b) => b.cached_tokens),
-      ...pivot(items, labels, () => "completion", (b) => b.completion_tokens),
+      ...series("uncached prompt tokens", (b) => b.prompt_tokens - b.cached_tokens),
+      ...series("cached prompt tokens", (b) => b.cached_tokens),
+      ...series("completion tokens", (b) => b.completion_tokens),
     ];
     results.replaceChildren(
       ...[unpricedNotice(items)].filter(Boolean),
@@ -79,5 +85,5 @@ export async function render(ctx) {
     card("Billing export", el("div", { class: "row" }, period,
       el("button", { type: "button", id: "export-csv", onclick: exportAs("csv") }, "Download CSV"),
       el("button", { type: "button", id: "export-jsonl", class: "secondary", onclick: exportAs("jsonl") }, "Download JSON lines")),
-    el("p", { class: "muted" }, "One line per tenant, model, adapter, status and day; refused requests (403, 429, 503) carry no tokens or cost; cost in USD with 12 decimals; unpriced is true where a model had no price at the time of use.")));
+    el("p", { class: "muted" }, "A period header, then one line per tenant, model, adapter, status and unit prices, in three sections: billable, unpriced (no price in force: $0, listed apart) and not billed (refused or failed, status 400 and up). Then a total per tenant and per section; the billable total is the grand total. Money in USD: totals with 12 decimals, unit prices per million tokens.")));
 }
