@@ -20,6 +20,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "cloister.commands.bench",
     "cloister.commands.bench_serve",
     "cloister.commands.planning",
+    "cloister.commands.db",
 )
 
 

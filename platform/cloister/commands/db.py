@@ -1,0 +1,153 @@
+"""`cloister db ...`: bring the schema to the newest revision, or wait until it is there.
+
+A deployment runs `cloister db upgrade` once (a Kubernetes Job) before new gateways
+start; the gateways' init container runs `cloister db wait`, so no replica serves on a
+schema older than its code.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import click
+
+DEFAULT_WAIT_TIMEOUT_S = 300.0
+WAIT_POLL_S = 2.0
+
+
+def resolve_url(option: str | None) -> str:
+    """`option` when given, else the one Settings object's database URL.
+
+    Settings refuses to build (production without its secrets, a bad value): that is
+    a one-line CLI error, not a traceback.
+    """
+    if option:
+        return option
+    from pydantic import ValidationError
+
+    from server.settings import Settings
+
+    try:
+        return Settings().resolved_database_url
+    except ValidationError as exc:
+        reasons = "; ".join(str(e.get("msg", e)) for e in exc.errors())
+        raise click.ClickException(f"settings: {reasons}") from None
+
+
+def display_url(url: str) -> str:
+    """`url` with any password removed, for output and logs."""
+    from sqlalchemy.engine import URL, make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return "<unparseable database URL>"
+    # URL.set(password=None) keeps the old password in SQLAlchemy 2.1; build the URL anew.
+    return URL.create(
+        parsed.drivername,
+        username=parsed.username,
+        host=parsed.host,
+        port=parsed.port,
+        database=parsed.database,
+        query=parsed.query,
+    ).render_as_string(hide_password=False)
+
+
+def head_revision(url: str) -> str | None:
+    """The newest revision the migrations folder knows."""
+    from alembic.script import ScriptDirectory
+
+    from tenancy.db import alembic_config
+
+    head: str | None = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+    return head
+
+
+def current_revision(url: str) -> str | None:
+    """The revision the database at `url` is at (None: no schema yet)."""
+    from alembic.runtime.migration import MigrationContext
+
+    from tenancy.db import make_engine
+
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            revision: str | None = MigrationContext.configure(conn).get_current_revision()
+            return revision
+    finally:
+        engine.dispose()
+
+
+def one_line(exc: BaseException) -> str:
+    """The first line of an exception's message, with its type (drivers' are multi-line)."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def emit(as_json: bool, url: str, revision: str | None, verb: str) -> None:
+    """Prints the outcome: one JSON object, or one sentence."""
+    shown = display_url(url)
+    if as_json:
+        click.echo(json.dumps({"database": shown, "revision": revision}))
+    else:
+        click.echo(f"{shown}: {verb} {revision}")
+
+
+@click.group("db")
+def db() -> None:
+    """The database schema: migrate it, or wait for a migration to finish."""
+
+
+@db.command("upgrade")
+@click.option("--database-url", default=None, help="Default: CLOISTER_DATABASE_URL / Settings.")
+@click.option("--json", "as_json", is_flag=True, help="Print {database, revision} as JSON.")
+def upgrade(database_url: str | None, as_json: bool) -> None:
+    """Migrate the database to the newest revision (idempotent)."""
+    from tenancy.db import upgrade_database
+
+    url = resolve_url(database_url)
+    try:
+        upgrade_database(url)
+        revision = current_revision(url)
+    except Exception as exc:  # any driver or migration failure: one line, exit 1
+        message = f"upgrade of {display_url(url)} failed: {one_line(exc)}"
+        raise click.ClickException(message) from None
+    emit(as_json, url, revision, "at revision")
+
+
+@db.command("wait")
+@click.option("--database-url", default=None, help="Default: CLOISTER_DATABASE_URL / Settings.")
+@click.option(
+    "--timeout-s",
+    type=click.FloatRange(min=0.0),
+    default=DEFAULT_WAIT_TIMEOUT_S,
+    show_default=True,
+    help="Give up (exit 1) after this long.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print {database, revision} as JSON.")
+def wait(database_url: str | None, timeout_s: float, as_json: bool) -> None:
+    """Wait until the database is reachable and at the newest revision; never migrates."""
+    url = resolve_url(database_url)
+    head = head_revision(url)
+    deadline = time.monotonic() + timeout_s
+    last: Any = "not checked"
+    while True:
+        try:
+            revision = current_revision(url)
+            if revision == head:
+                emit(as_json, url, revision, "at revision")
+                return
+            last = f"at revision {revision}, waiting for {head}"
+        except Exception as exc:  # unreachable yet: keep polling until the deadline
+            last = one_line(exc)
+        if time.monotonic() >= deadline:
+            raise click.ClickException(
+                f"{display_url(url)} not at {head} after {timeout_s:g} s: {last}"
+            )
+        time.sleep(min(WAIT_POLL_S, max(0.0, deadline - time.monotonic())))
+
+
+commands: list[click.Command] = [db]
