@@ -33,6 +33,7 @@ CRD_SCHEMA_FILES = {
     ("gateway.networking.k8s.io/v1", "Gateway"): "gateway.gateway.networking.k8s.io_v1",
 }
 KUBERNETES_VERSION = "1.30"
+KUBECTL = "/usr/bin/kubectl"
 
 EXPECTED_KINDS: dict[str, dict[str, int]] = {
     "single-node": {
@@ -102,9 +103,7 @@ GIE_PEERS = (
 
 def kubectl() -> str:
     """kubectl's path; a missing kubectl fails the test run with the reason."""
-    path = shutil.which("kubectl") or (
-        "/usr/bin/kubectl" if Path("/usr/bin/kubectl").exists() else None
-    )
+    path = shutil.which("kubectl") or (KUBECTL if Path(KUBECTL).exists() else None)
     if path is None:
         pytest.fail("kubectl (with kustomize) is required to render deploy/kustomize: install it")
     return path
@@ -124,6 +123,13 @@ def rendered() -> dict[str, list[dict[str, Any]]]:
         assert result.returncode == 0, f"{name}: {result.stderr}"
         out[name] = [d for d in yaml.safe_load_all(result.stdout) if d]
     return out
+
+
+def test_missing_kubectl_fails_not_skips(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setitem(globals(), "KUBECTL", "/nonexistent/kubectl")
+    with pytest.raises(pytest.fail.Exception, match="kubectl .* is required"):
+        kubectl()
 
 
 def pod_specs(docs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
