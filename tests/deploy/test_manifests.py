@@ -62,7 +62,12 @@ EXPECTED_KINDS: dict[str, dict[str, int]] = {
 }
 EXPECTED_KINDS["inference-pool"] = {
     **EXPECTED_KINDS["production"],
-    "NetworkPolicy": 7,
+    "Deployment": 5,  # + one endpoint picker per pool
+    "Service": 7,
+    "ServiceAccount": 2,
+    "Role": 1,
+    "RoleBinding": 1,
+    "NetworkPolicy": 8,
     "Gateway": 1,
     "HTTPRoute": 2,
     "InferencePool": 2,
@@ -200,7 +205,9 @@ def test_containers_run_non_root_on_read_only_root(
         pod_ctx = spec.get("securityContext", {})
         assert pod_ctx.get("runAsNonRoot") is True, where
         assert pod_ctx.get("runAsUser", 0) > 0, where
-        assert spec.get("automountServiceAccountToken") is False, where
+        # Only the endpoint pickers call the Kubernetes API (they watch their pool).
+        wants_token = spec.get("serviceAccountName") == "cloister-epp"
+        assert spec.get("automountServiceAccountToken") is wants_token, where
         for c in spec.get("initContainers", []) + spec["containers"]:
             ctx = c.get("securityContext", {})
             assert ctx.get("readOnlyRootFilesystem") is True, f"{where}/{c['name']}"
@@ -379,6 +386,24 @@ def test_inference_pool_selects_engine_pods_and_gateways_use_it(
         if ref["kind"] == "InferencePool"
     }
     assert routed == {p["metadata"]["name"] for p in pools}
+    services = {d["metadata"]["name"]: d for d in of_kind(docs, "Service")}
+    pickers = [
+        d
+        for d in of_kind(docs, "Deployment")
+        if d["metadata"]["labels"]["app.kubernetes.io/component"] == "endpoint-picker"
+    ]
+    for pool in pools:
+        ref = pool["spec"]["endpointPickerRef"]
+        service = services[ref["name"]]
+        assert ref["port"]["number"] in {p["port"] for p in service["spec"]["ports"]}
+        (picker,) = [
+            d
+            for d in pickers
+            if service["spec"]["selector"].items()
+            <= d["spec"]["template"]["metadata"]["labels"].items()
+        ]
+        args = picker["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert f"--pool-name={pool['metadata']['name']}" in args
     (config,) = of_kind(docs, "ConfigMap")
     urls = config["data"]["CLOISTER_ENGINE_URLS"]
     assert "dns+http://" not in urls and "cloister-inference" in urls
