@@ -255,6 +255,42 @@ def test_engines_drain_within_their_grace_period(
         assert "CLOISTER_SERVICE_TOKEN" in env
 
 
+@pytest.mark.parametrize("overlay", ["production", "inference-pool"])
+def test_gateways_serve_every_engine_model(
+    rendered: dict[str, list[dict[str, Any]]], overlay: str
+) -> None:
+    """Each engine's model is in the gateways' --model list and has an engine URL; in the
+    router layout that URL's host is a headless Service selecting exactly those pods."""
+    docs = rendered[overlay]
+    deployments = of_kind(docs, "Deployment")
+    (config,) = of_kind(docs, "ConfigMap")
+    engines: dict[str, dict[str, Any]] = {}
+    for d in deployments:
+        if d["metadata"]["labels"]["app.kubernetes.io/component"] != "engine":
+            continue
+        env = {
+            e["name"]: e.get("value") for e in d["spec"]["template"]["spec"]["containers"][0]["env"]
+        }
+        # `env` wins over the shared ConfigMap (envFrom), as in the pod.
+        engines[env.get("CLOISTER_MODEL_NAME") or config["data"]["CLOISTER_MODEL_NAME"]] = d
+    (gateway,) = [d for d in deployments if d["metadata"]["name"] == "cloister-gateway"]
+    args = gateway["spec"]["template"]["spec"]["containers"][0]["args"]
+    served = {a.split("=", 2)[1] for a in args if a.startswith("--model=")}
+    urls = dict(e.split("=", 1) for e in config["data"]["CLOISTER_ENGINE_URLS"].split(","))
+    assert set(engines) == served == set(urls)
+    services = {d["metadata"]["name"]: d for d in of_kind(docs, "Service")}
+    for model, engine in engines.items():
+        labels = engine["spec"]["template"]["metadata"]["labels"]
+        assert labels["cloister.dev/model"] == model
+        if overlay == "inference-pool":
+            continue
+        host, port = urls[model].removeprefix("dns+http://").split(":")
+        service = services[host]
+        assert service["spec"]["clusterIP"] == "None" and port == "8100"
+        assert service["spec"]["selector"].items() <= labels.items()
+        assert service["spec"]["selector"]["cloister.dev/model"] == model
+
+
 def engine_policy_peers(docs: list[dict[str, Any]]) -> list[tuple[dict[str, str], ...]]:
     """For every ingress rule of a policy selecting engine pods: its peers' selectors."""
     peers: list[tuple[dict[str, str], ...]] = []
