@@ -8,9 +8,7 @@ is required: without it these tests fail, they do not skip.
 from __future__ import annotations
 
 import json
-import re
 import shutil
-import subprocess
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -18,11 +16,10 @@ from typing import Any
 import jsonschema
 import kubernetes_validate
 import pytest
-import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-DEPLOY = REPO / "deploy"
-OVERLAYS = ("single-node", "production", "inference-pool")
+from tests.deploy import render
+from tests.deploy.render import OVERLAYS, Docs, of_kind, pod_specs
+
 SCHEMAS = Path(__file__).parent / "crd_schemas"
 CRD_SCHEMA_FILES = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor.monitoring.coreos.com_v1",
@@ -33,7 +30,6 @@ CRD_SCHEMA_FILES = {
     ("gateway.networking.k8s.io/v1", "Gateway"): "gateway.gateway.networking.k8s.io_v1",
 }
 KUBERNETES_VERSION = "1.30"
-KUBECTL = "/usr/bin/kubectl"
 
 EXPECTED_KINDS: dict[str, dict[str, int]] = {
     "single-node": {
@@ -73,26 +69,6 @@ EXPECTED_KINDS["inference-pool"] = {
     "InferencePool": 2,
 }
 
-# Every series the dashboard may name: the gateway's (checked against its registry below)
-# and the engine's (the vLLM names `cloister engine serve` exports).
-GATEWAY_SERIES = {
-    "vllm:time_to_first_token_seconds_bucket",
-    "vllm:inter_token_latency_seconds_bucket",
-    "vllm:e2e_request_latency_seconds_bucket",
-    "vllm:request_queue_time_seconds_bucket",
-    "cloister_requests_total",
-    "cloister_limiter_rejections_total",
-    "cloister_limiter_backend_errors_total",
-}
-ENGINE_SERIES = {
-    "vllm:num_requests_waiting",
-    "vllm:num_requests_running",
-    "vllm:kv_cache_usage_perc",
-    "vllm:cache_config_info",
-    "vllm:prefix_cache_hits_total",
-    "vllm:prefix_cache_queries_total",
-    "vllm:num_preemptions_total",
-}
 PLACEHOLDER = "REPLACE-ME"
 GATEWAY_POD = {"app.kubernetes.io/name": "cloister", "app.kubernetes.io/component": "gateway"}
 SCRAPER = (
@@ -106,62 +82,21 @@ GIE_PEERS = (
 )
 
 
-def kubectl() -> str:
-    """kubectl's path; a missing kubectl fails the test run with the reason."""
-    path = shutil.which("kubectl") or (KUBECTL if Path(KUBECTL).exists() else None)
-    if path is None:
-        pytest.fail("kubectl (with kustomize) is required to render deploy/kustomize: install it")
-    return path
-
-
-@pytest.fixture(scope="module")
-def rendered() -> dict[str, list[dict[str, Any]]]:
-    """Each overlay's documents, as `kubectl kustomize` renders them."""
-    out: dict[str, list[dict[str, Any]]] = {}
-    for name in OVERLAYS:
-        result = subprocess.run(
-            [kubectl(), "kustomize", str(DEPLOY / "kustomize" / "overlays" / name)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert result.returncode == 0, f"{name}: {result.stderr}"
-        out[name] = [d for d in yaml.safe_load_all(result.stdout) if d]
-    return out
-
-
 def test_missing_kubectl_fails_not_skips(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shutil, "which", lambda name: None)
-    monkeypatch.setitem(globals(), "KUBECTL", "/nonexistent/kubectl")
+    monkeypatch.setattr(render, "KUBECTL", "/nonexistent/kubectl")
     with pytest.raises(pytest.fail.Exception, match="kubectl .* is required"):
-        kubectl()
-
-
-def pod_specs(docs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
-    """(kind/name, pod spec) of every workload."""
-    kinds = ("Deployment", "StatefulSet", "Job")
-    return [
-        (f"{d['kind']}/{d['metadata']['name']}", d["spec"]["template"]["spec"])
-        for d in docs
-        if d["kind"] in kinds
-    ]
-
-
-def of_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    """The documents of one kind."""
-    return [d for d in docs if d["kind"] == kind]
+        render.kubectl()
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_overlay_renders_expected_kinds(
-    rendered: dict[str, list[dict[str, Any]]], overlay: str
-) -> None:
+def test_overlay_renders_expected_kinds(rendered: dict[str, Docs], overlay: str) -> None:
     kinds = Counter(d["kind"] for d in rendered[overlay])
     assert dict(kinds) == EXPECTED_KINDS[overlay]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_every_document_validates(rendered: dict[str, list[dict[str, Any]]], overlay: str) -> None:
+def test_every_document_validates(rendered: dict[str, Docs], overlay: str) -> None:
     for doc in rendered[overlay]:
         key = (doc["apiVersion"], doc["kind"])
         where = f"{overlay}: {doc['kind']}/{doc['metadata']['name']}"
@@ -198,9 +133,7 @@ def test_crd_schemas_reject_a_broken_document() -> None:
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_containers_run_non_root_on_read_only_root(
-    rendered: dict[str, list[dict[str, Any]]], overlay: str
-) -> None:
+def test_containers_run_non_root_on_read_only_root(rendered: dict[str, Docs], overlay: str) -> None:
     for where, spec in pod_specs(rendered[overlay]):
         pod_ctx = spec.get("securityContext", {})
         assert pod_ctx.get("runAsNonRoot") is True, where
@@ -220,7 +153,7 @@ def test_containers_run_non_root_on_read_only_root(
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_workloads_request_resources_and_probe_health(
-    rendered: dict[str, list[dict[str, Any]]], overlay: str
+    rendered: dict[str, Docs], overlay: str
 ) -> None:
     for where, spec in pod_specs(rendered[overlay]):
         for c in spec.get("initContainers", []) + spec["containers"]:
@@ -237,7 +170,7 @@ def test_workloads_request_resources_and_probe_health(
 
 
 def test_engines_drain_within_their_grace_period(
-    rendered: dict[str, list[dict[str, Any]]],
+    rendered: dict[str, Docs],
 ) -> None:
     engines = [
         d
@@ -256,9 +189,7 @@ def test_engines_drain_within_their_grace_period(
 
 
 @pytest.mark.parametrize("overlay", ["production", "inference-pool"])
-def test_gateways_serve_every_engine_model(
-    rendered: dict[str, list[dict[str, Any]]], overlay: str
-) -> None:
+def test_gateways_serve_every_engine_model(rendered: dict[str, Docs], overlay: str) -> None:
     """Each engine's model is in the gateways' --model list and has an engine URL; in the
     router layout that URL's host is a headless Service selecting exactly those pods."""
     docs = rendered[overlay]
@@ -314,7 +245,7 @@ def canon(selectors: tuple[dict[str, str], ...]) -> str:
 
 @pytest.mark.parametrize("overlay", ["production", "inference-pool"])
 def test_engines_admit_only_gateways_and_the_scraper(
-    rendered: dict[str, list[dict[str, Any]]], overlay: str
+    rendered: dict[str, Docs], overlay: str
 ) -> None:
     docs = rendered[overlay]
     default_deny = [
@@ -331,7 +262,7 @@ def test_engines_admit_only_gateways_and_the_scraper(
 
 
 def test_datastores_admit_only_gateways_and_jobs(
-    rendered: dict[str, list[dict[str, Any]]],
+    rendered: dict[str, Docs],
 ) -> None:
     ports = {"postgres": 5432, "redis": 6379}
     found = set()
@@ -352,9 +283,7 @@ def test_datastores_admit_only_gateways_and_jobs(
 
 
 @pytest.mark.parametrize("overlay", ["production", "inference-pool"])
-def test_migration_job_runs_before_gateways_serve(
-    rendered: dict[str, list[dict[str, Any]]], overlay: str
-) -> None:
+def test_migration_job_runs_before_gateways_serve(rendered: dict[str, Docs], overlay: str) -> None:
     docs = rendered[overlay]
     (job,) = of_kind(docs, "Job")
     args = job["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -367,9 +296,7 @@ def test_migration_job_runs_before_gateways_serve(
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_secrets_hold_only_placeholders(
-    rendered: dict[str, list[dict[str, Any]]], overlay: str
-) -> None:
+def test_secrets_hold_only_placeholders(rendered: dict[str, Docs], overlay: str) -> None:
     import base64
 
     secrets = of_kind(rendered[overlay], "Secret")
@@ -385,7 +312,7 @@ def test_secrets_hold_only_placeholders(
 
 
 def test_production_scales_engines_on_queue_depth(
-    rendered: dict[str, list[dict[str, Any]]],
+    rendered: dict[str, Docs],
 ) -> None:
     hpas = {
         d["spec"]["scaleTargetRef"]["name"]: d
@@ -400,7 +327,7 @@ def test_production_scales_engines_on_queue_depth(
 
 
 def test_inference_pool_selects_engine_pods_and_gateways_use_it(
-    rendered: dict[str, list[dict[str, Any]]],
+    rendered: dict[str, Docs],
 ) -> None:
     docs = rendered["inference-pool"]
     engine_labels = [
@@ -443,93 +370,3 @@ def test_inference_pool_selects_engine_pods_and_gateways_use_it(
     (config,) = of_kind(docs, "ConfigMap")
     urls = config["data"]["CLOISTER_ENGINE_URLS"]
     assert "dns+http://" not in urls and "cloister-inference" in urls
-
-
-DOCKERFILES = ("engine-cuda", "engine-cpu", "gateway")
-
-
-@pytest.mark.parametrize("name", DOCKERFILES)
-def test_dockerfile_structure(rendered: dict[str, list[dict[str, Any]]], name: str) -> None:
-    text = (DEPLOY / "images" / f"{name}.Dockerfile").read_text()
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
-    froms = [ln for ln in lines if ln.upper().startswith("FROM ")]
-    assert len(froms) >= 2, "multi-stage"
-    args = dict(
-        ln.split(None, 1)[1].split("=", 1) for ln in lines if ln.startswith("ARG ") and "=" in ln
-    )
-    for line in froms:
-        image = line.split()[1]
-        image = args.get(image.strip("${}"), image)
-        if image in {"ui", "build"}:
-            continue
-        assert re.fullmatch(r"[\w./-]+:[\w.-]+", image) and not image.endswith(":latest"), image
-    users = [ln.split()[1] for ln in lines if ln.upper().startswith("USER ")]
-    assert users and users[-1].split(":")[0] == "10001"
-    assert not re.search(r"^ADD\s+https?://", text, re.M | re.I)
-    exposed = {int(p) for ln in lines if ln.startswith("EXPOSE") for p in ln.split()[1:]}
-    image_tag = f"cloister-{name}:" if name != "gateway" else "cloister-gateway:"
-    ports = {
-        p["containerPort"]
-        for docs in rendered.values()
-        for _, spec in pod_specs(docs)
-        for c in spec["containers"]
-        if c["image"].startswith(image_tag)
-        for p in c.get("ports", [])
-    }
-    assert ports and ports <= exposed, (ports, exposed)
-    if name == "engine-cpu":
-        assert "download.pytorch.org/whl/cpu torch==2.13.0" in text
-
-
-def promql_metrics(expr: str) -> set[str]:
-    """Series names in a PromQL expression: tokens before a selector `{`, and prefixed ones."""
-    names = set(re.findall(r"([A-Za-z_:][A-Za-z0-9_:]*)\{", expr))
-    names |= set(re.findall(r"\b(vllm:[a-z0-9_]+|cloister_[a-z0-9_]+)", expr))
-    return names
-
-
-def gateway_registry_series() -> set[str]:
-    """The sample names the gateway's GatewayMetrics can expose."""
-    from gateway.metrics import GatewayMetrics
-
-    metrics = GatewayMetrics(model_name="m", top_tenants=3)
-    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
-    return {
-        family.name + suffix
-        for registry in (metrics.registry, metrics.tenant_registry)
-        for family in registry.collect()
-        for suffix in suffixes[family.type]
-    }
-
-
-def test_dashboard_names_only_existing_metrics() -> None:
-    dashboard = json.loads((DEPLOY / "dashboards" / "cloister.json").read_text())
-    assert gateway_registry_series() >= GATEWAY_SERIES
-    known = GATEWAY_SERIES | ENGINE_SERIES
-    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
-    exprs += [
-        v["query"]["query"]
-        for v in dashboard["templating"]["list"]
-        if isinstance(v.get("query"), dict)
-    ]
-    assert len(exprs) > 15
-    used: set[str] = set()
-    for expr in exprs:
-        names = promql_metrics(expr)
-        assert names, expr
-        assert names <= known, (expr, names - known)
-        used |= names
-    for wanted in (
-        "vllm:time_to_first_token_seconds_bucket",
-        "vllm:inter_token_latency_seconds_bucket",
-        "vllm:e2e_request_latency_seconds_bucket",
-        "vllm:num_requests_running",
-        "vllm:num_requests_waiting",
-        "vllm:kv_cache_usage_perc",
-        "vllm:prefix_cache_hits_total",
-        "vllm:prefix_cache_queries_total",
-    ):
-        assert wanted in used
-    tenant = next(v for v in dashboard["templating"]["list"] if v["name"] == "tenant")
-    assert tenant["query"]["query"] == "label_values(cloister_requests_total, tenant)"
-    assert any('tenant=~"$tenant"' in e for e in exprs)
