@@ -9,7 +9,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from cloister.cli import main
-from cloister.commands.db import display_url, head_revision
+from cloister.commands.db import display_url, head_revision, one_line
 
 
 def test_upgrade_migrates_and_reports_the_head(tmp_path: Path) -> None:
@@ -50,3 +50,9 @@ def test_display_url_drops_only_the_password() -> None:
     assert display_url("sqlite:////var/lib/cloister/cloister.db") == (
         "sqlite:////var/lib/cloister/cloister.db"
     )
+
+
+def test_one_line_hides_a_quoted_password() -> None:
+    url = "postgresql+psycopg://u:pa55word-x@db/c"
+    error = RuntimeError("could not connect with pa55word-x\nsecond line")
+    assert one_line(error, url) == "RuntimeError: could not connect with ***"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
 
 import click
 
@@ -81,10 +80,25 @@ def current_revision(url: str) -> str | None:
         engine.dispose()
 
 
-def one_line(exc: BaseException) -> str:
-    """The first line of an exception's message, with its type (drivers' are multi-line)."""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+def one_line(exc: BaseException, url: str) -> str:
+    """The first line of an exception's message, with its type (drivers' are multi-line),
+    and never the password of `url`, should a driver quote it."""
+    lines = str(exc).strip().splitlines()
+    text = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    password = url_password(url)
+    return text.replace(password, "***") if password else text
+
+
+def url_password(url: str) -> str | None:
+    """The password in `url`, if it parses and has one."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        password = make_url(url).password
+    except ArgumentError:
+        return None
+    return str(password) if password else None
 
 
 def emit(as_json: bool, url: str, revision: str | None, verb: str) -> None:
@@ -113,7 +127,7 @@ def upgrade(database_url: str | None, as_json: bool) -> None:
         upgrade_database(url)
         revision = current_revision(url)
     except Exception as exc:  # any driver or migration failure: one line, exit 1
-        message = f"upgrade of {display_url(url)} failed: {one_line(exc)}"
+        message = f"upgrade of {display_url(url)} failed: {one_line(exc, url)}"
         raise click.ClickException(message) from None
     emit(as_json, url, revision, "at revision")
 
@@ -133,7 +147,7 @@ def wait(database_url: str | None, timeout_s: float, as_json: bool) -> None:
     url = resolve_url(database_url)
     head = head_revision(url)
     deadline = time.monotonic() + timeout_s
-    last: Any = "not checked"
+    last = "not checked"
     while True:
         try:
             revision = current_revision(url)
@@ -142,7 +156,7 @@ def wait(database_url: str | None, timeout_s: float, as_json: bool) -> None:
                 return
             last = f"at revision {revision}, waiting for {head}"
         except Exception as exc:  # unreachable yet: keep polling until the deadline
-            last = one_line(exc)
+            last = one_line(exc, url)
         if time.monotonic() >= deadline:
             raise click.ClickException(
                 f"{display_url(url)} not at {head} after {timeout_s:g} s: {last}"
