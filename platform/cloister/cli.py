@@ -29,6 +29,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "cloister.commands.bench_serve",
     "cloister.commands.planning",
     "cloister.commands.engine_serve",
+    "cloister.commands.db",
 )
 
 

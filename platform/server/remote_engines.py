@@ -1,6 +1,7 @@
 """The gateway's engines when they run elsewhere: `--engine-urls` to engine clients.
 
-One URL is one `RemoteEngineClient`; several (or a `dns+http://` name, whose
+Each served model has its URLs (NAME=URL entries; plain URLs when one model is
+served). One URL is one `RemoteEngineClient`; several (or a `dns+http://` name, whose
 addresses come and go) make a `ReplicaSetClient`, which routes each request to one
 replica (gateway.routing). The gateway tokenizes with the model's own tokenizer,
 read from the same model file or folder the engines serve (no weights are loaded).
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from server.settings import Settings
+from server.settings import Settings, engine_url_groups
 
 # How long the gateway waits at start-up for an engine server that is still loading.
 CONNECT_WAIT_S = 120.0
@@ -21,35 +22,39 @@ class RemoteEngineConfigError(ValueError):
 
 
 def remote_engine_clients(settings: Settings) -> dict[str, Any]:
-    """model name -> the engine client over `settings.engine_urls`."""
+    """model name -> the engine client over its `settings.engine_urls` (NAME=URL entries
+    with several models; plain URLs with one)."""
     from engine.model.loader import default_model_path
     from engine.model.tokenizer import load_tokenizer
     from gateway.remote_engine import RemoteEngineClient, fetch_info
     from gateway.replica_set import ReplicaSetClient, expand_urls
 
     specs = settings.served_models
-    if len(specs) != 1:
-        raise RemoteEngineConfigError("with --engine-urls, the gateway serves one model")
-    spec = specs[0]
     token = None if settings.service_token is None else settings.service_token.get_secret_value()
-    tokenizer = load_tokenizer(spec.path or default_model_path())
-    urls = settings.engine_urls
-    if len(urls) == 1 and not urls[0].startswith("dns+"):
-        info = fetch_info(urls[0], token, wait_s=CONNECT_WAIT_S)
-        _check_model(info.model_name, spec.name, urls[0])
-        client: Any = RemoteEngineClient(
-            urls[0], token=token, tokenizer=tokenizer, info=info, model_name=spec.name
+    try:
+        groups = engine_url_groups(settings.engine_urls, tuple(s.name for s in specs))
+    except ValueError as exc:
+        raise RemoteEngineConfigError(str(exc)) from None
+    clients: dict[str, Any] = {}
+    for spec in specs:
+        tokenizer = load_tokenizer(spec.path or default_model_path())
+        urls = groups[spec.name]
+        if len(urls) == 1 and not urls[0].startswith("dns+"):
+            info = fetch_info(urls[0], token, wait_s=CONNECT_WAIT_S)
+            _check_model(info.model_name, spec.name, urls[0])
+            clients[spec.name] = RemoteEngineClient(
+                urls[0], token=token, tokenizer=tokenizer, info=info, model_name=spec.name
+            )
+            continue
+        clients[spec.name] = ReplicaSetClient(
+            urls,
+            token=token,
+            tokenizer=tokenizer,
+            model_name=spec.name,
+            resolve=expand_urls,
+            connect_wait_s=CONNECT_WAIT_S,
         )
-        return {spec.name: client}
-    replicas = ReplicaSetClient(
-        urls,
-        token=token,
-        tokenizer=tokenizer,
-        model_name=spec.name,
-        resolve=expand_urls,
-        connect_wait_s=CONNECT_WAIT_S,
-    )
-    return {spec.name: replicas}
+    return clients
 
 
 def _check_model(served: str, expected: str, url: str) -> None:

@@ -117,6 +117,35 @@ def _development_secret(file_name: str) -> Any:
     return factory
 
 
+ENGINE_URL_SCHEMES = ("http://", "https://", "dns+http://")
+
+
+def _names_a_model(entry: str) -> bool:
+    """Whether an engine URL entry is NAME=URL (the name part holds no scheme)."""
+    head, sep, _ = entry.partition("=")
+    return bool(sep) and "://" not in head
+
+
+def engine_url_groups(entries: tuple[str, ...], models: tuple[str, ...]) -> dict[str, list[str]]:
+    """model name -> its engine URLs: NAME=URL entries, or plain URLs for the one model."""
+    named = [_names_a_model(e) for e in entries]
+    if not any(named):
+        if len(models) != 1:
+            raise ValueError("with several models, give each engine URL as NAME=URL")
+        return {models[0]: list(entries)}
+    if not all(named):
+        raise ValueError("give every engine URL as NAME=URL, or none")
+    groups: dict[str, list[str]] = {}
+    for entry in entries:
+        name, _, url = entry.partition("=")
+        groups.setdefault(name.strip(), []).append(url.strip())
+    if set(groups) != set(models):
+        raise ValueError(
+            f"engine URLs name {sorted(groups)}, but the served models are {sorted(models)}"
+        )
+    return groups
+
+
 class Settings(BaseSettings):
     """Service settings. Built once at start-up and passed down; never mutated."""
 
@@ -237,12 +266,16 @@ class Settings(BaseSettings):
     def _parse_engine_urls(cls, value: Any) -> Any:
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
-        for url in value or ():
-            if not isinstance(url, str) or not url.startswith(
-                ("http://", "https://", "dns+http://")
-            ):
+        for entry in value or ():
+            url = (
+                entry.split("=", 1)[1]
+                if isinstance(entry, str) and _names_a_model(entry)
+                else entry
+            )
+            if not isinstance(url, str) or not url.startswith(ENGINE_URL_SCHEMES):
                 raise ValueError(
-                    f"an engine URL is http(s)://host:port or dns+http://name:port: {url!r}"
+                    "an engine URL is [NAME=]http(s)://host:port or [NAME=]dns+http://name:port, "
+                    f"not {entry!r}"
                 )
         return tuple(value or ())
 

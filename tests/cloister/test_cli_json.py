@@ -61,6 +61,8 @@ JSON_COMMANDS: dict[str, list[str]] = {
     "billing export": ["--period", "2026-11"],
     "audit verify": [],
     "audit export": [],
+    "db upgrade": [],
+    "db wait": ["--timeout-s", "5"],
 }
 
 

@@ -380,3 +380,27 @@ def test_models_share_the_gpu_memory_utilization(
     calls.clear()
     wiring.load_engines(Settings(data_dir=tmp_path, model="/m/one"))
     assert calls == [("/m/one", {})]  # one model: the setting as it is
+
+
+def test_engine_urls_for_one_model_or_named_per_model() -> None:
+    from server.settings import Settings, engine_url_groups
+
+    one = Settings(engine_urls="http://a:1, dns+http://engines:8100")
+    assert engine_url_groups(one.engine_urls, ("m",)) == {
+        "m": ["http://a:1", "dns+http://engines:8100"]
+    }
+    named = Settings(engine_urls="small=dns+http://e-small:8100,big=http://b:1,big=http://c:1")
+    groups = engine_url_groups(named.engine_urls, ("small", "big"))
+    assert groups == {"small": ["dns+http://e-small:8100"], "big": ["http://b:1", "http://c:1"]}
+    for bad, message in (
+        ("ftp://x", "an engine URL is"),
+        ("small=ftp://x", "an engine URL is"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            Settings(engine_urls=bad)
+    with pytest.raises(ValueError, match="several models, give each engine URL as NAME=URL"):
+        engine_url_groups(("http://a:1",), ("small", "big"))
+    with pytest.raises(ValueError, match="every engine URL as NAME=URL, or none"):
+        engine_url_groups(("small=http://a:1", "http://b:1"), ("small",))
+    with pytest.raises(ValueError, match="the served models are"):
+        engine_url_groups(("other=http://a:1",), ("small",))
