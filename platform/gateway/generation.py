@@ -17,11 +17,13 @@ from starlette.requests import Request
 
 from engine.outputs import PositionLogprobs, StreamEvent
 from engine.request import EngineRequest
-from gateway.errors import GatewayError, status_of
+from engine.structured.spec import StructuredSpecError
+from gateway.errors import GatewayError, InvalidParameterError, status_of
 from gateway.lifecycle import RequestLifecycle
 from gateway.params import build_sampling_params, check_request_fits, resolve_max_tokens
 from gateway.schemas.common import SamplingFields
 from gateway.sse import DONE, SettlingStreamingResponse
+from gateway.structured_output import structured_spec
 from tenancy.principal import derive_cache_domain
 
 CLIENT_CLOSED = 499  # nginx's "client closed request": no response was sent
@@ -73,14 +75,23 @@ async def admit_and_submit(
         max_model_len=life.engine.max_model_len,
         limits=principal.limits,
     )
+    constraint = structured_spec(body.extra_fields())
     params = build_sampling_params(
         body,
         max_tokens=max_tokens,
         logprobs=logprobs,
         vocab_size=life.engine.vocab_size,
         max_n=state.settings.max_n,
+        structured=None if constraint is None else constraint[0],
     )
     check_request_fits(len(prompts), body.n, max_waiting=state.settings.max_waiting)
+    if constraint is not None:
+        # Compiled before admission: a bad or slow grammar costs the limiter nothing.
+        spec, field_name = constraint
+        try:
+            await life.engine.prepare_structured(spec)
+        except StructuredSpecError as exc:
+            raise InvalidParameterError(exc.message, param=field_name, code=exc.code) from None
     headers = await life.admit(
         prompt_tokens=sum(len(p) for p in prompts),
         reserve_tokens=max_tokens * body.n * len(prompts),

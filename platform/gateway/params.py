@@ -11,6 +11,7 @@ from typing import Any
 
 from engine.errors import ContextLengthExceededError, InvalidRequestError
 from engine.sampling_params import SamplingParams
+from engine.structured.spec import StructuredSpec
 from gateway.errors import InvalidParameterError
 from gateway.schemas.common import SamplingFields
 from tenancy.limits import EffectiveLimits
@@ -25,15 +26,11 @@ _OUTPUT_CHANGING = frozenset(
         "tools",
         "functions",
         "function_call",
-        "response_format",
         "audio",
         "modalities",
         "prediction",
-        "guided_json",
-        "guided_regex",
-        "guided_choice",
-        "guided_grammar",
-        "structured_outputs",
+        "guided_decoding_backend",
+        "guided_whitespace_pattern",
         "reasoning_effort",
         "web_search_options",
         "cache_salt",
@@ -47,8 +44,6 @@ def vet_extra_fields(extra: Mapping[str, Any]) -> None:
         if name not in _OUTPUT_CHANGING or value is None:
             continue
         # Values that ask for the default behaviour are harmless.
-        if name == "response_format" and isinstance(value, dict) and value.get("type") == "text":
-            continue
         if name == "modalities" and value == ["text"]:
             continue
         if name in ("tools", "functions") and value == []:
@@ -143,6 +138,7 @@ def build_sampling_params(
     logprobs: int | None,
     vocab_size: int,
     max_n: int,
+    structured: StructuredSpec | None = None,
 ) -> SamplingParams:
     """The engine parameters; any range error becomes a 400 naming the parameter."""
     if body.n > max_n:
@@ -162,6 +158,7 @@ def build_sampling_params(
             stop=tuple(stop),
             logprobs=logprobs,
             logit_bias=tuple(parse_logit_bias(body.logit_bias, vocab_size).items()),
+            structured=structured,
         )
     except InvalidRequestError as exc:
         raise InvalidParameterError(exc.message, param=exc.param) from None
