@@ -20,11 +20,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from engine.config import StructuredConfig
 from engine.errors import EngineError, RequestAbortedError, RequestFailedError
 from engine.kv_cache.cache_rules import CacheRules
 from engine.llm_engine import LLMEngine
 from engine.outputs import StreamEvent
-from engine.config import StructuredConfig
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 from engine.stats import EngineStats

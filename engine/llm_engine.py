@@ -33,8 +33,8 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.stats import EngineStats
-from engine.structured.compiler import GrammarCompiler
 from engine.step_isolation import execute_isolated
+from engine.structured.compiler import GrammarCompiler
 from engine.validation import validate_request
 
 log = logging.getLogger("engine")

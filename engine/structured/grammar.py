@@ -51,7 +51,9 @@ def _json_grammar(schema: str) -> str:
     try:
         parsed = json.loads(schema)
     except ValueError:
-        raise StructuredSpecError("the JSON schema is not valid JSON", param="response_format")
+        raise StructuredSpecError(
+            "the JSON schema is not valid JSON", param="response_format"
+        ) from None
     if not isinstance(parsed, (dict, bool)):
         raise StructuredSpecError(
             "the JSON schema must be an object (or a boolean)", param="response_format"

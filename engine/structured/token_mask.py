@@ -45,6 +45,7 @@ def apply_token_mask(logits: torch.Tensor, mask: TokenMask) -> None:
     if len(mask.rows) == logits.shape[0] and mask.rows == tuple(range(logits.shape[0])):
         logits.masked_fill_(~allowed, float("-inf"))
         return
-    index = torch.tensor(mask.rows, dtype=torch.long, device=device)
-    logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
-
+    # One bool index-put and one in-place fill: cheaper than gathering the rows out and back.
+    refused = torch.zeros(logits.shape, dtype=torch.bool, device=device)
+    refused[torch.tensor(mask.rows, dtype=torch.long, device=device)] = ~allowed
+    logits.masked_fill_(refused, float("-inf"))

@@ -8,7 +8,7 @@ import concurrent.futures
 import json
 import re
 from collections.abc import Iterator
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 import httpx
@@ -23,7 +23,7 @@ from tests.gateway.conftest import LiveGateway, make_test_engine, start_gateway
 MESSAGES: Any = [{"role": "user", "content": "Describe a pet as JSON."}]
 
 
-class Species(str, Enum):
+class Species(StrEnum):
     CAT = "cat"
     DOG = "dog"
 
