@@ -125,7 +125,7 @@ class EngineFront(abc.ABC):
         # The engine's own compiler when it shares this process; else one of the front's,
         # so that a bad grammar is refused before anything is sent.
         self.grammars = grammars or GrammarCompiler(
-            tokenizer.hf,
+            tokenizer,
             vocab_size=info.vocab_size,
             eos_token_ids=sorted(tokenizer.eos_token_ids),
             config=info.structured,

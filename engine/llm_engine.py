@@ -128,7 +128,7 @@ class LLMEngine:
         eos = loaded.tokenizer.eos_token_ids
         # Compiles on its own threads; shared with an in-process front (AsyncEngine).
         self.grammars = GrammarCompiler(
-            loaded.tokenizer.hf,
+            loaded.tokenizer,
             vocab_size=loaded.arch.vocab_size,
             eos_token_ids=sorted(eos),
             config=config.structured,

@@ -115,7 +115,12 @@ class ModelRunner:
                 seq.seq_id: SampledToken(token)
                 for seq, token in zip(seqs, logits.argmax(dim=-1).tolist(), strict=True)
             }
-        result = self.sampler.sample(logits, rows, mask)
+        # Two arguments when there is no mask: wrappers of `sample` (tests) keep working.
+        result = (
+            self.sampler.sample(logits, rows)
+            if mask is None
+            else (self.sampler.sample(logits, rows, mask))
+        )
         complete = set() if mask is None else self.matchers.consume(seqs, result.token_ids, mask)
         sampled: dict[str, SampledToken] = {}
         for seq, token, lp in zip(seqs, result.token_ids, result.logprobs, strict=True):

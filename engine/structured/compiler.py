@@ -66,13 +66,14 @@ def spec_digest(spec: StructuredSpec) -> str:
 class GrammarCompiler:
     """Compiles specs against one tokenizer; thread-safe; one per engine (or front).
 
-    `hf_tokenizer` is a transformers fast tokenizer; its llguidance view is built
-    once, on the first compile (about 0.25 s, on a worker thread).
+    `tokenizer` is a transformers fast tokenizer, or an engine `Tokenizer` (its `.hf`
+    is used); its llguidance view is built once, on the first compile (about 0.25 s,
+    on a worker thread), so an engine that never sees a constraint never builds it.
     """
 
     def __init__(
         self,
-        hf_tokenizer: Any,
+        tokenizer: Any,
         *,
         vocab_size: int,
         eos_token_ids: Sequence[int],
@@ -80,7 +81,7 @@ class GrammarCompiler:
         limits: llguidance.LLParserLimits | None = None,
     ) -> None:
         self.config = config or StructuredConfig()
-        self._hf = hf_tokenizer
+        self._source = tokenizer
         self._vocab_size = vocab_size
         self._eos = sorted(int(t) for t in eos_token_ids)
         # Errors name the schema keyword; the parser's state would only leak the grammar.
@@ -101,8 +102,9 @@ class GrammarCompiler:
         with self._tokenizer_lock:
             if self._tokenizer is None:
                 eos: int | list[int] | None = self._eos or None
+                hf = getattr(self._source, "hf", self._source)
                 self._tokenizer = llguidance.hf.from_tokenizer(
-                    self._hf, n_vocab=self._vocab_size, eos_token=eos
+                    hf, n_vocab=self._vocab_size, eos_token=eos
                 )
             return self._tokenizer
 

@@ -1,0 +1,72 @@
+"""A structured request through the asyncio front: the engine loop never compiles on its
+own thread (a request whose grammar is not ready waits for a worker), and a constraint
+that cannot compile fails that request alone."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pathlib
+import threading
+
+import pytest
+
+from engine.async_engine import AsyncEngine
+from engine.request import EngineRequest
+from engine.sampling_params import SamplingParams
+from engine.structured.spec import StructuredSpec, StructuredSpecError
+from tests.utils.tiny_model import make_tiny_model_dir
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """The tiny random model."""
+    return make_tiny_model_dir(tmp_path_factory.mktemp("front"))
+
+
+def _request(rid: str, spec: StructuredSpec | None, max_tokens: int = 24) -> EngineRequest:
+    params = SamplingParams(temperature=1.0, seed=1, max_tokens=max_tokens, structured=spec)
+    return EngineRequest(prompt_token_ids=(1, 2, 3), params=params, request_id=rid)
+
+
+async def _text(engine: AsyncEngine, request: EngineRequest) -> tuple[str, str | None]:
+    text, reason = "", None
+    async for event in engine.submit(request):
+        for delta in event.deltas:
+            text += delta.text
+            reason = delta.finish_reason or reason
+    return text, reason
+
+
+def test_unprepared_grammars_compile_off_the_loop_and_bad_ones_fail_alone(
+    folder: pathlib.Path,
+) -> None:
+    engine = AsyncEngine.from_options(str(folder), num_blocks=64, attention_backend="torch")
+    compiled_on: list[str] = []
+    real = engine.engine.grammars._build
+
+    def recording(*args: object) -> object:
+        compiled_on.append(threading.current_thread().name)
+        return real(*args)  # type: ignore[arg-type]
+
+    engine.engine.grammars._build = recording  # type: ignore[method-assign]
+    regex = StructuredSpec("regex", "[a-c]{3}-[0-9]{2}")
+    bad = StructuredSpec("json_schema", json.dumps({"type": "object", "not": {}}))
+
+    async def main() -> tuple[tuple[str, str | None], tuple[str, str | None], BaseException]:
+        await engine.start()
+        try:
+            good = asyncio.ensure_future(_text(engine, _request("good", regex)))
+            free = asyncio.ensure_future(_text(engine, _request("free", None, 8)))
+            with pytest.raises(StructuredSpecError) as caught:
+                await _text(engine, _request("bad", bad))
+            return await good, await free, caught.value
+        finally:
+            await engine.shutdown()
+
+    (text, reason), (free_text, free_reason), error = asyncio.run(main())
+    assert len(text) == 6 and text[3] == "-" and reason == "stop"
+    assert free_reason == "length" and free_text
+    assert '"not"' in str(error)
+    assert compiled_on and all(name.startswith("grammar") for name in compiled_on)
+    engine.engine.grammars.check_integrity()
