@@ -98,29 +98,29 @@ def test_free_rows_get_the_same_tokens_beside_structured_rows(engine: LLMEngine)
         assert a.logprobs == m.logprobs
 
 
-def test_a_retried_step_rolls_matchers_back(folder: pathlib.Path) -> None:
-    params = [_sampled(spec, seed) for seed, spec in enumerate(SPECS)]
-    clean = LLMEngine.from_options(str(folder), num_blocks=128, attention_backend="torch")
-    clean.keep_finished = True
-    expected = _run(clean, params)
-
-    faulty = LLMEngine.from_options(str(folder), num_blocks=128, attention_backend="torch")
-    faulty.keep_finished = True
+def test_a_retried_step_rolls_matchers_back(engine: LLMEngine) -> None:
+    # Long enough outputs that whole three-row decode steps exist to fail.
+    params = [_sampled(SPECS[0], 0), _sampled(SPECS[1], 1), _sampled(SPECS[0], 2)]
+    expected = _run(engine, params)
+    faulty = engine  # the same engine again, now with a fault (fresh request ids)
     real = faulty.runner.execute
     calls = 0
+    raised = 0
 
     def execute_then_fail(output: Any) -> Any:
         # Runs the whole step (every matcher consumes its token, every generator
         # draws), then fails it: the split-and-retry must undo both.
-        nonlocal calls
+        nonlocal calls, raised
         calls += 1
         result = real(output)
-        if calls in (3, 4, 9) and len(output.scheduled) == len(params):
+        if calls in (2, 3, 6) and len(output.scheduled) == len(params):
+            raised += 1
             raise RuntimeError("transient device fault")
         return result
 
     faulty.runner.execute = execute_then_fail  # type: ignore[method-assign]
     got = _run(faulty, params)
+    assert raised >= 2  # whole steps failed after every row had consumed its token
     assert [o.token_ids for o in got] == [o.token_ids for o in expected]
     assert not faulty.take_failures()
 

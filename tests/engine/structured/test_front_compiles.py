@@ -5,6 +5,7 @@ that cannot compile fails that request alone."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import pathlib
 import threading
@@ -12,6 +13,8 @@ import threading
 import pytest
 
 from engine.async_engine import AsyncEngine
+from engine.llm_engine import LLMEngine
+from engine.process_engine import ProcessEngine
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 from engine.structured.spec import StructuredSpec, StructuredSpecError
@@ -70,3 +73,30 @@ def test_unprepared_grammars_compile_off_the_loop_and_bad_ones_fail_alone(
     assert '"not"' in str(error)
     assert compiled_on and all(name.startswith("grammar") for name in compiled_on)
     engine.engine.grammars.check_integrity()
+
+
+@pytest.mark.slow
+def test_a_child_process_engine_compiles_its_own_grammars(folder: pathlib.Path) -> None:
+    """The spec crosses the pipe inside the request; the child compiles off its loop."""
+    factory = functools.partial(
+        LLMEngine.from_options, str(folder), num_blocks=64, attention_backend="torch"
+    )
+    engine = ProcessEngine(factory)
+    choice = StructuredSpec("choice", json.dumps(["alpha", "beta", "gamma delta"]))
+    bad = StructuredSpec("regex", "(?=x)y")
+
+    async def main() -> tuple[tuple[str, str | None], BaseException, BaseException]:
+        await engine.start()
+        try:
+            await engine.prepare_structured(choice)  # the front's own compiler
+            with pytest.raises(StructuredSpecError) as refused:
+                await engine.prepare_structured(bad)
+            with pytest.raises(StructuredSpecError) as failed:  # unprepared: the child refuses
+                await _text(engine, _request("bad", bad))
+            return await _text(engine, _request("good", choice)), refused.value, failed.value
+        finally:
+            await engine.shutdown()
+
+    (text, reason), refused, failed = asyncio.run(main())
+    assert text in {"alpha", "beta", "gamma delta"} and reason == "stop"
+    assert "look-around" in str(refused) and "look-around" in str(failed)
