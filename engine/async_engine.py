@@ -169,15 +169,16 @@ class EngineFront(abc.ABC):
         self._send(AddRequest(request, max_tokens))
         return stream
 
-    async def prepare_structured(self, spec: StructuredSpec) -> None:
-        """Compiles `spec` on a worker thread; raises `StructuredSpecError` (a 400) when it
-        is invalid, unsupported or over the compile time limit.
+    async def prepare_structured(self, spec: StructuredSpec, cache_domain: str) -> None:
+        """Compiles `spec` for requests of `cache_domain` (compiled grammars are cached per
+        domain) on a worker thread; raises `StructuredSpecError` (a 400) when it is
+        invalid, unsupported or over the compile time limit.
 
         Never blocks the event loop and never touches the engine loop; a request whose
         spec passed here finds its grammar compiled when the engine takes it (in
         process; a child process compiles its own, off its step loop too).
         """
-        await self.grammars.prepare(spec)
+        await self.grammars.prepare(spec, cache_domain)
 
     def _within_share(self, key: str, n: int, weight: float | None) -> bool:
         """Whether `key`'s live sequences (waiting, running or in transit) leave it under

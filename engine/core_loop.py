@@ -280,10 +280,11 @@ class EngineLoop:
         if request_id in self._compiling:  # back from its compile
             self._compiling.discard(request_id)
             return False
-        if spec is None or self.engine.grammars.lookup(spec) is not None:
+        domain = item.request.cache_domain
+        if spec is None or self.engine.grammars.lookup(spec, domain) is not None:
             return False
         try:
-            future = self.engine.grammars.submit(spec)
+            future = self.engine.grammars.submit(spec, domain)
         except EngineError:
             return False  # too many compiles: add_request refuses it the same way
         self._compiling.add(request_id)

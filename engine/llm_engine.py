@@ -276,7 +276,7 @@ class LLMEngine:
         if params.structured is not None:
             # A cache hit when a front prepared it (EngineLoop waits for that); else the
             # offline caller's own thread waits for the compile.
-            self.grammars.compile(params.structured)
+            self.grammars.compile(params.structured, request.cache_domain)
         request_id = request.request_id
         if request_id in self.requests:
             raise InvalidRequestError(

@@ -8,6 +8,10 @@
                         v
             cache (LRU, `grammar_cache_size` entries) <-- also failures and timeouts
 
+Entries are keyed by (cache domain, spec), like KV blocks: whether a spec compiles
+at once must not tell one tenant that another sent the same schema recently (the
+isolation invariant covers every cache whose hits show in latency).
+
 A compiled grammar is a prototype matcher that never consumes a token; each
 sequence gets its own `deep_copy` (about a microsecond). Failures are cached like
 successes, so a bad or slow spec sent again is refused without a second compile.
@@ -55,11 +59,13 @@ class CompiledGrammar:
             raise StructuredSpecError(self.error, param="response_format")
 
 
-def spec_digest(spec: StructuredSpec) -> str:
-    """A cache key for `spec`: kind and value, length-prefixed so no two specs collide."""
-    kind = spec.kind.encode()
-    value = spec.value.encode("utf-8", "surrogatepass")
-    payload = len(kind).to_bytes(4, "little") + kind + value
+def spec_digest(spec: StructuredSpec, domain: str = "") -> str:
+    """A cache key for `spec` in cache domain `domain`: the fields length-prefixed, so no
+    two different (domain, kind, value) share a key."""
+    payload = b""
+    for part in (domain, spec.kind, spec.value):
+        data = part.encode("utf-8", "surrogatepass")
+        payload += len(data).to_bytes(8, "little") + data
     return hashlib.blake2b(payload, digest_size=16).hexdigest()
 
 
@@ -115,22 +121,24 @@ class GrammarCompiler:
 
     # -- looking up and compiling -----------------------------------------------------
 
-    def lookup(self, spec: StructuredSpec) -> CompiledGrammar | None:
+    def lookup(self, spec: StructuredSpec, domain: str = "") -> CompiledGrammar | None:
         """The cached outcome for `spec`, if any (marks it recently used); never compiles."""
-        digest = spec_digest(spec)
+        digest = spec_digest(spec, domain)
         with self._lock:
             entry = self._cache.get(digest)
             if entry is not None:
                 self._cache.move_to_end(digest)
             return entry
 
-    def submit(self, spec: StructuredSpec) -> concurrent.futures.Future[CompiledGrammar]:
+    def submit(
+        self, spec: StructuredSpec, domain: str = ""
+    ) -> concurrent.futures.Future[CompiledGrammar]:
         """A future of `spec`'s outcome: done at once on a hit, else compiled on a worker.
 
         Compiles of the same spec are shared. Raises `EngineOverloadedError` when
         `grammar_max_pending` compiles are already queued or running.
         """
-        digest = spec_digest(spec)
+        digest = spec_digest(spec, domain)
         with self._lock:
             entry = self._cache.get(digest)
             if entry is not None:
@@ -149,9 +157,9 @@ class GrammarCompiler:
             self._pending[digest] = future
             return future
 
-    def compile(self, spec: StructuredSpec) -> CompiledGrammar:
+    def compile(self, spec: StructuredSpec, domain: str = "") -> CompiledGrammar:
         """Blocks until `spec` is compiled (at most the timeout); raises a 400 on failure."""
-        future = self.submit(spec)
+        future = self.submit(spec, domain)
         try:
             entry = future.result(timeout=self.config.grammar_compile_timeout_s)
         except concurrent.futures.TimeoutError:
@@ -159,9 +167,9 @@ class GrammarCompiler:
         entry.raise_if_error()
         return entry
 
-    async def prepare(self, spec: StructuredSpec) -> CompiledGrammar:
+    async def prepare(self, spec: StructuredSpec, domain: str = "") -> CompiledGrammar:
         """`compile` for an event loop: the loop never blocks, whatever the spec costs."""
-        wrapped = asyncio.wrap_future(self.submit(spec))
+        wrapped = asyncio.wrap_future(self.submit(spec, domain))
         # `wait`, not `wait_for`: a timeout must not cancel a compile others may share.
         done, _ = await asyncio.wait({wrapped}, timeout=self.config.grammar_compile_timeout_s)
         if not done:
@@ -170,9 +178,9 @@ class GrammarCompiler:
         entry.raise_if_error()
         return entry
 
-    def matcher(self, spec: StructuredSpec) -> llguidance.LLMatcher:
+    def matcher(self, spec: StructuredSpec, domain: str = "") -> llguidance.LLMatcher:
         """A fresh matcher for one sequence (compiles first on a miss)."""
-        entry = self.lookup(spec) or self.compile(spec)
+        entry = self.lookup(spec, domain) or self.compile(spec, domain)
         entry.raise_if_error()
         assert entry.prototype is not None
         return entry.prototype.deep_copy()

@@ -109,7 +109,7 @@ class MatcherTable:
                 raise StructuredDecodingError("this engine has no grammar compiler")
             spec = seq.params.structured
             assert spec is not None
-            state = _State(self.compiler.matcher(spec))
+            state = _State(self.compiler.matcher(spec, seq.cache_domain))
             self._states[seq.seq_id] = state
         self._sync(seq, state)
         return state.matcher

@@ -79,8 +79,9 @@ class EngineClient(Protocol):
         """Stops a request and frees its KV blocks."""
         ...
 
-    async def prepare_structured(self, spec: StructuredSpec) -> None:
-        """Compiles an output constraint before admission, off the event loop.
+    async def prepare_structured(self, spec: StructuredSpec, cache_domain: str) -> None:
+        """Compiles an output constraint for requests of `cache_domain` before admission,
+        off the event loop (compiled grammars are cached per domain, as KV is).
 
         Raises `StructuredSpecError` (a 400 naming the problem: an unsupported schema
         keyword, a size or compile-time limit) with nothing queued or charged.
@@ -140,9 +141,9 @@ class InProcessEngineClient:
         """Forwards to `AsyncEngine.abort`."""
         await self._engine.abort(request_id)
 
-    async def prepare_structured(self, spec: StructuredSpec) -> None:
+    async def prepare_structured(self, spec: StructuredSpec, cache_domain: str) -> None:
         """Forwards to `EngineFront.prepare_structured`."""
-        await self._engine.prepare_structured(spec)
+        await self._engine.prepare_structured(spec, cache_domain)
 
     async def update_cache_rules(self, rules: CacheRules) -> None:
         """Forwards to `EngineFront.update_cache_rules`."""

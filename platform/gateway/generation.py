@@ -85,18 +85,18 @@ async def admit_and_submit(
         structured=None if constraint is None else constraint[0],
     )
     check_request_fits(len(prompts), body.n, max_waiting=state.settings.max_waiting)
+    domain = derive_cache_domain(principal, body.user)
     if constraint is not None:
         # Compiled before admission: a bad or slow grammar costs the limiter nothing.
         spec, field_name = constraint
         try:
-            await life.engine.prepare_structured(spec)
+            await life.engine.prepare_structured(spec, domain)
         except StructuredSpecError as exc:
             raise InvalidParameterError(exc.message, param=field_name, code=exc.code) from None
     headers = await life.admit(
         prompt_tokens=sum(len(p) for p in prompts),
         reserve_tokens=max_tokens * body.n * len(prompts),
     )
-    domain = derive_cache_domain(principal, body.user)
     # The one place the gateway builds engine requests; each is checked as it is built,
     # all before any is queued. Fairness belongs to the tenant: its keys and users
     # share one share of the engine.

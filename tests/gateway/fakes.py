@@ -172,7 +172,7 @@ class FakeEngine:
         """Records the rules (a fake has no cache to apply them to)."""
         self.cache_rules = rules
 
-    async def prepare_structured(self, spec: StructuredSpec) -> None:
+    async def prepare_structured(self, spec: StructuredSpec, cache_domain: str) -> None:
         """Refuses every constraint (a 400): the fake's scripted text obeys none."""
         raise StructuredSpecError(
             f"the fake engine cannot constrain output ({spec.kind})", param="response_format"

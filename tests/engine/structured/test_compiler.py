@@ -134,3 +134,18 @@ def test_spec_size_and_digest() -> None:
         StructuredSpec("regex", "a" * (MAX_SPEC_BYTES + 1))
     assert spec_digest(StructuredSpec("regex", "ab")) != spec_digest(StructuredSpec("lark", "ab"))
     assert spec_digest(StructuredSpec("regex", "ab")) == spec_digest(StructuredSpec("regex", "ab"))
+
+
+def test_compiled_grammars_are_cached_per_cache_domain(hf: Any) -> None:
+    """A hit must not tell one tenant that another compiled the same schema."""
+    compiler = _compiler(hf)
+    spec = _regex(1)
+    compiler.compile(spec, "tenant-a")
+    assert compiler.lookup(spec, "tenant-a") is not None
+    assert compiler.lookup(spec, "tenant-b") is None
+    compiler.matcher(spec, "tenant-b")
+    assert compiler.num_compiles == 2
+    # Length-prefixed: ("ab", regex "c") and ("a", regex "bc") are different keys.
+    assert spec_digest(StructuredSpec("regex", "c"), "ab") != spec_digest(
+        StructuredSpec("regex", "bc"), "a"
+    )

@@ -88,9 +88,9 @@ def test_a_child_process_engine_compiles_its_own_grammars(folder: pathlib.Path) 
     async def main() -> tuple[tuple[str, str | None], BaseException, BaseException]:
         await engine.start()
         try:
-            await engine.prepare_structured(choice)  # the front's own compiler
+            await engine.prepare_structured(choice, "default")  # the front's own compiler
             with pytest.raises(StructuredSpecError) as refused:
-                await engine.prepare_structured(bad)
+                await engine.prepare_structured(bad, "default")
             with pytest.raises(StructuredSpecError) as failed:  # unprepared: the child refuses
                 await _text(engine, _request("bad", bad))
             return await _text(engine, _request("good", choice)), refused.value, failed.value
