@@ -17,7 +17,7 @@ from starlette.requests import Request
 
 from engine.outputs import PositionLogprobs, StreamEvent
 from engine.request import EngineRequest
-from engine.structured.spec import StructuredSpecError
+from engine.structured.spec import StructuredSpec, StructuredSpecError
 from gateway.errors import GatewayError, InvalidParameterError, status_of
 from gateway.lifecycle import RequestLifecycle
 from gateway.params import build_sampling_params, check_request_fits, resolve_max_tokens
@@ -63,8 +63,14 @@ async def admit_and_submit(
     requested_max_tokens: int | None,
     max_tokens_param: str,
     logprobs: int | None,
+    structured: tuple[StructuredSpec, str] | None = None,
 ) -> Submitted:
-    """Everything between a tokenized prompt and running engine requests."""
+    """Everything between a tokenized prompt and running engine requests.
+
+    `structured`: a constraint the route derived itself (a strict tool's grammar) and
+    the body field to name in its errors; the body's own constraint fields
+    (gateway.structured_output) may not ask for another one.
+    """
     state = life.state
     principal = life.principal
     assert principal is not None, "authenticate first"
@@ -76,6 +82,12 @@ async def admit_and_submit(
         limits=principal.limits,
     )
     constraint = structured_spec(body.extra_fields())
+    if structured is not None:
+        if constraint is not None:
+            raise InvalidParameterError(
+                f"{constraint[1]} cannot be combined with {structured[1]}", param=constraint[1]
+            )
+        constraint = structured
     params = build_sampling_params(
         body,
         max_tokens=max_tokens,
