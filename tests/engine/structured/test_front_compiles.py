@@ -13,6 +13,7 @@ import threading
 import pytest
 
 from engine.async_engine import AsyncEngine
+from engine.errors import RequestAbortedError
 from engine.llm_engine import LLMEngine
 from engine.process_engine import ProcessEngine
 from engine.request import EngineRequest
@@ -100,3 +101,34 @@ def test_a_child_process_engine_compiles_its_own_grammars(folder: pathlib.Path) 
     (text, reason), refused, failed = asyncio.run(main())
     assert text in {"alpha", "beta", "gamma delta"} and reason == "stop"
     assert "look-around" in str(refused) and "look-around" in str(failed)
+
+
+def test_a_request_aborted_while_its_grammar_compiles_never_runs(folder: pathlib.Path) -> None:
+    engine = AsyncEngine.from_options(str(folder), num_blocks=64, attention_backend="torch")
+    grammars = engine.engine.grammars
+    spec = StructuredSpec("regex", "[a-z]{5}")
+
+    async def main() -> BaseException | None:
+        await engine.start()
+        try:
+            # The first compile builds the tokenizer under this lock: while it is held,
+            # the request waits for its grammar and the loop keeps serving others.
+            with grammars._tokenizer_lock:
+                stream = engine.submit(_request("late", spec))
+                # A loop that compiled on its own thread would block here: fail, not hang.
+                free = await asyncio.wait_for(_text(engine, _request("free", None, 4)), 60)
+                assert free[1] == "length"
+                await engine.abort("late")
+            try:
+                async for _ in stream:
+                    pass
+            except Exception as exc:
+                return exc
+            return None
+        finally:
+            await engine.shutdown()
+
+    error = asyncio.run(main())
+    assert isinstance(error, RequestAbortedError)
+    assert grammars.lookup(spec, "default") is not None  # compiled, then dropped unrun
+    assert engine.engine.stats().num_requests_finished == 1  # only the free one ran
