@@ -43,6 +43,8 @@ from engine.outputs import StreamEvent
 from engine.request import EngineRequest
 from engine.scheduler.tenants import within_share
 from engine.stats import EngineStats
+from engine.structured.compiler import GrammarCompiler
+from engine.structured.spec import StructuredSpec
 
 log = logging.getLogger("engine.async")
 
@@ -94,7 +96,13 @@ class EngineFront(abc.ABC):
     # request per step is too much to pickle); the stream's own copy is put back.
     events_carry_prompts = True
 
-    def __init__(self, info: EngineInfo, tokenizer: Tokenizer, stats: EngineStats) -> None:
+    def __init__(
+        self,
+        info: EngineInfo,
+        tokenizer: Tokenizer,
+        stats: EngineStats,
+        grammars: GrammarCompiler | None = None,
+    ) -> None:
         self.info = info
         self.tokenizer = tokenizer
         self.model_name = info.model_name
@@ -114,6 +122,14 @@ class EngineFront(abc.ABC):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
         self._dead: BaseException | None = None
+        # The engine's own compiler when it shares this process; else one of the front's,
+        # so that a bad grammar is refused before anything is sent.
+        self.grammars = grammars or GrammarCompiler(
+            tokenizer,
+            vocab_size=info.vocab_size,
+            eos_token_ids=sorted(tokenizer.eos_token_ids),
+            config=info.structured,
+        )
 
     # -- the caller's side ------------------------------------------------------------
 
@@ -152,6 +168,17 @@ class EngineFront(abc.ABC):
         self._num_sent += 1
         self._send(AddRequest(request, max_tokens))
         return stream
+
+    async def prepare_structured(self, spec: StructuredSpec, cache_domain: str) -> None:
+        """Compiles `spec` for requests of `cache_domain` (compiled grammars are cached per
+        domain) on a worker thread; raises `StructuredSpecError` (a 400) when it is
+        invalid, unsupported or over the compile time limit.
+
+        Never blocks the event loop and never touches the engine loop; a request whose
+        spec passed here finds its grammar compiled when the engine takes it (in
+        process; a child process compiles its own, off its step loop too).
+        """
+        await self.grammars.prepare(spec, cache_domain)
 
     def _within_share(self, key: str, n: int, weight: float | None) -> bool:
         """Whether `key`'s live sequences (waiting, running or in transit) leave it under
@@ -270,7 +297,7 @@ class AsyncEngine(EngineFront):
     """Streams requests through one `LLMEngine` driven by a thread of this process."""
 
     def __init__(self, engine: LLMEngine) -> None:
-        super().__init__(EngineInfo.of(engine), engine.tokenizer, engine.stats())
+        super().__init__(EngineInfo.of(engine), engine.tokenizer, engine.stats(), engine.grammars)
         self.engine = engine
         self._core = EngineLoop(engine, self._deliver)
         self._thread: threading.Thread | None = None

@@ -92,11 +92,28 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class StructuredConfig:
+    """Constrained decoding: how grammars are compiled and how many stay compiled."""
+
+    grammar_cache_size: int = 256  # compiled grammars kept, least recently used evicted
+    grammar_compile_timeout_s: float = 5.0  # a grammar slower than this to compile is refused
+    grammar_compile_threads: int = 2  # worker threads that compile, off the step loop
+    grammar_max_pending: int = 64  # compiles queued or running; more are refused (503)
+
+    def __post_init__(self) -> None:
+        if self.grammar_cache_size < 1 or self.grammar_compile_threads < 1:
+            raise ValueError("the grammar cache and the compile threads need at least 1")
+        if not self.grammar_compile_timeout_s > 0 or self.grammar_max_pending < 1:
+            raise ValueError("the compile timeout and the pending bound must be positive")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine needs, frozen after construction."""
 
     model: ModelConfig
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    structured: StructuredConfig = field(default_factory=StructuredConfig)
     attention_backend: AttentionBackendName = "auto"
     seed: int = 0

@@ -20,7 +20,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from engine.errors import EngineError, RequestFailedError
+from engine.config import StructuredConfig
+from engine.errors import EngineError, RequestAbortedError, RequestFailedError
 from engine.kv_cache.cache_rules import CacheRules
 from engine.llm_engine import LLMEngine
 from engine.outputs import StreamEvent
@@ -51,6 +52,7 @@ class EngineInfo:
     max_n: int
     max_tokens_limit: int | None
     max_waiting: int
+    structured: StructuredConfig = StructuredConfig()
 
     @classmethod
     def of(cls, engine: LLMEngine) -> EngineInfo:
@@ -64,6 +66,7 @@ class EngineInfo:
             max_n=sched.max_n,
             max_tokens_limit=sched.max_tokens_limit,
             max_waiting=sched.max_waiting,
+            structured=engine.config.structured,
         )
 
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> int:
@@ -160,6 +163,10 @@ class EngineLoop:
         self._domains_changed = False
         self._domains_sent_at: float | None = None
         self._cache_rules: CacheRules | None = None  # the last rules applied
+        # Requests waiting for their grammar to compile (off this thread), and those of
+        # them aborted meanwhile: each comes back through the inbox once compiled.
+        self._compiling: set[str] = set()
+        self._aborted_compiling: set[str] = set()
 
     def put(self, item: InboxItem) -> None:
         """Hands one item to the loop (any thread)."""
@@ -225,6 +232,8 @@ class EngineLoop:
             if isinstance(item, Stop):
                 return True
             if isinstance(item, AbortRequest):
+                if item.request_id in self._compiling:
+                    self._aborted_compiling.add(item.request_id)
                 event = self.engine.abort(item.request_id)
                 if event is not None:
                     events.append(event)
@@ -244,7 +253,13 @@ class EngineLoop:
                     self._cache_rules = item.rules
                     self._domains_changed = True  # a withdrawal may have evicted blocks
                 continue
+            if self._wait_for_grammar(item):
+                continue
             self._num_added += 1
+            if item.request.request_id in self._aborted_compiling:
+                self._aborted_compiling.discard(item.request.request_id)
+                failures.append(RequestFailure(item.request.request_id, RequestAbortedError()))
+                continue
             try:
                 self.engine.add_request(item.request, validated_max_tokens=item.max_tokens)
             except EngineError as exc:
@@ -253,6 +268,28 @@ class EngineLoop:
                 self._domains_changed = True
                 # Requests of a tenant over its share that made room for this one.
                 failures.extend(RequestFailure(r, e) for r, e in self.engine.take_refused())
+
+    def _wait_for_grammar(self, item: AddRequest) -> bool:
+        """True when `item` must wait for its grammar; it is put back once compiled.
+
+        Compiling is never done on this thread: a slow grammar would stall every
+        request in the batch. A front usually compiled it already (a cache hit here).
+        """
+        spec = item.request.params.structured
+        request_id = item.request.request_id
+        if request_id in self._compiling:  # back from its compile
+            self._compiling.discard(request_id)
+            return False
+        domain = item.request.cache_domain
+        if spec is None or self.engine.grammars.lookup(spec, domain) is not None:
+            return False
+        try:
+            future = self.engine.grammars.submit(spec, domain)
+        except EngineError:
+            return False  # too many compiles: add_request refuses it the same way
+        self._compiling.add(request_id)
+        future.add_done_callback(lambda _: self.put(item))
+        return True
 
     def _step(self, events: list[StreamEvent], failures: list[RequestFailure]) -> None:
         events.extend(self.engine.step())

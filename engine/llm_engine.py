@@ -12,7 +12,13 @@ from typing import Any, overload
 import torch
 
 from engine.attention.backend import get_attention_backend
-from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from engine.config import (
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+    StructuredConfig,
+)
 from engine.errors import EngineOverloadedError, InvalidRequestError
 from engine.kv_cache.cache_rules import CacheRules
 from engine.kv_cache.manager import KVCacheManager
@@ -28,6 +34,7 @@ from engine.scheduler.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.stats import EngineStats
 from engine.step_isolation import execute_isolated
+from engine.structured.compiler import GrammarCompiler
 from engine.validation import validate_request
 
 log = logging.getLogger("engine")
@@ -35,12 +42,18 @@ log = logging.getLogger("engine")
 
 def build_config(model: str | None = None, **options: Any) -> EngineConfig:
     """Builds the frozen config from flat keyword options (the vLLM-style `LLM(...)` call)."""
-    groups: dict[type, dict[str, Any]] = {ModelConfig: {}, CacheConfig: {}, SchedulerConfig: {}}
+    groups: dict[type, dict[str, Any]] = {
+        ModelConfig: {},
+        CacheConfig: {},
+        SchedulerConfig: {},
+        StructuredConfig: {},
+    }
     top: dict[str, Any] = {}
     top_fields = {f.name for f in dataclasses.fields(EngineConfig)} - {
         "model",
         "cache",
         "scheduler",
+        "structured",
     }
     for key, value in options.items():
         for cls, bucket in groups.items():
@@ -57,6 +70,7 @@ def build_config(model: str | None = None, **options: Any) -> EngineConfig:
         model=ModelConfig(path=model or "", **groups[ModelConfig]),
         cache=CacheConfig(**groups[CacheConfig]),
         scheduler=SchedulerConfig(**groups[SchedulerConfig]),
+        structured=StructuredConfig(**groups[StructuredConfig]),
         **top,
     )
 
@@ -112,6 +126,13 @@ class LLMEngine:
             config.cache, self.capacity.num_blocks, config.model.revision or loaded.revision
         )
         eos = loaded.tokenizer.eos_token_ids
+        # Compiles on its own threads; shared with an in-process front (AsyncEngine).
+        self.grammars = GrammarCompiler(
+            loaded.tokenizer,
+            vocab_size=loaded.arch.vocab_size,
+            eos_token_ids=sorted(eos),
+            config=config.structured,
+        )
         self.scheduler = Scheduler(
             config.scheduler, self.kv, eos_token_ids=eos, max_model_len=self.max_model_len
         )
@@ -124,6 +145,7 @@ class LLMEngine:
             dtype=config.model.dtype,
             device=device,
             eos_token_ids=eos,
+            grammars=self.grammars,
         )
         if not config.model.enforce_eager:  # a no-op on the CPU
             self.runner.capture_decode_graphs(
@@ -252,6 +274,10 @@ class LLMEngine:
             max_tokens = self.validate(request.prompt_token_ids, params)
         else:
             max_tokens = validated_max_tokens
+        if params.structured is not None:
+            # A cache hit when a front prepared it (EngineLoop waits for that); else the
+            # offline caller's own thread waits for the compile.
+            self.grammars.compile(params.structured, request.cache_domain)
         request_id = request.request_id
         if request_id in self.requests:
             raise InvalidRequestError(
@@ -388,6 +414,8 @@ class LLMEngine:
                 stop = state.add_token(seq, token, now)
                 if stop is not None and not seq.is_finished:
                     self.scheduler.finish(seq, "stop", stop)
+                elif token.grammar_complete and not seq.is_finished:
+                    self.scheduler.finish(seq, "stop")
             except Exception as exc:
                 self._fail(seq.request_id, exc)
         events: list[StreamEvent] = []

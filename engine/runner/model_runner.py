@@ -23,6 +23,8 @@ from engine.sampling import Sampler, SamplingRow, make_generator
 from engine.sampling.penalties import needs_adjustment
 from engine.scheduler.output import ScheduledSequence, SchedulerOutput
 from engine.sequence import Sequence
+from engine.structured.compiler import GrammarCompiler
+from engine.structured.matchers import MatcherTable
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,7 @@ class SampledToken:
     token_id: int
     logprob: float | None = None
     top_logprobs: tuple[tuple[int, float], ...] = ()
+    grammar_complete: bool = False  # the sequence's grammar accepts nothing more: it ends
 
 
 class ModelRunner:
@@ -51,6 +54,7 @@ class ModelRunner:
         dtype: torch.dtype,
         device: torch.device,
         eos_token_ids: frozenset[int],
+        grammars: GrammarCompiler | None = None,
     ) -> None:
         self.model = model
         self.arch = arch
@@ -65,6 +69,8 @@ class ModelRunner:
         ]
         self.sampler = Sampler()
         self._generators: dict[str, torch.Generator] = {}
+        # Matchers of the structured sequences; batches without one never look at it.
+        self.matchers = MatcherTable(grammars, pin_memory=device.type == "cuda")
         # Host copy of the live sequences' block tables, updated by diffs each step.
         self.block_table = BlockTable()
         self.graphs: DecodeGraphRunner | None = None
@@ -101,20 +107,29 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
         seqs = [output.scheduled[i].seq for i in inputs.sampling_positions]
         rows = [self._row(seq) for seq in seqs]
-        if _plain_greedy(rows):
+        # Filled on the host while the device still computes the logits.
+        mask = self.matchers.masks(seqs)
+        if mask is None and _plain_greedy(rows):
             # The common decode case needs no sampler: one argmax, one copy to the host.
             return {
                 seq.seq_id: SampledToken(token)
                 for seq, token in zip(seqs, logits.argmax(dim=-1).tolist(), strict=True)
             }
-        result = self.sampler.sample(logits, rows)
+        # Two arguments when there is no mask: wrappers of `sample` (tests) keep working.
+        result = (
+            self.sampler.sample(logits, rows)
+            if mask is None
+            else (self.sampler.sample(logits, rows, mask))
+        )
+        complete = set() if mask is None else self.matchers.consume(seqs, result.token_ids, mask)
         sampled: dict[str, SampledToken] = {}
         for seq, token, lp in zip(seqs, result.token_ids, result.logprobs, strict=True):
+            done = seq.seq_id in complete
             if lp is None:
-                sampled[seq.seq_id] = SampledToken(token)
+                sampled[seq.seq_id] = SampledToken(token, grammar_complete=done)
             else:
                 chosen, top = lp
-                sampled[seq.seq_id] = SampledToken(token, chosen, tuple(top))
+                sampled[seq.seq_id] = SampledToken(token, chosen, tuple(top), done)
         return sampled
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
@@ -151,9 +166,11 @@ class ModelRunner:
         (temperature > 0) draws exactly one uniform per output token, so its
         generator is rebuilt from its seed and advanced by that many draws; greedy
         rows never draw. Costs O(output tokens) per sampled row, on retries only.
+        A structured row's matcher is rolled back to the row's output tokens.
         """
         for item in items:
             seq = item.seq
+            self.matchers.rewind(seq)
             old = self._generators.get(seq.seq_id)
             if old is None or seq.params.greedy:
                 continue
@@ -173,9 +190,11 @@ class ModelRunner:
             cache.index_fill_(1, index, 0)
 
     def release(self, seq_id: str) -> None:
-        """Forgets a finished sequence's sampling state (generator, penalty counts) and
-        block-table row. A preempted sequence keeps all three: its history is unchanged."""
+        """Forgets a finished sequence's sampling state (generator, penalty counts,
+        matcher) and block-table row. A preempted sequence keeps them all: its history
+        is unchanged."""
         self._generators.pop(seq_id, None)
+        self.matchers.release(seq_id)
         self.sampler.release(seq_id)
         self.block_table.release(seq_id)
 

@@ -32,6 +32,7 @@ from engine.sampling.penalties import apply_all, needs_adjustment
 from engine.sampling.penalty_state import PenaltyState
 from engine.sampling.row import SamplingError, SamplingRow
 from engine.sampling.truncation import NO_TOP_K, fits_in_prefix, keep_sorted, top_k_tensor
+from engine.structured.token_mask import TokenMask, apply_token_mask
 
 # Positions per block of the two-level inverse CDF.
 _BLOCK = 256
@@ -60,17 +61,28 @@ class Sampler:
         """Forgets the penalty state of a sequence that will not be sampled again."""
         self.penalty_state.release(state_key)
 
-    def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SamplerOutput:
-        """Picks one token per row. `logits` is left untouched."""
+    def sample(
+        self, logits: torch.Tensor, rows: Sequence[SamplingRow], mask: TokenMask | None = None
+    ) -> SamplerOutput:
+        """Picks one token per row. `logits` is left untouched.
+
+        `mask` (constrained decoding) refuses tokens to some rows after every other
+        adjustment, so a masked row only ever gets a token its grammar allows;
+        logprobs stay those of the model's raw logits.
+        """
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise SamplingError(
                 f"logits of shape {tuple(logits.shape)} do not match {len(rows)} rows"
             )
         work = logits.detach().to(torch.float32)
-        if needs_adjustment(rows):
+        adjust = needs_adjustment(rows)
+        if adjust or mask is not None:
             # Adjust a copy: the raw logits are still needed for logprobs.
             work = work.clone()
+        if adjust:
             apply_all(work, rows, self.penalty_state)
+        if mask is not None:
+            apply_token_mask(work, mask)
         tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)
         greedy = [i for i, row in enumerate(rows) if row.params.greedy]
         sampled = [i for i, row in enumerate(rows) if not row.params.greedy]

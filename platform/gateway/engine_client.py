@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from engine.kv_cache.cache_rules import CacheRules
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest
+from engine.structured.spec import StructuredSpec
 
 
 class TokenizerLike(Protocol):
@@ -85,6 +86,15 @@ class EngineClient(Protocol):
         """Stops a request and frees its KV blocks."""
         ...
 
+    async def prepare_structured(self, spec: StructuredSpec, cache_domain: str) -> None:
+        """Compiles an output constraint for requests of `cache_domain` before admission,
+        off the event loop (compiled grammars are cached per domain, as KV is).
+
+        Raises `StructuredSpecError` (a 400 naming the problem: an unsupported schema
+        keyword, a size or compile-time limit) with nothing queued or charged.
+        """
+        ...
+
     async def update_cache_rules(self, rules: CacheRules) -> None:
         """Replaces the engine cache's per-domain rules and pushed published prefixes.
 
@@ -137,6 +147,10 @@ class InProcessEngineClient:
     async def abort(self, request_id: str) -> None:
         """Forwards to `AsyncEngine.abort`."""
         await self._engine.abort(request_id)
+
+    async def prepare_structured(self, spec: StructuredSpec, cache_domain: str) -> None:
+        """Forwards to `EngineFront.prepare_structured`."""
+        await self._engine.prepare_structured(spec, cache_domain)
 
     async def update_cache_rules(self, rules: CacheRules) -> None:
         """Forwards to `EngineFront.update_cache_rules`."""

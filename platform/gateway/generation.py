@@ -17,12 +17,13 @@ from starlette.requests import Request
 
 from engine.outputs import PositionLogprobs, StreamEvent
 from engine.request import EngineRequest
-from engine.structured.spec import StructuredSpec
-from gateway.errors import GatewayError, status_of
+from engine.structured.spec import StructuredSpec, StructuredSpecError
+from gateway.errors import GatewayError, InvalidParameterError, status_of
 from gateway.lifecycle import RequestLifecycle
 from gateway.params import build_sampling_params, check_request_fits, resolve_max_tokens
 from gateway.schemas.common import SamplingFields
 from gateway.sse import DONE, SettlingStreamingResponse
+from gateway.structured_output import structured_spec
 from tenancy.principal import derive_cache_domain
 
 CLIENT_CLOSED = 499  # nginx's "client closed request": no response was sent
@@ -62,11 +63,13 @@ async def admit_and_submit(
     requested_max_tokens: int | None,
     max_tokens_param: str,
     logprobs: int | None,
-    structured: StructuredSpec | None = None,
+    structured: tuple[StructuredSpec, str] | None = None,
 ) -> Submitted:
     """Everything between a tokenized prompt and running engine requests.
 
-    `structured` is the constraint every choice's output must match (tool calls).
+    `structured`: a constraint the route derived itself (a strict tool's grammar) and
+    the body field to name in its errors; the body's own constraint fields
+    (gateway.structured_output) may not ask for another one.
     """
     state = life.state
     principal = life.principal
@@ -78,20 +81,34 @@ async def admit_and_submit(
         max_model_len=life.engine.max_model_len,
         limits=principal.limits,
     )
+    constraint = structured_spec(body.extra_fields())
+    if structured is not None:
+        if constraint is not None:
+            raise InvalidParameterError(
+                f"{constraint[1]} cannot be combined with {structured[1]}", param=constraint[1]
+            )
+        constraint = structured
     params = build_sampling_params(
         body,
         max_tokens=max_tokens,
         logprobs=logprobs,
         vocab_size=life.engine.vocab_size,
         max_n=state.settings.max_n,
-        structured=structured,
+        structured=None if constraint is None else constraint[0],
     )
     check_request_fits(len(prompts), body.n, max_waiting=state.settings.max_waiting)
+    domain = derive_cache_domain(principal, body.user)
+    if constraint is not None:
+        # Compiled before admission: a bad or slow grammar costs the limiter nothing.
+        spec, field_name = constraint
+        try:
+            await life.engine.prepare_structured(spec, domain)
+        except StructuredSpecError as exc:
+            raise InvalidParameterError(exc.message, param=field_name, code=exc.code) from None
     headers = await life.admit(
         prompt_tokens=sum(len(p) for p in prompts),
         reserve_tokens=max_tokens * body.n * len(prompts),
     )
-    domain = derive_cache_domain(principal, body.user)
     # The one place the gateway builds engine requests; each is checked as it is built,
     # all before any is queued. Fairness belongs to the tenant: its keys and users
     # share one share of the engine.

@@ -26,15 +26,11 @@ _OUTPUT_CHANGING = frozenset(
         "tools",
         "functions",
         "function_call",
-        "response_format",
         "audio",
         "modalities",
         "prediction",
-        "guided_json",
-        "guided_regex",
-        "guided_choice",
-        "guided_grammar",
-        "structured_outputs",
+        "guided_decoding_backend",
+        "guided_whitespace_pattern",
         "reasoning_effort",
         "web_search_options",
         "cache_salt",
@@ -48,8 +44,6 @@ def vet_extra_fields(extra: Mapping[str, Any]) -> None:
         if name not in _OUTPUT_CHANGING or value is None:
             continue
         # Values that ask for the default behaviour are harmless.
-        if name == "response_format" and isinstance(value, dict) and value.get("type") == "text":
-            continue
         if name == "modalities" and value == ["text"]:
             continue
         if name in ("tools", "functions") and value == []:

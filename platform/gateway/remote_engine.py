@@ -28,6 +28,8 @@ from engine.errors import EngineDeadError, EngineOverloadedError, InvalidRequest
 from engine.kv_cache.cache_rules import CacheRules
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest
+from engine.structured.compiler import GrammarCompiler
+from engine.structured.spec import StructuredSpec
 from engine_server.wire import event_from_wire, request_to_wire, rules_to_wire
 from gateway.engine_client import EngineSnapshot, TokenizerLike
 
@@ -74,6 +76,13 @@ def fetch_info(base_url: str, token: str | None, *, wait_s: float = 0.0) -> Engi
             if time.monotonic() >= deadline:
                 raise EngineUnavailableError(f"engine server {base_url}: {exc}") from None
             time.sleep(0.5)
+
+
+def local_grammar_checker(tokenizer: TokenizerLike, vocab_size: int) -> GrammarCompiler:
+    """A compiler on the gateway's copy of the tokenizer: it checks constraints before
+    admission (the engine server compiles its own, off its step loop)."""
+    eos = sorted(getattr(tokenizer, "eos_token_ids", ()))
+    return GrammarCompiler(tokenizer, vocab_size=vocab_size, eos_token_ids=eos)
 
 
 def _auth(token: str | None) -> dict[str, str]:
@@ -197,6 +206,7 @@ class RemoteEngineClient:
         self._closed = False
         self._poller: asyncio.Task[None] | None = None
         self._streams: dict[str, RemoteStream] = {}
+        self._grammars = local_grammar_checker(tokenizer, info.vocab_size)
 
     @property
     def tokenizer(self) -> TokenizerLike:
@@ -212,6 +222,10 @@ class RemoteEngineClient:
         self._streams[request.request_id] = stream
         stream._task.add_done_callback(lambda _t: self._streams.pop(request.request_id, None))
         return stream
+
+    async def prepare_structured(self, spec: StructuredSpec, cache_domain: str) -> None:
+        """Checks `spec` compiles (a `StructuredSpecError`, a 400, if not), on a worker."""
+        await self._grammars.prepare(spec, cache_domain)
 
     async def abort(self, request_id: str) -> None:
         """Hangs up on the request and tells the server, in case the hang-up is missed."""
@@ -264,6 +278,7 @@ class RemoteEngineClient:
         for stream in list(self._streams.values()):
             await stream.aclose()
         await self.http.aclose()
+        self._grammars.shutdown()
 
     async def poll_once(self) -> None:
         """One stats poll."""

@@ -22,12 +22,14 @@ from engine.errors import EngineDeadError, EngineOverloadedError
 from engine.kv_cache.cache_rules import CacheRules
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest
+from engine.structured.spec import StructuredSpec
 from gateway.engine_client import EngineSnapshot, TokenizerLike
 from gateway.remote_engine import (
     EngineServerInfo,
     EngineUnavailableError,
     RemoteEngineClient,
     fetch_info,
+    local_grammar_checker,
 )
 from gateway.routing import ReplicaLoad, RoutingConfig, choose, route_key
 
@@ -104,6 +106,7 @@ class ReplicaSetClient:
         self._owners: dict[str, RemoteEngineClient] = {}  # request id -> its replica
         self._refresher: asyncio.Task[None] | None = None
         self._closed = False
+        self._grammars = local_grammar_checker(tokenizer, info.vocab_size)
 
     def _new(self, url: str, info: EngineServerInfo) -> _Replica:
         client = RemoteEngineClient(
@@ -160,6 +163,10 @@ class ReplicaSetClient:
         else:
             self._owners[request_id] = client
 
+    async def prepare_structured(self, spec: StructuredSpec, cache_domain: str) -> None:
+        """Checks `spec` compiles (a `StructuredSpecError`, a 400, if not), on a worker."""
+        await self._grammars.prepare(spec, cache_domain)
+
     async def abort(self, request_id: str) -> None:
         """Aborts the request on the replica that runs it."""
         client = self._owners.pop(request_id, None)
@@ -211,6 +218,7 @@ class ReplicaSetClient:
                 await self._refresher
         for replica in self._replicas.values():
             await replica.client.shutdown()
+        self._grammars.shutdown()
 
     async def refresh_once(self) -> None:
         """Re-resolves the URLs: new addresses join (ramping), vanished ones leave."""

@@ -20,6 +20,7 @@ from engine.outputs import (
 )
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
+from engine.structured.spec import StructuredSpec, StructuredSpecError
 
 EOS = 256
 BLOCK = 16
@@ -185,6 +186,12 @@ class FakeEngine:
     async def update_cache_rules(self, rules: CacheRules) -> None:
         """Records the rules (a fake has no cache to apply them to)."""
         self.cache_rules = rules
+
+    async def prepare_structured(self, spec: StructuredSpec, cache_domain: str) -> None:
+        """Refuses every constraint (a 400): the fake's scripted text obeys none."""
+        raise StructuredSpecError(
+            f"the fake engine cannot constrain output ({spec.kind})", param="response_format"
+        )
 
     async def abort(self, request_id: str) -> None:
         """Marks the request aborted; its stream ends at the next step."""

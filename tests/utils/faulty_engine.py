@@ -40,10 +40,10 @@ def inject_fault(engine: LLMEngine, where: str = "runner") -> LLMEngine:
     elif where == "sampler":
         real_sample = runner.sampler.sample
 
-        def sample(logits: Any, rows: Any) -> Any:
+        def sample(logits: Any, rows: Any, *mask: Any) -> Any:
             if any(r.params.seed == POISON_SEED and len(r.output_token_ids) >= 2 for r in rows):
                 raise IndexError(SECRET)
-            return real_sample(logits, rows)
+            return real_sample(logits, rows, *mask)
 
         runner.sampler.sample = sample  # type: ignore[method-assign]
     else:

@@ -120,6 +120,7 @@ async def create_chat_completion(request: Request) -> Response:
             )
         requested = body.max_completion_tokens or body.max_tokens
         param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+        grammar = tool_call_grammar(tooling.request, tooling.parser)
         submitted = await admit_and_submit(
             life,
             body,
@@ -127,7 +128,7 @@ async def create_chat_completion(request: Request) -> Response:
             requested_max_tokens=requested,
             max_tokens_param=param,
             logprobs=_engine_logprobs(body),
-            structured=tool_call_grammar(tooling.request, tooling.parser),
+            structured=None if grammar is None else (grammar, "tools"),
         )
         if body.stream:
             return stream_response(life, _stream(life, body, submitted, tooling), submitted)
