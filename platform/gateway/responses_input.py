@@ -3,9 +3,9 @@
 `input` is a string (one user message) or a list of items. Each item is turned
 into turns by the converter registered for its `type` in `ITEM_CONVERTERS`; an
 item without a `type` but with a `role` is a message (the SDK's EasyInputMessage).
-A type without a converter is a 400 `unsupported` naming it. Function tools add
-two converters here (`function_call` -> an assistant turn with tool calls,
-`function_call_output` -> a tool turn) and lift the `tools` refusal below.
+A type without a converter is a 400 `unsupported` naming it. A `function_call`
+item (a call the model made earlier) joins the assistant turn before it, as that
+turn's `tool_calls`; a `function_call_output` item is the `tool` turn answering it.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ _CHAT_ONLY = {
     "frequency_penalty": None,
     "response_format": "text.format",
 }
+# Longest call id or function name taken in an input item.
+MAX_ID_CHARS = 256
 # Responses fields that change the output and that this server does not serve.
 _UNSUPPORTED = ("conversation", "prompt", "max_tool_calls")
 
@@ -79,10 +81,58 @@ def _message(item: Mapping[str, Any], where: str) -> list[Turn]:
     return [{"role": ROLES[role], "content": "".join(texts)}]
 
 
+def _text_field(item: Mapping[str, Any], name: str, where: str, *, limit: int | None) -> str:
+    value = item.get(name)
+    if not isinstance(value, str) or not value and limit is not None:
+        raise InvalidParameterError(f"{where}.{name} must be a non-empty string", param="input")
+    if limit is not None and len(value) > limit:
+        raise InvalidParameterError(
+            f"{where}.{name} is longer than {limit} characters", param="input"
+        )
+    return value
+
+
+def _function_call(item: Mapping[str, Any], where: str) -> list[Turn]:
+    """An earlier call of the model's: a tool call of an assistant turn."""
+    call = {
+        "id": _text_field(item, "call_id", where, limit=MAX_ID_CHARS),
+        "type": "function",
+        "function": {
+            "name": _text_field(item, "name", where, limit=MAX_ID_CHARS),
+            "arguments": _text_field(item, "arguments", where, limit=None),
+        },
+    }
+    return [{"role": "assistant", "content": None, "tool_calls": [call]}]
+
+
+def _function_call_output(item: Mapping[str, Any], where: str) -> list[Turn]:
+    """What the caller's function returned: a tool turn answering one call."""
+    return [
+        {
+            "role": "tool",
+            "tool_call_id": _text_field(item, "call_id", where, limit=MAX_ID_CHARS),
+            "content": _text_field(item, "output", where, limit=None),
+        }
+    ]
+
+
 # item type -> its turns; the one place new input item types are added.
 ITEM_CONVERTERS: dict[str, Callable[[Mapping[str, Any], str], list[Turn]]] = {
     "message": _message,
+    "function_call": _function_call,
+    "function_call_output": _function_call_output,
 }
+
+
+def _join(turns: list[Turn], new: list[Turn]) -> None:
+    """Appends `new`; calls join the assistant turn just before them (one message)."""
+    for turn in new:
+        last = turns[-1] if turns else None
+        if turn.get("tool_calls") and last is not None and last.get("role") == "assistant":
+            calls = [*(last.get("tool_calls") or []), *turn["tool_calls"]]
+            turns[-1] = {**last, "tool_calls": calls}
+            continue
+        turns.append(turn)
 
 
 def input_turns(raw: str | Sequence[Mapping[str, Any]]) -> list[Turn]:
@@ -104,7 +154,7 @@ def input_turns(raw: str | Sequence[Mapping[str, Any]]) -> list[Turn]:
         convert = ITEM_CONVERTERS.get(kind)
         if convert is None:
             raise unsupported(f"input item type {kind!r} ({where})", "input")
-        turns.extend(convert(item, where))
+        _join(turns, convert(item, where))
     return turns
 
 
@@ -132,11 +182,10 @@ def vet_response_request(body: ResponseCreateRequest) -> None:
         if extra.get(name) is not None:
             raise unsupported(f"parameter {name!r}", name)
     vet_extra_fields(extra)
-    if body.tools:
-        kinds = sorted({_type_name(t) for t in body.tools})
-        raise unsupported(f"tools (of type {', '.join(kinds)})", "tools")
-    if body.tool_choice not in (None, "auto", "none"):
-        raise unsupported("tool_choice other than 'auto' or 'none'", "tool_choice")
+    # Function tools are served (gateway.tools); built-in tools (web search, files, ...) not.
+    builtin = sorted({_type_name(t) for t in body.tools or () if _type_name(t) != "function"})
+    if builtin:
+        raise unsupported(f"tools of type {', '.join(builtin)}", "tools")
     if body.text is not None:
         fmt = body.text.get("format")
         if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):

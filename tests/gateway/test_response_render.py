@@ -46,7 +46,7 @@ def parse(chunk: bytes) -> Any:
 )
 def test_a_stream_is_the_sdks_event_sequence(finish: str, status: str, last: str) -> None:
     events = ResponseEvents(draft())
-    chunks = [*events.opening(), events.delta("Hel"), events.delta("lo")]
+    chunks = [*events.opening(), *events.delta("Hel"), *events.delta("lo")]
     usage = make_response_usage(7, 2, 0)
     final = draft().response(text=events.text, finish_reason=finish, usage=usage, completed_at=1)
     parsed = [parse(c) for c in [*chunks, *events.closing(final)]]

@@ -3,8 +3,10 @@
 A response goes the way of a chat completion (authenticate -> resolve model ->
 admit -> submit -> events -> close with one usage record): its input, behind the
 instructions and the stored conversation of `previous_response_id`, is rendered
-with the model's chat template. A finished response is stored for its tenant
-(unless `store: false`) with its whole conversation, so the next one can continue it.
+with the model's chat template, its function tools declared as chat declares them
+(gateway.tools), and the calls the model writes come back as `function_call` items.
+A finished response is stored for its tenant (unless `store: false`) with its whole
+conversation, so the next one can continue it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from starlette.routing import Route
 
 from engine.errors import InvalidRequestError
 from gateway.body import parse_body
-from gateway.errors import GatewayError, stream_error_body
+from gateway.errors import GatewayError, InvalidParameterError, stream_error_body
 from gateway.generation import Submitted, admit_and_submit, collect, settled_on_error
 from gateway.generation import stream_response as settling_stream
 from gateway.lifecycle import RequestLifecycle
@@ -29,12 +31,25 @@ from gateway.responses_input import input_turns, vet_response_request, with_inst
 from gateway.schemas.common import SamplingFields
 from gateway.schemas.responses import (
     DeletedResponse,
+    FunctionCallItem,
     ResponseCreateRequest,
     ResponseObject,
     make_response_usage,
 )
 from gateway.sse import json_model_response
 from gateway.state import AppState, app_state, client_host
+from gateway.tools import (
+    ContentDelta,
+    ToolCallArguments,
+    ToolCallStart,
+    choose_parser,
+    new_call_id,
+    parse_tool_calls,
+    render_chat,
+    resolve_tools,
+    tool_call_grammar,
+)
+from gateway.tools.chat_reply import ChatTooling
 
 # Where the shared prompt checks name the prompt, a response names its `input`.
 _PROMPT_PARAMS = frozenset({"messages", "prompt"})
@@ -81,6 +96,48 @@ def _previous(state: AppState, tenant_id: str, response_id: str | None) -> tuple
     return stored.conversation
 
 
+def _tooling(life: RequestLifecycle, body: ResponseCreateRequest) -> ChatTooling:
+    """The request's function tools (the Responses API's flat shape) and the call format."""
+    request = resolve_tools(
+        tools=body.tools or None,
+        tool_choice=body.tool_choice,
+        parallel_tool_calls=body.parallel_tool_calls,
+        flat=True,
+    )
+    parser = choose_parser(life.state.settings.tool_parser, _template(life))
+    if request.active and parser == "none":
+        raise InvalidParameterError(
+            "tool calling is not enabled for this model", param="tools", code="unsupported"
+        )
+    return ChatTooling(request, parser)
+
+
+def _template(life: RequestLifecycle) -> str | None:
+    template: str | None = getattr(life.prompts.tokenizer, "chat_template", None)
+    return template
+
+
+def _split(text: str, tooling: ChatTooling) -> tuple[str, list[FunctionCallItem]]:
+    """A finished text as the message's text and the calls it makes."""
+    if not tooling.active:
+        return text, []
+    parsed = parse_tool_calls(
+        text, tooling.parser, names=tooling.request.names, parallel=tooling.request.parallel
+    )
+    calls = []
+    for call in parsed.calls:
+        call_id = new_call_id()
+        calls.append(
+            FunctionCallItem(
+                id=f"fc_{call_id.removeprefix('call_')}",
+                call_id=call_id,
+                name=call.name,
+                arguments=call.arguments,
+            )
+        )
+    return parsed.content or "", calls
+
+
 def _draft(life: RequestLifecycle, body: ResponseCreateRequest) -> ResponseDraft:
     return ResponseDraft(
         response_id=life.request_id,
@@ -95,14 +152,42 @@ def _draft(life: RequestLifecycle, body: ResponseCreateRequest) -> ResponseDraft
         top_p=body.top_p,
         user=body.user,
         metadata=dict(body.metadata or {}),
+        tools=tuple(body.tools or ()),
+        tool_choice=body.tool_choice if body.tool_choice is not None else "auto",
+        parallel_tool_calls=body.parallel_tool_calls is not False,
     )
 
 
-def _finish(life: RequestLifecycle, draft: ResponseDraft, text: str) -> ResponseObject:
+def _finish(
+    life: RequestLifecycle, draft: ResponseDraft, text: str, calls: list[FunctionCallItem]
+) -> ResponseObject:
     usage = make_response_usage(life.prompt_tokens, life.completion_tokens, life.cached_tokens)
     return draft.response(
-        text=text, finish_reason=life.finish_reason, usage=usage, completed_at=int(time.time())
+        text=text,
+        finish_reason=life.finish_reason,
+        usage=usage,
+        completed_at=int(time.time()),
+        calls=calls,
     )
+
+
+def _assistant_turn(final: ResponseObject) -> Turn:
+    """The response's output as the assistant turn a later response continues from."""
+    text = "".join(
+        part.text for item in final.output if item.type == "message" for part in item.content
+    )
+    calls = [
+        {
+            "id": item.call_id,
+            "type": "function",
+            "function": {"name": item.name, "arguments": item.arguments},
+        }
+        for item in final.output
+        if item.type == "function_call"
+    ]
+    if not calls:
+        return {"role": "assistant", "content": text}
+    return {"role": "assistant", "content": text or None, "tool_calls": calls}
 
 
 def _store(
@@ -111,12 +196,11 @@ def _store(
     if not draft.store:
         return
     assert life.principal is not None, "authenticate first"
-    text = final.output[0].content[0].text
     life.state.responses.put(
         StoredResponse(
             response_id=final.id,
             tenant_id=life.principal.tenant_id,
-            conversation=(*history, {"role": "assistant", "content": text}),
+            conversation=(*history, _assistant_turn(final)),
             body=final.model_dump_json(),
         )
     )
@@ -138,13 +222,20 @@ async def create_response(request: Request) -> Response:
         body = await parse_body(request, ResponseCreateRequest)
         life.resolve_model(body.model)
         vet_response_request(body)
+        tooling = _tooling(life, body)
         turns = input_turns(body.input)
         history = [*_previous(state, principal.tenant_id, body.previous_response_id), *turns]
         with _prompt_errors_name_input():
-            prompt = await life.prompts.encode_chat(
-                principal.tenant_id,
+            rendered = render_chat(
                 [dict(t) for t in with_instructions(body.instructions, history)],
+                tooling.request,
+                tooling.parser,
+                chat_template=_template(life),
             )
+            prompt = await life.prompts.encode_chat(
+                principal.tenant_id, rendered.messages, tools=rendered.tools
+            )
+            grammar = tool_call_grammar(tooling.request, tooling.parser)
             submitted = await admit_and_submit(
                 life,
                 _sampling(body),
@@ -152,38 +243,66 @@ async def create_response(request: Request) -> Response:
                 requested_max_tokens=body.max_output_tokens,
                 max_tokens_param="max_output_tokens",
                 logprobs=None,
+                structured=None if grammar is None else (grammar, "tools"),
             )
         draft = _draft(life, body)
         if body.stream:
-            return settling_stream(life, _stream(life, history, draft, submitted), submitted)
+            chunks = _stream(life, history, draft, submitted, tooling)
+            return settling_stream(life, chunks, submitted)
         choices = await collect(life, submitted, request)
     await life.close(200)
-    final = _finish(life, draft, choices[0].text)
+    final = _finish(life, draft, *_split(choices[0].text, tooling))
     _store(life, history, draft, final)
     return json_model_response(final, headers=submitted.headers)
 
 
 async def _stream(
-    life: RequestLifecycle, history: list[Turn], draft: ResponseDraft, submitted: Submitted
+    life: RequestLifecycle,
+    history: list[Turn],
+    draft: ResponseDraft,
+    submitted: Submitted,
+    tooling: ChatTooling,
 ) -> AsyncIterator[bytes]:
     events = ResponseEvents(draft)
-    for chunk in events.opening():
+    parser = tooling.stream_parser() if tooling.active else None
+    for chunk in events.opening(message=parser is None):
         yield chunk
     try:
         async for _, event in life.events(submitted.streams):
             for d in event.deltas:
-                if d.text:
-                    yield events.delta(d.text)
+                if not d.text and d.finish_reason is None:
+                    continue
+                if parser is None:
+                    for chunk in events.delta(d.text) if d.text else []:
+                        yield chunk
+                    continue
+                items = parser.feed(d.text) if d.text else []
+                if d.finish_reason is not None:
+                    items += parser.finish()
+                for item in items:
+                    for chunk in _item_events(events, item):
+                        yield chunk
     except Exception as exc:  # the engine failed mid-stream: tell the client in-band
         yield events.error(stream_error_body(exc, life.request_id))
         return
     life.completed = True
     # Settled (its usage durable) and stored before the client can read the end.
     await life.close_stream()
-    final = _finish(life, draft, events.text)
+    final = _finish(life, draft, events.text, events.calls)
     _store(life, history, draft, final)
     for chunk in events.closing(final):
         yield chunk
+
+
+def _item_events(events: ResponseEvents, item: object) -> list[bytes]:
+    """The stream events of one item the tool parser found."""
+    if isinstance(item, ContentDelta):
+        return events.delta(item.text) if item.text else []
+    if isinstance(item, ToolCallStart):
+        return events.call_started(item.index, item.id, item.name)
+    if isinstance(item, ToolCallArguments):
+        return events.call_arguments(item.index, item.arguments)
+    return []
 
 
 def _stored_or_404(request: Request, state: AppState, tenant_id: str) -> StoredResponse:

@@ -36,7 +36,8 @@ class ResponseCreateRequest(BaseModel):
     user: str | None = Field(default=None, max_length=256)
     # SECURITY.md: `cache: false` neither reads nor writes the prefix cache.
     cache: StrictBool = True
-    # Accepted so the refusals can name them (see gateway/routes/responses.py).
+    # Function tools (gateway.tools, in the Responses API's flat shape); other tool types
+    # and the options below are refused by name (gateway/responses_input.py).
     tools: list[Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -67,6 +68,20 @@ class OutputMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     status: Literal["in_progress", "completed", "incomplete"]
     content: list[OutputText]
+
+
+class FunctionCallItem(BaseModel):
+    """A call of one of the request's function tools, an item of `output`."""
+
+    id: str
+    type: Literal["function_call"] = "function_call"
+    call_id: str  # what the caller's `function_call_output` item answers
+    name: str
+    arguments: str  # JSON text
+    status: Literal["in_progress", "completed", "incomplete"] = "completed"
+
+
+OutputItem = Annotated[OutputMessage | FunctionCallItem, Field(discriminator="type")]
 
 
 class InputTokensDetails(BaseModel):
@@ -134,13 +149,13 @@ class ResponseObject(BaseModel):
     instructions: str | None = None
     max_output_tokens: int | None = None
     model: str
-    output: list[OutputMessage]
+    output: list[OutputItem]
     parallel_tool_calls: bool = True
     previous_response_id: str | None = None
     store: bool = True
     temperature: float | None = None
     text: TextConfig = Field(default_factory=TextConfig)
-    tool_choice: str = "auto"
+    tool_choice: str | dict[str, Any] = "auto"
     tools: list[Any] = Field(default_factory=list)
     top_p: float | None = None
     truncation: Literal["disabled"] = "disabled"
@@ -173,7 +188,7 @@ class OutputItemEvent(BaseModel):
     type: Literal["response.output_item.added", "response.output_item.done"]
     sequence_number: int
     output_index: int
-    item: OutputMessage
+    item: OutputItem
 
 
 class ContentPartEvent(BaseModel):
@@ -209,6 +224,29 @@ class OutputTextDoneEvent(BaseModel):
     content_index: int
     text: str
     logprobs: list[Any] = Field(default_factory=list)
+
+
+class FunctionCallArgumentsDeltaEvent(BaseModel):
+    """`response.function_call_arguments.delta`: a piece of a call's arguments."""
+
+    type: Literal["response.function_call_arguments.delta"] = (
+        "response.function_call_arguments.delta"
+    )
+    sequence_number: int
+    item_id: str
+    output_index: int
+    delta: str
+
+
+class FunctionCallArgumentsDoneEvent(BaseModel):
+    """`response.function_call_arguments.done`: a call's whole arguments."""
+
+    type: Literal["response.function_call_arguments.done"] = "response.function_call_arguments.done"
+    sequence_number: int
+    item_id: str
+    output_index: int
+    name: str
+    arguments: str
 
 
 class StreamErrorEvent(BaseModel):
