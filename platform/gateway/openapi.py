@@ -192,11 +192,43 @@ def gateway_paths() -> dict[str, Any]:
     }
 
 
+# The output constraints (gateway.structured_output) are read from a body's extra
+# fields, so the request models do not name them: described here, for both generation
+# requests. At most one per request.
+CONSTRAINT_PROPERTIES: dict[str, Any] = {
+    "response_format": {
+        "description": 'Output format: {"type": "text"}, {"type": "json_object"}, or '
+        '{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}',
+        "type": "object",
+        "properties": {"type": {"enum": ["text", "json_object", "json_schema"]}},
+        "required": ["type"],
+    },
+    "guided_json": {"description": "vLLM extra: a JSON Schema the output must match"},
+    "guided_regex": {"type": "string", "description": "vLLM extra: a regular expression"},
+    "guided_choice": {
+        "type": "array",
+        "items": {"type": "string"},
+        "description": "vLLM extra: the output is one of these strings",
+    },
+    "guided_grammar": {
+        "type": "string",
+        "description": "vLLM extra: a Lark grammar (llguidance's dialect)",
+    },
+    "structured_outputs": {
+        "type": "object",
+        "description": 'vLLM extra: one of {"json", "regex", "choice", "grammar", "json_object"}',
+    },
+}
+
+
 def gateway_components() -> dict[str, Any]:
     """The schemas the paths refer to, and the tenants' bearer-key security scheme."""
     _, defs = models_json_schema([(model, "validation") for model in MODELS], ref_template=REF)
+    schemas = defs.get("$defs", {})
+    for request in (ChatCompletionRequest, CompletionRequest):
+        schemas[request.__name__].setdefault("properties", {}).update(CONSTRAINT_PROPERTIES)
     return {
-        "schemas": defs.get("$defs", {}),
+        "schemas": schemas,
         "securitySchemes": {
             BEARER: {"type": "http", "scheme": "bearer", "description": "A tenant's API key"},
         },

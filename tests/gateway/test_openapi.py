@@ -108,3 +108,16 @@ def test_docs_page_is_html_that_loads_nothing(gateway: LiveGateway) -> None:
 
 def test_document_is_built_from_the_same_table(document: dict[str, Any]) -> None:
     assert tenant_document(document["info"]["title"], document["info"]["version"]) == document
+
+
+def test_output_constraints_are_described_on_both_generation_requests() -> None:
+    from gateway.openapi import CONSTRAINT_PROPERTIES, gateway_components
+
+    schemas = gateway_components()["schemas"]
+    for name in ("ChatCompletionRequest", "CompletionRequest"):
+        properties = schemas[name]["properties"]
+        assert set(CONSTRAINT_PROPERTIES) <= set(properties), name
+        assert "json_schema" in properties["response_format"]["properties"]["type"]["enum"]
+    assert {"tools", "tool_choice", "top_k", "min_p"} <= set(
+        schemas["ChatCompletionRequest"]["properties"]
+    )
