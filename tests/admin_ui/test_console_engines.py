@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.admin.oidc_provider import Provider, start_provider
@@ -52,7 +53,19 @@ def _cells(table: Any, row_text: str) -> dict[str, str]:
 
 
 def test_engines_api_reports_the_tiny_model_engine(server: Server) -> None:
-    """GET /engines on the live server: the in-process engine of `tiny`, its pool and load."""
+    """GET /engines on the live server: the in-process engine of `tiny`, its pool, load and,
+    after the same prompt twice, a prefix-cache hit rate of hits over looked-up tokens."""
+    assert server.api("POST", "/tenants", json={"name": "acme"}).status_code == 201
+    key = server.api("POST", "/tenants/acme/keys", json={}).json()["secret"]
+    prompt = "The quick brown fox jumps over the lazy dog. " * 8
+    for _ in range(2):
+        r = httpx.post(
+            f"{server.base_url}/v1/completions",
+            headers={"Authorization": f"Bearer {key}"},
+            json={"model": "tiny", "prompt": prompt, "max_tokens": 1},
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text
     body = server.api("GET", "/engines").json()
     assert body["connected"] is True
     [model] = body["models"]
@@ -63,6 +76,9 @@ def test_engines_api_reports_the_tiny_model_engine(server: Server) -> None:
     assert replica["num_blocks"] > 0 and replica["block_size"] > 0
     assert replica["kv_capacity_tokens"] == replica["num_blocks"] * replica["block_size"]
     assert (replica["num_running"], replica["num_waiting"]) == (0, 0)
+    queries, hits = replica["prefix_cache_queries"], replica["prefix_cache_hits"]
+    assert 0 < hits < queries  # the second prompt reused the first one's full blocks
+    assert replica["prefix_hit_rate"] == pytest.approx(hits / queries)
     server.state["engine"] = replica
 
 
@@ -81,6 +97,7 @@ def test_engines_page_shows_the_model_capacity_and_load(admin: Console, server: 
     assert cells["Device · dtype"] == "cpu · float32"
     assert (cells["Running"], cells["Waiting"]) == ("0", "0")
     assert cells["KV used"].endswith("%")
+    assert cells["Prefix-cache hits"] == f"{r['prefix_hit_rate'] * 100:.1f} %"
     admin.shot("engines")
     admin.assert_no_errors()
 

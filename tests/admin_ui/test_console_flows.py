@@ -441,7 +441,7 @@ def test_each_new_role_sees_what_it_may_use(browser: Any, server: Server) -> Non
         (
             "operator",
             "#/overview",
-            ["Overview", "Tenants", "Keys", "Models & adapters", "Usage & billing"],
+            ["Overview", "Tenants", "Keys", "Models & adapters", "Engines", "Usage & billing"],
         ),
         ("finance", "#/usage", ["Usage & billing"]),
         ("auditor", "#/audit", ["Audit log"]),

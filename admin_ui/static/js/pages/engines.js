@@ -21,6 +21,18 @@ const columns = [
   { title: "Prefix-cache hits", render: (r) => pct(r.prefix_hit_rate), num: true },
 ];
 
+// Each cell names its column, so the phone layout (table.stack in console.css) can label it.
+function stacked(wrap) {
+  const table = wrap.querySelector("table");
+  if (!table) return wrap;
+  const titles = [...table.querySelectorAll("thead th")].map((th) => th.textContent);
+  table.classList.add("stack");
+  for (const tr of table.querySelectorAll("tbody tr")) {
+    [...tr.children].forEach((td, i) => td.setAttribute("data-label", titles[i]));
+  }
+  return wrap;
+}
+
 export async function render() {
   const data = await api.get("/engines");
   const intro = el("p", { class: "muted" },
@@ -30,7 +42,7 @@ export async function render() {
       el("p", { class: "muted" }, "This admin service runs apart from the gateway, so it cannot see the engines. Open the console of cloister serve (or the gateway) to see them."));
   }
   const cards = data.models.map((m) => card(`Model ${m.model}`,
-    table(columns, m.replicas, { empty: "No engine replica is up.", label: `Engines of ${m.model}` })));
+    stacked(table(columns, m.replicas, { empty: "No engine replica is up.", label: `Engines of ${m.model}` }))));
   return el("div", {}, el("h1", {}, "Engines"), intro,
     cards.length ? cards : el("p", { class: "muted" }, "No model is served."));
 }
