@@ -127,6 +127,7 @@ def test_published_prefix_is_listed_and_withdraw_removes_it(admin: Console, serv
         .inner_text()
         .startswith("Published-prefix blocks in the KV cache now — tiny: ")
     )
+    admin.shot("models-prefixes")
     page.get_by_role("button", name="Withdraw system-v1").click()
     page.locator("#confirm-ok").click()
     page.get_by_text("Prefix system-v1 is withdrawn.").wait_for()
