@@ -15,6 +15,7 @@ from admin.routes import (
     audit,
     auth,
     billing,
+    engines,
     keys,
     limits,
     models,
@@ -39,6 +40,7 @@ RESOURCE_ROUTERS = (
     audit.router,
     tokens.router,
     overview.router,
+    engines.router,
 )
 
 

@@ -8,16 +8,20 @@ the sampler the overview route reads engine counters from.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import FileResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from admin.deps import AdminServices
+from admin.engine_view import EngineReplicas
 from admin.overview_stats import EngineStats, StatsSampler
+
+if TYPE_CHECKING:
+    from gateway.engine_replicas import ReplicaState
 
 DEFAULT_UI_DIR = Path(__file__).resolve().parents[2] / "admin_ui"
 CHART_JS = Path("node_modules/chart.js/dist/chart.umd.min.js")
@@ -53,11 +57,22 @@ def gateway_engine_stats(state: Any) -> EngineStats:
     return read
 
 
+def gateway_engine_replicas(state: Any) -> EngineReplicas:
+    """A replica-state reader over a gateway AppState: each served model's engines."""
+    from gateway.engine_replicas import replica_states
+
+    def read() -> Mapping[str, Sequence[ReplicaState]]:
+        return {name: replica_states(client) for name, client in state.engines.items()}
+
+    return read
+
+
 def mount_console(
     app: FastAPI,
     services: AdminServices,
     *,
     engine_stats: EngineStats | Callable[[], Mapping[str, float]] | None = None,
+    engine_replicas: EngineReplicas | None = None,
     sample_every_s: float = 10.0,
     ui_dir: Path = DEFAULT_UI_DIR,
 ) -> StatsSampler | None:
@@ -72,6 +87,7 @@ def mount_console(
         if sample_every_s > 0:
             sampler.start(sample_every_s)
     app.state.admin_stats_sampler = sampler  # read by GET /overview (admin/routes/overview.py)
+    app.state.admin_engine_replicas = engine_replicas  # read by GET /engines
     index = ui_dir / "index.html"
 
     def page() -> Response:

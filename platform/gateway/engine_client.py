@@ -173,6 +173,13 @@ class InProcessEngineClient:
             block_size=int(getattr(s, "block_size", 0)),
         )
 
+    def public_prefix_blocks(self) -> int:
+        """Blocks of published prefixes (the public cache domain, "<public>") in the
+        engine's KV cache now; 0 for an engine that does not report cache domains."""
+        domains = getattr(self._engine.stats(), "prefix_cache_domains", None) or {}
+        public = domains.get("<public>")
+        return 0 if public is None else int(public.cached_blocks)
+
     @property
     def alive(self) -> bool:
         """Whether the engine takes requests."""

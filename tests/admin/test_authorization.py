@@ -253,6 +253,7 @@ def _cells() -> list[Cell]:
             DENY,
         ),
         Cell("GET", "/overview", lambda f, t: (f"{P}/overview", {}), "aov", OK),
+        Cell("GET", "/engines", lambda f, t: (f"{P}/engines", {}), "aov", DENY),
     ]
 
 

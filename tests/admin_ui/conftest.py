@@ -75,10 +75,17 @@ def _require_chromium() -> None:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One `cloister serve` per module: own data dir, tiny random model, audit signing key."""
+    yield from serve_console(tmp_path_factory, free_port())
+
+
+def serve_console(
+    tmp_path_factory: pytest.TempPathFactory, port: int, extra_env: dict[str, str] | None = None
+) -> Iterator[Server]:
+    """Runs `cloister serve` on `port` with the console's test settings (and `extra_env`)
+    until the generator is closed; yields it once it answers, with an admin token."""
     _require_chromium()
     root = tmp_path_factory.mktemp("console")
     model = make_tiny_model_dir(root / "model")
-    port = free_port()
     env = dict(os.environ)
     env.update(
         {
@@ -93,6 +100,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             "CLOISTER_CONFIG_REFRESH_S": "0.5",
             "CLOISTER_ADMIN_AUDIT_SIGNING_KEY": SIGNING_KEY,
             "CLOISTER_ADMIN_AUDIT_CHECKPOINT_EVERY": "5",
+            **(extra_env or {}),
         }
     )
     log_path = root / "serve.log"

@@ -441,7 +441,7 @@ def test_each_new_role_sees_what_it_may_use(browser: Any, server: Server) -> Non
         (
             "operator",
             "#/overview",
-            ["Overview", "Tenants", "Keys", "Models & adapters", "Usage & billing"],
+            ["Overview", "Tenants", "Keys", "Models & adapters", "Engines", "Usage & billing"],
         ),
         ("finance", "#/usage", ["Usage & billing"]),
         ("auditor", "#/audit", ["Audit log"]),
@@ -505,6 +505,7 @@ PAGES = (
     ("tenant", f"/tenants/{TENANT}"),
     ("keys", f"/keys/{TENANT}"),
     ("models", "/models"),
+    ("engines", "/engines"),
     ("usage", "/usage"),
     ("audit", "/audit"),
 )
@@ -517,7 +518,7 @@ TENANT_ADMIN_PAGES = (
 WIDTHS = ((1280, 800), (390, 844))  # a laptop, a phone
 
 
-@pytest.mark.slow  # 24 full-page screenshots: about 7 s
+@pytest.mark.slow  # 26 full-page screenshots: about 8 s
 def test_every_page_fits_laptop_and_phone_widths(
     admin: Console, browser: Any, server: Server, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

@@ -103,6 +103,7 @@ export const api = {
   post: (path, body, query) => call("POST", path, { body, query }),
   put: (path, body, query) => call("PUT", path, { body, query }),
   patch: (path, body) => call("PATCH", path, { body }),
+  del: (path) => call("DELETE", path),
   upload: (path, blob, query) => call("POST", path, { body: blob, query, contentType: "application/zip" }),
 };
 

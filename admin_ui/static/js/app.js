@@ -6,6 +6,7 @@ import * as tenants from "./pages/tenants.js";
 import * as tenant from "./pages/tenant.js";
 import * as keys from "./pages/keys.js";
 import * as models from "./pages/models.js";
+import * as engines from "./pages/engines.js";
 import * as usage from "./pages/usage.js";
 import * as audit from "./pages/audit.js";
 
@@ -22,6 +23,7 @@ const ROUTES = [
   { re: /^\/tenants\/([^/]+)$/, page: tenant, nav: "tenants", roles: [...PLATFORM, "tenant-admin"] },
   { re: /^\/keys(?:\/([^/]+))?$/, page: keys, nav: "keys", roles: [...PLATFORM, "tenant-admin"] },
   { re: /^\/models$/, page: models, nav: "models", roles: PLATFORM },
+  { re: /^\/engines$/, page: engines, nav: "engines", roles: PLATFORM },
   { re: /^\/usage$/, page: usage, nav: "usage", roles: [...PLATFORM, "finance", "tenant-admin"] },
   { re: /^\/audit$/, page: audit, nav: "audit", roles: ["admin", "viewer", "auditor"] },
 ];
@@ -34,6 +36,7 @@ function navItems() {
       ["keys", "Keys"], ["usage", "Usage & billing"]];
   }
   const items = [["overview", "Overview"], ["tenants", "Tenants"], ["keys", "Keys"], ["models", "Models & adapters"],
+    ["engines", "Engines"],
     ["usage", "Usage & billing"], ["audit", "Audit log"]];
   return items.filter(([path]) => ROUTES.find((r) => r.nav === path).roles.includes(me.role));
 }

@@ -1,6 +1,6 @@
 // Models and LoRA adapters: register, upload, load or unload, access, prices.
 import { api, getAll } from "../api.js";
-import { attempt, card, el, field, fmtTime, isoField, parseIsoMinute, showBanner, statusPill, table } from "../dom.js";
+import { attempt, card, confirmAction, el, field, fmtNum, fmtTime, isoField, parseIsoMinute, showBanner, statusPill, table } from "../dom.js";
 
 const usdPerM = (micros) => (micros === null || micros === undefined ? "—" : `$${(micros / 1e6).toFixed(4)}`);
 const toMicros = (usd) => Math.round(Number(usd || 0) * 1e6);
@@ -95,8 +95,46 @@ function toggle(kind, item, reload) {
   } }, loaded ? "Unload" : "Load");
 }
 
+// A prefix's length: its token ids, or the text the engine tokenizes when it is pushed.
+const prefixLength = (p) => (p.token_ids ? `${fmtNum(p.token_ids.length)} tokens` : `text, ${fmtNum(p.text.length)} characters`);
+
+// The engines count prefix-cache hits per tenant cache domain (a request reusing a published
+// prefix is a hit of its own tenant's domain), so no hit count per prefix exists to show;
+// what the public domain does report is how many published-prefix blocks are cached now.
+function publicBlocks(engines) {
+  if (!engines || !engines.connected) return "The engines are not visible from this admin service.";
+  const parts = engines.models.map((m) => {
+    const known = m.replicas.filter((r) => r.public_cached_blocks !== null);
+    if (!known.length) return `${m.model}: not reported by its engine servers`;
+    const blocks = known.reduce((n, r) => n + r.public_cached_blocks, 0);
+    return `${m.model}: ${fmtNum(blocks)} blocks (${fmtNum(blocks * known[0].block_size)} tokens)`;
+  });
+  return `Published-prefix blocks in the KV cache now — ${parts.join("; ")}.`;
+}
+
+function withdraw(p, reload) {
+  return el("button", { type: "button", class: "secondary", "aria-label": `Withdraw ${p.name}`, onclick: async () => {
+    if (!(await confirmAction(`Withdraw the shared prefix ${p.name}? Engines stop sharing it within the refresh interval.`, "Withdraw"))) return;
+    const ok = await attempt(() => api.del(`/prefixes/${encodeURIComponent(p.name)}`));
+    if (ok) reload(`Prefix ${p.name} is withdrawn.`);
+  } }, "Withdraw");
+}
+
+function prefixesCard(ctx, prefixes, engines, reload) {
+  const cols = [
+    { title: "Name", key: "name" }, { title: "Model", key: "model" },
+    { title: "Length", render: prefixLength, num: true }, { title: "Created", render: (p) => fmtTime(p.created_at) },
+  ];
+  if (ctx.canWrite) cols.push({ title: "Actions", render: (p) => withdraw(p, reload) });
+  return card("Published prefixes",
+    el("p", { class: "muted" }, "Shared prefixes every tenant's requests may reuse from the KV cache. Hits are not counted per prefix: the engines count them in the requesting tenant's cache domain (see Engines for each engine's hit rate)."),
+    el("p", { id: "public-blocks" }, publicBlocks(engines)),
+    table(cols, prefixes, { empty: "No prefix is published.", label: "Published prefixes" }));
+}
+
 export async function render(ctx) {
-  const [models, adapters, tenants] = await Promise.all([getAll("/models"), getAll("/adapters"), ctx.canWrite ? getAll("/tenants") : []]);
+  const [models, adapters, tenants, prefixes, engines] = await Promise.all([getAll("/models"), getAll("/adapters"),
+    ctx.canWrite ? getAll("/tenants") : [], getAll("/prefixes"), api.get("/engines")]);
   const byId = new Map(tenants.map((t) => [t.id, t.name]));
   const reload = (msg) => { window.dispatchEvent(new HashChangeEvent("hashchange")); if (msg) setTimeout(() => showBanner(msg, "info"), 0); };
   // Thirteen columns overflowed 1280 px: the source wraps, device and dtype share a
@@ -123,6 +161,7 @@ export async function render(ctx) {
     card("Models", table(modelCols, models, { empty: "No models registered.", label: "Models" })),
     ctx.canWrite ? card("Register a model", registerForm(reload)) : null,
     ctx.canWrite && models.length ? accessAndPriceForms(models, reload) : [],
+    prefixesCard(ctx, prefixes, engines, reload),
     card("LoRA adapters", table(adapterCols, adapters, { empty: "No adapters yet.", label: "Adapters" })),
     ctx.canWrite && models.length ? card("Upload a PEFT adapter", uploadForm(models, tenants, reload)) : null);
 }

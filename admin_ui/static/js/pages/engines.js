@@ -1,0 +1,48 @@
+// Engines: each served model's engines (replicas) now: device, dtype, KV pool, load, cache.
+import { api } from "../api.js";
+import { card, el, fmtNum, statusPill, table } from "../dom.js";
+
+const pct = (v) => (v === null || v === undefined ? "—" : `${(v * 100).toFixed(1)} %`);
+
+// blocks × block size = tokens; an engine that did not report its pool shows a dash.
+function capacity(r) {
+  if (!r.num_blocks) return "—";
+  return `${fmtNum(r.num_blocks)} × ${fmtNum(r.block_size)} = ${fmtNum(r.kv_capacity_tokens)} tokens`;
+}
+
+const columns = [
+  { title: "Replica", key: "replica", wrap: true },
+  { title: "State", render: (r) => statusPill(r.alive ? "serving" : "down") },
+  { title: "Device · dtype", render: (r) => [r.device, r.dtype].filter(Boolean).join(" · ") || "—" },
+  { title: "KV capacity (blocks × size)", render: capacity },
+  { title: "Running", key: "num_running", num: true },
+  { title: "Waiting", key: "num_waiting", num: true },
+  { title: "KV used", render: (r) => pct(r.kv_cache_usage), num: true },
+  { title: "Prefix-cache hits", render: (r) => pct(r.prefix_hit_rate), num: true },
+];
+
+// Each cell names its column, so the phone layout (table.stack in console.css) can label it.
+function stacked(wrap) {
+  const table = wrap.querySelector("table");
+  if (!table) return wrap;
+  const titles = [...table.querySelectorAll("thead th")].map((th) => th.textContent);
+  table.classList.add("stack");
+  for (const tr of table.querySelectorAll("tbody tr")) {
+    [...tr.children].forEach((td, i) => td.setAttribute("data-label", titles[i]));
+  }
+  return wrap;
+}
+
+export async function render() {
+  const data = await api.get("/engines");
+  const intro = el("p", { class: "muted" },
+    "The engines serving each model, as the gateway last saw them. Prefix-cache hits are the share of looked-up prompt tokens served from the cache since the engine started.");
+  if (!data.connected) {
+    return el("div", {}, el("h1", {}, "Engines"),
+      el("p", { class: "muted" }, "This admin service runs apart from the gateway, so it cannot see the engines. Open the console of cloister serve (or the gateway) to see them."));
+  }
+  const cards = data.models.map((m) => card(`Model ${m.model}`,
+    stacked(table(columns, m.replicas, { empty: "No engine replica is up.", label: `Engines of ${m.model}` }))));
+  return el("div", {}, el("h1", {}, "Engines"), intro,
+    cards.length ? cards : el("p", { class: "muted" }, "No model is served."));
+}

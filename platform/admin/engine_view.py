@@ -1,0 +1,64 @@
+"""The engines page's data: the gateway's replica states joined with the registry.
+
+The gateway side (`gateway.engine_replicas.replica_states`) reads the engine clients;
+`mount_console` leaves a callable returning those states per model on the app, and
+this module turns them into the API's schema. Device and dtype come from the
+registry, which records what this process loaded (admin/served_models.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from admin.models import RegisteredModel
+from admin.schemas.engines import EngineModel, EngineReplica, EnginesView
+
+if TYPE_CHECKING:  # the admin service also runs without a gateway in its process
+    from gateway.engine_replicas import ReplicaState
+
+EngineReplicas = Callable[[], Mapping[str, Sequence["ReplicaState"]]]
+
+
+def _replica(state: ReplicaState, model: RegisteredModel | None) -> EngineReplica:
+    s = state.snapshot
+    local = model if state.in_process else None
+    return EngineReplica(
+        replica=state.replica,
+        alive=state.alive,
+        device=local.device if local else None,
+        dtype=local.dtype if local else None,
+        num_blocks=s.num_blocks,
+        block_size=s.block_size,
+        kv_capacity_tokens=s.num_blocks * s.block_size,
+        num_running=s.num_running,
+        num_waiting=s.num_waiting,
+        kv_cache_usage=s.kv_cache_usage,
+        prefix_cache_queries=s.prefix_cache_queries,
+        prefix_cache_hits=s.prefix_cache_hits,
+        prefix_hit_rate=(
+            s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else None
+        ),
+        public_cached_blocks=state.public_cached_blocks,
+    )
+
+
+def engines_view(session: Session, replicas: EngineReplicas | None) -> EnginesView:
+    """Each served model's engines, in the gateway's order; not connected without one."""
+    if replicas is None:
+        return EnginesView(connected=False, models=[])
+    states = replicas()
+    rows = session.scalars(select(RegisteredModel).where(RegisteredModel.name.in_(list(states))))
+    registered = {m.name: m for m in rows}
+    return EnginesView(
+        connected=True,
+        models=[
+            EngineModel(
+                model=name, replicas=[_replica(s, registered.get(name)) for s in model_states]
+            )
+            for name, model_states in states.items()
+        ],
+    )

@@ -1,0 +1,40 @@
+"""The engines behind each served model, as GET /engines returns them."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+
+class EngineReplica(BaseModel):
+    """One engine (in this process, or one engine server) and its state now."""
+
+    replica: str  # "in-process", or the engine server's URL
+    alive: bool
+    device: str | None  # as the registry records it for an in-process engine; None: unknown
+    dtype: str | None
+    num_blocks: int  # the KV pool: blocks of `block_size` tokens (0: not reported)
+    block_size: int
+    kv_capacity_tokens: int  # num_blocks * block_size
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float  # 0..1
+    prefix_cache_queries: int  # prompt tokens looked up in the prefix cache, cumulative
+    prefix_cache_hits: int  # of those, tokens served from it
+    prefix_hit_rate: float | None  # hits / queries; None before the first lookup
+    # Blocks of published prefixes (the public cache domain) cached now; None: not reported.
+    public_cached_blocks: int | None
+
+
+class EngineModel(BaseModel):
+    """A served model and its engines."""
+
+    model: str
+    replicas: list[EngineReplica]
+
+
+class EnginesView(BaseModel):
+    """Every served model's engines; `connected` is False when this admin service runs
+    apart from the gateway (no engines to read)."""
+
+    connected: bool
+    models: list[EngineModel]

@@ -1,0 +1,157 @@
+"""GET /engines: one row per engine replica, in-process and remote, with the pool's
+capacity, load and cache counters; not connected on an admin app without a gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from admin.served_models import ServedModel, record_served
+from admin.ui import gateway_engine_replicas
+from engine.kv_cache.counters import DomainCacheStats
+from engine.stats import EngineStats
+from gateway.engine_client import InProcessEngineClient
+from gateway.replica_set import ReplicaSetClient
+from tests.admin.conftest import AdminEnv, make_env
+from tests.gateway.fakes import ByteTokenizer
+
+P = "/admin/api/v1"
+
+
+class LocalEngine:
+    """An engine front's surface as InProcessEngineClient reads it, with fixed stats."""
+
+    model_name = "local"
+    max_model_len = 64
+    vocab_size = 256
+    tokenizer = ByteTokenizer()
+    alive = True
+
+    def stats(self) -> EngineStats:
+        """Two running, one waiting, 3 of 8 looked-up tokens hit, 2 published blocks."""
+        return EngineStats(
+            num_running=2,
+            num_waiting=1,
+            kv_cache_usage=0.25,
+            prefix_cache_queries=8,
+            prefix_cache_hits=3,
+            num_preemptions=0,
+            num_blocks=40,
+            block_size=16,
+            prefix_cache_domains={"<public>": DomainCacheStats(0, 0, 0, 0, 0, cached_blocks=2)},
+        )
+
+
+def _engine_server(running: int) -> tuple[ThreadingHTTPServer, str]:
+    """An engine server's /internal/info and /internal/stats on loopback."""
+    bodies = {
+        "/internal/info": {
+            "model_name": "remote",
+            "max_model_len": 128,
+            "vocab_size": 256,
+            "num_blocks": 100,
+            "block_size": 8,
+        },
+        "/internal/stats": {
+            "num_running": running,
+            "num_waiting": 4,
+            "kv_cache_usage": 0.5,
+            "prefix_cache_queries": 0,
+            "prefix_cache_hits": 0,
+            "num_preemptions": 0,
+        },
+    }
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            body = json.dumps(bodies[self.path]).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, f"http://127.0.0.1:{srv.server_address[1]}"
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[AdminEnv]:
+    """The admin app with model `local` recorded as loaded on cpu in float32."""
+    e = make_env(tmp_path)
+    served = ServedModel("local", str(tmp_path), "gguf", 64, "rev1", device="cpu", dtype="float32")
+    record_served(e.sessions, e.services.audit_writer, served)
+    yield e
+    e.client.close()
+
+
+def test_engines_without_a_gateway_are_not_connected(env: AdminEnv) -> None:
+    """`cloister admin serve` has no engines: the page says so instead of showing zeros."""
+    r = env.client.get(f"{P}/engines", headers=env.token("viewer"))
+    assert r.status_code == 200
+    assert r.json() == {"connected": False, "models": []}
+
+
+def test_engines_lists_in_process_and_each_remote_replica(env: AdminEnv) -> None:
+    """An in-process engine with the registry's device and dtype; a replica set's two
+    engine servers as two rows, their pool from /internal/info, load from the poll."""
+    servers = [_engine_server(running=1), _engine_server(running=5)]
+    try:
+        remote = ReplicaSetClient(
+            [url for _, url in servers], token=None, tokenizer=ByteTokenizer(), model_name="remote"
+        )
+
+        async def poll() -> None:
+            for replica in remote.replicas():
+                await replica.poll_once()
+                await replica.http.aclose()
+
+        asyncio.run(poll())
+        engines = {"local": InProcessEngineClient(LocalEngine()), "remote": remote}
+        env.client.app.state.admin_engine_replicas = gateway_engine_replicas(  # type: ignore[attr-defined]
+            SimpleNamespace(engines=engines)
+        )
+        r = env.client.get(f"{P}/engines", headers=env.token("operator"))
+    finally:
+        for srv, _ in servers:
+            srv.shutdown()
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["connected"] is True
+    assert [m["model"] for m in body["models"]] == ["local", "remote"]
+    [local] = body["models"][0]["replicas"]
+    assert local == {
+        "replica": "in-process",
+        "alive": True,
+        "device": "cpu",
+        "dtype": "float32",
+        "num_blocks": 40,
+        "block_size": 16,
+        "kv_capacity_tokens": 640,
+        "num_running": 2,
+        "num_waiting": 1,
+        "kv_cache_usage": 0.25,
+        "prefix_cache_queries": 8,
+        "prefix_cache_hits": 3,
+        "prefix_hit_rate": 0.375,
+        "public_cached_blocks": 2,
+    }
+    replicas = body["models"][1]["replicas"]
+    assert sorted(x["replica"] for x in replicas) == sorted(url for _, url in servers)
+    assert sorted(x["num_running"] for x in replicas) == [1, 5]
+    for x in replicas:
+        assert (x["kv_capacity_tokens"], x["num_waiting"], x["alive"]) == (800, 4, True)
+        # A remote engine's device is not known here, and no lookup means no hit rate.
+        assert (x["device"], x["prefix_hit_rate"], x["public_cached_blocks"]) == (None, None, None)

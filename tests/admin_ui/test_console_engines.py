@@ -1,0 +1,166 @@
+"""The Engines page, published prefixes on the Models page, and OIDC sign-in in the
+browser: one `cloister serve` (tiny model) whose admin console signs in through a real
+OpenID provider on loopback."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.admin.oidc_provider import Provider, start_provider
+from tests.admin_ui.conftest import Console, Server, serve_console
+from tests.gateway.conftest import free_port
+
+CLIENT_ID = "cloister-console"
+
+
+@pytest.fixture(scope="module")
+def provider() -> Iterator[Provider]:
+    """The OpenID provider (it approves every authorization request at once)."""
+    p, stop = start_provider(CLIENT_ID)
+    yield p
+    stop()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, provider: Provider) -> Iterator[Server]:
+    """`cloister serve` with OIDC sign-in through `provider`, back to /admin/oidc."""
+    port = free_port()
+    oidc = {
+        "CLOISTER_ADMIN_OIDC_ISSUER": provider.issuer,
+        "CLOISTER_ADMIN_OIDC_CLIENT_ID": CLIENT_ID,
+        "CLOISTER_ADMIN_OIDC_REDIRECT_URI": f"http://127.0.0.1:{port}/admin/oidc",
+    }
+    yield from serve_console(tmp_path_factory, port, oidc)
+
+
+@pytest.fixture(scope="module")
+def admin(browser: Any, server: Server) -> Iterator[Console]:
+    """The admin's browser context, signed in with a token."""
+    console = Console(browser, server, "engines")
+    console.sign_in(server.admin_token)
+    yield console
+    console.close()
+
+
+def _cells(table: Any, row_text: str) -> dict[str, str]:
+    headers = [h.strip() for h in table.locator("thead th").all_inner_texts()]
+    row = table.locator("tbody tr", has_text=row_text).first
+    return dict(zip(headers, [c.strip() for c in row.locator("td").all_inner_texts()], strict=True))
+
+
+def test_engines_api_reports_the_tiny_model_engine(server: Server) -> None:
+    """GET /engines on the live server: the in-process engine of `tiny`, its pool, load and,
+    after the same prompt twice, a prefix-cache hit rate of hits over looked-up tokens."""
+    assert server.api("POST", "/tenants", json={"name": "acme"}).status_code == 201
+    key = server.api("POST", "/tenants/acme/keys", json={}).json()["secret"]
+    prompt = "The quick brown fox jumps over the lazy dog. " * 8
+    for _ in range(2):
+        r = httpx.post(
+            f"{server.base_url}/v1/completions",
+            headers={"Authorization": f"Bearer {key}"},
+            json={"model": "tiny", "prompt": prompt, "max_tokens": 1},
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text
+    body = server.api("GET", "/engines").json()
+    assert body["connected"] is True
+    [model] = body["models"]
+    assert model["model"] == "tiny"
+    [replica] = model["replicas"]
+    assert replica["replica"] == "in-process" and replica["alive"] is True
+    assert (replica["device"], replica["dtype"]) == ("cpu", "float32")
+    assert replica["num_blocks"] > 0 and replica["block_size"] > 0
+    assert replica["kv_capacity_tokens"] == replica["num_blocks"] * replica["block_size"]
+    assert (replica["num_running"], replica["num_waiting"]) == (0, 0)
+    queries, hits = replica["prefix_cache_queries"], replica["prefix_cache_hits"]
+    assert 0 < hits < queries  # the second prompt reused the first one's full blocks
+    assert replica["prefix_hit_rate"] == pytest.approx(hits / queries)
+    server.state["engine"] = replica
+
+
+def test_engines_page_shows_the_model_capacity_and_load(admin: Console, server: Server) -> None:
+    """The nav has Engines; its table shows the tiny model's replica as the API does."""
+    admin.page.get_by_role("link", name="Engines").click()
+    admin.page.wait_for_function(
+        "() => document.querySelector('main')?.dataset.rendered === '/engines'"
+    )
+    r = server.state["engine"]
+    table = admin.page.get_by_role("table", name="Engines of tiny")
+    cells = _cells(table, "in-process")
+    capacity = f"{r['num_blocks']:,} × {r['block_size']:,} = {r['kv_capacity_tokens']:,} tokens"
+    assert cells["KV capacity (blocks × size)"] == capacity
+    assert cells["State"] == "serving"
+    assert cells["Device · dtype"] == "cpu · float32"
+    assert (cells["Running"], cells["Waiting"]) == ("0", "0")
+    assert cells["KV used"].endswith("%")
+    assert cells["Prefix-cache hits"] == f"{r['prefix_hit_rate'] * 100:.1f} %"
+    admin.shot("engines")
+    admin.assert_no_errors()
+
+
+def test_published_prefix_is_listed_and_withdraw_removes_it(admin: Console, server: Server) -> None:
+    """A prefix published through the API is in the table with its length; the
+    operator's Withdraw (confirmed) deletes it from the registry and the table."""
+    made = server.api(
+        "POST",
+        "/prefixes",
+        json={"name": "system-v1", "model": "tiny", "token_ids": list(range(1, 33))},
+    )
+    assert made.status_code == 201, made.text
+    admin.go("/models")
+    page = admin.page
+    table = page.get_by_role("table", name="Published prefixes")
+    cells = _cells(table, "system-v1")
+    assert (cells["Model"], cells["Length"]) == ("tiny", "32 tokens")
+    assert cells["Created"].endswith(" UTC")
+    # No invented per-prefix hit counts: the page says where hits are counted instead.
+    assert (
+        "Hits are not counted per prefix"
+        in page.get_by_role("region", name="Published prefixes").inner_text()
+    )
+    assert (
+        page.locator("#public-blocks")
+        .inner_text()
+        .startswith("Published-prefix blocks in the KV cache now — tiny: ")
+    )
+    admin.shot("models-prefixes")
+    page.get_by_role("button", name="Withdraw system-v1").click()
+    page.locator("#confirm-ok").click()
+    page.get_by_text("Prefix system-v1 is withdrawn.").wait_for()
+    page.get_by_text("No prefix is published.").wait_for()
+    assert server.api("GET", "/prefixes").json()["items"] == []
+    admin.assert_no_errors()
+
+
+def test_oidc_sign_in_and_sign_out_in_the_browser(
+    browser: Any, server: Server, provider: Provider
+) -> None:
+    """Sign in with your organisation: the provider's redirect lands back in the console
+    signed in as the OIDC identity and role; signing out forgets the session."""
+    provider.claims = {"email": "ops@example.com", "cloister_role": "operator"}
+    c = Console(browser, server, "oidc")
+    try:
+        page = c.page
+        page.goto(server.base_url + "/admin")
+        link = page.get_by_role("link", name="Sign in with your organisation (OIDC)")
+        with page.expect_request(lambda r: r.url.startswith(provider.issuer + "/authorize")):
+            link.click()
+        page.wait_for_function(
+            "() => document.querySelector('main')?.dataset.rendered === '/overview'"
+        )
+        assert page.url == server.base_url + "/admin#/overview"  # the code left the address bar
+        assert page.locator("#who-text").inner_text() == "oidc:ops@example.com · operator"
+        assert page.get_by_role("link", name="Engines").is_visible()
+        page.get_by_role("button", name="Sign out").click()
+        page.get_by_text("You are signed out.").wait_for()
+        assert page.evaluate("sessionStorage.getItem('cloister.admin.token')") is None
+        page.reload()
+        page.get_by_role("link", name="Sign in with your organisation (OIDC)").wait_for()
+        assert page.locator("#who").is_hidden()
+        c.assert_no_errors()
+    finally:
+        c.close()
