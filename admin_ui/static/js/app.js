@@ -8,6 +8,7 @@ import * as keys from "./pages/keys.js";
 import * as models from "./pages/models.js";
 import * as usage from "./pages/usage.js";
 import * as audit from "./pages/audit.js";
+import * as tokens from "./pages/tokens.js";
 
 const main = document.getElementById("main");
 let me = null;
@@ -24,6 +25,7 @@ const ROUTES = [
   { re: /^\/models$/, page: models, nav: "models", roles: PLATFORM },
   { re: /^\/usage$/, page: usage, nav: "usage", roles: [...PLATFORM, "finance", "tenant-admin"] },
   { re: /^\/audit$/, page: audit, nav: "audit", roles: ["admin", "viewer", "auditor"] },
+  { re: /^\/tokens$/, page: tokens, nav: "tokens", roles: ["admin", "viewer"] },
 ];
 // Where each role lands when the address names no section.
 const HOME = { finance: "/usage", auditor: "/audit" };
@@ -35,6 +37,7 @@ function navItems() {
   }
   const items = [["overview", "Overview"], ["tenants", "Tenants"], ["keys", "Keys"], ["models", "Models & adapters"],
     ["usage", "Usage & billing"], ["audit", "Audit log"]];
+  items.push(["tokens", "Admin tokens"]);
   return items.filter(([path]) => ROUTES.find((r) => r.nav === path).roles.includes(me.role));
 }
 
