@@ -175,6 +175,7 @@ def check_tokens_create_once_and_revoke(c: Console) -> None:
     (mine,) = [t for t in tokens if t["name"] == "dash-viewer"]
     assert secret.startswith(mine["prefix"])
     table = page.get_by_role("table", name="Admin tokens")
+    expect(table.get_by_text("(this sign-in)")).to_have_count(1)  # the admin's own token
     row = table.locator("tbody tr", has_text="dash-viewer")
     assert row.locator("td").nth(1).inner_text() == "viewer"
     c.go("/tokens")  # shown once: not after a reload

@@ -30,7 +30,8 @@ function tile(id, label, value, sub) {
 }
 
 function tiles(ctx, sm, rangeLabel) {
-  const period = (p) => `${fmtNum(p.requests)} requests · ${fmtNum(p.tokens)} tokens`;
+  const plural = (n, word) => `${fmtNum(n)} ${word}${n === 1 ? "" : "s"}`;
+  const period = (p) => `${plural(p.requests, "request")} · ${plural(p.tokens, "token")}`;
   const engine = sm.engine;
   const list = [
     tile("tile-requests", `Requests (${rangeLabel})`, fmtNum(sm.requests), `${fmtNum(sm.errors)} with an error`),
@@ -90,11 +91,11 @@ export async function render(ctx) {
     const [, label, minutes, step] = RANGES.find(([v]) => v === prefs.range);
     const data = await api.get("/overview", { minutes, step_s: step });
     for (const c of body.querySelectorAll("canvas")) if (c.chart) c.chart.destroy();
-    body.replaceChildren(
+    body.replaceChildren(...[
       tiles(ctx, data.summary, label.replace("Last ", "")),
       el("p", { class: "muted" }, note(ctx, data, label)),
       data.truncated ? el("p", { class: "muted" }, "Only the newest records were read for this range.") : null,
-      charts(ctx, data));
+      charts(ctx, data)].filter(Boolean)); // replaceChildren would print a null as "null"
     updated.textContent = `Updated ${new Date().toISOString().slice(11, 19)} UTC`;
   };
   const schedule = () => {

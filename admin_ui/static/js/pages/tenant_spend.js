@@ -3,6 +3,7 @@ import { api, getAll } from "../api.js";
 import { card, el, field, fmtNum, table } from "../dom.js";
 import { usd } from "../usage_data.js";
 
+const plural = (n, word) => `${fmtNum(n)} ${word}${n === 1 ? "" : "s"}`;
 const STATE_WORDS = { ok: "within budget", warning: "near the limit (80 % or more used)", over: "over the limit" };
 
 function budgetBox(b) {
@@ -18,11 +19,11 @@ function budgetBox(b) {
 // The tenant's spend card: today and this month in UTC, and the budget bar.
 export async function spendCard(t) {
   const s = await api.get(`/tenants/${encodeURIComponent(t.name)}/spend`);
-  const figure = (id, label, p) => el("div", { id },
-    el("p", { class: "muted" }, label), el("p", { class: "kpi" }, usd(p.cost_pico_usd)),
-    el("p", { class: "muted" }, `${fmtNum(p.requests)} requests · ${fmtNum(p.tokens)} tokens`));
+  const figure = (id, label, p) => el("section", { class: "card", id, "aria-label": label },
+    el("h2", {}, label), el("p", { class: "kpi" }, usd(p.cost_pico_usd)),
+    el("p", { class: "muted" }, `${plural(p.requests, "request")} · ${plural(p.tokens, "token")}`));
   return card("Spend and budget",
-    el("div", { class: "row" }, figure("tenant-spend-today", "Today (UTC)", s.today), figure("tenant-spend-month", "This month", s.month)),
+    el("div", { class: "tiles" }, figure("tenant-spend-today", "Spend today (UTC)", s.today), figure("tenant-spend-month", "Spend this month", s.month)),
     budgetBox(s.budget));
 }
 
@@ -62,5 +63,7 @@ export async function keyUsageCard(t) {
   };
   picker.input.addEventListener("change", draw);
   await draw();
-  return card("Usage per key", el("div", { class: "row" }, picker), slot);
+  const box = card("Usage per key", el("div", { class: "row" }, picker), slot);
+  box.id = "key-usage-card"; // spaced from the charts' grid above it (console.css)
+  return box;
 }

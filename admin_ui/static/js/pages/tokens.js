@@ -3,12 +3,12 @@ import { api, getAll } from "../api.js";
 import { attempt, card, confirmAction, el, field, fmtTime, showBanner, statusPill, table } from "../dom.js";
 
 const ROLES = [
-  ["viewer", "viewer — reads everything, writes nothing"],
-  ["operator", "operator — runs tenants, keys, limits, models"],
-  ["finance", "finance — usage and billing"],
-  ["auditor", "auditor — the audit log"],
-  ["tenant-admin", "tenant-admin — one tenant's keys and usage"],
-  ["admin", "admin — everything, admin tokens included"],
+  ["viewer", "viewer: reads, no writes"],
+  ["operator", "operator: runs the platform"],
+  ["finance", "finance: usage and billing"],
+  ["auditor", "auditor: the audit log"],
+  ["tenant-admin", "tenant-admin: one tenant"],
+  ["admin", "admin: everything"],
 ];
 
 async function copyText(text, button) {
@@ -34,8 +34,10 @@ export async function render(ctx) {
   const listSlot = el("div");
   const secretSlot = el("div", { id: "token-secret-slot" });
 
+  const isMine = (t) => ctx.me.actor === `token:${t.id}`;
   const revoke = async (t) => {
-    if (!(await confirmAction(`Revoke admin token ${t.prefix}… (${t.role}${t.name ? `, ${t.name}` : ""})? Whoever uses it is signed out at once. This cannot be undone.`, "Revoke token"))) return;
+    const who = isMine(t) ? "You are signed in with it: you will be signed out." : "Whoever uses it is signed out at once.";
+    if (!(await confirmAction(`Revoke admin token ${t.prefix}… (${t.role}${t.name ? `, ${t.name}` : ""})? ${who} This cannot be undone.`, "Revoke token"))) return;
     const ok = await attempt(() => api.post(`/tokens/${encodeURIComponent(t.id)}/revoke`));
     if (ok) {
       showBanner(`Admin token ${t.prefix}… is revoked.`, "info");
@@ -44,7 +46,7 @@ export async function render(ctx) {
   };
   const drawList = (items) => {
     const cols = [
-      { title: "Name", render: (t) => t.name || "—" },
+      { title: "Name", render: (t) => `${t.name || "—"}${isMine(t) ? " (this sign-in)" : ""}` },
       { title: "Role", key: "role" },
       { title: "Tenant", render: (t) => (t.tenant_id ? tenantName.get(t.tenant_id) || t.tenant_id : "—") },
       { title: "Prefix", render: (t) => el("code", {}, `${t.prefix}…`) },
