@@ -145,10 +145,12 @@ def overview(
     rejected = [0] * n
     ttfts: list[list[float]] = [[] for _ in range(n)]
     itls: list[list[float]] = [[] for _ in range(n)]
+    errors = 0
     for r in rows:
         i = _bucket(r.occurred_at.timestamp(), start_ts, step_s, n)
         if i is None:
             continue
+        errors += r.status >= 400
         if r.status == 429:
             rejected[i] += 1
             continue
@@ -177,8 +179,17 @@ def overview(
     labels = [
         dt.datetime.fromtimestamp(start_ts + (i + 1) * step_s, dt.UTC).isoformat() for i in range(n)
     ]
+    served, total_prompt = sum(requests), sum(prompt)
+    window = {
+        "requests": served + sum(rejected),
+        "tokens": sum(tokens),
+        "errors": errors,
+        "error_rate": errors / (served + sum(rejected)) if served + sum(rejected) else None,
+        "prefix_cache_hit_rate": sum(cached) / total_prompt if total_prompt else None,
+    }
     return {
         "start": start.isoformat(),
+        "window": window,
         "step_s": step_s,
         "labels": labels,
         "series": series,

@@ -52,6 +52,8 @@ def gateway_engine_stats(state: Any) -> EngineStats:
             "prefix_cache_queries": float(sum(s.prefix_cache_queries for s in snaps)),
             "prefix_cache_hits": float(sum(s.prefix_cache_hits for s in snaps)),
             "rate_limit_rejections": rejected,
+            "num_waiting": float(sum(s.num_waiting for s in snaps)),
+            "num_running": float(sum(s.num_running for s in snaps)),
         }
 
     return read

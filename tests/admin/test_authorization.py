@@ -63,6 +63,14 @@ def _cells() -> list[Cell]:
         ),
         Cell("GET", "/tenants/{name}", lambda f, t: (f"{P}/tenants/{t}", {}), "aov", OK, HIDDEN),
         Cell(
+            "GET",
+            "/tenants/{name}/spend",
+            lambda f, t: (f"{P}/tenants/{t}/spend", {}),
+            "aovf",
+            OK,
+            HIDDEN,
+        ),
+        Cell(
             "PATCH",
             "/tenants/{name}",
             lambda f, t: (f"{P}/tenants/{t}", {"json": {"status": "active"}}),

@@ -22,6 +22,7 @@ from playwright.sync_api import expect
 
 from admin.audit_chain import load_private_key, public_hex
 from admin.audit_file import verify_export
+from tests.admin_ui import dashboards
 from tests.admin_ui.conftest import SIGNING_KEY, Console, Server, screenshot_dir, utc_month
 
 pytestmark = pytest.mark.browser
@@ -499,6 +500,14 @@ def test_audit_page_shows_the_actions_and_a_valid_chain(admin: Console) -> None:
     admin.assert_no_errors()
 
 
+def test_overview_tiles_range_and_tenant_spend(admin: Console, browser: Any) -> None:
+    dashboards.overview_and_tenant_spend(admin, browser)
+
+
+def test_admin_tokens_page(admin: Console, browser: Any) -> None:
+    dashboards.admin_tokens(admin, browser)
+
+
 PAGES = (
     ("overview", "/overview"),
     ("tenants", "/tenants"),
@@ -508,6 +517,7 @@ PAGES = (
     ("engines", "/engines"),
     ("usage", "/usage"),
     ("audit", "/audit"),
+    ("tokens", "/tokens"),
 )
 TENANT_ADMIN_PAGES = (
     ("overview", "/overview"),

@@ -9,6 +9,7 @@ import * as models from "./pages/models.js";
 import * as engines from "./pages/engines.js";
 import * as usage from "./pages/usage.js";
 import * as audit from "./pages/audit.js";
+import * as tokens from "./pages/tokens.js";
 
 const main = document.getElementById("main");
 let me = null;
@@ -26,6 +27,7 @@ const ROUTES = [
   { re: /^\/engines$/, page: engines, nav: "engines", roles: PLATFORM },
   { re: /^\/usage$/, page: usage, nav: "usage", roles: [...PLATFORM, "finance", "tenant-admin"] },
   { re: /^\/audit$/, page: audit, nav: "audit", roles: ["admin", "viewer", "auditor"] },
+  { re: /^\/tokens$/, page: tokens, nav: "tokens", roles: ["admin", "viewer"] },
 ];
 // Where each role lands when the address names no section.
 const HOME = { finance: "/usage", auditor: "/audit" };
@@ -36,8 +38,7 @@ function navItems() {
       ["keys", "Keys"], ["usage", "Usage & billing"]];
   }
   const items = [["overview", "Overview"], ["tenants", "Tenants"], ["keys", "Keys"], ["models", "Models & adapters"],
-    ["engines", "Engines"],
-    ["usage", "Usage & billing"], ["audit", "Audit log"]];
+    ["engines", "Engines"], ["usage", "Usage & billing"], ["audit", "Audit log"], ["tokens", "Admin tokens"]];
   return items.filter(([path]) => ROUTES.find((r) => r.nav === path).roles.includes(me.role));
 }
 

@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
+
 from fastapi import APIRouter, HTTPException
 from sqlalchemy import select
 
 from admin.audit_diff import changed
 from admin.body_cap import CappedJsonRoute
 from admin.deps import Ctx, PathTenant, allow
-from admin.roles import PLATFORM_WRITE, TENANT_LIST, TENANT_READ
+from admin.roles import PLATFORM_WRITE, TENANT_LIST, TENANT_READ, USAGE_READ
 from admin.schemas.common import Page
-from admin.schemas.tenants import TenantCreate, TenantPublic, TenantSettings, TenantUpdate
+from admin.schemas.overview import SpendPeriod
+from admin.schemas.tenants import (
+    BudgetPublic,
+    TenantCreate,
+    TenantPublic,
+    TenantSettings,
+    TenantSpend,
+    TenantUpdate,
+)
 from admin.serialize import Limit, Offset, page, tenant_public
+from admin.spend import budget_use, today_and_month
 from tenancy import store
 from tenancy.errors import InvalidValueError, TenancyError
 from tenancy.models import Tenant
@@ -57,6 +69,20 @@ def create_tenant(ctx: Ctx, body: TenantCreate) -> TenantPublic:
 def get_tenant(tenant: PathTenant) -> TenantPublic:
     """One tenant."""
     return tenant_public(tenant)
+
+
+@router.get("/{name}/spend", dependencies=[allow(USAGE_READ)])
+def get_tenant_spend(ctx: Ctx, tenant: PathTenant) -> TenantSpend:
+    """The tenant's requests, tokens and spend today and this month, and its token budget use."""
+    now = dt.datetime.now(dt.UTC)
+    today, month = today_and_month(ctx.session, now=now, tenant_id=tenant.id)
+    limits = store.get_limits(ctx.session, tenant_name=tenant.name)
+    budget = budget_use(ctx.session, now=now, tenant_id=tenant.id, limits=limits)
+    return TenantSpend(
+        today=SpendPeriod(**dataclasses.asdict(today)),
+        month=SpendPeriod(**dataclasses.asdict(month)),
+        budget=BudgetPublic(**dataclasses.asdict(budget)) if budget else None,
+    )
 
 
 @router.patch("/{name}", dependencies=[allow(PLATFORM_WRITE)])

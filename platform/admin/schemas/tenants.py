@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt
 
 from admin.schemas.common import IsoTime
+from admin.schemas.overview import SpendPeriod
 from tenancy import store
 
 POLICY_FIELDS = frozenset(store.TENANT_POLICY_FIELDS)
@@ -63,3 +64,25 @@ class TenantPublic(BaseModel):
     scrub_on_free: bool | None
     never_cache: bool
     created_at: IsoTime | None
+
+
+class BudgetPublic(BaseModel):
+    """A tenant's token budget and its use in the current period.
+
+    `state` is "ok", "warning" (80 % or more used) or "over" (all of it used).
+    """
+
+    token_budget: int
+    period: str
+    period_start: str
+    used_tokens: int
+    used_share: float
+    state: str
+
+
+class TenantSpend(BaseModel):
+    """A tenant's requests, tokens and spend today and this month (UTC), and its budget."""
+
+    today: SpendPeriod
+    month: SpendPeriod
+    budget: BudgetPublic | None

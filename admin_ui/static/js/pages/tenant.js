@@ -1,8 +1,9 @@
-// One tenant: status, isolation, weight and cache policy, limits, and its usage charts.
+// One tenant: status, isolation, weight and cache policy, spend and budget, limits, usage.
 import { api } from "../api.js";
 import { attempt, card, confirmAction, el, field, fmtNum, showBanner, statusPill, table } from "../dom.js";
 import { barConfig, chartBox, tokenSeries } from "../charts.js";
 import { dayLabels, daysBack, pivot, totals } from "../usage_data.js";
+import { keyUsageCard, spendCard } from "./tenant_spend.js";
 
 const LIMITS = [
   ["rpm", "Requests per minute"], ["tpm", "Tokens per minute"], ["max_concurrent", "Concurrent requests"],
@@ -128,10 +129,15 @@ export async function render(ctx) {
       if (ok) { rerender(); showBanner(`${t.name} is now ${suspend ? "suspended" : "active"}.`, "info"); }
     } }, suspend ? "Suspend tenant" : "Resume tenant");
   }
+  // Fetched first: a chart draws only on a canvas already in the page (charts.js), so
+  // nothing may be awaited after the usage section's charts are made.
+  const [spend, keyUsage] = [await spendCard(t), await keyUsageCard(t)];
   return el("div", {},
     el("h1", {}, `Tenant ${t.name} `, statusPill(t.status)),
     card("Settings", ctx.me.role === "tenant-admin" ? null : el("p", { class: "muted" }, `id ${t.id}`), settingsForm(ctx, t, rerender),
       el("div", { class: "row" }, statusButton, el("a", { href: `#/keys/${encodeURIComponent(t.name)}` }, "Manage keys →"))),
+    spend,
     card("Limits", limitsForm(ctx, t.name, limits)),
-    await usageSection(t));
+    await usageSection(t),
+    keyUsage);
 }
