@@ -21,9 +21,9 @@ from engine.structured.spec import StructuredSpec, StructuredSpecError
 from gateway.errors import GatewayError, InvalidParameterError, status_of
 from gateway.lifecycle import RequestLifecycle
 from gateway.params import build_sampling_params, check_request_fits, resolve_max_tokens
+from gateway.routing import session_hint
 from gateway.schemas.common import SamplingFields
 from gateway.sse import DONE, SettlingStreamingResponse
-from gateway.routing import session_hint
 from gateway.structured_output import structured_spec
 from tenancy.principal import derive_cache_domain
 

@@ -25,15 +25,14 @@ conversation sticks, unrelated users of one system prompt need not meet) and
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import struct
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, Protocol, get_args
 
 from engine.kv_cache.cache_key import CacheKey, block_hash
-
 
 PolicyName = Literal["prefix_affine", "session", "round_robin"]
 POLICY_NAMES: tuple[str, ...] = get_args(PolicyName)
@@ -133,7 +132,10 @@ class RouteRequest:
 class RoutePolicy(Protocol):
     """Orders the replicas for one request: the chosen one first, then the fall-backs."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """The policy's setting value."""
+        ...
 
     def order(self, request: RouteRequest, loads: Sequence[ReplicaLoad], now: float) -> list[str]:
         """Replica ids in the order to try."""

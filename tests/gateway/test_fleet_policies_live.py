@@ -128,3 +128,25 @@ def test_no_tenant_finds_anothers_cache_on_any_replica(
     assert _cached(prefix_affine, a, prompt) == 0
     assert _cached(prefix_affine, a, prompt) > 0
     assert _cached(prefix_affine, b, prompt) == 0
+
+
+def test_the_session_policy_keeps_each_users_conversation_on_its_replica(
+    urls: list[str], model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # One system prefix, six users: each user's second turn finds its whole first turn
+    # (the `user` hash routes it), and the users spread over more than one replica.
+    system = build_sessions(Workload(tenants=1, sessions=1, turns=1, seed=13))[0].prompts[0]
+    before = engine_queries(urls)
+    with (
+        policy_gateway(urls, model_dir, tmp_path_factory.mktemp("session"), "session") as gw,
+        httpx.Client() as http,
+    ):
+        key = gw.tenant("sessions")
+        for user in range(6):
+            first = (*system, *range(2000 + 32 * user, 2032 + 32 * user))
+            second = (*first, *range(3000, 3032))
+            complete(http, gw.base_url, key, first, user=f"user-{user}", max_tokens=2)
+            hit = complete(http, gw.base_url, key, second, user=f"user-{user}", max_tokens=2)
+            assert hit.cached_tokens == len(first) // 16 * 16, (user, hit)
+    used = [a > b for a, b in zip(engine_queries(urls), before, strict=True)]
+    assert sum(used) >= 2, used  # all six on one replica: 1 in 243
