@@ -10,7 +10,9 @@ Workload: --tenants tenants, each with its own --system-tokens system prefix, an
 --sessions conversations per tenant of --turns turns; each turn appends
 --turn-tokens tokens (a user message and a fixed answer) to the session's history.
 The turns run in rounds (every session's turn k, --concurrency at a time, then
-turn k+1), each request carrying its session as the `user` field. Then a hot prefix:
+turn k+1), each request carrying its session as the `user` field. (Keep the
+sessions per round off a multiple of 3: round-robin would then send each session to
+the same replica every turn, an accident of the submission order.) Then a hot prefix:
 one new tenant sends --hot requests of one prompt at once, long enough to overlap.
 
 Prints per policy: the fleet-wide prefix hit rate (cached / prompt tokens, from each
@@ -18,7 +20,8 @@ response's usage), TTFT p50/p95 (client side, streaming), the max/mean load over
 replicas (prompt tokens each engine looked up, its /internal/stats
 prefix_cache_queries) for the workload and for the hot prefix. The last line is JSON.
 
-    python bench/fleet.py --tenants 4 --sessions 4 --turns 4
+    python bench/fleet.py                     # 4 tenants x 4 sessions x 3 turns, ~2 min on 2 cores
+    python bench/fleet.py --tenants 2 --sessions 4 --turns 3 --hot 18  # smaller
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ class Workload:
 
     tenants: int = 4
     sessions: int = 4
-    turns: int = 4
+    turns: int = 3
     system_tokens: int = 96
     turn_tokens: int = 48
     max_tokens: int = 2
