@@ -38,7 +38,9 @@ class EngineRequest:
     waiting slots it uses, and `weight` that share. `cache=False` neither reads nor
     writes the prefix cache. `priority` orders requests of one fairness key under the
     fair policies (lower runs first; it never reorders keys); `prompt` is the text the
-    ids came from, for outputs that echo it.
+    ids came from, for outputs that echo it. `session` is a routing hint only (the
+    hash of the client's `user` field, the conversation it continues): a replica
+    router may keep a session on one replica; no engine reads it.
     """
 
     prompt_token_ids: tuple[int, ...]
@@ -51,6 +53,7 @@ class EngineRequest:
     cache: bool = True
     priority: int = 0
     prompt: str | None = None
+    session: str | None = None
 
     def __post_init__(self) -> None:
         # A copy the caller cannot change after the checks (a list would stay shared).
@@ -90,6 +93,8 @@ class EngineRequest:
             )
         if self.prompt is not None and not isinstance(self.prompt, str):
             raise InvalidRequestError("prompt text must be a string", param="prompt")
+        if self.session is not None:
+            _check_name(self.session, "session")
 
 
 def _check_name(value: object, param: str) -> None:

@@ -21,6 +21,7 @@ from engine.structured.spec import StructuredSpec, StructuredSpecError
 from gateway.errors import GatewayError, InvalidParameterError, status_of
 from gateway.lifecycle import RequestLifecycle
 from gateway.params import build_sampling_params, check_request_fits, resolve_max_tokens
+from gateway.routing import session_hint
 from gateway.schemas.common import SamplingFields
 from gateway.sse import DONE, SettlingStreamingResponse
 from gateway.structured_output import structured_spec
@@ -122,6 +123,7 @@ async def admit_and_submit(
             weight=principal.weight,
             # A never-cache tenant's policy wins over whatever the request asks.
             cache=body.cache and not principal.never_cache,
+            session=session_hint(body.user),
         )
         for i, prompt in enumerate(prompts)
     ]

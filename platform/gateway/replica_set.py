@@ -2,7 +2,8 @@
 
 Replicas come from a static list of URLs, or from `dns+http://name:port`, whose
 addresses (a Kubernetes headless Service's pods) are re-resolved every `refresh_s`.
-Each request is routed by gateway.routing; if its replica fails before the first
+Each request is routed by gateway.routing's policy (`prefix_affine` by default,
+`session` or `round_robin`); if its replica fails before the first
 event (unreachable, overloaded, died), it is sent to the next one in the route
 order, and never after a token was streamed. A replica whose stats polls fail leaves
 the set (within about three poll periods) and rejoins, ramping up, when it answers.
@@ -16,6 +17,7 @@ import logging
 import socket
 import time
 import urllib.parse
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from engine.errors import EngineDeadError, EngineOverloadedError
@@ -31,7 +33,7 @@ from gateway.remote_engine import (
     fetch_info,
     local_grammar_checker,
 )
-from gateway.routing import ReplicaLoad, RoutingConfig, choose, route_key
+from gateway.routing import ReplicaLoad, RouteRequest, RoutingConfig, make_policy
 
 logger = logging.getLogger("cloister.gateway.replicas")
 DNS_SCHEME = "dns+"
@@ -64,11 +66,12 @@ class _Replica:
         self.joined_at = time.monotonic()
         self.was_alive = True
 
-    def load(self) -> ReplicaLoad:
+    def load(self, in_flight: int) -> ReplicaLoad:
+        # The polled depth is up to a poll old; this gateway's own in-flight requests
+        # are current, so a burst sees the queue it is building (the bounded-load escape).
         s = self.client.stats()
-        return ReplicaLoad(
-            self.client.base_url, s.num_waiting + s.num_running, s.kv_cache_usage, self.joined_at
-        )
+        depth = max(s.num_waiting + s.num_running, in_flight)
+        return ReplicaLoad(self.client.base_url, depth, s.kv_cache_usage, self.joined_at)
 
 
 class ReplicaSetClient:
@@ -83,6 +86,7 @@ class ReplicaSetClient:
         model_name: str,
         resolve: Callable[[Sequence[str]], list[str]] = expand_urls,
         routing: RoutingConfig | None = None,
+        policy: str = "prefix_affine",
         refresh_s: float = 2.0,
         poll_s: float = 1.0,
         connect_wait_s: float = 0.0,
@@ -102,6 +106,7 @@ class ReplicaSetClient:
         self.max_model_len: int = info.max_model_len
         self.vocab_size: int = info.vocab_size
         self.routing = routing or RoutingConfig(block_size=info.block_size)
+        self.policy = make_policy(policy, self.routing)
         self._replicas: dict[str, _Replica] = {url: self._new(url, info) for url in found}
         self._owners: dict[str, RemoteEngineClient] = {}  # request id -> its replica
         self._refresher: asyncio.Task[None] | None = None
@@ -144,10 +149,12 @@ class ReplicaSetClient:
         healthy = self._healthy()
         if not healthy:
             raise EngineUnavailableError("no engine replica is serving")
-        key = route_key(
-            request.cache_domain, request.adapter, request.prompt_token_ids, self.routing
+        what = RouteRequest(
+            request.cache_domain, request.adapter, request.prompt_token_ids, request.session
         )
-        order = choose(key, [r.load() for r in healthy], time.monotonic(), self.routing)
+        in_flight = Counter(c.base_url for c in self._owners.values())
+        loads = [r.load(in_flight[r.client.base_url]) for r in healthy]
+        order = self.policy.order(what, loads, time.monotonic())
         return [self._replicas[url].client for url in order]
 
     def submit(self, request: EngineRequest) -> AsyncIterator[StreamEvent]:

@@ -14,17 +14,28 @@ its third, only as the first ones fill (consistent hashing with bounded loads: t
 power of two choices among the replicas that would hold the prefix, generalized).
 And a replica that (re)joined ramps its rendezvous weight from `min_weight` to 1
 over `ramp_s`, so a cold cache is not handed its full share at once.
+
+That is the `prefix_affine` policy (the default). Two baselines sit beside it, as
+the serving guide's section 12 compares them: `session` (a consistent hash of the
+session: the cache root and the client's `user` hash, else the first block; a
+conversation sticks, unrelated users of one system prompt need not meet) and
+`round_robin` (no affinity: each replica in turn).
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Literal, Protocol, get_args
 
 from engine.kv_cache.cache_key import CacheKey, block_hash
+
+PolicyName = Literal["prefix_affine", "session", "round_robin"]
+POLICY_NAMES: tuple[str, ...] = get_args(PolicyName)
 
 
 @dataclass(frozen=True)
@@ -98,3 +109,98 @@ def choose(
         if depth[replica_id] <= bound:
             return [replica_id, *order[:i], *order[i + 1 :]]
     return order
+
+
+def session_hint(user: str | None) -> str | None:
+    """The routing hint of a client's `user` field: its hash (the field itself never
+    leaves the gateway), or None without one."""
+    if not user:
+        return None
+    return hashlib.sha256(user.encode("utf-8")).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class RouteRequest:
+    """What a policy may look at in a request."""
+
+    cache_domain: str
+    adapter: str | None
+    prompt: Sequence[int]
+    session: str | None = None
+
+
+class RoutePolicy(Protocol):
+    """Orders the replicas for one request: the chosen one first, then the fall-backs."""
+
+    @property
+    def name(self) -> str:
+        """The policy's setting value."""
+        ...
+
+    def order(self, request: RouteRequest, loads: Sequence[ReplicaLoad], now: float) -> list[str]:
+        """Replica ids in the order to try."""
+        ...
+
+
+@dataclass(frozen=True)
+class PrefixAffinePolicy:
+    """Rendezvous hashing of the cache root and first blocks, with bounded loads."""
+
+    config: RoutingConfig
+    name: str = "prefix_affine"
+
+    def order(self, request: RouteRequest, loads: Sequence[ReplicaLoad], now: float) -> list[str]:
+        """See `choose`."""
+        key = route_key(request.cache_domain, request.adapter, request.prompt, self.config)
+        return choose(key, loads, now, self.config)
+
+
+def session_key(request: RouteRequest, config: RoutingConfig) -> bytes:
+    """The bytes a session is hashed by: the cache root and the `user` hash when there
+    is one, else the cache root and the prompt's first block."""
+    if request.session is None:
+        first_block = replace(config, affinity_blocks=1)
+        return route_key(request.cache_domain, request.adapter, request.prompt, first_block)
+    parent = CacheKey.derive(request.cache_domain, request.adapter, "session").digest
+    return hashlib.blake2b(parent + request.session.encode(), digest_size=16).digest()
+
+
+@dataclass(frozen=True)
+class SessionPolicy:
+    """Consistent hashing of the session, as a plain load balancer would: no load escape
+    (the ramp still applies), so a session never leaves its replica while it serves."""
+
+    config: RoutingConfig
+    name: str = "session"
+
+    def order(self, request: RouteRequest, loads: Sequence[ReplicaLoad], now: float) -> list[str]:
+        """Replicas by rendezvous rank of the session key."""
+        return rank(session_key(request, self.config), loads, now, self.config)
+
+
+class RoundRobinPolicy:
+    """Each replica in turn, whatever the request (no affinity, no load awareness)."""
+
+    name = "round_robin"
+
+    def __init__(self) -> None:
+        self._turn = itertools.count()
+
+    def order(self, request: RouteRequest, loads: Sequence[ReplicaLoad], now: float) -> list[str]:
+        """The next replica (by id order), then the others after it."""
+        ids = sorted(load.replica_id for load in loads)
+        if not ids:
+            return []
+        start = next(self._turn) % len(ids)
+        return ids[start:] + ids[:start]
+
+
+def make_policy(name: str, config: RoutingConfig) -> RoutePolicy:
+    """The policy called `name` (one of `POLICY_NAMES`)."""
+    if name == "prefix_affine":
+        return PrefixAffinePolicy(config)
+    if name == "session":
+        return SessionPolicy(config)
+    if name == "round_robin":
+        return RoundRobinPolicy()
+    raise ValueError(f"the router policy is one of {', '.join(POLICY_NAMES)}, not {name!r}")

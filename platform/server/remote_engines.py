@@ -52,6 +52,7 @@ def remote_engine_clients(settings: Settings) -> dict[str, Any]:
             tokenizer=tokenizer,
             model_name=spec.name,
             resolve=expand_urls,
+            policy=settings.router_policy,
             connect_wait_s=CONNECT_WAIT_S,
         )
     return clients

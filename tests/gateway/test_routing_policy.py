@@ -1,10 +1,28 @@
-"""The replica routing policy: prefix affinity, tenant separation, bounded loads, the ramp."""
+"""The replica routing policies: prefix affinity, tenant separation, bounded loads, the ramp;
+the session and round-robin baselines."""
 
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
-from gateway.routing import ReplicaLoad, RoutingConfig, choose, ramp_weight, rank, route_key
+import pytest
+from pydantic import ValidationError
+
+from gateway.routing import (
+    POLICY_NAMES,
+    ReplicaLoad,
+    RouteRequest,
+    RoutingConfig,
+    choose,
+    make_policy,
+    ramp_weight,
+    rank,
+    route_key,
+    session_hint,
+    session_key,
+)
+from server.settings import Settings
 
 CONFIG = RoutingConfig(block_size=4, affinity_blocks=2, slack=2, ramp_s=30.0)
 REPLICAS = ["http://a:1", "http://b:1", "http://c:1"]
@@ -65,3 +83,63 @@ def test_a_hot_prefix_spills_over_only_as_its_replica_fills() -> None:
     assert choose(key, _loads({home: 3}), NOW, CONFIG)[0] != home
     # The order still lists every replica, the chosen one first, for retries.
     assert sorted(choose(key, _loads({home: 3}), NOW, CONFIG)) == sorted(REPLICAS)
+
+
+def _request(domain: str, prompt: list[int], session: str | None = None) -> RouteRequest:
+    return RouteRequest(domain, None, prompt, session)
+
+
+def test_the_policy_is_named_by_the_setting(tmp_path: Path) -> None:
+    assert Settings(data_dir=tmp_path).router_policy == "prefix_affine"
+    assert Settings(data_dir=tmp_path, router_policy="session").router_policy == "session"
+    with pytest.raises(ValidationError):
+        Settings(data_dir=tmp_path, router_policy="random")
+    for name in POLICY_NAMES:
+        assert make_policy(name, CONFIG).name == name
+    with pytest.raises(ValueError, match="router policy"):
+        make_policy("random", CONFIG)
+
+
+def test_prefix_affine_is_choose_over_the_route_key() -> None:
+    policy = make_policy("prefix_affine", CONFIG)
+    prompt = list(range(100, 120))
+    key = route_key("t:a", None, prompt, CONFIG)
+    depths = {REPLICAS[0]: 5}
+    assert policy.order(_request("t:a", prompt), _loads(depths), NOW) == choose(
+        key, _loads(depths), NOW, CONFIG
+    )
+
+
+def test_a_session_sticks_by_its_user_and_users_spread() -> None:
+    policy = make_policy("session", CONFIG)
+    system = list(range(100, 116))
+    # One user's turns stick whatever their prompts, even past a full queue (no escape).
+    turns = [[*system, *range(t * 4)] for t in range(1, 6)]
+    home = policy.order(_request("t:a", turns[0], "u1"), _loads(), NOW)[0]
+    busy = _loads({home: 50})
+    assert {policy.order(_request("t:a", p, "u1"), busy, NOW)[0] for p in turns} == {home}
+    # Users of one system prompt spread over the replicas (prefix affinity would not).
+    users = Counter(
+        policy.order(_request("t:a", system, f"user-{i}"), _loads(), NOW)[0] for i in range(300)
+    )
+    assert all(70 < users[r] < 130 for r in REPLICAS), users
+    # The session is rooted at the cache domain: one user name in two tenants differs.
+    keys = {session_key(_request(d, system, "u1"), CONFIG) for d in ("t:a", "t:b")}
+    assert len(keys) == 2
+    # Without a user the first block is the session: its later blocks do not matter.
+    no_user = {
+        policy.order(_request("t:a", [*system[:4], *range(i, i + 12)]), _loads(), NOW)[0]
+        for i in range(50)
+    }
+    assert len(no_user) == 1
+    assert session_hint("alice") == session_hint("alice") != session_hint("bob")
+    assert session_hint(None) is None and session_hint("") is None
+    assert "alice" not in (session_hint("alice") or "")
+
+
+def test_round_robin_takes_each_replica_in_turn() -> None:
+    policy = make_policy("round_robin", CONFIG)
+    prompt = list(range(100, 120))
+    orders = [policy.order(_request("t:a", prompt), _loads(), NOW) for _ in range(6)]
+    assert [o[0] for o in orders] == [*sorted(REPLICAS), *sorted(REPLICAS)]
+    assert all(sorted(o) == sorted(REPLICAS) for o in orders)  # every replica, for retries
