@@ -62,8 +62,11 @@ def serve_engine(**flags: Any) -> None:
     run_engine_server(settings, token=token or None, drain_timeout_s=drain_timeout_s)
 
 
-def run_engine_server(settings: Any, *, token: str | None, drain_timeout_s: float) -> None:
-    """Loads the engine and serves it until SIGTERM, then drains."""
+def run_engine_server(
+    settings: Any, *, token: str | None, drain_timeout_s: float, front: Any | None = None
+) -> None:
+    """Loads the engine (or serves `front`, an engine front already built: benchmarks serve
+    a fake fast model) and serves it until SIGTERM, then drains."""
     import uvicorn
 
     from engine_server.app import EngineServer
@@ -79,7 +82,7 @@ def run_engine_server(settings: Any, *, token: str | None, drain_timeout_s: floa
     except (DeviceUnavailableError, ServiceTokenError, TelemetryUnavailableError) as exc:
         raise click.ClickException(str(exc)) from None
     configure_logging(settings.log_level)
-    front = load_engine(settings)
+    front = front if front is not None else load_engine(settings)
     # Spans only when something exports them: `engine.generate` under the gateway's trace.
     provider = None
     if settings.otel_exporter != "none":
