@@ -119,14 +119,15 @@ class RemoteStream:
                         continue
                     data = line[5:].strip()
                     if data == "[DONE]":
-                        break
+                        continue  # the body ends right after: read to its end (see below)
                     chunk = json.loads(data)
                     if "error" in chunk:
                         raise EngineDeadError(str(chunk["error"].get("message", "engine error")))
                     event = event_from_wire(self.request_id, chunk["cloister"], self._prompt)
                     self._queue.put_nowait(event)
-                    if event.finished:
-                        break
+                    # No break on the last event, nor on [DONE]: reading the body to its end
+                    # (it ends right after them) returns the connection to the pool. A
+                    # response left unread is closed, and the next request pays a connect.
         except asyncio.CancelledError:
             raise
         except (httpx.HTTPError, ValueError, KeyError) as exc:
