@@ -11,7 +11,8 @@ Routes (all but /health and /metrics need the service credential):
     GET  /internal/stats         load and cumulative cache counters
 
 A client that hangs up mid-stream aborts its request, as in-process. Errors are
-OpenAI error bodies.
+OpenAI error bodies. With a tracer, each completion records an `engine.generate`
+span under the caller's W3C trace context (engine_server.tracing).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from opentelemetry.trace import Tracer
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -31,6 +33,7 @@ from engine.errors import EngineDeadError, EngineOverloadedError, InvalidRequest
 from engine.outputs import StreamEvent
 from engine_server.auth import ServiceAuth
 from engine_server.metrics import EngineMetrics
+from engine_server.tracing import GenerateSpan
 from engine_server.wire import (
     REQUEST_ID_HEADER,
     event_to_wire,
@@ -50,8 +53,12 @@ def error(status: int, message: str, *, type_: str, code: str | None = None) -> 
 class EngineServer:
     """The routes over one engine front (an `AsyncEngine` or a `ProcessEngine`)."""
 
-    def __init__(self, front: Any, *, model_name: str, auth: ServiceAuth) -> None:
+    def __init__(
+        self, front: Any, *, model_name: str, auth: ServiceAuth, tracer: Tracer | None = None
+    ) -> None:
+        """`tracer`: where the `engine.generate` spans come from (None: no spans)."""
         self.front = front
+        self.tracer = tracer
         self.model_name = model_name
         self.auth = auth
         self.draining = False
@@ -110,6 +117,7 @@ class EngineServer:
 
     async def completions(self, request: Request) -> Response:
         """Submits one request and streams its events as OpenAI completion chunks."""
+        span: GenerateSpan | None = None
         try:
             body = await self._json(request)
             if not isinstance(body, dict):
@@ -126,7 +134,14 @@ class EngineServer:
             if self.draining:
                 raise _Refused(error(503, "the engine is draining", type_="unavailable"))
             engine_request = request_from_wire(body, request.headers)
-            stream = self.front.submit(engine_request)
+            if self.tracer is not None:
+                span = GenerateSpan(self.tracer, engine_request, request.headers, self.model_name)
+            try:
+                stream = self.front.submit(engine_request)
+            except Exception as exc:
+                if span is not None:
+                    span.end(exc)
+                raise
         except _Refused as refused:
             return refused.response
         except InvalidRequestError as exc:
@@ -138,18 +153,21 @@ class EngineServer:
         except EngineDeadError as exc:
             return error(503, str(exc), type_="unavailable", code="engine_dead")
         request_id = engine_request.request_id
-        chunks = self._chunks(request_id, stream)
+        chunks = self._chunks(request_id, stream, span)
         return StreamingResponse(
             chunks, media_type="text/event-stream", headers={REQUEST_ID_HEADER: request_id}
         )
 
     async def _chunks(
-        self, request_id: str, stream: AsyncIterator[StreamEvent]
+        self, request_id: str, stream: AsyncIterator[StreamEvent], span: GenerateSpan | None
     ) -> AsyncIterator[bytes]:
         created = int(time.time())
         finished = False
+        failed: Exception | None = None
         try:
             async for event in stream:
+                if span is not None:
+                    span.observe(event)
                 chunk = {
                     "id": request_id,
                     "object": "text_completion",
@@ -169,7 +187,7 @@ class EngineServer:
                 finished = event.finished
                 yield b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
         except Exception as exc:  # the request failed in the engine: say so in-band
-            finished = True
+            finished, failed = True, exc
             failure = {"error": {"message": str(exc), "type": type(exc).__name__, "code": None}}
             yield b"data: " + json.dumps(failure).encode() + b"\n\n"
         finally:
@@ -177,6 +195,8 @@ class EngineServer:
             if not finished:
                 with contextlib.suppress(Exception):
                     await self.front.abort(request_id)
+            if span is not None:
+                span.end(failed, aborted=not finished)
         yield b"data: [DONE]\n\n"
 
     async def abort(self, request: Request) -> Response:

@@ -23,10 +23,11 @@ from gateway.response_store import ResponseStore
 from gateway.routes import chat, completions, metrics, models, responses
 from gateway.state import AppState, AuthenticatorLike, OperatorAuth
 from gateway.tokenize import PromptTokenizer
-from gateway.tracing import gateway_tracer, make_tracer_provider
+from gateway.tracing import gateway_tracer
 from gateway.usage import LoggingUsageSink, UsageSink
 from server.request_ids import install_request_ids
 from server.settings import Settings
+from server.telemetry import provider_from_settings
 from tenancy.limiter.base import Limiter
 from tenancy.unique_ids import UniqueIds
 
@@ -59,7 +60,7 @@ def create_app(
     one (then it is used as it is).
     """
     served = _served_engines(engine_client, engines)
-    provider = tracer_provider or make_tracer_provider(settings.otel_exporter)
+    provider = tracer_provider or provider_from_settings(settings, role="gateway")
     state = AppState(
         settings=settings,
         engines=served,

@@ -17,7 +17,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 
 import anyio
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, use_span
 
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest
@@ -72,6 +72,7 @@ class RequestLifecycle:
         self.request_id = ids.assign(request_id or state.request_ids.next(id_prefix))
         self.created = int(time.time())
         self.started = time.monotonic()
+        self._operation = "text_completion" if id_prefix == "cmpl" else "chat"
         self.span: Span = state.tracer.start_span(
             "gen_ai.request", context=extract_context(headers), kind=SpanKind.SERVER
         )
@@ -176,16 +177,21 @@ class RequestLifecycle:
     def submit(self, requests: list[EngineRequest]) -> list[AsyncIterator[StreamEvent]]:
         """Queues each engine request; on a refusal, aborts the ones already queued."""
         streams: list[AsyncIterator[StreamEvent]] = []
-        if requests:
-            max_tokens = requests[0].params.max_tokens
-            self.span.set_attribute("gen_ai.request.max_tokens", max_tokens or 0)
-        for request in requests:
-            # Raises InvalidRequestError / EngineOverloadedError with nothing queued for it;
-            # `close` aborts the earlier prompts' requests.
-            streams.append(self.engine.submit(request))
-            self._engine_ids.append(request.request_id)
-            self._prompt_lens[request.request_id] = len(request.prompt_token_ids)
-            self._outcomes.submitted(request)
+        if requests and self.span.is_recording():
+            params = requests[0].params
+            self.span.set_attribute("gen_ai.request.max_tokens", params.max_tokens or 0)
+            self.span.set_attribute("gen_ai.request.temperature", params.temperature)
+            self.span.set_attribute("gen_ai.request.top_p", params.top_p)
+        # The span is current while the engine takes the requests: a remote client sends
+        # its trace context (gateway.tracing.trace_headers) to the engine server.
+        with use_span(self.span, record_exception=False, set_status_on_exception=False):
+            for request in requests:
+                # Raises InvalidRequestError / EngineOverloadedError with nothing queued for
+                # it; `close` aborts the earlier prompts' requests.
+                streams.append(self.engine.submit(request))
+                self._engine_ids.append(request.request_id)
+                self._prompt_lens[request.request_id] = len(request.prompt_token_ids)
+                self._outcomes.submitted(request)
         return streams
 
     async def events(
@@ -359,7 +365,10 @@ class RequestLifecycle:
 
     def _end_span(self, status: int) -> None:
         span = self.span
-        span.set_attribute("gen_ai.operation.name", "chat")
+        span.set_attribute("gen_ai.operation.name", self._operation)
+        span.set_attribute("gen_ai.response.id", self.request_id)
+        if self._queue_s is not None:
+            span.set_attribute("cloister.engine.queue_time_s", self._queue_s)
         span.set_attribute("gen_ai.system", "cloister")
         span.set_attribute("gen_ai.usage.input_tokens", self.prompt_tokens)
         span.set_attribute("gen_ai.usage.output_tokens", self.completion_tokens)

@@ -2,7 +2,8 @@
 
 Requests go out as the wire format of engine_server.wire, with the service token,
 and their chunks come back as the `StreamEvent`s an in-process engine would give.
-A request is sent as soon as it is submitted (not when its stream is first read).
+A request is sent as soon as it is submitted (not when its stream is first read),
+with the W3C trace context (traceparent) of the span current at submit.
 Closing a stream, or `abort`, hangs up on the engine server, which aborts the
 request and frees its KV blocks at once; an abort call backs that up.
 
@@ -32,6 +33,7 @@ from engine.structured.compiler import GrammarCompiler
 from engine.structured.spec import StructuredSpec
 from engine_server.wire import event_from_wire, request_to_wire, rules_to_wire
 from gateway.engine_client import EngineSnapshot, TokenizerLike
+from gateway.tracing import trace_headers
 
 logger = logging.getLogger("cloister.gateway.remote")
 CONNECT_TIMEOUT_S = 5.0
@@ -96,6 +98,8 @@ class RemoteStream:
         self.request_id = request.request_id
         self._prompt = request.prompt_token_ids
         self._client = client
+        # Read now, in the caller's context (the gateway's request span is current there).
+        self._trace_headers = trace_headers()
         self._queue: asyncio.Queue[StreamEvent | BaseException | None] = asyncio.Queue()
         self._task = asyncio.get_running_loop().create_task(self._run(request))
         self._done = False
@@ -103,6 +107,7 @@ class RemoteStream:
     async def _run(self, request: EngineRequest) -> None:
         body, headers = request_to_wire(request, self._client.model_name)
         headers.update(self._client.auth_headers)
+        headers.update(self._trace_headers)
         try:
             async with self._client.http.stream(
                 "POST", "/v1/completions", json=body, headers=headers
@@ -114,14 +119,15 @@ class RemoteStream:
                         continue
                     data = line[5:].strip()
                     if data == "[DONE]":
-                        break
+                        continue  # the body ends right after: read to its end (see below)
                     chunk = json.loads(data)
                     if "error" in chunk:
                         raise EngineDeadError(str(chunk["error"].get("message", "engine error")))
                     event = event_from_wire(self.request_id, chunk["cloister"], self._prompt)
                     self._queue.put_nowait(event)
-                    if event.finished:
-                        break
+                    # No break on the last event, nor on [DONE]: reading the body to its end
+                    # (it ends right after them) returns the connection to the pool. A
+                    # response left unread is closed, and the next request pays a connect.
         except asyncio.CancelledError:
             raise
         except (httpx.HTTPError, ValueError, KeyError) as exc:

@@ -1,44 +1,30 @@
-"""OpenTelemetry for the gateway: a tracer the app owns, W3C trace context from headers."""
+"""OpenTelemetry for the gateway: a tracer the app owns, W3C trace context both ways.
+
+Incoming: `extract_context` reads a client's `traceparent`. Outgoing: the request's
+span is made current around the engine submit (`RequestLifecycle.submit`), and a
+remote engine client copies it into its request's headers (`trace_headers`), so the
+engine server's `engine.generate` span is a child of the gateway's.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
 
 from opentelemetry.context import Context
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-ExporterName = Literal["none", "console", "otlp"]
+from server.telemetry import ExporterName, make_tracer_provider
+
+__all__ = [
+    "ExporterName",
+    "extract_context",
+    "gateway_tracer",
+    "make_tracer_provider",
+    "trace_headers",
+]
 _PROPAGATOR = TraceContextTextMapPropagator()
-
-
-def make_tracer_provider(
-    exporter: ExporterName = "none", *, extra_processor: SpanProcessor | None = None
-) -> TracerProvider:
-    """A provider private to one app (never the global one). Exports nothing by default.
-
-    With nothing to export to, spans are not recorded at all (a non-recording span
-    still carries the incoming trace context): recording them would cost every
-    request attribute bookkeeping that nobody reads.
-    """
-    recording = exporter != "none" or extra_processor is not None
-    provider = TracerProvider() if recording else TracerProvider(sampler=ALWAYS_OFF)
-    if exporter == "console":
-        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
-    elif exporter == "otlp":
-        # Optional dependency: only needed when someone turns the exporter on.
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-            OTLPSpanExporter,
-        )
-
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    if extra_processor is not None:
-        provider.add_span_processor(extra_processor)
-    return provider
 
 
 def gateway_tracer(provider: TracerProvider) -> Tracer:
@@ -51,3 +37,10 @@ def extract_context(headers: Mapping[str, str]) -> Context:
     if "traceparent" not in headers:
         return Context()  # the common case: skip copying the headers for the propagator
     return _PROPAGATOR.extract(carrier=dict(headers))
+
+
+def trace_headers() -> dict[str, str]:
+    """`traceparent` (and `tracestate`) of the current span; empty when there is none."""
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier)
+    return carrier

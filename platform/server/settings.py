@@ -242,7 +242,14 @@ class Settings(BaseSettings):
     # How tool calls are written and parsed: auto picks the format from the chat
     # template; none refuses requests with tools.
     tool_parser: Literal["auto", "hermes", "llama3_json", "smollm2", "none"] = "auto"
+    # Traces (server.telemetry): "otlp" sends them to an OpenTelemetry collector's OTLP/HTTP
+    # endpoint (spans go to <endpoint>/v1/traces), as protobuf (needs the package
+    # opentelemetry-exporter-otlp-proto-http) or as OTLP JSON (built in). The gateway's
+    # service is named <service_name>-gateway, an engine server's <service_name>-engine.
     otel_exporter: Literal["none", "console", "otlp"] = "none"
+    otel_endpoint: str = "http://127.0.0.1:4318"
+    otel_protocol: Literal["http/protobuf", "http/json"] = "http/protobuf"
+    otel_service_name: str = Field(default="cloister", min_length=1)
     # Admin service (CLOISTER_ADMIN_*): OpenID Connect sign-in, audit signing, metering.
     admin_oidc_issuer: str | None = None
     admin_oidc_client_id: str | None = None

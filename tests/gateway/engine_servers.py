@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,14 +56,20 @@ def engine_env(model_dir: Path, *, token: str | None = SERVICE_TOKEN) -> dict[st
 
 
 def spawn_engine(
-    model_dir: Path, log_path: Path, *, port: int | None = None, extra: tuple[str, ...] = ()
+    model_dir: Path,
+    log_path: Path,
+    *,
+    port: int | None = None,
+    extra: tuple[str, ...] = (),
+    env: Mapping[str, str] | None = None,
 ) -> EngineProcess:
-    """Starts an engine server on a free port (or `port`); see `wait_ready`."""
+    """Starts an engine server on a free port (or `port`); see `wait_ready`. `env` adds to
+    (or overrides) the tiny model's CLOISTER_* environment."""
     port = port or free_port()
     log = log_path.open("ab")
     proc = subprocess.Popen(
         [*ENGINE_COMMAND, "--port", str(port), *extra],
-        env=engine_env(model_dir),
+        env={**engine_env(model_dir), **(env or {})},
         stdout=log,
         stderr=subprocess.STDOUT,
     )

@@ -62,23 +62,37 @@ def serve_engine(**flags: Any) -> None:
     run_engine_server(settings, token=token or None, drain_timeout_s=drain_timeout_s)
 
 
-def run_engine_server(settings: Any, *, token: str | None, drain_timeout_s: float) -> None:
-    """Loads the engine and serves it until SIGTERM, then drains."""
+def run_engine_server(
+    settings: Any, *, token: str | None, drain_timeout_s: float, front: Any | None = None
+) -> None:
+    """Loads the engine (or serves `front`, an engine front already built: benchmarks serve
+    a fake fast model) and serves it until SIGTERM, then drains."""
     import uvicorn
 
     from engine_server.app import EngineServer
     from engine_server.auth import ServiceAuth, ServiceTokenError
     from server.logging_setup import configure_logging
+    from server.telemetry import TelemetryUnavailableError, check_exporter, provider_from_settings
     from server.wiring import DeviceUnavailableError, load_engine, serve_engine_options
 
     try:
         serve_engine_options(settings)
         auth = ServiceAuth(token)
-    except (DeviceUnavailableError, ServiceTokenError) as exc:
+        check_exporter(settings.otel_exporter, settings.otel_protocol)  # before the model loads
+    except (DeviceUnavailableError, ServiceTokenError, TelemetryUnavailableError) as exc:
         raise click.ClickException(str(exc)) from None
     configure_logging(settings.log_level)
-    front = load_engine(settings)
-    server = EngineServer(front, model_name=settings.served_models[0].name, auth=auth)
+    front = front if front is not None else load_engine(settings)
+    # Spans only when something exports them: `engine.generate` under the gateway's trace.
+    provider = None
+    if settings.otel_exporter != "none":
+        provider = provider_from_settings(settings, role="engine")
+    server = EngineServer(
+        front,
+        model_name=settings.served_models[0].name,
+        auth=auth,
+        tracer=None if provider is None else provider.get_tracer("cloister.engine"),
+    )
 
     class DrainingServer(uvicorn.Server):
         """uvicorn's server, which marks the engine as draining on the first signal."""
@@ -94,7 +108,11 @@ def run_engine_server(settings: Any, *, token: str | None, drain_timeout_s: floa
         log_config=None,
         timeout_graceful_shutdown=int(drain_timeout_s),
     )
-    DrainingServer(config).run()
+    try:
+        DrainingServer(config).run()
+    finally:
+        if provider is not None:
+            provider.shutdown()  # flushes the last spans
 
 
 commands: list[click.Command] = [engine]

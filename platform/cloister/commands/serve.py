@@ -128,6 +128,7 @@ def run_server(settings: Settings, *, engine: Any | None = None) -> None:
 
     from admin.app import with_audit_checkpoints
     from server.logging_setup import configure_logging
+    from server.telemetry import TelemetryUnavailableError, check_exporter
     from server.wiring import (
         DeviceUnavailableError,
         build_app,
@@ -141,10 +142,11 @@ def run_server(settings: Settings, *, engine: Any | None = None) -> None:
         # (no file, no log handler).
         if engine is None:
             serve_engine_options(settings)
+        check_exporter(settings.otel_exporter, settings.otel_protocol)
         configure_logging(settings.log_level, fmt=settings.log_format)
         first_start = prepare_database(settings)
         app = build_app(settings, engine=engine)
-    except DeviceUnavailableError as exc:
+    except (DeviceUnavailableError, TelemetryUnavailableError) as exc:
         raise click.ClickException(str(exc)) from None
     with_audit_checkpoints(app, app.state.admin_services)  # every T s and at shutdown
     # In the lifespan too (see with_audit_checkpoints): usage and last_used_at accepted

@@ -1,0 +1,45 @@
+"""bench/engine_hop.py: a quick run times every request on both sides, through a real
+`cloister engine serve` code path, and prints its figures as the last line."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.engine_hop import Timing, added, main, pct, summary
+
+
+def test_percentiles_and_the_added_figures_are_remote_minus_in_process() -> None:
+    assert pct([3.0, 1.0, 2.0], 50) == 2.0
+    assert pct([1.0, 2.0, 3.0, 4.0, 5.0], 95) == 5.0
+    local = summary([Timing(0.001, 0.008, 8)] * 3)
+    remote = summary([Timing(0.0015, 0.0095, 8)] * 3)
+    assert local["per_token_p50_ms"] == pytest.approx(1.0)
+    hop = added(local, remote)
+    assert hop["ttft_p50_ms"] == pytest.approx(0.5)
+    assert hop["e2e_p50_ms"] == pytest.approx(1.5)
+    assert Timing(0.001, 0.002, 1).per_token_s is None
+
+
+@pytest.mark.slow
+def test_a_quick_run_reports_both_sides(tmp_path: Path) -> None:
+    capture = tmp_path / "stdout.txt"
+    with capture.open("w") as out, contextlib.redirect_stdout(out):
+        returned = main(["--requests", "4", "--warmup", "1", "--round", "2"])
+    lines = capture.read_text().strip().splitlines()
+    report = json.loads(lines[-1])
+    assert report == json.loads(json.dumps(returned))
+    assert report["requests_per_side"] == 4
+    assert report["tokens_per_request"] == 8  # EOS ignored: every request makes max_tokens
+    for side in ("in_process", "remote"):
+        figures = report[side]
+        assert 0 < figures["ttft_p50_ms"] <= figures["e2e_p50_ms"]
+        assert figures["per_token_p50_ms"] > 0
+    assert report["added"]["e2e_p50_ms"] == pytest.approx(
+        report["remote"]["e2e_p50_ms"] - report["in_process"]["e2e_p50_ms"], abs=1e-3
+    )
+    assert report["cpu_per_request_ms"]["remote_server"] > 0  # the server process did the work
+    assert isinstance(report["meets_goal"], bool)
