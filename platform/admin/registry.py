@@ -276,6 +276,21 @@ def set_adapter_status(session: Session, *, name: str, status: str) -> LoraAdapt
     return row
 
 
+def adapter_allow_lists(session: Session) -> dict[str, frozenset[str] | None]:
+    """ "base:adapter" -> the tenant that may use it (None: public, every tenant), for every
+    adapter not retired. The gateway's model allow-lists carry these entries too; an
+    adapter they do not list is unknown to it."""
+    rows = session.execute(
+        select(LoraAdapter.base_model, LoraAdapter.name, LoraAdapter.owner_tenant_id).where(
+            LoraAdapter.status != "retired"
+        )
+    ).all()
+    return {
+        f"{base}:{name}": None if owner is None else frozenset((owner,))
+        for base, name, owner in rows
+    }
+
+
 def list_adapters(
     session: Session, *, visible_to_tenant: str | None = None, base_model: str | None = None
 ) -> Sequence[LoraAdapter]:

@@ -122,6 +122,7 @@ async def admit_and_submit(
             weight=principal.weight,
             # A never-cache tenant's policy wins over whatever the request asks.
             cache=body.cache and not principal.never_cache,
+            adapter=life.adapter,
         )
         for i, prompt in enumerate(prompts)
     ]

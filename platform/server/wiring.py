@@ -356,6 +356,15 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
     }
     for sync in app.state.cache_rules_syncs.values():
         with_cache_rules_sync(app, sync)
+    # Registered adapters are loaded (retired ones unloaded) within config_refresh_s.
+    from server.adapter_sync import AdapterSync, with_adapter_sync
+
+    app.state.adapter_syncs = {
+        name: AdapterSync(client, writer_sessions, interval_s=settings.config_refresh_s)
+        for name, client in clients.items()
+    }
+    for adapter_sync in app.state.adapter_syncs.values():
+        with_adapter_sync(app, adapter_sync)
     app.state.background_writers = (last_used, services.audit_writer)
     with_server_logs(app, settings, engine_options=resolved)
     return app
@@ -405,7 +414,8 @@ def registry_model_access(settings: Settings, sessions: sessionmaker[Session]) -
 
     def read() -> dict[str, frozenset[str] | None]:
         with sessions() as session:
-            return registry.allow_lists(session)
+            # Adapters as "base:adapter" entries: their owner (None: public).
+            return {**registry.allow_lists(session), **registry.adapter_allow_lists(session)}
 
     return ModelAccess.load(
         read, refresh_s=settings.config_refresh_s, read_timeout_s=settings.auth_read_timeout_s
