@@ -11,7 +11,6 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import openai
@@ -85,9 +84,7 @@ def wait_for(check: Callable[[], bool], timeout_s: float = LOAD_WITHIN_S) -> flo
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     tmp = tmp_path_factory.mktemp("adapters")
-    settings = Settings(
-        data_dir=tmp, key_pepper=PEPPER, model_name="fake", config_refresh_s=0.2
-    )
+    settings = Settings(data_dir=tmp, key_pepper=PEPPER, model_name="fake", config_refresh_s=0.2)
     upgrade_database(settings.resolved_database_url)
     sessions = make_session_factory(make_engine(settings.resolved_database_url))
     base = tmp / "models" / "fake-hf"
@@ -133,7 +130,11 @@ def uploaded(live: Live) -> float:
         with live.sessions() as s:
             statuses = set(s.scalars(select(LoraAdapter.status)))
         loaded = {"my-adapter", "shared"} <= set(live.engine.loaded_adapters)
-        return loaded and statuses == {"loaded"} and live.chat(live.key_a, "fake:shared").status_code == 200
+        return (
+            loaded
+            and statuses == {"loaded"}
+            and live.chat(live.key_a, "fake:shared").status_code == 200
+        )
 
     wait_for(servable)
     return time.monotonic() - started
@@ -227,9 +228,7 @@ def test_adapter_metrics(live: Live, uploaded: float) -> None:
     assert counts["shared"] >= 3 and counts["my-adapter"] >= 1
 
 
-def test_a_retired_adapter_is_unloaded_once_no_request_uses_it(
-    live: Live, uploaded: float
-) -> None:
+def test_a_retired_adapter_is_unloaded_once_no_request_uses_it(live: Live, uploaded: float) -> None:
     live.engine.pinned_adapters.add("shared")  # a request still runs on it
     r = live.client.patch(
         "/admin/api/v1/adapters/shared", json={"status": "retired"}, headers=live.admin
