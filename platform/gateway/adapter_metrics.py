@@ -55,6 +55,16 @@ class AdapterMetrics:
                 del tally[adapter]
         self.requests.labels(model, adapter).inc()
 
+    def request_counts(self) -> dict[str, int]:
+        """Finished requests per adapter since start, over every model."""
+        counts: dict[str, int] = {}
+        for metric in self.requests.collect():
+            for sample in metric.samples:
+                if sample.name.endswith("_total"):
+                    name = sample.labels["adapter"]
+                    counts[name] = counts.get(name, 0) + int(sample.value)
+        return counts
+
     def in_flight(self, model: str) -> dict[str, int]:
         """Requests in flight per adapter of `model`, by the gateway's count."""
         with self._lock:

@@ -25,6 +25,9 @@ class AdapterInfo:
     alpha: float
     digest: str
     target_modules: tuple[str, ...] = ()
+    # Where its weights are: "device" (in the adapter slots) or "host" (in host memory,
+    # swapped out); None when the engine does not say.
+    location: str | None = None
 
 
 class AdaptersUnsupportedError(EngineError):
@@ -54,6 +57,7 @@ def adapter_info(obj: Any) -> AdapterInfo:
         alpha=float(obj.alpha),
         digest=str(obj.digest),
         target_modules=tuple(str(m) for m in getattr(obj, "target_modules", ()) or ()),
+        location=None if getattr(obj, "location", None) is None else str(obj.location),
     )
 
 

@@ -294,7 +294,7 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
     from admin.metering import MeteringSink
     from admin.openapi import install_admin_openapi
     from admin.router import create_admin_router
-    from admin.ui import gateway_engine_stats, mount_console
+    from admin.ui import gateway_adapter_runtime, gateway_engine_stats, mount_console
     from admin.usage_store import UsageLedger
 
     admin_settings = settings.admin_settings()
@@ -341,7 +341,12 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
     )
     # One process serves the admin API and its console next to the gateway.
     app.include_router(create_admin_router(services))
-    mount_console(app, services, engine_stats=gateway_engine_stats(app.state.cloister))
+    mount_console(
+        app,
+        services,
+        engine_stats=gateway_engine_stats(app.state.cloister),
+        adapter_runtime=gateway_adapter_runtime(app.state.cloister),
+    )
     install_admin_openapi(app)  # the admin API's own document, apart from the tenant API's
     app.state.metering = metering
     app.state.admin_services = services  # run_server runs its audit checkpoint timer

@@ -215,6 +215,7 @@ class FakeEngine:
             alpha=float(config.get("lora_alpha", config["r"])),
             digest=hashlib.sha256(weights).hexdigest(),
             target_modules=tuple(config.get("target_modules") or ()),
+            location="device",  # a fake has one memory: every adapter is "on the device"
         )
         self.loaded_adapters[name] = info
         return info

@@ -226,6 +226,10 @@ def test_adapter_metrics(live: Live, uploaded: float) -> None:
     lines = [ln for ln in text.splitlines() if ln.startswith("cloister_adapter_requests_total")]
     counts = {ln.split('adapter="')[1].split('"')[0]: float(ln.split()[-1]) for ln in lines}
     assert counts["shared"] >= 3 and counts["my-adapter"] >= 1
+    # The console's view (GET /adapters/runtime): where each adapter is, and its traffic.
+    runtime = live.client.get("/admin/api/v1/adapters/runtime", headers=live.admin).json()
+    assert runtime["shared"] == {"state": "device", "requests": counts["shared"]}
+    assert runtime["my-adapter"]["requests"] == counts["my-adapter"]
 
 
 def test_a_retired_adapter_is_unloaded_once_no_request_uses_it(live: Live, uploaded: float) -> None:
