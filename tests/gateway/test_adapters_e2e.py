@@ -208,6 +208,18 @@ def test_a_public_adapter_serves_every_tenant(live: Live, uploaded: float) -> No
         assert live.engine.adapter_of[r.json()["id"]] == "shared"
 
 
+def test_completions_and_responses_select_adapters_too(live: Live, uploaded: float) -> None:
+    sdk = live.sdk(live.key_b)
+    done = sdk.completions.create(model="fake:shared", prompt="hi", max_tokens=2)
+    assert done.model == "fake:shared" and live.engine.adapter_of[done.id] == "shared"
+    before = len(live.engine.adapter_of)
+    reply = sdk.responses.create(model="fake:shared", input="hi", max_output_tokens=2)
+    assert reply.model == "fake:shared"
+    assert list(live.engine.adapter_of.values())[before:] == ["shared"]
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.create(model="fake:my-adapter", input="hi", max_output_tokens=2)
+
+
 def test_models_lists_adapters_for_the_tenants_that_may_use_them(
     live: Live, uploaded: float
 ) -> None:
