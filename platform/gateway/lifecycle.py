@@ -144,6 +144,10 @@ class RequestLifecycle:
                 source=self.source, principal=self.principal, reason="model", resource=name
             )
             raise
+        self._check_registry(name)
+
+    def _check_registry(self, name: str) -> None:
+        assert self.principal is not None, "authenticate first"
         if self._access is not None and not self._access.allows(name, self.principal.tenant_id):
             self.state.auth.denied(
                 source=self.source, principal=self.principal, reason="model_tenant", resource=name
@@ -157,7 +161,12 @@ class RequestLifecycle:
         audited."""
         assert self.principal is not None, "authenticate first"
         engine = self.state.engine_for(base)
-        self._check_model(base)
+        allowed_names = self.principal.allowed_models
+        if allowed_names is not None and name in allowed_names:
+            # A model list that names the adapter itself lets the key use it (only it).
+            self._check_registry(base)
+        else:
+            self._check_model(base)
         access = self._access
         tenant = self.principal.tenant_id
         # No registry: no owner is known, so no adapter may be used.

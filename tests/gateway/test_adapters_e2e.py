@@ -44,6 +44,7 @@ class Live:
     key_a: str
     key_b: str
     tenant_a: str
+    key_narrow: str  # its tenant's model list names only "fake:shared"
 
     def chat(self, key: str, model: str) -> Any:
         """A raw chat request (for status codes and error bodies)."""
@@ -107,12 +108,22 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         store.create_tenant(s, name="beta")
         key_a = store.create_key(s, tenant_name="alpha", pepper=PEPPER).secret
         key_b = store.create_key(s, tenant_name="beta", pepper=PEPPER).secret
+        store.create_tenant(s, name="gamma")
+        store.set_limits(s, tenant_name="gamma", allowed_models=["fake:shared"])
+        narrow = store.create_key(s, tenant_name="gamma", pepper=PEPPER).secret
         admin = create_admin_token(s, pepper=PEPPER, role="admin").secret
     engine = FakeEngine()
     app = build_app(settings, engine=engine)
     with TestClient(app) as client:
         yield Live(
-            client, engine, sessions, {"Authorization": f"Bearer {admin}"}, key_a, key_b, a.id
+            client,
+            engine,
+            sessions,
+            {"Authorization": f"Bearer {admin}"},
+            key_a,
+            key_b,
+            a.id,
+            narrow,
         )
     for writer in app.state.background_writers:
         writer.close()
@@ -229,6 +240,14 @@ def test_models_lists_adapters_for_the_tenants_that_may_use_them(
     assert ids_b == ["fake", "fake:shared"]
     auth_b = {"Authorization": f"Bearer {live.key_b}"}
     assert live.client.get("/v1/models/fake:my-adapter", headers=auth_b).status_code == 404
+
+
+def test_a_model_list_naming_an_adapter_allows_that_adapter_only(
+    live: Live, uploaded: float
+) -> None:
+    assert live.chat(live.key_narrow, "fake:shared").status_code == 200
+    assert live.chat(live.key_narrow, "fake").status_code == 403  # not the base model itself
+    assert [m.id for m in live.sdk(live.key_narrow).models.list()] == ["fake:shared"]
 
 
 def test_adapter_metrics(live: Live, uploaded: float) -> None:
