@@ -112,11 +112,12 @@ def _priced_parts(
     changed is split from its raw usage records; once those are purged (the rollups
     outlive them) the hour is priced as at its start.
     """
-    first = book.find(row.model, row.hour)
+    first = book.find(row.model, row.hour, row.adapter)
     whole = _counts(
         row.requests, row.prompt_tokens, row.cached_tokens, row.completion_tokens, row.cost_pico_usd
     )
-    if book.find(row.model, row.hour + _HOUR - dt.timedelta(microseconds=1)) == first:
+    last = row.hour + _HOUR - dt.timedelta(microseconds=1)
+    if book.find(row.model, last, row.adapter) == first:
         return [(first, whole)]
     u = UsageRow
     raw = session.scalars(
@@ -134,7 +135,7 @@ def _priced_parts(
         return [(first, whole)]
     parts: dict[Prices | None, list[int]] = {}
     for r in raw:
-        acc = parts.setdefault(book.find(r.model, r.occurred_at), [0, 0, 0, 0, 0])
+        acc = parts.setdefault(book.find(r.model, r.occurred_at, r.adapter), [0, 0, 0, 0, 0])
         for i, v in enumerate(
             _counts(1, r.prompt_tokens, r.cached_tokens, r.completion_tokens, r.cost_pico_usd)
         ):

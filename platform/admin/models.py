@@ -60,10 +60,15 @@ class ModelPrice(Base):
     """One price of a model from `effective_from` on (the history is never rewritten)."""
 
     __tablename__ = "model_prices"
-    __table_args__ = (UniqueConstraint("model_name", "effective_from", name="uq_model_prices"),)
+    __table_args__ = (
+        UniqueConstraint("model_name", "adapter", "effective_from", name="uq_model_prices"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     model_name: Mapped[str] = mapped_column(String(128), index=True)
+    # "" the base model's own price; else one adapter's (migration 0009), which falls back
+    # to the base model's while it has none in force.
+    adapter: Mapped[str] = mapped_column(String(128), default="", server_default="")
     effective_from: Mapped[dt.datetime] = mapped_column(UTCDateTime())
     input_micros_per_m: Mapped[int] = mapped_column(BigInteger)
     cached_input_micros_per_m: Mapped[int] = mapped_column(BigInteger)

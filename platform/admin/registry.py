@@ -169,12 +169,15 @@ def list_models(session: Session, *, status: str | None = None) -> Sequence[Regi
     return session.scalars(query).all()
 
 
-def _add_price(session: Session, model: str, prices: Prices, when: dt.datetime) -> ModelPrice:
+def _add_price(
+    session: Session, model: str, prices: Prices, when: dt.datetime, adapter: str = ""
+) -> ModelPrice:
     _check_price(prices.input, "input price")
     _check_price(prices.cached_input, "cached input price")
     _check_price(prices.output, "output price")
     row = ModelPrice(
         model_name=model,
+        adapter=adapter,
         effective_from=when,
         input_micros_per_m=prices.input,
         cached_input_micros_per_m=prices.cached_input,
@@ -185,39 +188,67 @@ def _add_price(session: Session, model: str, prices: Prices, when: dt.datetime) 
 
 
 def set_price(
-    session: Session, *, model: str, prices: Prices, effective_from: dt.datetime | None = None
+    session: Session,
+    *,
+    model: str,
+    prices: Prices,
+    effective_from: dt.datetime | None = None,
+    adapter: str | None = None,
 ) -> ModelPrice:
-    """Add a price from `effective_from` (default now); earlier usage keeps its old price."""
+    """Add a price from `effective_from` (default now); earlier usage keeps its old price.
+
+    With `adapter` (one of `model`'s), the price is that adapter's own; an adapter
+    without one in force is billed at `model`'s."""
     get_model(session, model)
-    row = _add_price(session, model, prices, effective_from or dt.datetime.now(dt.UTC))
+    if adapter is not None and get_adapter(session, adapter).base_model != model:
+        raise NotFoundError(f"model {model!r} has no adapter named {adapter!r}")
+    when = effective_from or dt.datetime.now(dt.UTC)
+    row = _add_price(session, model, prices, when, adapter or "")
     session.commit()
     return row
 
 
-def price_history(session: Session, *, model: str) -> Sequence[ModelPrice]:
-    """Every price of `model`, oldest first."""
+def price_history(
+    session: Session, *, model: str, adapter: str | None = None
+) -> Sequence[ModelPrice]:
+    """Every price of `model` (or of its `adapter`, its own only), oldest first."""
     return session.scalars(
-        select(ModelPrice).where(ModelPrice.model_name == model).order_by(ModelPrice.effective_from)
+        select(ModelPrice)
+        .where(ModelPrice.model_name == model, ModelPrice.adapter == (adapter or ""))
+        .order_by(ModelPrice.effective_from)
     ).all()
 
 
-def price_at(session: Session, *, model: str, when: dt.datetime) -> Prices:
+def price_at(
+    session: Session, *, model: str, when: dt.datetime, adapter: str | None = None
+) -> Prices:
     """The price in force for `model` at `when`; FREE when it has none (see `price_in_force`)."""
-    return price_in_force(session, model=model, when=when) or FREE
+    return price_in_force(session, model=model, when=when, adapter=adapter) or FREE
 
 
-def price_in_force(session: Session, *, model: str, when: dt.datetime) -> Prices | None:
-    """The price in force for `model` at `when`; None when it has none (unpriced), which
-    is not a price of 0 (a deliberately free model)."""
-    row = session.scalars(
-        select(ModelPrice)
-        .where(ModelPrice.model_name == model, ModelPrice.effective_from <= when)
-        .order_by(ModelPrice.effective_from.desc())
-        .limit(1)
-    ).first()
-    if row is None:
-        return None
-    return Prices(row.input_micros_per_m, row.cached_input_micros_per_m, row.output_micros_per_m)
+def price_in_force(
+    session: Session, *, model: str, when: dt.datetime, adapter: str | None = None
+) -> Prices | None:
+    """The price in force for `model` (with `adapter`: that adapter's own, else the base
+    model's) at `when`; None when it has none (unpriced), which is not a price of 0 (a
+    deliberately free model)."""
+    names = [adapter, ""] if adapter else [""]
+    for name in names:
+        row = session.scalars(
+            select(ModelPrice)
+            .where(
+                ModelPrice.model_name == model,
+                ModelPrice.adapter == name,
+                ModelPrice.effective_from <= when,
+            )
+            .order_by(ModelPrice.effective_from.desc())
+            .limit(1)
+        ).first()
+        if row is not None:
+            return Prices(
+                row.input_micros_per_m, row.cached_input_micros_per_m, row.output_micros_per_m
+            )
+    return None
 
 
 def get_adapter(session: Session, name: str) -> LoraAdapter:
@@ -274,6 +305,21 @@ def set_adapter_status(session: Session, *, name: str, status: str) -> LoraAdapt
     row.status = status
     session.commit()
     return row
+
+
+def adapter_allow_lists(session: Session) -> dict[str, frozenset[str] | None]:
+    """ "base:adapter" -> the tenant that may use it (None: public, every tenant), for every
+    adapter not retired. The gateway's model allow-lists carry these entries too; an
+    adapter they do not list is unknown to it."""
+    rows = session.execute(
+        select(LoraAdapter.base_model, LoraAdapter.name, LoraAdapter.owner_tenant_id).where(
+            LoraAdapter.status != "retired"
+        )
+    ).all()
+    return {
+        f"{base}:{name}": None if owner is None else frozenset((owner,))
+        for base, name, owner in rows
+    }
 
 
 def list_adapters(

@@ -112,6 +112,7 @@ def price_public(p: ModelPrice) -> PricePublic:
         input_price=p.input_micros_per_m,
         cached_input_price=p.cached_input_micros_per_m,
         output_price=p.output_micros_per_m,
+        adapter=p.adapter or None,
     )
 
 

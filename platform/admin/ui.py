@@ -69,12 +69,35 @@ def gateway_engine_replicas(state: Any) -> EngineReplicas:
     return read
 
 
+# Adapter name -> {"state": "device" | "host" | "loaded" | "not_loaded", "requests": n}.
+AdapterRuntime = Callable[[], Mapping[str, Mapping[str, Any]]]
+
+
+def gateway_adapter_runtime(state: Any) -> AdapterRuntime:
+    """What the gateway's engines say of each adapter (loaded on the device, in host
+    memory, or loaded where the engine does not say) and its finished requests."""
+
+    def read() -> Mapping[str, Mapping[str, Any]]:
+        counts: dict[str, int] = state.metrics.adapters.request_counts()
+        out: dict[str, dict[str, Any]] = {
+            name: {"state": "not_loaded", "requests": n} for name, n in counts.items()
+        }
+        for engine in state.engines.values():
+            for info in engine.adapters():
+                entry = out.setdefault(info.name, {"state": "not_loaded", "requests": 0})
+                entry["state"] = info.location or "loaded"
+        return out
+
+    return read
+
+
 def mount_console(
     app: FastAPI,
     services: AdminServices,
     *,
     engine_stats: EngineStats | Callable[[], Mapping[str, float]] | None = None,
     engine_replicas: EngineReplicas | None = None,
+    adapter_runtime: AdapterRuntime | None = None,
     sample_every_s: float = 10.0,
     ui_dir: Path = DEFAULT_UI_DIR,
 ) -> StatsSampler | None:
@@ -90,6 +113,7 @@ def mount_console(
             sampler.start(sample_every_s)
     app.state.admin_stats_sampler = sampler  # read by GET /overview (admin/routes/overview.py)
     app.state.admin_engine_replicas = engine_replicas  # read by GET /engines
+    app.state.admin_adapter_runtime = adapter_runtime  # read by GET /adapters/runtime
     index = ui_dir / "index.html"
 
     def page() -> Response:

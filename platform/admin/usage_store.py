@@ -58,6 +58,7 @@ _USAGE_COLUMNS = tuple(c.name for c in _USAGE.c)
 _PRICE_SELECT: Select[Any] = (
     select(
         _PRICES.c.model_name,
+        _PRICES.c.adapter,
         _PRICES.c.effective_from,
         _PRICES.c.input_micros_per_m,
         _PRICES.c.cached_input_micros_per_m,
@@ -136,22 +137,32 @@ def hour_of(when: dt.datetime) -> dt.datetime:
 
 
 class PriceBook:
-    """Prices per model, loaded once per batch; picks the price in force at a time."""
+    """Prices per model (and adapter), loaded once per batch; picks the price in force at
+    a time. An adapter without a price of its own in force has its base model's."""
 
     def __init__(self, session: Session | Connection, models: set[str]) -> None:
         rows = session.execute(_PRICE_SELECT, {"models": sorted(models)}).all()
-        self._history: dict[str, list[tuple[dt.datetime, Prices]]] = {}
-        for name, start, fresh, cached, output in rows:
-            self._history.setdefault(name, []).append((start, Prices(fresh, cached, output)))
+        self._history: dict[tuple[str, str], list[tuple[dt.datetime, Prices]]] = {}
+        for name, adapter, start, fresh, cached, output in rows:
+            history = self._history.setdefault((name, adapter or ""), [])
+            history.append((start, Prices(fresh, cached, output)))
 
-    def at(self, model: str, when: dt.datetime) -> Prices:
+    def at(self, model: str, when: dt.datetime, adapter: str = "") -> Prices:
         """The latest price effective at or before `when` (FREE if none)."""
-        return self.find(model, when) or FREE
+        return self.find(model, when, adapter) or FREE
 
-    def find(self, model: str, when: dt.datetime) -> Prices | None:
-        """The latest price effective at or before `when`; None if none (unpriced)."""
+    def find(self, model: str, when: dt.datetime, adapter: str = "") -> Prices | None:
+        """The latest price effective at or before `when` (`adapter`'s own, else the
+        model's); None if none (unpriced)."""
+        if adapter:
+            own = self._find((model, adapter), when)
+            if own is not None:
+                return own
+        return self._find((model, ""), when)
+
+    def _find(self, key: tuple[str, str], when: dt.datetime) -> Prices | None:
         found: Prices | None = None
-        for start, prices in self._history.get(model, []):
+        for start, prices in self._history.get(key, []):
             if start <= when:
                 found = prices
             else:
@@ -209,7 +220,7 @@ def write_usage(session: Session, rows: Sequence[Mapping[str, Any]]) -> int:
         when = dt.datetime.fromisoformat(r["occurred_at"])
         if when.tzinfo is None:  # PostgreSQL would read it in the session's zone
             raise ValueError(f"usage row {r['request_id']!r}: naive occurred_at")
-        prices = book.find(r["model"], when)
+        prices = book.find(r["model"], when, r.get("adapter") or "")
         cost = (prices or FREE).cost_pico_usd(
             prompt_tokens=r["prompt_tokens"],
             cached_tokens=r["cached_tokens"],

@@ -161,15 +161,22 @@ class CachingAuthenticator:
             await asyncio.gather(*self._background, return_exceptions=True)
 
     def denied(
-        self, *, source: str | None, principal: Principal, reason: str, resource: str
+        self,
+        *,
+        source: str | None,
+        principal: Principal,
+        reason: str,
+        resource: str,
+        outcome: str = "denied:403",
     ) -> None:
-        """Reports an authorization denial of an authenticated key (e.g. model not allowed)."""
+        """Reports an authorization denial of an authenticated key (e.g. model not allowed;
+        an adapter it may not use is `outcome` "denied:404", the status it was answered)."""
         if self._denials is not None:
             self._denials.denied(
                 source=source,
                 actor=f"key:{principal.key_id}",
                 role="tenant",
-                outcome="denied:403",
+                outcome=outcome,
                 action="gateway.authorize",
                 resource=resource,
                 reason=reason,

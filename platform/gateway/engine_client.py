@@ -14,6 +14,13 @@ from engine.kv_cache.cache_rules import CacheRules
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest
 from engine.structured.spec import StructuredSpec
+from gateway.adapters import (
+    AdapterInfo,
+    AdapterInUseError,
+    AdaptersUnsupportedError,
+    adapter_info,
+    is_in_use_error,
+)
 
 
 class TokenizerLike(Protocol):
@@ -51,6 +58,11 @@ class EngineSnapshot:
     num_generation_tokens: int = 0  # tokens sampled
     num_blocks: int = 0  # the KV pool, in blocks of `block_size` tokens (0: not known)
     block_size: int = 0
+    # LoRA: the engine's adapter slots (0: not known) and, when it reports them, the
+    # adapters of its running and waiting requests (None: not reported).
+    max_loras: int = 0
+    running_adapters: tuple[str, ...] | None = None
+    waiting_adapters: tuple[str, ...] | None = None
 
 
 class EngineClient(Protocol):
@@ -101,6 +113,20 @@ class EngineClient(Protocol):
         Returns once the engine has them queued; it applies them before its next step.
         Raises `EngineDeadError` when the engine is dead.
         """
+        ...
+
+    async def load_adapter(self, name: str, path: str) -> AdapterInfo:
+        """Loads the PEFT adapter at `path` as `name` (idempotent for the same files).
+
+        Raises `AdaptersUnsupportedError` when this engine serves no adapters."""
+        ...
+
+    async def unload_adapter(self, name: str) -> None:
+        """Unloads adapter `name`; raises `AdapterInUseError` while requests use it."""
+        ...
+
+    def adapters(self) -> list[AdapterInfo]:
+        """The adapters loaded now (empty for an engine that serves none)."""
         ...
 
     def stats(self) -> EngineSnapshot:
@@ -156,6 +182,30 @@ class InProcessEngineClient:
         """Forwards to `EngineFront.update_cache_rules`."""
         await self._engine.update_cache_rules(rules)
 
+    def _front_call(self, name: str) -> Any:
+        call = getattr(self._engine, name, None)
+        if call is None:
+            raise AdaptersUnsupportedError(f"engine {self.model_name!r} does not serve adapters")
+        return call
+
+    async def load_adapter(self, name: str, path: str) -> AdapterInfo:
+        """Forwards to the front's `load_adapter`."""
+        return adapter_info(await self._front_call("load_adapter")(name, path))
+
+    async def unload_adapter(self, name: str) -> None:
+        """Forwards to the front's `unload_adapter` (its in-use error as ours)."""
+        try:
+            await self._front_call("unload_adapter")(name)
+        except Exception as exc:
+            if is_in_use_error(exc) and not isinstance(exc, AdapterInUseError):
+                raise AdapterInUseError(str(exc)) from exc
+            raise
+
+    def adapters(self) -> list[AdapterInfo]:
+        """The front's loaded adapters; none when it serves no adapters."""
+        listing = getattr(self._engine, "adapters", None)
+        return [] if listing is None else [adapter_info(a) for a in listing()]
+
     def stats(self) -> EngineSnapshot:
         """Copies the fields the gateway exports out of `AsyncEngine.stats()`."""
         s = self._engine.stats()
@@ -171,6 +221,9 @@ class InProcessEngineClient:
             num_generation_tokens=int(getattr(s, "num_generated_tokens", 0)),
             num_blocks=int(getattr(s, "num_blocks", 0)),
             block_size=int(getattr(s, "block_size", 0)),
+            max_loras=int(getattr(s, "max_loras", 0)),
+            running_adapters=_names(getattr(s, "running_lora_adapters", None)),
+            waiting_adapters=_names(getattr(s, "waiting_lora_adapters", None)),
         )
 
     def public_prefix_blocks(self) -> int:
@@ -192,3 +245,8 @@ class InProcessEngineClient:
     async def shutdown(self) -> None:
         """Stops the engine loop."""
         await self._engine.shutdown()
+
+
+def _names(value: Any) -> tuple[str, ...] | None:
+    """Adapter names from an engine stat (a sequence of names; None: not reported)."""
+    return None if value is None else tuple(str(v) for v in value)

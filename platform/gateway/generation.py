@@ -124,6 +124,7 @@ async def admit_and_submit(
             # A never-cache tenant's policy wins over whatever the request asks.
             cache=body.cache and not principal.never_cache,
             session=session_hint(body.user),
+            adapter=life.adapter,
         )
         for i, prompt in enumerate(prompts)
     ]

@@ -22,8 +22,9 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, use_span
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest
 from gateway.access_log import log_access
+from gateway.adapters import split_model
 from gateway.engine_client import EngineClient
-from gateway.errors import status_of
+from gateway.errors import ModelNotFoundError, status_of
 from gateway.model_access import AccessSnapshot
 from gateway.ratelimit_headers import rate_limit_headers
 from gateway.request_outcomes import OutcomeTracker
@@ -81,7 +82,9 @@ class RequestLifecycle:
             self.span.set_attribute("cloister.client_request_id", ids.client)
         self.principal: Principal | None = None
         self.source: str | None = None
-        self.model: str = ""
+        self.model: str = ""  # as the request named it (echoed in the response)
+        self.base_model: str = ""  # the served model (`model` less any ":adapter")
+        self.adapter: str | None = None  # the LoRA adapter the request selected
         self._engine: EngineClient | None = None  # the engine of `model`, once resolved
         self.prompt_tokens = 0
         self.completion_tokens = 0
@@ -121,8 +124,19 @@ class RequestLifecycle:
 
     def resolve_model(self, name: str) -> str:
         """404 for a model not served here, 403 for one this key, its tenant's limits or
-        the model's registry allow-list do not let it use."""
+        the model's registry allow-list do not let it use.
+
+        "base:adapter" (a name no engine serves as it is) selects a LoRA adapter of
+        `base`: see `_resolve_adapter`."""
+        if name not in self.state.engines:
+            base, adapter = split_model(name)
+            if adapter is not None:
+                return self._resolve_adapter(name, base, adapter)
         engine = self.state.engine_for(name)
+        self._check_model(name)
+        return self._resolved(name, name, engine)
+
+    def _check_model(self, name: str) -> None:
         assert self.principal is not None, "authenticate first"
         try:
             check_model(self.principal, name)
@@ -131,12 +145,54 @@ class RequestLifecycle:
                 source=self.source, principal=self.principal, reason="model", resource=name
             )
             raise
+        self._check_registry(name)
+
+    def _check_registry(self, name: str) -> None:
+        assert self.principal is not None, "authenticate first"
         if self._access is not None and not self._access.allows(name, self.principal.tenant_id):
             self.state.auth.denied(
                 source=self.source, principal=self.principal, reason="model_tenant", resource=name
             )
             raise PermissionDeniedError(name, f"this tenant may not use model {name!r}")
+
+    def _resolve_adapter(self, name: str, base: str, adapter: str) -> str:
+        """The base model's checks, then the adapter's: the registry must list it (not
+        retired) for this tenant (its own or a public one) and the engine must have it
+        loaded. Unknown and forbidden are the same 404, so names never leak; both are
+        audited."""
+        assert self.principal is not None, "authenticate first"
+        engine = self.state.engine_for(base)
+        allowed_names = self.principal.allowed_models
+        if allowed_names is not None and name in allowed_names:
+            # A model list that names the adapter itself lets the key use it (only it).
+            self._check_registry(base)
+        else:
+            self._check_model(base)
+        access = self._access
+        tenant = self.principal.tenant_id
+        # No registry: no owner is known, so no adapter may be used.
+        listed = access is not None and name in access.allowed
+        allowed = listed and access is not None and access.allows(name, tenant)
+        loaded = allowed and any(a.name == adapter for a in engine.adapters())
+        if not loaded:
+            reason = "adapter_forbidden" if listed and not allowed else "adapter_unknown"
+            self.state.auth.denied(
+                source=self.source,
+                principal=self.principal,
+                reason=reason,
+                resource=name,
+                outcome="denied:404",
+            )
+            raise ModelNotFoundError(
+                f"the model {name!r} does not exist", param="model", code="model_not_found"
+            )
+        self.adapter = adapter
+        self.state.metrics.adapters.started(model=base, adapter=adapter)
+        return self._resolved(name, base, engine)
+
+    def _resolved(self, name: str, base: str, engine: EngineClient) -> str:
         self.model = name
+        self.base_model = base
         self._engine = engine
         self.span.set_attribute("gen_ai.request.model", name)
         return name
@@ -318,16 +374,19 @@ class RequestLifecycle:
         ttft = None if self._first_token_at is None else self._first_token_at - self.started
         principal = self.principal
         tenant = principal.tenant_name if principal else "anonymous"
-        state.metrics.observe_request(tenant=tenant, status=status, model=self.model or "none")
+        model = self.base_model or self.model
+        state.metrics.observe_request(tenant=tenant, status=status, model=model or "none")
+        if self.adapter is not None:
+            state.metrics.adapters.finished(model=model, adapter=self.adapter)
         if self._engine_ids:
             state.metrics.observe_timings(
-                model=self.model,
+                model=model,
                 ttft_s=ttft,
                 e2e_s=latency,
                 queue_s=self._queue_s,
                 itl_s=self._gaps,
             )
-            state.metrics.observe_outcomes(self._outcomes.outcomes(), model=self.model)
+            state.metrics.observe_outcomes(self._outcomes.outcomes(), model=model)
         self._end_span(status)
         log_access(
             request_id=self.request_id,
@@ -347,7 +406,8 @@ class RequestLifecycle:
                 client_request_id=self.ids.client,
                 tenant_id=principal.tenant_id,
                 key_id=principal.key_id,
-                model=self.model,
+                model=model,
+                adapter=self.adapter,
                 prompt_tokens=billable_prompt,
                 cached_tokens=self.billable_cached_tokens,
                 completion_tokens=self.completion_tokens,

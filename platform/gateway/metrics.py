@@ -17,6 +17,7 @@ from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from gateway.adapter_metrics import AdapterMetrics
 from gateway.engine_client import EngineSnapshot
 from gateway.request_outcomes import EngineRequestOutcome
 
@@ -138,6 +139,7 @@ class GatewayMetrics:
         self.limiter_backend_errors = Counter(
             "cloister_limiter_backend_errors", "Limiter backend failures.", registry=r
         )
+        self.adapters = AdapterMetrics(r)  # adapter names are bounded: public labels
         self._last: dict[str, EngineSnapshot] = {}  # per model: the previous snapshot
         self._last_backend_errors = 0
         self._lock = threading.Lock()
@@ -229,6 +231,7 @@ class GatewayMetrics:
                     name, str(snap.block_size), str(snap.num_blocks), CACHE_DTYPE
                 ).set(1)
             self._last[name] = snap
+        self.adapters.update(name, snap)
 
     def update_limiter(self, backend_errors: int) -> None:
         """Advances the backend-error counter to the limiter's own cumulative count.

@@ -32,6 +32,7 @@ from engine.request import EngineRequest
 from engine.structured.compiler import GrammarCompiler
 from engine.structured.spec import StructuredSpec
 from engine_server.wire import event_from_wire, request_to_wire, rules_to_wire
+from gateway.adapters import AdapterInfo, AdaptersUnsupportedError
 from gateway.engine_client import EngineSnapshot, TokenizerLike
 from gateway.tracing import trace_headers
 
@@ -255,6 +256,18 @@ class RemoteEngineClient:
             raise EngineUnavailableError(
                 f"engine server {self.base_url} refused the cache rules: {response.text[:200]}"
             )
+
+    async def load_adapter(self, name: str, path: str) -> AdapterInfo:
+        """Not on the internal API yet: an engine server serves no adapters."""
+        raise AdaptersUnsupportedError(f"engine server {self.base_url} does not serve adapters")
+
+    async def unload_adapter(self, name: str) -> None:
+        """Not on the internal API yet (see `load_adapter`)."""
+        raise AdaptersUnsupportedError(f"engine server {self.base_url} does not serve adapters")
+
+    def adapters(self) -> list[AdapterInfo]:
+        """None: an engine server serves no adapters yet."""
+        return []
 
     def stats(self) -> EngineSnapshot:
         """The last polled figures."""

@@ -25,6 +25,7 @@ from engine.kv_cache.cache_rules import CacheRules
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest
 from engine.structured.spec import StructuredSpec
+from gateway.adapters import AdapterInfo
 from gateway.engine_client import EngineSnapshot, TokenizerLike
 from gateway.remote_engine import (
     EngineServerInfo,
@@ -189,6 +190,26 @@ class ReplicaSetClient:
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed and len(failed) == len(clients):
             raise EngineUnavailableError(f"no engine replica took the cache rules: {failed[0]}")
+
+    async def load_adapter(self, name: str, path: str) -> AdapterInfo:
+        """Loads the adapter on every replica (any replica may be routed its requests)."""
+        infos = [await c.load_adapter(name, path) for c in self.replicas()]
+        if not infos:
+            raise EngineUnavailableError("no engine replica to load the adapter on")
+        return infos[0]
+
+    async def unload_adapter(self, name: str) -> None:
+        """Unloads the adapter from every replica."""
+        for client in self.replicas():
+            await client.unload_adapter(name)
+
+    def adapters(self) -> list[AdapterInfo]:
+        """The adapters every live replica has loaded."""
+        listings = [{a.name: a for a in c.adapters()} for c in self.replicas()]
+        if not listings:
+            return []
+        common = set(listings[0]).intersection(*listings[1:])
+        return [listings[0][n] for n in sorted(common)]
 
     def stats(self) -> EngineSnapshot:
         """The replicas' figures summed (KV usage: their mean)."""

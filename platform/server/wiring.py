@@ -294,7 +294,12 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
     from admin.metering import MeteringSink
     from admin.openapi import install_admin_openapi
     from admin.router import create_admin_router
-    from admin.ui import gateway_engine_replicas, gateway_engine_stats, mount_console
+    from admin.ui import (
+        gateway_adapter_runtime,
+        gateway_engine_replicas,
+        gateway_engine_stats,
+        mount_console,
+    )
     from admin.usage_store import UsageLedger
 
     admin_settings = settings.admin_settings()
@@ -346,6 +351,7 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
         services,
         engine_stats=gateway_engine_stats(app.state.cloister),
         engine_replicas=gateway_engine_replicas(app.state.cloister),
+        adapter_runtime=gateway_adapter_runtime(app.state.cloister),
     )
     install_admin_openapi(app)  # the admin API's own document, apart from the tenant API's
     app.state.metering = metering
@@ -361,6 +367,15 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
     }
     for sync in app.state.cache_rules_syncs.values():
         with_cache_rules_sync(app, sync)
+    # Registered adapters are loaded (retired ones unloaded) within config_refresh_s.
+    from server.adapter_sync import AdapterSync, with_adapter_sync
+
+    app.state.adapter_syncs = {
+        name: AdapterSync(client, writer_sessions, interval_s=settings.config_refresh_s)
+        for name, client in clients.items()
+    }
+    for adapter_sync in app.state.adapter_syncs.values():
+        with_adapter_sync(app, adapter_sync)
     app.state.background_writers = (last_used, services.audit_writer)
     with_server_logs(app, settings, engine_options=resolved)
     return app
@@ -410,7 +425,8 @@ def registry_model_access(settings: Settings, sessions: sessionmaker[Session]) -
 
     def read() -> dict[str, frozenset[str] | None]:
         with sessions() as session:
-            return registry.allow_lists(session)
+            # Adapters as "base:adapter" entries: their owner (None: public).
+            return {**registry.allow_lists(session), **registry.adapter_allow_lists(session)}
 
     return ModelAccess.load(
         read, refresh_s=settings.config_refresh_s, read_timeout_s=settings.auth_read_timeout_s

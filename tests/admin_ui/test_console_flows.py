@@ -344,6 +344,31 @@ def test_models_page_shows_the_loaded_model_its_device_dtype_and_price(admin: Co
     admin.assert_no_errors()
 
 
+def test_models_page_shows_each_adapters_engine_state_owner_and_traffic(
+    admin: Console, server: Server
+) -> None:
+    folder = Path(server.env["CLOISTER_DATA_DIR"]) / "adapters" / "console-lora"
+    folder.mkdir(parents=True, exist_ok=True)
+    body = {"name": "console-lora", "base_model": "tiny", "rank": 4, "source_path": str(folder)}
+    assert server.api("POST", "/adapters", json=body).status_code == 201
+    admin.go("/models")
+    page = admin.page
+    adapters = page.get_by_role("table", name="Adapters")
+    headers = [h.strip() for h in adapters.locator("thead th").all_inner_texts()]
+    row = adapters.locator("tbody tr", has_text="console-lora").first
+    cells = dict(
+        zip(headers, [c.strip() for c in row.locator("td").all_inner_texts()], strict=True)
+    )
+    # This engine serves no adapters yet: registered in the registry, not on the engine.
+    assert cells["Status"] == "registered" and cells["On the engine"] == "not loaded"
+    assert (cells["Owner"], cells["Visibility"], cells["Requests"]) == ("—", "public", "0")
+    expect(row.get_by_role("button", name="Retire console-lora")).to_be_visible()
+    wrap = page.locator(".table-wrap", has=adapters)
+    overflow = wrap.evaluate("(w) => w.scrollWidth - w.clientWidth")
+    assert overflow <= 0, f"the Adapters table is {overflow} px wider than its card"
+    admin.assert_no_errors()
+
+
 def test_revoke_key_then_the_next_call_fails(admin: Console) -> None:
     server = admin.server
     admin.go(f"/keys/{TENANT}")

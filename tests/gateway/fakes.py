@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import random
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from engine.errors import ContextLengthExceededError, EngineOverloadedError
+from engine.errors import ContextLengthExceededError, EngineOverloadedError, InvalidRequestError
 from engine.kv_cache.cache_rules import CacheRules
 from engine.outputs import (
     CompletionDelta,
@@ -21,6 +24,7 @@ from engine.outputs import (
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 from engine.structured.spec import StructuredSpec, StructuredSpecError
+from gateway.adapters import AdapterInfo, AdapterInUseError
 
 EOS = 256
 BLOCK = 16
@@ -66,6 +70,12 @@ class FakeStats:
     block_size: int = BLOCK
 
 
+class AdapterNotFoundError(InvalidRequestError):
+    """The engine front's error for a request naming an adapter it has not loaded."""
+
+    code = "adapter_not_found"
+
+
 class FakeEngine:
     """Streams scripted text token by token; tracks aborts and a per-domain prefix cache."""
 
@@ -92,6 +102,10 @@ class FakeEngine:
         self._queries = 0
         self._hits = 0
         self.cache_rules: CacheRules | None = None  # the last rules pushed
+        # A fake adapter registry: name -> what load_adapter read from the PEFT folder.
+        self.loaded_adapters: dict[str, AdapterInfo] = {}
+        self.adapter_of: dict[str, str | None] = {}  # request id -> the adapter it named
+        self.pinned_adapters: set[str] = set()  # adapters a test holds "in use"
 
     alive = True  # a fake never dies
 
@@ -109,7 +123,10 @@ class FakeEngine:
             raise ContextLengthExceededError("too long", param="prompt")
         if len(self.running) >= self.max_waiting:
             raise EngineOverloadedError("full", retry_after_s=2.0)
+        if request.adapter is not None and request.adapter not in self.loaded_adapters:
+            raise AdapterNotFoundError(f"adapter {request.adapter!r} is not loaded", param="model")
         self.running.add(request.request_id)
+        self.adapter_of[request.request_id] = request.adapter
         self.domains.append(request.cache_domain)
         cached = self._lookup(request.cache_domain, prompt)
         return self._run(request.request_id, list(prompt), params, cached)
@@ -186,6 +203,33 @@ class FakeEngine:
     async def update_cache_rules(self, rules: CacheRules) -> None:
         """Records the rules (a fake has no cache to apply them to)."""
         self.cache_rules = rules
+
+    async def load_adapter(self, name: str, path: str) -> AdapterInfo:
+        """Reads the PEFT folder's config and digests its weights, as the engine would."""
+        folder = Path(path)
+        config = json.loads((folder / "adapter_config.json").read_text())
+        weights = (folder / "adapter_model.safetensors").read_bytes()
+        info = AdapterInfo(
+            name=name,
+            rank=int(config["r"]),
+            alpha=float(config.get("lora_alpha", config["r"])),
+            digest=hashlib.sha256(weights).hexdigest(),
+            target_modules=tuple(config.get("target_modules") or ()),
+            location="device",  # a fake has one memory: every adapter is "on the device"
+        )
+        self.loaded_adapters[name] = info
+        return info
+
+    async def unload_adapter(self, name: str) -> None:
+        """Forgets the adapter; refuses while a running request or a test pins it."""
+        running = {self.adapter_of.get(r) for r in self.running}
+        if name in self.pinned_adapters or name in running:
+            raise AdapterInUseError(f"adapter {name!r} is in use")
+        self.loaded_adapters.pop(name, None)
+
+    def adapters(self) -> list[AdapterInfo]:
+        """The loaded adapters."""
+        return list(self.loaded_adapters.values())
 
     async def prepare_structured(self, spec: StructuredSpec, cache_domain: str) -> None:
         """Refuses every constraint (a 400): the fake's scripted text obeys none."""

@@ -106,7 +106,11 @@ def set_price(ctx: Ctx, name: str, body: PriceCreate) -> ModelDetail:
         "model.price",
         f"models/{name}/prices",
         lambda: registry.set_price(
-            ctx.session, model=name, prices=prices, effective_from=body.effective_from
+            ctx.session,
+            model=name,
+            prices=prices,
+            effective_from=body.effective_from,
+            adapter=body.adapter,
         ),
         detail=lambda row: {
             "before": {"price": old.model_dump(mode="json") if old else None},

@@ -34,3 +34,12 @@ class AdapterPublic(BaseModel):
     source_path: str
     status: str
     created_at: IsoTime | None
+
+
+class AdapterRuntime(BaseModel):
+    """An adapter as the serving engines see it."""
+
+    # "device": in the engine's adapter slots; "host": loaded, swapped out to host
+    # memory; "loaded": loaded where the engine does not say; "not_loaded".
+    state: str
+    requests: int  # finished requests that selected it since the server started

@@ -51,6 +51,8 @@ class PriceCreate(BaseModel):
     cached_input_price: int
     output_price: int
     effective_from: dt.datetime | None = None
+    # One of the model's adapters: its own price (without one it is billed at the model's).
+    adapter: str | None = None
 
 
 class PricePublic(BaseModel):
@@ -60,6 +62,7 @@ class PricePublic(BaseModel):
     input_price: int
     cached_input_price: int
     output_price: int
+    adapter: str | None = None  # an adapter's own price; None: the model's
 
 
 class ModelPublic(BaseModel):

@@ -1,5 +1,7 @@
 """GET /v1/models and /v1/models/{model}: the served models the caller may use (its key,
-its tenant's limits and each model's registry allow-list)."""
+its tenant's limits and each model's registry allow-list), and after each the
+"base:adapter" entries of the LoRA adapters its tenant may use (its own and public
+ones) that the model's engine has loaded."""
 
 from __future__ import annotations
 
@@ -8,9 +10,11 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from gateway.errors import ModelNotFoundError
+from gateway.model_access import AccessSnapshot
 from gateway.schemas.models import ModelCard, ModelList
-from gateway.state import app_state, client_host
+from gateway.state import AppState, app_state, client_host
 from tenancy.authenticator import allowed_models
+from tenancy.principal import Principal
 
 
 async def _allowed_cards(request: Request) -> list[ModelCard]:
@@ -18,11 +22,35 @@ async def _allowed_cards(request: Request) -> list[ModelCard]:
     principal = await state.auth.authenticate(
         request.headers.get("authorization"), source=client_host(request)
     )
-    names = allowed_models(principal, state.served_models)
-    if state.model_access is not None:  # and the registry's allow-lists
+    if state.model_access is None:  # no registry: no allow-lists, and no adapters
+        names = allowed_models(principal, state.served_models)
+    else:
         access = await state.model_access.current()
-        names = [name for name in names if access.allows(name, principal.tenant_id)]
+        names = []
+        for model in state.served_models:
+            if not access.allows(model, principal.tenant_id):
+                continue
+            if key_allows(principal, model):
+                names.append(model)
+            entries = _adapter_entries(state, access, model, principal.tenant_id)
+            names.extend(e for e in entries if key_allows(principal, model, e))
     return [ModelCard(id=name, created=state.started_at, owned_by="cloister") for name in names]
+
+
+def key_allows(principal: Principal, model: str, entry: str | None = None) -> bool:
+    """Whether the key's (and its tenant's) model list lets it use `model`, or the adapter
+    `entry` ("model:adapter") when the list names that entry itself."""
+    names = principal.allowed_models
+    return names is None or model in names or (entry is not None and entry in names)
+
+
+def _adapter_entries(
+    state: AppState, access: AccessSnapshot, model: str, tenant_id: str
+) -> list[str]:
+    """`model`'s loaded adapters the registry lets `tenant_id` use, as "model:adapter"."""
+    loaded = sorted(a.name for a in state.engine_for(model).adapters())
+    entries = [f"{model}:{name}" for name in loaded]
+    return [e for e in entries if e in access.allowed and access.allows(e, tenant_id)]
 
 
 async def list_models(request: Request) -> JSONResponse:

@@ -132,9 +132,23 @@ function prefixesCard(ctx, prefixes, engines, reload) {
     table(cols, prefixes, { empty: "No prefix is published.", label: "Published prefixes" }));
 }
 
+// Where the serving engines hold an adapter (GET /adapters/runtime), in words.
+const ENGINE_STATE = { device: "loaded on the device", host: "in host memory", loaded: "loaded", not_loaded: "not loaded" };
+
+// An adapter is loaded by the server once registered and unloaded once retired, so its
+// action retires it (or brings a retired one back), never loads it by hand.
+function retireToggle(a, reload) {
+  const retired = a.status === "retired";
+  return el("button", { type: "button", class: "secondary", "aria-label": `${retired ? "Restore" : "Retire"} ${a.name}`, onclick: async () => {
+    const ok = await attempt(() => api.patch(`/adapters/${encodeURIComponent(a.name)}`, { status: retired ? "registered" : "retired" }));
+    if (ok) reload(`${a.name} is ${retired ? "registered again" : "retired"}.`);
+  } }, retired ? "Restore" : "Retire");
+}
+
 export async function render(ctx) {
-  const [models, adapters, tenants, prefixes, engines] = await Promise.all([getAll("/models"), getAll("/adapters"),
-    ctx.canWrite ? getAll("/tenants") : [], getAll("/prefixes"), api.get("/engines")]);
+  const [models, adapters, tenants, prefixes, engines, runtime] = await Promise.all([getAll("/models"), getAll("/adapters"),
+    ctx.canWrite ? getAll("/tenants") : [], getAll("/prefixes"), api.get("/engines"),
+    api.get("/adapters/runtime").catch(() => ({}))]);
   const byId = new Map(tenants.map((t) => [t.id, t.name]));
   const reload = (msg) => { window.dispatchEvent(new HashChangeEvent("hashchange")); if (msg) setTimeout(() => showBanner(msg, "info"), 0); };
   // Thirteen columns overflowed 1280 px: the source wraps, device and dtype share a
@@ -150,12 +164,15 @@ export async function render(ctx) {
   const adapterCols = [
     { title: "Name", key: "name" }, { title: "Base model", key: "base_model" }, { title: "Rank", key: "rank", num: true },
     { title: "Status", render: (a) => statusPill(a.status) },
-    { title: "Visibility", render: (a) => (a.owner_tenant_id ? `private to ${byId.get(a.owner_tenant_id) || a.owner_tenant_id}` : "public") },
+    { title: "On the engine", render: (a) => ENGINE_STATE[(runtime[a.name] || {}).state || "not_loaded"] || runtime[a.name].state },
+    { title: "Owner", render: (a) => (a.owner_tenant_id ? byId.get(a.owner_tenant_id) || a.owner_tenant_id : "—") },
+    { title: "Visibility", render: (a) => (a.owner_tenant_id ? "private" : "public") },
+    { title: "Requests", num: true, render: (a) => String((runtime[a.name] || {}).requests || 0) },
     { title: "Created", render: (a) => fmtTime(a.created_at) },
   ];
   if (ctx.canWrite) {
     modelCols.push({ title: "Actions", render: (m) => (m.status === "retired" ? "" : toggle("models", m, reload)) });
-    adapterCols.push({ title: "Actions", render: (a) => (a.status === "retired" ? "" : toggle("adapters", a, reload)) });
+    adapterCols.push({ title: "Actions", render: (a) => retireToggle(a, reload) });
   }
   return el("div", {}, el("h1", {}, "Models and adapters"),
     card("Models", table(modelCols, models, { empty: "No models registered.", label: "Models" })),

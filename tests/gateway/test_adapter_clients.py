@@ -1,0 +1,144 @@
+"""The adapter seams without a server: model-name parsing, the in-process client over
+fronts with and without adapter calls, the registry sync's failure handling, and the
+lora info gauge's sources."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from prometheus_client import generate_latest
+
+from admin import registry
+from gateway.adapters import AdapterInfo, AdaptersUnsupportedError, split_model
+from gateway.adapters import AdapterInUseError as GatewayInUse
+from gateway.engine_client import EngineSnapshot, InProcessEngineClient
+from gateway.metrics import GatewayMetrics
+from server.adapter_sync import AdapterSync
+from tenancy.db import make_engine, make_session_factory, upgrade_database
+from tests.gateway.fakes import FakeEngine
+
+
+def test_split_model() -> None:
+    assert split_model("tiny:my-adapter") == ("tiny", "my-adapter")
+    assert split_model("org/model:a:b") == ("org/model", "a:b")
+    for plain in ("tiny", "tiny:", ":adapter"):
+        assert split_model(plain) == (plain, None)
+
+
+def test_a_front_without_adapter_calls_says_so_clearly() -> None:
+    front = FakeEngine()
+    for name in ("load_adapter", "unload_adapter", "adapters"):
+        setattr(front, name, None)  # shadow the fake's methods: an engine without LoRA
+    client = InProcessEngineClient(front, model_name="tiny")
+    with pytest.raises(AdaptersUnsupportedError, match="'tiny' does not serve adapters"):
+        asyncio.run(client.load_adapter("a", "/x"))
+    with pytest.raises(AdaptersUnsupportedError):
+        asyncio.run(client.unload_adapter("a"))
+    assert client.adapters() == []
+
+
+class AdapterInUseError(Exception):  # noqa: N818  (the engine's class, by its name)
+    """Stands for the engine's own AdapterInUseError, which the gateway does not import."""
+
+
+def test_the_engines_in_use_error_becomes_the_gateways() -> None:
+    async def unload(name: str) -> None:
+        raise AdapterInUseError(f"{name} has 2 running requests")
+
+    def adapters() -> list[Any]:
+        info = SimpleNamespace(name="a", rank=8, alpha=16, digest="d" * 64, target_modules=["q"])
+        return [info]
+
+    front = SimpleNamespace(
+        model_name="tiny", max_model_len=64, vocab_size=10, unload_adapter=unload, adapters=adapters
+    )
+    client = InProcessEngineClient(front)
+    with pytest.raises(GatewayInUse) as caught:
+        asyncio.run(client.unload_adapter("a"))
+    assert "2 running requests" in str(caught.value)
+    assert client.adapters() == [AdapterInfo("a", 8, 16.0, "d" * 64, ("q",))]
+
+
+class BrokenFolderEngine(FakeEngine):
+    """Fails to load one adapter (a bad folder); loads the rest."""
+
+    async def load_adapter(self, name: str, path: str) -> AdapterInfo:
+        if name == "bad":
+            raise ValueError("adapter_model.safetensors is unreadable")
+        return await super().load_adapter(name, path)
+
+
+def _peft(folder: Path) -> str:
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text('{"r": 2, "lora_alpha": 4}')
+    (folder / "adapter_model.safetensors").write_bytes(b"weights")
+    return str(folder)
+
+
+def test_the_sync_loads_what_it_can_logs_a_failure_once_and_marks_loaded(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    upgrade_database(url)
+    sessions = make_session_factory(make_engine(url))
+    with sessions() as s:
+        registry.register_model(s, name="m", source="/x", format="gguf", context_length=64)
+        registry.register_model(s, name="other", source="/y", format="gguf", context_length=64)
+        for name, model in (("good", "m"), ("bad", "m"), ("elsewhere", "other")):
+            path = _peft(tmp_path / name)
+            registry.register_adapter(s, name=name, base_model=model, rank=2, source_path=path)
+    engine = BrokenFolderEngine()
+    engine.model_name = "m"
+    sync = AdapterSync(InProcessEngineClient(engine), sessions, interval_s=0.0)
+    with caplog.at_level(logging.ERROR, logger="cloister.adapters"):
+        assert asyncio.run(sync.sync_once()) is True
+        assert asyncio.run(sync.sync_once()) is False  # nothing new; the failure not re-logged
+    assert set(engine.loaded_adapters) == {"good"}  # never another model's adapter
+    assert [r.getMessage().count("bad") for r in caplog.records] == [1]
+    with sessions() as s:
+        statuses = {a.name: a.status for a in registry.list_adapters(s)}
+    assert statuses == {"good": "loaded", "bad": "registered", "elsewhere": "registered"}
+
+
+def test_the_sync_leaves_an_engine_without_adapters_alone(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    upgrade_database(url)
+    sessions = make_session_factory(make_engine(url))
+    with sessions() as s:
+        registry.register_model(s, name="m", source="/x", format="gguf", context_length=64)
+        registry.register_adapter(s, name="a", base_model="m", rank=2, source_path="/a")
+    front = FakeEngine()
+    front.load_adapter = None  # type: ignore[assignment,method-assign]
+    sync = AdapterSync(InProcessEngineClient(front, model_name="m"), sessions, interval_s=0.0)
+    assert asyncio.run(sync.sync_once()) is False
+    assert asyncio.run(sync.sync_once()) is False
+
+
+def _info_lines(metrics: GatewayMetrics) -> list[str]:
+    text = generate_latest(metrics.registry).decode()
+    return [ln for ln in text.splitlines() if ln.startswith("vllm:lora_requests_info{")]
+
+
+def test_lora_info_from_the_engine_when_it_reports_else_the_gateways_counts() -> None:
+    metrics = GatewayMetrics(model_name="m", top_tenants=5)
+    metrics.adapters.started(model="m", adapter="b")
+    metrics.adapters.started(model="m", adapter="a")
+    metrics.update_engine(EngineSnapshot(2, 0, 0.0, 0, 0, 0))
+    (line,) = _info_lines(metrics)
+    assert 'running_lora_adapters="a,b"' in line and 'waiting_lora_adapters=""' in line
+    engine_says = EngineSnapshot(
+        1, 1, 0.0, 0, 0, 0, max_loras=4, running_adapters=("a",), waiting_adapters=("c",)
+    )
+    metrics.update_engine(engine_says)
+    (line,) = _info_lines(metrics)  # the series with the old labels is gone
+    assert 'max_lora="4"' in line and 'running_lora_adapters="a"' in line
+    assert 'waiting_lora_adapters="c"' in line
+    metrics.adapters.finished(model="m", adapter="a")
+    metrics.adapters.finished(model="m", adapter="b")
+    assert metrics.adapters.in_flight("m") == {}
+    assert metrics.adapters.request_counts() == {"a": 1, "b": 1}
