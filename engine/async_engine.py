@@ -28,8 +28,8 @@ from typing import Any
 from engine.core_loop import (
     STOP,
     AbortRequest,
-    AddRequest,
     AdapterReply,
+    AddRequest,
     EngineInfo,
     EngineLoop,
     InboxItem,

@@ -114,6 +114,8 @@ class LoraConfig:
     max_loras: int = 4  # adapters resident on the device at once (one slot each)
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None  # adapters' weights kept in host memory; None: all
+    # The per-row matmul: "torch" (grouped GEMMs, any device) or "triton" (BGMV kernel).
+    lora_kernel: Literal["torch", "triton"] = "torch"
 
     def __post_init__(self) -> None:
         if self.max_loras < 1 or self.max_lora_rank < 1:

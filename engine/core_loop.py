@@ -325,7 +325,7 @@ class EngineLoop:
                 self.engine.unload_adapter(item.name)
         except EngineError as exc:
             error = exc
-        except Exception as exc:  # a broken file must not take the engine down
+        except Exception:  # a broken file must not take the engine down
             log.exception("adapter %r failed to load", item.name)
             error = InvalidAdapterError(f"adapter {item.name!r} could not be read")
         return AdapterReply(item.token, info, error, tuple(self.engine.adapters()))

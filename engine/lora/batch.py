@@ -30,10 +30,16 @@ class LoraBatch:
 
     stacks: LoraStacks
     groups: tuple[LoraGroup, ...]
+    row_slots: torch.Tensor | None = None  # [T] int32, -1: none; set: the triton kernel runs
 
     @classmethod
     def build(
-        cls, stacks: LoraStacks, row_slots: Sequence[int | None], device: torch.device
+        cls,
+        stacks: LoraStacks,
+        row_slots: Sequence[int | None],
+        device: torch.device,
+        *,
+        kernel: bool = False,
     ) -> LoraBatch | None:
         """Groups the token rows by slot; None when no row has an adapter."""
         by_slot: dict[int, list[int]] = {}
@@ -48,12 +54,21 @@ class LoraBatch:
                 groups.append(LoraGroup(slot, None))
             else:
                 groups.append(LoraGroup(slot, torch.tensor(rows, dtype=torch.long, device=device)))
+        if kernel:
+            slots = [-1 if s is None else s for s in row_slots]
+            return cls(stacks, tuple(groups), torch.tensor(slots, dtype=torch.int32, device=device))
         return cls(stacks, tuple(groups))
 
     def add(self, layer: int, group: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """y + each row's adapter delta for packed projection `group` (y updated in place)."""
         lora = self.stacks.layers[layer][group]
         rank = lora.rank
+        if self.row_slots is not None:
+            from engine.kernels.lora_bgmv import bgmv_add_  # triton loads only when asked for
+
+            return bgmv_add_(
+                y, x.contiguous(), self.row_slots, lora.a, lora.b, lora.out_slices, rank
+            )
         for g in self.groups:
             if group not in self.stacks.groups_of[g.slot]:
                 continue

@@ -80,11 +80,12 @@ class LoraManager:
         rows: list[int | None] = []
         for item in output.scheduled:
             rows.extend([item.seq.lora_slot] * item.num_new_tokens)
-        return LoraBatch.build(self.stacks, rows, self.device)
+        kernel = self.config.lora_kernel == "triton"
+        return LoraBatch.build(self.stacks, rows, self.device, kernel=kernel)
 
-    def counts(self, running: Iterable[Sequence], waiting: Iterable[Sequence]) -> tuple[
-        dict[str, int], dict[str, int]
-    ]:
+    def counts(
+        self, running: Iterable[Sequence], waiting: Iterable[Sequence]
+    ) -> tuple[dict[str, int], dict[str, int]]:
         """Sequences per adapter: (running, waiting), adapters with none left out."""
         if not self.registry.all():
             return {}, {}

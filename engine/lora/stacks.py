@@ -58,7 +58,9 @@ class LoraStacks:
                     out = module_shape(arch, module)[1]
                     bounds.append((start, start + out))
                     start += out
-                a = torch.zeros(max_loras, len(modules) * max_rank, fan_in, dtype=dtype, device=device)
+                a = torch.zeros(
+                    max_loras, len(modules) * max_rank, fan_in, dtype=dtype, device=device
+                )
                 b = torch.zeros(max_loras, start, max_rank, dtype=dtype, device=device)
                 packed[group] = PackedLora(a, b, tuple(bounds), max_rank)
             self.layers.append(packed)

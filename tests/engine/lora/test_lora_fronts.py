@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from engine.async_engine import AsyncEngine, EngineFront
+from engine.async_engine import AsyncEngine
 from engine.errors import AdapterInUseError, AdapterNotFoundError, InvalidAdapterError
 from engine.llm_engine import LLMEngine
 from engine.process_engine import ProcessEngine
@@ -17,14 +17,15 @@ from engine.sampling_params import SamplingParams
 from tests.engine.lora.conftest import OPTIONS, Adapters, make_engine, outputs, run_all
 
 PROMPT = (5, 9, 300, 41, 7, 12, 88, 1000)
+Front = AsyncEngine | ProcessEngine
 LONG = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 
 
-def _thread(adapters: Adapters) -> EngineFront:
+def _thread(adapters: Adapters) -> Front:
     return AsyncEngine(LLMEngine.from_options(str(adapters.model), **OPTIONS))
 
 
-def _process(adapters: Adapters) -> EngineFront:
+def _process(adapters: Adapters) -> Front:
     return ProcessEngine(functools.partial(LLMEngine.from_options, str(adapters.model), **OPTIONS))
 
 
@@ -38,9 +39,7 @@ def _expected(adapters: Adapters) -> list[int]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("make", [_thread, _process], ids=["thread", "process"])
-def test_adapters_through_a_front(
-    adapters: Adapters, make: Callable[[Adapters], EngineFront]
-) -> None:
+def test_adapters_through_a_front(adapters: Adapters, make: Callable[[Adapters], Front]) -> None:
     expected = _expected(adapters)
     front = make(adapters)
 

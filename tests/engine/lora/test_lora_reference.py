@@ -8,10 +8,17 @@ import pytest
 import torch
 
 from engine.lora.batch import LoraBatch
-from engine.lora.stacks import LoraStacks
 from engine.lora.peft import read_peft_adapter
+from engine.lora.stacks import LoraStacks
 from engine.model.hf_loader import architecture_from_config
-from tests.engine.lora.conftest import GREEDY, Adapters, make_engine, outputs, record_logits, run_all
+from tests.engine.lora.conftest import (
+    GREEDY,
+    Adapters,
+    make_engine,
+    outputs,
+    record_logits,
+    run_all,
+)
 from tests.utils.lora_adapters import merge_adapter
 
 PROMPT = [5, 17, 301, 44, 9, 1200, 77, 3, 18, 250, 61]
@@ -47,10 +54,12 @@ def test_grouped_matmul_equals_a_per_row_loop(adapters: Adapters) -> None:
     import json
 
     arch = architecture_from_config(json.loads((adapters.model / "config.json").read_text()))
-    stacks = LoraStacks(arch, max_loras=3, max_rank=16, dtype=torch.float32, device=torch.device("cpu"))
+    stacks = LoraStacks(
+        arch, max_loras=3, max_rank=16, dtype=torch.float32, device=torch.device("cpu")
+    )
     weights = [read_peft_adapter(n, adapters.paths[n], arch, 16) for n in ("r4", "r8", "r8b")]
-    for slot, w in enumerate(weights):
-        stacks.load(slot, w)
+    for index, w in enumerate(weights):
+        stacks.load(index, w)
     slots = [0, None, 2, 1, 0, None, 2, 2]
     x = torch.randn(len(slots), arch.hidden_size, generator=torch.Generator().manual_seed(0))
     out_q = arch.num_heads * arch.head_dim

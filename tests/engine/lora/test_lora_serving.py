@@ -179,3 +179,27 @@ def test_a_bad_adapter_folder_is_refused_clearly(adapters: Adapters, tmp_path) -
     with pytest.raises(InvalidAdapterError):
         engine.load_adapter("none", str(tmp_path / "missing"))
     assert engine.adapters() == []
+
+
+def test_a_tenant_waiting_for_a_slot_is_not_overtaken(adapters: Adapters) -> None:
+    """One slot; tenant a floods adapter r4, tenant b asks for r8 once. Under the fair
+    policy b's request comes next, and a's later requests, whose adapter holds the slot,
+    do not jump ahead of it: it runs as soon as a's running ones end."""
+    engine = make_engine(adapters.model, max_loras=1, scheduling_policy="fair", max_num_seqs=2)
+    _load(engine, adapters, ("r4", "r8"))
+    a_ids = [
+        engine.add_request(_prompt(i), GREEDY, adapter="r4", use_cache=False, fairness_key="t:a")
+        for i in range(6)
+    ]
+    engine.step()  # a's first two run and pin the only slot
+    b_id = engine.add_request(_prompt(9), GREEDY, adapter="r8", use_cache=False, fairness_key="t:b")
+    order: list[str] = []
+
+    def check(e: LLMEngine) -> None:
+        for rid in e.finished:
+            if rid not in order:
+                order.append(rid)
+
+    run_all(engine, check)
+    assert order.index(b_id) < order.index(a_ids[-1])
+    assert order.index(b_id) <= 3  # right after a's first running pair
