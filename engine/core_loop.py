@@ -263,9 +263,11 @@ class EngineLoop:
         events: list[StreamEvent],
         failures: list[RequestFailure],
         aborted: list[int],
-        replies: list[AdapterReply],
+        replies: list[AdapterReply] | None = None,
     ) -> bool:
         """Applies every waiting item; True when STOP was among them."""
+        if replies is None:
+            replies = []
         while True:
             try:
                 item = self._inbox.get_nowait()
