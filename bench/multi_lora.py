@@ -56,10 +56,12 @@ def main() -> None:
         max_model_len=256,
     )
     engine = LLMEngine(config)
-    names = [f"lora{i}" for i in range(args.adapters)]
-    for i, name in enumerate(names):
+    names: list[str | None] = []
+    for i in range(args.adapters):
+        name = f"lora{i}"
         folder = make_peft_adapter(root / name, model, args.rank, 2 * args.rank, seed=i)
         engine.load_adapter(name, str(folder))
+        names.append(name)
     run(engine, [None, *names], 2 * len(names) + 2, 4)  # warm-up (and slot loads)
     scenarios: list[tuple[str, list[str | None]]] = [
         ("base", [None]),

@@ -20,7 +20,7 @@ from engine.config import (
     SchedulerConfig,
     StructuredConfig,
 )
-from engine.errors import EngineOverloadedError, InvalidRequestError
+from engine.errors import EngineError, EngineOverloadedError, InvalidRequestError
 from engine.kv_cache.cache_rules import CacheRules
 from engine.kv_cache.manager import KVCacheManager
 from engine.lora.manager import LoraManager
@@ -33,6 +33,7 @@ from engine.request_state import RequestState
 from engine.runner.memory import plan_engine_kv_capacity
 from engine.runner.model_runner import ModelRunner
 from engine.sampling_params import SamplingParams
+from engine.scheduler.output import SchedulerOutput
 from engine.scheduler.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.stats import EngineStats
@@ -431,7 +432,11 @@ class LLMEngine:
             state = self.requests[item.seq.request_id]
             if state.first_scheduled_time is None:
                 state.first_scheduled_time = now
-        self.lora.prepare_step()
+        unreadable = self.lora.prepare_step()
+        if unreadable:
+            output = self._fail_unreadable_adapters(output, unreadable)
+            if output.is_empty:
+                return []
         scrub = self.kv.take_blocks_to_scrub()
         if scrub:
             self.runner.scrub_blocks(scrub)
@@ -471,6 +476,21 @@ class LLMEngine:
             if event is not None:
                 events.append(event)
         return events
+
+    def _fail_unreadable_adapters(
+        self, output: SchedulerOutput, unreadable: dict[str, EngineError]
+    ) -> SchedulerOutput:
+        """Fails the requests of adapters whose weights could not be read back; the
+        step goes on without them, and their slots are free again."""
+        for request_id, state in list(self.requests.items()):
+            for seq in state.seqs:
+                if seq.adapter in unreadable and seq.adapter_digest is not None:
+                    self._fail(request_id, unreadable[seq.adapter])
+                    break
+        for name in unreadable:
+            self.lora.slots.drop(name)
+        kept = tuple(item for item in output.scheduled if not item.seq.is_finished)
+        return dataclasses.replace(output, scheduled=kept)
 
     def take_failures(self) -> list[tuple[str, Exception]]:
         """The requests failed since the last call, each with its cause (for the log only)."""

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 import torch
 
 from engine.config import LoraConfig, ModelArchitecture
-from engine.errors import AdapterInUseError
+from engine.errors import AdapterInUseError, EngineError
 from engine.lora.batch import LoraBatch
 from engine.lora.peft import AdapterInfo
 from engine.lora.registry import AdapterRegistry
@@ -67,11 +67,21 @@ class LoraManager:
         self.slots.drop(name)
         self.registry.remove(name)
 
-    def prepare_step(self) -> None:
-        """Copies the adapters placed since the last step into their device slots."""
+    def prepare_step(self) -> dict[str, EngineError]:
+        """Copies the adapters placed since the last step into their device slots.
+
+        Returns the adapters that could not be read again from their folder (changed
+        or gone since they were loaded), with why: their requests must fail, and the
+        caller frees their slots once they have (`slots.drop`).
+        """
+        failed: dict[str, EngineError] = {}
         for slot, name in self.slots.take_loads():
             assert self.stacks is not None
-            self.stacks.load(slot, self.registry.weights(name))
+            try:
+                self.stacks.load(slot, self.registry.weights(name))
+            except EngineError as exc:
+                failed[name] = exc
+        return failed
 
     def batch(self, output: SchedulerOutput) -> LoraBatch | None:
         """The step's per-row slots, grouped; None when no scheduled sequence has an adapter."""

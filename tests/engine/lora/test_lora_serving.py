@@ -203,3 +203,27 @@ def test_a_tenant_waiting_for_a_slot_is_not_overtaken(adapters: Adapters) -> Non
     run_all(engine, check)
     assert order.index(b_id) < order.index(a_ids[-1])
     assert order.index(b_id) <= 3  # right after a's first running pair
+
+
+def test_an_adapter_changed_on_disk_fails_its_requests_only(adapters: Adapters, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Host cache of one: r4's weights are read back from its folder when it needs a slot
+    again; the folder changed meanwhile, so its request fails and the engine goes on."""
+    import shutil
+
+    folder = tmp_path / "r4"
+    shutil.copytree(adapters.paths["r4"], folder)
+    engine = make_engine(adapters.model, max_loras=1, max_cpu_loras=1)
+    engine.load_adapter("r4", str(folder))
+    engine.load_adapter("r8", str(adapters.paths["r8"]))  # evicts r4's weights from the host
+    from tests.utils.lora_adapters import make_peft_adapter
+
+    other = make_peft_adapter(tmp_path / "other", adapters.model, 4, 8, seed=42)
+    shutil.copy(other / "adapter_model.safetensors", folder)  # same shapes, new weights
+    bad = engine.add_request(_prompt(1), GREEDY, adapter="r4", use_cache=False)
+    good = engine.add_request(_prompt(2), GREEDY, adapter="r8", use_cache=False)
+    run_all(engine)
+    failures = dict(engine.take_failures())
+    assert set(failures) == {bad} and "changed on disk" in str(failures[bad])
+    assert outputs(engine, good) == _alone_tokens(adapters, "r8", 2)
+    engine.lora.slots.check_integrity()
+    assert engine.lora.slots.resident == {"r8": 0}
