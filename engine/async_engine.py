@@ -28,16 +28,20 @@ from typing import Any
 from engine.core_loop import (
     STOP,
     AbortRequest,
+    AdapterReply,
     AddRequest,
     EngineInfo,
     EngineLoop,
     InboxItem,
+    LoadAdapter,
     StepReport,
+    UnloadAdapter,
     UpdateCacheRules,
 )
-from engine.errors import EngineDeadError, EngineOverloadedError
+from engine.errors import AdapterNotFoundError, EngineDeadError, EngineOverloadedError
 from engine.kv_cache.cache_rules import CacheRules
 from engine.llm_engine import LLMEngine, build_config
+from engine.lora.peft import AdapterInfo
 from engine.model.tokenizer import Tokenizer
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest
@@ -117,6 +121,9 @@ class EngineFront(abc.ABC):
         self._live: dict[str, list[float]] = {}
         self._aborts: dict[int, asyncio.Future[None]] = {}
         self._abort_tokens = itertools.count()
+        # Adapter loads/unloads in flight, and the loaded adapters as last reported.
+        self._adapter_calls: dict[int, asyncio.Future[AdapterReply]] = {}
+        self._adapters = {a.name: a for a in info.adapters}
         self._num_sent = 0  # AddRequests sent; the loop reports how many it has taken
         self._num_taken = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -151,6 +158,10 @@ class EngineFront(abc.ABC):
             raise TypeError("submit takes an EngineRequest")
         params, weight = request.params, request.weight
         max_tokens = self.info.validate(request.prompt_token_ids, params)
+        if request.adapter is not None and request.adapter not in self._adapters:
+            raise AdapterNotFoundError(
+                f"adapter {request.adapter!r} is not loaded", param="adapter"
+            )
         key = request.fairness_key
         limit = self.info.max_waiting
         full = self._num_sent - self._num_taken + self._stats.num_waiting >= limit
@@ -225,6 +236,37 @@ class EngineFront(abc.ABC):
             raise EngineDeadError("the engine is not running")
         self._send(UpdateCacheRules(rules))
 
+    async def load_adapter(self, name: str, path: str) -> AdapterInfo:
+        """Loads (or replaces) a PEFT LoRA adapter in the engine, between two steps.
+
+        Raises InvalidAdapterError for a folder the model cannot run, AdapterInUseError
+        when replacing one that live requests use, EngineDeadError if the engine is dead.
+        """
+        reply = await self._adapter_call(lambda token: LoadAdapter(name, path, token))
+        assert reply.info is not None
+        return reply.info
+
+    async def unload_adapter(self, name: str) -> None:
+        """Unloads an adapter; AdapterInUseError while requests use it,
+        AdapterNotFoundError when it is not loaded."""
+        await self._adapter_call(lambda token: UnloadAdapter(name, token))
+
+    def adapters(self) -> list[AdapterInfo]:
+        """The loaded adapters as of the last load or unload, by name."""
+        return [self._adapters[name] for name in sorted(self._adapters)]
+
+    async def _adapter_call(self, item: Any) -> AdapterReply:
+        if self._loop is None or self._dead is not None or self._stopping or not self._running():
+            raise EngineDeadError("the engine is not running")
+        token = next(self._abort_tokens)
+        done: asyncio.Future[AdapterReply] = self._loop.create_future()
+        self._adapter_calls[token] = done
+        self._send(item(token))
+        reply = await done
+        if reply.error is not None:
+            raise reply.error
+        return reply
+
     def stats(self) -> EngineStats:
         """The counters as of the last report, with the last per-domain counters received."""
         stats = self._stats
@@ -256,6 +298,11 @@ class EngineFront(abc.ABC):
         self._stats = report.stats
         if report.domains_included:
             self._domains = report.stats.prefix_cache_domains
+        for reply in report.adapter_replies:
+            self._adapters = {a.name: a for a in reply.adapters}
+            call = self._adapter_calls.pop(reply.token, None)
+            if call is not None and not call.done():
+                call.set_result(reply)
         streams = self._streams
         for event in report.events:
             stream = streams.get(event.request_id)
@@ -291,6 +338,10 @@ class EngineFront(abc.ABC):
             if not fut.done():
                 fut.set_result(None)
         self._aborts.clear()
+        for call in self._adapter_calls.values():
+            if not call.done():
+                call.set_exception(EngineDeadError(message))
+        self._adapter_calls.clear()
 
 
 class AsyncEngine(EngineFront):

@@ -108,6 +108,23 @@ class StructuredConfig:
 
 
 @dataclass(frozen=True)
+class LoraConfig:
+    """LoRA adapters: device slots, the host cache of loaded weights and the largest rank."""
+
+    max_loras: int = 4  # adapters resident on the device at once (one slot each)
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None  # adapters' weights kept in host memory; None: all
+    # The per-row matmul: "torch" (grouped GEMMs, any device) or "triton" (BGMV kernel).
+    lora_kernel: Literal["torch", "triton"] = "torch"
+
+    def __post_init__(self) -> None:
+        if self.max_loras < 1 or self.max_lora_rank < 1:
+            raise ValueError("max_loras and max_lora_rank must be at least 1")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError("max_cpu_loras must be at least max_loras")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine needs, frozen after construction."""
 
@@ -115,5 +132,6 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     structured: StructuredConfig = field(default_factory=StructuredConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
     attention_backend: AttentionBackendName = "auto"
     seed: int = 0

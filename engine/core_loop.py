@@ -1,6 +1,6 @@
 """The loop that drives one `LLMEngine`, fed by an inbox and reporting once per step.
 
-    put(AddRequest | AbortRequest | UpdateCacheRules | STOP)
+    put(AddRequest | AbortRequest | UpdateCacheRules | LoadAdapter | UnloadAdapter | STOP)
          --inbox--> [run(): take inbox, step, step, ...]
                                                           |
                                          sink(StepReport) once per step or inbox batch
@@ -21,9 +21,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from engine.config import StructuredConfig
-from engine.errors import EngineError, RequestAbortedError, RequestFailedError
+from engine.errors import (
+    EngineError,
+    InvalidAdapterError,
+    RequestAbortedError,
+    RequestFailedError,
+)
 from engine.kv_cache.cache_rules import CacheRules
 from engine.llm_engine import LLMEngine
+from engine.lora.peft import AdapterInfo
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
@@ -53,6 +59,7 @@ class EngineInfo:
     max_tokens_limit: int | None
     max_waiting: int
     structured: StructuredConfig = StructuredConfig()
+    adapters: tuple[AdapterInfo, ...] = ()  # loaded when the front was built
 
     @classmethod
     def of(cls, engine: LLMEngine) -> EngineInfo:
@@ -67,6 +74,7 @@ class EngineInfo:
             max_tokens_limit=sched.max_tokens_limit,
             max_waiting=sched.max_waiting,
             structured=engine.config.structured,
+            adapters=tuple(engine.adapters()),
         )
 
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> int:
@@ -112,12 +120,39 @@ class UpdateCacheRules:
     rules: CacheRules
 
 
+@dataclass(frozen=True)
+class LoadAdapter:
+    """Load (or replace) a LoRA adapter; the outcome comes back as an `AdapterReply`."""
+
+    name: str
+    path: str
+    token: int
+
+
+@dataclass(frozen=True)
+class UnloadAdapter:
+    """Unload a LoRA adapter; the outcome comes back as an `AdapterReply`."""
+
+    name: str
+    token: int
+
+
+@dataclass(frozen=True)
+class AdapterReply:
+    """The outcome of a Load/UnloadAdapter, with every adapter loaded after it."""
+
+    token: int
+    info: AdapterInfo | None
+    error: EngineError | None
+    adapters: tuple[AdapterInfo, ...]
+
+
 class Stop:
     """Ends `EngineLoop.run` (the one instance is `STOP`)."""
 
 
 STOP = Stop()
-InboxItem = AddRequest | AbortRequest | UpdateCacheRules | Stop
+InboxItem = AddRequest | AbortRequest | UpdateCacheRules | LoadAdapter | UnloadAdapter | Stop
 
 
 @dataclass(frozen=True)
@@ -144,6 +179,7 @@ class StepReport:
     # Whether `stats.prefix_cache_domains` is filled in; when False it is left empty and
     # the receiver keeps the last one it got (nothing in it changed, or it is not due).
     domains_included: bool
+    adapter_replies: tuple[AdapterReply, ...] = ()
 
 
 ReportSink = Callable[[StepReport], None]
@@ -179,14 +215,15 @@ class EngineLoop:
             events: list[StreamEvent] = []
             failures: list[RequestFailure] = []
             aborted: list[int] = []
-            stopping = self._take_inbox(events, failures, aborted)
+            replies: list[AdapterReply] = []
+            stopping = self._take_inbox(events, failures, aborted, replies)
             if not stopping and self.engine.has_unfinished():
                 self._step(events, failures)
                 self._domains_changed = True
             idle = not self.engine.has_unfinished()
             # Going idle always reports once more when the domains changed, so that the
             # last report of a burst is exact even if its last step had no events.
-            if events or failures or aborted or (idle and self._domains_changed):
+            if events or failures or aborted or replies or (idle and self._domains_changed):
                 domains = self._domains_due(final=idle or stopping)
                 self._sink(
                     StepReport(
@@ -196,6 +233,7 @@ class EngineLoop:
                         self._num_added,
                         self.engine.stats(domains=domains),
                         domains,
+                        tuple(replies),
                     )
                 )
             if stopping:
@@ -221,9 +259,15 @@ class EngineLoop:
         return due
 
     def _take_inbox(
-        self, events: list[StreamEvent], failures: list[RequestFailure], aborted: list[int]
+        self,
+        events: list[StreamEvent],
+        failures: list[RequestFailure],
+        aborted: list[int],
+        replies: list[AdapterReply] | None = None,
     ) -> bool:
         """Applies every waiting item; True when STOP was among them."""
+        if replies is None:
+            replies = []
         while True:
             try:
                 item = self._inbox.get_nowait()
@@ -239,6 +283,9 @@ class EngineLoop:
                     events.append(event)
                     self._domains_changed = True
                 aborted.append(item.token)
+                continue
+            if isinstance(item, LoadAdapter | UnloadAdapter):
+                replies.append(self._adapter_op(item))
                 continue
             if isinstance(item, UpdateCacheRules):
                 if item.rules == self._cache_rules:
@@ -268,6 +315,22 @@ class EngineLoop:
                 self._domains_changed = True
                 # Requests of a tenant over its share that made room for this one.
                 failures.extend(RequestFailure(r, e) for r, e in self.engine.take_refused())
+
+    def _adapter_op(self, item: LoadAdapter | UnloadAdapter) -> AdapterReply:
+        """Runs one adapter load or unload between steps; its error goes to the caller."""
+        info: AdapterInfo | None = None
+        error: EngineError | None = None
+        try:
+            if isinstance(item, LoadAdapter):
+                info = self.engine.load_adapter(item.name, item.path)
+            else:
+                self.engine.unload_adapter(item.name)
+        except EngineError as exc:
+            error = exc
+        except Exception:  # a broken file must not take the engine down
+            log.exception("adapter %r failed to load", item.name)
+            error = InvalidAdapterError(f"adapter {item.name!r} could not be read")
+        return AdapterReply(item.token, info, error, tuple(self.engine.adapters()))
 
     def _wait_for_grammar(self, item: AddRequest) -> bool:
         """True when `item` must wait for its grammar; it is put back once compiled.

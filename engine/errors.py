@@ -68,3 +68,21 @@ class RequestFailedError(EngineError):
     def __init__(self, message: str = MESSAGE) -> None:
         # The message is a parameter only so that pickling (ProcessEngine) rebuilds it.
         super().__init__(message)
+
+
+class AdapterNotFoundError(InvalidRequestError):
+    """The request names an adapter that is not loaded."""
+
+    code = "adapter_not_found"
+
+
+class InvalidAdapterError(InvalidRequestError):
+    """An adapter folder is not a PEFT LoRA adapter this model can run (format, shapes, rank)."""
+
+    code = "invalid_adapter"
+
+
+class AdapterInUseError(EngineError):
+    """The adapter cannot be unloaded: requests still use it (retry when they end)."""
+
+    code = "adapter_in_use"

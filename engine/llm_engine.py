@@ -15,21 +15,25 @@ from engine.attention.backend import get_attention_backend
 from engine.config import (
     CacheConfig,
     EngineConfig,
+    LoraConfig,
     ModelConfig,
     SchedulerConfig,
     StructuredConfig,
 )
-from engine.errors import EngineOverloadedError, InvalidRequestError
+from engine.errors import EngineError, EngineOverloadedError, InvalidRequestError
 from engine.kv_cache.cache_rules import CacheRules
 from engine.kv_cache.manager import KVCacheManager
+from engine.lora.manager import LoraManager
+from engine.lora.peft import AdapterInfo
 from engine.model.fused import load_fused_ops, resolve_fused_ops
 from engine.model.loader import LoadedModel, load_model
 from engine.outputs import StreamEvent
-from engine.request import EngineRequest
+from engine.request import EngineRequest, check_adapter_name
 from engine.request_state import RequestState
 from engine.runner.memory import plan_engine_kv_capacity
 from engine.runner.model_runner import ModelRunner
 from engine.sampling_params import SamplingParams
+from engine.scheduler.output import SchedulerOutput
 from engine.scheduler.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.stats import EngineStats
@@ -47,6 +51,7 @@ def build_config(model: str | None = None, **options: Any) -> EngineConfig:
         CacheConfig: {},
         SchedulerConfig: {},
         StructuredConfig: {},
+        LoraConfig: {},
     }
     top: dict[str, Any] = {}
     top_fields = {f.name for f in dataclasses.fields(EngineConfig)} - {
@@ -54,6 +59,7 @@ def build_config(model: str | None = None, **options: Any) -> EngineConfig:
         "cache",
         "scheduler",
         "structured",
+        "lora",
     }
     for key, value in options.items():
         for cls, bucket in groups.items():
@@ -71,6 +77,7 @@ def build_config(model: str | None = None, **options: Any) -> EngineConfig:
         cache=CacheConfig(**groups[CacheConfig]),
         scheduler=SchedulerConfig(**groups[SchedulerConfig]),
         structured=StructuredConfig(**groups[StructuredConfig]),
+        lora=LoraConfig(**groups[LoraConfig]),
         **top,
     )
 
@@ -133,8 +140,13 @@ class LLMEngine:
             eos_token_ids=sorted(eos),
             config=config.structured,
         )
+        self.lora = LoraManager(config.lora, loaded.arch, dtype=config.model.dtype, device=device)
         self.scheduler = Scheduler(
-            config.scheduler, self.kv, eos_token_ids=eos, max_model_len=self.max_model_len
+            config.scheduler,
+            self.kv,
+            eos_token_ids=eos,
+            max_model_len=self.max_model_len,
+            adapter_slots=self.lora.slots,
         )
         self.runner = ModelRunner(
             loaded.model,
@@ -147,6 +159,7 @@ class LLMEngine:
             eos_token_ids=eos,
             grammars=self.grammars,
         )
+        self.runner.lora = self.lora
         if not config.model.enforce_eager:  # a no-op on the CPU
             self.runner.capture_decode_graphs(
                 config.model.cuda_graph_max_batch or config.scheduler.max_num_seqs,
@@ -270,6 +283,7 @@ class LLMEngine:
                 prompt=prompt,
             )
         params = request.params
+        digest = None if request.adapter is None else self.adapter(request.adapter).digest
         if validated_max_tokens is None:
             max_tokens = self.validate(request.prompt_token_ids, params)
         else:
@@ -305,6 +319,7 @@ class LLMEngine:
                 max_tokens=max_tokens,
                 cache_domain=request.cache_domain,
                 adapter=request.adapter,
+                adapter_digest=digest,
                 use_cache=request.cache,
                 arrival_time=now,
                 fairness_key=key,
@@ -353,6 +368,32 @@ class LLMEngine:
         """
         self.kv.apply_rules(rules)
 
+    # -- adapters -----------------------------------------------------------------
+
+    def load_adapter(self, name: str, path: str) -> AdapterInfo:
+        """Reads a PEFT LoRA adapter folder and serves it as `name` from the next step.
+
+        Loading a name again replaces its weights (refused with AdapterInUseError while
+        requests use it); InvalidAdapterError when the folder does not fit this model.
+        """
+        check_adapter_name(name)
+        return self.lora.load(name, path, self._live_seqs())
+
+    def unload_adapter(self, name: str) -> None:
+        """Stops serving an adapter; AdapterInUseError while a live request uses it."""
+        self.lora.unload(name, self._live_seqs())
+
+    def adapters(self) -> list[AdapterInfo]:
+        """The loaded adapters, by name."""
+        return self.lora.registry.all()
+
+    def adapter(self, name: str) -> AdapterInfo:
+        """One loaded adapter; AdapterNotFoundError (code adapter_not_found) if unknown."""
+        return self.lora.registry.info(name)
+
+    def _live_seqs(self) -> list[Sequence]:
+        return [seq for state in self.requests.values() for seq in state.seqs]
+
     def abort(self, request_id: str) -> StreamEvent | None:
         """Ends a request now and frees its blocks; returns its final event, if it was live."""
         state = self.requests.get(request_id)
@@ -391,6 +432,11 @@ class LLMEngine:
             state = self.requests[item.seq.request_id]
             if state.first_scheduled_time is None:
                 state.first_scheduled_time = now
+        unreadable = self.lora.prepare_step()
+        if unreadable:
+            output = self._fail_unreadable_adapters(output, unreadable)
+            if output.is_empty:
+                return []
         scrub = self.kv.take_blocks_to_scrub()
         if scrub:
             self.runner.scrub_blocks(scrub)
@@ -431,6 +477,21 @@ class LLMEngine:
                 events.append(event)
         return events
 
+    def _fail_unreadable_adapters(
+        self, output: SchedulerOutput, unreadable: dict[str, EngineError]
+    ) -> SchedulerOutput:
+        """Fails the requests of adapters whose weights could not be read back; the
+        step goes on without them, and their slots are free again."""
+        for request_id, state in list(self.requests.items()):
+            for seq in state.seqs:
+                if seq.adapter in unreadable and seq.adapter_digest is not None:
+                    self._fail(request_id, unreadable[seq.adapter])
+                    break
+        for name in unreadable:
+            self.lora.slots.drop(name)
+        kept = tuple(item for item in output.scheduled if not item.seq.is_finished)
+        return dataclasses.replace(output, scheduled=kept)
+
     def take_failures(self) -> list[tuple[str, Exception]]:
         """The requests failed since the last call, each with its cause (for the log only)."""
         failures, self._failures = self._failures, []
@@ -460,7 +521,13 @@ class LLMEngine:
         `domains=False` leaves `prefix_cache_domains` empty: a snapshot of every cache
         domain ever seen costs O(domains), too much for a report on every step.
         """
+        lora_running, lora_waiting = self.lora.counts(
+            self.scheduler.running, self.scheduler.waiting
+        )
         return EngineStats(
+            max_loras=self.config.lora.max_loras,
+            lora_running=lora_running,
+            lora_waiting=lora_waiting,
             num_running=len(self.scheduler.running),
             num_waiting=self.scheduler.num_waiting,
             kv_cache_usage=self.kv.usage,

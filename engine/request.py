@@ -107,3 +107,8 @@ def _check_name(value: object, param: str) -> None:
         )
     if not value.isprintable():
         raise InvalidRequestError(f"{param} must not contain control characters", param=param)
+
+
+def check_adapter_name(name: object) -> None:
+    """The check an adapter's name passes (the same as a request's `adapter` field)."""
+    _check_name(name, "name")

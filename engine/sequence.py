@@ -55,10 +55,22 @@ class Sequence:
     # Order among the waiting sequences of one fairness key (lower first), under the
     # fair policies; never an order across keys.
     priority: int = 0
+    # The loaded LoRA adapter's content digest (None: `adapter` only names a cache key),
+    # and the device slot it holds from admission to its end (None: not placed yet).
+    adapter_digest: str | None = None
+    lora_slot: int | None = None
 
     def __post_init__(self) -> None:
         if not self.fairness_key:
             self.fairness_key = self.cache_domain
+
+    @property
+    def cache_adapter(self) -> str | None:
+        """The adapter's part of the cache key: name and content digest, so that an
+        adapter reloaded with new weights never reads the old one's KV."""
+        if self.adapter is None or self.adapter_digest is None:
+            return self.adapter
+        return f"{self.adapter}@{self.adapter_digest}"
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -25,3 +25,7 @@ class EngineStats:
     num_prompt_tokens: int = 0
     # Per cache domain: lookups, hits, cached tokens, evictions (the public domain is "<public>").
     prefix_cache_domains: dict[str, DomainCacheStats] = field(default_factory=dict)
+    # LoRA (vLLM's vllm:lora_requests_info): device slots, sequences per adapter name.
+    max_loras: int = 0
+    lora_running: dict[str, int] = field(default_factory=dict)
+    lora_waiting: dict[str, int] = field(default_factory=dict)

@@ -236,9 +236,10 @@ class KVCacheManager:
 
     def _key(self, seq: Sequence) -> CacheKey:
         keys = self._keys.setdefault(seq.cache_domain, {})
-        key = keys.get(seq.adapter)
+        adapter = seq.cache_adapter
+        key = keys.get(adapter)
         if key is None:
-            key = keys[seq.adapter] = CacheKey.derive(seq.cache_domain, seq.adapter, self.revision)
+            key = keys[adapter] = CacheKey.derive(seq.cache_domain, adapter, self.revision)
         return key
 
     def _plan(self, seq: Sequence) -> _SeqCache:
@@ -253,7 +254,7 @@ class KVCacheManager:
         if not best:
             return _SeqCache(domain, (_Segment(key.digest, domain, 0, None),))
         n = len(best) // self.block_size
-        public = CacheKey.public(seq.adapter, self.revision)
+        public = CacheKey.public(seq.cache_adapter, self.revision)
         rest = key.continuation(self._published[best])
         return _SeqCache(
             domain,

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention.backend import AttentionBackend, AttentionMetadata
+from engine.lora.batch import LoraBatch
 
 
 @dataclass(frozen=True)
@@ -17,3 +18,4 @@ class ForwardContext:
     backend: AttentionBackend
     meta: AttentionMetadata
     kv_caches: Sequence[torch.Tensor]  # one [2, blocks, block_size, kv_heads, head_dim] per layer
+    lora: LoraBatch | None = None  # the step's adapter rows; None: no row has one

@@ -25,6 +25,7 @@ from torch import nn
 
 from engine.config import ModelArchitecture
 from engine.errors import UnsupportedModelError
+from engine.lora.batch import LoraBatch
 from engine.model.forward_context import ForwardContext
 from engine.model.fused import FusedOps
 from engine.model.rope import RotaryEmbedding, rope_scaling_dict
@@ -112,8 +113,15 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]; with `fused`, rotary runs as a triton kernel."""
         t = x.shape[0]
+        lora = ctx.lora
         if self.qkv_weight is not None:
-            q2, k2, v2 = torch.split(F.linear(x, self.qkv_weight, self.qkv_bias), self._sizes, -1)
+            qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+            if lora is not None:
+                lora.add(self.layer_idx, "qkv", x, qkv)
+            q2, k2, v2 = torch.split(qkv, self._sizes, -1)
+        elif lora is not None:
+            qkv = torch.cat((self.q_proj(x), self.k_proj(x), self.v_proj(x)), -1)
+            q2, k2, v2 = torch.split(lora.add(self.layer_idx, "qkv", x, qkv), self._sizes, -1)
         else:
             q2, k2, v2 = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q = q2.view(t, self.num_heads, self.head_dim)
@@ -127,15 +135,19 @@ class LlamaAttention(nn.Module):
             fused.rotary_(q, k, positions, rotary.cos_cache, rotary.sin_cache)
         kv_cache = ctx.kv_caches[self.layer_idx]
         out = ctx.backend.forward(q, k, v, kv_cache, ctx.meta, self.scale)
-        projected: torch.Tensor = self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+        flat = out.reshape(t, self.num_heads * self.head_dim)
+        projected: torch.Tensor = self.o_proj(flat)
+        if lora is not None:
+            lora.add(self.layer_idx, "o", flat, projected)
         return projected
 
 
 class LlamaMLP(nn.Module):
     """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, hidden: int, intermediate: int) -> None:
+    def __init__(self, hidden: int, intermediate: int, layer_idx: int = 0) -> None:
         super().__init__()
+        self.layer_idx = layer_idx
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
@@ -147,8 +159,15 @@ class LlamaMLP(nn.Module):
         """Packs gate and up into one matrix so one GEMM computes both."""
         self.gate_up_weight = pack_linears(self.gate_proj, self.up_proj)[0]
 
-    def forward(self, x: torch.Tensor, fused: FusedOps | None = None) -> torch.Tensor:
-        """x [T, hidden] -> [T, hidden]; with `fused`, SiLU-and-mul is one triton kernel."""
+    def forward(
+        self, x: torch.Tensor, fused: FusedOps | None = None, lora: LoraBatch | None = None
+    ) -> torch.Tensor:
+        """x [T, hidden] -> [T, hidden]; with `fused`, SiLU-and-mul is one triton kernel.
+
+        `lora`: the step's adapter rows, added to gate/up (packed) and to down.
+        """
+        if lora is not None:
+            return self._forward_lora(x, fused, lora)
         if fused is not None:
             if self.gate_up_weight is not None:
                 gate_up = F.linear(x, self.gate_up_weight)  # [T, 2I]: gate, then up
@@ -163,6 +182,22 @@ class LlamaMLP(nn.Module):
         out: torch.Tensor = self.down_proj(F.silu(gate) * up)
         return out
 
+    def _forward_lora(
+        self, x: torch.Tensor, fused: FusedOps | None, lora: LoraBatch
+    ) -> torch.Tensor:
+        if self.gate_up_weight is not None:
+            gate_up = F.linear(x, self.gate_up_weight)
+        else:
+            gate_up = torch.cat((self.gate_proj(x), self.up_proj(x)), dim=-1)
+        lora.add(self.layer_idx, "gate_up", x, gate_up)
+        if fused is not None:
+            act = fused.silu_and_mul(gate_up)
+        else:
+            gate, up = torch.split(gate_up, self._intermediate, -1)
+            act = F.silu(gate) * up
+        out: torch.Tensor = self.down_proj(act)
+        return lora.add(self.layer_idx, "down", act, out)
+
 
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm block: x + attn(norm(x)), then h + mlp(norm(h))."""
@@ -172,7 +207,7 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.self_attn = LlamaAttention(arch, layer_idx)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.mlp = LlamaMLP(arch.hidden_size, arch.intermediate_size)
+        self.mlp = LlamaMLP(arch.hidden_size, arch.intermediate_size, layer_idx)
 
     def forward(
         self,
@@ -183,7 +218,7 @@ class LlamaDecoderLayer(nn.Module):
     ) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]."""
         h: torch.Tensor = x + self.self_attn(self.input_layernorm(x), positions, rotary, ctx)
-        out: torch.Tensor = h + self.mlp(self.post_attention_layernorm(h))
+        out: torch.Tensor = h + self.mlp(self.post_attention_layernorm(h), None, ctx.lora)
         return out
 
     def forward_fused(
@@ -203,7 +238,7 @@ class LlamaDecoderLayer(nn.Module):
         normed, residual = fused.add_rms_norm(x, residual, norm1.weight, norm1.eps)
         attn = self.self_attn(normed, positions, rotary, ctx, fused)
         normed, residual = fused.add_rms_norm(attn, residual, norm2.weight, norm2.eps)
-        return self.mlp(normed, fused), residual
+        return self.mlp(normed, fused, ctx.lora), residual
 
 
 class LlamaModel(nn.Module):

@@ -14,6 +14,8 @@ import torch
 
 from engine.attention.backend import AttentionBackend
 from engine.config import ModelArchitecture
+from engine.lora.batch import LoraBatch
+from engine.lora.manager import LoraManager
 from engine.model.forward_context import ForwardContext
 from engine.model.llama import LlamaForCausalLM
 from engine.runner.block_table import BlockTable
@@ -74,6 +76,8 @@ class ModelRunner:
         # Host copy of the live sequences' block tables, updated by diffs each step.
         self.block_table = BlockTable()
         self.graphs: DecodeGraphRunner | None = None
+        # Set by the engine when it serves adapters: builds each step's LoRA rows.
+        self.lora: LoraManager | None = None
 
     def capture_decode_graphs(self, max_batch: int, max_model_len: int) -> tuple[int, ...]:
         """Captures CUDA graphs for decode batches up to `max_batch`; returns their sizes.
@@ -101,7 +105,8 @@ class ModelRunner:
     def execute(self, output: SchedulerOutput) -> dict[str, SampledToken]:
         """Runs one step; returns the sampled token of every sequence that samples."""
         inputs = build_step_inputs(output, self.block_size, self.device, self.block_table)
-        hidden = self._forward(inputs)
+        lora = self.lora.batch(output) if self.lora is not None else None
+        hidden = self._forward(inputs, lora)
         if not inputs.sampling_positions:
             return {}
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
@@ -132,11 +137,14 @@ class ModelRunner:
                 sampled[seq.seq_id] = SampledToken(token, chosen, tuple(top), done)
         return sampled
 
-    def _forward(self, inputs: StepInputs) -> torch.Tensor:
-        """Final hidden states of the step: a graph replay for decode when captured."""
-        if self.graphs is not None and self.graphs.can_run(inputs.meta):
+    def _forward(self, inputs: StepInputs, lora: LoraBatch | None = None) -> torch.Tensor:
+        """Final hidden states of the step: a graph replay for decode when captured
+        (graphs hold no adapter rows, so a step with any runs eagerly)."""
+        if lora is None and self.graphs is not None and self.graphs.can_run(inputs.meta):
             return self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
-        ctx = ForwardContext(backend=self.backend, meta=inputs.meta, kv_caches=self.kv_caches)
+        ctx = ForwardContext(
+            backend=self.backend, meta=inputs.meta, kv_caches=self.kv_caches, lora=lora
+        )
         hidden: torch.Tensor = self.model(inputs.input_ids, inputs.positions, ctx)
         return hidden
 

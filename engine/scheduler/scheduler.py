@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 from engine.config import SchedulerConfig
 from engine.kv_cache.manager import KVCacheManager
+from engine.lora.slots import AdapterSlots
 from engine.scheduler.output import ScheduledSequence, SchedulerOutput
 from engine.scheduler.policies import make_waiting_queue
 from engine.scheduler.queue import WaitingQueue
@@ -29,6 +30,7 @@ class Scheduler:
         eos_token_ids: frozenset[int],
         max_model_len: int,
         waiting: WaitingQueue | None = None,
+        adapter_slots: AdapterSlots | None = None,
     ) -> None:
         self.config = config
         self.kv = kv
@@ -41,6 +43,7 @@ class Scheduler:
         )
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.adapter_slots = adapter_slots
 
     # -- queue ------------------------------------------------------------------
 
@@ -110,6 +113,8 @@ class Scheduler:
             seq = self.waiting.peek()
             if seq is None:
                 break
+            if not self._place_adapter(seq):
+                break  # the next in fair order waits for a slot; nobody overtakes it
             computed_blocks: list[int] = []
             num_computed = 0
             if seq.use_cache and not seq.block_ids:
@@ -130,6 +135,14 @@ class Scheduler:
             scheduled.append(ScheduledSequence(seq, seq.num_computed_tokens, num_new))
             budget -= num_new
         return budget
+
+    def _place_adapter(self, seq: Sequence) -> bool:
+        """Pins a device slot for a LoRA sequence; False when every slot is in use."""
+        if seq.adapter_digest is None or seq.lora_slot is not None:
+            return True
+        assert self.adapter_slots is not None and seq.adapter is not None
+        seq.lora_slot = self.adapter_slots.acquire(seq.seq_id, seq.adapter)
+        return seq.lora_slot is not None
 
     def _chunk(self, seq: Sequence, budget: int) -> int:
         """Tokens to compute for `seq` now: what is left, capped by budget and chunk size."""
@@ -206,6 +219,10 @@ class Scheduler:
         if self.tenants.finished(seq, was_waiting=was_waiting):
             self.waiting.forget(seq.fairness_key)
         self.kv.free(seq)
+        if seq.lora_slot is not None and self.adapter_slots is not None:
+            assert seq.adapter is not None
+            self.adapter_slots.release(seq.seq_id, seq.adapter)
+            seq.lora_slot = None
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         seq.stop_reason = stop_reason
