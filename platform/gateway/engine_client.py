@@ -222,8 +222,9 @@ class InProcessEngineClient:
             num_blocks=int(getattr(s, "num_blocks", 0)),
             block_size=int(getattr(s, "block_size", 0)),
             max_loras=int(getattr(s, "max_loras", 0)),
-            running_adapters=_names(getattr(s, "running_lora_adapters", None)),
-            waiting_adapters=_names(getattr(s, "waiting_lora_adapters", None)),
+            # The engine counts sequences per adapter name (engine.stats.EngineStats).
+            running_adapters=_names(getattr(s, "lora_running", None)),
+            waiting_adapters=_names(getattr(s, "lora_waiting", None)),
         )
 
     def public_prefix_blocks(self) -> int:
@@ -248,5 +249,10 @@ class InProcessEngineClient:
 
 
 def _names(value: Any) -> tuple[str, ...] | None:
-    """Adapter names from an engine stat (a sequence of names; None: not reported)."""
-    return None if value is None else tuple(str(v) for v in value)
+    """Adapter names from an engine stat (name -> sequences, or names; None: not
+    reported); names with no sequence are left out."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        return tuple(str(name) for name, count in value.items() if count)
+    return tuple(str(v) for v in value)
