@@ -6,6 +6,7 @@ fail instead under CLOISTER_REQUIRE_SERVICES=1 (see tests/utils/services.py).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import secrets
 from concurrent.futures import ThreadPoolExecutor
@@ -14,7 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+from sqlalchemy import text
 
+from tests.gateway.engine_servers import SERVICE_TOKEN, engine_servers
 from tests.gateway.processes import GatewayProcess, create_tenant_key, database, gateways
 from tests.utils.services import delete_prefix, private_redis_server, redis_url
 from tests.utils.tiny_model import make_tiny_model_dir
@@ -47,16 +50,29 @@ def warm_up(gw: GatewayProcess, key: str) -> None:
     assert r.status_code == 200, r.text
 
 
-def test_two_gateways_admit_exactly_the_limit(tmp_path: Path) -> None:
+@pytest.mark.parametrize("split", [False, True], ids=["in-process", "engine-servers"])
+def test_two_gateways_admit_exactly_the_limit(tmp_path: Path, split: bool) -> None:
+    """Two gateway replicas on one Redis admit L-1..L of a burst; with the split
+    deployment (both over the same engine server) too, and each admitted request has
+    exactly one usage record."""
     url = redis_url()
     prefix = f"cloister:test:{secrets.token_hex(4)}:"
     limit = 8  # rpm: the bucket refills one request per 7.5 s, far longer than the burst
     data = tmp_path / "data"
-    key = create_tenant_key(database(data), "acme", rpm=limit)
+    sessions = database(data)
+    key = create_tenant_key(sessions, "acme", rpm=limit)
     model = make_tiny_model_dir(tmp_path)
     try:
-        config = {"redis_url": url, "redis_key_prefix": prefix}
-        with gateways(data, model, tmp_path / "logs", [config, config]) as gws:
+        with contextlib.ExitStack() as stack:
+            config: dict[str, object] = {"redis_url": url, "redis_key_prefix": prefix}
+            if split:
+                (engine,) = stack.enter_context(engine_servers(model, tmp_path / "engine", 1))
+                config |= {"engine_urls": engine.base_url, "service_token": SERVICE_TOKEN}
+            # One usage spool per replica, as each pod has its own (they share the database).
+            configs = [
+                {**config, "admin_spool_path": tmp_path / f"spool-{i}.jsonl"} for i in (0, 1)
+            ]
+            gws = stack.enter_context(gateways(data, model, tmp_path / "logs", configs))
             for gw in gws:
                 warm_up(gw, key)
             targets = [gws[i % 2] for i in range(3 * limit)]
@@ -65,6 +81,11 @@ def test_two_gateways_admit_exactly_the_limit(tmp_path: Path) -> None:
             logs = "".join(gw.logs() for gw in gws)
     finally:
         delete_prefix(redis.Redis.from_url(url), prefix)
+    ids = [r.json()["id"] for r in responses if r.status_code == 200]
+    with sessions() as s:  # the gateways flushed their usage at shutdown
+        rows = s.execute(text("SELECT request_id, status FROM usage_records")).all()
+    served = sorted(request_id for request_id, status in rows if status == 200)
+    assert served == sorted(ids)  # one record per admitted request, none lost, none extra
     codes = [r.status_code for r in responses]
     assert set(codes) <= {200, 429}, codes
     admitted = codes.count(200)
