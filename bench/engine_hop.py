@@ -201,8 +201,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.serve_engine:
         serve_engine()
         return {}
-    os.environ.update({k: os.environ.get(k, v) for k, v in ENGINE_ENV.items()})
-    settings = Settings()
+    # The same settings the engine process gets, without touching this process's
+    # environment (a caller, such as the test suite, keeps its own).
+    settings = Settings(**{k.removeprefix("CLOISTER_").lower(): v for k, v in ENGINE_ENV.items()})
     front = fake_front(settings)
     tokenizer = front.tokenizer
     prompts = [tuple(tokenizer.encode(f"Request {i}: name a colour.")) for i in range(64)]

@@ -163,6 +163,7 @@ def _cells() -> list[Cell]:
             DENY,
         ),
         Cell("GET", "/adapters", lambda f, t: (f"{P}/adapters", {}), "aov", DENY),
+        Cell("GET", "/adapters/runtime", lambda f, t: (f"{P}/adapters/runtime", {}), "aov", DENY),
         Cell(
             "POST",
             "/adapters",

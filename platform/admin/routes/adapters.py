@@ -18,7 +18,13 @@ from admin.deps import UPLOAD_CONCURRENCY, AdminContext, Ctx, allow
 from admin.errors import AdapterValidationError
 from admin.models import LoraAdapter
 from admin.roles import PLATFORM_READ, PLATFORM_WRITE
-from admin.schemas.adapters import AdapterCreate, AdapterPublic, AdapterRuntime, StatusUpdate
+from admin.schemas.adapters import (
+    AdapterCreate,
+    AdapterPublic,
+    AdapterRuntime,
+    AdapterRuntimeMap,
+    StatusUpdate,
+)
 from admin.schemas.common import Page
 from admin.serialize import Limit, Offset, adapter_public, page
 from admin.source_paths import SourcePathError, check_source
@@ -55,13 +61,13 @@ def list_adapters(
 
 
 @router.get("/runtime", dependencies=[allow(PLATFORM_READ)])
-def adapter_runtime(request: Request) -> dict[str, AdapterRuntime]:
+def adapter_runtime(request: Request) -> AdapterRuntimeMap:
     """Each adapter's state on the engines (loaded on the device, in host memory, loaded,
     not loaded) and its requests since the server started; empty without a gateway."""
     read = getattr(request.app.state, "admin_adapter_runtime", None)
     if read is None:
-        return {}
-    return {name: AdapterRuntime(**entry) for name, entry in read().items()}
+        return AdapterRuntimeMap({})
+    return AdapterRuntimeMap({name: AdapterRuntime(**entry) for name, entry in read().items()})
 
 
 @router.post("", status_code=201, dependencies=[allow(PLATFORM_WRITE)])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from pydantic import BaseModel, RootModel
 
 from admin.schemas.common import IsoTime
 
@@ -43,3 +43,7 @@ class AdapterRuntime(BaseModel):
     # memory; "loaded": loaded where the engine does not say; "not_loaded".
     state: str
     requests: int  # finished requests that selected it since the server started
+
+
+class AdapterRuntimeMap(RootModel[dict[str, AdapterRuntime]]):
+    """Adapter name -> its state on the engines (a plain JSON object)."""
