@@ -4,7 +4,7 @@ Routes (all but /health and /metrics need the service credential):
 
     GET  /health                 200 once the engine runs, 503 when it died or drains
     GET  /metrics                vLLM's metric names, for routers and dashboards
-    POST /v1/completions         OpenAI completions on token ids, streamed (see wire.py)
+    POST /v1/completions         OpenAI completions on token ids or text, streamed or whole
     POST /internal/abort         {"request_id": ...}: stop a request, free its blocks
     PUT  /internal/cache_rules   the registry's per-domain rules and published prefixes
     GET  /internal/info          model name, context length, vocabulary, KV pool
@@ -17,6 +17,7 @@ span under the caller's W3C trace context (engine_server.tracing).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -133,6 +134,7 @@ class EngineServer:
                 )
             if self.draining:
                 raise _Refused(error(503, "the engine is draining", type_="unavailable"))
+            body = await self._with_token_ids(body)
             engine_request = request_from_wire(body, request.headers)
             if self.tracer is not None:
                 span = GenerateSpan(self.tracer, engine_request, request.headers, self.model_name)
@@ -154,9 +156,64 @@ class EngineServer:
             return error(503, str(exc), type_="unavailable", code="engine_dead")
         request_id = engine_request.request_id
         chunks = self._chunks(request_id, stream, span)
+        if not body.get("stream", False):  # OpenAI's default is a whole response
+            return await self._whole(request_id, engine_request.prompt_token_ids, chunks)
         return StreamingResponse(
             chunks, media_type="text/event-stream", headers={REQUEST_ID_HEADER: request_id}
         )
+
+    async def _with_token_ids(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The body with a text prompt tokenized by the engine's tokenizer (a router or a
+        client of the Kubernetes inference stack may send text); token ids pass as they are."""
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str):
+            return body
+        if not prompt:
+            raise _Refused(error(400, "the prompt must not be empty", type_="invalid_request"))
+        ids = await asyncio.to_thread(self.front.tokenizer.encode, prompt)
+        extra = dict(body.get("cloister") or {})
+        extra.setdefault("prompt_text", prompt)
+        return {**body, "prompt": list(ids), "cloister": extra}
+
+    async def _whole(
+        self, request_id: str, prompt_ids: tuple[int, ...], chunks: AsyncIterator[bytes]
+    ) -> Response:
+        """A non-streamed completion: the chunks' events gathered into one body."""
+        texts: dict[int, str] = {}
+        finish: dict[int, str | None] = {}
+        completion_tokens = cached = 0
+        async for raw in chunks:
+            data = raw.removeprefix(b"data: ").strip()
+            if data == b"[DONE]":
+                break
+            chunk = json.loads(data)
+            if "error" in chunk:
+                return error(503, str(chunk["error"]["message"]), type_="engine_error")
+            event = chunk["cloister"]
+            cached = int(event["num_cached_tokens"])
+            for d in event["deltas"]:
+                index = int(d["index"])
+                texts[index] = texts.get(index, "") + d["text"]
+                completion_tokens += len(d["token_ids"])
+                if d["finish_reason"] is not None:
+                    finish[index] = d["finish_reason"]
+        body = {
+            "id": request_id,
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": [
+                {"index": i, "text": texts[i], "logprobs": None, "finish_reason": finish.get(i)}
+                for i in sorted(texts)
+            ],
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": completion_tokens,
+                "total_tokens": len(prompt_ids) + completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": cached},
+            },
+        }
+        return JSONResponse(body, headers={REQUEST_ID_HEADER: request_id})
 
     async def _chunks(
         self, request_id: str, stream: AsyncIterator[StreamEvent], span: GenerateSpan | None

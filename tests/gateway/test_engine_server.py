@@ -6,6 +6,7 @@ through `RemoteEngineClient`, as a split deployment does.
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import threading
@@ -255,3 +256,22 @@ def test_sigterm_drains_streams_and_admits_nothing_new(model_dir: Path, tmp_path
     finally:
         if engine.proc.poll() is None:
             engine.proc.kill()
+
+
+def test_a_router_may_send_text_and_ask_for_a_whole_response(engine: EngineProcess) -> None:
+    """What a client of the Kubernetes inference stack sends: text, OpenAI's defaults."""
+    auth = {"authorization": f"Bearer {SERVICE_TOKEN}"}
+    url = engine.base_url + "/v1/completions"
+    body = {"model": "tiny", "prompt": "The cache says hello", "max_tokens": 4, "temperature": 0}
+    whole = httpx.post(url, json=body, headers=auth, timeout=60)
+    assert whole.status_code == 200, whole.text
+    out = whole.json()
+    assert out["object"] == "text_completion" and len(out["choices"]) == 1
+    assert out["choices"][0]["finish_reason"] in ("length", "stop")
+    assert 1 <= out["usage"]["completion_tokens"] <= 4 and out["usage"]["prompt_tokens"] > 0
+    streamed = httpx.post(url, json={**body, "stream": True}, headers=auth, timeout=60)
+    lines = [ln for ln in streamed.text.splitlines() if ln.startswith("data: {")]
+    text = "".join(c["text"] for ln in lines for c in json.loads(ln[6:])["choices"])
+    assert text == out["choices"][0]["text"]  # greedy: the same answer either way
+    empty = httpx.post(url, json={**body, "prompt": ""}, headers=auth, timeout=60)
+    assert empty.status_code == 400 and "error" in empty.json()
