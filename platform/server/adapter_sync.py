@@ -16,10 +16,8 @@ next period; an engine that serves no adapters is noted once and left alone.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -27,9 +25,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gateway.adapters import AdapterInfo, AdaptersUnsupportedError, is_in_use_error
+from server.periodic_sync import PeriodicSync
 
 if TYPE_CHECKING:
-    from fastapi import FastAPI
+    pass
 
 log = logging.getLogger("cloister.adapters")
 MIN_INTERVAL_S = 0.1  # a refresh of 0 (tests) still leaves the loop room to breathe
@@ -83,16 +82,17 @@ def mark_loaded(session: Session, names: list[str]) -> None:
     session.commit()
 
 
-class AdapterSync:
-    """Loads and unloads one engine client's adapters as the registry says, periodically."""
+class AdapterSync(PeriodicSync):
+    """
+
+    task_name = "adapter-sync"Loads and unloads one engine client's adapters as the registry says, periodically."""
 
     def __init__(
         self, client: AdapterTarget, sessions: Callable[[], Session], *, interval_s: float
     ) -> None:
         self._client = client
         self._sessions = sessions
-        self._interval_s = max(MIN_INTERVAL_S, interval_s)
-        self._task: asyncio.Task[None] | None = None
+        super().__init__(max(MIN_INTERVAL_S, interval_s))
         self._unsupported = False
         self._failed: dict[str, str] = {}  # adapter -> the last failure logged for it
 
@@ -159,39 +159,3 @@ class AdapterSync:
         if self._failed.get(name) != cause:  # once per cause, not once per period
             log.error("%s adapter %s failed (%s); retrying each period", doing, name, cause)
         self._failed[name] = cause
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval_s)
-            await self.sync_once()
-
-    async def start(self) -> None:
-        """Syncs once, then keeps syncing in a background task."""
-        await self.sync_once()
-        self._task = asyncio.create_task(self._run(), name="adapter-sync")
-
-    async def stop(self) -> None:
-        """Stops the background task (loaded adapters stay loaded)."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-
-def with_adapter_sync(app: FastAPI, sync: AdapterSync) -> FastAPI:
-    """`app` whose lifespan runs `sync` while the app serves (inside the existing
-    lifespan, so the engine is started before the first load)."""
-    inner = app.router.lifespan_context
-
-    @asynccontextmanager
-    async def lifespan(a: FastAPI) -> AsyncIterator[None]:
-        async with inner(a):
-            await sync.start()
-            try:
-                yield
-            finally:
-                await sync.stop()
-
-    app.router.lifespan_context = lifespan
-    return app

@@ -10,21 +10,18 @@ next period tries again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from engine.kv_cache.cache_rules import CacheRules, DomainRule
+from server.periodic_sync import PeriodicSync
 from tenancy.models import Tenant
 
 if TYPE_CHECKING:
-    from fastapi import FastAPI
-
     from gateway.engine_client import TokenizerLike
 
 log = logging.getLogger("cloister.cache_rules")
@@ -85,8 +82,10 @@ def read_cache_rules(session: Session, *, model: str, tokenizer: TokenizerLike) 
     return CacheRules(domains=tuple(sorted(domains)), published=tuple(published))
 
 
-class CacheRulesSync:
-    """Pushes the database's cache rules to one engine client, periodically."""
+class CacheRulesSync(PeriodicSync):
+    """
+
+    task_name = "cache-rules-sync"Pushes the database's cache rules to one engine client, periodically."""
 
     def __init__(
         self,
@@ -97,9 +96,8 @@ class CacheRulesSync:
     ) -> None:
         self._client = client
         self._sessions = sessions
-        self._interval_s = max(MIN_INTERVAL_S, interval_s)
+        super().__init__(max(MIN_INTERVAL_S, interval_s))
         self._last: CacheRules | None = None
-        self._task: asyncio.Task[None] | None = None
 
     @property
     def last_pushed(self) -> CacheRules | None:
@@ -134,39 +132,3 @@ class CacheRulesSync:
             len(rules.published),
         )
         return True
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval_s)
-            await self.sync_once()
-
-    async def start(self) -> None:
-        """Pushes once, then keeps syncing in a background task."""
-        await self.sync_once()
-        self._task = asyncio.create_task(self._run(), name="cache-rules-sync")
-
-    async def stop(self) -> None:
-        """Stops the background task (the engine keeps its last rules)."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-
-def with_cache_rules_sync(app: FastAPI, sync: CacheRulesSync) -> FastAPI:
-    """`app` whose lifespan runs `sync` while the app serves (inside the existing
-    lifespan, so the engine is started before the first push)."""
-    inner = app.router.lifespan_context
-
-    @asynccontextmanager
-    async def lifespan(a: FastAPI) -> AsyncIterator[None]:
-        async with inner(a):
-            await sync.start()
-            try:
-                yield
-            finally:
-                await sync.stop()
-
-    app.router.lifespan_context = lifespan
-    return app

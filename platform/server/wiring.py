@@ -359,23 +359,24 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
     # Tenant cache policies and published prefixes reach each running engine within
     # config_refresh_s, like limits; read on the background writers' pool. One sync per
     # model: a published prefix belongs to one model and is tokenized by its tokenizer.
-    from server.cache_rules_sync import CacheRulesSync, with_cache_rules_sync
+    from server.cache_rules_sync import CacheRulesSync
+    from server.periodic_sync import run_while_serving
 
     app.state.cache_rules_syncs = {
         name: CacheRulesSync(client, writer_sessions, interval_s=settings.config_refresh_s)
         for name, client in clients.items()
     }
     for sync in app.state.cache_rules_syncs.values():
-        with_cache_rules_sync(app, sync)
+        run_while_serving(app, sync)
     # Registered adapters are loaded (retired ones unloaded) within config_refresh_s.
-    from server.adapter_sync import AdapterSync, with_adapter_sync
+    from server.adapter_sync import AdapterSync
 
     app.state.adapter_syncs = {
         name: AdapterSync(client, writer_sessions, interval_s=settings.config_refresh_s)
         for name, client in clients.items()
     }
     for adapter_sync in app.state.adapter_syncs.values():
-        with_adapter_sync(app, adapter_sync)
+        run_while_serving(app, adapter_sync)
     app.state.background_writers = (last_used, services.audit_writer)
     with_server_logs(app, settings, engine_options=resolved)
     return app
