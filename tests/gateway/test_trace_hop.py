@@ -199,29 +199,33 @@ def test_otlp_json_encoding_names_ids_in_hex_and_the_parent(hop: Hop) -> None:
     }
 
 
-def test_otlp_over_protobuf_is_refused_at_start_up_without_its_package() -> None:
+@pytest.fixture
+def no_protobuf_exporter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The protobuf exporter package looks missing, whether or not it is installed."""
+    import importlib.util
+
+    from server import telemetry
+
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, package: str | None = None) -> Any:
+        return None if name == telemetry.PROTOBUF_EXPORTER else real(name, package)
+
+    monkeypatch.setattr(telemetry.importlib.util, "find_spec", find_spec)
+
+
+def test_otlp_over_protobuf_is_refused_at_start_up_without_its_package(
+    no_protobuf_exporter: None,
+) -> None:
     check_exporter("otlp", "http/json")  # built in: always available
     check_exporter("none", "http/protobuf")
-    try:
-        import opentelemetry.exporter.otlp.proto.http  # noqa: F401
-    except ImportError:
-        with pytest.raises(
-            TelemetryUnavailableError, match="opentelemetry-exporter-otlp-proto-http"
-        ):
-            make_tracer_provider("otlp", protocol="http/protobuf")
-    else:
-        make_tracer_provider("otlp", protocol="http/protobuf").shutdown()
+    with pytest.raises(TelemetryUnavailableError, match="opentelemetry-exporter-otlp-proto-http"):
+        make_tracer_provider("otlp", protocol="http/protobuf")
 
 
 def test_the_engine_serve_command_refuses_a_missing_exporter_before_loading(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_protobuf_exporter: None
 ) -> None:
-    try:
-        import opentelemetry.exporter.otlp.proto.http  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        pytest.skip("the protobuf exporter is installed here: nothing to refuse")
     from click.testing import CliRunner
 
     from cloister.cli import main
