@@ -19,7 +19,8 @@ from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
 from gateway.model_access import ModelAccess
 from gateway.openapi import install_openapi
-from gateway.response_store import ResponseStore
+from gateway.response_store import InMemoryResponses, ResponseRepository, ResponseStore
+from gateway.response_store_redis import RedisResponses
 from gateway.routes import chat, completions, metrics, models, responses
 from gateway.state import AppState, AuthenticatorLike, OperatorAuth
 from gateway.tokenize import PromptTokenizer
@@ -32,6 +33,30 @@ from tenancy.limiter.base import Limiter
 from tenancy.unique_ids import UniqueIds
 
 logger = logging.getLogger("cloister.gateway")
+
+
+def response_repository(settings: Settings) -> ResponseRepository:
+    """Stored responses: shared in Redis when gateways share one (`responses_store` auto
+    or redis), else in this process's memory."""
+    if settings.responses_store == "redis" or (
+        settings.responses_store == "auto" and settings.redis_url is not None
+    ):
+        assert settings.redis_url is not None, "Settings refuses redis without a URL"
+        return RedisResponses.from_url(
+            settings.redis_url,
+            ttl_s=settings.responses_ttl_s,
+            max_per_tenant=settings.responses_max_per_tenant,
+            max_chars=settings.responses_max_chars,
+            key_prefix=settings.responses_key_prefix,
+        )
+    return InMemoryResponses(
+        ResponseStore(
+            ttl_s=settings.responses_ttl_s,
+            max_entries=settings.responses_max_entries,
+            max_per_tenant=settings.responses_max_per_tenant,
+            max_chars=settings.responses_max_chars,
+        )
+    )
 
 
 def create_app(
@@ -80,12 +105,7 @@ def create_app(
         started_at=int(time.time()),
         request_ids=UniqueIds(),
         tokenize=PromptTokenizer(),
-        responses=ResponseStore(
-            ttl_s=settings.responses_ttl_s,
-            max_entries=settings.responses_max_entries,
-            max_per_tenant=settings.responses_max_per_tenant,
-            max_chars=settings.responses_max_chars,
-        ),
+        responses=response_repository(settings),
         operator_auth=operator_auth,
         model_access=model_access,
     )
@@ -101,6 +121,7 @@ def create_app(
             yield
         finally:
             await state.limits.close()
+            await state.responses.close()
             await state.auth.drain()
             state.tokenize.close()
             if model_access is not None:

@@ -1,6 +1,9 @@
 """Stored `/v1/responses`: what `previous_response_id`, GET and DELETE read.
 
-In memory, one per gateway app (a lifespan object on AppState). Every entry
+The routes see a `ResponseRepository` (async): `InMemoryResponses` over this module's
+`ResponseStore`, one per gateway process, or, when gateways share a Redis, the shared
+one of gateway.response_store_redis, so that any replica finds a response another
+stored. `ResponseStore` is in memory, one per gateway app. Every entry
 belongs to one tenant, and a lookup names the tenant: another tenant's id reads
 exactly like an unknown one. Entries expire `ttl_s` after they were stored, and
 the store is bounded three ways, each evicting the oldest entries first: all
@@ -18,7 +21,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 # A conversation turn as the chat template takes it ({"role", "content", ...}).
 Turn = Mapping[str, Any]
@@ -135,3 +138,41 @@ class ResponseStore:
         assert self._chars <= self._max_chars
         expiries = [e.expires_at for e in self._entries.values()]
         assert expiries == sorted(expiries), "insertion order is expiry order"
+
+
+class ResponseRepository(Protocol):
+    """Where the routes keep stored responses; a lookup always names the tenant."""
+
+    async def put(self, entry: StoredResponse) -> None:
+        """Stores `entry` (a failure to store is the repository's to log, not to raise)."""
+
+    async def get(self, tenant_id: str, response_id: str) -> StoredResponse | None:
+        """The tenant's live entry of that id; None if unknown, expired or another's."""
+
+    async def delete(self, tenant_id: str, response_id: str) -> bool:
+        """Removes the tenant's entry; False when `get` would have found nothing."""
+
+    async def close(self) -> None:
+        """Releases connections (at the app's shutdown)."""
+
+
+class InMemoryResponses:
+    """A `ResponseRepository` over one process's `ResponseStore`."""
+
+    def __init__(self, store: ResponseStore) -> None:
+        self.store = store
+
+    async def put(self, entry: StoredResponse) -> None:
+        """See `ResponseStore.put`."""
+        self.store.put(entry)
+
+    async def get(self, tenant_id: str, response_id: str) -> StoredResponse | None:
+        """See `ResponseStore.get`."""
+        return self.store.get(tenant_id, response_id)
+
+    async def delete(self, tenant_id: str, response_id: str) -> bool:
+        """See `ResponseStore.delete`."""
+        return self.store.delete(tenant_id, response_id)
+
+    async def close(self) -> None:
+        """Nothing to release."""

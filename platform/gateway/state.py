@@ -14,7 +14,7 @@ from gateway.engine_client import EngineClient
 from gateway.errors import ModelNotFoundError
 from gateway.metrics import GatewayMetrics
 from gateway.model_access import ModelAccess
-from gateway.response_store import ResponseStore
+from gateway.response_store import ResponseRepository
 from gateway.tokenize import PromptTokenizer
 from gateway.usage import UsageSink
 from server.settings import Settings
@@ -41,7 +41,7 @@ class AppState:
     started_at: int  # unix time the app started; the `created` of /v1/models
     request_ids: UniqueIds
     tokenize: PromptTokenizer  # prompts size-checked, then encoded off the loop when large
-    responses: ResponseStore  # stored /v1/responses, per tenant, expiring
+    responses: ResponseRepository  # stored /v1/responses, per tenant, expiring
     operator_auth: OperatorAuth | None = None  # None: tenant metrics are never served
     model_access: ModelAccess | None = None  # the registry's allow-lists; None: none apply
 

@@ -232,9 +232,13 @@ class Settings(BaseSettings):
     engine_log_interval_s: float = Field(default=10.0, ge=0.0, allow_inf_nan=False)
     metrics_top_tenants: int = Field(default=20, ge=1)
     max_n: int = Field(default=16, ge=1)  # most choices one request may ask for
-    # Stored /v1/responses (for previous_response_id, GET and DELETE): in memory, per
-    # tenant, dropped after the TTL or, oldest first, past the caps (entries, entries
-    # per tenant, characters of stored conversation).
+    # Stored /v1/responses (for previous_response_id, GET and DELETE), per tenant,
+    # dropped after the TTL or, oldest first, past the caps (entries, entries per
+    # tenant, characters of stored conversation). "auto": in Redis when redis_url is set
+    # (every gateway replica on it sees them; no store-wide entry cap there), else in
+    # this process's memory.
+    responses_store: Literal["auto", "memory", "redis"] = "auto"
+    responses_key_prefix: str = "cloister:resp:"
     responses_ttl_s: float = Field(default=3600.0, gt=0.0, allow_inf_nan=False)
     responses_max_entries: int = Field(default=10_000, ge=1)
     responses_max_per_tenant: int = Field(default=1_000, ge=1)
@@ -305,6 +309,12 @@ class Settings(BaseSettings):
             raise ValueError("give models (NAME=PATH entries) or model (one path), not both")
         if self.models and "model_name" in self.model_fields_set:
             raise ValueError("model_name names the single model; with models, name each there")
+        return self
+
+    @model_validator(mode="after")
+    def _refuse_redis_responses_without_redis(self) -> Settings:
+        if self.responses_store == "redis" and self.redis_url is None:
+            raise ValueError("responses_store=redis needs redis_url (CLOISTER_REDIS_URL)")
         return self
 
     @property

@@ -83,10 +83,10 @@ def _sampling(body: ResponseCreateRequest) -> SamplingFields:
     )
 
 
-def _previous(state: AppState, tenant_id: str, response_id: str | None) -> tuple[Turn, ...]:
+async def _previous(state: AppState, tenant_id: str, response_id: str | None) -> tuple[Turn, ...]:
     if response_id is None:
         return ()
-    stored = state.responses.get(tenant_id, response_id)
+    stored = await state.responses.get(tenant_id, response_id)
     if stored is None:
         raise ResponseNotFoundError(
             f"previous response with id {response_id!r} not found",
@@ -190,13 +190,13 @@ def _assistant_turn(final: ResponseObject) -> Turn:
     return {"role": "assistant", "content": text or None, "tool_calls": calls}
 
 
-def _store(
+async def _store(
     life: RequestLifecycle, history: list[Turn], draft: ResponseDraft, final: ResponseObject
 ) -> None:
     if not draft.store:
         return
     assert life.principal is not None, "authenticate first"
-    life.state.responses.put(
+    await life.state.responses.put(
         StoredResponse(
             response_id=final.id,
             tenant_id=life.principal.tenant_id,
@@ -224,7 +224,10 @@ async def create_response(request: Request) -> Response:
         vet_response_request(body)
         tooling = _tooling(life, body)
         turns = input_turns(body.input)
-        history = [*_previous(state, principal.tenant_id, body.previous_response_id), *turns]
+        history = [
+            *await _previous(state, principal.tenant_id, body.previous_response_id),
+            *turns,
+        ]
         with _prompt_errors_name_input():
             rendered = render_chat(
                 [dict(t) for t in with_instructions(body.instructions, history)],
@@ -252,7 +255,7 @@ async def create_response(request: Request) -> Response:
         choices = await collect(life, submitted, request)
     await life.close(200)
     final = _finish(life, draft, *_split(choices[0].text, tooling))
-    _store(life, history, draft, final)
+    await _store(life, history, draft, final)
     return json_model_response(final, headers=submitted.headers)
 
 
@@ -289,7 +292,7 @@ async def _stream(
     # Settled (its usage durable) and stored before the client can read the end.
     await life.close_stream()
     final = _finish(life, draft, events.text, events.calls)
-    _store(life, history, draft, final)
+    await _store(life, history, draft, final)
     for chunk in events.closing(final):
         yield chunk
 
@@ -305,9 +308,9 @@ def _item_events(events: ResponseEvents, item: object) -> list[bytes]:
     return []
 
 
-def _stored_or_404(request: Request, state: AppState, tenant_id: str) -> StoredResponse:
+async def _stored_or_404(request: Request, state: AppState, tenant_id: str) -> StoredResponse:
     response_id = request.path_params["response_id"]
-    stored = state.responses.get(tenant_id, response_id)
+    stored = await state.responses.get(tenant_id, response_id)
     if stored is None:
         raise ResponseNotFoundError(
             f"no response with id {response_id!r} found", code="response_not_found"
@@ -321,7 +324,7 @@ async def retrieve_response(request: Request) -> Response:
     principal = await state.auth.authenticate(
         request.headers.get("authorization"), source=client_host(request)
     )
-    stored = _stored_or_404(request, state, principal.tenant_id)
+    stored = await _stored_or_404(request, state, principal.tenant_id)
     return Response(stored.body, media_type="application/json")
 
 
@@ -331,8 +334,8 @@ async def delete_response(request: Request) -> Response:
     principal = await state.auth.authenticate(
         request.headers.get("authorization"), source=client_host(request)
     )
-    stored = _stored_or_404(request, state, principal.tenant_id)
-    state.responses.delete(principal.tenant_id, stored.response_id)
+    stored = await _stored_or_404(request, state, principal.tenant_id)
+    await state.responses.delete(principal.tenant_id, stored.response_id)
     return json_model_response(DeletedResponse(id=stored.response_id))
 
 

@@ -1,0 +1,141 @@
+"""Stored /v1/responses shared by two gateway replicas on one Redis.
+
+Two `cloister serve`-wired apps (build_app) on one data folder and one Redis, as two
+gateway pods behind one Service: a response stored through one is read, continued and
+deleted through the other, still scoped to its tenant, with the TTL and the
+per-tenant cap applied in Redis. In memory, the second replica answered 404.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+from pydantic import ValidationError
+
+from gateway.response_store import StoredResponse
+from gateway.response_store_redis import RedisResponses, ResponseStoreUnavailableError
+from server.settings import Settings
+from server.wiring import build_app
+from tenancy import store
+from tenancy.db import make_engine, make_session_factory, upgrade_database
+from tests.gateway.conftest import PEPPER
+from tests.gateway.fakes import FakeEngine
+from tests.utils.services import delete_prefix, redis_url
+
+TTL_S = 1.5
+
+
+@pytest.fixture(scope="module")
+def replicas(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[TestClient, TestClient, dict[str, str]]]:
+    """Two gateways on one data folder and one Redis (their own key prefixes)."""
+    url = redis_url()
+    tag = secrets.token_hex(4)
+    data = tmp_path_factory.mktemp("responses_shared")
+    common: dict[str, Any] = dict(
+        data_dir=data,
+        key_pepper=PEPPER,
+        model_name="fake",
+        config_refresh_s=0.0,
+        auth_failure_limit=0,
+        redis_url=url,
+        redis_key_prefix=f"test:{tag}:lim:",
+        responses_key_prefix=f"test:{tag}:resp:",
+        responses_ttl_s=TTL_S,
+        responses_max_per_tenant=2,
+    )
+    first, second = Settings(**common), Settings(**common)
+    upgrade_database(first.resolved_database_url)
+    sessions = make_session_factory(make_engine(first.resolved_database_url))
+    keys = {}
+    with sessions() as s:
+        for name in ("acme", "other"):
+            store.create_tenant(s, name=name)
+            keys[name] = store.create_key(s, tenant_name=name, pepper=PEPPER).secret
+    apps = [build_app(first, engine=FakeEngine()), build_app(second, engine=FakeEngine())]
+    try:
+        with TestClient(apps[0]) as a, TestClient(apps[1]) as b:
+            yield a, b, keys
+    finally:
+        for app in apps:
+            for writer in app.state.background_writers:
+                writer.close()
+            app.state.metering.close()
+        delete_prefix(redis.Redis.from_url(url), f"test:{tag}:")
+
+
+def _auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _create(client: TestClient, key: str, **body: Any) -> Any:
+    body = {"model": "fake", "input": "hi", "max_output_tokens": 3, **body}
+    response = client.post("/v1/responses", json=body, headers=_auth(key))
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_a_response_stored_on_one_replica_is_read_and_continued_on_the_other(
+    replicas: tuple[TestClient, TestClient, dict[str, str]],
+) -> None:
+    a, b, keys = replicas
+    first = _create(a, keys["acme"])
+    got = b.get(f"/v1/responses/{first['id']}", headers=_auth(keys["acme"]))
+    assert got.status_code == 200 and got.json() == first
+    follow = _create(b, keys["acme"], previous_response_id=first["id"])
+    assert follow["id"] != first["id"]
+    # Another tenant's lookup of the same id is an unknown id, on either replica.
+    for client in (a, b):
+        denied = client.get(f"/v1/responses/{first['id']}", headers=_auth(keys["other"]))
+        assert denied.status_code == 404
+        assert denied.json()["error"]["code"] == "response_not_found"
+    deleted = b.delete(f"/v1/responses/{first['id']}", headers=_auth(keys["acme"]))
+    assert deleted.status_code == 200
+    assert a.get(f"/v1/responses/{first['id']}", headers=_auth(keys["acme"])).status_code == 404
+
+
+def test_the_per_tenant_cap_and_the_ttl_apply_across_replicas(
+    replicas: tuple[TestClient, TestClient, dict[str, str]],
+) -> None:
+    a, b, keys = replicas
+    ids = [_create(client, keys["other"])["id"] for client in (a, b, a)]
+    statuses = [b.get(f"/v1/responses/{i}", headers=_auth(keys["other"])).status_code for i in ids]
+    assert statuses == [404, 200, 200]  # max_per_tenant=2: the oldest is trimmed
+    time.sleep(TTL_S + 0.2)
+    late = a.post(
+        "/v1/responses",
+        json={"model": "fake", "input": "hi", "previous_response_id": ids[-1]},
+        headers=_auth(keys["other"]),
+    )
+    assert late.status_code == 404
+    assert late.json()["error"]["code"] == "previous_response_not_found"
+
+
+def test_an_unreachable_store_is_a_503_on_reads_and_never_fails_a_put() -> None:
+    dead = RedisResponses.from_url(
+        "redis://127.0.0.1:9/0", ttl_s=60.0, max_per_tenant=10, max_chars=10_000
+    )
+    entry = StoredResponse("resp_1", "t1", ({"role": "user", "content": "hi"},), "{}")
+
+    async def run() -> None:
+        await dead.put(entry)  # logged, not raised: the response was already produced
+        with pytest.raises(ResponseStoreUnavailableError) as raised:
+            await dead.get("t1", "resp_1")
+        assert raised.value.status == 503
+        await dead.close()
+
+    asyncio.run(run())
+
+
+def test_a_redis_store_without_redis_is_refused_at_start(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="responses_store=redis needs redis_url"):
+        Settings(data_dir=tmp_path, key_pepper=PEPPER, responses_store="redis")
