@@ -21,15 +21,17 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
 
 from engine.config import CacheConfig
+from engine.kv_cache.block_meta import BlockMeta, ChainSegment, SeqCacheState
 from engine.kv_cache.block_pool import BlockPool
-from engine.kv_cache.cache_key import CacheKey, tokens_digest
+from engine.kv_cache.cache_key import CacheKey
 from engine.kv_cache.cache_rules import CacheRules
 from engine.kv_cache.counters import DomainCacheStats, DomainCounters
 from engine.kv_cache.eviction import PUBLIC, CachePolicy, EvictionLedger
-from engine.kv_cache.prefix_index import BlockKey, Chunk, PrefixIndex, make_prefix_index
+from engine.kv_cache.integrity import check_manager_integrity
+from engine.kv_cache.prefix_index import PrefixIndex, make_prefix_index
+from engine.kv_cache.published import PublishedPrefixes
 from engine.sequence import Sequence
 
 
@@ -41,44 +43,6 @@ def cdiv(a: int, b: int) -> int:
 # Counters of domains that went idle (nothing cached, no live sequence) are kept for
 # the most recent ones only, so that a stream of one-off domains stays bounded.
 IDLE_DOMAIN_COUNTERS = 1024
-
-
-@dataclass
-class _Meta:
-    domain: str
-    parent: int | None
-    children: int = 0
-    tick: int = 0
-    last_used: float = 0.0
-    # Published blocks only: the prefix whose sequence registered the block, and its
-    # depth in blocks (what decides whether the block stays pinned after a push).
-    prefix: tuple[int, ...] = ()
-    depth: int = 0
-
-
-@dataclass(frozen=True)
-class _Segment:
-    root: bytes
-    domain: str
-    start: int  # first block index
-    end: int | None  # one past the last block index; None: open-ended
-    prefix: tuple[int, ...] = ()  # the published prefix of a public segment
-
-
-@dataclass
-class _SeqCache:
-    domain: str
-    segments: tuple[_Segment, ...]
-    admitted: bool = False  # holds blocks; False: a plan made at a lookup, not yet used
-    registered: int = 0  # leading blocks of seq.block_ids that are registered
-    locked: dict[int, int] = field(default_factory=dict)  # segment -> deepest block
-    stopped: bool = False  # strict quota reached: register nothing more
-    pending: tuple[int, int] | None = None  # (query tokens, hit tokens) of the last lookup
-    # The sequence's full blocks so far, each cut and keyed once (`_extend_keys`): a
-    # waiting sequence looked up on every step, or re-admitted after a preemption,
-    # never hashes a block again. A block's tokens never change once it is full.
-    chunks: list[Chunk] = field(default_factory=list)
-    keys: list[BlockKey] = field(default_factory=list)
 
 
 class KVCacheManager:
@@ -109,15 +73,12 @@ class KVCacheManager:
         self.keyed_blocks = 0  # block keys (hashes) computed, all sequences (for tests)
         self.query_tokens = 0
         self.hit_tokens = 0
-        self._meta: dict[int, _Meta] = {}
+        self._meta: dict[int, BlockMeta] = {}
         self._pinned: set[int] = set()
-        self._seqs: dict[str, _SeqCache] = {}
-        # Published prefixes: those of `publish_prefix` (the engine's configuration) and
-        # those of the last `apply_rules` push; `_published` is their union.
-        self._base_published: dict[tuple[int, ...], bytes] = {}
-        self._pushed: dict[tuple[int, ...], bytes] = {}
+        self._seqs: dict[str, SeqCacheState] = {}
+        # Configured (`publish_prefix`) and pushed (`apply_rules`) published prefixes.
+        self._published = PublishedPrefixes(block_size)
         self._rules = CacheRules()  # the last push
-        self._published: dict[tuple[int, ...], bytes] = {}
         self._public: set[int] = set()  # registered blocks of the public domain
         # Maps per domain, pruned when the domain goes idle (see `_maybe_idle`).
         self._keys: dict[str, dict[str | None, CacheKey]] = {}
@@ -166,12 +127,8 @@ class KVCacheManager:
 
     def publish_prefix(self, token_ids: Seq[int]) -> int:
         """Shares the full blocks of `token_ids` with every domain; returns how many blocks."""
-        # A request shares these blocks only if it starts with the whole sequence.
-        n = len(token_ids) // self.block_size
+        n = self._published.publish(token_ids)
         if n:
-            full = tuple(int(t) for t in token_ids)
-            self._base_published[full] = tokens_digest(full)
-            self._published[full] = self._base_published[full]
             self._sync_pins()
         return n
 
@@ -190,8 +147,7 @@ class KVCacheManager:
             return  # the registry pushes every few seconds, mostly the same rules
         self._rules = rules
         self.ledger.set_rules(rules.rule_map())
-        self._pushed = {p: tokens_digest(p) for p in rules.published if len(p) >= self.block_size}
-        self._published = {**self._base_published, **self._pushed}
+        self._published.replace_pushed(rules.published)
         # A plan made at a lookup that found no room yet is made again at the next one,
         # so that it sees the new set of published prefixes.
         for seq_id, st in list(self._seqs.items()):
@@ -206,7 +162,7 @@ class KVCacheManager:
             meta = self._meta.get(b)
             if meta is None:
                 continue  # evicted below with a withdrawn child
-            should = self._is_published(meta)
+            should = self._published.covers(meta.prefix, meta.depth)
             if should and b not in self._pinned:
                 # Re-published while a sequence still held it.
                 self._acquire([b])
@@ -214,15 +170,6 @@ class KVCacheManager:
             elif not should and b in self._pinned:
                 self._pinned.discard(b)
                 self._release([b], PUBLIC)  # evicted at once if nobody holds it
-
-    def _is_published(self, meta: _Meta) -> bool:
-        """Whether a public block lies within a prefix that is published now."""
-        if meta.prefix in self._published:
-            return True
-        # Another published prefix may share this block (one is a prefix of the other).
-        end = (meta.depth + 1) * self.block_size
-        head = meta.prefix[:end]
-        return any(len(p) >= end and p[:end] == head for p in self._published)
 
     def set_domain_floor(self, domain: str, blocks: int) -> None:
         """Overrides the cached blocks of `domain` that other domains cannot evict."""
@@ -242,26 +189,22 @@ class KVCacheManager:
             key = keys[adapter] = CacheKey.derive(seq.cache_domain, adapter, self.revision)
         return key
 
-    def _plan(self, seq: Sequence) -> _SeqCache:
+    def _plan(self, seq: Sequence) -> SeqCacheState:
         key = self._key(seq)
         prompt = seq.prompt_token_ids
-        best: tuple[int, ...] = ()
-        for head in self._published:
-            fits = len(best) < len(head) <= len(prompt)
-            if fits and tuple(prompt[: len(head)]) == head:
-                best = head
+        best = self._published.longest_prefix_of(prompt)
         domain = seq.cache_domain
         if not best:
-            return _SeqCache(domain, (_Segment(key.digest, domain, 0, None),))
+            return SeqCacheState(domain, (ChainSegment(key.digest, domain, 0, None),))
         n = len(best) // self.block_size
         public = CacheKey.public(seq.cache_adapter, self.revision)
-        rest = key.continuation(self._published[best])
-        return _SeqCache(
+        rest = key.continuation(self._published.digest(best))
+        return SeqCacheState(
             domain,
-            (_Segment(public.digest, PUBLIC, 0, n, best), _Segment(rest, domain, n, None)),
+            (ChainSegment(public.digest, PUBLIC, 0, n, best), ChainSegment(rest, domain, n, None)),
         )
 
-    def _state(self, seq: Sequence) -> _SeqCache:
+    def _state(self, seq: Sequence) -> SeqCacheState:
         st = self._seqs.get(seq.seq_id)
         if st is None:
             st = self._seqs[seq.seq_id] = self._plan(seq)
@@ -269,7 +212,7 @@ class KVCacheManager:
             self._idle_counters.pop(st.domain, None)
         return st
 
-    def _extend_keys(self, seq: Sequence, st: _SeqCache, n: int) -> None:
+    def _extend_keys(self, seq: Sequence, st: SeqCacheState, n: int) -> None:
         """Cuts and keys the sequence's blocks up to its first `n`, each only once."""
         assert self.index is not None
         bs = self.block_size
@@ -283,7 +226,7 @@ class KVCacheManager:
             self.keyed_blocks += 1
             i += 1
 
-    def _match(self, seq: Sequence, st: _SeqCache) -> list[int]:
+    def _match(self, seq: Sequence, st: SeqCacheState) -> list[int]:
         assert self.index is not None
         # Never the last token: at least one must be computed to get logits.
         max_blocks = (seq.num_tokens - 1) // self.block_size
@@ -525,7 +468,7 @@ class KVCacheManager:
         self, block: int, domain: str, parent: int | None, prefix: tuple[int, ...], depth: int
     ) -> None:
         self.pool.mark_cached(block)
-        meta = self._meta[block] = _Meta(domain, parent)
+        meta = self._meta[block] = BlockMeta(domain, parent)
         if parent is not None:
             self._meta[parent].children += 1
             self.ledger.drop_candidate(parent)
@@ -535,7 +478,7 @@ class KVCacheManager:
             self._public.add(block)
             # Published prefixes are pinned: one extra reference, held until withdrawn.
             # A sequence planned before a withdrawal registers its blocks unpinned.
-            if self._is_published(meta):
+            if self._published.covers(meta.prefix, meta.depth):
                 self.pool.incref([block])
                 self._pinned.add(block)
 
@@ -552,7 +495,7 @@ class KVCacheManager:
                 self.index.unlock(b)
             if keep_keys:
                 # Still live (it waits to run again): its domain keeps counting it.
-                self._seqs[seq.seq_id] = _SeqCache(
+                self._seqs[seq.seq_id] = SeqCacheState(
                     st.domain, st.segments, chunks=st.chunks, keys=st.keys
                 )
                 kept = True
@@ -646,42 +589,5 @@ class KVCacheManager:
         return out
 
     def check_integrity(self) -> None:
-        """Pool, index and ledger agree about every cached block."""
-        self.pool.check_integrity()
-        if self.index is None:
-            return
-        self.index.check_integrity()
-        if len(self.index) != len(self._meta):
-            raise AssertionError("index and manager disagree on the cached blocks")
-        children: dict[int, int] = dict.fromkeys(self._meta, 0)
-        idle: dict[str, int] = {}
-        cached: dict[str, int] = {}
-        for b, meta in self._meta.items():
-            if not self.pool.is_cached(b):
-                raise AssertionError(f"block {b} is registered but not flagged cached")
-            if meta.parent is not None:
-                children[meta.parent] += 1
-            cached[meta.domain] = cached.get(meta.domain, 0) + 1
-            if self.pool.is_idle(b):
-                idle[meta.domain] = idle.get(meta.domain, 0) + 1
-        for b, meta in self._meta.items():
-            if children[b] != meta.children:
-                raise AssertionError(f"block {b} child count is off")
-            should = self.pool.is_idle(b) and meta.children == 0
-            if should != self.ledger.is_candidate(b):
-                raise AssertionError(f"block {b} candidate flag is off")
-        if {d: n for d, n in self.ledger.idle.items() if n} != idle:
-            raise AssertionError("idle counts are off")
-        if {d: n for d, n in self.ledger.cached.items() if n} != cached:
-            raise AssertionError("cached counts are off")
-        public = {b for b, meta in self._meta.items() if meta.domain == PUBLIC}
-        if public != self._public or not self._pinned <= public:
-            raise AssertionError("the public block set is off")
-        for b in public:
-            if (b in self._pinned) != self._is_published(self._meta[b]):
-                raise AssertionError(f"public block {b} is pinned against the published set")
-            if b not in self._pinned and self.ledger.is_candidate(b):
-                raise AssertionError(f"withdrawn block {b} is idle but still cached")
-        live = Counter(st.domain for st in self._seqs.values())
-        if live != self._live:
-            raise AssertionError("live sequence counts are off")
+        """Pool, index and ledger agree about every cached block (kv_cache.integrity)."""
+        check_manager_integrity(self)
