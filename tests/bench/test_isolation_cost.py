@@ -10,14 +10,8 @@ from typing import Any
 
 import pytest
 
-from bench.isolation_cost import (
-    encode_chat,
-    main,
-    order_of,
-    parse_args,
-    round_ratio,
-    user_header_prefix,
-)
+from bench.isolation_cost import main, order_of, parse_args, round_ratio
+from bench.isolation_workload import encode_chat, user_header_prefix
 from engine.model.tokenizer import load_hf_tokenizer
 from tests.utils.tiny_model import make_tiny_model_dir, smollm2_tokenizer_dir
 
