@@ -199,7 +199,9 @@ def _too_large(cap: int) -> JSONResponse:
 
 def _engine_refusal(exc: Exception) -> JSONResponse:
     """The engine's refusals other than bad input: in use (409), dead (503)."""
-    if isinstance(exc, AdapterInUseError):
+    # Matched by name too: a front may raise its own class of that name (as the gateway's
+    # clients do; see gateway.adapters.is_in_use_error).
+    if isinstance(exc, AdapterInUseError) or type(exc).__name__ == "AdapterInUseError":
         return error(409, str(exc), type_="invalid_request_error", code="adapter_in_use")
     if isinstance(exc, EngineDeadError):
         return error(503, str(exc), type_="unavailable", code="engine_dead")
