@@ -10,7 +10,9 @@ capped (`max_bytes`, 413 over it) and written to a file as it arrives, then unpa
 the admin upload's own checks (engine.lora.archive: paths, member types and sizes,
 ratio, all before inflating) into a folder of this server's, and loaded through the front's
 `load_adapter`, which checks the config, the rank and the shapes (400 with its message).
-The folder stays while the adapter is loaded (the engine may read it again after
+A push of the files already loaded under that name (several gateways push the same
+registry) answers the loaded record without reloading. The folder stays while the
+adapter is loaded (the engine may read it again after
 evicting the weights from host memory) and is removed once it is replaced or unloaded.
 
 `CountingFront` counts the requests that name an adapter as they are submitted, for
@@ -39,13 +41,12 @@ from engine.errors import (
     InvalidRequestError,
 )
 from engine.lora.archive import AdapterArchiveError, ArchiveLimits, extract_members
+from engine.lora.peft import CONFIG_FILE, WEIGHTS_FILE, content_digest
 from engine.request import EngineRequest, check_adapter_name
 from engine_server.adapter_metrics import AdapterMetrics
 from engine_server.auth import ServiceAuth
 
 MAX_ADAPTER_BYTES = 256 * 1024 * 1024  # a zip of a rank-64 adapter of an 8B model is ~170 MiB
-CONFIG_NAME = "adapter_config.json"
-WEIGHTS_NAME = "adapter_model.safetensors"
 # Unpacked: the two files, each at most 4x the cap (safetensors barely compress).
 ADAPTER_LIMITS = ArchiveLimits(
     max_entries=16,
@@ -151,8 +152,11 @@ class AdapterRoutes:
         try:
             await _receive(request.stream(), archive, self.max_bytes)
             await asyncio.to_thread(folder.mkdir)
-            await asyncio.to_thread(_unpack, archive, folder)
+            digest = await asyncio.to_thread(_unpack, archive, folder)
             async with self._lock:
+                same = [a for a in self.listing() if a["name"] == name and a["digest"] == digest]
+                if same:  # already loaded with these files (another gateway pushed them)
+                    return JSONResponse(same[0])
                 info = info_to_wire(await self.front.load_adapter(name, str(folder)))
                 replaced = self._folders.get(name)
                 self._folders[name] = folder
@@ -223,11 +227,13 @@ async def _receive(chunks: AsyncIterator[bytes], path: Path, cap: int) -> None:
         await asyncio.to_thread(out.close)
 
 
-def _unpack(archive: Path, folder: Path) -> None:
-    """The archive's files, checked, into `folder`; it must hold the PEFT pair."""
+def _unpack(archive: Path, folder: Path) -> str:
+    """The archive's files, checked, into `folder`; it must hold the PEFT pair. Returns
+    their content digest (the one the engine gives the adapter)."""
     names = {p.name for p in extract_members(archive, folder, ADAPTER_LIMITS)}
-    if CONFIG_NAME not in names or WEIGHTS_NAME not in names:
-        raise AdapterArchiveError(f"the archive needs {CONFIG_NAME} and {WEIGHTS_NAME}")
+    if CONFIG_FILE not in names or WEIGHTS_FILE not in names:
+        raise AdapterArchiveError(f"the archive needs {CONFIG_FILE} and {WEIGHTS_FILE}")
+    return content_digest((folder / WEIGHTS_FILE).read_bytes(), (folder / CONFIG_FILE).read_bytes())
 
 
 class CountingFront:

@@ -28,7 +28,12 @@ from typing import Any
 
 import httpx
 
-from engine.errors import EngineDeadError, EngineOverloadedError, InvalidRequestError
+from engine.errors import (
+    AdapterNotFoundError,
+    EngineDeadError,
+    EngineOverloadedError,
+    InvalidRequestError,
+)
 from engine.kv_cache.cache_rules import CacheRules
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest
@@ -291,6 +296,9 @@ class RemoteEngineClient:
         self._adapter_changes += 1
         try:
             await remove_adapter(self.http, self.base_url, self.auth_headers, name)
+        except AdapterNotFoundError:
+            self._adapters.pop(name, None)  # not there (it restarted): not listed either
+            raise
         finally:
             self._adapter_changes += 1
         self._adapters.pop(name, None)

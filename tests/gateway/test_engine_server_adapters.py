@@ -14,6 +14,7 @@ test_adapters_split_live.py.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import stat
 from collections.abc import Iterator
@@ -27,11 +28,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from admin import registry
 from admin.models import LoraAdapter
+from engine.lora.peft import content_digest
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 from engine_server.app import EngineServer
 from engine_server.auth import ServiceAuth
-from gateway.adapters import AdapterInUseError
+from gateway.adapters import AdapterInfo, AdapterInUseError
 from gateway.engine_replicas import replica_states
 from gateway.remote_engine import RemoteEngineClient, fetch_info
 from gateway.replica_set import ReplicaSetClient
@@ -45,12 +47,31 @@ TOKEN = "svc-" + "adapter-push-token-for-tests"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 
 
+class DigestingFake(FakeEngine):
+    """The fake, digesting an adapter's files as the engine does, and counting loads."""
+
+    def __init__(self) -> None:
+        super().__init__(token_delay_s=0.0)
+        self.loads = 0
+
+    async def load_adapter(self, name: str, path: str) -> AdapterInfo:
+        info = await super().load_adapter(name, path)
+        folder = Path(path)
+        digest = content_digest(
+            (folder / "adapter_model.safetensors").read_bytes(),
+            (folder / "adapter_config.json").read_bytes(),
+        )
+        self.loads += 1
+        self.loaded_adapters[name] = info = dataclasses.replace(info, digest=digest)
+        return info
+
+
 @dataclass
 class Served:
     """One engine server app over a fake engine, on a loopback port."""
 
     url: str
-    fake: FakeEngine
+    fake: DigestingFake
     server: EngineServer
 
 
@@ -58,7 +79,7 @@ class Served:
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Served]]:
     served, stops = [], []
     for i, dtype in enumerate(("float32", "bfloat16")):
-        fake = FakeEngine(token_delay_s=0.0)
+        fake = DigestingFake()
         server = EngineServer(
             fake,
             model_name="tiny",
@@ -178,7 +199,8 @@ def test_a_pushed_adapter_loads_counts_its_requests_and_unloads(
         try:
             info = await client.load_adapter("my-lora", folder)
             assert info.rank == 4 and info.alpha == 8.0
-            assert info.digest == hashlib.sha256(files["adapter_model.safetensors"]).hexdigest()
+            weights, config = files["adapter_model.safetensors"], files["adapter_config.json"]
+            assert info.digest == hashlib.sha256(weights + config).hexdigest()
             assert client.adapters() == [info] and client.has_adapter("my-lora")
             # The engine got a copy in the server's own folder, not the gateway's path.
             (unpacked,) = [p for p in one.server.adapter_routes.root.iterdir()]
@@ -204,6 +226,11 @@ def test_a_pushed_adapter_loads_counts_its_requests_and_unloads(
             assert 'vllm:lora_requests_info{max_lora="0"' in metrics
 
             one.fake.pinned_adapters.add("my-lora")
+            # The same files again (another gateway's push): the loaded record, no reload,
+            # so no refusal while in use.
+            loads = one.fake.loads
+            assert await client.load_adapter("my-lora", folder) == info
+            assert one.fake.loads == loads
             with pytest.raises(AdapterInUseError, match="in use"):
                 await client.unload_adapter("my-lora")
             response = httpx.delete(f"{one.url}/internal/adapters/my-lora", headers=AUTH)

@@ -94,7 +94,9 @@ def run_engine_server(
         tracer=None if provider is None else provider.get_tracer("cloister.engine"),
         device=str(resolved["device"]),
         dtype=str(resolved["dtype"]),
-        adapter_dir=Path(settings.data_dir) / "engine-adapters",
+        # Pushed adapters go to the temp dir: the data dir is often not writable on an
+        # engine pod (read-only root; /tmp is an emptyDir in deploy/kustomize).
+        adapter_dir=None,
     )
 
     class DrainingServer(uvicorn.Server):
