@@ -121,10 +121,15 @@ def read_peft_adapter(
         raise InvalidAdapterError("the adapter has lora_B tensors without lora_A", param="path")
     if not modules:
         raise InvalidAdapterError("the adapter has no LoRA tensors", param="path")
-    digest = hashlib.sha256(weight_bytes + config_bytes).hexdigest()
+    digest = content_digest(weight_bytes, config_bytes)
     targets = tuple(sorted({m for _, m in modules}, key=TARGET_MODULES.index))
     info = AdapterInfo(name, rank, float(alpha), digest, targets)
     return AdapterWeights(info, modules)
+
+
+def content_digest(weight_bytes: bytes, config_bytes: bytes) -> str:
+    """An adapter's `digest`: sha256 hex of its safetensors bytes, then its config bytes."""
+    return hashlib.sha256(weight_bytes + config_bytes).hexdigest()
 
 
 def _parse_config(raw: bytes) -> dict[str, Any]:

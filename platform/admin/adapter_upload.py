@@ -1,6 +1,6 @@
 """Validates an uploaded PEFT LoRA adapter (a zip of its folder) against its base model.
 
-Checked before anything is registered: the archive is safe to unpack (zip_checks:
+Checked before anything is registered: the archive is safe to unpack (engine.lora.archive:
 entry count, sizes, ratio, paths, member types, encryption, compression method,
 all before inflating; then bounded extraction to disk), adapter_config.json is a
 small, shallow JSON object naming the base model and an integer rank, and every
@@ -27,7 +27,7 @@ from safetensors import safe_open
 from admin.errors import AdapterValidationError
 from admin.registry import MAX_RANK
 from admin.source_paths import SourcePathError, check_source
-from admin.zip_checks import DEFAULT_LIMITS, ArchiveLimits, extract_members
+from engine.lora.archive import DEFAULT_LIMITS, AdapterArchiveError, ArchiveLimits, extract_members
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -209,7 +209,10 @@ def validate_adapter(
 ) -> ValidatedAdapter:
     """Checks the uploaded zip at `archive`, unpacking it into the empty folder `workdir`;
     raises AdapterValidationError naming the first problem."""
-    names = {p.name for p in extract_members(archive, workdir, limits)}
+    try:
+        names = {p.name for p in extract_members(archive, workdir, limits)}
+    except AdapterArchiveError as exc:  # the shared checks' error, as the admin API's own
+        raise AdapterValidationError(str(exc)) from exc
     if CONFIG_NAME not in names or WEIGHTS_NAME not in names:
         raise AdapterValidationError(f"the archive needs {CONFIG_NAME} and {WEIGHTS_NAME}")
     rank, _ = _check_config(read_config(workdir / CONFIG_NAME), base_model, base_aliases)

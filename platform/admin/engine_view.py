@@ -2,8 +2,9 @@
 
 The gateway side (`gateway.engine_replicas.replica_states`) reads the engine clients;
 `mount_console` leaves a callable returning those states per model on the app, and
-this module turns them into the API's schema. Device and dtype come from the
-registry, which records what this process loaded (admin/served_models.py).
+this module turns them into the API's schema. An in-process engine's device and dtype
+come from the registry, which records what this process loaded (admin/served_models.py);
+an engine server's from its own /internal/info.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ def _replica(state: ReplicaState, model: RegisteredModel | None) -> EngineReplic
     return EngineReplica(
         replica=state.replica,
         alive=state.alive,
-        device=local.device if local else None,
-        dtype=local.dtype if local else None,
+        device=local.device if local else state.device,
+        dtype=local.dtype if local else state.dtype,
         num_blocks=s.num_blocks,
         block_size=s.block_size,
         kv_capacity_tokens=s.num_blocks * s.block_size,

@@ -7,8 +7,10 @@ Routes (all but /health and /metrics need the service credential):
     POST /v1/completions         OpenAI completions on token ids or text, streamed or whole
     POST /internal/abort         {"request_id": ...}: stop a request, free its blocks
     PUT  /internal/cache_rules   the registry's per-domain rules and published prefixes
-    GET  /internal/info          model name, context length, vocabulary, KV pool
-    GET  /internal/stats         load and cumulative cache counters
+    GET  /internal/info          model name, context length, vocabulary, KV pool, device, dtype
+    GET  /internal/stats         load, cumulative cache counters, loaded LoRA adapters
+    PUT, DELETE /internal/adapters/{name}, GET /internal/adapters: LoRA adapters
+                                 (engine_server.adapters)
 
 A client that hangs up mid-stream aborts its request, as in-process. Errors are
 OpenAI error bodies. With a tracer, each completion records an `engine.generate`
@@ -22,6 +24,7 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from opentelemetry.trace import Tracer
@@ -32,6 +35,7 @@ from starlette.routing import Route
 
 from engine.errors import EngineDeadError, EngineOverloadedError, InvalidRequestError
 from engine.outputs import StreamEvent
+from engine_server.adapters import AdapterRoutes, CountingFront
 from engine_server.auth import ServiceAuth
 from engine_server.metrics import EngineMetrics
 from engine_server.tracing import GenerateSpan
@@ -55,15 +59,29 @@ class EngineServer:
     """The routes over one engine front (an `AsyncEngine` or a `ProcessEngine`)."""
 
     def __init__(
-        self, front: Any, *, model_name: str, auth: ServiceAuth, tracer: Tracer | None = None
+        self,
+        front: Any,
+        *,
+        model_name: str,
+        auth: ServiceAuth,
+        tracer: Tracer | None = None,
+        device: str | None = None,
+        dtype: str | None = None,
+        adapter_dir: Path | None = None,
     ) -> None:
-        """`tracer`: where the `engine.generate` spans come from (None: no spans)."""
-        self.front = front
+        """`tracer`: where the `engine.generate` spans come from (None: no spans);
+        `device`, `dtype`: what the engine runs on, for /internal/info (None: not said);
+        `adapter_dir`: the folder in which pushed adapters get their own (None: the
+        system's temp dir)."""
         self.tracer = tracer
         self.model_name = model_name
         self.auth = auth
         self.draining = False
+        self.device, self.dtype = device, dtype
         self.metrics = EngineMetrics(front, model_name)
+        # Requests naming an adapter are counted as they are submitted (/metrics).
+        self.front = CountingFront(front, self.metrics.adapters, model_name)
+        self.adapter_routes = AdapterRoutes(front, auth, parent=adapter_dir)
 
     def app(self) -> Starlette:
         """The Starlette app; its lifespan starts and stops the engine."""
@@ -76,6 +94,7 @@ class EngineServer:
             finally:
                 self.draining = True
                 await self.front.shutdown()
+                self.adapter_routes.close()
 
         return Starlette(
             routes=[
@@ -86,6 +105,7 @@ class EngineServer:
                 Route("/internal/cache_rules", self.cache_rules, methods=["PUT"]),
                 Route("/internal/info", self.info, methods=["GET"]),
                 Route("/internal/stats", self.stats, methods=["GET"]),
+                *self.adapter_routes.routes(),
             ],
             lifespan=lifespan,
         )
@@ -298,6 +318,9 @@ class EngineServer:
                 "vocab_size": self.front.vocab_size,
                 "num_blocks": stats.num_blocks,
                 "block_size": stats.block_size,
+                "device": self.device,
+                "dtype": self.dtype,
+                "max_loras": int(getattr(stats, "max_loras", 0)),
             }
         )
 
@@ -316,6 +339,12 @@ class EngineServer:
                 "prefix_cache_hits": s.prefix_cache_hits,
                 "num_preemptions": s.num_preemptions,
                 "draining": self.draining,
+                # LoRA: slots, sequences per adapter, and what is loaded (the gateway's
+                # registry sync compares it with the registry each period).
+                "max_loras": int(getattr(s, "max_loras", 0)),
+                "lora_running": dict(getattr(s, "lora_running", None) or {}),
+                "lora_waiting": dict(getattr(s, "lora_waiting", None) or {}),
+                "adapters": self.adapter_routes.listing(),
             }
         )
 

@@ -1,7 +1,11 @@
 """An engine server's /metrics, under vLLM's names so routers and dashboards work unchanged.
 
 Read from the engine front at scrape time (a custom collector): nothing is counted on
-the request path. The series carry `model_name` only, never a tenant.
+the request path but the requests that name a LoRA adapter. The series carry
+`model_name` (and an adapter's name) only, never a tenant. The adapter series are the
+gateway's own (engine_server.adapter_metrics): `vllm:lora_requests_info` from the engine's
+per-adapter counts, and `cloister_adapter_requests_total` per adapter (counted as
+requests are submitted, by engine_server.adapters.CountingFront).
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from engine_server.adapter_metrics import AdapterMetrics, lora_snapshot
+
 
 class EngineMetrics:
     """The collector and registry of one engine server."""
@@ -26,6 +32,7 @@ class EngineMetrics:
         self._front, self._model = front, model_name
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
+        self.adapters = AdapterMetrics(self.registry)
 
     def collect(self) -> Iterator[Metric]:
         """The current series (prometheus_client's collector protocol)."""
@@ -70,4 +77,5 @@ class EngineMetrics:
 
     def render(self) -> tuple[bytes, str]:
         """The text exposition and its content type."""
+        self.adapters.update(self._model, lora_snapshot(self._front.stats()))
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

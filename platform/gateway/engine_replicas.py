@@ -28,6 +28,10 @@ class ReplicaState:
     in_process: bool
     # Blocks of published prefixes in this engine's KV cache now; None: not reported.
     public_cached_blocks: int | None = None
+    # What an engine server says it runs on (None: in-process, where the registry
+    # records it, or a server that does not say).
+    device: str | None = None
+    dtype: str | None = None
 
 
 def _in_process(client: InProcessEngineClient) -> ReplicaState:
@@ -45,7 +49,10 @@ def _remote(client: RemoteEngineClient) -> ReplicaState:
     snap = dataclasses.replace(
         client.stats(), num_blocks=client.info.num_blocks, block_size=client.info.block_size
     )
-    return ReplicaState(client.base_url, client.alive, snap, in_process=False)
+    info = client.info  # re-read by the client from each replica (remote_engine)
+    return ReplicaState(
+        client.base_url, client.alive, snap, in_process=False, device=info.device, dtype=info.dtype
+    )
 
 
 def replica_states(client: EngineClient) -> list[ReplicaState]:

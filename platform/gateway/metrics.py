@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from gateway.adapter_metrics import AdapterMetrics
+from engine_server.adapter_metrics import AdapterMetrics
 from gateway.engine_client import EngineSnapshot
 from gateway.request_outcomes import EngineRequestOutcome
 

@@ -9,7 +9,10 @@ request and frees its KV blocks at once; an abort call backs that up.
 
 `stats()` and `alive` must answer without I/O, so a background task polls the
 server's /internal/stats every `poll_s`; a server that fails `max_failures` polls in
-a row is not alive until it answers again.
+a row is not alive until it answers again. The same goes for `adapters()`: the poll
+carries the server's loaded LoRA adapters (pushed by gateway.remote_adapters), and the
+first poll that answers (again, after failures) re-reads /internal/info, so that a
+replica reports its own device and dtype, even after a restart.
 """
 
 from __future__ import annotations
@@ -25,15 +28,21 @@ from typing import Any
 
 import httpx
 
-from engine.errors import EngineDeadError, EngineOverloadedError, InvalidRequestError
+from engine.errors import (
+    AdapterNotFoundError,
+    EngineDeadError,
+    EngineOverloadedError,
+    InvalidRequestError,
+)
 from engine.kv_cache.cache_rules import CacheRules
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest
 from engine.structured.compiler import GrammarCompiler
 from engine.structured.spec import StructuredSpec
 from engine_server.wire import event_from_wire, request_to_wire, rules_to_wire
-from gateway.adapters import AdapterInfo, AdaptersUnsupportedError
+from gateway.adapters import AdapterInfo
 from gateway.engine_client import EngineSnapshot, TokenizerLike
+from gateway.remote_adapters import adapters_from_stats, push_adapter, remove_adapter
 from gateway.tracing import trace_headers
 
 logger = logging.getLogger("cloister.gateway.remote")
@@ -53,6 +62,24 @@ class EngineServerInfo:
     vocab_size: int
     num_blocks: int
     block_size: int
+    device: str | None = None  # None: the server does not say (an older one)
+    dtype: str | None = None
+    max_loras: int = 0
+
+
+def info_from_json(data: dict[str, Any]) -> EngineServerInfo:
+    """The info an engine server answered (KeyError/ValueError when malformed)."""
+    device, dtype = data.get("device"), data.get("dtype")
+    return EngineServerInfo(
+        model_name=str(data["model_name"]),
+        max_model_len=int(data["max_model_len"]),
+        vocab_size=int(data["vocab_size"]),
+        num_blocks=int(data["num_blocks"]),
+        block_size=int(data["block_size"]),
+        device=None if device is None else str(device),
+        dtype=None if dtype is None else str(dtype),
+        max_loras=int(data.get("max_loras") or 0),
+    )
 
 
 def fetch_info(base_url: str, token: str | None, *, wait_s: float = 0.0) -> EngineServerInfo:
@@ -67,14 +94,7 @@ def fetch_info(base_url: str, token: str | None, *, wait_s: float = 0.0) -> Engi
                     f"{base_url} refused the service credential (CLOISTER_SERVICE_TOKEN)"
                 )
             response.raise_for_status()
-            data = response.json()
-            return EngineServerInfo(
-                model_name=str(data["model_name"]),
-                max_model_len=int(data["max_model_len"]),
-                vocab_size=int(data["vocab_size"]),
-                num_blocks=int(data["num_blocks"]),
-                block_size=int(data["block_size"]),
-            )
+            return info_from_json(response.json())
         except (httpx.HTTPError, ValueError, KeyError) as exc:
             if time.monotonic() >= deadline:
                 raise EngineUnavailableError(f"engine server {base_url}: {exc}") from None
@@ -214,6 +234,10 @@ class RemoteEngineClient:
         self._poller: asyncio.Task[None] | None = None
         self._streams: dict[str, RemoteStream] = {}
         self._grammars = local_grammar_checker(tokenizer, info.vocab_size)
+        self._adapters: dict[str, AdapterInfo] = {}
+        # Bumped by each load and unload: a poll sent before one must not undo its result.
+        self._adapter_changes = 0
+        self._info_current = False  # /internal/info read since the server last answered
 
     @property
     def tokenizer(self) -> TokenizerLike:
@@ -258,16 +282,34 @@ class RemoteEngineClient:
             )
 
     async def load_adapter(self, name: str, path: str) -> AdapterInfo:
-        """Not on the internal API yet: an engine server serves no adapters."""
-        raise AdaptersUnsupportedError(f"engine server {self.base_url} does not serve adapters")
+        """Zips the PEFT folder at `path` and loads it on the server as `name`."""
+        self._adapter_changes += 1
+        try:
+            info = await push_adapter(self.http, self.base_url, self.auth_headers, name, path)
+        finally:
+            self._adapter_changes += 1  # polls sent while it ran may predate it too
+        self._adapters[name] = info
+        return info
 
     async def unload_adapter(self, name: str) -> None:
-        """Not on the internal API yet (see `load_adapter`)."""
-        raise AdaptersUnsupportedError(f"engine server {self.base_url} does not serve adapters")
+        """Unloads `name` on the server (`AdapterInUseError` while requests use it)."""
+        self._adapter_changes += 1
+        try:
+            await remove_adapter(self.http, self.base_url, self.auth_headers, name)
+        except AdapterNotFoundError:
+            self._adapters.pop(name, None)  # not there (it restarted): not listed either
+            raise
+        finally:
+            self._adapter_changes += 1
+        self._adapters.pop(name, None)
 
     def adapters(self) -> list[AdapterInfo]:
-        """None: an engine server serves no adapters yet."""
-        return []
+        """The adapters loaded on the server, as of the last poll, load or unload."""
+        return [self._adapters[name] for name in sorted(self._adapters)]
+
+    def has_adapter(self, name: str) -> bool:
+        """Whether `adapters()` lists `name` (no I/O; a replica set routes by it)."""
+        return name in self._adapters
 
     def stats(self) -> EngineSnapshot:
         """The last polled figures."""
@@ -300,7 +342,8 @@ class RemoteEngineClient:
         self._grammars.shutdown()
 
     async def poll_once(self) -> None:
-        """One stats poll."""
+        """One stats poll (and, when it answers after a failure, one info read)."""
+        changes = self._adapter_changes
         try:
             response = await self.http.get(
                 "/internal/stats", headers=self.auth_headers, timeout=self._poll_s * 2 + 1
@@ -314,13 +357,37 @@ class RemoteEngineClient:
                 prefix_cache_queries=int(s["prefix_cache_queries"]),
                 prefix_cache_hits=int(s["prefix_cache_hits"]),
                 num_preemptions=int(s["num_preemptions"]),
+                max_loras=int(s.get("max_loras") or 0),
+                running_adapters=_adapter_names(s.get("lora_running")),
+                waiting_adapters=_adapter_names(s.get("lora_waiting")),
             )
+            adapters = adapters_from_stats(s)
+            if adapters is not None and changes == self._adapter_changes:
+                self._adapters = {a.name: a for a in adapters}
             self._draining = bool(s.get("draining"))
             self._failures = 0
-        except (httpx.HTTPError, ValueError, KeyError):
+            if not self._info_current:
+                await self._read_info()
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
             self._failures += 1
+            self._info_current = False
+
+    async def _read_info(self) -> None:
+        """Re-reads /internal/info: this replica's own device and dtype (a replica set
+        builds its clients with the first replica's info)."""
+        response = await self.http.get("/internal/info", headers=self.auth_headers)
+        response.raise_for_status()
+        self.info = info_from_json(response.json())
+        self._info_current = True
 
     async def _poll(self) -> None:
         while True:
             await self.poll_once()
             await asyncio.sleep(self._poll_s)
+
+
+def _adapter_names(value: Any) -> tuple[str, ...] | None:
+    """Adapter names with sequences, from a stats poll's name -> count (None: not sent)."""
+    if not isinstance(value, dict):
+        return None
+    return tuple(sorted(str(name) for name, count in value.items() if count))

@@ -150,6 +150,10 @@ class ReplicaSetClient:
         healthy = self._healthy()
         if not healthy:
             raise EngineUnavailableError("no engine replica is serving")
+        if request.adapter is not None:
+            # A replica that just (re)started lacks the adapter until the sync's next pass.
+            holding = [r for r in healthy if r.client.has_adapter(request.adapter)]
+            healthy = holding or healthy
         what = RouteRequest(
             request.cache_domain, request.adapter, request.prompt_token_ids, request.session
         )
@@ -191,25 +195,53 @@ class ReplicaSetClient:
         if failed and len(failed) == len(clients):
             raise EngineUnavailableError(f"no engine replica took the cache rules: {failed[0]}")
 
+    def _live(self) -> list[RemoteEngineClient]:
+        return [r.client for r in self._replicas.values() if r.client.alive]
+
     async def load_adapter(self, name: str, path: str) -> AdapterInfo:
-        """Loads the adapter on every replica (any replica may be routed its requests)."""
-        infos = [await c.load_adapter(name, path) for c in self.replicas()]
-        if not infos:
+        """Loads the adapter on each live replica that lacks it (on every live one when
+        all have it: a reload). A replica that joins or restarts later lacks it, so the
+        registry sync's next pass loads it there (see `adapters`)."""
+        live = self._live()
+        if not live:
             raise EngineUnavailableError("no engine replica to load the adapter on")
+        targets = [c for c in live if name not in {a.name for a in c.adapters()}] or live
+        results = await asyncio.gather(
+            *(c.load_adapter(name, path) for c in targets), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result  # those that took it keep it; the next pass retries the rest
+        infos = [r for r in results if isinstance(r, AdapterInfo)]
         return infos[0]
 
     async def unload_adapter(self, name: str) -> None:
-        """Unloads the adapter from every replica."""
-        for client in self.replicas():
-            await client.unload_adapter(name)
+        """Unloads the adapter from each live replica that has it; raises the first
+        refusal (`AdapterInUseError` while one still runs its requests)."""
+        holders = [c for c in self._live() if name in {a.name for a in c.adapters()}]
+        results = await asyncio.gather(
+            *(c.unload_adapter(name) for c in holders), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
     def adapters(self) -> list[AdapterInfo]:
-        """The adapters every live replica has loaded."""
-        listings = [{a.name: a for a in c.adapters()} for c in self.replicas()]
+        """The adapters every live replica has loaded: one that some replica lacks is not
+        listed, so the registry sync loads it again (on those that lack it)."""
+        listings = [{a.name: a for a in c.adapters()} for c in self._live()]
         if not listings:
             return []
         common = set(listings[0]).intersection(*listings[1:])
         return [listings[0][n] for n in sorted(common)]
+
+    def partly_loaded_adapters(self) -> list[str]:
+        """Adapters some live replicas have and others lack (the sync unloads a retired
+        one wherever it is left)."""
+        listings = [{a.name for a in c.adapters()} for c in self._live()]
+        if not listings:
+            return []
+        return sorted(set().union(*listings) - set(listings[0]).intersection(*listings[1:]))
 
     def stats(self) -> EngineSnapshot:
         """The replicas' figures summed (KV usage: their mean)."""

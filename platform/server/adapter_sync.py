@@ -4,7 +4,10 @@ Every `interval_s` (the server's config_refresh_s) `AdapterSync` reads the adapt
 its served model and brings the engine to them: an adapter not retired and not loaded
 is loaded from its `source_path` (status registered -> loaded in the registry); a
 loaded one that is retired or gone from the registry is unloaded, and while requests
-still use it (`AdapterInUseError`) the next period tries again. The gateway stops
+still use it (`AdapterInUseError`) the next period tries again. Over several engine
+replicas (gateway.replica_set) an adapter is "loaded" only when every live replica has
+it, so a replica that restarted or joined gets the registry's adapters within a period
+(and a poll); one that some replicas still hold is unloaded there when it is retired. The gateway stops
 routing new requests to a retired adapter once its allow-lists are re-read (the
 registry lists only adapters not retired), so an in-use adapter drains.
 
@@ -83,9 +86,9 @@ def mark_loaded(session: Session, names: list[str]) -> None:
 
 
 class AdapterSync(PeriodicSync):
-    """
+    """Loads and unloads one engine client's adapters as the registry says, periodically."""
 
-    task_name = "adapter-sync"Loads and unloads one engine client's adapters as the registry says, periodically."""
+    task_name = "adapter-sync"
 
     def __init__(
         self, client: AdapterTarget, sessions: Callable[[], Session], *, interval_s: float
@@ -114,6 +117,9 @@ class AdapterSync(PeriodicSync):
             log.exception("reading the adapter registry failed; retrying next period")
             return False
         loaded = {a.name for a in self._client.adapters()}
+        # A replica set's adapters may be on some replicas only (one restarted, or an
+        # unload was refused on one): those count as loaded for the unloading below.
+        partly = set(getattr(self._client, "partly_loaded_adapters", list)())
         servable = {w.name: w for w in wanted if w.status != "retired"}
         changed = False
         newly: list[str] = []
@@ -135,7 +141,7 @@ class AdapterSync(PeriodicSync):
             changed = True
             newly.append(name)
             log.info("adapter %s loaded (rank %d, digest %s)", name, info.rank, info.digest[:12])
-        for name in sorted(loaded - set(servable)):
+        for name in sorted((loaded | partly) - set(servable)):
             try:
                 await self._client.unload_adapter(name)
             except Exception as exc:  # noqa: BLE001

@@ -83,9 +83,9 @@ def read_cache_rules(session: Session, *, model: str, tokenizer: TokenizerLike) 
 
 
 class CacheRulesSync(PeriodicSync):
-    """
+    """Pushes the database's cache rules to one engine client, periodically."""
 
-    task_name = "cache-rules-sync"Pushes the database's cache rules to one engine client, periodically."""
+    task_name = "cache-rules-sync"
 
     def __init__(
         self,

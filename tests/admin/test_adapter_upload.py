@@ -208,8 +208,7 @@ class ArchiveHold:
         self._lock = threading.Lock()
         self.held = 0  # calls held so far
         targets: list[tuple[Any, str]] = [(zipfile.ZipFile, "__init__")]
-        if importlib.util.find_spec("admin.zip_checks") is not None:
-            targets.append((importlib.import_module("admin.zip_checks"), "central_directory_size"))
+        targets.append((importlib.import_module("engine.lora.archive"), "central_directory_size"))
         for owner, attr in targets:
             monkeypatch.setattr(owner, attr, self._wrap(getattr(owner, attr)))
 

@@ -76,7 +76,7 @@ def run_engine_server(
     from server.wiring import DeviceUnavailableError, load_engine, serve_engine_options
 
     try:
-        serve_engine_options(settings)
+        resolved = serve_engine_options(settings)
         auth = ServiceAuth(token)
         check_exporter(settings.otel_exporter, settings.otel_protocol)  # before the model loads
     except (DeviceUnavailableError, ServiceTokenError, TelemetryUnavailableError) as exc:
@@ -92,6 +92,11 @@ def run_engine_server(
         model_name=settings.served_models[0].name,
         auth=auth,
         tracer=None if provider is None else provider.get_tracer("cloister.engine"),
+        device=str(resolved["device"]),
+        dtype=str(resolved["dtype"]),
+        # Pushed adapters go to the temp dir: the data dir is often not writable on an
+        # engine pod (read-only root; /tmp is an emptyDir in deploy/kustomize).
+        adapter_dir=None,
     )
 
     class DrainingServer(uvicorn.Server):

@@ -4,10 +4,14 @@
 waiting_lora_adapters}` is an info gauge, as vLLM's: one series per model whose value is
 the time it was last set and whose labels carry the comma-joined adapter names. Running
 and waiting adapters come from the engine's stats when it reports them
-(`EngineSnapshot.running_adapters` / `waiting_adapters`); otherwise running is the
+(`LoraSnapshot.running_adapters` / `waiting_adapters`: the gateway's EngineSnapshot, or
+`lora_snapshot` of an engine front's stats); otherwise running is the
 gateway's own count of in-flight requests per adapter and waiting is empty (the gateway
 cannot see the engine's queue). `max_lora` is the engine's slot count, 0 when unknown.
 Adapter names are a bounded set (the registry's), so they may be labels.
+
+Both the gateway's /metrics and an engine server's use this class (the engine server
+counts requests as they are submitted, the gateway as they finish).
 """
 
 from __future__ import annotations
@@ -15,10 +19,55 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter as Tally
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gateway.engine_client import EngineSnapshot
+
+class LoraSnapshot(Protocol):
+    """The adapter figures of an engine snapshot (gateway.engine_client.EngineSnapshot has
+    them)."""
+
+    @property
+    def max_loras(self) -> int:
+        """The engine's adapter slots (0: not known)."""
+        ...
+
+    @property
+    def running_adapters(self) -> tuple[str, ...] | None:
+        """Adapters of running requests (None: not reported)."""
+        ...
+
+    @property
+    def waiting_adapters(self) -> tuple[str, ...] | None:
+        """Adapters of waiting requests (None: not reported)."""
+        ...
+
+
+@dataclass(frozen=True)
+class LoraCounts:
+    """A `LoraSnapshot` read straight from an engine front's stats."""
+
+    max_loras: int
+    running_adapters: tuple[str, ...] | None
+    waiting_adapters: tuple[str, ...] | None
+
+
+def lora_snapshot(stats: Any) -> LoraCounts:
+    """The adapter figures of an engine front's `stats()` (engine.stats.EngineStats:
+    sequences per adapter name); a front that does not count them reports None."""
+
+    def names(value: Any) -> tuple[str, ...] | None:
+        if not isinstance(value, dict):
+            return None
+        return tuple(sorted(str(name) for name, count in value.items() if count))
+
+    return LoraCounts(
+        max_loras=int(getattr(stats, "max_loras", 0)),
+        running_adapters=names(getattr(stats, "lora_running", None)),
+        waiting_adapters=names(getattr(stats, "lora_waiting", None)),
+    )
 
 
 class AdapterMetrics:
@@ -70,7 +119,7 @@ class AdapterMetrics:
         with self._lock:
             return dict(self._in_flight.get(model, {}))
 
-    def update(self, model: str, snap: EngineSnapshot) -> None:
+    def update(self, model: str, snap: LoraSnapshot) -> None:
         """Sets `model`'s info series (replacing the one with its old labels)."""
         if snap.running_adapters is not None:
             running = sorted(snap.running_adapters)

@@ -1,4 +1,8 @@
-"""Safety checks on an uploaded zip, made on its central directory BEFORE anything is inflated.
+"""A LoRA adapter's folder shipped as a zip: safety checks on its central directory, made
+BEFORE anything is inflated, then bounded extraction.
+
+Used wherever an adapter arrives as an archive: the admin API's upload
+(admin.adapter_upload) and an engine server's adapter push (engine_server.adapters).
 
 A zip's headers are attacker-controlled: a 2 MB file can claim (or really hold)
 gigabytes of zeros, tens of thousands of entries, `../` paths, symlinks, encrypted
@@ -17,13 +21,18 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO
 
-from admin.errors import AdapterValidationError
+from engine.errors import InvalidAdapterError
 
 _CHUNK = 1 << 20
+
 _ENCRYPTED_FLAG = 0x1
 _ALLOWED_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflated"}
 # Errors the zipfile/zlib modules raise on corrupt or unsupported data.
 ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, NotImplementedError)
+
+
+class AdapterArchiveError(InvalidAdapterError):
+    """The archive is unsafe or unreadable (the message names the first problem)."""
 
 
 @dataclass(frozen=True)
@@ -54,7 +63,7 @@ def _check_name(info: zipfile.ZipInfo) -> PurePosixPath:
         or ".." in name.parts
         or (name.parts and ":" in name.parts[0])
     ):
-        raise AdapterValidationError(f"unsafe path in archive: {raw!r}")
+        raise AdapterArchiveError(f"unsafe path in archive: {raw!r}")
     return name
 
 
@@ -62,20 +71,20 @@ def _check_member(info: zipfile.ZipInfo, limits: ArchiveLimits) -> None:
     mode = info.external_attr >> 16
     if info.create_system == 3 and mode and stat.S_IFMT(mode) not in (0, stat.S_IFREG):
         # Unix attributes name a symlink, device, FIFO ...: only regular files are allowed.
-        raise AdapterValidationError(f"archive member {info.filename!r} is not a regular file")
+        raise AdapterArchiveError(f"archive member {info.filename!r} is not a regular file")
     if info.flag_bits & _ENCRYPTED_FLAG:
-        raise AdapterValidationError(f"archive member {info.filename!r} is encrypted")
+        raise AdapterArchiveError(f"archive member {info.filename!r} is encrypted")
     if info.compress_type not in _ALLOWED_METHODS:
-        raise AdapterValidationError(
+        raise AdapterArchiveError(
             f"archive member {info.filename!r} uses an unsupported compression method "
             f"({info.compress_type}); use stored or deflated"
         )
     if info.file_size > limits.max_member_bytes:
-        raise AdapterValidationError(f"archive member {info.filename!r} is too large")
+        raise AdapterArchiveError(f"archive member {info.filename!r} is too large")
     if info.file_size > limits.ratio_floor_bytes and info.file_size > limits.max_ratio * max(
         info.compress_size, 1
     ):
-        raise AdapterValidationError(
+        raise AdapterArchiveError(
             f"archive member {info.filename!r} has a suspicious compression ratio"
         )
 
@@ -93,20 +102,20 @@ def central_directory_size(path: Path) -> int:
         tail = f.read()
         at = tail.rfind(_EOCD)
         if at < 0 or len(tail) - at < 22:
-            raise AdapterValidationError("not a readable zip archive")
+            raise AdapterArchiveError("not a readable zip archive")
         (directory,) = struct.unpack_from("<I", tail, at + 12)
         if directory != 0xFFFFFFFF:
             return int(directory)
         locator = at - 20
         if locator < 0 or tail[locator : locator + 4] != _ZIP64_LOCATOR:
-            raise AdapterValidationError("not a readable zip archive")
+            raise AdapterArchiveError("not a readable zip archive")
         (record_at,) = struct.unpack_from("<Q", tail, locator + 8)
         if record_at > size - 56:
-            raise AdapterValidationError("not a readable zip archive")
+            raise AdapterArchiveError("not a readable zip archive")
         f.seek(record_at)
         record = f.read(56)
         if len(record) < 56 or record[:4] != _ZIP64_EOCD:
-            raise AdapterValidationError("not a readable zip archive")
+            raise AdapterArchiveError("not a readable zip archive")
         return int(struct.unpack_from("<Q", record, 40)[0])
 
 
@@ -115,17 +124,17 @@ def open_archive(
 ) -> tuple[zipfile.ZipFile, list[zipfile.ZipInfo]]:
     """The open archive and its file members (folders skipped), every one checked."""
     if central_directory_size(path) > limits.max_entries * limits.max_directory_bytes_per_entry:
-        raise AdapterValidationError(
+        raise AdapterArchiveError(
             f"archive has too many entries; at most {limits.max_entries} are allowed"
         )
     try:
         archive = zipfile.ZipFile(path)
     except (*ZIP_ERRORS, ValueError, OSError) as exc:
-        raise AdapterValidationError("not a readable zip archive") from exc
+        raise AdapterArchiveError("not a readable zip archive") from exc
     try:
         entries = archive.infolist()
         if len(entries) > limits.max_entries:
-            raise AdapterValidationError(
+            raise AdapterArchiveError(
                 f"archive has {len(entries)} entries; at most {limits.max_entries} are allowed"
             )
         members: list[zipfile.ZipInfo] = []
@@ -137,11 +146,11 @@ def open_archive(
                 continue
             _check_member(info, limits)
             if name.name in seen:
-                raise AdapterValidationError(f"archive holds {name.name!r} twice")
+                raise AdapterArchiveError(f"archive holds {name.name!r} twice")
             seen.add(name.name)
             total += info.file_size
             if total > limits.max_total_bytes:
-                raise AdapterValidationError("archive too large when unpacked")
+                raise AdapterArchiveError("archive too large when unpacked")
             members.append(info)
     except BaseException:
         archive.close()
@@ -157,7 +166,7 @@ def _copy_bounded(source: IO[bytes], target: IO[bytes], cap: int, what: str) -> 
             return written
         written += len(chunk)
         if written > cap:
-            raise AdapterValidationError(f"archive member {what!r} is larger than it declares")
+            raise AdapterArchiveError(f"archive member {what!r} is larger than it declares")
         target.write(chunk)
 
 
@@ -166,7 +175,7 @@ def extract_members(path: Path, folder: Path, limits: ArchiveLimits = DEFAULT_LI
 
     A member never yields more than its declared size (nor the limits): its bytes are
     read at most cap + 1 at a time and the copy stops there; a CRC or inflate error is
-    an AdapterValidationError like any other defect.
+    an AdapterArchiveError like any other defect.
     """
     archive, members = open_archive(path, limits)
     written: list[Path] = []
@@ -178,11 +187,11 @@ def extract_members(path: Path, folder: Path, limits: ArchiveLimits = DEFAULT_LI
             try:
                 with archive.open(info) as source, target.open("xb") as out:
                     remaining -= _copy_bounded(source, out, cap, info.filename)
-            except AdapterValidationError:
+            except AdapterArchiveError:
                 raise
             except (*ZIP_ERRORS, RuntimeError, ValueError) as exc:
                 # zipfile's own text names internals; the caller learns what is wrong.
-                raise AdapterValidationError(
+                raise AdapterArchiveError(
                     f"archive member {info.filename!r} is corrupt (bad CRC or compressed data)"
                 ) from exc
             written.append(target)
