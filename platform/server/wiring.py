@@ -328,12 +328,15 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
         ),
         denials=services.audit_writer,
     )
-    if loads_model:  # before the allow-lists are first read: it may register the model
+    if engine is None:  # before the allow-lists are first read: it may register the model
+        # Over engine servers too (the gateway reads the same model files for its
+        # tokenizer), so adapters can name the base at once; each replica reports its
+        # own device and dtype (the Engines view), so the registry names none then.
         record_served_models(
             services,
             [(spec, clients[spec.name].max_model_len) for spec in settings.served_models],
-            device=str(resolved["device"]),
-            dtype=str(resolved["dtype"]),
+            device=str(resolved["device"]) if loads_model else None,
+            dtype=str(resolved["dtype"]) if loads_model else None,
         )
     app = create_app(
         settings,

@@ -69,19 +69,12 @@ def split(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         app = build_app(settings)
         admin_headers = {"Authorization": f"Bearer {admin}"}
         with TestClient(app) as client:
-            # A gateway over engine servers loads no model, so it records none: the
-            # operator registers the base model (its source is the gateway's copy).
-            registered = client.post(
-                "/admin/api/v1/models",
-                json={
-                    "name": "tiny",
-                    "source": str(model),
-                    "format": "safetensors",
-                    "context_length": 512,
-                },
-                headers=admin_headers,
-            )
-            assert registered.status_code == 201, registered.text
+            # The gateway records the served base model over engine servers too, so an
+            # adapter can name it without the operator registering it first.
+            listed = client.get("/admin/api/v1/models", headers=admin_headers)
+            assert listed.status_code == 200, listed.text
+            tiny = [m for m in listed.json()["items"] if m["name"] == "tiny"]
+            assert len(tiny) == 1 and tiny[0]["status"] == "loaded", listed.text
             yield {
                 "client": client,
                 "engines": engines,
