@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from admin import registry
 from admin.audit_writer import AuditWriter
 from admin.models import RegisteredModel
+from tenancy.errors import ConflictError
 
 ACTOR = "system:serve"
 # How much of each end of a weights file the fingerprint reads: a full digest of a
@@ -86,7 +88,7 @@ def record_served(
     """Registers each of `served` as loaded (new or updated); un-loads the models left
     loaded that none of them is (an earlier run's)."""
     with sessions() as session:
-        rows = [_record_loaded(session, audit, one) for one in served]
+        rows = [_record_loaded_once(session, audit, one) for one in served]
         names = {one.name for one in served}
         for stale in registry.list_models(session, status="loaded"):
             if stale.name not in names:
@@ -98,6 +100,18 @@ def record_served(
             session.refresh(row)
             session.expunge(row)
         return rows
+
+
+def _record_loaded_once(
+    session: Session, audit: AuditWriter, served: ServedModel
+) -> RegisteredModel:
+    """`_record_loaded`, once more if another gateway starting at the same moment
+    registered the same new model between our read and our insert."""
+    try:
+        return _record_loaded(session, audit, served)
+    except (IntegrityError, ConflictError):
+        session.rollback()
+        return _record_loaded(session, audit, served)
 
 
 def _record_loaded(session: Session, audit: AuditWriter, served: ServedModel) -> RegisteredModel:
