@@ -42,6 +42,7 @@ from engine.errors import AdapterNotFoundError, EngineDeadError, EngineOverloade
 from engine.kv_cache.cache_rules import CacheRules
 from engine.llm_engine import LLMEngine, build_config
 from engine.lora.peft import AdapterInfo
+from engine.lora.registry import located
 from engine.model.tokenizer import Tokenizer
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest
@@ -252,8 +253,13 @@ class EngineFront(abc.ABC):
         await self._adapter_call(lambda token: UnloadAdapter(name, token))
 
     def adapters(self) -> list[AdapterInfo]:
-        """The loaded adapters as of the last load or unload, by name."""
-        return [self._adapters[name] for name in sorted(self._adapters)]
+        """The loaded adapters as of the last load or unload, by name, each with where its
+        weights were at the last step's report."""
+        stats = self._stats
+        return [
+            located(self._adapters[name], stats.lora_device, stats.lora_host)
+            for name in sorted(self._adapters)
+        ]
 
     async def _adapter_call(self, item: Any) -> AdapterReply:
         if self._loop is None or self._dead is not None or self._stopping or not self._running():

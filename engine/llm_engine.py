@@ -25,6 +25,7 @@ from engine.kv_cache.cache_rules import CacheRules
 from engine.kv_cache.manager import KVCacheManager
 from engine.lora.manager import LoraManager
 from engine.lora.peft import AdapterInfo
+from engine.lora.registry import located
 from engine.model.fused import load_fused_ops, resolve_fused_ops
 from engine.model.loader import LoadedModel, load_model
 from engine.outputs import StreamEvent
@@ -384,8 +385,9 @@ class LLMEngine:
         self.lora.unload(name, self._live_seqs())
 
     def adapters(self) -> list[AdapterInfo]:
-        """The loaded adapters, by name."""
-        return self.lora.registry.all()
+        """The loaded adapters, by name, each with where its weights are now."""
+        device, host = self.lora.slots.resident, self.lora.registry.host_resident()
+        return [located(info, device, host) for info in self.lora.registry.all()]
 
     def adapter(self, name: str) -> AdapterInfo:
         """One loaded adapter; AdapterNotFoundError (code adapter_not_found) if unknown."""
@@ -528,6 +530,8 @@ class LLMEngine:
             max_loras=self.config.lora.max_loras,
             lora_running=lora_running,
             lora_waiting=lora_waiting,
+            lora_device=tuple(sorted(self.lora.slots.resident)),
+            lora_host=self.lora.registry.host_resident(),
             num_running=len(self.scheduler.running),
             num_waiting=self.scheduler.num_waiting,
             kv_cache_usage=self.kv.usage,

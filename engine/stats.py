@@ -29,3 +29,5 @@ class EngineStats:
     max_loras: int = 0
     lora_running: dict[str, int] = field(default_factory=dict)
     lora_waiting: dict[str, int] = field(default_factory=dict)
+    lora_device: tuple[str, ...] = ()  # adapters in a device slot now
+    lora_host: tuple[str, ...] = ()  # adapters whose weights are in host memory

@@ -40,6 +40,10 @@ class AdapterInfo:
     alpha: float
     digest: str  # sha256 hex of the safetensors bytes, then the config bytes
     target_modules: tuple[str, ...]
+    # Where its weights are now: "device" (in an adapter slot), "host" (in the host
+    # LRU, `max_cpu_loras`), "disk" (read again from its folder when next used); None
+    # where the engine does not say.
+    location: str | None = None
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from engine.config import ModelArchitecture
@@ -79,7 +81,17 @@ class AdapterRegistry:
             while len(self._host) > self.max_cpu_loras:
                 self._host.popitem(last=False)
 
+    def host_resident(self) -> tuple[str, ...]:
+        """Names of the adapters whose weights are in host memory."""
+        return tuple(sorted(self._host))
+
     @property
     def num_host_resident(self) -> int:
         """Adapters whose weights are in host memory."""
         return len(self._host)
+
+
+def located(info: AdapterInfo, device: Collection[str], host: Collection[str]) -> AdapterInfo:
+    """`info` with where its weights are: in a device slot, in host memory, or on disk."""
+    where = "device" if info.name in device else "host" if info.name in host else "disk"
+    return dataclasses.replace(info, location=where)

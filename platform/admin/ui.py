@@ -69,7 +69,8 @@ def gateway_engine_replicas(state: Any) -> EngineReplicas:
     return read
 
 
-# Adapter name -> {"state": "device" | "host" | "loaded" | "not_loaded", "requests": n}.
+# Adapter name -> {"state": "device" | "host" | "disk" | "loaded" | "not_loaded",
+# "requests": n}.
 AdapterRuntime = Callable[[], Mapping[str, Mapping[str, Any]]]
 
 

@@ -64,7 +64,13 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
             headers={"Authorization": f"Bearer {admin}"},
         )
         assert upload.status_code == 201, upload.text
-        yield {"client": client, "key_a": key_a, "key_b": key_b, "sessions": sessions}
+        yield {
+            "client": client,
+            "key_a": key_a,
+            "key_b": key_b,
+            "sessions": sessions,
+            "admin": {"Authorization": f"Bearer {admin}"},
+        }
     for writer in app.state.background_writers:
         writer.close()
     app.state.metering.close()
@@ -101,6 +107,11 @@ def test_an_uploaded_adapter_is_served_and_billed_under_its_name(served: dict[st
             break
         time.sleep(0.1)
     assert len(rows) == 2 and {r.model for r in rows} == {"tiny"}
+    # The console's view: the real engine says the adapter sits in a device slot now
+    # (it stays resident after its requests; nothing else needed the slot).
+    runtime = served["client"].get("/admin/api/v1/adapters/runtime", headers=served["admin"])
+    assert runtime.status_code == 200, runtime.text
+    assert runtime.json()["my-lora"] == {"state": "device", "requests": 2}
 
 
 def test_another_tenant_gets_the_404_an_unknown_name_gets(served: dict[str, Any]) -> None:

@@ -40,7 +40,8 @@ class AdapterRuntime(BaseModel):
     """An adapter as the serving engines see it."""
 
     # "device": in the engine's adapter slots; "host": loaded, swapped out to host
-    # memory; "loaded": loaded where the engine does not say; "not_loaded".
+    # memory; "disk": loaded, its weights read again from its folder when next used;
+    # "loaded": loaded where the engine does not say; "not_loaded".
     state: str
     requests: int  # finished requests that selected it since the server started
 

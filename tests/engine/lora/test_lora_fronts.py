@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 from collections.abc import Callable
 
@@ -53,9 +54,12 @@ def test_adapters_through_a_front(adapters: Adapters, make: Callable[[Adapters],
                 await front.load_adapter("bad", str(adapters.model))  # a model, not an adapter
             info = await front.load_adapter("r8", str(adapters.paths["r8"]))
             assert info.rank == 8 and info.target_modules == ("q_proj", "v_proj")
-            assert front.adapters() == [info]
+            (listed,) = front.adapters()
+            assert dataclasses.replace(listed, location=None) == info
+            assert listed.location == "host"  # read at load, not yet in a slot
             stream = front.submit(request)
             first = await stream.__anext__()
+            assert [a.location for a in front.adapters()] == ["device"]
             tokens = [t for d in first.deltas for t in d.token_ids]
             assert not first.finished  # 24 tokens: it is still running
             with pytest.raises(AdapterInUseError):

@@ -227,3 +227,15 @@ def test_an_adapter_changed_on_disk_fails_its_requests_only(adapters: Adapters, 
     assert outputs(engine, good) == _alone_tokens(adapters, "r8", 2)
     engine.lora.slots.check_integrity()
     assert engine.lora.slots.resident == {"r8": 0}
+
+
+def test_adapters_report_where_their_weights_are(adapters: Adapters) -> None:
+    engine = make_engine(adapters.model, max_loras=1, max_cpu_loras=1)
+    _load(engine, adapters, ("r4", "r8"))  # r8's weights push r4's out of host memory
+    assert {a.name: a.location for a in engine.adapters()} == {"r4": "disk", "r8": "host"}
+    engine.add_request(_prompt(1), GREEDY, adapter="r4", use_cache=False)
+    engine.step()
+    # r4 is read again into host memory (evicting r8's weights) and copied to the slot.
+    assert {a.name: a.location for a in engine.adapters()} == {"r4": "device", "r8": "disk"}
+    stats = engine.stats()
+    assert (stats.lora_device, stats.lora_host) == (("r4",), ("r4",))

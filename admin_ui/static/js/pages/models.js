@@ -133,7 +133,7 @@ function prefixesCard(ctx, prefixes, engines, reload) {
 }
 
 // Where the serving engines hold an adapter (GET /adapters/runtime), in words.
-const ENGINE_STATE = { device: "loaded on the device", host: "in host memory", loaded: "loaded", not_loaded: "not loaded" };
+const ENGINE_STATE = { device: "loaded on the device", host: "in host memory", disk: "loaded (weights on disk)", loaded: "loaded", not_loaded: "not loaded" };
 
 // An adapter is loaded by the server once registered and unloaded once retired, so its
 // action retires it (or brings a retired one back), never loads it by hand.
