@@ -2,7 +2,7 @@
 
     python bench/multi_lora.py [--model PATH | --tiny] [--rank 16] [--requests 32]
         [--prompt-len 32] [--tokens 32] [--rounds 3] [--kernel torch|triton] [--device cpu]
-        [--ttft-adapters 16] [--ttft-slots 8] [--ttft-requests 64] [--ttft-per-step 2]
+        [--ttft-adapters 16] [--ttft-slots 8] [--ttft-requests 64] [--ttft-per-step 2] [--threads N]
 
 The model: --model (a GGUF file or an HF folder), else the bundled SmolLM2-135M GGUF
 when its package is installed, else (or with --tiny) a tiny random model. Adapters are
@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -147,7 +148,10 @@ def main() -> None:
     parser.add_argument("--ttft-requests", type=int, default=64)
     parser.add_argument("--ttft-per-step", type=int, default=2)
     parser.add_argument("--skip-ttft", action="store_true")
+    parser.add_argument("--threads", type=int, help="torch's CPU threads (default: torch's own)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)  # on a shared machine, 1 avoids OpenMP spinning
     root = Path(tempfile.mkdtemp(prefix="multi-lora-"))
     model_path = resolve_model(args, root)
     loaded = load_model(model_path, dtype=torch.float32, device=args.device)
@@ -193,7 +197,9 @@ def main() -> None:
     rates = dict.fromkeys(THROUGHPUT_SCENARIOS, 0.0)
     for _ in range(args.rounds):
         for n, mix in mixes.items():
-            rates[n] = max(rates[n], throughput(engine, mix, batch, args.tokens))
+            rate = throughput(engine, mix, batch, args.tokens)
+            rates[n] = max(rates[n], rate)
+            print(f"  round: {n} adapters {rate:.1f} tok/s", file=sys.stderr, flush=True)
     for n, rate in rates.items():
         label = "base" if n == 0 else f"{n} adapters"
         print(f"throughput {label:12s} {rate:9.1f} tok/s  {rate / rates[0]:5.2f}x base")
@@ -219,6 +225,7 @@ def main() -> None:
             for label, e in (("over_slots", over), ("in_slots", within)):
                 times = ttft_stream(e, active, stream, args.tokens, args.ttft_per_step)
                 p50, p95 = percentile(times, 0.50), percentile(times, 0.95)
+                print(f"  round: {label} p50 {p50:.3f} s", file=sys.stderr, flush=True)
                 if label not in best or p50 < best[label][0]:
                     best[label] = (p50, p95)
         for label, (p50, p95) in best.items():
