@@ -131,8 +131,8 @@ def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
 
 
-def main() -> None:
-    """Runs both benchmarks and prints a line per figure, then the JSON summary."""
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Runs both benchmarks and prints a line per figure, then the JSON summary (returned)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model")
     parser.add_argument("--tiny", action="store_true", help="the tiny random model")
@@ -149,7 +149,7 @@ def main() -> None:
     parser.add_argument("--ttft-per-step", type=int, default=2)
     parser.add_argument("--skip-ttft", action="store_true")
     parser.add_argument("--threads", type=int, help="torch's CPU threads (default: torch's own)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)  # on a shared machine, 1 avoids OpenMP spinning
     root = Path(tempfile.mkdtemp(prefix="multi-lora-"))
@@ -248,6 +248,7 @@ def main() -> None:
         }
         summary["goal_ttft_p50_within_3x"] = ratio <= TTFT_GOAL
     print(json.dumps(summary, sort_keys=True))
+    return summary
 
 
 if __name__ == "__main__":
