@@ -11,6 +11,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from engine.config import ModelArchitecture
+from engine.lora.peft import module_shape
 from engine.model.hf_loader import architecture_from_config
 
 ALL_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -24,7 +26,7 @@ def _prefix(layer: int, module: str) -> str:
 
 def make_peft_adapter(
     folder: Path | str,
-    model_dir: Path | str,
+    model: Path | str | ModelArchitecture,
     rank: int,
     alpha: float,
     targets: Sequence[str] = ALL_TARGETS,
@@ -33,21 +35,25 @@ def make_peft_adapter(
     use_rslora: bool = False,
     magnitude: float = 0.5,
 ) -> Path:
-    """Writes a PEFT adapter for the model in `model_dir` (its config.json); returns the folder.
+    """Writes a PEFT adapter for `model`; returns the folder.
+
+    `model`: an HF model folder (its config.json), or the architecture of a loaded
+    model (a GGUF file has no config.json: the engine's `LoadedModel.arch`).
 
     A and B are both random (a trained adapter's B is non-zero), sized so the delta
     visibly changes the model's outputs.
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    arch = architecture_from_config(config)
+    if isinstance(model, ModelArchitecture):
+        arch = model
+    else:
+        arch = architecture_from_config(json.loads((Path(model) / "config.json").read_text()))
     generator = torch.Generator().manual_seed(seed)
-    shapes = _shapes(config)
     tensors: dict[str, torch.Tensor] = {}
     for layer in range(arch.num_layers):
         for module in targets:
-            fan_in, fan_out = shapes[module]
+            fan_in, fan_out = module_shape(arch, module)
             a = torch.randn(rank, fan_in, generator=generator) / math.sqrt(fan_in)
             b = magnitude * torch.randn(fan_out, rank, generator=generator) / math.sqrt(rank)
             tensors[f"{_prefix(layer, module)}.lora_A.weight"] = a.contiguous()
@@ -60,7 +66,7 @@ def make_peft_adapter(
         "target_modules": list(targets),
         "use_rslora": use_rslora,
         "bias": "none",
-        "base_model_name_or_path": str(model_dir),
+        "base_model_name_or_path": "" if isinstance(model, ModelArchitecture) else str(model),
     }
     (folder / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2))
     return folder
@@ -84,19 +90,3 @@ def merge_adapter(model_dir: Path | str, adapter_dir: Path | str, out_dir: Path 
         state[name] = merged.float().contiguous()
     save_file(state, str(out / "model.safetensors"))
     return out
-
-
-def _shapes(config: dict[str, int]) -> dict[str, tuple[int, int]]:
-    hidden, inter = config["hidden_size"], config["intermediate_size"]
-    heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
-    head_dim = config.get("head_dim") or hidden // heads
-    q, k = heads * head_dim, kv * head_dim
-    return {
-        "q_proj": (hidden, q),
-        "k_proj": (hidden, k),
-        "v_proj": (hidden, k),
-        "o_proj": (q, hidden),
-        "gate_proj": (hidden, inter),
-        "up_proj": (hidden, inter),
-        "down_proj": (inter, hidden),
-    }
