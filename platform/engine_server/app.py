@@ -27,13 +27,14 @@ import orjson
 from opentelemetry.trace import Tracer
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from engine.errors import EngineDeadError, EngineOverloadedError, InvalidRequestError
 from engine.outputs import StreamEvent
 from engine_server.auth import ServiceAuth
 from engine_server.metrics import EngineMetrics
+from engine_server.sse import EventStream
 from engine_server.tracing import GenerateSpan
 from engine_server.wire import (
     DONE_CHUNK,
@@ -167,9 +168,7 @@ class EngineServer:
             chunks = self._chunks(events, event_to_compact)
         else:
             chunks = self._chunks(events, self._openai_chunk(request_id))
-        return StreamingResponse(
-            chunks, media_type="text/event-stream", headers={REQUEST_ID_HEADER: request_id}
-        )
+        return EventStream(chunks, {REQUEST_ID_HEADER: request_id})
 
     async def _with_token_ids(self, body: dict[str, Any]) -> dict[str, Any]:
         """The body with a text prompt tokenized by the engine's tokenizer (a router or a
@@ -270,7 +269,7 @@ class EngineServer:
 
     async def _chunks(
         self, events: AsyncGenerator[StreamEvent, None], encode: Callable[[StreamEvent], Any]
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         """Server-sent events: one chunk per event, an in-band error if the request
         failed, then [DONE]."""
         try:
