@@ -168,7 +168,7 @@ class EngineServer:
             chunks = self._chunks(events, event_to_compact)
         else:
             chunks = self._chunks(events, self._openai_chunk(request_id))
-        return EventStream(chunks, {REQUEST_ID_HEADER: request_id})
+        return EventStream(chunks, {REQUEST_ID_HEADER: request_id}, last=DONE_CHUNK)
 
     async def _with_token_ids(self, body: dict[str, Any]) -> dict[str, Any]:
         """The body with a text prompt tokenized by the engine's tokenizer (a router or a
@@ -271,17 +271,22 @@ class EngineServer:
         self, events: AsyncGenerator[StreamEvent, None], encode: Callable[[StreamEvent], Any]
     ) -> AsyncGenerator[bytes, None]:
         """Server-sent events: one chunk per event, an in-band error if the request
-        failed, then [DONE]."""
+        failed, then [DONE], which rides with the last chunk (EventStream sends it with
+        the body's end: one write)."""
+        ended = False
         try:
             async for event in events:
-                yield sse_chunk(encode(event))
+                chunk = sse_chunk(encode(event))
+                ended = event.finished
+                yield chunk + DONE_CHUNK if ended else chunk
         except Exception as exc:  # the request failed in the engine: say so in-band
-            yield sse_chunk(
-                {"error": {"message": str(exc), "type": type(exc).__name__, "code": None}}
-            )
+            ended = True
+            failure = {"error": {"message": str(exc), "type": type(exc).__name__, "code": None}}
+            yield sse_chunk(failure) + DONE_CHUNK
         finally:
             await events.aclose()  # closed here on a hang-up, not whenever it is collected
-        yield DONE_CHUNK
+        if not ended:
+            yield DONE_CHUNK
 
     async def abort(self, request: Request) -> Response:
         """Stops a request; unknown ids are a no-op."""

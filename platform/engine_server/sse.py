@@ -6,7 +6,9 @@ the stream in the request's own task, with one plain task waiting on `receive`:
 a hang-up cancels the stream at once (its generator aborts the request), as before.
 
 It also sends the status line and headers with the first chunk, not before it: a
-client then wakes once for the first event rather than twice (headers, then chunk).
+client then wakes once for the first event rather than twice (headers, then chunk);
+and the last chunk (the one ending with `last`, [DONE] for completions) goes out with
+the body's end in one write, rather than three (chunk, [DONE], end).
 An error found before the first chunk is still an ordinary error response, since
 the route answers those before it builds this one.
 """
@@ -25,9 +27,13 @@ MEDIA_TYPE = b"text/event-stream; charset=utf-8"
 class EventStream(Response):
     """Sends `chunks` (already framed server-sent events) as a chunked 200 response."""
 
-    def __init__(self, chunks: AsyncGenerator[bytes, None], headers: Mapping[str, str]) -> None:
-        """`headers`: extra response headers (latin-1)."""
+    def __init__(
+        self, chunks: AsyncGenerator[bytes, None], headers: Mapping[str, str], *, last: bytes
+    ) -> None:
+        """`headers`: extra response headers (latin-1); a chunk that ends with `last` is
+        the stream's last (the generator is closed after it)."""
         self.chunks = chunks
+        self.last = last
         self.status_code = 200
         self.background = None
         self.raw_headers = [
@@ -51,19 +57,23 @@ class EventStream(Response):
         listener = asyncio.get_running_loop().create_task(hang_up())
         try:
             started = False
+            end = b""
             async for chunk in self.chunks:
                 if not started:
                     await send(
                         {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
                     )
                     started = True
+                if chunk.endswith(self.last):
+                    end = chunk
+                    break
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             state.ending = True
             if not started:
                 await send(
                     {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
                 )
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await send({"type": "http.response.body", "body": end, "more_body": False})
         except asyncio.CancelledError:
             if not state.hung_up:
                 raise
