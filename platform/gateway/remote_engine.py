@@ -120,7 +120,7 @@ class RemoteStream:
         try:
             session = self._client.stream_session()
             async with session.post(
-                "/v1/completions", data=orjson.dumps(body), headers=headers
+                self._client.completions_url, data=orjson.dumps(body), headers=headers
             ) as response:
                 if response.status != 200:
                     error = _error_of(response.status, await response.read(), response.headers)
@@ -242,6 +242,8 @@ class RemoteEngineClient:
             total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=request_timeout_s
         )
         self._stream_session: aiohttp.ClientSession | None = None
+        # Absolute: a base URL with a path is fine here, unlike as aiohttp's base_url.
+        self.completions_url = f"{self.base_url}/v1/completions"
         self._snapshot = EngineSnapshot(0, 0, 0.0, 0, 0, 0)
         self._failures = 0
         self._draining = False
@@ -255,7 +257,7 @@ class RemoteEngineClient:
         loop, which aiohttp binds it to."""
         if self._stream_session is None:
             self._stream_session = aiohttp.ClientSession(
-                self.base_url, timeout=self._stream_timeout, auto_decompress=False
+                timeout=self._stream_timeout, auto_decompress=False
             )
         return self._stream_session
 
