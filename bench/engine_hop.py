@@ -5,7 +5,9 @@ Both sides run the same engine (tests/utils/fast_fake_model.py: the real engine,
 tokenizer and scheduler, a forward pass that costs almost nothing) with the same
 options, so what shows is the hop: the wire format, HTTP on loopback, the server's
 SSE and the client's parsing. The remote server is `cloister engine serve`'s own
-code path (`run_engine_server`) serving the fake engine in a child process.
+code path (`run_engine_server`) serving the fake engine in a child process; the
+remote client is the gateway's (`RemoteEngineClient`: aiohttp, orjson, the compact
+`x-cloister-wire: events` chunks that carry the engine event alone).
 
 Requests go one at a time (short prompts, `--max-tokens` 8, greedy, EOS ignored so
 every request makes the same number of tokens), in alternating rounds, so a slow

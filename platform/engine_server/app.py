@@ -21,16 +21,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import orjson
 from opentelemetry.trace import Tracer
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from engine.errors import EngineDeadError, EngineOverloadedError, InvalidRequestError
@@ -38,12 +38,18 @@ from engine.outputs import StreamEvent
 from engine_server.adapters import AdapterRoutes, CountingFront
 from engine_server.auth import ServiceAuth
 from engine_server.metrics import EngineMetrics
+from engine_server.sse import EventStream
 from engine_server.tracing import GenerateSpan
 from engine_server.wire import (
+    DONE_CHUNK,
+    EVENTS_WIRE,
     REQUEST_ID_HEADER,
+    WIRE_HEADER,
+    event_to_compact,
     event_to_wire,
     request_from_wire,
     rules_from_wire,
+    sse_chunk,
 )
 
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a 128k-token prompt of ids is about 1 MiB
@@ -132,8 +138,8 @@ class EngineServer:
         if len(raw) > MAX_BODY_BYTES:
             raise _Refused(error(413, "the body is over the size cap", type_="invalid_request"))
         try:
-            return json.loads(raw or b"{}")
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            return orjson.loads(raw or b"{}")
+        except orjson.JSONDecodeError:
             raise _Refused(error(400, "the body is not JSON", type_="invalid_request")) from None
 
     async def completions(self, request: Request) -> Response:
@@ -175,12 +181,14 @@ class EngineServer:
         except EngineDeadError as exc:
             return error(503, str(exc), type_="unavailable", code="engine_dead")
         request_id = engine_request.request_id
-        chunks = self._chunks(request_id, stream, span)
+        events = self._events(request_id, stream, span)
         if not body.get("stream", False):  # OpenAI's default is a whole response
-            return await self._whole(request_id, engine_request.prompt_token_ids, chunks)
-        return StreamingResponse(
-            chunks, media_type="text/event-stream", headers={REQUEST_ID_HEADER: request_id}
-        )
+            return await self._whole(request_id, engine_request.prompt_token_ids, events)
+        if request.headers.get(WIRE_HEADER) == EVENTS_WIRE:
+            chunks = self._chunks(events, event_to_compact)
+        else:
+            chunks = self._chunks(events, self._openai_chunk(request_id))
+        return EventStream(chunks, {REQUEST_ID_HEADER: request_id}, last=DONE_CHUNK)
 
     async def _with_token_ids(self, body: dict[str, Any]) -> dict[str, Any]:
         """The body with a text prompt tokenized by the engine's tokenizer (a router or a
@@ -196,27 +204,22 @@ class EngineServer:
         return {**body, "prompt": list(ids), "cloister": extra}
 
     async def _whole(
-        self, request_id: str, prompt_ids: tuple[int, ...], chunks: AsyncIterator[bytes]
+        self, request_id: str, prompt_ids: tuple[int, ...], events: AsyncIterator[StreamEvent]
     ) -> Response:
-        """A non-streamed completion: the chunks' events gathered into one body."""
+        """A non-streamed completion: the request's events gathered into one body."""
         texts: dict[int, str] = {}
         finish: dict[int, str | None] = {}
         completion_tokens = cached = 0
-        async for raw in chunks:
-            data = raw.removeprefix(b"data: ").strip()
-            if data == b"[DONE]":
-                break
-            chunk = json.loads(data)
-            if "error" in chunk:
-                return error(503, str(chunk["error"]["message"]), type_="engine_error")
-            event = chunk["cloister"]
-            cached = int(event["num_cached_tokens"])
-            for d in event["deltas"]:
-                index = int(d["index"])
-                texts[index] = texts.get(index, "") + d["text"]
-                completion_tokens += len(d["token_ids"])
-                if d["finish_reason"] is not None:
-                    finish[index] = d["finish_reason"]
+        try:
+            async for event in events:
+                cached = event.num_cached_tokens
+                for d in event.deltas:
+                    texts[d.index] = texts.get(d.index, "") + d.text
+                    completion_tokens += len(d.token_ids)
+                    if d.finish_reason is not None:
+                        finish[d.index] = d.finish_reason
+        except Exception as exc:  # the request failed in the engine
+            return error(503, str(exc), type_="engine_error")
         body = {
             "id": request_id,
             "object": "text_completion",
@@ -235,38 +238,22 @@ class EngineServer:
         }
         return JSONResponse(body, headers={REQUEST_ID_HEADER: request_id})
 
-    async def _chunks(
+    async def _events(
         self, request_id: str, stream: AsyncIterator[StreamEvent], span: GenerateSpan | None
-    ) -> AsyncIterator[bytes]:
-        created = int(time.time())
+    ) -> AsyncGenerator[StreamEvent, None]:
+        """The request's events; a request left before its end is aborted (its blocks
+        freed at once), and the span ends with the request."""
         finished = False
         failed: Exception | None = None
         try:
             async for event in stream:
                 if span is not None:
                     span.observe(event)
-                chunk = {
-                    "id": request_id,
-                    "object": "text_completion",
-                    "created": created,
-                    "model": self.model_name,
-                    "choices": [
-                        {
-                            "index": d.index,
-                            "text": d.text,
-                            "logprobs": None,
-                            "finish_reason": d.finish_reason,
-                        }
-                        for d in event.deltas
-                    ],
-                    "cloister": event_to_wire(event),
-                }
                 finished = event.finished
-                yield b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
-        except Exception as exc:  # the request failed in the engine: say so in-band
+                yield event
+        except Exception as exc:
             finished, failed = True, exc
-            failure = {"error": {"message": str(exc), "type": type(exc).__name__, "code": None}}
-            yield b"data: " + json.dumps(failure).encode() + b"\n\n"
+            raise
         finally:
             # The client left (or the stream broke) before the end: free its blocks now.
             if not finished:
@@ -274,7 +261,52 @@ class EngineServer:
                     await self.front.abort(request_id)
             if span is not None:
                 span.end(failed, aborted=not finished)
-        yield b"data: [DONE]\n\n"
+
+    def _openai_chunk(self, request_id: str) -> Callable[[StreamEvent], dict[str, Any]]:
+        """The encoder of one request's events as OpenAI completion chunks, each with the
+        engine's event under `cloister` (for clients other than the gateway)."""
+        created = int(time.time())
+
+        def encode(event: StreamEvent) -> dict[str, Any]:
+            return {
+                "id": request_id,
+                "object": "text_completion",
+                "created": created,
+                "model": self.model_name,
+                "choices": [
+                    {
+                        "index": d.index,
+                        "text": d.text,
+                        "logprobs": None,
+                        "finish_reason": d.finish_reason,
+                    }
+                    for d in event.deltas
+                ],
+                "cloister": event_to_wire(event),
+            }
+
+        return encode
+
+    async def _chunks(
+        self, events: AsyncGenerator[StreamEvent, None], encode: Callable[[StreamEvent], Any]
+    ) -> AsyncGenerator[bytes, None]:
+        """Server-sent events: one chunk per event, an in-band error if the request
+        failed, then [DONE], which rides with the last chunk (EventStream sends it with
+        the body's end: one write)."""
+        ended = False
+        try:
+            async for event in events:
+                chunk = sse_chunk(encode(event))
+                ended = event.finished
+                yield chunk + DONE_CHUNK if ended else chunk
+        except Exception as exc:  # the request failed in the engine: say so in-band
+            ended = True
+            failure = {"error": {"message": str(exc), "type": type(exc).__name__, "code": None}}
+            yield sse_chunk(failure) + DONE_CHUNK
+        finally:
+            await events.aclose()  # closed here on a hang-up, not whenever it is collected
+        if not ended:
+            yield DONE_CHUNK
 
     async def abort(self, request: Request) -> Response:
         """Stops a request; unknown ids are a no-op."""

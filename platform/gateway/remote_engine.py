@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import httpx
+import orjson
 
 from engine.errors import (
     AdapterNotFoundError,
@@ -39,7 +40,13 @@ from engine.outputs import StreamEvent
 from engine.request import EngineRequest
 from engine.structured.compiler import GrammarCompiler
 from engine.structured.spec import StructuredSpec
-from engine_server.wire import event_from_wire, request_to_wire, rules_to_wire
+from engine_server.wire import (
+    EVENTS_WIRE,
+    WIRE_HEADER,
+    event_from_compact,
+    request_to_wire,
+    rules_to_wire,
+)
 from gateway.adapters import AdapterInfo
 from gateway.engine_client import EngineSnapshot, TokenizerLike
 from gateway.remote_adapters import adapters_from_stats, push_adapter, remove_adapter
@@ -129,35 +136,49 @@ class RemoteStream:
         body, headers = request_to_wire(request, self._client.model_name)
         headers.update(self._client.auth_headers)
         headers.update(self._trace_headers)
+        headers.update(_STREAM_HEADERS)
         try:
-            async with self._client.http.stream(
-                "POST", "/v1/completions", json=body, headers=headers
+            session = self._client.stream_session()
+            async with session.post(
+                self._client.completions_url, data=orjson.dumps(body), headers=headers
             ) as response:
-                if response.status_code != 200:
-                    raise _error_of(response.status_code, await response.aread(), response)
-                async for line in response.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        continue  # the body ends right after: read to its end (see below)
-                    chunk = json.loads(data)
-                    if "error" in chunk:
-                        raise EngineDeadError(str(chunk["error"].get("message", "engine error")))
-                    event = event_from_wire(self.request_id, chunk["cloister"], self._prompt)
-                    self._queue.put_nowait(event)
-                    # No break on the last event, nor on [DONE]: reading the body to its end
-                    # (it ends right after them) returns the connection to the pool. A
-                    # response left unread is closed, and the next request pays a connect.
+                if response.status != 200:
+                    error = _error_of(response.status, await response.read(), response.headers)
+                    self._queue.put_nowait(error)
+                    return
+                await self._read(response.content)
         except asyncio.CancelledError:
             raise
-        except (httpx.HTTPError, ValueError, KeyError) as exc:
+        except (aiohttp.ClientError, TimeoutError, _MalformedChunkError) as exc:
             self._client.note_failure()
-            self._queue.put_nowait(EngineUnavailableError(f"engine server: {exc}"))
+            self._queue.put_nowait(EngineUnavailableError(f"engine server: {exc!r}"))
         except Exception as exc:
             self._queue.put_nowait(exc)
         finally:
             self._queue.put_nowait(None)
+
+    async def _read(self, body: aiohttp.StreamReader) -> None:
+        """Queues each compact event of the body as it arrives (chunks are `data: ...`
+        frames ended by a blank line; a read may hold several, or part of one)."""
+        pending = b""
+        put = self._queue.put_nowait
+        async for piece in body.iter_any():
+            *frames, pending = (pending + piece).split(b"\n\n")
+            for frame in frames:
+                if frame == b"data: [DONE]" or not frame.startswith(b"data: "):
+                    continue
+                try:
+                    chunk = orjson.loads(frame[6:])
+                    if "error" in chunk:
+                        message = str(chunk["error"].get("message", "engine error"))
+                        put(EngineDeadError(message))
+                        continue
+                    put(event_from_compact(self.request_id, chunk, self._prompt))
+                except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+                    raise _MalformedChunkError(f"a malformed chunk: {exc!r}") from None
+        # No break on the last event, nor on [DONE]: reading the body to its end (it ends
+        # right after them) returns the connection to the pool. A response left unread is
+        # closed, and the next request pays a connect.
 
     def __aiter__(self) -> AsyncIterator[StreamEvent]:
         return self
@@ -185,9 +206,17 @@ class RemoteStream:
                 await self._task
 
 
-def _error_of(status: int, raw: bytes, response: httpx.Response) -> Exception:
+class _MalformedChunkError(Exception):
+    """A chunk that is not what an engine server sends."""
+
+
+# The compact chunks (engine_server.wire); the body is JSON, encoded here by orjson.
+_STREAM_HEADERS = {WIRE_HEADER: EVENTS_WIRE, "content-type": "application/json"}
+
+
+def _error_of(status: int, raw: bytes, headers: Mapping[str, str]) -> Exception:
     try:
-        err = json.loads(raw)["error"]
+        err = orjson.loads(raw)["error"]
         message, code = str(err.get("message")), err.get("code")
     except (ValueError, KeyError, TypeError, AttributeError):
         message, code = raw[:200].decode(errors="replace"), None
@@ -197,7 +226,7 @@ def _error_of(status: int, raw: bytes, response: httpx.Response) -> Exception:
             exc.code = str(code)
         return exc
     if status == 503 and code == "engine_overloaded":
-        retry = float(response.headers.get("retry-after") or 1.0)
+        retry = float(headers.get("retry-after") or 1.0)
         return EngineOverloadedError(message, retry_after_s=retry)
     return EngineUnavailableError(f"engine server answered {status}: {message}")
 
@@ -227,6 +256,14 @@ class RemoteEngineClient:
         self._poll_s, self._max_failures = poll_s, max_failures
         self._timeout = httpx.Timeout(request_timeout_s, connect=CONNECT_TIMEOUT_S)
         self.http = httpx.AsyncClient(base_url=self.base_url, timeout=self._timeout)
+        # Completions go through aiohttp (a fraction of httpx's cost per request and per
+        # chunk); control calls through `http`. The session is made in the running loop.
+        self._stream_timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=request_timeout_s
+        )
+        self._stream_session: aiohttp.ClientSession | None = None
+        # Absolute: a base URL with a path is fine here, unlike as aiohttp's base_url.
+        self.completions_url = f"{self.base_url}/v1/completions"
         self._snapshot = EngineSnapshot(0, 0, 0.0, 0, 0, 0)
         self._failures = 0
         self._draining = False
@@ -238,6 +275,15 @@ class RemoteEngineClient:
         # Bumped by each load and unload: a poll sent before one must not undo its result.
         self._adapter_changes = 0
         self._info_current = False  # /internal/info read since the server last answered
+
+    def stream_session(self) -> aiohttp.ClientSession:
+        """The completions' connection pool (keep-alive), made on first use in the running
+        loop, which aiohttp binds it to."""
+        if self._stream_session is None:
+            self._stream_session = aiohttp.ClientSession(
+                timeout=self._stream_timeout, auto_decompress=False
+            )
+        return self._stream_session
 
     @property
     def tokenizer(self) -> TokenizerLike:
@@ -339,6 +385,8 @@ class RemoteEngineClient:
         for stream in list(self._streams.values()):
             await stream.aclose()
         await self.http.aclose()
+        if self._stream_session is not None:
+            await self._stream_session.close()
         self._grammars.shutdown()
 
     async def poll_once(self) -> None:

@@ -5,11 +5,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import uvicorn
 
 from gateway.engine_client import EngineClient
 from tenancy.limiter.memory import MemoryLimiter
@@ -110,3 +114,23 @@ def gateway_over(
         yield gw
     finally:
         stop()
+
+
+def serve_in_thread(app: Any) -> tuple[str, Callable[[], None]]:
+    """uvicorn on a free loopback port in a daemon thread; returns its URL and stop."""
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
+        time.sleep(0.02)
+
+    def stop() -> None:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+    return f"http://127.0.0.1:{port}", stop

@@ -7,15 +7,13 @@ through `RemoteEngineClient`, each with its own in-memory exporter.
 from __future__ import annotations
 
 import json
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -26,32 +24,13 @@ from gateway.remote_engine import RemoteEngineClient, fetch_info
 from server.otlp_json import encode_spans
 from server.telemetry import TelemetryUnavailableError, check_exporter, make_tracer_provider
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import LiveGateway, free_port, start_gateway
+from tests.gateway.conftest import LiveGateway, start_gateway
+from tests.gateway.engine_servers import serve_in_thread
 from tests.gateway.fakes import ByteTokenizer, FakeEngine
 
 TOKEN = "svc-" + "trace-hop-token-for-tests-only"
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
-
-
-def serve_in_thread(app: Any) -> tuple[str, Callable[[], None]]:
-    """uvicorn on a free loopback port in a daemon thread; returns its URL and stop."""
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.02)
-
-    def stop() -> None:
-        server.should_exit = True
-        thread.join(timeout=30)
-
-    return f"http://127.0.0.1:{port}", stop
 
 
 class Hop:
@@ -245,10 +224,13 @@ def test_finished_streams_give_their_connection_back_to_the_pool(hop: Hop) -> No
     key = hop.gw.tenant("pool")
     for _ in range(3):
         chat(hop, key)
+    connector = hop.client.stream_session().connector
+    assert connector is not None
+    # aiohttp's pool has no public count: `_acquired` holds the connections in use,
+    # `_conns` the idle ones by host.
     deadline = time.monotonic() + 5
-    pool = hop.client.http._transport._pool  # type: ignore[attr-defined]
-    while time.monotonic() < deadline and any(not c.is_idle() for c in pool.connections):
+    while time.monotonic() < deadline and connector._acquired:  # type: ignore[attr-defined]
         time.sleep(0.01)  # the last stream's task reads the body's end after the reply
-    # One: the stats poller's (poll_s 60: it polled once, at start) which the streams reuse.
-    assert len(pool.connections) == 1
-    assert pool.connections[0].is_idle()
+    assert not connector._acquired  # type: ignore[attr-defined]
+    idle = [c for conns in connector._conns.values() for c in conns]  # type: ignore[attr-defined]
+    assert len(idle) == 1  # the three streams took turns on one connection

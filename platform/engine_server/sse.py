@@ -1,0 +1,94 @@
+"""`EventStream`: the completions stream as an ASGI response, leaner than Starlette's.
+
+Starlette's `StreamingResponse` (under uvicorn's ASGI 2.3) runs each stream in an
+anyio task group with a second task listening for the hang-up. This response runs
+the stream in the request's own task, with one plain task waiting on `receive`:
+a hang-up cancels the stream at once (its generator aborts the request), as before.
+
+It also sends the status line and headers with the first chunk, not before it: a
+client then wakes once for the first event rather than twice (headers, then chunk);
+and the last chunk (the one ending with `last`, [DONE] for completions) goes out with
+the body's end in one write, rather than three (chunk, [DONE], end).
+An error found before the first chunk is still an ordinary error response, since
+the route answers those before it builds this one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Mapping
+
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+MEDIA_TYPE = b"text/event-stream; charset=utf-8"
+
+
+class EventStream(Response):
+    """Sends `chunks` (already framed server-sent events) as a chunked 200 response."""
+
+    def __init__(
+        self, chunks: AsyncGenerator[bytes, None], headers: Mapping[str, str], *, last: bytes
+    ) -> None:
+        """`headers`: extra response headers (latin-1); a chunk that ends with `last` is
+        the stream's last (the generator is closed after it)."""
+        self.chunks = chunks
+        self.last = last
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = [
+            (b"content-type", MEDIA_TYPE),
+            *((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()),
+        ]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Streams until the chunks end or the client hangs up."""
+        streaming = asyncio.current_task()
+        assert streaming is not None
+        state = _State()
+
+        async def hang_up() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            if not state.ending:  # a disconnect after the last chunk is the normal end
+                state.hung_up = True
+                streaming.cancel()
+
+        listener = asyncio.get_running_loop().create_task(hang_up())
+        try:
+            started = False
+            end = b""
+            async for chunk in self.chunks:
+                if not started:
+                    await send(
+                        {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
+                    )
+                    started = True
+                if chunk.endswith(self.last):
+                    end = chunk
+                    break
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            state.ending = True
+            if not started:
+                await send(
+                    {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
+                )
+            await send({"type": "http.response.body", "body": end, "more_body": False})
+        except asyncio.CancelledError:
+            if not state.hung_up:
+                raise
+            streaming.uncancel()  # ours, not the server's: the request just ends
+        finally:
+            state.ending = True
+            listener.cancel()
+            await self.chunks.aclose()
+
+
+class _State:
+    """What the stream and its hang-up listener tell each other."""
+
+    __slots__ = ("ending", "hung_up")
+
+    def __init__(self) -> None:
+        self.ending = False
+        self.hung_up = False

@@ -1,0 +1,249 @@
+"""The completions hop, client and server: both chunk forms, hang-ups, errors.
+
+In one process (fast): an engine server app over the fake engine, served by uvicorn
+in a thread, reached by `RemoteEngineClient` (aiohttp) or by a plain HTTP client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import orjson
+import pytest
+
+from engine.errors import EngineDeadError, EngineOverloadedError, InvalidRequestError
+from engine.outputs import (
+    CompletionDelta,
+    PositionLogprobs,
+    RequestMetrics,
+    StreamEvent,
+    TokenLogprob,
+)
+from engine.request import EngineRequest
+from engine.sampling_params import SamplingParams
+from engine_server.app import EngineServer
+from engine_server.auth import ServiceAuth
+from engine_server.wire import event_from_compact, event_to_compact, sse_chunk
+from gateway.remote_engine import RemoteEngineClient, fetch_info
+from tests.gateway.engine_servers import serve_in_thread
+from tests.gateway.fakes import ByteTokenizer, FakeEngine
+
+TOKEN = "svc-" + "hop-wire-token-for-tests-only"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+
+
+class ScriptedEngine(FakeEngine):
+    """The fake engine, which records every abort the server asks for and fails the
+    requests whose prompt starts with `FAIL` after their first event."""
+
+    FAIL = 99
+
+    def __init__(self) -> None:
+        super().__init__(token_delay_s=0.01, max_waiting=4)
+        self.abort_calls: list[str] = []
+
+    def submit(self, request: EngineRequest) -> AsyncIterator[StreamEvent]:
+        """The fake's stream, or one that breaks after its first event."""
+        stream = super().submit(request)
+        if request.prompt_token_ids[0] != self.FAIL:
+            return stream
+        return self._failing(stream)
+
+    async def _failing(self, stream: AsyncIterator[StreamEvent]) -> AsyncIterator[StreamEvent]:
+        async with contextlib.aclosing(stream):  # type: ignore[type-var]
+            async for event in stream:
+                yield event
+                raise RuntimeError("the device fell over")
+
+    async def abort(self, request_id: str) -> None:
+        """Records the call, then aborts."""
+        self.abort_calls.append(request_id)
+        await super().abort(request_id)
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[tuple[str, ScriptedEngine]]:
+    engine = ScriptedEngine()
+    url, stop = serve_in_thread(
+        EngineServer(engine, model_name="tiny", auth=ServiceAuth(TOKEN)).app()
+    )
+    try:
+        yield url, engine
+    finally:
+        stop()
+
+
+def request(prompt: tuple[int, ...], max_tokens: int, rid: str) -> EngineRequest:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    return EngineRequest(prompt_token_ids=prompt, params=params, request_id=rid)
+
+
+def client_of(url: str) -> RemoteEngineClient:
+    return RemoteEngineClient(
+        url, token=TOKEN, tokenizer=ByteTokenizer(), info=fetch_info(url, TOKEN), poll_s=60
+    )
+
+
+async def collect(client: RemoteEngineClient, req: EngineRequest) -> list[StreamEvent]:
+    events = []
+    async for event in client.submit(req):
+        events.append(event)
+        if event.finished:
+            break
+    return events
+
+
+def test_the_compact_form_carries_the_whole_event() -> None:
+    lp = PositionLogprobs(TokenLogprob(1, -0.5, "h"), (TokenLogprob(3, -1.0, "x"),))
+    event = StreamEvent(
+        request_id="r-1",
+        deltas=(CompletionDelta(0, "hé", (1, 2), (lp, lp), None), CompletionDelta(1, "", (), None, "stop")),
+        prompt_token_ids=(5, 6, 7),
+        num_cached_tokens=16,
+        finished=True,
+        metrics=RequestMetrics(1.0, 1.1, 1.2, 1.3, 2),
+    )  # fmt: skip
+    chunk = sse_chunk(event_to_compact(event))
+    assert chunk.startswith(b"data: ") and chunk.endswith(b"\n\n")
+    assert event_from_compact("r-1", orjson.loads(chunk[6:]), (5, 6, 7)) == event
+    bare = StreamEvent("r-2", (CompletionDelta(0, "a", (97,), None, None),), (1,), 0, False)
+    assert (
+        event_from_compact("r-2", orjson.loads(sse_chunk(event_to_compact(bare))[6:]), (1,)) == bare
+    )
+
+
+def test_the_gateway_and_the_in_process_engine_see_the_same_events(
+    served: tuple[str, ScriptedEngine],
+) -> None:
+    url, engine = served
+    req = request((10, 11, 12), 5, "same-1")
+
+    async def both() -> tuple[list[StreamEvent], list[StreamEvent]]:
+        client = client_of(url)
+        try:
+            remote = await collect(client, req)
+        finally:
+            await client.shutdown()
+        local = [e async for e in engine.submit(request((10, 11, 12), 5, "same-1"))]
+        return remote, local
+
+    remote, local = asyncio.run(both())
+    assert len(remote) == len(local) == 5 and remote[-1].finished
+    for r, loc in zip(remote, local, strict=True):  # all but the wall-clock metrics
+        assert (r.deltas, r.prompt_token_ids, r.num_cached_tokens, r.finished) == (
+            loc.deltas, loc.prompt_token_ids, loc.num_cached_tokens, loc.finished,
+        )  # fmt: skip
+        assert r.metrics is not None and loc.metrics is not None
+
+
+def test_a_plain_client_gets_openai_chunks_and_the_gateway_the_compact_ones(
+    served: tuple[str, ScriptedEngine],
+) -> None:
+    url, _ = served
+    body = {
+        "model": "tiny",
+        "prompt": [10, 11, 12],
+        "max_tokens": 4,
+        "temperature": 0,
+        "stream": True,
+    }
+
+    def chunks(headers: dict[str, str]) -> list[dict[str, object]]:
+        r = httpx.post(url + "/v1/completions", json=body, headers={**AUTH, **headers}, timeout=30)
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        lines = [ln[6:] for ln in r.text.split("\n\n") if ln.startswith("data: ")]
+        assert lines[-1] == "[DONE]"
+        return [json.loads(ln) for ln in lines[:-1]]
+
+    openai_chunks = chunks({})
+    compact = chunks({"x-cloister-wire": "events"})
+    assert all(c["object"] == "text_completion" and "cloister" in c for c in openai_chunks)
+    assert all(set(c) == {"d", "c", "f", "m"} for c in compact)
+    openai_text = "".join(ch["text"] for c in openai_chunks for ch in c["choices"])  # type: ignore[attr-defined]
+    assert openai_text == "".join(d[1] for c in compact for d in c["d"])  # type: ignore[attr-defined]
+    assert openai_chunks[-1]["choices"][0]["finish_reason"] == "length"  # type: ignore[index]
+    whole = httpx.post(url + "/v1/completions", json={**body, "stream": False}, headers=AUTH)
+    assert whole.json()["choices"][0]["text"] == openai_text
+    assert whole.json()["usage"]["completion_tokens"] == 4
+
+
+def test_closing_a_stream_hangs_up_and_the_server_aborts_the_request(
+    served: tuple[str, ScriptedEngine],
+) -> None:
+    url, engine = served
+
+    async def hang_up() -> None:
+        client = client_of(url)
+        try:
+            stream = client.submit(request((20, 21), 400, "hang-up-1"))
+            first = await stream.__anext__()
+            assert not first.finished and "hang-up-1" in engine.running
+            await stream.aclose()  # type: ignore[attr-defined]
+            deadline = time.monotonic() + 5
+            while "hang-up-1" not in engine.abort_calls and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+        finally:
+            await client.shutdown()
+
+    asyncio.run(hang_up())
+    assert engine.abort_calls.count("hang-up-1") == 1  # the server's, not the client's call
+    assert "hang-up-1" not in engine.running  # 400 tokens at 10 ms would take 4 s
+
+
+def test_errors_map_to_the_engine_clients_exceptions(served: tuple[str, ScriptedEngine]) -> None:
+    url, engine = served
+
+    async def errors() -> None:
+        client = client_of(url)
+        try:
+            with pytest.raises(InvalidRequestError) as bad:  # a 400: over the context length
+                await collect(client, request((1,) * 600, 4, "too-long-1"))
+            assert bad.value.code == "context_length_exceeded"
+            with pytest.raises(EngineDeadError, match="the device fell over"):  # in-band
+                await collect(client, request((ScriptedEngine.FAIL, 1), 8, "fails-1"))
+            held = [client.submit(request((30, i), 400, f"hold-{i}")) for i in range(4)]
+            for stream in held:
+                await stream.__anext__()
+            with pytest.raises(EngineOverloadedError) as full:  # a 503 with retry-after
+                await collect(client, request((31,), 4, "full-1"))
+            assert full.value.retry_after_s == 2.0
+            for stream in held:
+                await stream.aclose()  # type: ignore[attr-defined]
+        finally:
+            await client.shutdown()
+        shut = client_of(url)
+        await shut.shutdown()
+        with pytest.raises(EngineDeadError):
+            shut.submit(request((1,), 1, "after-shutdown"))
+
+    asyncio.run(errors())
+    whole = httpx.post(
+        url + "/v1/completions",
+        json={"model": "tiny", "prompt": [ScriptedEngine.FAIL, 2], "max_tokens": 4},
+        headers=AUTH,
+    )
+    assert whole.status_code == 503 and "the device fell over" in whole.json()["error"]["message"]
+
+
+def test_an_unreachable_server_is_an_unavailable_engine(served: tuple[str, ScriptedEngine]) -> None:
+    url, _ = served
+
+    async def unreachable() -> None:
+        client = RemoteEngineClient(  # nothing listens on port 1
+            "http://127.0.0.1:1",
+            token=TOKEN,
+            tokenizer=ByteTokenizer(),
+            info=fetch_info(url, TOKEN),
+        )
+        try:
+            with pytest.raises(EngineDeadError, match="engine server"):
+                await collect(client, request((1, 2), 2, "nowhere-1"))
+        finally:
+            await client.shutdown()
+
+    asyncio.run(unreachable())
