@@ -28,7 +28,7 @@ from engine.errors import UnsupportedModelError
 from engine.lora.batch import LoraBatch
 from engine.model.forward_context import ForwardContext
 from engine.model.fused import FusedOps
-from engine.model.quant import QuantizedLinear, WeightQuant
+from engine.model.quant import QUANT_MAX_ROWS, QuantizedLinear, WeightQuant
 from engine.model.rope import RotaryEmbedding, rope_scaling_dict
 
 # Checkpoint entries that are derived state, not weights.
@@ -107,13 +107,13 @@ class LlamaAttention(nn.Module):
         """Packs q/k/v into one matrix so one GEMM computes all three (see `pack_linears`)."""
         self.qkv_weight, self.qkv_bias = pack_linears(self.q_proj, self.k_proj, self.v_proj)
 
-    def quantize(self, bits: int | None) -> None:
+    def quantize(self, bits: int | None, max_rows: int | None = QUANT_MAX_ROWS) -> None:
         """Runs qkv and o_proj on `bits`-bit weights from now on; None: the float weights."""
         if bits is None or self.qkv_weight is None:
             self.qkv_quant = self.o_quant = None
             return
-        self.qkv_quant = QuantizedLinear(self.qkv_weight, self.qkv_bias, bits)
-        self.o_quant = QuantizedLinear(self.o_proj.weight, self.o_proj.bias, bits)
+        self.qkv_quant = QuantizedLinear(self.qkv_weight, self.qkv_bias, bits, max_rows)
+        self.o_quant = QuantizedLinear(self.o_proj.weight, self.o_proj.bias, bits, max_rows)
 
     def forward(
         self,
@@ -179,13 +179,13 @@ class LlamaMLP(nn.Module):
         """Packs gate and up into one matrix so one GEMM computes both."""
         self.gate_up_weight = pack_linears(self.gate_proj, self.up_proj)[0]
 
-    def quantize(self, bits: int | None) -> None:
+    def quantize(self, bits: int | None, max_rows: int | None = QUANT_MAX_ROWS) -> None:
         """Runs gate/up and down on `bits`-bit weights from now on; None: the float weights."""
         if bits is None or self.gate_up_weight is None:
             self.gate_up_quant = self.down_quant = None
             return
-        self.gate_up_quant = QuantizedLinear(self.gate_up_weight, None, bits)
-        self.down_quant = QuantizedLinear(self.down_proj.weight, None, bits)
+        self.gate_up_quant = QuantizedLinear(self.gate_up_weight, None, bits, max_rows)
+        self.down_quant = QuantizedLinear(self.down_proj.weight, None, bits, max_rows)
 
     def _gate_up(self, x: torch.Tensor) -> torch.Tensor:
         """[T, hidden] -> [T, 2I]: gate, then up."""
@@ -307,6 +307,7 @@ class LlamaForCausalLM(nn.Module):
         self.tie_weights()
         self.fused_ops: FusedOps | None = None
         self.weight_quant: WeightQuant = "none"
+        self._quant_max_rows: int | None = QUANT_MAX_ROWS
         self.lm_head_quant: QuantizedLinear | None = None
 
     def use_fused_ops(self, fused: FusedOps | None) -> None:
@@ -407,22 +408,26 @@ class LlamaForCausalLM(nn.Module):
             layer.mlp.fuse()
         if self.weight_quant != "none":  # new weights: quantize them again
             mode, self.weight_quant = self.weight_quant, "none"
-            self.quantize_weights(mode)
+            self.quantize_weights(mode, self._quant_max_rows)
 
     @torch.no_grad()
-    def quantize_weights(self, mode: WeightQuant) -> None:
+    def quantize_weights(self, mode: WeightQuant, max_rows: int | None = QUANT_MAX_ROWS) -> None:
         """Runs the linears on weight-only int8/int4 kernels ("none": the float weights).
 
         See engine/model/quant.py for the formats; the LM head is int8 in both modes.
+        Products of more than `max_rows` rows (prefill) keep the float weights, which
+        are faster there; None quantizes every product (the quality test's worst case).
         Idempotent; the float weights are kept, so any mode can follow any other.
         Raises WeightQuantUnavailableError off the CPU.
         """
-        if mode == self.weight_quant:
+        if (mode, max_rows) == (self.weight_quant, self._quant_max_rows):
             return
         bits = {"none": None, "int8": 8, "int4": 4}[mode]
         for layer in self.model.layers:
             assert isinstance(layer, LlamaDecoderLayer)
-            layer.self_attn.quantize(bits)
-            layer.mlp.quantize(bits)
-        self.lm_head_quant = None if bits is None else QuantizedLinear(self.lm_head.weight, None, 8)
-        self.weight_quant = mode
+            layer.self_attn.quantize(bits, max_rows)
+            layer.mlp.quantize(bits, max_rows)
+        self.lm_head_quant = (
+            None if bits is None else QuantizedLinear(self.lm_head.weight, None, 8, max_rows)
+        )
+        self.weight_quant, self._quant_max_rows = mode, max_rows

@@ -12,6 +12,11 @@ int4/int8 kernels read 8x/4x fewer bytes and measured 2-3x faster there.
           grid: min + d*q, q in 0..15, per 32 weights) and its embeddings as Q8_0, so
           on it int4 re-finds the stored weights up to the bf16 rounding of the scales.
 
+The kernels win only at decode sizes: from about 32 rows up torch's float GEMM is
+faster (measured per 16 of SmolLM2's products, 1 thread: 8 rows fp32 116 ms, int4
+41 ms; 24 rows 176 / 144; 64 rows 242 / 332; 256 rows 741 / 1271), so a product of
+more than `QUANT_MAX_ROWS` rows (a prefill) runs on the float weights.
+
 The kernels take bfloat16 activations (their fp32/fp16 paths are scalar and far
 slower), so a layer's input is rounded to bf16 for the product and the result is
 returned in the input's dtype; norms, rotary, attention and the residual stream stay
@@ -24,10 +29,12 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 
 WeightQuant = Literal["none", "int8", "int4"]
 WEIGHT_QUANT_MODES: tuple[WeightQuant, ...] = ("none", "int8", "int4")
 INT4_GROUP = 32  # inputs per int4 scale/zero pair (the Q4_0/Q4_1 block size)
+QUANT_MAX_ROWS = 24  # larger products (prefill) use the float weights: faster there
 
 
 class WeightQuantUnavailableError(ValueError):
@@ -37,7 +44,14 @@ class WeightQuantUnavailableError(ValueError):
 class QuantizedLinear:
     """y = x W^T (+ b) with W held as packed int8 or int4; call it like the Linear it replaces."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, bits: int) -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        bits: int,
+        max_rows: int | None = QUANT_MAX_ROWS,
+    ) -> None:
+        """`max_rows`: larger inputs use `weight` itself (None: always the quantized one)."""
         if weight.device.type != "cpu":
             raise WeightQuantUnavailableError(
                 f"weight_quant runs on the CPU only, not on {weight.device.type!r}"
@@ -45,6 +59,8 @@ class QuantizedLinear:
         self.bits = bits
         self.out_features, self.in_features = weight.shape
         self.bias = bias
+        self.weight = weight  # a reference (no copy): the model keeps its float weights
+        self.max_rows = max_rows
         w = weight.detach().float()
         if bits == 8:
             self.qweight, self.scales = quantize_int8(w)
@@ -55,7 +71,10 @@ class QuantizedLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] -> [..., out] in x's dtype."""
-        flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        flat = x.reshape(-1, self.in_features)
+        if self.max_rows is not None and flat.shape[0] > self.max_rows:
+            return F.linear(x, self.weight, self.bias)
+        flat = flat.to(torch.bfloat16)
         if self.bits == 8:
             y = torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.scales)
         else:

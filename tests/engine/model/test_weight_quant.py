@@ -69,8 +69,10 @@ def test_model_switches_modes_and_back_to_exact_float() -> None:
     model.fuse()
     ids = [[3, 14, 15, 92, 65, 35]]
     ref = ModelStepper(model, max_len=16).step(ids)
+    model.quantize_weights("int4", max_rows=4)  # the 6-row prefill takes the float weights
+    assert torch.equal(ModelStepper(model, max_len=16).step(ids), ref)
     for mode in ("int8", "int4"):
-        model.quantize_weights(mode)
+        model.quantize_weights(mode)  # the default: up to 24 rows quantized
         assert model.weight_quant == mode and model.lm_head_quant is not None
         out = ModelStepper(model, max_len=16).step(ids)
         assert not torch.equal(out, ref)  # the quantized kernels really ran

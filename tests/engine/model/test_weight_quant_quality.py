@@ -2,7 +2,9 @@
 
 Measured on the bundled GGUF (whose decoder is stored as Q4_1, embeddings as Q8_0),
 against the same model's fp32 path, over the four prompts and the text below:
-the figures are in the thresholds' comments. Run as a script to print them:
+the figures are in the thresholds' comments. Every product runs on the quantized
+weights here (max_rows=None), prefill included, where serving would use the float
+ones: the worst case. Run as a script to print them:
     .venv/bin/python -m tests.engine.model.test_weight_quant_quality
 """
 
@@ -86,7 +88,7 @@ def measure(loaded: LoadedModel, mode: WeightQuant) -> dict[str, float]:
     model.quantize_weights("none")
     ref = greedy(model, prompts, NEW_TOKENS)
     ref_ppl = perplexity(model, text)
-    model.quantize_weights(mode)
+    model.quantize_weights(mode, max_rows=None)
     try:
         out = greedy(model, prompts, NEW_TOKENS)
         forced = teacher_forced_agreement(model, prompts, ref)
