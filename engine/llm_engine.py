@@ -109,7 +109,11 @@ class LLMEngine:
         # Before the memory profile and graph capture, which must run the same kernels.
         fused = resolve_fused_ops(config.model.fused_ops, device)
         loaded.model.use_fused_ops(load_fused_ops() if fused else None)
-        loaded.model.quantize_weights(check_weight_quant(config.model.weight_quant, device))
+        quant = check_weight_quant(config.model.weight_quant, device)
+        # A model loaded elsewhere may be quantized already (or a test double with no
+        # such method, which stays as it is when no quantization is asked for).
+        if quant != "none" or getattr(loaded.model, "weight_quant", "none") != "none":
+            loaded.model.quantize_weights(quant)
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
         self.arch = loaded.arch
