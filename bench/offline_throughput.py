@@ -3,9 +3,12 @@
 64 requests, prompts of 150-400 tokens, 128 greedy output tokens (EOS ignored),
 SmolLM2-135M-Instruct in fp32 on the CPU. The peer is `generate` in static
 batches of 16 with left padding; when this transformers version has continuous
-batching (`generate_batch`) it is measured too. The last line is JSON.
+batching (`generate_batch`) it is measured too. `--weight-quant none,int4` measures
+ours once per weight format (engine/model/quant.py); the ratio is the first one's.
+The last line is JSON.
 
     .venv/bin/python bench/offline_throughput.py [--requests 64] [--output-tokens 128]
+        [--weight-quant none,int4]
 """
 
 from __future__ import annotations
@@ -74,8 +77,11 @@ def make_prompts(tokenizer, count: int, seed: int) -> list[list[int]]:  # noqa: 
     return prompts
 
 
-def bench_ours(prompts: list[list[int]], new_tokens: int) -> tuple[float, list[list[int]]]:
+def bench_ours(
+    prompts: list[list[int]], new_tokens: int, weight_quant: str = "none"
+) -> tuple[float, list[list[int]]]:
     llm = LLM(
+        weight_quant=weight_quant,
         max_model_len=1024,
         kv_cache_bytes=1 << 30,
         max_num_seqs=len(prompts),
@@ -157,6 +163,7 @@ def main() -> None:
     parser.add_argument("--hf-batch", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-continuous", action="store_true")
+    parser.add_argument("--weight-quant", default="none", help="comma-separated: none,int8,int4")
     args = parser.parse_args()
 
     llm_for_tok = LLM(max_model_len=1024, num_blocks=8)
@@ -169,8 +176,15 @@ def main() -> None:
         flush=True,
     )
 
-    ours_s, _ = bench_ours(prompts, args.output_tokens)
-    print(f"ours: {ours_s:.1f} s, {total_out / ours_s:.1f} output tok/s", flush=True)
+    modes = args.weight_quant.split(",")
+    ours: dict[str, float] = {}
+    for mode in modes:
+        ours[mode], _ = bench_ours(prompts, args.output_tokens, mode)
+        print(
+            f"ours (weights {mode}): {ours[mode]:.1f} s, {total_out / ours[mode]:.1f} output tok/s",
+            flush=True,
+        )
+    ours_s = ours[modes[0]]
 
     model = load_hf()
     hf_s = bench_hf_static(model, prompts, args.output_tokens, args.hf_batch, pad_id=0)
@@ -182,6 +196,9 @@ def main() -> None:
         "hf_tok_s": round(total_out / hf_s, 2),
         "ratio": round(hf_s / ours_s, 3),
     }
+    for mode in modes[1:]:
+        result[f"ours_{mode}_tok_s"] = round(total_out / ours[mode], 2)
+        result[f"ratio_{mode}"] = round(hf_s / ours[mode], 3)
     if not args.skip_continuous:
         cb_s = bench_hf_continuous(model, prompts, args.output_tokens)
         if cb_s is not None:

@@ -53,6 +53,8 @@ class ModelConfig:
     cuda_graph_max_batch: int | None = None  # largest captured decode batch; None: max_num_seqs
     # RMSNorm(+residual), rotary and SiLU-and-mul as triton kernels; "auto": on CUDA only.
     fused_ops: FusedOpsMode = "auto"
+    # Weight-only int8/int4 linears on the CPU (engine/model/quant.py); "none": the dtype's.
+    weight_quant: Literal["none", "int8", "int4"] = "none"
 
 
 @dataclass(frozen=True)

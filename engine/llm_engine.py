@@ -28,6 +28,7 @@ from engine.lora.peft import AdapterInfo
 from engine.lora.registry import located
 from engine.model.fused import load_fused_ops, resolve_fused_ops
 from engine.model.loader import LoadedModel, load_model
+from engine.model.quant import check_weight_quant
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest, check_adapter_name
 from engine.request_state import RequestState
@@ -109,6 +110,11 @@ class LLMEngine:
         # Before the memory profile and graph capture, which must run the same kernels.
         fused = resolve_fused_ops(config.model.fused_ops, device)
         loaded.model.use_fused_ops(load_fused_ops() if fused else None)
+        quant = check_weight_quant(config.model.weight_quant, device)
+        # A model loaded elsewhere may be quantized already (or a test double with no
+        # such method, which stays as it is when no quantization is asked for).
+        if quant != "none" or getattr(loaded.model, "weight_quant", "none") != "none":
+            loaded.model.quantize_weights(quant)
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
         self.arch = loaded.arch
@@ -169,9 +175,11 @@ class LLMEngine:
         graphs = self.runner.graphs.captured_sizes if self.runner.graphs else ()
         # One line that says which path this engine runs (the GPU check greps it).
         log.info(
-            "engine path: device %s, dtype %s, attention %s, fused ops %s, cuda graphs %s",
+            "engine path: device %s, dtype %s, weights %s, attention %s, fused ops %s, "
+            "cuda graphs %s",
             device,
             str(config.model.dtype).removeprefix("torch."),
+            config.model.weight_quant,
             backend.name,
             "on" if fused else "off",
             f"for batch sizes {list(graphs)}" if graphs else "off",

@@ -28,6 +28,7 @@ from engine.errors import UnsupportedModelError
 from engine.lora.batch import LoraBatch
 from engine.model.forward_context import ForwardContext
 from engine.model.fused import FusedOps
+from engine.model.quant import QUANT_MAX_ROWS, QuantizedLinear, WeightQuant
 from engine.model.rope import RotaryEmbedding, rope_scaling_dict
 
 # Checkpoint entries that are derived state, not weights.
@@ -98,10 +99,21 @@ class LlamaAttention(nn.Module):
         self.qkv_bias: torch.Tensor | None
         self.register_buffer("qkv_weight", None, persistent=False)
         self.register_buffer("qkv_bias", None, persistent=False)
+        # Set by `LlamaForCausalLM.quantize_weights`: the packed qkv and o_proj products.
+        self.qkv_quant: QuantizedLinear | None = None
+        self.o_quant: QuantizedLinear | None = None
 
     def fuse(self) -> None:
         """Packs q/k/v into one matrix so one GEMM computes all three (see `pack_linears`)."""
         self.qkv_weight, self.qkv_bias = pack_linears(self.q_proj, self.k_proj, self.v_proj)
+
+    def quantize(self, bits: int | None, max_rows: int | None = QUANT_MAX_ROWS) -> None:
+        """Runs qkv and o_proj on `bits`-bit weights from now on; None: the float weights."""
+        if bits is None or self.qkv_weight is None:
+            self.qkv_quant = self.o_quant = None
+            return
+        self.qkv_quant = QuantizedLinear(self.qkv_weight, self.qkv_bias, bits, max_rows)
+        self.o_quant = QuantizedLinear(self.o_proj.weight, self.o_proj.bias, bits, max_rows)
 
     def forward(
         self,
@@ -115,7 +127,11 @@ class LlamaAttention(nn.Module):
         t = x.shape[0]
         lora = ctx.lora
         if self.qkv_weight is not None:
-            qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+            qkv = (
+                self.qkv_quant(x)
+                if self.qkv_quant is not None
+                else F.linear(x, self.qkv_weight, self.qkv_bias)
+            )
             if lora is not None:
                 lora.add(self.layer_idx, "qkv", x, qkv)
             q2, k2, v2 = torch.split(qkv, self._sizes, -1)
@@ -136,7 +152,9 @@ class LlamaAttention(nn.Module):
         kv_cache = ctx.kv_caches[self.layer_idx]
         out = ctx.backend.forward(q, k, v, kv_cache, ctx.meta, self.scale)
         flat = out.reshape(t, self.num_heads * self.head_dim)
-        projected: torch.Tensor = self.o_proj(flat)
+        projected: torch.Tensor = (
+            self.o_quant(flat) if self.o_quant is not None else self.o_proj(flat)
+        )
         if lora is not None:
             lora.add(self.layer_idx, "o", flat, projected)
         return projected
@@ -154,10 +172,34 @@ class LlamaMLP(nn.Module):
         self._intermediate = intermediate
         self.gate_up_weight: torch.Tensor | None
         self.register_buffer("gate_up_weight", None, persistent=False)
+        self.gate_up_quant: QuantizedLinear | None = None
+        self.down_quant: QuantizedLinear | None = None
 
     def fuse(self) -> None:
         """Packs gate and up into one matrix so one GEMM computes both."""
         self.gate_up_weight = pack_linears(self.gate_proj, self.up_proj)[0]
+
+    def quantize(self, bits: int | None, max_rows: int | None = QUANT_MAX_ROWS) -> None:
+        """Runs gate/up and down on `bits`-bit weights from now on; None: the float weights."""
+        if bits is None or self.gate_up_weight is None:
+            self.gate_up_quant = self.down_quant = None
+            return
+        self.gate_up_quant = QuantizedLinear(self.gate_up_weight, None, bits, max_rows)
+        self.down_quant = QuantizedLinear(self.down_proj.weight, None, bits, max_rows)
+
+    def _gate_up(self, x: torch.Tensor) -> torch.Tensor:
+        """[T, hidden] -> [T, 2I]: gate, then up."""
+        if self.gate_up_quant is not None:
+            return self.gate_up_quant(x)
+        if self.gate_up_weight is not None:
+            return F.linear(x, self.gate_up_weight)
+        return torch.cat((self.gate_proj(x), self.up_proj(x)), dim=-1)
+
+    def _down(self, act: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = (
+            self.down_quant(act) if self.down_quant is not None else self.down_proj(act)
+        )
+        return out
 
     def forward(
         self, x: torch.Tensor, fused: FusedOps | None = None, lora: LoraBatch | None = None
@@ -169,34 +211,24 @@ class LlamaMLP(nn.Module):
         if lora is not None:
             return self._forward_lora(x, fused, lora)
         if fused is not None:
-            if self.gate_up_weight is not None:
-                gate_up = F.linear(x, self.gate_up_weight)  # [T, 2I]: gate, then up
-            else:
-                gate_up = torch.cat((self.gate_proj(x), self.up_proj(x)), dim=-1)
-            fused_out: torch.Tensor = self.down_proj(fused.silu_and_mul(gate_up))
-            return fused_out
-        if self.gate_up_weight is not None:
-            gate, up = torch.split(F.linear(x, self.gate_up_weight), self._intermediate, -1)
+            return self._down(fused.silu_and_mul(self._gate_up(x)))
+        if self.gate_up_weight is not None or self.gate_up_quant is not None:
+            gate, up = torch.split(self._gate_up(x), self._intermediate, -1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
-        out: torch.Tensor = self.down_proj(F.silu(gate) * up)
-        return out
+        return self._down(F.silu(gate) * up)
 
     def _forward_lora(
         self, x: torch.Tensor, fused: FusedOps | None, lora: LoraBatch
     ) -> torch.Tensor:
-        if self.gate_up_weight is not None:
-            gate_up = F.linear(x, self.gate_up_weight)
-        else:
-            gate_up = torch.cat((self.gate_proj(x), self.up_proj(x)), dim=-1)
+        gate_up = self._gate_up(x)
         lora.add(self.layer_idx, "gate_up", x, gate_up)
         if fused is not None:
             act = fused.silu_and_mul(gate_up)
         else:
             gate, up = torch.split(gate_up, self._intermediate, -1)
             act = F.silu(gate) * up
-        out: torch.Tensor = self.down_proj(act)
-        return lora.add(self.layer_idx, "down", act, out)
+        return lora.add(self.layer_idx, "down", act, self._down(act))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -274,6 +306,9 @@ class LlamaForCausalLM(nn.Module):
         )
         self.tie_weights()
         self.fused_ops: FusedOps | None = None
+        self.weight_quant: WeightQuant = "none"
+        self._quant_max_rows: int | None = QUANT_MAX_ROWS
+        self.lm_head_quant: QuantizedLinear | None = None
 
     def use_fused_ops(self, fused: FusedOps | None) -> None:
         """Runs the forward pass with these triton kernels from now on; None: torch ops.
@@ -332,7 +367,9 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> float32 logits [N, vocab]."""
-        logits: torch.Tensor = self.lm_head(hidden)
+        logits: torch.Tensor = (
+            self.lm_head_quant(hidden) if self.lm_head_quant is not None else self.lm_head(hidden)
+        )
         return logits.float()
 
     @torch.no_grad()
@@ -369,3 +406,28 @@ class LlamaForCausalLM(nn.Module):
             assert isinstance(layer, LlamaDecoderLayer)
             layer.self_attn.fuse()
             layer.mlp.fuse()
+        if self.weight_quant != "none":  # new weights: quantize them again
+            mode, self.weight_quant = self.weight_quant, "none"
+            self.quantize_weights(mode, self._quant_max_rows)
+
+    @torch.no_grad()
+    def quantize_weights(self, mode: WeightQuant, max_rows: int | None = QUANT_MAX_ROWS) -> None:
+        """Runs the linears on weight-only int8/int4 kernels ("none": the float weights).
+
+        See engine/model/quant.py for the formats; the LM head is int8 in both modes.
+        Products of more than `max_rows` rows (prefill) keep the float weights, which
+        are faster there; None quantizes every product (the quality test's worst case).
+        Idempotent; the float weights are kept, so any mode can follow any other.
+        Raises WeightQuantUnavailableError off the CPU.
+        """
+        if (mode, max_rows) == (self.weight_quant, self._quant_max_rows):
+            return
+        bits = {"none": None, "int8": 8, "int4": 4}[mode]
+        for layer in self.model.layers:
+            assert isinstance(layer, LlamaDecoderLayer)
+            layer.self_attn.quantize(bits, max_rows)
+            layer.mlp.quantize(bits, max_rows)
+        self.lm_head_quant = (
+            None if bits is None else QuantizedLinear(self.lm_head.weight, None, 8, max_rows)
+        )
+        self.weight_quant, self._quant_max_rows = mode, max_rows

@@ -76,6 +76,15 @@ def resolve_fused_ops_setting(requested: str, device: str) -> str:
     return requested
 
 
+def resolve_weight_quant_setting(requested: str, device: str) -> str:
+    """The `weight_quant` setting on `device`; int8/int4 kernels are the CPU's only."""
+    if requested != "none" and device != "cpu":
+        raise DeviceUnavailableError(
+            f"weight_quant is {requested!r} but the device is {device!r}: it runs on the CPU only"
+        )
+    return requested
+
+
 def serve_engine_options(
     settings: Settings, *, cuda_available: bool | None = None
 ) -> dict[str, Any]:
@@ -88,6 +97,7 @@ def serve_engine_options(
     return {
         "device": device,
         "dtype": resolve_dtype(settings.dtype, device),
+        "weight_quant": resolve_weight_quant_setting(settings.weight_quant, device),
         "max_model_len": settings.max_model_len,
         "enforce_eager": settings.enforce_eager,
         "kv_cache_bytes": settings.kv_cache_bytes,

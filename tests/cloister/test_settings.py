@@ -92,6 +92,7 @@ ENGINE_SETTINGS = {
     "min_cached_share": 0.25,
     "enforce_eager": True,
     "fused_ops": "off",
+    "weight_quant": "int4",
 }
 
 
@@ -142,6 +143,15 @@ def test_multi_tenant_defaults_and_auto_device() -> None:
     assert (gpu["device"], gpu["dtype"], gpu["attention_backend"]) == ("cuda", "bfloat16", "auto")
     cpu = serve_engine_options(settings, cuda_available=False)
     assert (cpu["device"], cpu["dtype"]) == ("cpu", "float32")
+
+
+def test_weight_quant_is_refused_off_the_cpu() -> None:
+    from server.wiring import DeviceUnavailableError, serve_engine_options
+
+    settings = Settings(weight_quant="int4")
+    assert serve_engine_options(settings, cuda_available=False)["weight_quant"] == "int4"
+    with pytest.raises(DeviceUnavailableError, match="CPU only"):
+        serve_engine_options(settings, cuda_available=True)
 
 
 def test_on_a_gpu_serve_picks_bf16_triton_fused_kernels_and_cuda_graphs() -> None:

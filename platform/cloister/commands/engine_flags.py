@@ -24,6 +24,12 @@ ENGINE_OPTIONS: tuple[Callable[[Any], Any], ...] = (
         "--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default=None
     ),
     click.option(
+        "--weight-quant",
+        type=click.Choice(["none", "int8", "int4"]),
+        default=None,
+        help="Weight-only int8/int4 linears (CPU only; int4 suits the bundled Q4_1 model).",
+    ),
+    click.option(
         "--attention-backend", type=click.Choice(["auto", "torch", "triton"]), default=None
     ),
     click.option(

@@ -1,0 +1,93 @@
+"""Weight-only int8/int4 linears: exact on weights already on their grid, switchable."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.config import ModelArchitecture
+from engine.model.llama import LlamaForCausalLM
+from engine.model.quant import (
+    INT4_GROUP,
+    QuantizedLinear,
+    WeightQuantUnavailableError,
+    check_weight_quant,
+)
+from tests.utils.model_step import ModelStepper
+
+ARCH = ModelArchitecture(
+    vocab_size=96,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    max_position_embeddings=128,
+    tie_word_embeddings=True,
+)
+
+
+def q4_grid_weight(n: int, k: int) -> torch.Tensor:
+    """A weight whose every group of 32 is min + d*q with q spanning 0..15 (Q4_1's grid);
+    d and min are bf16 values, so the packed form holds them exactly."""
+    torch.manual_seed(0)
+    q = torch.randint(0, 16, (n, k // INT4_GROUP, INT4_GROUP))
+    q[..., 0], q[..., 1] = 0, 15  # the grid's ends are attained, as in Q4_1
+    d = (torch.rand(n, k // INT4_GROUP, 1) * 0.01 + 0.001).to(torch.bfloat16).float()
+    low = (torch.randn(n, k // INT4_GROUP, 1) * 0.05).to(torch.bfloat16).float()
+    return (low + d * q).view(n, k)
+
+
+def test_int4_refinds_weights_on_the_q4_grid() -> None:
+    w = q4_grid_weight(96, 128)
+    x = torch.randn(5, 128)
+    ref = F.linear(x.to(torch.bfloat16).float(), w)  # the kernel sees bf16 activations
+    out = QuantizedLinear(w, None, 4)(x)
+    assert out.dtype == torch.float32 and out.shape == (5, 96)
+    assert torch.allclose(out, ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
+
+
+def test_int8_is_close_and_adds_the_bias() -> None:
+    torch.manual_seed(1)
+    w, b = torch.randn(48, 64) * 0.05, torch.randn(48)
+    x = torch.randn(3, 64)
+    out = QuantizedLinear(w, b, 8)(x)
+    ref = F.linear(x, w, b)
+    assert (out - ref).abs().max().item() < 0.02 * ref.abs().max().item()
+    # Without the bias the result differs by exactly it: the bias is applied once.
+    assert torch.allclose(out - QuantizedLinear(w, None, 8)(x), b.expand(3, 48), atol=1e-5)
+
+
+def test_model_switches_modes_and_back_to_exact_float() -> None:
+    torch.manual_seed(2)
+    model = LlamaForCausalLM(ARCH).eval()
+    model.requires_grad_(False)
+    model.fuse()
+    ids = [[3, 14, 15, 92, 65, 35]]
+    ref = ModelStepper(model, max_len=16).step(ids)
+    model.quantize_weights("int4", max_rows=4)  # the 6-row prefill takes the float weights
+    assert torch.equal(ModelStepper(model, max_len=16).step(ids), ref)
+    for mode in ("int8", "int4"):
+        model.quantize_weights(mode)  # the default: up to 24 rows quantized
+        assert model.weight_quant == mode and model.lm_head_quant is not None
+        out = ModelStepper(model, max_len=16).step(ids)
+        assert not torch.equal(out, ref)  # the quantized kernels really ran
+        assert (out - ref).abs().max().item() < 0.1 * ref.abs().max().item()
+    model.quantize_weights("none")
+    assert model.lm_head_quant is None
+    assert torch.equal(ModelStepper(model, max_len=16).step(ids), ref)
+
+
+def test_weight_quant_refuses_bad_modes_and_other_devices() -> None:
+    assert check_weight_quant("int4", torch.device("cpu")) == "int4"
+    assert check_weight_quant("none", torch.device("cuda")) == "none"
+    with pytest.raises(WeightQuantUnavailableError, match="CPU only"):
+        check_weight_quant("int8", torch.device("cuda"))
+    with pytest.raises(WeightQuantUnavailableError, match="none, int8 or int4"):
+        check_weight_quant("int2", torch.device("cpu"))
+    with pytest.raises(WeightQuantUnavailableError, match="groups of 32"):
+        QuantizedLinear(torch.randn(8, 48), None, 4)
