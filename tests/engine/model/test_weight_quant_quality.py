@@ -80,22 +80,31 @@ def perplexity(model: LlamaForCausalLM, ids: list[int]) -> float:
     return math.exp(nll.item())
 
 
-def measure(loaded: LoadedModel, mode: WeightQuant) -> dict[str, float]:
-    """Agreement and perplexity ratio of `mode` against the float weights."""
+def reference(loaded: LoadedModel) -> tuple[list[list[int]], float]:
+    """The float weights' greedy continuations and perplexity."""
+    model, tok = loaded.model, loaded.tokenizer
+    model.quantize_weights("none")
+    prompts = [tok.encode(p) for p in PROMPTS]
+    return greedy(model, prompts, NEW_TOKENS), perplexity(model, tok.encode(TEXT))
+
+
+def measure(
+    loaded: LoadedModel, mode: WeightQuant, ref: tuple[list[list[int]], float]
+) -> dict[str, float]:
+    """Agreement and perplexity ratio of `mode` against the float weights' `ref`."""
     model, tok = loaded.model, loaded.tokenizer
     prompts = [tok.encode(p) for p in PROMPTS]
-    text = tok.encode(TEXT)
-    model.quantize_weights("none")
-    ref = greedy(model, prompts, NEW_TOKENS)
-    ref_ppl = perplexity(model, text)
+    ref_tokens, ref_ppl = ref
     model.quantize_weights(mode, max_rows=None)
     try:
         out = greedy(model, prompts, NEW_TOKENS)
-        forced = teacher_forced_agreement(model, prompts, ref)
-        ppl = perplexity(model, text)
+        forced = teacher_forced_agreement(model, prompts, ref_tokens)
+        ppl = perplexity(model, tok.encode(TEXT))
     finally:
         model.quantize_weights("none")
-    same = sum(a == b for r, o in zip(ref, out, strict=True) for a, b in zip(r, o, strict=True))
+    same = sum(
+        a == b for r, o in zip(ref_tokens, out, strict=True) for a, b in zip(r, o, strict=True)
+    )
     return {
         "free_run_agreement": same / (len(PROMPTS) * NEW_TOKENS),
         "teacher_forced_agreement": forced,
@@ -110,11 +119,17 @@ def smollm2() -> LoadedModel:
     return load_model(None, dtype=torch.float32, device="cpu")
 
 
+@pytest.fixture(scope="module")
+def fp32_reference(smollm2: LoadedModel) -> tuple[list[list[int]], float]:
+    """Computed once for both modes."""
+    return reference(smollm2)
+
+
 @pytest.mark.parametrize("mode", ["int8", "int4"])
 def test_quantized_weights_keep_greedy_output_and_perplexity(
-    smollm2: LoadedModel, mode: WeightQuant
+    smollm2: LoadedModel, fp32_reference: tuple[list[list[int]], float], mode: WeightQuant
 ) -> None:
-    figures = measure(smollm2, mode)
+    figures = measure(smollm2, mode, fp32_reference)
     assert figures["teacher_forced_agreement"] >= MIN_TEACHER_FORCED_AGREEMENT[mode], figures
     assert figures["free_run_agreement"] >= MIN_FREE_RUN_AGREEMENT[mode], figures
     assert figures["perplexity_ratio"] <= MAX_PERPLEXITY_RATIO[mode], figures
@@ -122,5 +137,6 @@ def test_quantized_weights_keep_greedy_output_and_perplexity(
 
 if __name__ == "__main__":
     loaded = load_model(None, dtype=torch.float32, device="cpu")
+    floats = reference(loaded)
     for name in ("int8", "int4"):
-        print(name, measure(loaded, name))  # type: ignore[arg-type]
+        print(name, measure(loaded, name, floats))  # type: ignore[arg-type]
