@@ -118,6 +118,18 @@ class AdapterRoutes:
             return None
         return error(401, reason, type_="authentication_error", code="invalid_token")
 
+    def _named(self, request: Request) -> str | Response:
+        """The path's adapter name, or the 401/400 that refuses the request."""
+        denied = self._denied(request)
+        if denied is not None:
+            return denied
+        name: str = request.path_params["name"]
+        try:
+            check_adapter_name(name)
+        except InvalidRequestError as exc:
+            return error(400, exc.message, type_="invalid_request_error", code=exc.code)
+        return name
+
     def listing(self) -> list[dict[str, Any]]:
         """The front's loaded adapters, as JSON-ready records (none for a front without
         adapter calls)."""
@@ -133,14 +145,9 @@ class AdapterRoutes:
 
     async def put_adapter(self, request: Request) -> Response:
         """PUT /internal/adapters/{name}: unpacks the zip body and loads it."""
-        denied = self._denied(request)
-        if denied is not None:
-            return denied
-        name = request.path_params["name"]
-        try:
-            check_adapter_name(name)
-        except InvalidRequestError as exc:
-            return error(400, exc.message, type_="invalid_request_error", code=exc.code)
+        name = self._named(request)
+        if isinstance(name, Response):
+            return name
         if getattr(self.front, "load_adapter", None) is None:
             return error(501, "this engine serves no adapters", type_="not_implemented")
         length = request.headers.get("content-length")
@@ -177,12 +184,10 @@ class AdapterRoutes:
 
     async def delete_adapter(self, request: Request) -> Response:
         """DELETE /internal/adapters/{name}: unloads it."""
-        denied = self._denied(request)
-        if denied is not None:
-            return denied
-        name = request.path_params["name"]
+        name = self._named(request)
+        if isinstance(name, Response):
+            return name
         try:
-            check_adapter_name(name)
             async with self._lock:
                 await self.front.unload_adapter(name)
                 folder = self._folders.pop(name, None)
