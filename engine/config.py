@@ -118,10 +118,13 @@ class LoraConfig:
     max_cpu_loras: int | None = None  # adapters' weights kept in host memory; None: all
     # The per-row matmul: "torch" (grouped GEMMs, any device) or "triton" (BGMV kernel).
     lora_kernel: Literal["torch", "triton"] = "torch"
+    # With more adapters busy than slots: steps an adapter keeps its slot before it gives
+    # way to one that waits (engine/lora/slots.py).
+    lora_slot_quantum: int = 4
 
     def __post_init__(self) -> None:
-        if self.max_loras < 1 or self.max_lora_rank < 1:
-            raise ValueError("max_loras and max_lora_rank must be at least 1")
+        if self.max_loras < 1 or self.max_lora_rank < 1 or self.lora_slot_quantum < 1:
+            raise ValueError("max_loras, max_lora_rank and lora_slot_quantum must be at least 1")
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
             raise ValueError("max_cpu_loras must be at least max_loras")
 

@@ -38,7 +38,7 @@ class LoraManager:
         self.dtype = dtype
         self.device = device
         self.registry = AdapterRegistry(arch, config.max_lora_rank, config.max_cpu_loras)
-        self.slots = AdapterSlots(config.max_loras)
+        self.slots = AdapterSlots(config.max_loras, config.lora_slot_quantum)
         self.stacks: LoraStacks | None = None
 
     def load(self, name: str, path: str, live: Iterable[Sequence]) -> AdapterInfo:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Set
 
 from engine.kv_cache.manager import KVCacheManager
 from engine.scheduler.tenants import TenantBook
@@ -96,28 +96,39 @@ class FairQueue:
         self._queues.setdefault(seq.fairness_key, deque()).appendleft((-1, seq))
         self._len += 1
 
-    def peek(self) -> Sequence | None:
-        """The next sequence of the backlogged key with the lowest counter (ties: oldest head)."""
+    def peek(self, skip: Set[str] = frozenset()) -> Sequence | None:
+        """The next sequence of the backlogged key with the lowest counter (ties: oldest head).
+
+        Sequences in `skip` are passed over; a key with nothing else waiting is too."""
         best: tuple[float, int, str] | None = None
         for d in self._backlogged():
-            order, _ = self._queues[d][0]
-            key = (self.counters[d], order, d)
+            head = next(self._open(self._queues[d], skip), None)
+            if head is None:
+                continue
+            key = (self.counters[d], head[0], d)
             if best is None or key[:2] < best[:2]:
                 best = key
         if best is None:
             return None
-        return self._within(self._queues[best[2]])
+        return self._within(self._open(self._queues[best[2]], skip))
 
-    def _within(self, queue: deque[tuple[int, Sequence]]) -> Sequence:
+    @staticmethod
+    def _open(queue: deque[tuple[int, Sequence]], skip: Set[str]) -> Iterator[tuple[int, Sequence]]:
+        """A key's queue without the sequences held back this step."""
+        return iter(queue) if not skip else (e for e in queue if e[1].seq_id not in skip)
+
+    def _within(self, queue: Iterable[tuple[int, Sequence]]) -> Sequence:
         """Among the key's first candidates: the lowest priority, then (`fair_lpm`) the
         longest cached prefix, then the oldest. With equal priorities that is the FCFS
         head, or the longest match."""
-        chosen, best = queue[0][1], None
+        chosen: Sequence | None = None
+        best: tuple[int, int] | None = None
         for _, seq in itertools.islice(queue, MAX_CANDIDATES):
             n = self.kv.match_length(seq) if self.kv is not None and seq.use_cache else 0
             rank = (seq.priority, -n)
             if best is None or rank < best:
                 chosen, best = seq, rank
+        assert chosen is not None  # called only for a key with an open sequence
         return chosen
 
     def pop(self, seq: Sequence) -> None:

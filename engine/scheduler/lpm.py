@@ -8,6 +8,8 @@ cached tokens goes first, ties by arrival.
 
 from __future__ import annotations
 
+from collections.abc import Set
+
 from engine.kv_cache.manager import KVCacheManager
 from engine.scheduler.queue import FcfsQueue
 from engine.sequence import Sequence
@@ -26,16 +28,18 @@ class LpmQueue(FcfsQueue):
         super().__init__()
         self.kv = kv
 
-    def peek(self) -> Sequence | None:
-        """Among the head domain's first waiting sequences, the one with the longest match."""
-        if not self._q:
+    def peek(self, skip: Set[str] = frozenset()) -> Sequence | None:
+        """Among the head domain's first waiting sequences (those not in `skip`), the one
+        with the longest match."""
+        head = next((seq for seq in self._q if seq.seq_id not in skip), None)
+        if head is None:
             return None
-        domain = self._q[0].cache_domain
+        domain = head.cache_domain
         best: Sequence | None = None
         best_len = -1
         seen = 0
         for seq in self._q:
-            if seq.cache_domain != domain:
+            if seq.cache_domain != domain or seq.seq_id in skip:
                 continue
             n = self.kv.match_length(seq)
             if n > best_len:

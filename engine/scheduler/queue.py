@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Set
 from typing import Protocol
 
 from engine.sequence import Sequence
@@ -28,8 +28,9 @@ class WaitingQueue(Protocol):
         """Returns a preempted sequence, ahead of newer arrivals."""
         ...
 
-    def peek(self) -> Sequence | None:
-        """The next sequence to admit, or None when empty."""
+    def peek(self, skip: Set[str] = frozenset()) -> Sequence | None:
+        """The next sequence to admit, or None when empty. Sequences whose ids are in
+        `skip` (held back this step: they wait for an adapter slot) are passed over."""
         ...
 
     def pop(self, seq: Sequence) -> None:
@@ -73,9 +74,11 @@ class FcfsQueue:
         """Puts back at the front."""
         self._q.appendleft(seq)
 
-    def peek(self) -> Sequence | None:
-        """The oldest waiting sequence."""
-        return self._q[0] if self._q else None
+    def peek(self, skip: Set[str] = frozenset()) -> Sequence | None:
+        """The oldest waiting sequence not in `skip`."""
+        if not skip:
+            return self._q[0] if self._q else None
+        return next((seq for seq in self._q if seq.seq_id not in skip), None)
 
     def pop(self, seq: Sequence) -> None:
         """Removes the head (which must be `seq`)."""

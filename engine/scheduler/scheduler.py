@@ -18,6 +18,9 @@ from engine.scheduler.queue import WaitingQueue
 from engine.scheduler.tenants import TenantBook
 from engine.sequence import Sequence, SequenceStatus
 
+# Bounds the sequences one step passes over while they wait for an adapter slot.
+MAX_HELD = 64
+
 
 class Scheduler:
     """Owns the waiting and running sequences and decides each step's batch."""
@@ -83,9 +86,13 @@ class Scheduler:
         scheduled: list[ScheduledSequence] = []
         preempted: list[Sequence] = []
 
+        self._begin_adapter_step()
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if self._adapter_wait(seq):
+                i += 1
+                continue
             num_new = self._chunk(seq, budget)
             while not self.kv.allocate_slots(seq, num_new):
                 victim = self.running.pop()
@@ -109,12 +116,18 @@ class Scheduler:
         )
 
     def _admit(self, budget: int, scheduled: list[ScheduledSequence]) -> int:
+        # Sequences whose adapter waits for a slot: passed over this step, still in the
+        # queue at their place in fair order, so they are asked first again next step.
+        held: set[str] = set()
         while budget > 0 and len(self.running) < self.config.max_num_seqs:
-            seq = self.waiting.peek()
+            seq = self.waiting.peek(held)
             if seq is None:
                 break
             if not self._place_adapter(seq):
-                break  # the next in fair order waits for a slot; nobody overtakes it
+                held.add(seq.seq_id)
+                if len(held) >= MAX_HELD:
+                    break
+                continue
             computed_blocks: list[int] = []
             num_computed = 0
             if seq.use_cache and not seq.block_ids:
@@ -137,12 +150,36 @@ class Scheduler:
         return budget
 
     def _place_adapter(self, seq: Sequence) -> bool:
-        """Pins a device slot for a LoRA sequence; False when every slot is in use."""
-        if seq.adapter_digest is None or seq.lora_slot is not None:
+        """Gives a LoRA sequence its adapter's slot and pins the adapter for it; False while
+        the adapter waits for a slot (it is in line for one)."""
+        if seq.adapter_digest is None:
             return True
-        assert self.adapter_slots is not None and seq.adapter is not None
-        seq.lora_slot = self.adapter_slots.acquire(seq.seq_id, seq.adapter)
-        return seq.lora_slot is not None
+        slots = self.adapter_slots
+        assert slots is not None and seq.adapter is not None
+        seq.lora_slot = slots.place(seq.adapter)
+        if seq.lora_slot is None:
+            return False
+        slots.pin(seq.seq_id, seq.adapter)
+        return True
+
+    def _adapter_wait(self, seq: Sequence) -> bool:
+        """True when a running LoRA sequence sits this step out: its adapter gave its slot to
+        another for now. Else its `lora_slot` is this step's (slots move between steps)."""
+        if seq.adapter_digest is None or self.adapter_slots is None:
+            return False
+        assert seq.adapter is not None
+        seq.lora_slot = self.adapter_slots.slot(seq.adapter)
+        return seq.lora_slot is None
+
+    def _begin_adapter_step(self) -> None:
+        slots = self.adapter_slots
+        if slots is None:
+            return
+        wanted: set[str] = set()
+        if slots.wanting:
+            live = (*self.running, *self.waiting)
+            wanted = {s.adapter for s in live if s.adapter and s.adapter_digest is not None}
+        slots.begin_step(wanted)
 
     def _chunk(self, seq: Sequence, budget: int) -> int:
         """Tokens to compute for `seq` now: what is left, capped by budget and chunk size."""
@@ -219,7 +256,7 @@ class Scheduler:
         if self.tenants.finished(seq, was_waiting=was_waiting):
             self.waiting.forget(seq.fairness_key)
         self.kv.free(seq)
-        if seq.lora_slot is not None and self.adapter_slots is not None:
+        if seq.adapter_digest is not None and self.adapter_slots is not None:
             assert seq.adapter is not None
             self.adapter_slots.release(seq.seq_id, seq.adapter)
             seq.lora_slot = None

@@ -226,6 +226,14 @@ class Settings(BaseSettings):
     # The credential between gateways and engine servers (both sides read it).
     service_token: SecretStr | None = None
     max_num_seqs: int = Field(default=64, ge=1)
+    # LoRA adapters (engine/lora/): device slots, adapters' weights kept in host memory
+    # (None: all loaded ones), the largest rank, the per-row matmul, and the steps an
+    # adapter keeps its slot before one that waits gets a turn.
+    max_loras: int = Field(default=4, ge=1, le=1024)
+    max_cpu_loras: int | None = Field(default=None, ge=1)
+    max_lora_rank: int = Field(default=16, ge=1, le=1024)
+    lora_kernel: Literal["torch", "triton"] = "torch"
+    lora_slot_quantum: int = Field(default=4, ge=1, le=100_000)
     max_waiting: int = Field(default=256, ge=1)
     max_model_len: int | None = Field(default=8192, ge=1)
     log_level: str = "INFO"
@@ -312,6 +320,14 @@ class Settings(BaseSettings):
             raise ValueError("give models (NAME=PATH entries) or model (one path), not both")
         if self.models and "model_name" in self.model_fields_set:
             raise ValueError("model_name names the single model; with models, name each there")
+        return self
+
+    @model_validator(mode="after")
+    def _refuse_fewer_host_loras_than_slots(self) -> Settings:
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                "max_cpu_loras must be at least max_loras (every slot has a host copy)"
+            )
         return self
 
     @model_validator(mode="after")

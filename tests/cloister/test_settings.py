@@ -93,6 +93,11 @@ ENGINE_SETTINGS = {
     "enforce_eager": True,
     "fused_ops": "off",
     "weight_quant": "int4",
+    "max_loras": 3,
+    "max_cpu_loras": 5,
+    "max_lora_rank": 32,
+    "lora_kernel": "triton",
+    "lora_slot_quantum": 9,
 }
 
 
@@ -143,6 +148,21 @@ def test_multi_tenant_defaults_and_auto_device() -> None:
     assert (gpu["device"], gpu["dtype"], gpu["attention_backend"]) == ("cuda", "bfloat16", "auto")
     cpu = serve_engine_options(settings, cuda_available=False)
     assert (cpu["device"], cpu["dtype"]) == ("cpu", "float32")
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"max_loras": 0},
+        {"max_loras": 4, "max_cpu_loras": 2},
+        {"max_lora_rank": 0},
+        {"lora_slot_quantum": 0},
+        {"lora_kernel": "cuda"},
+    ],
+)
+def test_bad_lora_settings_are_refused(bad: dict[str, object]) -> None:
+    with pytest.raises(ValidationError):
+        Settings(**bad)  # type: ignore[arg-type]
 
 
 def test_weight_quant_is_refused_off_the_cpu() -> None:

@@ -1,13 +1,15 @@
 """A LoRA adapter end to end on the real engine (tiny random model): a PEFT zip uploaded
 through the admin API is loaded by the registry sync without a restart, changes the
 model's answer when named as "tiny:<adapter>", is billed under its name, and is a 404
-for another tenant.
+for another tenant. The server has one adapter slot (CLOISTER_MAX_LORAS=1): two
+adapters streamed at once take turns in it and each gives its own answer.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     tmp = tmp_path_factory.mktemp("lora-real")
     model = make_tiny_model_dir(tmp / "models")
     adapter = make_peft_adapter(tmp / "peft", model, rank=8, alpha=16, seed=3, magnitude=1.0)
+    second = make_peft_adapter(tmp / "peft2", model, rank=4, alpha=8, seed=5, magnitude=1.0)
     settings = Settings(
         data_dir=tmp,
         key_pepper=PEPPER,
@@ -45,6 +48,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         max_model_len=256,
         kv_cache_bytes=8 * 1024 * 1024,
         config_refresh_s=0.2,
+        max_loras=1,
+        lora_slot_quantum=1,
     )
     upgrade_database(settings.resolved_database_url)
     sessions = make_session_factory(make_engine(settings.resolved_database_url))
@@ -56,14 +61,15 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         admin = create_admin_token(s, pepper=PEPPER, role="admin").secret
     app = build_app(settings)
     with TestClient(app) as client:
-        files = {p.name: p.read_bytes() for p in Path(adapter).iterdir()}
-        upload = client.post(
-            "/admin/api/v1/adapters/upload",
-            params={"name": "my-lora", "base_model": "tiny", "owner_tenant": "alpha"},
-            content=zip_of(files),
-            headers={"Authorization": f"Bearer {admin}"},
-        )
-        assert upload.status_code == 201, upload.text
+        for name, folder in (("my-lora", adapter), ("my-other", second)):
+            files = {p.name: p.read_bytes() for p in Path(folder).iterdir()}
+            upload = client.post(
+                "/admin/api/v1/adapters/upload",
+                params={"name": name, "base_model": "tiny", "owner_tenant": "alpha"},
+                content=zip_of(files),
+                headers={"Authorization": f"Bearer {admin}"},
+            )
+            assert upload.status_code == 201, upload.text
         yield {
             "client": client,
             "key_a": key_a,
@@ -122,3 +128,28 @@ def test_another_tenant_gets_the_404_an_unknown_name_gets(served: dict[str, Any]
     with pytest.raises(openai.NotFoundError) as unknown:
         beta.completions.create(model="tiny:no-such", prompt=PROMPT, max_tokens=2)
     assert forbidden.value.body["code"] == unknown.value.body["code"] == "model_not_found"  # type: ignore[index]
+
+
+def test_two_adapters_share_one_slot_over_http(served: dict[str, Any]) -> None:
+    """max_loras=1: streams on two adapters at once both finish, each with the tokens it
+    gets alone, and /metrics reports the one slot."""
+    alpha = _sdk(served, served["key_a"])
+    deadline = time.monotonic() + 5.0
+    while not {"tiny:my-lora", "tiny:my-other"} <= {m.id for m in alpha.models.list()}:
+        assert time.monotonic() < deadline, "the adapters did not become servable in 5 s"
+        time.sleep(0.1)
+
+    def tokens(model: str) -> str:
+        stream = alpha.completions.create(
+            model=model, prompt=PROMPT, max_tokens=24, temperature=0, stream=True
+        )
+        return "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
+
+    alone = {model: tokens(model) for model in ("tiny:my-lora", "tiny:my-other")}
+    assert alone["tiny:my-lora"] != alone["tiny:my-other"]
+    models = ["tiny:my-lora", "tiny:my-other"] * 3
+    with ThreadPoolExecutor(len(models)) as pool:
+        together = list(pool.map(tokens, models))
+    assert together == [alone[m] for m in models]
+    metrics = served["client"].get("/metrics").text
+    assert 'max_lora="1"' in metrics

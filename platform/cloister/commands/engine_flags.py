@@ -46,6 +46,19 @@ ENGINE_OPTIONS: tuple[Callable[[Any], Any], ...] = (
         help="fair_lpm (default): fair across tenants, longest prefix match within one.",
     ),
     click.option("--max-num-seqs", type=int, default=None, help="Most sequences running at once."),
+    click.option(
+        "--max-loras", type=int, default=None, help="LoRA adapters on the device at once."
+    ),
+    click.option(
+        "--max-cpu-loras", type=int, default=None, help="LoRA weights kept in host memory."
+    ),
+    click.option("--max-lora-rank", type=int, default=None, help="The largest LoRA rank accepted."),
+    click.option(
+        "--lora-slot-quantum",
+        type=int,
+        default=None,
+        help="Steps an adapter keeps its slot before one that waits gets a turn.",
+    ),
     click.option("--max-num-batched-tokens", type=int, default=None, help="Token budget per step."),
     click.option("--max-waiting", type=int, default=None, help="Waiting-queue slots (shared)."),
     click.option("--block-size", type=int, default=None, help="Tokens per KV block."),

@@ -7,6 +7,7 @@ import pytest
 from engine.errors import AdapterInUseError, AdapterNotFoundError, InvalidRequestError
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from engine.scheduler.output import SchedulerOutput
 from tests.engine.lora.conftest import GREEDY, Adapters, make_engine, outputs, run_all
 
 NAMES = ("r4", "r8", "r16", "r8b")
@@ -114,7 +115,7 @@ def _alone_tokens(adapters: Adapters, name: str, i: int) -> list[int]:
     return outputs(engine, rid)
 
 
-def test_more_adapters_than_slots_all_finish_and_none_is_evicted_in_use(
+def test_more_adapters_than_slots_all_finish_and_every_row_reads_its_own_slot(
     adapters: Adapters, alone: dict[str | None, list[int]]
 ) -> None:
     engine = make_engine(adapters.model, max_loras=2, max_cpu_loras=3)
@@ -136,14 +137,21 @@ def test_more_adapters_than_slots_all_finish_and_none_is_evicted_in_use(
         return got
 
     engine.lora.slots.take_loads = spy  # type: ignore[method-assign]
+    schedule = engine.scheduler.schedule
+
+    def schedule_and_check() -> SchedulerOutput:
+        output = schedule()
+        resident = engine.lora.slots.resident
+        for item in output.scheduled:
+            if item.seq.adapter is not None:  # the slot it reads holds its adapter
+                assert resident[item.seq.adapter] == item.seq.lora_slot
+        return output
+
+    engine.scheduler.schedule = schedule_and_check  # type: ignore[method-assign]
     waited: list[int] = []
 
     def check(e: LLMEngine) -> None:
         e.lora.slots.check_integrity()
-        resident = e.lora.slots.resident
-        for seq in e.scheduler.running:
-            if seq.adapter is not None:
-                assert resident[seq.adapter] == seq.lora_slot  # never moved while in use
         waited.append(sum(e.stats().lora_waiting.values()))
 
     run_all(engine, check)
@@ -239,3 +247,50 @@ def test_adapters_report_where_their_weights_are(adapters: Adapters) -> None:
     assert {a.name: a.location for a in engine.adapters()} == {"r4": "device", "r8": "disk"}
     stats = engine.stats()
     assert (stats.lora_device, stats.lora_host) == (("r4",), ("r4",))
+
+
+def test_an_adapter_without_a_slot_starts_within_a_quantum_while_others_go_on(
+    adapters: Adapters,
+) -> None:
+    """Two slots, both pinned by long requests (r4, r8). A request for r16 does not wait
+    for them to end: after r4's quantum, r4's sequence pauses (keeping its KV) and r16
+    takes the slot; meanwhile the base model's request runs at once. Every output is
+    the one it has alone."""
+    engine = make_engine(adapters.model, max_loras=2, max_num_seqs=16, lora_slot_quantum=2)
+    _load(engine, adapters, ("r4", "r8", "r16"))
+    long = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    short = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    first = {
+        name: engine.add_request(_prompt(i), long, adapter=name, use_cache=False)
+        for i, name in enumerate(("r4", "r8"))
+    }
+    engine.step()
+    r16 = engine.add_request(_prompt(2), short, adapter="r16", use_cache=False)
+    base = engine.add_request(_prompt(3), short, use_cache=False)
+    steps = [1]
+    started: dict[str, int] = {}
+    paused: set[str] = set()
+
+    def check(e: LLMEngine) -> None:
+        steps[0] += 1
+        e.lora.slots.check_integrity()
+        for seq in e.scheduler.running:
+            started.setdefault(seq.request_id, steps[0])
+            if seq.lora_slot is None:
+                paused.add(seq.request_id)
+
+    run_all(engine, check)
+    assert started[base] == 2  # right away: nobody waits behind the adapter's queue
+    assert started[r16] <= 4  # within the quantum, not after r4's 24 tokens
+    assert paused & set(first.values())  # a long one gave way for a while
+    reference = make_engine(adapters.model)
+    _load(reference, adapters, ("r4", "r8", "r16"))
+    for rid, (name, i, params) in {
+        first["r4"]: ("r4", 0, long),
+        first["r8"]: ("r8", 1, long),
+        r16: ("r16", 2, short),
+        base: (None, 3, short),
+    }.items():
+        alone = reference.add_request(_prompt(i), params, adapter=name, use_cache=False)
+        run_all(reference)
+        assert outputs(engine, rid) == outputs(reference, alone), name
