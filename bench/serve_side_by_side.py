@@ -206,6 +206,7 @@ def sglang_throughput(server: Server, args: argparse.Namespace, out: Path) -> fl
         "--output-file",
         str(out),
     ]
+    out.unlink(missing_ok=True)  # bench_serving appends to its output file
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
