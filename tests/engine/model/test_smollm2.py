@@ -10,6 +10,7 @@ from gguf import GGUFReader
 
 from engine.model.gguf_loader import read_architecture
 from engine.model.loader import LoadedModel, load_model, model_revision
+from tests.utils.hf_smollm2 import hf_smollm2
 from tests.utils.model_step import ModelStepper
 
 pytestmark = pytest.mark.slow
@@ -46,12 +47,8 @@ def test_load_model_defaults_to_smollm2(smollm2: LoadedModel, smollm2_path: Path
     assert smollm2.model.lm_head.weight is smollm2.model.model.embed_tokens.weight
 
 
-def test_first_step_logits_match_transformers(smollm2: LoadedModel, smollm2_path: Path) -> None:
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(
-        str(smollm2_path.parent), gguf_file=smollm2_path.name, dtype=torch.float32
-    )
+def test_first_step_logits_match_transformers(smollm2: LoadedModel) -> None:
+    hf = hf_smollm2()
     for prompt in PROMPTS:
         ids = smollm2.tokenizer.encode(prompt)
         with torch.no_grad():

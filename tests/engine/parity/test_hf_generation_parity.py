@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import pathlib
-
 import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.model.loader import default_model_path
+from tests.utils.hf_smollm2 import hf_smollm2
 
 pytestmark = pytest.mark.slow
 
@@ -28,21 +26,11 @@ NEW_TOKENS = 32
 
 @pytest.fixture(scope="module")
 def hf_model():  # noqa: ANN201
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = pathlib.Path(default_model_path())
-    tok = AutoTokenizer.from_pretrained(
-        str(path.parent), gguf_file=path.name, local_files_only=True
-    )
-    model = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32, local_files_only=True
-    )
-    return tok, model.eval()
+    return hf_smollm2()
 
 
-def hf_greedy(hf_model, ids: list[int]) -> list[int]:  # noqa: ANN001
+def hf_greedy(model, ids: list[int]) -> list[int]:  # noqa: ANN001
     """Plain arg-max decoding with HF's own KV cache: no logits processors, EOS not special."""
-    _, model = hf_model
     tokens: list[int] = []
     with torch.no_grad():
         out = model(torch.tensor([ids]), use_cache=True)
