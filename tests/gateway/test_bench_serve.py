@@ -107,3 +107,14 @@ def test_percentiles_interpolate_as_numpy_does() -> None:
     got = percentiles(values, scale=1.0)
     for q, key in ((50, "p50"), (95, "p95"), (99, "p99")):
         assert got[key] == pytest.approx(float(np.percentile(values, q)))
+
+
+def test_window_tokens_count_only_what_arrived_inside_the_window() -> None:
+    from cloister.serve_bench.client import Timing
+    from cloister.serve_bench.runner import tokens_between
+
+    # 4 chunks carrying 8 tokens (2 each): 2 chunks inside [1.0, 3.0).
+    t = Timing(ok=True, start=0.0, chunk_times=[0.5, 1.0, 2.9, 3.0], end=3.1, output_tokens=8)
+    assert tokens_between(t, 1.0, 3.0) == 4.0
+    assert tokens_between(Timing(ok=True, chunk_times=[1.5], output_tokens=0), 1.0, 3.0) == 1.0
+    assert tokens_between(Timing(ok=True), 1.0, 3.0) == 0.0

@@ -67,7 +67,10 @@ def summarize(result: RunResult, slo: Slo | None) -> dict[str, Any]:
         "first_error": failed[0].error if failed else "",
         "request_throughput": len(ok) / elapsed,
         "input_throughput": prompt_tokens / elapsed,
-        "output_throughput": sum(t.output_tokens for t in ok) / elapsed,
+        # Tokens that arrived in the window over its length (see runner); the counted
+        # requests' own tokens over their span beside it.
+        "output_throughput": result.window_tokens / max(1e-9, result.spec.duration_s),
+        "counted_output_throughput": sum(t.output_tokens for t in ok) / elapsed,
         "cached_token_fraction": (
             sum(t.cached_tokens for t in ok) / prompt_tokens if prompt_tokens else 0.0
         ),

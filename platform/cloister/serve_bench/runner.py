@@ -3,7 +3,12 @@
 Each worker thread is one simulated user sending its conversations' turns one after
 another. Requests started during the warm-up are sent but not counted; requests
 started in the measured window are counted whole, even when they end after it (the
-loop then stops starting new ones and waits for them).
+loop then stops starting new ones and waits for them). The output throughput is
+counted differently: every token that arrived inside the window, whichever request
+it belongs to, over the window's length, so that neither the warm-up's requests
+still running at its start nor the emptying loop after its end bias the rate (the
+steady rate at the stated concurrency, which SGLang's count-based figure approaches
+for long runs).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ class RunResult:
     timings: list[Timing]
     window_start: float
     window_end: float  # when the last counted request ended
+    window_tokens: float = 0.0  # output tokens of any request that arrived in the window
 
     @property
     def elapsed_s(self) -> float:
@@ -51,6 +57,7 @@ def run_closed_loop(
     """Runs `spec`; `tick(seconds)` is called as time passes (for a progress bar)."""
     prefixes = tenant_prefixes(spec.cell, spec.tenants, spec.vocab, spec.seed)
     counted: list[Timing] = []
+    everything: list[Timing] = []
     lock = threading.Lock()
     began = time.perf_counter()
     window_start = began + spec.warmup_s
@@ -68,8 +75,9 @@ def run_closed_loop(
         while time.perf_counter() < window_stop:
             planned = users.next()
             timing = client.send(planned.tenant, planned.prompt, planned.max_tokens)
-            if timing.start >= window_start:
-                with lock:
+            with lock:
+                everything.append(timing)
+                if timing.start >= window_start:
                     counted.append(timing)
 
     threads = [
@@ -87,4 +95,14 @@ def run_closed_loop(
     for thread in threads:
         thread.join()
     end = max((t.end for t in counted), default=window_stop)
-    return RunResult(spec, counted, window_start, end)
+    tokens = sum(tokens_between(t, window_start, window_stop) for t in everything if t.ok)
+    return RunResult(spec, counted, window_start, end, tokens)
+
+
+def tokens_between(timing: Timing, start: float, stop: float) -> float:
+    """The request's output tokens that arrived in [start, stop): its text chunks there,
+    each weighing the request's tokens per chunk (a chunk may carry several)."""
+    if not timing.chunk_times:
+        return 0.0
+    per_chunk = (timing.output_tokens or len(timing.chunk_times)) / len(timing.chunk_times)
+    return per_chunk * sum(1 for c in timing.chunk_times if start <= c < stop)
