@@ -28,7 +28,12 @@ from engine.errors import UnsupportedModelError
 from engine.lora.batch import LoraBatch
 from engine.model.forward_context import ForwardContext
 from engine.model.fused import FusedOps
-from engine.model.quant import QUANT_MAX_ROWS, QuantizedLinear, WeightQuant
+from engine.model.quant import (
+    QUANT_MAX_ROWS,
+    QuantizedLinear,
+    WeightQuant,
+    native_bf16_matmul,
+)
 from engine.model.rope import RotaryEmbedding, rope_scaling_dict
 
 # Checkpoint entries that are derived state, not weights.
@@ -107,13 +112,22 @@ class LlamaAttention(nn.Module):
         """Packs q/k/v into one matrix so one GEMM computes all three (see `pack_linears`)."""
         self.qkv_weight, self.qkv_bias = pack_linears(self.q_proj, self.k_proj, self.v_proj)
 
-    def quantize(self, bits: int | None, max_rows: int | None = QUANT_MAX_ROWS) -> None:
+    def quantize(
+        self,
+        bits: int | None,
+        max_rows: int | None = QUANT_MAX_ROWS,
+        large_dtype: torch.dtype | None = None,
+    ) -> None:
         """Runs qkv and o_proj on `bits`-bit weights from now on; None: the float weights."""
         if bits is None or self.qkv_weight is None:
             self.qkv_quant = self.o_quant = None
             return
-        self.qkv_quant = QuantizedLinear(self.qkv_weight, self.qkv_bias, bits, max_rows)
-        self.o_quant = QuantizedLinear(self.o_proj.weight, self.o_proj.bias, bits, max_rows)
+        self.qkv_quant = QuantizedLinear(
+            self.qkv_weight, self.qkv_bias, bits, max_rows, large_dtype
+        )
+        self.o_quant = QuantizedLinear(
+            self.o_proj.weight, self.o_proj.bias, bits, max_rows, large_dtype
+        )
 
     def forward(
         self,
@@ -179,13 +193,18 @@ class LlamaMLP(nn.Module):
         """Packs gate and up into one matrix so one GEMM computes both."""
         self.gate_up_weight = pack_linears(self.gate_proj, self.up_proj)[0]
 
-    def quantize(self, bits: int | None, max_rows: int | None = QUANT_MAX_ROWS) -> None:
+    def quantize(
+        self,
+        bits: int | None,
+        max_rows: int | None = QUANT_MAX_ROWS,
+        large_dtype: torch.dtype | None = None,
+    ) -> None:
         """Runs gate/up and down on `bits`-bit weights from now on; None: the float weights."""
         if bits is None or self.gate_up_weight is None:
             self.gate_up_quant = self.down_quant = None
             return
-        self.gate_up_quant = QuantizedLinear(self.gate_up_weight, None, bits, max_rows)
-        self.down_quant = QuantizedLinear(self.down_proj.weight, None, bits, max_rows)
+        self.gate_up_quant = QuantizedLinear(self.gate_up_weight, None, bits, max_rows, large_dtype)
+        self.down_quant = QuantizedLinear(self.down_proj.weight, None, bits, max_rows, large_dtype)
 
     def _gate_up(self, x: torch.Tensor) -> torch.Tensor:
         """[T, hidden] -> [T, 2I]: gate, then up."""
@@ -212,7 +231,13 @@ class LlamaMLP(nn.Module):
             return self._forward_lora(x, fused, lora)
         if fused is not None:
             return self._down(fused.silu_and_mul(self._gate_up(x)))
-        if self.gate_up_weight is not None or self.gate_up_quant is not None:
+        if self.gate_up_quant is not None and self.down_quant is not None:
+            # Between the two products the activations stay in their compute dtype
+            # (bf16): a prefill's [T, 2I] casts cost a fifth of its MLP otherwise.
+            mid = self.gate_up_quant.compute_dtype(x.shape[0])
+            gate, up = torch.split(self.gate_up_quant(x, mid), self._intermediate, -1)
+            return self.down_quant(F.silu(gate) * up, x.dtype)
+        if self.gate_up_weight is not None:
             gate, up = torch.split(self._gate_up(x), self._intermediate, -1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
@@ -308,6 +333,7 @@ class LlamaForCausalLM(nn.Module):
         self.fused_ops: FusedOps | None = None
         self.weight_quant: WeightQuant = "none"
         self._quant_max_rows: int | None = QUANT_MAX_ROWS
+        self._large: torch.dtype | None = None  # the prefill products' weights' dtype, if copied
         self.lm_head_quant: QuantizedLinear | None = None
 
     def use_fused_ops(self, fused: FusedOps | None) -> None:
@@ -408,26 +434,36 @@ class LlamaForCausalLM(nn.Module):
             layer.mlp.fuse()
         if self.weight_quant != "none":  # new weights: quantize them again
             mode, self.weight_quant = self.weight_quant, "none"
-            self.quantize_weights(mode, self._quant_max_rows)
+            self.quantize_weights(mode, self._quant_max_rows, self._large is not None)
 
     @torch.no_grad()
-    def quantize_weights(self, mode: WeightQuant, max_rows: int | None = QUANT_MAX_ROWS) -> None:
+    def quantize_weights(
+        self,
+        mode: WeightQuant,
+        max_rows: int | None = QUANT_MAX_ROWS,
+        prefill_bf16: bool | None = None,
+    ) -> None:
         """Runs the linears on weight-only int8/int4 kernels ("none": the float weights).
 
         See engine/model/quant.py for the formats; the LM head is int8 in both modes.
-        Products of more than `max_rows` rows (prefill) keep the float weights, which
-        are faster there; None quantizes every product (the quality test's worst case).
+        Products of more than `max_rows` rows (prefill) run on float weights, which are
+        faster there: a bf16 copy when `prefill_bf16` (None: where the CPU multiplies
+        bf16 natively, see `native_bf16_matmul`), else the model's own. `max_rows`
+        None quantizes every product (the quality test's worst case).
         Idempotent; the float weights are kept, so any mode can follow any other.
         Raises WeightQuantUnavailableError off the CPU.
         """
-        if (mode, max_rows) == (self.weight_quant, self._quant_max_rows):
+        if prefill_bf16 is None:
+            prefill_bf16 = native_bf16_matmul()
+        large = torch.bfloat16 if prefill_bf16 and mode != "none" else None
+        if (mode, max_rows, large) == (self.weight_quant, self._quant_max_rows, self._large):
             return
         bits = {"none": None, "int8": 8, "int4": 4}[mode]
         for layer in self.model.layers:
             assert isinstance(layer, LlamaDecoderLayer)
-            layer.self_attn.quantize(bits, max_rows)
-            layer.mlp.quantize(bits, max_rows)
+            layer.self_attn.quantize(bits, max_rows, large)
+            layer.mlp.quantize(bits, max_rows, large)
         self.lm_head_quant = (
-            None if bits is None else QuantizedLinear(self.lm_head.weight, None, 8, max_rows)
+            None if bits is None else QuantizedLinear(self.lm_head.weight, None, 8, max_rows, large)
         )
-        self.weight_quant, self._quant_max_rows = mode, max_rows
+        self.weight_quant, self._quant_max_rows, self._large = mode, max_rows, large

@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.config import ModelArchitecture
-from engine.model.llama import LlamaForCausalLM
+from engine.model import quant
+from engine.model.llama import LlamaForCausalLM, LlamaMLP
 from engine.model.quant import (
     INT4_GROUP,
     QuantizedLinear,
@@ -69,10 +70,16 @@ def test_model_switches_modes_and_back_to_exact_float() -> None:
     model.fuse()
     ids = [[3, 14, 15, 92, 65, 35]]
     ref = ModelStepper(model, max_len=16).step(ids)
-    model.quantize_weights("int4", max_rows=4)  # the 6-row prefill takes the float weights
+    # The 6-row prefill takes the model's own float weights...
+    model.quantize_weights("int4", max_rows=4, prefill_bf16=False)
     assert torch.equal(ModelStepper(model, max_len=16).step(ids), ref)
+    # ... or their bf16 copy: close to the float result, not equal to it.
+    model.quantize_weights("int4", max_rows=4, prefill_bf16=True)
+    bf16 = ModelStepper(model, max_len=16).step(ids)
+    assert not torch.equal(bf16, ref)
+    assert (bf16 - ref).abs().max().item() < 0.05 * ref.abs().max().item()
     for mode in ("int8", "int4"):
-        model.quantize_weights(mode)  # the default: up to 24 rows quantized
+        model.quantize_weights(mode)  # the default: up to 24 rows quantized, bf16 prefill if native
         assert model.weight_quant == mode and model.lm_head_quant is not None
         out = ModelStepper(model, max_len=16).step(ids)
         assert not torch.equal(out, ref)  # the quantized kernels really ran
@@ -80,6 +87,53 @@ def test_model_switches_modes_and_back_to_exact_float() -> None:
     model.quantize_weights("none")
     assert model.lm_head_quant is None
     assert torch.equal(ModelStepper(model, max_len=16).step(ids), ref)
+
+
+def test_large_products_run_on_a_bf16_copy_only_when_asked() -> None:
+    torch.manual_seed(3)
+    w, b = torch.randn(48, 64) * 0.05, torch.randn(48)
+    x = torch.randn(30, 64)  # more rows than max_rows: the float path
+    copied = QuantizedLinear(w, b, 8, max_rows=24, large_dtype=torch.bfloat16)
+    out = copied(x)
+    assert out.dtype == torch.float32
+    assert copied.large_weight.dtype == torch.bfloat16 and copied.weight is w
+    assert torch.equal(out, F.linear(x.bfloat16(), w.bfloat16()).float() + b)
+    own = QuantizedLinear(w, b, 8, max_rows=24)
+    assert own.large_weight is w  # no copy
+    assert torch.equal(own(x), F.linear(x, w, b))
+
+
+def test_quantized_swiglu_keeps_its_middle_in_bf16() -> None:
+    torch.manual_seed(4)
+    mlp = LlamaMLP(64, 128).eval()
+    mlp.requires_grad_(False)
+    mlp.fuse()
+    mlp.quantize(8, max_rows=4, large_dtype=torch.bfloat16)
+    x = torch.randn(6, 64)  # a prefill: the bf16 copies
+    assert mlp.gate_up_weight is not None
+    gate, up = F.linear(x.bfloat16(), mlp.gate_up_weight.bfloat16()).split(128, -1)
+    ref = F.linear(F.silu(gate) * up, mlp.down_proj.weight.bfloat16()).float()
+    out = mlp(x)
+    assert out.dtype == torch.float32 and torch.equal(out, ref)
+
+
+def test_native_bf16_follows_the_cpu_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(quant, "_cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
+    assert not quant.native_bf16_matmul()
+    monkeypatch.setattr(quant, "_cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
+    assert quant.native_bf16_matmul()
+    monkeypatch.setattr(quant, "_cpu_flags", lambda: frozenset({"amx_bf16"}))
+    assert quant.native_bf16_matmul()
+    # The model's automatic choice follows it.
+    model = LlamaForCausalLM(ARCH).eval()
+    model.requires_grad_(False)
+    model.fuse()
+    model.quantize_weights("int8")
+    assert model.lm_head_quant is not None
+    assert model.lm_head_quant.large_weight.dtype == torch.bfloat16
+    monkeypatch.setattr(quant, "_cpu_flags", lambda: frozenset({"avx2"}))
+    model.quantize_weights("int8")
+    assert model.lm_head_quant.large_weight is model.lm_head.weight
 
 
 def test_weight_quant_refuses_bad_modes_and_other_devices() -> None:
