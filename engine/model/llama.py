@@ -18,6 +18,7 @@ stream beside the hidden state, so each RMSNorm also does the add before it:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +31,7 @@ from engine.model.forward_context import ForwardContext
 from engine.model.fused import FusedOps
 from engine.model.quant import (
     QUANT_MAX_ROWS,
+    QUANT_MAX_ROWS_BF16,
     QuantizedLinear,
     WeightQuant,
     native_bf16_matmul,
@@ -440,7 +442,7 @@ class LlamaForCausalLM(nn.Module):
     def quantize_weights(
         self,
         mode: WeightQuant,
-        max_rows: int | None = QUANT_MAX_ROWS,
+        max_rows: int | None | Literal["auto"] = "auto",
         prefill_bf16: bool | None = None,
     ) -> None:
         """Runs the linears on weight-only int8/int4 kernels ("none": the float weights).
@@ -449,13 +451,16 @@ class LlamaForCausalLM(nn.Module):
         Products of more than `max_rows` rows (prefill) run on float weights, which are
         faster there: a bf16 copy when `prefill_bf16` (None: where the CPU multiplies
         bf16 natively, see `native_bf16_matmul`), else the model's own. `max_rows`
-        None quantizes every product (the quality test's worst case).
+        "auto" is where each is faster (QUANT_MAX_ROWS_BF16 with the bf16 copy, else
+        QUANT_MAX_ROWS); None quantizes every product (the quality test's worst case).
         Idempotent; the float weights are kept, so any mode can follow any other.
         Raises WeightQuantUnavailableError off the CPU.
         """
         if prefill_bf16 is None:
             prefill_bf16 = native_bf16_matmul()
         large = torch.bfloat16 if prefill_bf16 and mode != "none" else None
+        if max_rows == "auto":
+            max_rows = QUANT_MAX_ROWS if large is None else QUANT_MAX_ROWS_BF16
         if (mode, max_rows, large) == (self.weight_quant, self._quant_max_rows, self._large):
             return
         bits = {"none": None, "int8": 8, "int4": 4}[mode]

@@ -79,7 +79,7 @@ def test_model_switches_modes_and_back_to_exact_float() -> None:
     assert not torch.equal(bf16, ref)
     assert (bf16 - ref).abs().max().item() < 0.05 * ref.abs().max().item()
     for mode in ("int8", "int4"):
-        model.quantize_weights(mode)  # the default: up to 24 rows quantized, bf16 prefill if native
+        model.quantize_weights(mode)  # the default: decode sizes quantized, bf16 prefill if native
         assert model.weight_quant == mode and model.lm_head_quant is not None
         out = ModelStepper(model, max_len=16).step(ids)
         assert not torch.equal(out, ref)  # the quantized kernels really ran
@@ -131,9 +131,11 @@ def test_native_bf16_follows_the_cpu_flags(monkeypatch: pytest.MonkeyPatch) -> N
     model.quantize_weights("int8")
     assert model.lm_head_quant is not None
     assert model.lm_head_quant.large_weight.dtype == torch.bfloat16
+    assert model.lm_head_quant.max_rows == quant.QUANT_MAX_ROWS_BF16  # bf16 wins sooner
     monkeypatch.setattr(quant, "_cpu_flags", lambda: frozenset({"avx2"}))
     model.quantize_weights("int8")
     assert model.lm_head_quant.large_weight is model.lm_head.weight
+    assert model.lm_head_quant.max_rows == quant.QUANT_MAX_ROWS
 
 
 def test_weight_quant_refuses_bad_modes_and_other_devices() -> None:
