@@ -33,6 +33,7 @@ from engine.model.quant import (
     QUANT_MAX_ROWS,
     QUANT_MAX_ROWS_BF16,
     QuantizedLinear,
+    QuantPlan,
     WeightQuant,
     native_bf16_matmul,
 )
@@ -114,22 +115,13 @@ class LlamaAttention(nn.Module):
         """Packs q/k/v into one matrix so one GEMM computes all three (see `pack_linears`)."""
         self.qkv_weight, self.qkv_bias = pack_linears(self.q_proj, self.k_proj, self.v_proj)
 
-    def quantize(
-        self,
-        bits: int | None,
-        max_rows: int | None = QUANT_MAX_ROWS,
-        large_dtype: torch.dtype | None = None,
-    ) -> None:
-        """Runs qkv and o_proj on `bits`-bit weights from now on; None: the float weights."""
-        if bits is None or self.qkv_weight is None:
+    def quantize(self, plan: QuantPlan | None) -> None:
+        """Runs qkv and o_proj on quantized weights from now on; None: the float weights."""
+        if plan is None or self.qkv_weight is None:
             self.qkv_quant = self.o_quant = None
             return
-        self.qkv_quant = QuantizedLinear(
-            self.qkv_weight, self.qkv_bias, bits, max_rows, large_dtype
-        )
-        self.o_quant = QuantizedLinear(
-            self.o_proj.weight, self.o_proj.bias, bits, max_rows, large_dtype
-        )
+        self.qkv_quant = plan.linear(self.qkv_weight, self.qkv_bias)
+        self.o_quant = plan.linear(self.o_proj.weight, self.o_proj.bias)
 
     def forward(
         self,
@@ -195,18 +187,13 @@ class LlamaMLP(nn.Module):
         """Packs gate and up into one matrix so one GEMM computes both."""
         self.gate_up_weight = pack_linears(self.gate_proj, self.up_proj)[0]
 
-    def quantize(
-        self,
-        bits: int | None,
-        max_rows: int | None = QUANT_MAX_ROWS,
-        large_dtype: torch.dtype | None = None,
-    ) -> None:
-        """Runs gate/up and down on `bits`-bit weights from now on; None: the float weights."""
-        if bits is None or self.gate_up_weight is None:
+    def quantize(self, plan: QuantPlan | None) -> None:
+        """Runs gate/up and down on quantized weights from now on; None: the float weights."""
+        if plan is None or self.gate_up_weight is None:
             self.gate_up_quant = self.down_quant = None
             return
-        self.gate_up_quant = QuantizedLinear(self.gate_up_weight, None, bits, max_rows, large_dtype)
-        self.down_quant = QuantizedLinear(self.down_proj.weight, None, bits, max_rows, large_dtype)
+        self.gate_up_quant = plan.linear(self.gate_up_weight)
+        self.down_quant = plan.linear(self.down_proj.weight)
 
     def _gate_up(self, x: torch.Tensor) -> torch.Tensor:
         """[T, hidden] -> [T, 2I]: gate, then up."""
@@ -464,11 +451,10 @@ class LlamaForCausalLM(nn.Module):
         if (mode, max_rows, large) == (self.weight_quant, self._quant_max_rows, self._large):
             return
         bits = {"none": None, "int8": 8, "int4": 4}[mode]
+        plan = None if bits is None else QuantPlan(bits, max_rows, large)
         for layer in self.model.layers:
             assert isinstance(layer, LlamaDecoderLayer)
-            layer.self_attn.quantize(bits, max_rows, large)
-            layer.mlp.quantize(bits, max_rows, large)
-        self.lm_head_quant = (
-            None if bits is None else QuantizedLinear(self.lm_head.weight, None, 8, max_rows, large)
-        )
+            layer.self_attn.quantize(plan)
+            layer.mlp.quantize(plan)
+        self.lm_head_quant = None if plan is None else plan.linear(self.lm_head.weight, bits=8)
         self.weight_quant, self._quant_max_rows, self._large = mode, max_rows, large

@@ -30,6 +30,7 @@ LoRA read them, and `quantize_weights("none")` goes back to them).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Literal
@@ -49,6 +50,23 @@ QUANT_MAX_ROWS_BF16 = 12
 
 class WeightQuantUnavailableError(ValueError):
     """`weight_quant` asked for where its kernels cannot run (a non-CPU device, a bad mode)."""
+
+
+@dataclass(frozen=True)
+class QuantPlan:
+    """How a model's linears are quantized: `bits` (8 or 4), the rows above which a
+    product leaves the packed kernels (None: never) and the dtype of the float weights
+    it then runs on (None: the model's own; bf16: a copy)."""
+
+    bits: int
+    max_rows: int | None = QUANT_MAX_ROWS
+    large_dtype: torch.dtype | None = None
+
+    def linear(
+        self, weight: torch.Tensor, bias: torch.Tensor | None = None, bits: int | None = None
+    ) -> QuantizedLinear:
+        """`weight` (and `bias`) under this plan; `bits` overrides the plan's."""
+        return QuantizedLinear(weight, bias, bits or self.bits, self.max_rows, self.large_dtype)
 
 
 class QuantizedLinear:

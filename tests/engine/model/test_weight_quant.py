@@ -12,6 +12,7 @@ from engine.model.llama import LlamaForCausalLM, LlamaMLP
 from engine.model.quant import (
     INT4_GROUP,
     QuantizedLinear,
+    QuantPlan,
     WeightQuantUnavailableError,
     check_weight_quant,
 )
@@ -108,7 +109,7 @@ def test_quantized_swiglu_keeps_its_middle_in_bf16() -> None:
     mlp = LlamaMLP(64, 128).eval()
     mlp.requires_grad_(False)
     mlp.fuse()
-    mlp.quantize(8, max_rows=4, large_dtype=torch.bfloat16)
+    mlp.quantize(QuantPlan(8, max_rows=4, large_dtype=torch.bfloat16))
     x = torch.randn(6, 64)  # a prefill: the bf16 copies
     assert mlp.gate_up_weight is not None
     gate, up = F.linear(x.bfloat16(), mlp.gate_up_weight.bfloat16()).split(128, -1)
