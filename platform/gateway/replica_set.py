@@ -59,12 +59,20 @@ def expand_urls(urls: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+# When the replicas the set starts with "joined": long ago, so they start warm. They are
+# alike, so a ramp among them ranks nothing differently, except that their join times
+# differ by the milliseconds it takes to make each client: their weights' ratio then
+# drifts toward 1 over the ramp, and the keys near a tie move from one replica to another
+# mid-conversation (a later turn that misses its cache).
+FOUNDING = float("-inf")
+
+
 class _Replica:
     """One engine server and when it last joined the set."""
 
-    def __init__(self, client: RemoteEngineClient) -> None:
+    def __init__(self, client: RemoteEngineClient, joined_at: float) -> None:
         self.client = client
-        self.joined_at = time.monotonic()
+        self.joined_at = joined_at
         self.was_alive = True
 
     def load(self, in_flight: int) -> ReplicaLoad:
@@ -91,7 +99,10 @@ class ReplicaSetClient:
         refresh_s: float = 2.0,
         poll_s: float = 1.0,
         connect_wait_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`clock`: monotonic seconds, for the ramp (a test's own clock)."""
+        self._clock = clock
         self._urls, self._token, self._tokenizer = tuple(urls), token, tokenizer
         self._resolve, self._refresh_s, self._poll_s = resolve, refresh_s, poll_s
         self.model_name = model_name
@@ -108,18 +119,20 @@ class ReplicaSetClient:
         self.vocab_size: int = info.vocab_size
         self.routing = routing or RoutingConfig(block_size=info.block_size)
         self.policy = make_policy(policy, self.routing)
-        self._replicas: dict[str, _Replica] = {url: self._new(url, info) for url in found}
+        self._replicas: dict[str, _Replica] = {
+            url: self._new(url, info, joined_at=FOUNDING) for url in found
+        }
         self._owners: dict[str, RemoteEngineClient] = {}  # request id -> its replica
         self._refresher: asyncio.Task[None] | None = None
         self._closed = False
         self._grammars = local_grammar_checker(tokenizer, info.vocab_size)
 
-    def _new(self, url: str, info: EngineServerInfo) -> _Replica:
+    def _new(self, url: str, info: EngineServerInfo, joined_at: float | None = None) -> _Replica:
         client = RemoteEngineClient(
             url, token=self._token, tokenizer=self._tokenizer, info=info, poll_s=self._poll_s
         )
         client.model_name = self.model_name
-        return _Replica(client)
+        return _Replica(client, self._clock() if joined_at is None else joined_at)
 
     @property
     def tokenizer(self) -> TokenizerLike:
@@ -131,7 +144,7 @@ class ReplicaSetClient:
         return [r.client for r in self._replicas.values()]
 
     def _healthy(self) -> list[_Replica]:
-        now = time.monotonic()
+        now = self._clock()
         healthy = []
         for replica in self._replicas.values():
             alive = replica.client.alive
@@ -159,7 +172,7 @@ class ReplicaSetClient:
         )
         in_flight = Counter(c.base_url for c in self._owners.values())
         loads = [r.load(in_flight[r.client.base_url]) for r in healthy]
-        order = self.policy.order(what, loads, time.monotonic())
+        order = self.policy.order(what, loads, self._clock())
         return [self._replicas[url].client for url in order]
 
     def submit(self, request: EngineRequest) -> AsyncIterator[StreamEvent]:
