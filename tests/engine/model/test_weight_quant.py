@@ -102,6 +102,9 @@ def test_large_products_run_on_a_bf16_copy_only_when_asked() -> None:
     own = QuantizedLinear(w, b, 8, max_rows=24)
     assert own.large_weight is w  # no copy
     assert torch.equal(own(x), F.linear(x, w, b))
+    # An asked-for output dtype holds with a bias too, on both paths.
+    assert copied(x, torch.bfloat16).dtype == torch.bfloat16
+    assert copied(x[:4], torch.bfloat16).dtype == torch.bfloat16
 
 
 def test_quantized_swiglu_keeps_its_middle_in_bf16() -> None:
