@@ -321,8 +321,7 @@ class LlamaForCausalLM(nn.Module):
         self.tie_weights()
         self.fused_ops: FusedOps | None = None
         self.weight_quant: WeightQuant = "none"
-        self._quant_max_rows: int | None = QUANT_MAX_ROWS
-        self._large: torch.dtype | None = None  # the prefill products' weights' dtype, if copied
+        self._quant_plan: QuantPlan | None = None  # how `weight_quant` runs; None: "none"
         self.lm_head_quant: QuantizedLinear | None = None
 
     def use_fused_ops(self, fused: FusedOps | None) -> None:
@@ -421,9 +420,10 @@ class LlamaForCausalLM(nn.Module):
             assert isinstance(layer, LlamaDecoderLayer)
             layer.self_attn.fuse()
             layer.mlp.fuse()
-        if self.weight_quant != "none":  # new weights: quantize them again
-            mode, self.weight_quant = self.weight_quant, "none"
-            self.quantize_weights(mode, self._quant_max_rows, self._large is not None)
+        plan = self._quant_plan
+        if plan is not None:  # new weights: quantize them again
+            mode, self.weight_quant, self._quant_plan = self.weight_quant, "none", None
+            self.quantize_weights(mode, plan.max_rows, plan.large_dtype is not None)
 
     @torch.no_grad()
     def quantize_weights(
@@ -448,13 +448,13 @@ class LlamaForCausalLM(nn.Module):
         large = torch.bfloat16 if prefill_bf16 and mode != "none" else None
         if max_rows == "auto":
             max_rows = QUANT_MAX_ROWS if large is None else QUANT_MAX_ROWS_BF16
-        if (mode, max_rows, large) == (self.weight_quant, self._quant_max_rows, self._large):
-            return
         bits = {"none": None, "int8": 8, "int4": 4}[mode]
         plan = None if bits is None else QuantPlan(bits, max_rows, large)
+        if (mode, plan) == (self.weight_quant, self._quant_plan):
+            return
         for layer in self.model.layers:
             assert isinstance(layer, LlamaDecoderLayer)
             layer.self_attn.quantize(plan)
             layer.mlp.quantize(plan)
         self.lm_head_quant = None if plan is None else plan.linear(self.lm_head.weight, bits=8)
-        self.weight_quant, self._quant_max_rows, self._large = mode, max_rows, large
+        self.weight_quant, self._quant_plan = mode, plan
