@@ -7,7 +7,7 @@ from typing import Literal
 
 import torch
 
-AttentionBackendName = Literal["torch", "triton", "auto"]
+AttentionBackendName = Literal["torch", "cpu", "triton", "auto"]
 PrefixCacheMode = Literal["hash", "radix", "off"]
 SchedulingPolicy = Literal["fcfs", "lpm", "fair", "fair_lpm"]
 # The fused triton kernels in the model (engine/model/fused.py): auto = on CUDA with triton.

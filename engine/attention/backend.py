@@ -81,15 +81,29 @@ class AttentionBackend(Protocol):
 
 
 def get_attention_backend(name: AttentionBackendName, device: torch.device) -> AttentionBackend:
-    """Picks a backend: `auto` means triton on CUDA and the torch reference elsewhere."""
+    """Picks a backend: `auto` means triton on CUDA, elsewhere the CPU kernels where numba
+    is installed and the torch reference otherwise."""
+    from engine.attention import cpu_kernels
+
     if name == "auto":
-        name = "triton" if device.type == "cuda" else "torch"
+        if device.type == "cuda":
+            name = "triton"
+        else:
+            name = "cpu" if device.type == "cpu" and cpu_kernels.available() else "torch"
     if name == "torch":
         from engine.attention.torch_backend import TorchAttentionBackend
 
         return TorchAttentionBackend()
+    if name == "cpu":
+        if device.type != "cpu":
+            raise ValueError(f"the cpu attention backend runs on the CPU, not on {device.type!r}")
+        if not cpu_kernels.available():
+            raise ValueError("the cpu attention backend needs numba: pip install numba")
+        from engine.attention.cpu_backend import CpuAttentionBackend
+
+        return CpuAttentionBackend()
     if name == "triton":
         from engine.attention.triton_backend import TritonAttentionBackend
 
         return TritonAttentionBackend()
-    raise ValueError(f"unknown attention backend {name!r}; choose torch, triton or auto")
+    raise ValueError(f"unknown attention backend {name!r}; choose torch, cpu, triton or auto")

@@ -54,10 +54,9 @@ class TorchAttentionBackend:
         write_kv(k, v, kv_cache, meta.slot_mapping)
         out = torch.empty_like(q)
         decode_rows = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
-        done: set[int] = set()
-        if len(decode_rows) > 1:
-            _batched_decode(q, kv_cache, meta, scale, decode_rows, out)
-            done = set(decode_rows)
+        done = (
+            set(decode_rows) if self._decode(q, kv_cache, meta, scale, decode_rows, out) else set()
+        )
         start = 0
         for i, q_len in enumerate(meta.query_lens_cpu):
             if q_len and i not in done:
@@ -65,6 +64,22 @@ class TorchAttentionBackend:
                 out[rows] = _attend_one(q[rows], k[rows], v[rows], kv_cache, meta, i, scale)
             start += q_len
         return out
+
+    def _decode(
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        rows: list[int],
+        out: torch.Tensor,
+    ) -> bool:
+        """Attends the one-token sequences `rows` into `out` in one batch; False leaves
+        them to the per-sequence path (a single one is cheaper there)."""
+        if len(rows) < 2:
+            return False
+        _batched_decode(q, kv_cache, meta, scale, rows, out)
+        return True
 
 
 def _attend_one(

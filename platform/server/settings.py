@@ -184,13 +184,14 @@ class Settings(BaseSettings):
     # Given, it replaces `model` and `model_name` (setting those too is refused).
     models: Annotated[tuple[ModelSpec, ...], NoDecode] = ()
     # The engine (see engine/config.py). "auto": CUDA when a GPU is there, else the CPU;
-    # on CUDA bf16 and triton attention, on the CPU fp32 and the torch reference.
+    # on CUDA bf16 and triton attention, on the CPU fp32 and the cpu backend (the torch
+    # reference with a paged numba kernel for decode rows; the reference without numba).
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     # Weight-only int8/int4 linears, CPU only: "int4" is the fast path for the bundled
     # (Q4_1) SmolLM2, whose stored weights it re-finds (engine/model/quant.py).
     weight_quant: Literal["none", "int8", "int4"] = "none"
-    attention_backend: Literal["torch", "triton", "auto"] = "auto"
+    attention_backend: Literal["torch", "cpu", "triton", "auto"] = "auto"
     # RMSNorm(+residual), rotary and SiLU-and-mul as fused triton kernels: "auto" is on
     # exactly on CUDA (with triton), "on" refuses to start anywhere else.
     fused_ops: Literal["auto", "on", "off"] = "auto"

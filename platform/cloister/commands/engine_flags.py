@@ -30,7 +30,7 @@ ENGINE_OPTIONS: tuple[Callable[[Any], Any], ...] = (
         help="Weight-only int8/int4 linears (CPU only; int4 suits the bundled Q4_1 model).",
     ),
     click.option(
-        "--attention-backend", type=click.Choice(["auto", "torch", "triton"]), default=None
+        "--attention-backend", type=click.Choice(["auto", "torch", "cpu", "triton"]), default=None
     ),
     click.option(
         "--fused-ops",

@@ -23,7 +23,7 @@ from cloister.cli_context import json_option
 @click.option("--chat/--raw", default=True, show_default=True, help="Apply the chat template.")
 @click.option(
     "--attention-backend",
-    type=click.Choice(["auto", "torch", "triton"]),
+    type=click.Choice(["auto", "torch", "cpu", "triton"]),
     default="auto",
     show_default=True,
 )

@@ -1,0 +1,102 @@
+"""The CPU backend (paged numba decode kernel) against a naive oracle and the torch reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.attention import cpu_kernels
+from engine.attention.backend import get_attention_backend
+from engine.attention.cpu_backend import CpuAttentionBackend
+from engine.attention.torch_backend import TorchAttentionBackend
+from tests.engine.kernels.batch_factory import PagedBatch, make_batch, reference_output
+
+SCALE = 64**-0.5
+TOL = 1e-4
+
+
+def _run(batch: PagedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CPU backend's output and the cache it left, on a copy of the batch's cache."""
+    cache = batch.kv_cache.clone()
+    out = CpuAttentionBackend().forward(batch.q, batch.k, batch.v, cache, batch.meta, SCALE)
+    return out, cache
+
+
+def _check(batch: PagedBatch) -> None:
+    expected, expected_cache = reference_output(batch, SCALE)
+    out, cache = _run(batch)
+    torch.testing.assert_close(out, expected, atol=TOL, rtol=TOL)
+    torch.testing.assert_close(cache, expected_cache, atol=0, rtol=0)
+    ref_cache = batch.kv_cache.clone()
+    ref = TorchAttentionBackend().forward(batch.q, batch.k, batch.v, ref_cache, batch.meta, SCALE)
+    torch.testing.assert_close(out, ref, atol=TOL, rtol=TOL)
+
+
+@pytest.mark.parametrize("block_size", [1, 8, 16, 32])
+@pytest.mark.parametrize(("heads", "kv_heads"), [(9, 3), (4, 4), (8, 1)])
+def test_pure_decode_matches_the_oracle(block_size: int, heads: int, kv_heads: int) -> None:
+    # Lengths across block edges, a first token (no context) and a long one.
+    spec = [(0, 1), (block_size - 1, 1), (2 * block_size + 3, 1), (300, 1)]
+    _check(
+        make_batch(spec, block_size=block_size, num_heads=heads, num_kv_heads=kv_heads, head_dim=64)
+    )
+
+
+def test_a_single_decode_row_runs_on_the_kernel() -> None:
+    # The reference sends a lone decode row to SDPA; here it is the kernel's too.
+    _check(make_batch([(37, 1)], block_size=16, num_heads=9, num_kv_heads=3, head_dim=64))
+
+
+def test_mixed_prefill_and_decode_rows() -> None:
+    # Decode rows sit between prefill chunks (with and without a cached prefix), so the
+    # kernel must find each one's token row and leave the prefill rows to SDPA.
+    spec = [(20, 5), (40, 1), (0, 7), (17, 1), (0, 1), (33, 12)]
+    batch = make_batch(spec, block_size=16, num_heads=9, num_kv_heads=3, head_dim=32, pad_slots=3)
+    expected, _ = reference_output(batch, SCALE)
+    out, _ = _run(batch)
+    real = sum(n for _, n in spec)
+    torch.testing.assert_close(out[:real], expected[:real], atol=TOL, rtol=TOL)
+
+
+def test_a_non_contiguous_query_is_read_correctly() -> None:
+    batch = make_batch([(5, 1), (50, 1)], block_size=8, num_heads=4, num_kv_heads=2, head_dim=16)
+    wide = torch.randn(batch.q.shape[0], batch.q.shape[1], 2 * batch.q.shape[2])
+    wide[..., ::2] = batch.q
+    strided = PagedBatch(wide[..., ::2], batch.k, batch.v, batch.kv_cache, batch.meta)
+    assert not strided.q.is_contiguous()
+    _check(strided)
+
+
+def test_other_dtypes_keep_the_reference_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    # numba has no bfloat16: such a pool must never reach the kernel.
+    calls: list[int] = []
+    monkeypatch.setattr(cpu_kernels, "paged_decode", lambda *a, **k: calls.append(1))
+    batch = make_batch(
+        [(10, 1), (30, 1)],
+        block_size=16,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        dtype=torch.bfloat16,
+    )
+    expected, _ = reference_output(batch, SCALE)
+    out, _ = _run(batch)
+    assert calls == []
+    torch.testing.assert_close(out.float(), expected, atol=3e-2, rtol=3e-2)
+
+
+def test_auto_picks_the_cpu_backend_on_the_cpu() -> None:
+    assert get_attention_backend("auto", torch.device("cpu")).name == "cpu"
+    assert get_attention_backend("torch", torch.device("cpu")).name == "torch"
+
+
+def test_the_cpu_backend_refuses_another_device_and_a_missing_numba(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with pytest.raises(ValueError, match="runs on the CPU"):
+        get_attention_backend("cpu", torch.device("cuda"))
+    monkeypatch.setattr(cpu_kernels, "numba", None)
+    with pytest.raises(ValueError, match="needs numba"):
+        get_attention_backend("cpu", torch.device("cpu"))
+    # Without numba, auto falls back to the reference rather than failing.
+    assert get_attention_backend("auto", torch.device("cpu")).name == "torch"
