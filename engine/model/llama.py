@@ -35,6 +35,7 @@ from engine.model.quant import (
     QuantizedLinear,
     QuantPlan,
     WeightQuant,
+    int8_dot_products,
     native_bf16_matmul,
 )
 from engine.model.rope import RotaryEmbedding, rope_scaling_dict
@@ -423,7 +424,9 @@ class LlamaForCausalLM(nn.Module):
         plan = self._quant_plan
         if plan is not None:  # new weights: quantize them again
             mode, self.weight_quant, self._quant_plan = self.weight_quant, "none", None
-            self.quantize_weights(mode, plan.max_rows, plan.large_dtype is not None)
+            self.quantize_weights(
+                mode, plan.max_rows, plan.large_dtype is not None, plan.head_int8_activations
+            )
 
     @torch.no_grad()
     def quantize_weights(
@@ -431,10 +434,14 @@ class LlamaForCausalLM(nn.Module):
         mode: WeightQuant,
         max_rows: int | None | Literal["auto"] = "auto",
         prefill_bf16: bool | None = None,
+        head_int8_activations: bool | None = None,
     ) -> None:
         """Runs the linears on weight-only int8/int4 kernels ("none": the float weights).
 
-        See engine/model/quant.py for the formats; the LM head is int8 in both modes.
+        See engine/model/quant.py for the formats; the LM head is int8 in both modes, and
+        with `head_int8_activations` (None: where the CPU has int8 dot products, see
+        `int8_dot_products`) its small products round their inputs to int8 per row too:
+        on SmolLM2 a quarter of a batch-8 decode step was its weight-only product.
         Products of more than `max_rows` rows (prefill) run on float weights, which are
         faster there: a bf16 copy when `prefill_bf16` (None: where the CPU multiplies
         bf16 natively, see `native_bf16_matmul`), else the model's own. `max_rows`
@@ -449,12 +456,20 @@ class LlamaForCausalLM(nn.Module):
         if max_rows == "auto":
             max_rows = QUANT_MAX_ROWS if large is None else QUANT_MAX_ROWS_BF16
         bits = {"none": None, "int8": 8, "int4": 4}[mode]
-        plan = None if bits is None else QuantPlan(bits, max_rows, large)
+        if head_int8_activations is None:
+            head_int8_activations = int8_dot_products()
+        plan = None if bits is None else QuantPlan(bits, max_rows, large, head_int8_activations)
         if (mode, plan) == (self.weight_quant, self._quant_plan):
             return
         for layer in self.model.layers:
             assert isinstance(layer, LlamaDecoderLayer)
             layer.self_attn.quantize(plan)
             layer.mlp.quantize(plan)
-        self.lm_head_quant = None if plan is None else plan.linear(self.lm_head.weight, bits=8)
+        self.lm_head_quant = (
+            None
+            if plan is None
+            else plan.linear(
+                self.lm_head.weight, bits=8, int8_activations=plan.head_int8_activations
+            )
+        )
         self.weight_quant, self._quant_plan = mode, plan

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from engine.config import ModelArchitecture
 from engine.model import quant
-from engine.model.llama import LlamaForCausalLM, LlamaMLP
+from engine.model.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
 from engine.model.quant import (
     INT4_GROUP,
     QuantizedLinear,
@@ -140,6 +140,52 @@ def test_native_bf16_follows_the_cpu_flags(monkeypatch: pytest.MonkeyPatch) -> N
     model.quantize_weights("int8")
     assert model.lm_head_quant.large_weight is model.lm_head.weight
     assert model.lm_head_quant.max_rows == quant.QUANT_MAX_ROWS
+
+
+@pytest.mark.skipif(not quant._fbgemm_linear(), reason="needs torch's fbgemm int8 linear")
+def test_int8_activations_are_close_per_row_and_add_the_bias_once() -> None:
+    torch.manual_seed(5)
+    w, b = torch.randn(48, 64) * 0.05, torch.randn(48)
+    x = torch.randn(4, 64)
+    x[3] *= 1000.0  # one row's outlier must not flatten the others' grid
+    layer = QuantizedLinear(w, b, 8, max_rows=8, int8_activations=True)
+    assert layer.packed is not None and layer.compute_dtype(4) == torch.float32
+    out = layer(x)
+    ref = F.linear(x, w, b)
+    assert out.dtype == torch.float32 and out.shape == (4, 48)
+    for row in range(4):
+        err = (out[row] - ref[row]).abs().max().item()
+        assert err < 0.03 * (ref[row] - b).abs().max().item(), (row, err)
+    # The bias is added once, after the scales: not multiplied by them.
+    no_bias = QuantizedLinear(w, None, 8, max_rows=8, int8_activations=True)(x)
+    assert torch.allclose(out - no_bias, b.expand(4, 48), atol=1e-3)
+    # More rows than max_rows: the float weights, exactly.
+    big = torch.randn(9, 64)
+    assert torch.equal(layer(big), F.linear(big, w, b))
+    with pytest.raises(WeightQuantUnavailableError, match="8-bit"):
+        QuantizedLinear(w, None, 4, int8_activations=True)
+
+
+def test_the_heads_int8_activations_follow_the_cpu_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = LlamaForCausalLM(ARCH).eval()
+    model.requires_grad_(False)
+    model.fuse()
+    monkeypatch.setattr(quant, "_cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
+    assert not quant.int8_dot_products()
+    model.quantize_weights("int4")
+    assert model.lm_head_quant is not None and model.lm_head_quant.packed is None
+    monkeypatch.setattr(quant, "_cpu_flags", lambda: frozenset({"avx2", "avx512_vnni"}))
+    fbgemm = quant._fbgemm_linear()
+    assert quant.int8_dot_products() == fbgemm
+    model.quantize_weights("int4")
+    assert (model.lm_head_quant.packed is not None) == fbgemm
+    # The decoder's linears stay weight-only int4 either way.
+    layer = model.model.layers[0]
+    assert isinstance(layer, LlamaDecoderLayer) and layer.mlp.down_quant is not None
+    assert layer.mlp.down_quant.packed is None and layer.mlp.down_quant.bits == 4
+    # New weights (fuse) keep the plan, the head's choice included.
+    model.fuse()
+    assert (model.lm_head_quant.packed is not None) == fbgemm
 
 
 def test_weight_quant_refuses_bad_modes_and_other_devices() -> None:
