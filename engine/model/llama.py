@@ -78,6 +78,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalises the last dimension and scales it by the learned weight."""
+        if x.dtype == self.weight.dtype == torch.float32:
+            # torch's own kernel: one op instead of six, and bit for bit the same here.
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)

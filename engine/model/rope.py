@@ -80,6 +80,7 @@ class RotaryEmbedding(nn.Module):
 
     cos_cache: torch.Tensor
     sin_cache: torch.Tensor
+    cos_sin_table: torch.Tensor
 
     def __init__(
         self,
@@ -108,20 +109,29 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.outer(t, inv_freq)  # [max_positions, head_dim // 2]
         self.register_buffer("cos_cache", freqs.cos().to(device), persistent=False)
         self.register_buffer("sin_cache", freqs.sin().to(device), persistent=False)
+        # [max_positions, 2, head_dim]: cos twice, then (-sin, sin), so that a rotation is
+        # x * cos + swap_halves(x) * sin, one lookup and four ops (the torch path's layers
+        # each rotate, and at decode sizes every op's overhead counts).
+        cos, sin = freqs.cos(), freqs.sin()
+        table = torch.stack((torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)), 1)
+        self.register_buffer("cos_sin_table", table.to(device), persistent=False)
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotates q [T, Hq, D] and k [T, Hk, D] by their token's position [T]."""
-        cos = self.cos_cache[positions].unsqueeze(1)  # [T, 1, D/2]
-        sin = self.sin_cache[positions].unsqueeze(1)
+        table = self.cos_sin_table[positions]  # [T, 2, D]
+        cos, sin = table[:, 0:1], table[:, 1:2]  # [T, 1, D] each, views
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotates the pairs (x[i], x[i + D/2]); done in float32 so low precisions lose nothing."""
+    """Rotates the pairs (x[i], x[i + D/2]); done in float32 so low precisions lose nothing.
+
+    With cos = (c, c) and sin = (-s, s) this is (x1 c - x2 s, x2 c + x1 s), the same
+    products and sums in the same order as the textbook form, so bit for bit equal.
+    """
     half = x.shape[-1] // 2
     x32 = x.float()
-    x1, x2 = x32[..., :half], x32[..., half:]
-    out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    return out.to(x.dtype)
+    swapped = torch.cat((x32[..., half:], x32[..., :half]), dim=-1)
+    return (x32 * cos + swapped * sin).to(x.dtype)
