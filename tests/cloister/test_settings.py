@@ -192,7 +192,9 @@ def test_on_a_gpu_serve_picks_bf16_triton_fused_kernels_and_cuda_graphs() -> Non
     # On the CPU the same defaults are the torch reference path, fp32, unfused.
     cpu = build_config("m", **serve_engine_options(Settings(), cuda_available=False))
     assert cpu.model.dtype == torch.float32
-    assert get_attention_backend(cpu.attention_backend, torch.device("cpu")).name == "torch"
+    assert (
+        get_attention_backend(cpu.attention_backend, torch.device("cpu")).name == "cpu"
+    )  # the paged numba decode kernel
     assert resolve_fused_ops(cpu.model.fused_ops, torch.device("cpu")) is False
 
 
