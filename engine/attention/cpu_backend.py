@@ -12,7 +12,7 @@ import torch
 
 from engine.attention import cpu_kernels
 from engine.attention.backend import AttentionMetadata
-from engine.attention.torch_backend import TorchAttentionBackend
+from engine.attention.torch_backend import TorchAttentionBackend, token_rows
 
 
 class CpuAttentionBackend(TorchAttentionBackend):
@@ -32,18 +32,13 @@ class CpuAttentionBackend(TorchAttentionBackend):
         """Runs every one-token row on the kernel; other dtypes go to the reference."""
         if not rows or q.dtype != torch.float32 or kv_cache.dtype != torch.float32:
             return super()._decode(q, kv_cache, meta, scale, rows, out)
-        if len(rows) == meta.num_seqs:  # a pure decode step: sequence i is row i
-            token_rows = rows
-        else:
-            starts = meta.query_start_loc.tolist()
-            token_rows = [starts[i] for i in rows]
         cpu_kernels.paged_decode(
             q.contiguous(),
             kv_cache,
             meta.block_tables,
             meta.seq_lens,
             rows,
-            token_rows,
+            token_rows(meta, rows),
             scale,
             out,
         )

@@ -130,9 +130,7 @@ def _batched_decode(
     out: torch.Tensor,
 ) -> None:
     """One-token queries of many sequences at once, over K/V gathered into a padded batch."""
-    starts = meta.query_start_loc.tolist() if len(rows) != meta.num_seqs else None
-    token_rows = [starts[i] for i in rows] if starts is not None else rows
-    index = torch.tensor(token_rows, device=q.device)
+    index = torch.tensor(token_rows(meta, rows), device=q.device)
     seq_index = torch.tensor(rows, device=q.device)
     lens = meta.seq_lens.index_select(0, seq_index).long()
     block_size, num_kv_heads, head_dim = kv_cache.shape[2], kv_cache.shape[3], kv_cache.shape[4]
@@ -153,6 +151,15 @@ def _batched_decode(
         qb, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask, scale=scale, enable_gqa=True
     )
     out.index_copy_(0, index, ob.squeeze(2))
+
+
+def token_rows(meta: AttentionMetadata, seqs: list[int]) -> list[int]:
+    """The flat-batch row of each one-token sequence in `seqs` (sequence i is row i when
+    every sequence decodes)."""
+    if len(seqs) == meta.num_seqs:
+        return seqs
+    starts = meta.query_start_loc.tolist()
+    return [starts[i] for i in seqs]
 
 
 def _causal_mask(q_len: int, s_len: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
