@@ -88,6 +88,9 @@ class SchedulerConfig:
     max_n: int = 16
     max_tokens_limit: int | None = None  # None: bounded by max_model_len only
     prefill_chunk_size: int | None = None  # None: bounded by the token budget only
+    # Inter-token latency budget: each step's prompt tokens are capped so that the step
+    # is predicted to fit it, from measured step costs (engine/scheduler/step_budget.py).
+    itl_budget_ms: float | None = None
     scheduling_policy: SchedulingPolicy = "fcfs"
     # Fairness key (tenant) -> weight, for the fair policies and the waiting shares.
     domain_weights: tuple[tuple[str, float], ...] = ()

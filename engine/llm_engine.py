@@ -434,9 +434,16 @@ class LLMEngine:
         and so is one whose post-processing raises: the others carry on. Failed
         requests are dropped with their blocks freed; `take_failures` hands them over.
         """
+        started = time.perf_counter()
         output = self.scheduler.schedule()
         if output.is_empty:
             return []
+        events = self._run_step(output)
+        self.scheduler.observe_step(output, time.perf_counter() - started)
+        return events
+
+    def _run_step(self, output: SchedulerOutput) -> list[StreamEvent]:
+        """Runs a scheduled step and turns its sampled tokens into events."""
         now = time.time()
         for item in output.scheduled:
             state = self.requests[item.seq.request_id]
@@ -534,6 +541,7 @@ class LLMEngine:
         lora_running, lora_waiting = self.lora.counts(
             self.scheduler.running, self.scheduler.waiting
         )
+        budget = self.scheduler.step_budget
         return EngineStats(
             max_loras=self.config.lora.max_loras,
             lora_running=lora_running,
@@ -552,4 +560,5 @@ class LLMEngine:
             num_generated_tokens=self._num_generated,
             num_prompt_tokens=self._num_prompt,
             prefix_cache_domains=self.kv.domain_stats() if domains else {},
+            prefill_token_cap=budget.prefill_cap() if budget.enabled else None,
         )

@@ -31,3 +31,5 @@ class EngineStats:
     lora_waiting: dict[str, int] = field(default_factory=dict)
     lora_device: tuple[str, ...] = ()  # adapters in a device slot now
     lora_host: tuple[str, ...] = ()  # adapters whose weights are in host memory
+    # Prompt tokens the next step may carry under the ITL budget (None: no budget set).
+    prefill_token_cap: int | None = None

@@ -15,6 +15,7 @@ from engine.lora.slots import AdapterSlots
 from engine.scheduler.output import ScheduledSequence, SchedulerOutput
 from engine.scheduler.policies import make_waiting_queue
 from engine.scheduler.queue import WaitingQueue
+from engine.scheduler.step_budget import StepBudget
 from engine.scheduler.tenants import TenantBook
 from engine.sequence import Sequence, SequenceStatus
 
@@ -47,6 +48,9 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.adapter_slots = adapter_slots
+        itl_budget_s = None if config.itl_budget_ms is None else config.itl_budget_ms / 1000
+        self.step_budget = StepBudget(itl_budget_s, config.max_num_batched_tokens)
+        self._prefill_left = config.max_num_batched_tokens  # this step's, while scheduling
 
     # -- queue ------------------------------------------------------------------
 
@@ -83,6 +87,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Picks this step's sequences and token counts; allocates their KV slots."""
         budget = self.config.max_num_batched_tokens
+        self._prefill_left = self.step_budget.prefill_cap()
         scheduled: list[ScheduledSequence] = []
         preempted: list[Sequence] = []
 
@@ -94,6 +99,9 @@ class Scheduler:
                 i += 1
                 continue
             num_new = self._chunk(seq, budget)
+            if num_new == 0:  # a prompt chunk, and this step's prefill is spent
+                i += 1
+                continue
             while not self.kv.allocate_slots(seq, num_new):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -103,6 +111,7 @@ class Scheduler:
             else:
                 scheduled.append(ScheduledSequence(seq, seq.num_computed_tokens, num_new))
                 budget -= num_new
+                self._spend_prefill(num_new)
                 i += 1
 
         # Admitting while the pool is short would only preempt again next step.
@@ -134,6 +143,9 @@ class Scheduler:
                 computed_blocks, num_computed = self.kv.get_computed_blocks(seq)
             seq.num_computed_tokens = num_computed
             num_new = self._chunk(seq, budget)
+            if num_new == 0:  # this step's prefill is spent
+                seq.num_computed_tokens = 0
+                break
             if not self.kv.allocate_slots(seq, num_new, computed_blocks):
                 seq.num_computed_tokens = 0
                 break
@@ -147,6 +159,7 @@ class Scheduler:
             self.running.append(seq)
             scheduled.append(ScheduledSequence(seq, seq.num_computed_tokens, num_new))
             budget -= num_new
+            self._spend_prefill(num_new)
         return budget
 
     def _place_adapter(self, seq: Sequence) -> bool:
@@ -182,12 +195,27 @@ class Scheduler:
         slots.begin_step(wanted)
 
     def _chunk(self, seq: Sequence, budget: int) -> int:
-        """Tokens to compute for `seq` now: what is left, capped by budget and chunk size."""
+        """Tokens to compute for `seq` now: what is left, capped by budget and chunk size,
+        and a prompt's chunk by what is left of this step's prefill cap (may be 0)."""
         left = seq.num_tokens - seq.num_computed_tokens
-        cap = self.config.prefill_chunk_size
-        if cap is not None and left > 1:
-            left = min(left, cap)
+        if left > 1:
+            cap = self.config.prefill_chunk_size
+            if cap is not None:
+                left = min(left, cap)
+            left = min(left, self._prefill_left)
         return min(left, budget)
+
+    def _spend_prefill(self, num_new: int) -> None:
+        if num_new > 1:
+            self._prefill_left -= num_new
+
+    def observe_step(self, output: SchedulerOutput, elapsed_s: float) -> None:
+        """Feeds one finished step's wall time to the ITL budget's cost estimates."""
+        if not self.step_budget.enabled:
+            return
+        prefill = sum(i.num_new_tokens for i in output.scheduled if i.num_new_tokens > 1)
+        decodes = sum(1 for i in output.scheduled if i.num_new_tokens == 1)
+        self.step_budget.observe(prefill, decodes, elapsed_s)
 
     def _preempt(self, seq: Sequence) -> None:
         """Frees a running sequence's blocks; it will be recomputed from scratch (its block

@@ -377,6 +377,7 @@ class EngineServer:
                 "lora_running": dict(getattr(s, "lora_running", None) or {}),
                 "lora_waiting": dict(getattr(s, "lora_waiting", None) or {}),
                 "adapters": self.adapter_routes.listing(),
+                "prefill_token_cap": getattr(s, "prefill_token_cap", None),
             }
         )
 

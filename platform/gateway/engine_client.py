@@ -63,6 +63,8 @@ class EngineSnapshot:
     max_loras: int = 0
     running_adapters: tuple[str, ...] | None = None
     waiting_adapters: tuple[str, ...] | None = None
+    # Prompt tokens the engine's next step may carry under its ITL budget (None: no budget).
+    prefill_token_cap: int | None = None
 
 
 class EngineClient(Protocol):
@@ -225,6 +227,7 @@ class InProcessEngineClient:
             # The engine counts sequences per adapter name (engine.stats.EngineStats).
             running_adapters=_names(getattr(s, "lora_running", None)),
             waiting_adapters=_names(getattr(s, "lora_waiting", None)),
+            prefill_token_cap=getattr(s, "prefill_token_cap", None),
         )
 
     def public_prefix_blocks(self) -> int:

@@ -123,6 +123,11 @@ class GatewayMetrics:
             "vllm:request_decode_time_seconds", "First token to finished.", m,
             registry=r, buckets=_LATENCY_BUCKETS,
         )  # fmt: skip
+        self.prefill_cap = Gauge(
+            "cloister_engine_prefill_token_cap",
+            "Prompt tokens the next engine step may carry under the ITL budget.", m,
+            registry=r,
+        )  # fmt: skip
         self.cache_config = Gauge(
             "vllm:cache_config_info", "The KV cache's configuration (value 1).",
             [*m, "block_size", "num_gpu_blocks", "cache_dtype"], registry=r,
@@ -196,6 +201,8 @@ class GatewayMetrics:
             self.running.labels(name).set(snap.num_running)
             self.waiting.labels(name).set(snap.num_waiting)
             self.kv_usage.labels(name).set(snap.kv_cache_usage)
+            if snap.prefill_token_cap is not None:
+                self.prefill_cap.labels(name).set(snap.prefill_token_cap)
             last = self._last.get(name)
             pairs = (
                 (

@@ -408,6 +408,7 @@ class RemoteEngineClient:
                 max_loras=int(s.get("max_loras") or 0),
                 running_adapters=_adapter_names(s.get("lora_running")),
                 waiting_adapters=_adapter_names(s.get("lora_waiting")),
+                prefill_token_cap=_optional_int(s.get("prefill_token_cap")),
             )
             adapters = adapters_from_stats(s)
             if adapters is not None and changes == self._adapter_changes:
@@ -439,3 +440,8 @@ def _adapter_names(value: Any) -> tuple[str, ...] | None:
     if not isinstance(value, dict):
         return None
     return tuple(sorted(str(name) for name, count in value.items() if count))
+
+
+def _optional_int(value: Any) -> int | None:
+    """An integer a stats poll may leave out or send as null."""
+    return None if value is None else int(value)

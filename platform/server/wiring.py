@@ -117,6 +117,7 @@ def serve_engine_options(
         "lora_slot_quantum": settings.lora_slot_quantum,
         "max_num_batched_tokens": settings.max_num_batched_tokens,
         "prefill_chunk_size": settings.prefill_chunk_size,
+        "itl_budget_ms": settings.itl_budget_ms,
         "max_waiting": settings.max_waiting,
         "max_n": settings.max_n,
         "scheduling_policy": settings.scheduling_policy,

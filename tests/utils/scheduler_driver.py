@@ -30,9 +30,9 @@ class Driver:
     seqs: list[Sequence] = field(default_factory=list)
 
     @classmethod
-    def make(cls, *, num_blocks: int, block_size: int = 4, **sched: int) -> Driver:
+    def make(cls, *, num_blocks: int, block_size: int = 4, **sched: float) -> Driver:
         kv = KVCacheManager(BlockPool(num_blocks), block_size)
-        cfg = SchedulerConfig(**sched)
+        cfg = SchedulerConfig(**sched)  # type: ignore[arg-type]
         return cls(Scheduler(cfg, kv, eos_token_ids=frozenset({EOS}), max_model_len=10_000))
 
     def add(self, prompt: list[int], max_tokens: int, seq_id: str | None = None) -> Sequence:

@@ -60,6 +60,18 @@ ENGINE_OPTIONS: tuple[Callable[[Any], Any], ...] = (
         help="Steps an adapter keeps its slot before one that waits gets a turn.",
     ),
     click.option("--max-num-batched-tokens", type=int, default=None, help="Token budget per step."),
+    click.option(
+        "--prefill-chunk-size",
+        type=int,
+        default=None,
+        help="Most prompt tokens per sequence a step.",
+    ),
+    click.option(
+        "--itl-budget-ms",
+        type=float,
+        default=None,
+        help="Inter-token latency budget: caps each step's prompt tokens from measured step costs.",
+    ),
     click.option("--max-waiting", type=int, default=None, help="Waiting-queue slots (shared)."),
     click.option("--block-size", type=int, default=None, help="Tokens per KV block."),
     click.option(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pathlib
 
 from engine import LLM, SamplingParams
+from engine.scheduler.output import SchedulerOutput
 from tests.engine.api.conftest import PROMPTS
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -43,3 +44,25 @@ def test_preemption_keeps_outputs_identical(tiny_model: pathlib.Path) -> None:
     got, llm = run(tiny_model, num_blocks=12, block_size=8)
     assert llm.engine.scheduler.num_preemptions > 0
     assert got == reference
+
+
+def test_itl_budget_chunks_prompts_without_changing_outputs(tiny_model: pathlib.Path) -> None:
+    reference, plain = run(tiny_model, num_blocks=256)
+    assert plain.engine.stats().prefill_token_cap is None
+    # A budget no step fits: once the first steps are measured, prompts go by the floor.
+    _, llm = run(tiny_model, itl_budget_ms=1e-3, num_blocks=256)
+    decode, per_token = llm.engine.scheduler.step_budget.estimates()
+    assert decode is not None and decode > 0 and per_token is not None and per_token > 0
+    assert llm.engine.stats().prefill_token_cap == 16
+    steps: list[int] = []
+    schedule = llm.engine.scheduler.schedule
+
+    def recording() -> SchedulerOutput:
+        out = schedule()
+        steps.append(sum(i.num_new_tokens for i in out.scheduled if i.num_new_tokens > 1))
+        return out
+
+    llm.engine.scheduler.schedule = recording  # type: ignore[method-assign]
+    again = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    assert again == reference
+    assert max(steps) == 16 and len([s for s in steps if s]) > 3

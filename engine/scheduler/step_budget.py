@@ -1,0 +1,88 @@
+"""The prefill tokens a step may carry, set from an inter-token-latency budget (seed §7).
+
+A step's wall time is roughly a fixed part (the running decodes: one weight read,
+attention, sampling) plus a cost per prefill token. Every running sequence waits
+for the whole step before its next token, so the prefill a step carries is what
+stretches inter-token latency. With a budget B, the next step's prefill is capped at
+
+    (B - decode time) / cost per prefill token
+
+from the engine's own recent steps (medians, so a slow first step or a noisy
+neighbour moves the estimate little). Until both are measured the cap is the
+scheduler's token budget. The cap never drops below `MIN_PREFILL_TOKENS`, so a
+prompt always makes progress even when decodes alone fill the budget.
+
+The cap holds whether or not decodes are running. A burst of prompts arriving
+together is then spread over several steps, so their sequences start and finish
+at different steps and the next burst arrives spread out too. Without the cap,
+a closed loop of clients stays in lock step: every prompt of a round waits for
+one large prefill.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+
+# Recent samples kept per estimate; the median of these is the estimate.
+WINDOW = 16
+# Fewer prefill tokens than this in a step say little about their cost: not sampled.
+MIN_SAMPLE_TOKENS = 16
+# The cap's floor: a prompt's share of a step when decodes alone take the budget.
+MIN_PREFILL_TOKENS = 16
+
+
+class StepBudget:
+    """Learns step costs from observed steps and caps each step's prefill tokens."""
+
+    def __init__(self, itl_budget_s: float | None, max_tokens: int) -> None:
+        if itl_budget_s is not None and not itl_budget_s > 0:
+            raise ValueError("the ITL budget must be positive")
+        self.itl_budget_s = itl_budget_s
+        self.max_tokens = max_tokens
+        self._decode_s: deque[float] = deque(maxlen=WINDOW)
+        self._per_token_s: deque[float] = deque(maxlen=WINDOW)
+        self._cap = max_tokens
+
+    @property
+    def enabled(self) -> bool:
+        """Whether a budget is set (else the cap is always the scheduler's token budget)."""
+        return self.itl_budget_s is not None
+
+    def prefill_cap(self) -> int:
+        """Prefill tokens the next step may carry (decode rows are never capped)."""
+        return self._cap
+
+    def observe(self, prefill_tokens: int, decode_rows: int, elapsed_s: float) -> None:
+        """Records one finished step: its prefill tokens, decode rows and wall time."""
+        if self.itl_budget_s is None or elapsed_s < 0:
+            return
+        if prefill_tokens == 0:
+            if decode_rows > 0:
+                self._decode_s.append(elapsed_s)
+        elif prefill_tokens >= MIN_SAMPLE_TOKENS:
+            # A step without decodes still pays the fixed part; without a decode figure
+            # yet, the whole step is charged to its tokens (a smaller, safer cap).
+            fixed = self._decode_estimate() if decode_rows > 0 else 0.0
+            self._per_token_s.append(max(elapsed_s - fixed, 0.0) / prefill_tokens)
+        self._cap = self._compute_cap()
+
+    def estimates(self) -> tuple[float | None, float | None]:
+        """(decode step seconds, seconds per prefill token), None where not yet measured."""
+        decode = statistics.median(self._decode_s) if self._decode_s else None
+        per_token = statistics.median(self._per_token_s) if self._per_token_s else None
+        return decode, per_token
+
+    def _decode_estimate(self) -> float:
+        return statistics.median(self._decode_s) if self._decode_s else 0.0
+
+    def _compute_cap(self) -> int:
+        assert self.itl_budget_s is not None
+        if not self._per_token_s:
+            return self.max_tokens
+        per_token = statistics.median(self._per_token_s)
+        room = self.itl_budget_s - self._decode_estimate()
+        if per_token <= 0:
+            return self.max_tokens
+        cap = int(room / per_token) if room > 0 else 0
+        return max(MIN_PREFILL_TOKENS, min(cap, self.max_tokens))

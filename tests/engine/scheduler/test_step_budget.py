@@ -1,0 +1,146 @@
+"""The ITL budget: each step's prompt tokens capped from measured step costs (seed §7)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.scheduler.output import SchedulerOutput
+from engine.scheduler.step_budget import MIN_PREFILL_TOKENS, StepBudget
+from tests.utils.scheduler_driver import Driver
+
+DECODE_S = 0.040  # a step's fixed part in the synthetic cost below
+PER_TOKEN_S = 0.001  # and its cost per prompt token
+
+
+def synthetic_cost(out: SchedulerOutput) -> float:
+    """A step's wall time on a pretend machine: fixed part plus a cost per prompt token."""
+    prefill = sum(i.num_new_tokens for i in out.scheduled if i.num_new_tokens > 1)
+    return DECODE_S + PER_TOKEN_S * prefill
+
+
+def test_no_budget_never_caps() -> None:
+    budget = StepBudget(None, 2048)
+    for _ in range(5):
+        budget.observe(500, 8, 2.0)
+    assert not budget.enabled
+    assert budget.prefill_cap() == 2048
+    assert budget.estimates() == (None, None)
+
+
+def test_cap_is_what_fits_the_budget_after_decodes() -> None:
+    budget = StepBudget(0.100, 2048)
+    assert budget.prefill_cap() == 2048  # nothing measured yet
+    for _ in range(4):
+        budget.observe(0, 8, DECODE_S)
+        budget.observe(200, 8, DECODE_S + 200 * PER_TOKEN_S)
+    decode, per_token = budget.estimates()
+    assert decode == pytest.approx(DECODE_S)
+    assert per_token == pytest.approx(PER_TOKEN_S)
+    assert budget.prefill_cap() == 60  # (100 - 40) ms at 1 ms a token
+
+
+def test_a_slow_first_step_moves_the_estimate_little() -> None:
+    budget = StepBudget(0.100, 2048)
+    budget.observe(0, 8, 3.0)  # a compile or a page-in on the first decode
+    budget.observe(400, 0, 9.0)
+    for _ in range(6):
+        budget.observe(0, 8, DECODE_S)
+        budget.observe(100, 8, DECODE_S + 100 * PER_TOKEN_S)
+    assert budget.prefill_cap() == 60
+
+
+def test_cap_never_below_the_floor_nor_above_the_token_budget() -> None:
+    tight = StepBudget(0.010, 2048)  # decodes alone take 40 ms
+    loose = StepBudget(60.0, 512)
+    for b in (tight, loose):
+        b.observe(0, 8, DECODE_S)
+        b.observe(100, 8, DECODE_S + 100 * PER_TOKEN_S)
+    assert tight.prefill_cap() == MIN_PREFILL_TOKENS
+    assert loose.prefill_cap() == 512
+
+
+def test_small_prefills_are_not_sampled() -> None:
+    budget = StepBudget(0.100, 2048)
+    budget.observe(MIN_PREFILL_TOKENS - 1, 8, 5.0)  # says little about a token's cost
+    assert budget.estimates()[1] is None
+    assert budget.prefill_cap() == 2048
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0])
+def test_budget_must_be_positive(bad: float) -> None:
+    with pytest.raises(ValueError, match="positive"):
+        StepBudget(bad, 2048)
+
+
+def run_with_costs(d: Driver, max_steps: int = 10_000) -> list[float]:
+    """Steps `d` to the end, feeding each step's synthetic wall time back to the budget."""
+    times = []
+    for _ in range(max_steps):
+        if not d.scheduler.has_unfinished():
+            return times
+        out = d.step()
+        elapsed = synthetic_cost(out)
+        d.scheduler.observe_step(out, elapsed)
+        times.append(elapsed)
+    raise AssertionError("scheduler did not finish")
+
+
+def warm_up(d: Driver) -> None:
+    """Two requests that let the budget measure both costs: a decode, then a prompt
+    prefilled beside it."""
+    d.add([1, 2, 3, 4], max_tokens=12)  # too short a prompt to be sampled
+    for _ in range(3):
+        out = d.step()
+        d.scheduler.observe_step(out, synthetic_cost(out))
+    d.add(list(range(1, 41)), max_tokens=4)
+    run_with_costs(d)
+
+
+def test_scheduler_keeps_every_step_within_the_budget_once_measured() -> None:
+    d = Driver.make(num_blocks=2048, max_num_batched_tokens=2048, itl_budget_ms=100)
+    warm_up(d)
+    cap = d.scheduler.step_budget.prefill_cap()
+    assert cap == 60
+    # A burst of eight 200-token prompts, arriving together.
+    burst = [d.add([7 + i] * 200, max_tokens=16) for i in range(8)]
+    first_token_step: dict[str, int] = {}
+    while d.scheduler.has_unfinished():
+        out = d.step()
+        elapsed = synthetic_cost(out)
+        d.scheduler.observe_step(out, elapsed)
+        assert elapsed <= 0.100 + 1e-9
+        prefill = sum(i.num_new_tokens for i in out.scheduled if i.num_new_tokens > 1)
+        assert prefill <= cap
+        for seq in burst:
+            if seq.output_token_ids and seq.seq_id not in first_token_step:
+                first_token_step[seq.seq_id] = len(d.steps)
+            # Decodes are never held back: once a sequence has a token, it gets one a step.
+            if seq.output_token_ids and not seq.is_finished:
+                assert len(seq.output_token_ids) == len(d.steps) - first_token_step[seq.seq_id] + 1
+    assert all(len(seq.output_token_ids) == 16 for seq in burst)
+    # The burst's first tokens come at different steps: the next round arrives spread out.
+    assert len(set(first_token_step.values())) == len(burst)
+
+
+def test_without_a_budget_a_burst_prefills_in_one_step() -> None:
+    d = Driver.make(num_blocks=2048, max_num_batched_tokens=2048)
+    warm_up(d)
+    warm = len(d.steps)
+    for i in range(8):
+        d.add([7 + i] * 200, max_tokens=16)
+    run_with_costs(d)
+    assert d.steps[warm].num_batched_tokens == 1600
+    assert d.scheduler.step_budget.prefill_cap() == 2048
+
+
+def test_a_long_prompt_progresses_by_the_floor_when_decodes_fill_the_budget() -> None:
+    d = Driver.make(num_blocks=2048, max_num_batched_tokens=2048, itl_budget_ms=10)
+    d.add(list(range(1, 65)), max_tokens=40)
+    for _ in range(3):
+        out = d.step()
+        d.scheduler.observe_step(out, synthetic_cost(out))
+    long = d.add([3] * 100, max_tokens=2)
+    run_with_costs(d)
+    chunks = [s.num_new_tokens for out in d.steps for s in out.scheduled if s.seq is long]
+    assert chunks[:6] == [MIN_PREFILL_TOKENS] * 6
+    assert long.finish_reason == "length"
