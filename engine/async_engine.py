@@ -47,6 +47,7 @@ from engine.model.tokenizer import Tokenizer
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest
 from engine.scheduler.tenants import within_share
+from engine.scratch_thread import run_on_scratch_thread
 from engine.stats import EngineStats
 from engine.structured.compiler import GrammarCompiler
 from engine.structured.spec import StructuredSpec
@@ -361,8 +362,13 @@ class AsyncEngine(EngineFront):
 
     @classmethod
     def from_options(cls, model: str | None = None, **options: Any) -> AsyncEngine:
-        """Loads the model and builds the engine from flat options, like `LLM(...)`."""
-        return cls(LLMEngine(build_config(model, **options)))
+        """Loads the model and builds the engine from flat options, like `LLM(...)`.
+
+        The build runs on a scratch thread, not the caller's: the engine steps on a
+        thread of its own, and a second live OpenMP team would slow every step.
+        """
+        config = build_config(model, **options)
+        return cls(run_on_scratch_thread(lambda: LLMEngine(config)))
 
     async def start(self) -> None:
         """Starts the engine thread on the running event loop."""

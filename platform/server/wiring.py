@@ -156,9 +156,14 @@ def load_engine(
             )
         )
     from engine.async_engine import AsyncEngine
+    from engine.scratch_thread import run_on_scratch_thread
 
     progress = shows_progress(settings.log_format)
-    return AsyncEngine(factory() if factory else build_engine(path, options, progress=progress))
+    # Built off this thread: the engine steps on a thread of its own (see scratch_thread).
+    built = run_on_scratch_thread(
+        factory or functools.partial(build_engine, path, options, progress=progress)
+    )
+    return AsyncEngine(built)
 
 
 def shows_progress(log_format: str) -> bool:
