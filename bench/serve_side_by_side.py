@@ -17,7 +17,7 @@ the random workload once against each server, and its output throughput is print
 beside ours (the benchmark client's agreement check).
 
     python bench/serve_side_by_side.py [--peers /tmp/peers] [--engine-mode thread]
-        [--weight-quant int4] [--rounds 2] [--duration-s 40] [--warmup-s 8] [--sglang DIR]
+        [--weight-quant int4] [--itl-budget-ms MS] [--rounds 2] [--duration-s 40] [--warmup-s 8] [--sglang DIR]
 
 It needs `../shared/tools/peers-setup` (llama-server built into /tmp/peers). The last
 line is JSON: per workload each server's figures (mean over rounds), the ratios and
@@ -129,6 +129,8 @@ def cloister_server(args: argparse.Namespace, log: Path) -> Iterator[Server]:
         "--weight-quant",
         args.weight_quant,
     ]
+    if args.itl_budget_ms is not None:
+        cmd += ["--itl-budget-ms", str(args.itl_budget_ms)]
     env = {**os.environ, "CLOISTER_LOG_FORMAT": "json", "CLOISTER_ENGINE_LOG_INTERVAL_S": "0"}
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -240,6 +242,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--peers", type=Path, default=Path("/tmp/peers"))
     parser.add_argument("--engine-mode", choices=("thread", "process"), default="thread")
     parser.add_argument("--weight-quant", choices=("none", "int8", "int4"), default="none")
+    parser.add_argument(
+        "--itl-budget-ms", type=float, help="Cloister's ITL budget (default: serve's own)"
+    )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--duration-s", type=float, default=40.0)
     parser.add_argument("--warmup-s", type=float, default=8.0)

@@ -9,8 +9,10 @@ stretches inter-token latency. With a budget B, the next step's prefill is cappe
 
 from the engine's own recent steps (medians, so a slow first step or a noisy
 neighbour moves the estimate little). Until both are measured the cap is the
-scheduler's token budget. The cap never drops below `MIN_PREFILL_TOKENS`, so a
-prompt always makes progress even when decodes alone fill the budget.
+scheduler's token budget. The cap never drops below what costs as much as the
+decodes themselves (nor below `MIN_PREFILL_TOKENS`): when decodes alone fill the
+budget, a step may at most double, and prompts still advance at half the
+engine's time rather than starve.
 
 The cap holds whether or not decodes are running. A burst of prompts arriving
 together is then spread over several steps, so their sequences start and finish
@@ -81,8 +83,12 @@ class StepBudget:
         if not self._per_token_s:
             return self.max_tokens
         per_token = statistics.median(self._per_token_s)
-        room = self.itl_budget_s - self._decode_estimate()
         if per_token <= 0:
             return self.max_tokens
+        decode = self._decode_estimate()
+        room = self.itl_budget_s - decode
         cap = int(room / per_token) if room > 0 else 0
-        return max(MIN_PREFILL_TOKENS, min(cap, self.max_tokens))
+        # Prompts may always take as much of a step as its decodes do: with more decodes
+        # than the budget fits, a prompt still advances at half the engine's time.
+        floor = max(MIN_PREFILL_TOKENS, int(decode / per_token))
+        return min(max(cap, floor), self.max_tokens)

@@ -6,6 +6,7 @@ import pathlib
 
 from engine import LLM, SamplingParams
 from engine.scheduler.output import SchedulerOutput
+from engine.scheduler.step_budget import StepBudget
 from tests.engine.api.conftest import PROMPTS
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -46,23 +47,33 @@ def test_preemption_keeps_outputs_identical(tiny_model: pathlib.Path) -> None:
     assert got == reference
 
 
+class CapOf16(StepBudget):
+    """A budget whose cap is fixed, whatever the steps cost (on a tiny model the decodes'
+    own floor would let every prompt in at once)."""
+
+    def prefill_cap(self) -> int:
+        return 16
+
+
 def test_itl_budget_chunks_prompts_without_changing_outputs(tiny_model: pathlib.Path) -> None:
     reference, plain = run(tiny_model, num_blocks=256)
     assert plain.engine.stats().prefill_token_cap is None
-    # A budget no step fits: once the first steps are measured, prompts go by the floor.
     _, llm = run(tiny_model, itl_budget_ms=1e-3, num_blocks=256)
-    decode, per_token = llm.engine.scheduler.step_budget.estimates()
+    scheduler = llm.engine.scheduler
+    decode, per_token = scheduler.step_budget.estimates()  # the engine fed it its steps
     assert decode is not None and decode > 0 and per_token is not None and per_token > 0
-    assert llm.engine.stats().prefill_token_cap == 16
-    steps: list[int] = []
-    schedule = llm.engine.scheduler.schedule
+    assert llm.engine.stats().prefill_token_cap == scheduler.step_budget.prefill_cap()
+    scheduler.step_budget = CapOf16(1e-6, 2048)
+    steps: list[int] = []  # prompt tokens per step
+    schedule = scheduler.schedule
 
     def recording() -> SchedulerOutput:
         out = schedule()
         steps.append(sum(i.num_new_tokens for i in out.scheduled if i.num_new_tokens > 1))
         return out
 
-    llm.engine.scheduler.schedule = recording  # type: ignore[method-assign]
-    again = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    scheduler.schedule = recording  # type: ignore[method-assign]
+    again = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_cache=False)]
     assert again == reference
-    assert max(steps) == 16 and len([s for s in steps if s]) > 3
+    assert max(steps) == 16
+    assert len([p for p in steps if p]) >= sum(len(llm.tokenizer.encode(p)) for p in PROMPTS) // 16

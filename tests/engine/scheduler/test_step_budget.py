@@ -49,14 +49,19 @@ def test_a_slow_first_step_moves_the_estimate_little() -> None:
     assert budget.prefill_cap() == 60
 
 
-def test_cap_never_below_the_floor_nor_above_the_token_budget() -> None:
+def test_cap_never_below_the_floors_nor_above_the_token_budget() -> None:
     tight = StepBudget(0.010, 2048)  # decodes alone take 40 ms
     loose = StepBudget(60.0, 512)
     for b in (tight, loose):
         b.observe(0, 8, DECODE_S)
         b.observe(100, 8, DECODE_S + 100 * PER_TOKEN_S)
-    assert tight.prefill_cap() == MIN_PREFILL_TOKENS
+    # As many prompt tokens as cost what the decodes do: prompts get half of a step.
+    assert tight.prefill_cap() == 40
     assert loose.prefill_cap() == 512
+    cheap_decodes = StepBudget(0.001, 2048)
+    cheap_decodes.observe(0, 1, 0.002)
+    cheap_decodes.observe(100, 1, 0.002 + 100 * PER_TOKEN_S)
+    assert cheap_decodes.prefill_cap() == MIN_PREFILL_TOKENS
 
 
 def test_small_prefills_are_not_sampled() -> None:
@@ -133,14 +138,16 @@ def test_without_a_budget_a_burst_prefills_in_one_step() -> None:
     assert d.scheduler.step_budget.prefill_cap() == 2048
 
 
-def test_a_long_prompt_progresses_by_the_floor_when_decodes_fill_the_budget() -> None:
+def test_a_long_prompt_still_gets_half_a_step_when_decodes_fill_the_budget() -> None:
     d = Driver.make(num_blocks=2048, max_num_batched_tokens=2048, itl_budget_ms=10)
-    d.add(list(range(1, 65)), max_tokens=40)
-    for _ in range(3):
+    warm_up(d)
+    d.add(list(range(1, 5)), max_tokens=40)  # a decode that runs beside the prompt
+    for _ in range(2):
         out = d.step()
         d.scheduler.observe_step(out, synthetic_cost(out))
     long = d.add([3] * 100, max_tokens=2)
     run_with_costs(d)
     chunks = [s.num_new_tokens for out in d.steps for s in out.scheduled if s.seq is long]
-    assert chunks[:6] == [MIN_PREFILL_TOKENS] * 6
+    # Decodes alone take 40 ms, over the 10 ms budget: prompts get 40 tokens at 1 ms each.
+    assert chunks[:2] == [40, 40]
     assert long.finish_reason == "length"
