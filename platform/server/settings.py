@@ -202,8 +202,8 @@ class Settings(BaseSettings):
     max_num_batched_tokens: int = Field(default=2048, ge=1)
     prefill_chunk_size: int | None = Field(default=None, ge=1)
     # Inter-token latency budget per step: prompt tokens per step are capped from the
-    # engine's measured step costs so that a step fits it (None: the token budget only).
-    itl_budget_ms: float | None = Field(default=None, gt=0.0, le=60_000.0)
+    # engine's measured step costs so that a step fits it ("off": the token budget only).
+    itl_budget_ms: float | None = Field(default=200.0, gt=0.0, le=60_000.0)
     block_size: int = Field(default=16, ge=1, le=1024)
     # The KV pool: an explicit budget in bytes, else (on CUDA) this fraction of the GPU.
     gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
@@ -308,6 +308,14 @@ class Settings(BaseSettings):
                     f"not {entry!r}"
                 )
         return tuple(value or ())
+
+    @field_validator("itl_budget_ms", mode="before")
+    @classmethod
+    def _parse_itl_budget(cls, value: Any) -> Any:
+        """`off` (or `none`, or empty) turns the ITL budget off."""
+        if isinstance(value, str) and value.strip().lower() in ("", "off", "none"):
+            return None
+        return value
 
     @field_validator("models", mode="before")
     @classmethod

@@ -221,6 +221,7 @@ def test_fused_ops_on_needs_cuda() -> None:
         ["--itl-budget-ms", "-5"],
         ["--itl-budget-ms", "nan"],
         ["--itl-budget-ms", "inf"],
+        ["--itl-budget-ms", "fast"],
         ["--prefill-chunk-size", "0"],
         ["--gpu-memory-utilization", "1.5"],
         ["--dtype", "int8"],
@@ -442,3 +443,13 @@ def test_engine_urls_for_one_model_or_named_per_model() -> None:
         engine_url_groups(("small=http://a:1", "http://b:1"), ("small",))
     with pytest.raises(ValueError, match="the served models are"):
         engine_url_groups(("other=http://a:1",), ("small",))
+
+
+@pytest.mark.parametrize("off", ["off", "OFF", "none", ""])
+def test_the_itl_budget_can_be_turned_off(off: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Settings().itl_budget_ms == 200.0  # serve's default
+    assert Settings(itl_budget_ms=off).itl_budget_ms is None  # type: ignore[arg-type]
+    monkeypatch.setenv("CLOISTER_ITL_BUDGET_MS", off)
+    assert Settings().itl_budget_ms is None
+    monkeypatch.setenv("CLOISTER_ITL_BUDGET_MS", "120")
+    assert Settings().itl_budget_ms == 120.0

@@ -68,9 +68,9 @@ ENGINE_OPTIONS: tuple[Callable[[Any], Any], ...] = (
     ),
     click.option(
         "--itl-budget-ms",
-        type=float,
         default=None,
-        help="Inter-token latency budget: caps each step's prompt tokens from measured step costs.",
+        help="Inter-token latency budget (default 200): caps each step's prompt tokens from "
+        "measured step costs; 'off' for the token budget alone.",
     ),
     click.option("--max-waiting", type=int, default=None, help="Waiting-queue slots (shared)."),
     click.option("--block-size", type=int, default=None, help="Tokens per KV block."),
