@@ -87,7 +87,7 @@ def test_the_cap_is_on_metrics_and_requests_are_served_whole(
 
 
 def test_without_a_budget_there_is_no_cap_series(tmp_path: Path) -> None:
-    client, key = serve(tmp_path)
+    client, key = serve(tmp_path, itl_budget_ms="off")
     with client:
         complete(client, key, list(range(5, 45)), 2)
         assert "cloister_engine_prefill_token_cap{" not in client.get("/metrics").text
