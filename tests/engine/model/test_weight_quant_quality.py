@@ -145,7 +145,7 @@ def test_quantized_weights_keep_greedy_output_and_perplexity(
     smollm2: LoadedModel, fp32_reference: tuple[list[list[int]], float], case: str
 ) -> None:
     if CASES[case][3] and not quant._fbgemm_linear():
-        pytest.skip("int8 activations need torch's fbgemm int8 linear")
+        pytest.skip(reason="int8 activations need torch's fbgemm int8 linear")
     figures = measure(smollm2, case, fp32_reference)
     assert figures["teacher_forced_agreement"] >= MIN_TEACHER_FORCED_AGREEMENT[case], figures
     assert figures["free_run_agreement"] >= MIN_FREE_RUN_AGREEMENT[case], figures
