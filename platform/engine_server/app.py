@@ -35,10 +35,11 @@ from starlette.routing import Route
 
 from engine.errors import EngineDeadError, EngineOverloadedError, InvalidRequestError
 from engine.outputs import StreamEvent
+from engine.request import EngineRequest
 from engine_server.adapters import AdapterRoutes, CountingFront
 from engine_server.auth import ServiceAuth
 from engine_server.metrics import EngineMetrics
-from engine_server.sse import EventStream
+from engine_server.sse import EventStream, StreamRefused
 from engine_server.tracing import GenerateSpan
 from engine_server.wire import (
     DONE_CHUNK,
@@ -143,8 +144,13 @@ class EngineServer:
             raise _Refused(error(400, "the body is not JSON", type_="invalid_request")) from None
 
     async def completions(self, request: Request) -> Response:
-        """Submits one request and streams its events as OpenAI completion chunks."""
-        span: GenerateSpan | None = None
+        """Submits one request and streams its events as OpenAI completion chunks.
+
+        A streamed request is submitted by its response, once the route's and the
+        framework's own work is done (`EventStream` opens it): submitted here, the engine
+        thread's first step would contend for the GIL with that work, which put about
+        a fifth of a millisecond on each request's first token (bench/engine_hop.py).
+        """
         try:
             body = await self._json(request)
             if not isinstance(body, dict):
@@ -162,33 +168,41 @@ class EngineServer:
                 raise _Refused(error(503, "the engine is draining", type_="unavailable"))
             body = await self._with_token_ids(body)
             engine_request = request_from_wire(body, request.headers)
-            if self.tracer is not None:
-                span = GenerateSpan(self.tracer, engine_request, request.headers, self.model_name)
-            try:
-                stream = self.front.submit(engine_request)
-            except Exception as exc:
-                if span is not None:
-                    span.end(exc)
-                raise
         except _Refused as refused:
             return refused.response
         except InvalidRequestError as exc:
-            return error(400, exc.message, type_="invalid_request_error", code=exc.code)
-        except EngineOverloadedError as exc:
-            response = error(503, str(exc), type_="overloaded", code="engine_overloaded")
-            response.headers["retry-after"] = str(max(1, round(exc.retry_after_s)))
-            return response
-        except EngineDeadError as exc:
-            return error(503, str(exc), type_="unavailable", code="engine_dead")
+            return _refusal(exc)
+        span = None
+        if self.tracer is not None:
+            span = GenerateSpan(self.tracer, engine_request, request.headers, self.model_name)
         request_id = engine_request.request_id
-        events = self._events(request_id, stream, span)
         if not body.get("stream", False):  # OpenAI's default is a whole response
+            try:
+                stream = self._submit(engine_request, span)
+            except _Refused as refused:
+                return refused.response
+            events = self._events(request_id, stream, span)
             return await self._whole(request_id, engine_request.prompt_token_ids, events)
-        if request.headers.get(WIRE_HEADER) == EVENTS_WIRE:
-            chunks = self._chunks(events, event_to_compact)
-        else:
-            chunks = self._chunks(events, self._openai_chunk(request_id))
-        return EventStream(chunks, {REQUEST_ID_HEADER: request_id}, last=DONE_CHUNK)
+        compact = request.headers.get(WIRE_HEADER) == EVENTS_WIRE
+        encode = event_to_compact if compact else self._openai_chunk(request_id)
+
+        def open_chunks() -> AsyncGenerator[bytes, None]:
+            stream = self._submit(engine_request, span)
+            return self._chunks(self._events(request_id, stream, span), encode)
+
+        return EventStream(open_chunks, {REQUEST_ID_HEADER: request_id}, last=DONE_CHUNK)
+
+    def _submit(self, engine_request: EngineRequest, span: GenerateSpan | None) -> Any:
+        """The engine's stream of `engine_request`; a refusal (a bad request, overload, a
+        dead engine) is a `_Refused` with its error response, and ends the span."""
+        try:
+            return self.front.submit(engine_request)
+        except Exception as exc:
+            if span is not None:
+                span.end(exc)
+            if isinstance(exc, InvalidRequestError | EngineOverloadedError | EngineDeadError):
+                raise _Refused(_refusal(exc)) from None
+            raise
 
     async def _with_token_ids(self, body: dict[str, Any]) -> dict[str, Any]:
         """The body with a text prompt tokenized by the engine's tokenizer (a router or a
@@ -382,9 +396,16 @@ class EngineServer:
         )
 
 
-class _Refused(Exception):
-    """Carries an error response out of a helper."""
+def _refusal(exc: InvalidRequestError | EngineOverloadedError | EngineDeadError) -> Response:
+    """The error response of a request the engine refused."""
+    if isinstance(exc, InvalidRequestError):
+        return error(400, exc.message, type_="invalid_request_error", code=exc.code)
+    if isinstance(exc, EngineOverloadedError):
+        response = error(503, str(exc), type_="overloaded", code="engine_overloaded")
+        response.headers["retry-after"] = str(max(1, round(exc.retry_after_s)))
+        return response
+    return error(503, str(exc), type_="unavailable", code="engine_dead")
 
-    def __init__(self, response: Response) -> None:
-        super().__init__(response.status_code)
-        self.response = response
+
+class _Refused(StreamRefused):
+    """Carries an error response out of a helper (or out of a stream's opener)."""

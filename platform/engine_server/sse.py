@@ -9,14 +9,15 @@ It also sends the status line and headers with the first chunk, not before it: a
 client then wakes once for the first event rather than twice (headers, then chunk);
 and the last chunk (the one ending with `last`, [DONE] for completions) goes out with
 the body's end in one write, rather than three (chunk, [DONE], end).
-An error found before the first chunk is still an ordinary error response, since
-the route answers those before it builds this one.
+The stream is opened (for completions: the request submitted to the engine) only
+when the response is called, after the route's and the framework's own work; an
+opener that refuses raises `StreamRefused`, and its error response goes out instead.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -24,15 +25,29 @@ from starlette.types import Receive, Scope, Send
 MEDIA_TYPE = b"text/event-stream; charset=utf-8"
 
 
+class StreamRefused(Exception):
+    """A stream that could not be opened; `response` (an error) answers instead."""
+
+    def __init__(self, response: Response) -> None:
+        super().__init__(response.status_code)
+        self.response = response
+
+
 class EventStream(Response):
-    """Sends `chunks` (already framed server-sent events) as a chunked 200 response."""
+    """Sends the chunks `opener()` gives (already framed server-sent events) as a chunked
+    200 response."""
 
     def __init__(
-        self, chunks: AsyncGenerator[bytes, None], headers: Mapping[str, str], *, last: bytes
+        self,
+        opener: Callable[[], AsyncGenerator[bytes, None]],
+        headers: Mapping[str, str],
+        *,
+        last: bytes,
     ) -> None:
-        """`headers`: extra response headers (latin-1); a chunk that ends with `last` is
+        """`opener`: called once, when the response is sent (it may raise `StreamRefused`);
+        `headers`: extra response headers (latin-1); a chunk that ends with `last` is
         the stream's last (the generator is closed after it)."""
-        self.chunks = chunks
+        self.opener = opener
         self.last = last
         self.status_code = 200
         self.background = None
@@ -42,7 +57,12 @@ class EventStream(Response):
         ]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Streams until the chunks end or the client hangs up."""
+        """Opens the stream and sends it until it ends or the client hangs up."""
+        try:
+            chunks = self.opener()
+        except StreamRefused as refused:
+            await refused.response(scope, receive, send)
+            return
         streaming = asyncio.current_task()
         assert streaming is not None
         state = _State()
@@ -58,7 +78,7 @@ class EventStream(Response):
         try:
             started = False
             end = b""
-            async for chunk in self.chunks:
+            async for chunk in chunks:
                 if not started:
                     await send(
                         {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
@@ -81,7 +101,7 @@ class EventStream(Response):
         finally:
             state.ending = True
             listener.cancel()
-            await self.chunks.aclose()
+            await chunks.aclose()
 
 
 class _State:

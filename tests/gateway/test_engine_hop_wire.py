@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import orjson
 import pytest
+from starlette.requests import Request
 
 from engine.errors import EngineDeadError, EngineOverloadedError, InvalidRequestError
 from engine.outputs import (
@@ -46,9 +47,11 @@ class ScriptedEngine(FakeEngine):
     def __init__(self) -> None:
         super().__init__(token_delay_s=0.01, max_waiting=4)
         self.abort_calls: list[str] = []
+        self.submitted: list[str] = []
 
     def submit(self, request: EngineRequest) -> AsyncIterator[StreamEvent]:
         """The fake's stream, or one that breaks after its first event."""
+        self.submitted.append(request.request_id)  # refused or not
         stream = super().submit(request)
         if request.prompt_token_ids[0] != self.FAIL:
             return stream
@@ -228,6 +231,57 @@ def test_errors_map_to_the_engine_clients_exceptions(served: tuple[str, Scripted
         headers=AUTH,
     )
     assert whole.status_code == 503 and "the device fell over" in whole.json()["error"]["message"]
+
+
+def test_a_streamed_request_reaches_the_engine_when_its_response_is_sent() -> None:
+    """The route returns before it submits (the engine's first step would otherwise
+    contend with the route's own work); the response submits, and a refusal found
+    then is still an error status, not a stream."""
+    engine = ScriptedEngine()
+    server = EngineServer(engine, model_name="tiny", auth=ServiceAuth(TOKEN))
+
+    def scope_of(rid: str) -> dict[str, object]:
+        headers = [(b"authorization", f"Bearer {TOKEN}".encode()), (b"x-request-id", rid.encode())]
+        return {"type": "http", "method": "POST", "path": "/v1/completions", "headers": headers}
+
+    async def send_request(rid: str, prompt: list[int]) -> list[dict[str, object]]:
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": 3, "stream": True}
+        inbox = [{"type": "http.request", "body": orjson.dumps(body), "more_body": False}]
+
+        async def receive() -> dict[str, object]:
+            if inbox:
+                return inbox.pop(0)
+            await asyncio.Event().wait()  # the client stays: no disconnect
+            raise AssertionError("unreachable")
+
+        sent: list[dict[str, object]] = []
+
+        async def send(message: dict[str, object]) -> None:
+            sent.append(message)
+
+        scope = scope_of(rid)
+        response = await server.completions(Request(scope, receive))
+        assert rid not in engine.submitted  # not yet: the route only built the response
+        await response(scope, receive, send)
+        assert rid in engine.submitted
+        return sent
+
+    async def scenario() -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+        await engine.start()
+        try:
+            ok = await send_request("late-1", [20, 21])
+            refused = await send_request("late-2", [1] * 600)  # over the context length
+        finally:
+            await engine.shutdown()
+        return ok, refused
+
+    ok, refused = asyncio.run(scenario())
+    assert ok[0]["status"] == 200
+    body = b"".join(m.get("body", b"") for m in ok[1:])  # type: ignore[misc]
+    assert body.endswith(b"data: [DONE]\n\n") and body.count(b"data: {") == 3
+    assert refused[0]["status"] == 400
+    error = orjson.loads(refused[1]["body"])["error"]  # type: ignore[arg-type]
+    assert error["type"] == "invalid_request_error" and "late-2" not in engine.running
 
 
 def test_an_unreachable_server_is_an_unavailable_engine(served: tuple[str, ScriptedEngine]) -> None:
