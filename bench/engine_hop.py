@@ -58,9 +58,15 @@ ENGINE_ENV = {
 }
 
 
-def fake_front(settings: Settings) -> Any:
-    """The fake fast engine with `cloister serve`'s options from `settings`."""
-    fake = functools.partial(fast_fake_llm_engine, **serve_engine_options(settings))
+STEP_ENV = "CLOISTER_BENCH_FAKE_STEP_MS"  # the child's --step-ms
+
+
+def fake_front(settings: Settings, step_ms: float) -> Any:
+    """The fake fast engine with `cloister serve`'s options from `settings`, whose forward
+    pass waits `step_ms` with the GIL released."""
+    fake = functools.partial(
+        fast_fake_llm_engine, compute_s=step_ms / 1e3, **serve_engine_options(settings)
+    )
     return load_engine(settings, factory=fake)
 
 
@@ -70,7 +76,8 @@ def serve_engine() -> None:
 
     settings = Settings()
     token = None if settings.service_token is None else settings.service_token.get_secret_value()
-    run_engine_server(settings, token=token, drain_timeout_s=1.0, front=fake_front(settings))
+    front = fake_front(settings, float(os.environ.get(STEP_ENV, "0")))
+    run_engine_server(settings, token=token, drain_timeout_s=1.0, front=front)
 
 
 @dataclass(frozen=True)
@@ -193,6 +200,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--round", type=int, default=10, help="requests per side per round")
     p.add_argument("--max-tokens", type=int, default=8)
+    p.add_argument(
+        "--step-ms",
+        type=float,
+        default=0.0,
+        help="each forward pass of the fake model waits this long with the GIL released, "
+        "as a real model's kernels run (default 0: the step is the engine's own work)",
+    )
     p.add_argument("--serve-engine", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -206,7 +220,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # The same settings the engine process gets, without touching this process's
     # environment (a caller, such as the test suite, keeps its own).
     settings = Settings(**{k.removeprefix("CLOISTER_").lower(): v for k, v in ENGINE_ENV.items()})
-    front = fake_front(settings)
+    front = fake_front(settings, args.step_ms)
     tokenizer = front.tokenizer
     prompts = [tuple(tokenizer.encode(f"Request {i}: name a colour.")) for i in range(64)]
     port = free_port()
@@ -215,6 +229,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         env = {**os.environ, **ENGINE_ENV, "CLOISTER_SERVICE_TOKEN": TOKEN}
         env["CLOISTER_DATA_DIR"] = tmp
         env["CLOISTER_PORT"] = str(port)
+        env[STEP_ENV] = str(args.step_ms)
         env["PYTHONPATH"] = os.pathsep.join(sys.path)
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
@@ -235,6 +250,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "bench": "engine_hop",
         "requests_per_side": args.requests,
         "max_tokens": args.max_tokens,
+        "step_ms": args.step_ms,
         "tokens_per_request": statistics.fmean(t.tokens for t in remote_timings),
         "in_process": local,
         "remote": remote,

@@ -10,6 +10,7 @@ prompt; KV blocks are allocated and freed by the engine as usual but never read.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import torch
@@ -27,8 +28,11 @@ FAKE_VOCAB_ROWS = 64  # distinct next-token rows; input token t uses row t % 64
 class FastFakeModel(torch.nn.Module):
     """forward() -> one small hidden row per position; compute_logits() -> vocab logits."""
 
-    def __init__(self, vocab_size: int, seed: int = 0) -> None:
+    def __init__(self, vocab_size: int, seed: int = 0, *, compute_s: float = 0.0) -> None:
+        """`compute_s`: seconds each forward pass waits with the GIL released, as a real
+        model's kernels would run (0: none, the step is the engine's own work alone)."""
         super().__init__()
+        self.compute_s = compute_s
         gen = torch.Generator().manual_seed(seed)
         self.register_buffer(
             "logits_table", torch.randn(FAKE_VOCAB_ROWS, vocab_size, generator=gen)
@@ -42,6 +46,8 @@ class FastFakeModel(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: Any) -> torch.Tensor:
         """The row index of each position (as the hidden state); the KV cache is untouched."""
+        if self.compute_s:
+            time.sleep(self.compute_s)
         return input_ids % FAKE_VOCAB_ROWS
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -73,7 +79,9 @@ def fast_fake_engine(**options: Any) -> AsyncEngine:
     return AsyncEngine(fast_fake_llm_engine(**options))
 
 
-def fast_fake_llm_engine(*, model: FastFakeModel | None = None, **options: Any) -> LLMEngine:
+def fast_fake_llm_engine(
+    *, model: FastFakeModel | None = None, compute_s: float = 0.0, **options: Any
+) -> LLMEngine:
     """An LLMEngine over the fake model, with the tiny model's shape and SmolLM2's tokenizer.
 
     No weights are written or loaded: the fake needs only a shape and a tokenizer.
@@ -83,7 +91,7 @@ def fast_fake_llm_engine(*, model: FastFakeModel | None = None, **options: Any) 
     folder = smollm2_tokenizer_dir()
     arch = architecture_from_config(tiny_config())
     fake = LoadedModel(
-        model=model if model is not None else FastFakeModel(arch.vocab_size),  # type: ignore[arg-type]
+        model=model if model is not None else FastFakeModel(arch.vocab_size, compute_s=compute_s),  # type: ignore[arg-type]
         arch=arch,
         tokenizer=load_hf_tokenizer(folder),
         revision="fast-fake",
