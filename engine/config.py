@@ -76,6 +76,10 @@ class CacheConfig:
     retention_ttl_s: float | None = None  # idle cached blocks older than this are dropped
     scrub_freed_blocks: bool = False  # zero KV blocks when they leave a domain
     published_prefixes: tuple[tuple[int, ...], ...] = ()  # token ids shared by every domain
+    # KV-cache events in vLLM's format over ZeroMQ (engine/kv_events_publisher.py):
+    # None publishes nothing; the topic prefixes each message (llm-d: kv@<pod>@<model>).
+    kv_events_endpoint: str | None = None
+    kv_events_topic: str = ""
 
 
 @dataclass(frozen=True)

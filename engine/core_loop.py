@@ -210,7 +210,14 @@ class EngineLoop:
         self._wake.set()
 
     def run(self) -> None:
-        """Serves until `STOP` arrives; an exception here means the engine is dead."""
+        """Serves until `STOP` arrives; an exception here means the engine is dead.
+        Either way the engine is closed when it returns."""
+        try:
+            self._serve()
+        finally:
+            self.engine.close()
+
+    def _serve(self) -> None:
         while True:
             events: list[StreamEvent] = []
             failures: list[RequestFailure] = []

@@ -23,6 +23,7 @@ from engine.config import (
 from engine.errors import EngineError, EngineOverloadedError, InvalidRequestError
 from engine.kv_cache.cache_rules import CacheRules
 from engine.kv_cache.manager import KVCacheManager
+from engine.kv_events_publisher import KVEventPublisher
 from engine.lora.manager import LoraManager
 from engine.lora.peft import AdapterInfo
 from engine.lora.registry import located
@@ -192,6 +193,13 @@ class LLMEngine:
         self._num_generated = 0
         self._num_prompt = 0  # prompt tokens of requests that sampled their first token
         self._failures: list[tuple[str, Exception]] = []
+        self.kv_events: KVEventPublisher | None = None
+        if config.cache.kv_events_endpoint is not None:
+            self.kv.record_events("GPU" if device.type == "cuda" else "CPU")
+            self.kv_events = KVEventPublisher(
+                config.cache.kv_events_endpoint, config.cache.kv_events_topic
+            )
+            self._publish_kv_events()  # AllBlocksCleared: this engine holds no block yet
 
     @classmethod
     def from_options(cls, model: str | None = None, **options: Any) -> LLMEngine:
@@ -376,6 +384,7 @@ class LLMEngine:
         Takes effect for the next lookup; see `KVCacheManager.apply_rules`.
         """
         self.kv.apply_rules(rules)
+        self._publish_kv_events()  # withdrawn published blocks may have been evicted
 
     # -- adapters -----------------------------------------------------------------
 
@@ -435,12 +444,29 @@ class LLMEngine:
         requests are dropped with their blocks freed; `take_failures` hands them over.
         """
         started = time.perf_counter()
-        output = self.scheduler.schedule()
-        if output.is_empty:
-            return []
-        events = self._run_step(output)
-        self.scheduler.observe_step(output, time.perf_counter() - started)
-        return events
+        try:
+            output = self.scheduler.schedule()
+            if output.is_empty:
+                return []
+            events = self._run_step(output)
+            self.scheduler.observe_step(output, time.perf_counter() - started)
+            return events
+        finally:
+            self._publish_kv_events()
+
+    def _publish_kv_events(self) -> None:
+        """Hands the cache's changes since the last call to the KV events publisher."""
+        if self.kv_events is not None and self.kv.events is not None:
+            batch = self.kv.events.take()
+            if batch is not None:
+                self.kv_events.publish(batch)
+
+    def close(self) -> None:
+        """Releases what outlives a step: the KV events publisher's socket and thread."""
+        if self.kv_events is not None:
+            self._publish_kv_events()
+            self.kv_events.close()
+            self.kv_events = None
 
     def _run_step(self, output: SchedulerOutput) -> list[StreamEvent]:
         """Runs a scheduled step and turns its sampled tokens into events."""

@@ -114,6 +114,9 @@ class _RulesOnlyEngine:
     def has_unfinished(self) -> bool:
         return False
 
+    def close(self) -> None:
+        """Nothing to release (the loop closes its engine when it returns)."""
+
 
 def test_the_loop_applies_each_push_in_order_and_skips_repeats() -> None:
     engine = _RulesOnlyEngine()

@@ -1,0 +1,135 @@
+"""KV-cache events in vLLM's format, so that llm-d's precise prefix-cache scorer (and
+any subscriber of vLLM's events) can track which blocks each engine holds.
+
+The messages are vLLM's `KVEventBatch` of tagged `BlockStored` / `BlockRemoved` /
+`AllBlocksCleared` structs, encoded as msgpack arrays (msgspec's `array_like`, the tag
+first). `BlockStored` carries two fields after vLLM's own: the block's cache domain
+(the digest the gateway derives for a tenant, "public" for a published prefix) and
+its LoRA adapter's name. They are typed and trailing, so a decoder built on vLLM's
+structs reads our events and ignores them.
+
+Block hashes are the engine's own chained block hashes (blake2b, 32 bytes), rooted
+at the domain's cache key: the same tokens in two domains never share a hash, so a
+subscriber's index keeps tenants apart as the engine's does.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+
+
+class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """Events of one engine step, with the wall-clock time they were taken."""
+
+    ts: float
+    events: list[Any]
+    data_parallel_rank: int | None = None
+
+
+class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
+    """One change to the engine's prefix cache."""
+
+
+class BlockStored(KVCacheEvent):
+    """Full blocks became cached: `block_hashes` chain on from `parent_block_hash`
+    (None: the first block of its domain's chain), `token_ids` are theirs in order."""
+
+    block_hashes: list[bytes]
+    parent_block_hash: bytes | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    cache_domain: str | None = None
+    lora_name: str | None = None
+
+
+class BlockRemoved(KVCacheEvent):
+    """Cached blocks were evicted."""
+
+    block_hashes: list[bytes]
+    medium: str | None
+
+
+class AllBlocksCleared(KVCacheEvent):
+    """Every cached block is gone (an engine that starts holds none)."""
+
+
+class KVEventBatch(EventBatch):
+    """vLLM's batch of KV-cache events."""
+
+    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+
+
+class KVEventLog:
+    """Collects the events of a prefix cache between two `take`s; a block stored (or
+    removed) right after the previous one of its chain extends that event."""
+
+    def __init__(self, block_size: int, medium: str) -> None:
+        self.block_size = block_size
+        self.medium = medium
+        self._events: list[BlockStored | BlockRemoved | AllBlocksCleared] = []
+
+    def stored(
+        self,
+        block_hash: bytes,
+        parent: bytes | None,
+        token_ids: tuple[int, ...],
+        domain: str,
+        adapter: str | None,
+    ) -> None:
+        """One block became cached."""
+        last = self._events[-1] if self._events else None
+        if (
+            isinstance(last, BlockStored)
+            and last.block_hashes[-1] == parent
+            and last.cache_domain == domain
+            and last.lora_name == adapter
+        ):
+            last.block_hashes.append(block_hash)
+            last.token_ids.extend(token_ids)
+            return
+        self._events.append(
+            BlockStored(
+                block_hashes=[block_hash],
+                parent_block_hash=parent,
+                token_ids=list(token_ids),
+                block_size=self.block_size,
+                lora_id=None,
+                medium=self.medium,
+                cache_domain=domain,
+                lora_name=adapter,
+            )
+        )
+
+    def removed(self, block_hash: bytes) -> None:
+        """One cached block was evicted."""
+        last = self._events[-1] if self._events else None
+        if isinstance(last, BlockRemoved):
+            last.block_hashes.append(block_hash)
+            return
+        self._events.append(BlockRemoved(block_hashes=[block_hash], medium=self.medium))
+
+    def cleared(self) -> None:
+        """The whole cache is empty."""
+        self._events = [AllBlocksCleared()]
+
+    def take(self) -> KVEventBatch | None:
+        """The events since the last take, as one batch (None: there were none)."""
+        if not self._events:
+            return None
+        events, self._events = self._events, []
+        return KVEventBatch(ts=time.time(), events=events)
+
+
+def encode_batch(batch: KVEventBatch) -> bytes:
+    """The msgpack bytes of a batch, as vLLM's publisher sends them."""
+    return msgspec.msgpack.encode(batch)
+
+
+def decode_batch(payload: bytes) -> KVEventBatch:
+    """A batch from its msgpack bytes (`msgspec.ValidationError` when malformed)."""
+    return msgspec.msgpack.decode(payload, type=KVEventBatch)
