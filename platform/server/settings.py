@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from engine.kv_events_endpoint import binds, check_endpoint
+
 if TYPE_CHECKING:
     from admin.settings import AdminSettings
 
@@ -204,6 +206,11 @@ class Settings(BaseSettings):
     # Inter-token latency budget per step: prompt tokens per step are capped from the
     # engine's measured step costs so that a step fits it ("off": the token budget only).
     itl_budget_ms: float | None = Field(default=200.0, gt=0.0, le=60_000.0)
+    # KV-cache events in vLLM's format (ZeroMQ + msgpack) for llm-d's prefix-cache scorer:
+    # tcp://*:PORT binds, tcp://HOST:PORT connects to a subscriber that binds; unset: off.
+    kv_events_endpoint: str | None = None
+    # The topic of each message; unset: kv@<host name>@<served model>, llm-d's form.
+    kv_events_topic: str | None = Field(default=None, max_length=256)
     block_size: int = Field(default=16, ge=1, le=1024)
     # The KV pool: an explicit budget in bytes, else (on CUDA) this fraction of the GPU.
     gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
@@ -309,6 +316,14 @@ class Settings(BaseSettings):
                 )
         return tuple(value or ())
 
+    @field_validator("kv_events_endpoint")
+    @classmethod
+    def _check_kv_events_endpoint(cls, value: str | None) -> str | None:
+        """A ZeroMQ tcp:// or ipc:// address (empty: off)."""
+        if value is None or not value.strip():
+            return None
+        return check_endpoint(value.strip())
+
     @field_validator("itl_budget_ms", mode="before")
     @classmethod
     def _parse_itl_budget(cls, value: Any) -> Any:
@@ -325,6 +340,18 @@ class Settings(BaseSettings):
         ):
             return parse_model_entries(value)
         return value
+
+    @model_validator(mode="after")
+    def _one_binder_per_endpoint(self) -> Settings:
+        """Each served model has an engine of its own, and one port binds once."""
+        endpoint = self.kv_events_endpoint
+        if endpoint is not None and binds(endpoint) and len(self.served_models) > 1:
+            raise ValueError(
+                f"kv_events_endpoint {endpoint} binds, and each of the "
+                f"{len(self.served_models)} served models would bind it: give the address "
+                "of a subscriber to connect to (tcp://HOST:PORT) instead"
+            )
+        return self
 
     @model_validator(mode="after")
     def _refuse_models_with_model(self) -> Settings:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import socket
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -118,12 +119,21 @@ def serve_engine_options(
         "max_num_batched_tokens": settings.max_num_batched_tokens,
         "prefill_chunk_size": settings.prefill_chunk_size,
         "itl_budget_ms": settings.itl_budget_ms,
+        "kv_events_endpoint": settings.kv_events_endpoint,
+        "kv_events_topic": kv_events_topic(settings, settings.served_models[0].name),
         "max_waiting": settings.max_waiting,
         "max_n": settings.max_n,
         "scheduling_policy": settings.scheduling_policy,
         "attention_backend": settings.attention_backend,
         "fused_ops": resolve_fused_ops_setting(settings.fused_ops, device),
     }
+
+
+def kv_events_topic(settings: Settings, model_name: str) -> str:
+    """The topic of a model's KV events: the setting, else llm-d's kv@<host>@<model>."""
+    if settings.kv_events_topic:
+        return settings.kv_events_topic
+    return f"kv@{socket.gethostname()}@{model_name}"
 
 
 def load_engine(
@@ -205,6 +215,8 @@ def load_engines(settings: Settings, **engine_options: Any) -> dict[str, Any]:
     try:
         for i, spec in enumerate(specs):
             options = dict(engine_options)
+            if settings.kv_events_endpoint is not None:  # each model's events on its topic
+                options.setdefault("kv_events_topic", kv_events_topic(settings, spec.name))
             if len(specs) > 1 and "gpu_memory_utilization" not in options:
                 options["gpu_memory_utilization"] = (
                     settings.gpu_memory_utilization * (i + 1) / len(specs)

@@ -99,6 +99,8 @@ ENGINE_SETTINGS = {
     "max_lora_rank": 32,
     "lora_kernel": "triton",
     "lora_slot_quantum": 9,
+    "kv_events_endpoint": "tcp://indexer.kv.svc:5557",
+    "kv_events_topic": "kv@pod-1@smol",
 }
 
 
@@ -114,6 +116,32 @@ def engine_fields(config: object) -> dict[str, object]:
         else:
             out[f.name] = value
     return out
+
+
+def test_kv_events_topics_default_to_llm_d_form_per_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    from server import wiring
+    from server.wiring import kv_events_topic, serve_engine_options
+
+    topics: list[str] = []
+
+    def fake_load(settings: Settings, *, model: str | None = None, **options: Any) -> str:
+        topics.append(options["kv_events_topic"])
+        return f"engine:{model}"
+
+    monkeypatch.setattr(wiring, "load_engine", fake_load)
+    two = Settings(data_dir=tmp_path, models=["a=/m/a", "b=/m/b"], kv_events_endpoint="tcp://i:1")
+    wiring.load_engines(two)
+    assert topics == [f"kv@{socket.gethostname()}@a", f"kv@{socket.gethostname()}@b"]
+
+    settings = Settings(data_dir=tmp_path, model_name="smol", kv_events_endpoint="ipc:///tmp/kv")
+    host = socket.gethostname()
+    assert serve_engine_options(settings)["kv_events_topic"] == f"kv@{host}@smol"
+    assert kv_events_topic(settings, "other") == f"kv@{host}@other"
+    assert Settings(data_dir=tmp_path, kv_events_endpoint=" ").kv_events_endpoint is None
 
 
 def test_every_engine_setting_reaches_the_engine_config(tmp_path: Path) -> None:
@@ -227,6 +255,12 @@ def test_fused_ops_on_needs_cuda() -> None:
         ["--dtype", "int8"],
         ["--fused-ops", "fast"],
         ["--fused-ops", "on", "--device", "cpu"],  # the kernels need CUDA
+        ["--kv-events-endpoint", "http://indexer:5557"],
+        ["--kv-events-endpoint", "tcp://indexer"],
+        ["--kv-events-endpoint", "tcp://*:99999"],
+        ["--kv-events-endpoint", "tcp://a b:5557"],
+        # Two models, two engines: a binding endpoint would be bound twice.
+        ["--kv-events-endpoint", "tcp://*:5557", "--model", "a=/m/a.gguf", "--model", "b=/m/b"],
     ],
 )
 def test_bad_engine_settings_are_refused_at_start(flags: list[str], tmp_path: Path) -> None:

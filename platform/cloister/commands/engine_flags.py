@@ -72,6 +72,17 @@ ENGINE_OPTIONS: tuple[Callable[[Any], Any], ...] = (
         help="Inter-token latency budget (default 200): caps each step's prompt tokens from "
         "measured step costs; 'off' for the token budget alone.",
     ),
+    click.option(
+        "--kv-events-endpoint",
+        default=None,
+        help="Publish KV-cache events (vLLM's ZeroMQ format, for llm-d): tcp://*:PORT binds, "
+        "tcp://HOST:PORT connects to a subscriber.",
+    ),
+    click.option(
+        "--kv-events-topic",
+        default=None,
+        help="Topic of the KV events (default kv@<host>@<model>).",
+    ),
     click.option("--max-waiting", type=int, default=None, help="Waiting-queue slots (shared)."),
     click.option("--block-size", type=int, default=None, help="Tokens per KV block."),
     click.option(

@@ -1,0 +1,80 @@
+"""KV-cache events from an engine server, as llm-d's indexer would receive them.
+
+`cloister engine serve`'s app over the real engine (fake fast model), whose options
+come from the settings as `cloister engine serve --kv-events-endpoint` makes them; a
+ZeroMQ SUB socket binds, as llm-d's indexer does, and the engine connects to it.
+"""
+
+from __future__ import annotations
+
+import functools
+import socket
+import time
+from pathlib import Path
+
+import httpx
+import zmq
+
+from engine.kv_cache.kv_events import BlockStored, decode_batch
+from engine_server.app import EngineServer
+from engine_server.auth import ServiceAuth
+from server.settings import Settings
+from server.wiring import load_engine, serve_engine_options
+from tests.gateway.conftest import free_port
+from tests.gateway.engine_servers import serve_in_thread
+from tests.utils.fast_fake_model import fast_fake_llm_engine
+
+TOKEN = "svc-" + "kv-events-token-for-tests"
+
+
+def test_a_completion_s_blocks_reach_a_subscriber_under_its_domain(tmp_path: Path) -> None:
+    port = free_port()
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.bind(f"tcp://127.0.0.1:{port}")
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    settings = Settings(
+        data_dir=tmp_path,
+        model_name="fast-fake",
+        device="cpu",
+        attention_backend="torch",
+        max_model_len=256,
+        kv_cache_bytes=8 * 1024 * 1024,
+        kv_events_endpoint=f"tcp://127.0.0.1:{port}",
+    )
+    fake = functools.partial(fast_fake_llm_engine, **serve_engine_options(settings))
+    front = load_engine(settings, factory=fake)
+    url, stop = serve_in_thread(
+        EngineServer(front, model_name="fast-fake", auth=ServiceAuth(TOKEN)).app()
+    )
+    prompt = list(range(1000, 1040))  # two full blocks of 16
+    stored: list[BlockStored] = []
+    topics: set[bytes] = set()
+    try:
+        deadline = time.monotonic() + 20
+        salt = 0
+        # The first messages may go before the subscription reaches the engine (PUB
+        # drops those): each round is a new domain, so each caches (and announces) anew.
+        while not stored and time.monotonic() < deadline:
+            salt += 1
+            body = {
+                "model": "fast-fake",
+                "prompt": prompt,
+                "max_tokens": 2,
+                "cache_salt": f"domain-{salt}",
+            }
+            headers = {"authorization": f"Bearer {TOKEN}"}
+            answer = httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=30)
+            assert answer.status_code == 200, answer.text
+            while sub.poll(300):
+                topic, _seq, payload = sub.recv_multipart()
+                topics.add(topic)
+                batch = decode_batch(payload)
+                stored += [e for e in batch.events if isinstance(e, BlockStored)]
+    finally:
+        stop()
+        sub.close(linger=0)
+    assert stored, "no BlockStored event arrived"
+    last = stored[-1]
+    assert last.cache_domain == f"domain-{salt}"
+    assert last.token_ids == prompt[:32] and len(last.block_hashes) == 2
+    assert topics == {f"kv@{socket.gethostname()}@fast-fake".encode()}
