@@ -40,7 +40,7 @@ from engine_server.wire import (
     rules_to_wire,
 )
 from gateway.remote_engine import RemoteEngineClient, fetch_info
-from tests.gateway.conftest import LiveGateway
+from tests.gateway.conftest import LiveGateway, free_port
 from tests.gateway.engine_servers import (
     ENGINE_COMMAND,
     SERVICE_TOKEN,
@@ -218,6 +218,27 @@ def test_no_credential_no_start(model_dir: Path, tmp_path: Path) -> None:
         env={**env, "CLOISTER_SERVICE_TOKEN": "short"}, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert short.returncode != 0 and "at least 24 characters" in short.stderr
+
+
+def test_a_taken_kv_events_port_is_a_clear_refusal(model_dir: Path) -> None:
+    """The endpoint's form is checked with the settings; a port another process holds
+    shows when the engine opens it: a one-line error, not a traceback."""
+    import zmq
+
+    holder = zmq.Context.instance().socket(zmq.PUB)
+    port = holder.bind_to_random_port("tcp://*")
+    try:
+        env = {**engine_env(model_dir), "CLOISTER_KV_EVENTS_ENDPOINT": f"tcp://*:{port}"}
+        refused = subprocess.run(
+            [*ENGINE_COMMAND, "--port", str(free_port())],
+            env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        holder.close(linger=0)
+    assert refused.returncode == 1, refused.stderr
+    assert "cannot open the KV events endpoint" in refused.stderr
+    # An operator's error, not a bug: no traceback, and no hint to run with --traceback.
+    assert "Traceback" not in refused.stderr and "--traceback" not in refused.stderr
 
 
 @pytest.mark.slow

@@ -69,6 +69,8 @@ def run_engine_server(
     a fake fast model) and serves it until SIGTERM, then drains."""
     import uvicorn
 
+    from engine.kv_events_endpoint import KVEventsEndpointError
+    from engine.process_engine import EngineStartError
     from engine_server.app import EngineServer
     from engine_server.auth import ServiceAuth, ServiceTokenError
     from server.logging_setup import configure_logging
@@ -82,7 +84,11 @@ def run_engine_server(
     except (DeviceUnavailableError, ServiceTokenError, TelemetryUnavailableError) as exc:
         raise click.ClickException(str(exc)) from None
     configure_logging(settings.log_level)
-    front = front if front is not None else load_engine(settings)
+    if front is None:
+        try:
+            front = load_engine(settings)
+        except (KVEventsEndpointError, EngineStartError) as exc:  # e.g. its port is taken
+            raise click.ClickException(str(exc)) from None
     # Spans only when something exports them: `engine.generate` under the gateway's trace.
     provider = None
     if settings.otel_exporter != "none":

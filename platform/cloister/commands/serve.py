@@ -127,6 +127,8 @@ def run_server(settings: Settings, *, engine: Any | None = None) -> None:
     import uvicorn
 
     from admin.app import with_audit_checkpoints
+    from engine.kv_events_endpoint import KVEventsEndpointError
+    from engine.process_engine import EngineStartError
     from server.logging_setup import configure_logging
     from server.telemetry import TelemetryUnavailableError, check_exporter
     from server.wiring import (
@@ -146,7 +148,12 @@ def run_server(settings: Settings, *, engine: Any | None = None) -> None:
         configure_logging(settings.log_level, fmt=settings.log_format)
         first_start = prepare_database(settings)
         app = build_app(settings, engine=engine)
-    except (DeviceUnavailableError, TelemetryUnavailableError) as exc:
+    except (
+        DeviceUnavailableError,
+        TelemetryUnavailableError,
+        KVEventsEndpointError,  # a KV events port that is taken
+        EngineStartError,  # the engine process could not build its engine
+    ) as exc:
         raise click.ClickException(str(exc)) from None
     with_audit_checkpoints(app, app.state.admin_services)  # every T s and at shutdown
     # In the lifespan too (see with_audit_checkpoints): usage and last_used_at accepted
