@@ -1,7 +1,8 @@
 """KV-cache events from an engine server, as llm-d's indexer would receive them.
 
 `cloister engine serve`'s app over the real engine (fake fast model), whose options
-come from the settings as `cloister engine serve --kv-events-endpoint` makes them; a
+come from the settings as `cloister engine serve --kv-events-endpoint` makes them (in
+either engine mode); a
 ZeroMQ SUB socket binds, as llm-d's indexer does, and the engine connects to it.
 """
 
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import zmq
 
 from engine.kv_cache.kv_events import BlockStored, decode_batch
@@ -27,7 +29,10 @@ from tests.utils.fast_fake_model import fast_fake_llm_engine
 TOKEN = "svc-" + "kv-events-token-for-tests"
 
 
-def test_a_completion_s_blocks_reach_a_subscriber_under_its_domain(tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine_mode", ["thread", "process"])
+def test_a_completion_s_blocks_reach_a_subscriber_under_its_domain(
+    tmp_path: Path, engine_mode: str
+) -> None:
     port = free_port()
     sub = zmq.Context.instance().socket(zmq.SUB)
     sub.bind(f"tcp://127.0.0.1:{port}")
@@ -40,6 +45,7 @@ def test_a_completion_s_blocks_reach_a_subscriber_under_its_domain(tmp_path: Pat
         max_model_len=256,
         kv_cache_bytes=8 * 1024 * 1024,
         kv_events_endpoint=f"tcp://127.0.0.1:{port}",
+        engine_mode=engine_mode,  # the process engine publishes from its child
     )
     fake = functools.partial(fast_fake_llm_engine, **serve_engine_options(settings))
     front = load_engine(settings, factory=fake)
