@@ -2,8 +2,8 @@
 
 `cloister engine serve`'s app over the real engine (fake fast model), whose options
 come from the settings as `cloister engine serve --kv-events-endpoint` makes them (in
-either engine mode); a
-ZeroMQ SUB socket binds, as llm-d's indexer does, and the engine connects to it.
+either engine mode); a ZeroMQ SUB socket binds, as llm-d's indexer does, and the
+engine connects to it.
 """
 
 from __future__ import annotations
