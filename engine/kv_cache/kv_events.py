@@ -20,6 +20,9 @@ from typing import Any
 
 import msgspec
 
+from engine.kv_cache.cache_key import block_hash
+from engine.kv_cache.prefix_index import BlockKey
+
 
 class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """Events of one engine step, with the wall-clock time they were taken."""
@@ -66,36 +69,56 @@ class KVEventBatch(EventBatch):
 
 class KVEventLog:
     """Collects the events of a prefix cache between two `take`s; a block stored (or
-    removed) right after the previous one of its chain extends that event."""
+    removed) right after the previous one of its chain extends that event.
+
+    It keeps the hash each cached block was announced under, so that its eviction can
+    be announced by block id alone.
+    """
 
     def __init__(self, block_size: int, medium: str) -> None:
         self.block_size = block_size
         self.medium = medium
         self._events: list[BlockStored | BlockRemoved | AllBlocksCleared] = []
+        self._hashes: dict[int, bytes] = {}  # cached block id -> its announced hash
+
+    @property
+    def num_announced(self) -> int:
+        """Blocks announced stored and not yet removed."""
+        return len(self._hashes)
 
     def stored(
         self,
-        block_hash: bytes,
-        parent: bytes | None,
+        block: int,
+        parent: int | None,
+        root: bytes,
         token_ids: tuple[int, ...],
+        key: BlockKey,
         domain: str,
         adapter: str | None,
     ) -> None:
-        """One block became cached."""
+        """Block `block` (after `parent`, None: first of its chain under `root`) became
+        cached. Its hash is the index's own key in hash mode; in radix mode (the tree keys
+        by tokens) the same chained hash, computed here."""
+        parent_hash = None if parent is None else self._hashes.get(parent)
+        if isinstance(key, bytes):
+            this = key
+        else:
+            this = block_hash(parent_hash if parent_hash is not None else root, token_ids)
+        self._hashes[block] = this
         last = self._events[-1] if self._events else None
         if (
             isinstance(last, BlockStored)
-            and last.block_hashes[-1] == parent
+            and last.block_hashes[-1] == parent_hash
             and last.cache_domain == domain
             and last.lora_name == adapter
         ):
-            last.block_hashes.append(block_hash)
+            last.block_hashes.append(this)
             last.token_ids.extend(token_ids)
             return
         self._events.append(
             BlockStored(
-                block_hashes=[block_hash],
-                parent_block_hash=parent,
+                block_hashes=[this],
+                parent_block_hash=parent_hash,
                 token_ids=list(token_ids),
                 block_size=self.block_size,
                 lora_id=None,
@@ -105,13 +128,16 @@ class KVEventLog:
             )
         )
 
-    def removed(self, block_hash: bytes) -> None:
-        """One cached block was evicted."""
+    def removed(self, block: int) -> None:
+        """Cached block `block` was evicted (a block never announced is skipped)."""
+        announced = self._hashes.pop(block, None)
+        if announced is None:
+            return
         last = self._events[-1] if self._events else None
         if isinstance(last, BlockRemoved):
-            last.block_hashes.append(block_hash)
+            last.block_hashes.append(announced)
             return
-        self._events.append(BlockRemoved(block_hashes=[block_hash], medium=self.medium))
+        self._events.append(BlockRemoved(block_hashes=[announced], medium=self.medium))
 
     def cleared(self) -> None:
         """The whole cache is empty."""

@@ -25,13 +25,13 @@ from collections.abc import Sequence as Seq
 from engine.config import CacheConfig
 from engine.kv_cache.block_meta import BlockMeta, ChainSegment, SeqCacheState
 from engine.kv_cache.block_pool import BlockPool
-from engine.kv_cache.cache_key import CacheKey, block_hash
+from engine.kv_cache.cache_key import CacheKey
 from engine.kv_cache.cache_rules import CacheRules
 from engine.kv_cache.counters import DomainCacheStats, DomainCounters
 from engine.kv_cache.eviction import PUBLIC, CachePolicy, EvictionLedger
 from engine.kv_cache.integrity import check_manager_integrity
 from engine.kv_cache.kv_events import KVEventLog
-from engine.kv_cache.prefix_index import BlockKey, PrefixIndex, make_prefix_index
+from engine.kv_cache.prefix_index import PrefixIndex, make_prefix_index
 from engine.kv_cache.published import PublishedPrefixes
 from engine.sequence import Sequence
 
@@ -88,10 +88,7 @@ class KVCacheManager:
         self._idle_counters: OrderedDict[str, None] = OrderedDict()  # idle domains, oldest first
         self._to_scrub: list[int] = []
         self._tick = 0
-        # KV-cache events (`record_events`): None until asked for; the hash each
-        # registered block was announced under, to announce its eviction.
-        self.events: KVEventLog | None = None
-        self._event_hashes: dict[int, bytes] = {}
+        self.events: KVEventLog | None = None  # KV-cache events: None until asked for
 
     @classmethod
     def from_config(cls, cache: CacheConfig, num_blocks: int, revision: str) -> KVCacheManager:
@@ -401,9 +398,8 @@ class KVCacheManager:
         self.ledger.idle[meta.domain] -= 1
         self._counters_of(meta.domain).evictions += 1
         self._public.discard(block_id)
-        announced = self._event_hashes.pop(block_id, None)
-        if self.events is not None and announced is not None:
-            self.events.removed(announced)
+        if self.events is not None:
+            self.events.removed(block_id)
         if self.ledger.scrub(meta.domain):
             self._to_scrub.append(block_id)
         if meta.parent is not None:
@@ -457,7 +453,10 @@ class KVCacheManager:
             else:
                 self._register(block, seg.domain, parent, seg.prefix, i)
                 if self.events is not None:
-                    self._announce(block, parent, seg, st.chunks[i], st.keys[i], seq.cache_adapter)
+                    chunk, key = st.chunks[i], st.keys[i]
+                    self.events.stored(
+                        block, parent, seg.root, chunk, key, seg.domain, seq.cache_adapter
+                    )
             self.index.lock(canon)
             old = st.locked.get(seg_i)
             if old is not None:
@@ -469,26 +468,6 @@ class KVCacheManager:
             # block_ids may only grow in place; a new list tells the runner's block
             # table (which mirrors it by appended diffs) to resync the whole row.
             seq.block_ids = list(seq.block_ids)
-
-    def _announce(
-        self,
-        block: int,
-        parent: int | None,
-        seg: ChainSegment,
-        chunk: tuple[int, ...],
-        key: BlockKey,
-        adapter: str | None,
-    ) -> None:
-        """Logs a newly cached block under its chained hash: the index's own key in hash
-        mode; in radix mode the same hash, computed here (the tree keys by tokens)."""
-        assert self.events is not None
-        parent_hash = None if parent is None else self._event_hashes.get(parent)
-        if isinstance(key, bytes):
-            block_key = key
-        else:
-            block_key = block_hash(parent_hash if parent_hash is not None else seg.root, chunk)
-        self._event_hashes[block] = block_key
-        self.events.stored(block_key, parent_hash, chunk, seg.domain, adapter)
 
     def _partition_room(self, domain: str) -> bool:
         """In strict mode a domain caches at most its floor: make room from its own LRU."""

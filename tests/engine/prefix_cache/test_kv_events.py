@@ -93,7 +93,8 @@ def test_evicted_blocks_are_announced_removed() -> None:
     removed = [h for e in events if isinstance(e, BlockRemoved) for h in e.block_hashes]
     assert removed and set(removed) <= set(a.block_hashes)
     assert [e.cache_domain for e in stored(events)] == ["b"]
-    assert len(engine.kv._event_hashes) == len(engine.kv.cached_block_ids())
+    assert engine.kv.events is not None
+    assert engine.kv.events.num_announced == len(engine.kv.cached_block_ids())
 
 
 class VllmEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
