@@ -103,7 +103,8 @@ def request_from_wire(body: Mapping[str, Any], headers: Mapping[str, str]) -> En
     prompt = body.get("prompt")
     if not isinstance(extra, Mapping):
         raise WireFormatError("'cloister' must be an object", param="cloister")
-    if not isinstance(prompt, list):
+    # bool is an int subclass, and JSON's true is not a token id.
+    if not isinstance(prompt, list) or not all(type(t) is int for t in prompt):
         raise WireFormatError("the prompt must be a list of token ids", param="prompt")
     try:
         structured = extra.get("structured")

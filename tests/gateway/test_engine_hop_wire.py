@@ -233,6 +233,17 @@ def test_errors_map_to_the_engine_clients_exceptions(served: tuple[str, Scripted
     assert whole.status_code == 503 and "the device fell over" in whole.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("prompt", [[1, "two"], [1, 2.5], [True, 2], [[1], 2]])
+def test_a_prompt_of_anything_but_token_ids_is_a_400(
+    served: tuple[str, ScriptedEngine], prompt: list[object]
+) -> None:
+    url, engine = served
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 2, "stream": True}
+    r = httpx.post(url + "/v1/completions", json=body, headers=AUTH, timeout=30)
+    assert r.status_code == 400, r.text
+    assert "token ids" in r.json()["error"]["message"]
+
+
 def test_a_streamed_request_reaches_the_engine_when_its_response_is_sent() -> None:
     """The route returns before it submits (the engine's first step would otherwise
     contend with the route's own work); the response submits, and a refusal found
