@@ -1,19 +1,24 @@
 """The engine hop's cost: the same requests through the in-process engine client vs the
 remote client over loopback to a `cloister engine serve` process.
 
-Both sides run the same engine (tests/utils/fast_fake_model.py: the real engine,
+All sides run the same engine (tests/utils/fast_fake_model.py: the real engine,
 tokenizer and scheduler, a forward pass that costs almost nothing) with the same
-options, so what shows is the hop: the wire format, HTTP on loopback, the server's
-SSE and the client's parsing. The remote server is `cloister engine serve`'s own
-code path (`run_engine_server`) serving the fake engine in a child process; the
-remote client is the gateway's (`RemoteEngineClient`: aiohttp, orjson, the compact
-`x-cloister-wire: events` chunks that carry the engine event alone).
+options, so what shows is the hop: the transport, the wire format, and both ends'
+work. The remote server is `cloister engine serve`'s own code path
+(`run_engine_server`) serving the fake engine in a child process; the remote client
+is the gateway's (`RemoteEngineClient`), measured on both of its transports:
+
+- `remote`: the link, one WebSocket carrying every request's frames (the gateway's
+  default; gateway.engine_link, engine_server.link);
+- `remote_http`: one HTTP request each, streamed as compact server-sent events (what
+  a gateway behind a Kubernetes InferencePool uses), the peer the link is held to.
 
 Requests go one at a time (short prompts, `--max-tokens` 8, greedy, EOS ignored so
-every request makes the same number of tokens), in alternating rounds, so a slow
-patch of a shared machine lands on both sides. Figures: TTFT and end-to-end p50/p95
-on each side and what the hop adds, and the added time per output token (the
-inter-token gap). The goal: under 1 ms added at p50 on loopback. The last line is JSON.
+every request makes the same number of tokens), in rounds that take turns going
+first, so a slow patch of a shared machine lands on every side. Figures: TTFT and
+end-to-end p50/p95 on each side and what the hop adds, the added time per output
+token (the inter-token gap), and the link's added TTFT over HTTP's. The goal: under
+1 ms added at p50 on loopback, over the link. The last line is JSON.
 """
 
 from __future__ import annotations
@@ -59,6 +64,8 @@ ENGINE_ENV = {
 
 
 STEP_ENV = "CLOISTER_BENCH_FAKE_STEP_MS"  # the child's --step-ms
+# The sides: in-process, the gateway's link to the engine server, HTTP to it.
+SIDES = ("in_process", "remote", "remote_http")
 
 
 def fake_front(settings: Settings, step_ms: float) -> Any:
@@ -148,30 +155,28 @@ def cpu_s(pid: int) -> float | None:
 
 @dataclass
 class Cpu:
-    """CPU seconds each side's rounds used: this process, and the engine server's."""
+    """CPU seconds one side's rounds used: in this process, and in the engine server's
+    (None: not readable here)."""
 
-    local_s: float = 0.0
-    remote_client_s: float = 0.0
-    remote_server_s: float | None = 0.0
+    own_s: float = 0.0
+    server_s: float | None = 0.0
 
 
 async def measure(
-    local: EngineClient,
-    remote: EngineClient,
+    clients: dict[str, EngineClient],
     prompts: list[tuple[int, ...]],
     args: Any,
     server_pid: int,
-    cpu: Cpu,
-) -> tuple[list[Timing], list[Timing]]:
-    """Warm-up, then alternating rounds of `args.round` requests per side; adds the CPU
-    each side's rounds used to `cpu`."""
-    sides: dict[str, list[Timing]] = {"local": [], "remote": []}
-    clients = {"local": local, "remote": remote}
+) -> tuple[dict[str, list[Timing]], dict[str, Cpu]]:
+    """Warm-up, then rounds of `args.round` requests per side, the sides taking turns
+    to go first; each side's timings and the CPU its rounds used."""
+    sides: dict[str, list[Timing]] = {name: [] for name in clients}
+    cpu = {name: Cpu() for name in clients}
     for i in range(args.warmup):
         for name, client in clients.items():
             await one(client, prompts[i % len(prompts)], args.max_tokens, f"w-{name}-{i}")
     done = 0
-    order = ["local", "remote"]
+    order = list(clients)
     while done < args.requests:
         for name in order:
             own, server = time.process_time(), cpu_s(server_pid)
@@ -179,19 +184,15 @@ async def measure(
                 i = done + j
                 prompt = prompts[i % len(prompts)]
                 sides[name].append(await one(clients[name], prompt, args.max_tokens, f"{name}-{i}"))
-            own = time.process_time() - own
-            if name == "local":
-                cpu.local_s += own
-                continue
-            cpu.remote_client_s += own
-            after = cpu_s(server_pid)
-            if server is None or after is None or cpu.remote_server_s is None:
-                cpu.remote_server_s = None
+            cpu[name].own_s += time.process_time() - own
+            after, used = cpu_s(server_pid), cpu[name]
+            if server is None or after is None or used.server_s is None:
+                used.server_s = None
             else:
-                cpu.remote_server_s += after - server
+                used.server_s += after - server
         done += args.round
-        order.reverse()  # neither side always goes first
-    return sides["local"][: args.requests], sides["remote"][: args.requests]
+        order = order[1:] + order[:1]  # no side always goes first
+    return {name: timings[: args.requests] for name, timings in sides.items()}, cpu
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -238,23 +239,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         try:
             url = f"http://127.0.0.1:{port}"
             wait_http_ok(proc, url + "/health", log_path, 120.0, "engine server")
-            cpu = Cpu()
-            local_timings, remote_timings = asyncio.run(
-                _run(front, url, tokenizer, prompts, args, proc.pid, cpu)
-            )
+            timings, cpu = asyncio.run(_run(front, url, tokenizer, prompts, args, proc.pid))
         finally:
             stop_process(proc)
-    local, remote = summary(local_timings), summary(remote_timings)
-    hop = added(local, remote)
+    local, remote, http = (summary(timings[side]) for side in SIDES)
+    hop, hop_http = added(local, remote), added(local, http)
     report: dict[str, Any] = {
         "bench": "engine_hop",
         "requests_per_side": args.requests,
         "max_tokens": args.max_tokens,
         "step_ms": args.step_ms,
-        "tokens_per_request": statistics.fmean(t.tokens for t in remote_timings),
+        "tokens_per_request": statistics.fmean(t.tokens for t in timings["remote"]),
         "in_process": local,
-        "remote": remote,
+        "remote": remote,  # the gateway's transport: the link
         "added": hop,
+        "remote_http": http,  # one HTTP request each: the peer transport
+        "added_http": hop_http,
         "goal_added_p50_ms": GOAL_ADDED_P50_MS,
         "meets_goal": hop["ttft_p50_ms"] < GOAL_ADDED_P50_MS
         and hop["e2e_p50_ms"] < GOAL_ADDED_P50_MS,
@@ -264,35 +264,36 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "load_avg_1m": os.getloadavg()[0],
     }
-    print(f"{'':12}{'in-process':>12}{'remote':>12}{'added':>12}   (ms)")
+    print(f"{'':12}{'in-process':>12}{'link':>10}{'added':>8}{'http':>10}{'added':>8}   (ms)")
     for key in local:
         if key.endswith("_mean_ms"):
             continue
-        print(f"{key[:-3]:12}{local[key]:12.3f}{remote[key]:12.3f}{hop[key]:12.3f}")
+        print(
+            f"{key[:-3]:12}{local[key]:12.3f}{remote[key]:10.3f}{hop[key]:8.3f}"
+            f"{http[key]:10.3f}{hop_http[key]:8.3f}"
+        )
     c = report["cpu_per_request_ms"]
     print(
-        f"CPU per request: in-process {c['in_process']:.3f} ms, remote {c['remote_client']:.3f}"
-        f" (client) + {c['remote_server']} (server) ms, added {c['added']} ms"
+        f"CPU per request (ms): in-process {c['in_process']}, link {c['remote']},"
+        f" http {c['remote_http']} (client + server)"
     )
+    ratio = hop["ttft_p50_ms"] / hop_http["ttft_p50_ms"] if hop_http["ttft_p50_ms"] > 0 else None
+    print(f"TTFT added, link / http at p50: {ratio if ratio is None else round(ratio, 3)}")
     print(json.dumps(report))
     return report
 
 
-def _cpu_figures(cpu: Cpu, requests: int) -> dict[str, float | None]:
-    def per(value: float | None) -> float | None:
-        return None if value is None else round(value / requests * 1e3, 4)
-
-    server = per(cpu.remote_server_s)
-    local, client = per(cpu.local_s), per(cpu.remote_client_s)
-    assert local is not None and client is not None
-    total = None if server is None else round(client + server, 4)
-    return {
-        "in_process": local,
-        "remote_client": client,
-        "remote_server": server,
-        "remote_total": total,
-        "added": None if total is None else round(total - local, 4),
+def _cpu_figures(cpu: dict[str, Cpu], requests: int) -> dict[str, float | None]:
+    """CPU milliseconds per request: this process alone in-process; client plus server
+    for each remote side (None where the server's figure is not readable)."""
+    figures: dict[str, float | None] = {
+        "in_process": round(cpu["in_process"].own_s / requests * 1e3, 4)
     }
+    for side in SIDES[1:]:
+        used = cpu[side]
+        total = None if used.server_s is None else used.own_s + used.server_s
+        figures[side] = None if total is None else round(total / requests * 1e3, 4)
+    return figures
 
 
 async def _run(
@@ -302,19 +303,20 @@ async def _run(
     prompts: list[tuple[int, ...]],
     args: Any,
     server_pid: int,
-    cpu: Cpu,
-) -> tuple[list[Timing], list[Timing]]:
-    local = InProcessEngineClient(front, model_name="fast-fake")
-    remote = RemoteEngineClient(
-        url, token=TOKEN, tokenizer=tokenizer, info=fetch_info(url, TOKEN, wait_s=30)
-    )
-    await local.start()
-    await remote.start()
+) -> tuple[dict[str, list[Timing]], dict[str, Cpu]]:
+    info = fetch_info(url, TOKEN, wait_s=30)
+    clients: dict[str, Any] = {"in_process": InProcessEngineClient(front, model_name="fast-fake")}
+    for side, transport in (("remote", "link"), ("remote_http", "http")):
+        clients[side] = RemoteEngineClient(
+            url, token=TOKEN, tokenizer=tokenizer, info=info, transport=transport
+        )
+    for client in clients.values():
+        await client.start()
     try:
-        return await measure(local, remote, prompts, args, server_pid, cpu)
+        return await measure(clients, prompts, args, server_pid)
     finally:
-        await remote.shutdown()
-        await local.shutdown()
+        for client in clients.values():
+            await client.shutdown()
 
 
 if __name__ == "__main__":

@@ -9,6 +9,9 @@ Routes (all but /health and /metrics need the service credential):
     PUT  /internal/cache_rules   the registry's per-domain rules and published prefixes
     GET  /internal/info          model name, context length, vocabulary, KV pool, device, dtype
     GET  /internal/stats         load, cumulative cache counters, loaded LoRA adapters
+    WS   /internal/link          the gateways' transport: many requests over one
+                                 WebSocket, each meaning what its HTTP body means
+                                 (engine_server.link)
     PUT, DELETE /internal/adapters/{name}, GET /internal/adapters: LoRA adapters
                                  (engine_server.adapters)
 
@@ -22,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,15 +34,17 @@ from opentelemetry.trace import Tracer
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 
-from engine.errors import EngineDeadError, EngineOverloadedError, InvalidRequestError
+from engine.errors import EngineDeadError, InvalidRequestError
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest
 from engine_server.adapters import AdapterRoutes, CountingFront
 from engine_server.auth import ServiceAuth
+from engine_server.link import LINK_PATH, EngineLink
 from engine_server.metrics import EngineMetrics
-from engine_server.sse import EventStream, StreamRefused
+from engine_server.refusals import REFUSED_ERRORS, Refusal, Refused, refusal_of, refused
+from engine_server.sse import EventStream
 from engine_server.tracing import GenerateSpan
 from engine_server.wire import (
     DONE_CHUNK,
@@ -58,8 +63,7 @@ MAX_BODY_BYTES = 16 * 1024 * 1024  # a 128k-token prompt of ids is about 1 MiB
 
 def error(status: int, message: str, *, type_: str, code: str | None = None) -> JSONResponse:
     """An OpenAI error body."""
-    body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
-    return JSONResponse(body, status_code=status)
+    return Refusal(status, message, type_, code).response()
 
 
 class EngineServer:
@@ -89,6 +93,7 @@ class EngineServer:
         # Requests naming an adapter are counted as they are submitted (/metrics).
         self.front = CountingFront(front, self.metrics.adapters, model_name)
         self.adapter_routes = AdapterRoutes(front, auth, parent=adapter_dir)
+        self.link = EngineLink(self)
 
     def app(self) -> Starlette:
         """The Starlette app; its lifespan starts and stops the engine."""
@@ -113,9 +118,17 @@ class EngineServer:
                 Route("/internal/info", self.info, methods=["GET"]),
                 Route("/internal/stats", self.stats, methods=["GET"]),
                 *self.adapter_routes.routes(),
+                WebSocketRoute(LINK_PATH, self.link.endpoint),
             ],
             lifespan=lifespan,
         )
+
+    async def drain(self, timeout_s: float) -> None:
+        """Admits nothing new, tells linked gateways so, and waits up to `timeout_s` for
+        the link's streams to end (HTTP streams are the web server's to wait for)."""
+        self.draining = True
+        await self.link.announce_draining()
+        await self.link.wait_idle(timeout_s)
 
     async def health(self, _request: Request) -> Response:
         """Ready: the engine runs and takes requests."""
@@ -131,17 +144,17 @@ class EngineServer:
     async def _json(self, request: Request) -> Any:
         denied = self.auth.check(request.headers.get("authorization"))
         if denied is not None:
-            raise _Refused(error(401, denied, type_="authentication_error", code="invalid_token"))
+            raise refused(401, denied, "authentication_error", "invalid_token")
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
-            raise _Refused(error(413, "the body is over the size cap", type_="invalid_request"))
+            raise refused(413, "the body is over the size cap", "invalid_request")
         raw = await request.body()
         if len(raw) > MAX_BODY_BYTES:
-            raise _Refused(error(413, "the body is over the size cap", type_="invalid_request"))
+            raise refused(413, "the body is over the size cap", "invalid_request")
         try:
             return orjson.loads(raw or b"{}")
         except orjson.JSONDecodeError:
-            raise _Refused(error(400, "the body is not JSON", type_="invalid_request")) from None
+            raise refused(400, "the body is not JSON", "invalid_request") from None
 
     async def completions(self, request: Request) -> Response:
         """Submits one request and streams its events as OpenAI completion chunks.
@@ -153,55 +166,61 @@ class EngineServer:
         """
         try:
             body = await self._json(request)
-            if not isinstance(body, dict):
-                raise _Refused(error(400, "the body must be an object", type_="invalid_request"))
-            if body.get("model") != self.model_name:
-                raise _Refused(
-                    error(
-                        404,
-                        f"this engine serves {self.model_name!r}",
-                        type_="invalid_request",
-                        code="model_not_found",
-                    )
-                )
-            if self.draining:
-                raise _Refused(error(503, "the engine is draining", type_="unavailable"))
-            body = await self._with_token_ids(body)
-            engine_request = request_from_wire(body, request.headers)
-        except _Refused as refused:
-            return refused.response
-        except InvalidRequestError as exc:
-            return _refusal(exc)
-        span = None
-        if self.tracer is not None:
-            span = GenerateSpan(self.tracer, engine_request, request.headers, self.model_name)
+            engine_request = await self.engine_request(body, request.headers)
+        except Refused as refusal:
+            return refusal.response
+        span = self.span(engine_request, request.headers)
         request_id = engine_request.request_id
         if not body.get("stream", False):  # OpenAI's default is a whole response
             try:
-                stream = self._submit(engine_request, span)
-            except _Refused as refused:
-                return refused.response
-            events = self._events(request_id, stream, span)
+                stream = self.submit(engine_request, span)
+            except Refused as refusal:
+                return refusal.response
+            events = self.events(request_id, stream, span)
             return await self._whole(request_id, engine_request.prompt_token_ids, events)
         compact = request.headers.get(WIRE_HEADER) == EVENTS_WIRE
         encode = event_to_compact if compact else self._openai_chunk(request_id)
 
         def open_chunks() -> AsyncGenerator[bytes, None]:
-            stream = self._submit(engine_request, span)
-            return self._chunks(self._events(request_id, stream, span), encode)
+            stream = self.submit(engine_request, span)
+            return self._chunks(self.events(request_id, stream, span), encode)
 
         return EventStream(open_chunks, {REQUEST_ID_HEADER: request_id}, last=DONE_CHUNK)
 
-    def _submit(self, engine_request: EngineRequest, span: GenerateSpan | None) -> Any:
+    async def engine_request(self, body: Any, headers: Mapping[str, str]) -> EngineRequest:
+        """The engine request a completions body and its headers ask for; what this server
+        cannot take (another model, a malformed body, draining) raises `Refused`."""
+        try:
+            if not isinstance(body, dict):
+                raise refused(400, "the body must be an object", "invalid_request")
+            if body.get("model") != self.model_name:
+                message = f"this engine serves {self.model_name!r}"
+                raise refused(404, message, "invalid_request", "model_not_found")
+            if self.draining:
+                raise refused(503, "the engine is draining", "unavailable")
+            body = await self._with_token_ids(body)
+            return request_from_wire(body, headers)
+        except InvalidRequestError as exc:
+            raise Refused(refusal_of(exc)) from None
+
+    def span(
+        self, engine_request: EngineRequest, headers: Mapping[str, str]
+    ) -> GenerateSpan | None:
+        """The request's `engine.generate` span, under the caller's trace (None: no tracer)."""
+        if self.tracer is None:
+            return None
+        return GenerateSpan(self.tracer, engine_request, headers, self.model_name)
+
+    def submit(self, engine_request: EngineRequest, span: GenerateSpan | None) -> Any:
         """The engine's stream of `engine_request`; a refusal (a bad request, overload, a
-        dead engine) is a `_Refused` with its error response, and ends the span."""
+        dead engine) is a `Refused`, and ends the span."""
         try:
             return self.front.submit(engine_request)
         except Exception as exc:
             if span is not None:
                 span.end(exc)
-            if isinstance(exc, InvalidRequestError | EngineOverloadedError | EngineDeadError):
-                raise _Refused(_refusal(exc)) from None
+            if isinstance(exc, REFUSED_ERRORS):
+                raise Refused(refusal_of(exc)) from None
             raise
 
     async def _with_token_ids(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -211,7 +230,7 @@ class EngineServer:
         if not isinstance(prompt, str):
             return body
         if not prompt:
-            raise _Refused(error(400, "the prompt must not be empty", type_="invalid_request"))
+            raise refused(400, "the prompt must not be empty", "invalid_request")
         ids = await asyncio.to_thread(self.front.tokenizer.encode, prompt)
         extra = dict(body.get("cloister") or {})
         extra.setdefault("prompt_text", prompt)
@@ -252,7 +271,7 @@ class EngineServer:
         }
         return JSONResponse(body, headers={REQUEST_ID_HEADER: request_id})
 
-    async def _events(
+    async def events(
         self, request_id: str, stream: AsyncIterator[StreamEvent], span: GenerateSpan | None
     ) -> AsyncGenerator[StreamEvent, None]:
         """The request's events; a request left before its end is aborted (its blocks
@@ -326,8 +345,8 @@ class EngineServer:
         """Stops a request; unknown ids are a no-op."""
         try:
             body = await self._json(request)
-        except _Refused as refused:
-            return refused.response
+        except Refused as refusal:
+            return refusal.response
         request_id = body.get("request_id") if isinstance(body, dict) else None
         if not isinstance(request_id, str) or not request_id:
             return error(400, "request_id must be a non-empty string", type_="invalid_request")
@@ -339,10 +358,10 @@ class EngineServer:
         try:
             body = await self._json(request)
             if not isinstance(body, dict):
-                raise _Refused(error(400, "the body must be an object", type_="invalid_request"))
+                raise refused(400, "the body must be an object", "invalid_request")
             rules = rules_from_wire(body)
-        except _Refused as refused:
-            return refused.response
+        except Refused as refusal:
+            return refusal.response
         except InvalidRequestError as exc:
             return error(400, exc.message, type_="invalid_request_error", code=exc.code)
         try:
@@ -394,18 +413,3 @@ class EngineServer:
                 "prefill_token_cap": getattr(s, "prefill_token_cap", None),
             }
         )
-
-
-def _refusal(exc: InvalidRequestError | EngineOverloadedError | EngineDeadError) -> Response:
-    """The error response of a request the engine refused."""
-    if isinstance(exc, InvalidRequestError):
-        return error(400, exc.message, type_="invalid_request_error", code=exc.code)
-    if isinstance(exc, EngineOverloadedError):
-        response = error(503, str(exc), type_="overloaded", code="engine_overloaded")
-        response.headers["retry-after"] = str(max(1, round(exc.retry_after_s)))
-        return response
-    return error(503, str(exc), type_="unavailable", code="engine_dead")
-
-
-class _Refused(StreamRefused):
-    """Carries an error response out of a helper (or out of a stream's opener)."""

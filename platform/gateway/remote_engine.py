@@ -2,10 +2,11 @@
 
 Requests go out as the wire format of engine_server.wire, with the service token,
 and their chunks come back as the `StreamEvent`s an in-process engine would give.
-A request is sent as soon as it is submitted (not when its stream is first read),
-with the W3C trace context (traceparent) of the span current at submit.
-Closing a stream, or `abort`, hangs up on the engine server, which aborts the
-request and frees its KV blocks at once; an abort call backs that up.
+They travel over the link (one WebSocket for all of them, gateway.engine_link) or,
+with `transport="http"`, as one HTTP request each. A request is sent as soon as it is
+submitted (not when its stream is first read), with the W3C trace context
+(traceparent) of the span current at submit. Closing a stream, or `abort`, stops
+the request on the engine server, which frees its KV blocks at once.
 
 `stats()` and `alive` must answer without I/O, so a background task polls the
 server's /internal/stats every `poll_s`; a server that fails `max_failures` polls in
@@ -21,9 +22,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 import httpx
@@ -32,8 +33,6 @@ import orjson
 from engine.errors import (
     AdapterNotFoundError,
     EngineDeadError,
-    EngineOverloadedError,
-    InvalidRequestError,
 )
 from engine.kv_cache.cache_rules import CacheRules
 from engine.outputs import StreamEvent
@@ -49,15 +48,14 @@ from engine_server.wire import (
 )
 from gateway.adapters import AdapterInfo
 from gateway.engine_client import EngineSnapshot, TokenizerLike
+from gateway.engine_link import EngineLink
 from gateway.remote_adapters import adapters_from_stats, push_adapter, remove_adapter
+from gateway.remote_errors import EngineUnavailableError, error_of_response
 from gateway.tracing import trace_headers
 
 logger = logging.getLogger("cloister.gateway.remote")
+Transport = Literal["link", "http"]
 CONNECT_TIMEOUT_S = 5.0
-
-
-class EngineUnavailableError(EngineDeadError):
-    """The engine server cannot be reached or answered with a server error."""
 
 
 @dataclass(frozen=True)
@@ -143,7 +141,9 @@ class RemoteStream:
                 self._client.completions_url, data=orjson.dumps(body), headers=headers
             ) as response:
                 if response.status != 200:
-                    error = _error_of(response.status, await response.read(), response.headers)
+                    error = error_of_response(
+                        response.status, await response.read(), response.headers
+                    )
                     self._queue.put_nowait(error)
                     return
                 await self._read(response.content)
@@ -214,23 +214,6 @@ class _MalformedChunkError(Exception):
 _STREAM_HEADERS = {WIRE_HEADER: EVENTS_WIRE, "content-type": "application/json"}
 
 
-def _error_of(status: int, raw: bytes, headers: Mapping[str, str]) -> Exception:
-    try:
-        err = orjson.loads(raw)["error"]
-        message, code = str(err.get("message")), err.get("code")
-    except (ValueError, KeyError, TypeError, AttributeError):
-        message, code = raw[:200].decode(errors="replace"), None
-    if status == 400:
-        exc = InvalidRequestError(message)
-        if code:
-            exc.code = str(code)
-        return exc
-    if status == 503 and code == "engine_overloaded":
-        retry = float(headers.get("retry-after") or 1.0)
-        return EngineOverloadedError(message, retry_after_s=retry)
-    return EngineUnavailableError(f"engine server answered {status}: {message}")
-
-
 class RemoteEngineClient:
     """An `EngineClient` over one engine server."""
 
@@ -245,7 +228,11 @@ class RemoteEngineClient:
         poll_s: float = 1.0,
         max_failures: int = 3,
         request_timeout_s: float = 600.0,
+        transport: Transport = "link",
     ) -> None:
+        """`transport`: "link" sends completions over one WebSocket (gateway.engine_link),
+        "http" one HTTP request each (for a Kubernetes Gateway in front of an
+        InferencePool, whose endpoint picker chooses a replica per request)."""
         self.base_url = base_url.rstrip("/")
         self.model_name: str = model_name or info.model_name
         self.max_model_len: int = info.max_model_len
@@ -275,6 +262,14 @@ class RemoteEngineClient:
         # Bumped by each load and unload: a poll sent before one must not undo its result.
         self._adapter_changes = 0
         self._info_current = False  # /internal/info read since the server last answered
+        self.transport: Transport = transport
+        self._link = EngineLink(
+            self.base_url,
+            headers=self.auth_headers,
+            session=self.stream_session,
+            on_failure=self.note_failure,
+            on_draining=self._note_draining,
+        )
 
     def stream_session(self) -> aiohttp.ClientSession:
         """The completions' connection pool (keep-alive), made on first use in the running
@@ -295,6 +290,8 @@ class RemoteEngineClient:
         stream's first item."""
         if self._closed:
             raise EngineDeadError("the engine client was shut down")
+        if self.transport == "link":
+            return self._link.open(request, self.model_name, trace_headers())
         stream = RemoteStream(self, request)
         self._streams[request.request_id] = stream
         stream._task.add_done_callback(lambda _t: self._streams.pop(request.request_id, None))
@@ -306,6 +303,9 @@ class RemoteEngineClient:
 
     async def abort(self, request_id: str) -> None:
         """Hangs up on the request and tells the server, in case the hang-up is missed."""
+        if self.transport == "link":
+            await self._link.abort(request_id)  # the frame goes on the link, in order
+            return
         stream = self._streams.pop(request_id, None)
         if stream is not None:
             await stream.aclose()
@@ -370,6 +370,11 @@ class RemoteEngineClient:
         """A request could not reach the server: counts as a failed poll."""
         self._failures += 1
 
+    def _note_draining(self) -> None:
+        """The server said, over the link, that it admits nothing new (the next poll that
+        says otherwise, after a restart, clears it)."""
+        self._draining = True
+
     async def start(self) -> None:
         """Starts the stats poller (idempotent)."""
         if self._poller is None:
@@ -384,6 +389,7 @@ class RemoteEngineClient:
                 await self._poller
         for stream in list(self._streams.values()):
             await stream.aclose()
+        await self._link.close()
         await self.http.aclose()
         if self._stream_session is not None:
             await self._stream_session.close()

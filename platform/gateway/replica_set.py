@@ -29,11 +29,12 @@ from gateway.adapters import AdapterInfo
 from gateway.engine_client import EngineSnapshot, TokenizerLike
 from gateway.remote_engine import (
     EngineServerInfo,
-    EngineUnavailableError,
     RemoteEngineClient,
+    Transport,
     fetch_info,
     local_grammar_checker,
 )
+from gateway.remote_errors import EngineUnavailableError
 from gateway.routing import ReplicaLoad, RouteRequest, RoutingConfig, make_policy
 
 logger = logging.getLogger("cloister.gateway.replicas")
@@ -100,9 +101,12 @@ class ReplicaSetClient:
         poll_s: float = 1.0,
         connect_wait_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
+        transport: Transport = "link",
     ) -> None:
-        """`clock`: monotonic seconds, for the ramp (a test's own clock)."""
+        """`clock`: monotonic seconds, for the ramp (a test's own clock); `transport`:
+        how completions reach each replica (gateway.remote_engine)."""
         self._clock = clock
+        self._transport = transport
         self._urls, self._token, self._tokenizer = tuple(urls), token, tokenizer
         self._resolve, self._refresh_s, self._poll_s = resolve, refresh_s, poll_s
         self.model_name = model_name
@@ -129,7 +133,12 @@ class ReplicaSetClient:
 
     def _new(self, url: str, info: EngineServerInfo, joined_at: float | None = None) -> _Replica:
         client = RemoteEngineClient(
-            url, token=self._token, tokenizer=self._tokenizer, info=info, poll_s=self._poll_s
+            url,
+            token=self._token,
+            tokenizer=self._tokenizer,
+            info=info,
+            poll_s=self._poll_s,
+            transport=self._transport,
         )
         client.model_name = self.model_name
         return _Replica(client, self._clock() if joined_at is None else joined_at)

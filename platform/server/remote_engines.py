@@ -43,7 +43,12 @@ def remote_engine_clients(settings: Settings) -> dict[str, Any]:
             info = fetch_info(urls[0], token, wait_s=CONNECT_WAIT_S)
             _check_model(info.model_name, spec.name, urls[0])
             clients[spec.name] = RemoteEngineClient(
-                urls[0], token=token, tokenizer=tokenizer, info=info, model_name=spec.name
+                urls[0],
+                token=token,
+                tokenizer=tokenizer,
+                info=info,
+                model_name=spec.name,
+                transport=settings.engine_transport,
             )
             continue
         clients[spec.name] = ReplicaSetClient(
@@ -54,6 +59,7 @@ def remote_engine_clients(settings: Settings) -> dict[str, Any]:
             resolve=expand_urls,
             policy=settings.router_policy,
             connect_wait_s=CONNECT_WAIT_S,
+            transport=settings.engine_transport,
         )
     return clients
 

@@ -234,6 +234,10 @@ class Settings(BaseSettings):
     # prefix_affine (cache root + first blocks, with a load escape), session (the
     # cache root + the `user` hash, else the first block) or round_robin.
     router_policy: Literal["prefix_affine", "session", "round_robin"] = "prefix_affine"
+    # How completions travel to engine servers: "link", one WebSocket per engine server
+    # carrying all requests (the lower latency), or "http", one request each, which a
+    # Kubernetes Gateway in front of an InferencePool needs to pick a replica per request.
+    engine_transport: Literal["link", "http"] = "link"
     # The credential between gateways and engine servers (both sides read it).
     service_token: SecretStr | None = None
     max_num_seqs: int = Field(default=64, ge=1)

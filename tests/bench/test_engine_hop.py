@@ -25,7 +25,7 @@ def test_percentiles_and_the_added_figures_are_remote_minus_in_process() -> None
 
 
 @pytest.mark.slow
-def test_a_quick_run_reports_both_sides(tmp_path: Path) -> None:
+def test_a_quick_run_reports_every_side(tmp_path: Path) -> None:
     capture = tmp_path / "stdout.txt"
     with capture.open("w") as out, contextlib.redirect_stdout(out):
         returned = main(["--requests", "4", "--warmup", "1", "--round", "2"])
@@ -34,12 +34,18 @@ def test_a_quick_run_reports_both_sides(tmp_path: Path) -> None:
     assert report == json.loads(json.dumps(returned))
     assert report["requests_per_side"] == 4
     assert report["tokens_per_request"] == 8  # EOS ignored: every request makes max_tokens
-    for side in ("in_process", "remote"):
+    for side in ("in_process", "remote", "remote_http"):
         figures = report[side]
         assert 0 < figures["ttft_p50_ms"] <= figures["e2e_p50_ms"]
         assert figures["per_token_p50_ms"] > 0
     assert report["added"]["e2e_p50_ms"] == pytest.approx(
         report["remote"]["e2e_p50_ms"] - report["in_process"]["e2e_p50_ms"], abs=1e-3
     )
-    assert report["cpu_per_request_ms"]["remote_server"] > 0  # the server process did the work
+    assert report["added_http"]["ttft_p50_ms"] == pytest.approx(
+        report["remote_http"]["ttft_p50_ms"] - report["in_process"]["ttft_p50_ms"], abs=1e-3
+    )
+    cpu = report["cpu_per_request_ms"]
+    # Client and server: a remote side uses more CPU than this process alone did in-process
+    # (the server process did the engine's work).
+    assert cpu["remote"] > 0 and cpu["remote_http"] > 0
     assert isinstance(report["meets_goal"], bool)

@@ -370,3 +370,8 @@ def test_inference_pool_selects_engine_pods_and_gateways_use_it(
     (config,) = of_kind(docs, "ConfigMap")
     urls = config["data"]["CLOISTER_ENGINE_URLS"]
     assert "dns+http://" not in urls and "cloister-inference" in urls
+    # One HTTP request per completion: a link (one WebSocket) would let the endpoint
+    # picker choose once per gateway, not per request.
+    assert config["data"]["CLOISTER_ENGINE_TRANSPORT"] == "http"
+    (production,) = of_kind(rendered["production"], "ConfigMap")
+    assert "CLOISTER_ENGINE_TRANSPORT" not in production["data"]  # the link, by default

@@ -15,6 +15,7 @@ from typing import Any
 
 import uvicorn
 
+from engine_server.link import UVICORN_WS
 from gateway.engine_client import EngineClient
 from tenancy.limiter.memory import MemoryLimiter
 from tests.gateway.conftest import LiveGateway, free_port, start_gateway
@@ -120,7 +121,9 @@ def serve_in_thread(app: Any) -> tuple[str, Callable[[], None]]:
     """uvicorn on a free loopback port in a daemon thread; returns its URL and stop."""
     port = free_port()
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on")
+        uvicorn.Config(
+            app, host="127.0.0.1", port=port, log_config=None, lifespan="on", ws=UVICORN_WS
+        )
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

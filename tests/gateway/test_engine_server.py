@@ -279,6 +279,55 @@ def test_sigterm_drains_streams_and_admits_nothing_new(model_dir: Path, tmp_path
             engine.proc.kill()
 
 
+@pytest.mark.slow
+def test_sigterm_finishes_the_links_streams_before_the_server_stops(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """uvicorn closes WebSockets as soon as it shuts down; the engine waits for the
+    link's streams first, tells the gateway it drains, and refuses new requests."""
+    import asyncio
+
+    engine = spawn_engine(model_dir, tmp_path / "drain-link.log")
+    params = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
+
+    async def drain() -> tuple[int, bool, str]:
+        info = fetch_info(engine.base_url, SERVICE_TOKEN)
+        tokenizer = load_tokenizer(model_dir)
+        client = RemoteEngineClient(
+            engine.base_url, token=SERVICE_TOKEN, tokenizer=tokenizer, info=info, poll_s=60
+        )
+        try:
+            request = EngineRequest(prompt_token_ids=tuple(range(10, 40)), params=params)
+            stream = client.submit(request)
+            tokens = sum(len(d.token_ids) for d in (await stream.__anext__()).deltas)
+            engine.proc.send_signal(signal.SIGTERM)
+            async for event in stream:
+                tokens += sum(len(d.token_ids) for d in event.deltas)
+            alive = client.alive  # the engine said, over the link, that it drains
+            late = EngineRequest(prompt_token_ids=(10, 11), params=params)
+            try:
+                async for _ in client.submit(late):
+                    pass
+                refused = "admitted"
+            except Exception as exc:  # refused while draining, or the server is gone
+                refused = type(exc).__name__
+            return tokens, alive, refused
+        finally:
+            await client.shutdown()
+
+    try:
+        wait_ready(engine)
+        tokens, alive, refused = asyncio.run(drain())
+        assert tokens == 200  # the stream ran to its end through the drain
+        assert not alive
+        assert refused == "EngineUnavailableError"
+        assert engine.proc.wait(timeout=60) in (0, -signal.SIGTERM)
+        assert "Application shutdown complete" in engine.logs()
+    finally:
+        if engine.proc.poll() is None:
+            engine.proc.kill()
+
+
 def test_a_router_may_send_text_and_ask_for_a_whole_response(engine: EngineProcess) -> None:
     """What a client of the Kubernetes inference stack sends: text, OpenAI's defaults."""
     auth = {"authorization": f"Bearer {SERVICE_TOKEN}"}

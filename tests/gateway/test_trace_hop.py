@@ -55,8 +55,8 @@ class Hop:
         return self.engine_spans.get_finished_spans()
 
 
-@pytest.fixture(scope="module")
-def hop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hop]:
+@pytest.fixture(scope="module", params=["link", "http"])
+def hop(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Hop]:
     engine_exporter, gateway_exporter = InMemorySpanExporter(), InMemorySpanExporter()
     engine_provider = make_tracer_provider(
         "none", service_name="cloister-engine", extra_processor=SimpleSpanProcessor(engine_exporter)
@@ -69,7 +69,12 @@ def hop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hop]:
     )
     url, stop_engine = serve_in_thread(server.app())
     client = RemoteEngineClient(
-        url, token=TOKEN, tokenizer=ByteTokenizer(), info=fetch_info(url, TOKEN), poll_s=60
+        url,
+        token=TOKEN,
+        tokenizer=ByteTokenizer(),
+        info=fetch_info(url, TOKEN),
+        poll_s=60,
+        transport=request.param,
     )
     gateway_provider = make_tracer_provider(
         "none",
@@ -219,8 +224,10 @@ def test_the_engine_serve_command_refuses_a_missing_exporter_before_loading(
 
 
 def test_finished_streams_give_their_connection_back_to_the_pool(hop: Hop) -> None:
-    """The hop's cost: a stream read to its end is reused; one dropped unread costs the
-    next request a new connection (bench/engine_hop.py measured about 2 ms each)."""
+    """The hop's cost: one connection serves request after request. Over HTTP, a stream
+    read to its end is reused, and one dropped unread would cost the next request a new
+    connection (bench/engine_hop.py measured about 2 ms each); the link keeps its one
+    WebSocket open."""
     key = hop.gw.tenant("pool")
     for _ in range(3):
         chat(hop, key)
@@ -228,6 +235,10 @@ def test_finished_streams_give_their_connection_back_to_the_pool(hop: Hop) -> No
     assert connector is not None
     # aiohttp's pool has no public count: `_acquired` holds the connections in use,
     # `_conns` the idle ones by host.
+    idle = [c for conns in connector._conns.values() for c in conns]  # type: ignore[attr-defined]
+    if hop.client.transport == "link":
+        assert len(connector._acquired) == 1 and not idle  # type: ignore[attr-defined]
+        return
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and connector._acquired:  # type: ignore[attr-defined]
         time.sleep(0.01)  # the last stream's task reads the body's end after the reply

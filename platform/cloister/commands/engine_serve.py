@@ -9,6 +9,7 @@ and new requests are refused at once, running streams finish (up to
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,7 @@ def run_engine_server(
     from engine.process_engine import EngineStartError
     from engine_server.app import EngineServer
     from engine_server.auth import ServiceAuth, ServiceTokenError
+    from engine_server.link import UVICORN_WS
     from server.logging_setup import configure_logging
     from server.telemetry import TelemetryUnavailableError, check_exporter, provider_from_settings
     from server.wiring import DeviceUnavailableError, load_engine, serve_engine_options
@@ -106,11 +108,34 @@ def run_engine_server(
     )
 
     class DrainingServer(uvicorn.Server):
-        """uvicorn's server, which marks the engine as draining on the first signal."""
+        """uvicorn's server, which drains the engine on the first signal before shutting
+        down: uvicorn closes WebSockets at once when it shuts down, so the link's streams
+        (engine_server.link) are waited for first; HTTP streams are waited for by
+        uvicorn's own graceful shutdown. A second signal shuts down at once."""
+
+        loop: asyncio.AbstractEventLoop | None = None
+
+        async def serve(self, sockets: Any = None) -> None:
+            self.loop = asyncio.get_running_loop()
+            await super().serve(sockets)
 
         def handle_exit(self, sig: int, frame: Any) -> None:
+            # A signal handler: it may run between any two bytecodes of the loop's thread,
+            # so the drain is started by the loop, not here.
+            if server.draining or self.loop is None:
+                super().handle_exit(sig, frame)
+                return
             server.draining = True
-            super().handle_exit(sig, frame)
+            self.loop.call_soon_threadsafe(self._drain, sig, frame)
+
+        def _drain(self, sig: int, frame: Any) -> None:
+            async def drain_then_exit() -> None:
+                try:
+                    await server.drain(drain_timeout_s)
+                finally:
+                    super(DrainingServer, self).handle_exit(sig, frame)
+
+            self._drainer = asyncio.get_running_loop().create_task(drain_then_exit())
 
     config = uvicorn.Config(
         server.app(),
@@ -118,6 +143,7 @@ def run_engine_server(
         port=settings.port,
         log_config=None,
         timeout_graceful_shutdown=int(drain_timeout_s),
+        ws=UVICORN_WS,  # the link
     )
     try:
         DrainingServer(config).run()

@@ -1,0 +1,236 @@
+"""The gateway's side of the link: one WebSocket to an engine server for all requests.
+
+See engine_server.link for the frames. `EngineLink` keeps one connection per engine
+server, opened on first use and again after it drops. A submit puts its frame on
+an outbox and returns its `LinkStream` at once (no I/O in the caller); one writer
+task connects when needed and sends what the outbox holds, and one reader task
+hands each incoming frame to its stream.
+
+A dropped link (the engine died, the network broke) ends every stream it carried
+with `EngineUnavailableError`, as a broken HTTP stream does, and counts as a failed
+poll of the replica; a stream that had no first token yet may then be retried
+elsewhere by the replica set. Closing a stream early sends an abort frame; the
+engine also aborts everything in flight when the link closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aiohttp
+import orjson
+
+from engine.errors import EngineDeadError
+from engine.outputs import StreamEvent
+from engine.request import EngineRequest
+from engine_server.link import LINK_PATH
+from engine_server.wire import event_from_compact, request_to_wire
+from gateway.remote_errors import EngineUnavailableError, error_of_frame
+
+logger = logging.getLogger("cloister.gateway.link")
+HEARTBEAT_S = 10.0  # a link that misses a pong for half of this is closed
+
+
+class LinkStream:
+    """The events of one request sent over a link; iterate it, or `aclose` it."""
+
+    def __init__(self, link: EngineLink, request_id: str, prompt: tuple[int, ...]) -> None:
+        self.request_id = request_id
+        self.prompt = prompt
+        self._link = link
+        self.queue: asyncio.Queue[StreamEvent | BaseException] = asyncio.Queue()
+        self.done = False
+
+    def __aiter__(self) -> AsyncIterator[StreamEvent]:
+        return self
+
+    async def __anext__(self) -> StreamEvent:
+        if self.done:
+            raise StopAsyncIteration
+        item = await self.queue.get()
+        if isinstance(item, BaseException):
+            self._finish()
+            raise item
+        if item.finished:
+            self._finish()
+        return item
+
+    def _finish(self) -> None:
+        self.done = True
+        self._link.forget(self.request_id)
+
+    async def aclose(self) -> None:
+        """Stops the request: the engine aborts it and frees its blocks."""
+        if not self.done:
+            self.done = True
+            self._link.cancel(self.request_id)
+
+
+class EngineLink:
+    """The link to one engine server."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        headers: dict[str, str],
+        session: Callable[[], aiohttp.ClientSession],
+        on_failure: Callable[[], None],
+        on_draining: Callable[[], None],
+    ) -> None:
+        """`headers`: the handshake's (the service credential); `session`: the aiohttp
+        session to connect with; `on_failure`: called once per connect that fails or
+        link that drops; `on_draining`: called when the engine says it drains."""
+        self.url = base_url.rstrip("/") + LINK_PATH
+        self._headers = headers
+        self._session = session
+        self._on_failure, self._on_draining = on_failure, on_draining
+        self._streams: dict[str, LinkStream] = {}
+        self._outbox: list[bytes] = []
+        self._wake = asyncio.Event()
+        self._ws: aiohttp.ClientWebSocketResponse | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._closed = False
+
+    def open(self, request: EngineRequest, model: str, extra_headers: dict[str, str]) -> LinkStream:
+        """Queues `request` for the engine and returns its stream."""
+        if request.request_id in self._streams:
+            raise ValueError(f"request {request.request_id!r} is already in flight")
+        body, headers = request_to_wire(request, model)
+        headers.update(extra_headers)
+        stream = LinkStream(self, request.request_id, request.prompt_token_ids)
+        self._streams[request.request_id] = stream
+        self.send({"op": "submit", "id": request.request_id, "body": body, "headers": headers})
+        return stream
+
+    def send(self, message: dict[str, Any]) -> None:
+        """Puts a frame on the outbox; the writer sends it (connecting first if need be)."""
+        if self._closed:
+            return
+        self._outbox.append(orjson.dumps(message))
+        self._wake.set()
+        if self._writer is None:
+            self._writer = asyncio.get_running_loop().create_task(self._write())
+
+    def forget(self, request_id: str) -> None:
+        """Drops a stream that ended."""
+        self._streams.pop(request_id, None)
+
+    def cancel(self, request_id: str) -> None:
+        """Drops a stream and, if the engine still runs its request, aborts it there."""
+        if self._streams.pop(request_id, None) is not None:
+            self.send({"op": "abort", "id": request_id})
+
+    async def abort(self, request_id: str) -> None:
+        """Stops the request if it streams over this link."""
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            await stream.aclose()
+
+    async def _write(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if not self._outbox:
+                continue
+            ws = self._ws
+            if ws is None or ws.closed:
+                ws = await self._connect()
+                if ws is None:
+                    continue
+            frames, self._outbox = self._outbox, []
+            try:
+                for frame in frames:
+                    await ws.send_bytes(frame)
+            except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
+                self._drop(f"the link to {self.url} broke: {exc!r}")
+
+    async def _connect(self) -> aiohttp.ClientWebSocketResponse | None:
+        """Opens the link; on failure, ends the streams waiting on it and returns None."""
+        try:
+            ws = await self._session().ws_connect(
+                self.url, headers=self._headers, heartbeat=HEARTBEAT_S, autoping=True
+            )
+        except aiohttp.WSServerHandshakeError as exc:
+            why = "refused the service credential (CLOISTER_SERVICE_TOKEN)"
+            if exc.status != 401:
+                why = f"answered {exc.status} to the link's handshake"
+            self._drop(f"engine server {self.url} {why}")
+            return None
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            self._drop(f"engine server {self.url}: {exc!r}")
+            return None
+        self._ws = ws
+        self._reader = asyncio.get_running_loop().create_task(self._read(ws))
+        return ws
+
+    def _drop(self, why: str) -> None:
+        """Ends every stream in flight, and the frames not sent, with `why`."""
+        self._outbox.clear()
+        streams, self._streams = self._streams, {}
+        if streams:
+            self._on_failure()
+        for stream in streams.values():
+            stream.queue.put_nowait(EngineUnavailableError(why))
+
+    async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        why = f"the engine server at {self.url} closed the link"
+        try:
+            async for message in ws:
+                if message.type != aiohttp.WSMsgType.BINARY:
+                    continue
+                try:
+                    self._dispatch(orjson.loads(message.data))
+                except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+                    why = f"a malformed frame from {self.url}: {exc!r}"
+                    break
+        except (aiohttp.ClientError, ConnectionError) as exc:
+            why = f"the link to {self.url} broke: {exc!r}"
+        finally:
+            if self._ws is ws:
+                self._ws = None
+            with contextlib.suppress(Exception):
+                await ws.close()
+            self._drop(why)
+
+    def _dispatch(self, frame: dict[str, Any]) -> None:
+        if frame.get("op") == "draining":
+            self._on_draining()
+            return
+        request_id = frame["id"]
+        stream = self._streams.get(request_id) if isinstance(request_id, str) else None
+        if stream is None:
+            if "x" in frame:  # a frame the engine could not read: a bug on this side
+                logger.error("the engine refused a link frame: %s", frame["x"].get("message"))
+            return  # a stream that ended or was closed here
+        if "e" in frame:
+            event = event_from_compact(request_id, frame["e"], stream.prompt)
+            if event.finished:  # over on the engine: nothing to abort, even if never read
+                self._streams.pop(request_id, None)
+            stream.queue.put_nowait(event)
+        elif "x" in frame:
+            self._streams.pop(request_id, None)
+            stream.queue.put_nowait(error_of_frame(frame["x"]))
+        elif "f" in frame:
+            self._streams.pop(request_id, None)
+            stream.queue.put_nowait(EngineDeadError(str(frame["f"])))
+        else:
+            raise KeyError("the frame has neither 'e', 'x' nor 'f'")
+
+    async def close(self) -> None:
+        """Ends the streams in flight and closes the link."""
+        self._closed = True
+        self._drop("the engine client was shut down")
+        for task in (self._writer, self._reader):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        if self._ws is not None:
+            with contextlib.suppress(Exception):
+                await self._ws.close()
