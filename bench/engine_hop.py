@@ -208,6 +208,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="each forward pass of the fake model waits this long with the GIL released, "
         "as a real model's kernels run (default 0: the step is the engine's own work)",
     )
+    p.add_argument(
+        "--engine-mode",
+        choices=("thread", "process"),
+        default="thread",
+        help="where each side's engine runs (CLOISTER_ENGINE_MODE): on a thread of the "
+        "serving process (the default), or in a child process of its own, so that the "
+        "engine server's event loop never waits for the engine's GIL",
+    )
     p.add_argument("--serve-engine", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -220,14 +228,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return {}
     # The same settings the engine process gets, without touching this process's
     # environment (a caller, such as the test suite, keeps its own).
-    settings = Settings(**{k.removeprefix("CLOISTER_").lower(): v for k, v in ENGINE_ENV.items()})
+    engine_env = {**ENGINE_ENV, "CLOISTER_ENGINE_MODE": args.engine_mode}
+    settings = Settings(**{k.removeprefix("CLOISTER_").lower(): v for k, v in engine_env.items()})
     front = fake_front(settings, args.step_ms)
     tokenizer = front.tokenizer
     prompts = [tuple(tokenizer.encode(f"Request {i}: name a colour.")) for i in range(64)]
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         log_path = Path(tmp) / "engine.log"
-        env = {**os.environ, **ENGINE_ENV, "CLOISTER_SERVICE_TOKEN": TOKEN}
+        env = {**os.environ, **engine_env, "CLOISTER_SERVICE_TOKEN": TOKEN}
         env["CLOISTER_DATA_DIR"] = tmp
         env["CLOISTER_PORT"] = str(port)
         env[STEP_ENV] = str(args.step_ms)
@@ -249,6 +258,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "requests_per_side": args.requests,
         "max_tokens": args.max_tokens,
         "step_ms": args.step_ms,
+        "engine_mode": args.engine_mode,
         "tokens_per_request": statistics.fmean(t.tokens for t in timings["remote"]),
         "in_process": local,
         "remote": remote,  # the gateway's transport: the link
