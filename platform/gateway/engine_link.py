@@ -114,7 +114,7 @@ class EngineLink:
             return
         self._outbox.append(orjson.dumps(message))
         self._wake.set()
-        if self._writer is None:
+        if self._writer is None or self._writer.done():
             self._writer = asyncio.get_running_loop().create_task(self._write())
 
     def forget(self, request_id: str) -> None:
@@ -133,22 +133,26 @@ class EngineLink:
             await stream.aclose()
 
     async def _write(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            if not self._outbox:
-                continue
-            ws = self._ws
-            if ws is None or ws.closed:
-                ws = await self._connect()
-                if ws is None:
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                if not self._outbox:
                     continue
-            frames, self._outbox = self._outbox, []
-            try:
-                for frame in frames:
-                    await ws.send_bytes(frame)
-            except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
-                self._drop(f"the link to {self.url} broke: {exc!r}")
+                ws = self._ws
+                if ws is None or ws.closed:
+                    ws = await self._connect()
+                    if ws is None:
+                        continue
+                frames, self._outbox = self._outbox, []
+                try:
+                    for frame in frames:
+                        await ws.send_bytes(frame)
+                except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
+                    self._drop(f"the link to {self.url} broke: {exc!r}")
+        except Exception as exc:  # a bug here must not leave streams waiting forever
+            logger.exception("the link's writer failed")
+            self._drop(f"the link to {self.url} failed: {exc!r}")
 
     async def _connect(self) -> aiohttp.ClientWebSocketResponse | None:
         """Opens the link; on failure, ends the streams waiting on it and returns None."""

@@ -320,3 +320,42 @@ def test_the_transport_is_a_setting_and_a_bad_one_is_refused_by_name(
     monkeypatch.setenv("CLOISTER_ENGINE_TRANSPORT", "carrier-pigeon")
     with pytest.raises(click.ClickException, match="engine_transport"):
         load_settings()
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [b"not json", b'{"id": "bad-1"}', b'{"id": "bad-1", "e": {"d": 7}}', b'{"op": 3}'],
+    ids=["not-json", "no-kind", "bad-event", "no-id"],
+)
+def test_a_malformed_frame_from_an_engine_ends_the_stream_cleanly(reply: bytes) -> None:
+    """An engine that sends what the link does not say (a bug, or a version skew) ends
+    the streams on that link with an unavailable engine, at once, not a hang."""
+    from starlette.applications import Starlette
+    from starlette.routing import WebSocketRoute
+    from starlette.websockets import WebSocket
+
+    from gateway.remote_engine import EngineServerInfo
+
+    async def babbler(websocket: WebSocket) -> None:
+        await websocket.accept()
+        await websocket.receive_bytes()  # the submit
+        await websocket.send_bytes(reply)
+        await websocket.receive()  # until the gateway hangs up
+
+    url, stop = serve_in_thread(Starlette(routes=[WebSocketRoute(LINK, babbler)]))
+    info = EngineServerInfo("tiny", 512, 260, 64, 16)
+
+    async def talk() -> None:
+        client = RemoteEngineClient(
+            url, token=TOKEN, tokenizer=ByteTokenizer(), info=info, poll_s=60
+        )
+        try:
+            with pytest.raises(EngineUnavailableError):
+                await asyncio.wait_for(collect(client, request((1, 2), 4, "bad-1")), 10)
+        finally:
+            await client.shutdown()
+
+    try:
+        asyncio.run(talk())
+    finally:
+        stop()
