@@ -22,7 +22,7 @@ import dataclasses
 import itertools
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from engine.core_loop import (
@@ -72,9 +72,26 @@ class RequestStream:
         self.size = size
         self._queue: asyncio.Queue[StreamEvent | BaseException] = asyncio.Queue()
         self._done = False
+        self._listener: Callable[[StreamEvent | BaseException], None] | None = None
 
     def _push(self, item: StreamEvent | BaseException) -> None:
-        self._queue.put_nowait(item)
+        if self._listener is not None:
+            self._listener(item)
+        else:
+            self._queue.put_nowait(item)
+
+    def listen(self, listener: Callable[[StreamEvent | BaseException], None]) -> None:
+        """Hands the stream's items to `listener` as they arrive, instead of queueing them
+        for iteration: called on the caller's loop, within the engine's report, for each
+        event and for the error that ends a failed request.
+
+        For a consumer of many streams (the engine server's link), this saves a task
+        wake-up per event; what was already queued is handed over at once. The listener
+        must not block or raise.
+        """
+        self._listener = listener
+        while not self._queue.empty():
+            listener(self._queue.get_nowait())
 
     def __aiter__(self) -> AsyncIterator[StreamEvent]:
         return self

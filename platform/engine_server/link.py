@@ -26,13 +26,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from engine.outputs import StreamEvent
+from engine_server.eager import start_now
 from engine_server.refusals import Refusal, Refused
+from engine_server.tracing import GenerateSpan
 from engine_server.wire import REQUEST_ID_HEADER, event_to_compact
 
 if TYPE_CHECKING:
@@ -91,7 +94,7 @@ class EngineLink:
 
     def in_flight(self) -> int:
         """Requests streaming over any link now."""
-        return sum(len(c.tasks) for c in self._connections)
+        return sum(len(c.requests) for c in self._connections)
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """Waits until no request streams over a link (True), or `timeout_s` (False)."""
@@ -111,7 +114,7 @@ class EngineLink:
     async def announce_draining(self) -> None:
         """Tells every connected gateway that this engine admits nothing new."""
         for connection in list(self._connections):
-            await connection.send({"op": "draining"})
+            connection.post({"op": "draining"})
 
     async def endpoint(self, websocket: WebSocket) -> None:
         """Serves one gateway's link until it closes."""
@@ -137,21 +140,57 @@ class EngineLink:
 
 
 class _Connection:
-    """One gateway's WebSocket and the requests it has in flight."""
+    """One gateway's WebSocket and the requests it has in flight.
+
+    Nothing here runs a task per request: a request's events reach `_LinkRequest`
+    within the engine's step report (`RequestStream.listen`), and each becomes a frame
+    written at once (`start_now`), so an event costs no event-loop wake-up of its own
+    between the engine and the socket.
+    """
 
     def __init__(self, link: EngineLink, websocket: WebSocket) -> None:
         self.link, self.websocket = link, websocket
-        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.requests: dict[str, _LinkRequest] = {}
         self._open = True
+        # While the transport is paused, a send waits; later frames queue behind it.
+        self._sending: asyncio.Future[None] | None = None
+        self._backlog: list[bytes] = []
+        self._tasks: set[asyncio.Future[None]] = set()  # submits that wait, aborts
 
-    async def send(self, message: dict[str, Any]) -> None:
-        """Sends one message; a closed socket is the reader's to notice."""
+    def post(self, message: dict[str, Any]) -> None:
+        """Sends one message now, or after those before it if the socket is backed up;
+        a closed socket is the reader's to notice."""
         if not self._open:
             return
+        data = orjson.dumps(message)
+        if self._sending is not None:
+            self._backlog.append(data)
+            return
         try:
-            await self.websocket.send_bytes(orjson.dumps(message))
+            pending = start_now(self.websocket.send_bytes(data))
         except (WebSocketDisconnect, RuntimeError, OSError):
             self._open = False
+            return
+        if pending is not None:
+            self._sending = asyncio.ensure_future(self._flush(pending))
+
+    async def _flush(self, pending: asyncio.Future[None]) -> None:
+        """Finishes a send that had to wait, then sends what queued behind it."""
+        try:
+            await pending
+            while self._backlog and self._open:
+                await self.websocket.send_bytes(self._backlog.pop(0))
+        except Exception:  # a socket that cannot take a frame takes no more
+            self._open = False
+        finally:
+            self._backlog.clear()
+            self._sending = None
+
+    def track(self, future: asyncio.Future[None]) -> None:
+        """Keeps `future` (a submit waiting on the tokenizer, an abort) until it is done,
+        so that closing the link can wait for it."""
+        self._tasks.add(future)
+        future.add_done_callback(self._tasks.discard)
 
     async def serve(self) -> None:
         """Reads frames until the gateway closes the link."""
@@ -165,51 +204,129 @@ class _Connection:
             except LinkProtocolError as exc:
                 logger.warning("a malformed link frame: %s", exc)
                 refusal = Refusal(400, str(exc), "invalid_request", "invalid_link_frame")
-                await self.send({"id": None, "x": refusal.fields()})
+                self.post({"id": None, "x": refusal.fields()})
                 continue
             if op == "abort":
-                task = self.tasks.get(request_id)
-                if task is not None:
-                    task.cancel()
+                request = self.requests.get(request_id)
+                if request is not None:
+                    request.leave()
                 continue
-            if request_id in self.tasks:
+            if request_id in self.requests:
                 refusal = Refusal(400, "a request with this id is in flight", "invalid_request")
-                await self.send({"id": request_id, "x": refusal.fields()})
+                self.post({"id": request_id, "x": refusal.fields()})
                 continue
             headers[REQUEST_ID_HEADER] = request_id
-            task = asyncio.get_running_loop().create_task(self._run(request_id, body, headers))
-            self.tasks[request_id] = task
+            request = _LinkRequest(self, request_id)
+            self.requests[request_id] = request
             self.link._update_idle()
+            # A prompt of token ids is submitted right here; one of text waits for the
+            # tokenizer on a worker thread, and the link reads on meanwhile.
+            pending = start_now(request.submit(body, headers))
+            if pending is not None:
+                self.track(pending)
 
-    async def _run(self, request_id: str, body: dict[str, Any], headers: Mapping[str, str]) -> None:
-        """Submits one request and sends its events, or its refusal or failure."""
-        server = self.link.server
-        try:
-            try:
-                engine_request = await server.engine_request(body, headers)
-                span = server.span(engine_request, headers)
-                stream = server.submit(engine_request, span)
-            except Refused as refused:
-                await self.send({"id": request_id, "x": refused.refusal.fields()})
-                return
-            events = server.events(request_id, stream, span)
-            try:
-                async for event in events:
-                    await self.send({"id": request_id, "e": event_to_compact(event)})
-            except Exception as exc:  # the request failed in the engine: say so in-band
-                await self.send({"id": request_id, "f": str(exc) or type(exc).__name__})
-            finally:
-                await events.aclose()  # aborts a request left before its end
-        finally:
-            self.tasks.pop(request_id, None)
-            self.link._update_idle()
+    def abort_in_engine(self, request_id: str) -> None:
+        """Aborts a request in the engine, freeing its blocks, without waiting here."""
+        self.track(asyncio.ensure_future(self.link.server.front.abort(request_id)))
+
+    def ended(self, request_id: str) -> None:
+        """Takes a request that ended out of those in flight."""
+        self.requests.pop(request_id, None)
+        self.link._update_idle()
 
     async def close(self) -> None:
         """Aborts what is still in flight (the gateway is gone)."""
         self._open = False
-        tasks = list(self.tasks.values())
-        for task in tasks:
-            task.cancel()
+        for request in list(self.requests.values()):
+            request.leave()
+        tasks = list(self._tasks)
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+
+class _LinkRequest:
+    """One request on a link: submitted to the engine, its events sent as frames."""
+
+    def __init__(self, connection: _Connection, request_id: str) -> None:
+        self.connection, self.request_id = connection, request_id
+        self.span: GenerateSpan | None = None
+        self.ended = False
+        self._pump: asyncio.Future[None] | None = None
+
+    async def submit(self, body: dict[str, Any], headers: Mapping[str, str]) -> None:
+        """Submits the request, or sends its refusal."""
+        server = self.connection.link.server
+        try:
+            engine_request = await server.engine_request(body, headers)
+            if self.ended:  # the gateway aborted it while its prompt was tokenized
+                return
+            self.span = server.span(engine_request, headers)
+            stream = server.submit(engine_request, self.span)
+        except Refused as refused:
+            self._refuse(refused.refusal)
+            return
+        except Exception:  # a bug: refuse this request, keep the link
+            logger.exception("submitting a link request failed")
+            self._refuse(Refusal(500, "the engine server failed", "server_error"))
+            return
+        listen = getattr(stream, "listen", None)
+        if listen is not None:  # the engine's own fronts
+            listen(self.on_item)
+        else:  # any other async iterator of events
+            self._pump = asyncio.ensure_future(self._pumped(stream))
+            self.connection.track(self._pump)
+
+    async def _pumped(self, stream: AsyncIterator[StreamEvent]) -> None:
+        """Feeds a stream that cannot be listened to into `on_item`, from a task."""
+        try:
+            async for event in stream:
+                self.on_item(event)
+        except Exception as exc:
+            self.on_item(exc)
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+
+    def _refuse(self, refusal: Refusal) -> None:
+        if not self.ended:
+            self.connection.post({"id": self.request_id, "x": refusal.fields()})
+            self._end(None)
+
+    def on_item(self, item: StreamEvent | BaseException) -> None:
+        """One item of the request's stream, within the engine's report: a frame."""
+        if self.ended:
+            return  # left by the gateway; the engine's abort is on its way
+        try:
+            if isinstance(item, BaseException):  # failed in the engine: say so in-band
+                self._end(item)
+                self.connection.post({"id": self.request_id, "f": str(item) or type(item).__name__})
+                return
+            if self.span is not None:
+                self.span.observe(item)
+            self.connection.post({"id": self.request_id, "e": event_to_compact(item)})
+            if item.finished:
+                self._end(None)
+        except Exception:  # never break the report the other requests' events are in
+            logger.exception("sending a link event failed")
+            self.leave()
+            with contextlib.suppress(Exception):
+                failure = "the engine server could not send the request's events"
+                self.connection.post({"id": self.request_id, "f": failure})
+
+    def leave(self) -> None:
+        """The gateway aborted the request or went away: stop it in the engine."""
+        if self.ended:
+            return
+        self._end(None, aborted=True)
+        if self._pump is not None:
+            self._pump.cancel()
+        self.connection.abort_in_engine(self.request_id)
+
+    def _end(self, error: BaseException | None, *, aborted: bool = False) -> None:
+        self.ended = True
+        if self.span is not None:
+            self.span.end(error, aborted=aborted)
+        self.connection.ended(self.request_id)

@@ -1,0 +1,165 @@
+"""The link's sends: written in the caller while the socket takes them, queued in order
+behind one that has to wait (engine_server.eager, engine_server.link)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+import pytest
+
+from engine.async_engine import RequestStream
+from engine.outputs import StreamEvent
+from engine_server.eager import start_now
+from engine_server.link import _Connection
+
+
+def test_start_now_runs_a_coroutine_that_never_waits_in_the_caller() -> None:
+    done: list[str] = []
+
+    async def quick() -> None:
+        done.append("ran")
+
+    async def scenario() -> None:
+        assert start_now(quick()) is None
+        assert done == ["ran"]  # before any await of the caller's
+
+    asyncio.run(scenario())
+
+
+def test_start_now_finishes_a_coroutine_that_waits_on_the_loop() -> None:
+    steps: list[str] = []
+
+    async def waits(gate: asyncio.Event) -> None:
+        steps.append("before")
+        await gate.wait()
+        await asyncio.sleep(0)  # a bare yield too
+        steps.append("after")
+
+    async def scenario() -> None:
+        gate = asyncio.Event()
+        rest = start_now(waits(gate))
+        assert rest is not None and steps == ["before"]
+        gate.set()
+        await asyncio.wait_for(rest, 5)
+        assert steps == ["before", "after"]
+
+    asyncio.run(scenario())
+
+
+def test_start_now_raises_in_the_caller_or_through_its_future() -> None:
+    async def fails_at_once() -> None:
+        raise ValueError("at once")
+
+    async def fails_later(gate: asyncio.Event) -> None:
+        await gate.wait()
+        raise KeyError("later")
+
+    async def scenario() -> None:
+        with pytest.raises(ValueError, match="at once"):
+            start_now(fails_at_once())
+        gate = asyncio.Event()
+        rest = start_now(fails_later(gate))
+        assert rest is not None
+        gate.set()
+        with pytest.raises(KeyError, match="later"):
+            await rest
+
+    asyncio.run(scenario())
+
+
+def test_cancelling_the_rest_closes_the_coroutine() -> None:
+    cleaned: list[bool] = []
+
+    async def waits_forever() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cleaned.append(True)
+
+    async def scenario() -> None:
+        rest = start_now(waits_forever())
+        assert rest is not None
+        rest.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await rest
+
+    asyncio.run(scenario())
+    assert cleaned == [True]
+
+
+class GatedSocket:
+    """A WebSocket whose sends wait while its gate is shut (a paused transport)."""
+
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.broken = False
+
+    async def send_bytes(self, data: bytes) -> None:
+        await self.gate.wait()
+        if self.broken:
+            raise RuntimeError("the socket is closed")
+        self.sent.append(orjson.loads(data)["n"])
+
+
+def test_frames_go_out_at_once_and_in_order_behind_a_send_that_waits() -> None:
+    async def scenario() -> list[Any]:
+        socket = GatedSocket()
+        connection = _Connection(None, socket)  # type: ignore[arg-type]
+        connection.post({"n": 1})
+        assert socket.sent == [1]  # written in the caller: no task, no loop iteration
+        socket.gate.clear()
+        for n in (2, 3, 4):
+            connection.post({"n": n})
+        await asyncio.sleep(0.01)
+        assert socket.sent == [1]  # the socket is backed up: nothing overtakes
+        socket.gate.set()
+        for _ in range(100):
+            await asyncio.sleep(0)
+        assert socket.sent == [1, 2, 3, 4]
+        connection.post({"n": 5})
+        assert socket.sent == [1, 2, 3, 4, 5]  # at once again
+        return socket.sent
+
+    assert asyncio.run(scenario()) == [1, 2, 3, 4, 5]
+
+
+def test_a_socket_that_breaks_while_backed_up_takes_no_more_frames() -> None:
+    async def scenario() -> list[Any]:
+        socket = GatedSocket()
+        connection = _Connection(None, socket)  # type: ignore[arg-type]
+        socket.gate.clear()
+        connection.post({"n": 1})
+        connection.post({"n": 2})
+        socket.broken = True
+        socket.gate.set()
+        for _ in range(100):
+            await asyncio.sleep(0)
+        socket.broken = False
+        connection.post({"n": 3})  # dropped: the reader notices the closed link
+        return socket.sent
+
+    assert asyncio.run(scenario()) == []
+
+
+def test_a_listened_stream_hands_over_what_was_queued_then_each_item_as_pushed() -> None:
+    def event(n: int, finished: bool = False) -> StreamEvent:
+        return StreamEvent("r", (), (), n, finished)
+
+    async def scenario() -> tuple[list[Any], bool]:
+        stream = RequestStream("r")
+        stream._push(event(1))
+        got: list[Any] = []
+        stream.listen(got.append)
+        assert [e.num_cached_tokens for e in got] == [1]
+        stream._push(event(2))
+        failure = RuntimeError("engine failed")
+        stream._push(failure)
+        return got, stream._queue.empty()
+
+    got, empty = asyncio.run(scenario())
+    assert [e.num_cached_tokens for e in got[:2]] == [1, 2] and isinstance(got[2], RuntimeError)
+    assert empty  # nothing left for an iterator
