@@ -15,7 +15,15 @@ is the gateway's (`RemoteEngineClient`), measured on both of its transports:
 
 Requests go one at a time (short prompts, `--max-tokens` 8, greedy, EOS ignored so
 every request makes the same number of tokens), in rounds that take turns going
-first, so a slow patch of a shared machine lands on every side. Figures: TTFT and
+first, so a slow patch of a shared machine lands on every side.
+
+CPUs: by default (`--cpus split`) the engine server runs on one half of this
+machine's CPUs and this process (the gateway's client, and the in-process side) on
+the other, each with as many torch threads as CPUs, as a gateway pod and an engine
+pod have CPUs of their own. `--cpus shared` puts everything on every CPU: on a small
+machine the remote sides then run three busy threads (the engine, the engine
+server's event loop, the gateway's) where the in-process side runs two, and the
+engine's steps slow for want of a core, not for the hop. Figures: TTFT and
 end-to-end p50/p95 on each side and what the hop adds, the added time per output
 token (the inter-token gap), and the link's added TTFT over HTTP's. The goal: under
 1 ms added at p50 on loopback, over the link. The last line is JSON.
@@ -64,6 +72,7 @@ ENGINE_ENV = {
 
 
 STEP_ENV = "CLOISTER_BENCH_FAKE_STEP_MS"  # the child's --step-ms
+CPUS_ENV = "CLOISTER_BENCH_ENGINE_CPUS"  # the child's CPUs, comma-separated ("": all)
 # The sides: in-process, the gateway's link to the engine server, HTTP to it.
 SIDES = ("in_process", "remote", "remote_http")
 
@@ -81,10 +90,33 @@ def serve_engine() -> None:
     """The child: `cloister engine serve`'s path over the fake engine (CLOISTER_* env)."""
     from cloister.commands.engine_serve import run_engine_server
 
+    cpus = os.environ.get(CPUS_ENV, "")
+    if cpus:  # first, so that every thread the engine starts inherits it
+        pin({int(c) for c in cpus.split(",")})
     settings = Settings()
     token = None if settings.service_token is None else settings.service_token.get_secret_value()
     front = fake_front(settings, float(os.environ.get(STEP_ENV, "0")))
     run_engine_server(settings, token=token, drain_timeout_s=1.0, front=front)
+
+
+def split_cpus(mode: str) -> tuple[list[int], list[int]] | None:
+    """(the engine server's CPUs, this process's) for `--cpus split`: halves of those
+    this process may use; None when shared, or where there are not two to split."""
+    if mode == "shared" or not hasattr(os, "sched_getaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    half = len(cpus) // 2
+    return cpus[:half], cpus[half:]
+
+
+def pin(cpus: set[int]) -> None:
+    """Keeps this process's threads from here on to `cpus`, torch's too."""
+    import torch
+
+    os.sched_setaffinity(0, cpus)
+    torch.set_num_threads(len(cpus))
 
 
 @dataclass(frozen=True)
@@ -216,6 +248,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "serving process (the default), or in a child process of its own, so that the "
         "engine server's event loop never waits for the engine's GIL",
     )
+    p.add_argument(
+        "--cpus",
+        choices=("split", "shared"),
+        default="split",
+        help="split (the default): the engine server on half of the CPUs, this process "
+        "on the other half, as separate pods are; shared: everything on every CPU",
+    )
     p.add_argument("--serve-engine", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -229,6 +268,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # The same settings the engine process gets, without touching this process's
     # environment (a caller, such as the test suite, keeps its own).
     engine_env = {**ENGINE_ENV, "CLOISTER_ENGINE_MODE": args.engine_mode}
+    split = split_cpus(args.cpus)
+    if split is not None:
+        pin(set(split[1]))
     settings = Settings(**{k.removeprefix("CLOISTER_").lower(): v for k, v in engine_env.items()})
     front = fake_front(settings, args.step_ms)
     tokenizer = front.tokenizer
@@ -240,10 +282,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         env["CLOISTER_DATA_DIR"] = tmp
         env["CLOISTER_PORT"] = str(port)
         env[STEP_ENV] = str(args.step_ms)
+        env[CPUS_ENV] = "" if split is None else ",".join(map(str, split[0]))
         env["PYTHONPATH"] = os.pathsep.join(sys.path)
         with log_path.open("wb") as log:
+            # Pinned before it starts, so that its every thread, from the first, stays
+            # on its CPUs.
+            engine_cpus = None if split is None else set(split[0])
             proc = subprocess.Popen(
-                [sys.executable, __file__, "--serve-engine"], env=env, stdout=log, stderr=log
+                [sys.executable, __file__, "--serve-engine"],
+                env=env,
+                stdout=log,
+                stderr=log,
+                preexec_fn=None
+                if engine_cpus is None
+                else lambda: os.sched_setaffinity(0, engine_cpus),
             )
         try:
             url = f"http://127.0.0.1:{port}"
@@ -259,6 +311,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "max_tokens": args.max_tokens,
         "step_ms": args.step_ms,
         "engine_mode": args.engine_mode,
+        "cpu_split": "shared" if split is None else {"engine_server": split[0], "this": split[1]},
         "tokens_per_request": statistics.fmean(t.tokens for t in timings["remote"]),
         "in_process": local,
         "remote": remote,  # the gateway's transport: the link
@@ -274,6 +327,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "load_avg_1m": os.getloadavg()[0],
     }
+    where = "shared" if split is None else f"engine server on {split[0]}, this on {split[1]}"
+    print(f"CPUs: {where}")
     print(f"{'':12}{'in-process':>12}{'link':>10}{'added':>8}{'http':>10}{'added':>8}   (ms)")
     for key in local:
         if key.endswith("_mean_ms"):
