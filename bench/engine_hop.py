@@ -72,7 +72,6 @@ ENGINE_ENV = {
 
 
 STEP_ENV = "CLOISTER_BENCH_FAKE_STEP_MS"  # the child's --step-ms
-CPUS_ENV = "CLOISTER_BENCH_ENGINE_CPUS"  # the child's CPUs, comma-separated ("": all)
 # The sides: in-process, the gateway's link to the engine server, HTTP to it.
 SIDES = ("in_process", "remote", "remote_http")
 
@@ -90,9 +89,12 @@ def serve_engine() -> None:
     """The child: `cloister engine serve`'s path over the fake engine (CLOISTER_* env)."""
     from cloister.commands.engine_serve import run_engine_server
 
-    cpus = os.environ.get(CPUS_ENV, "")
-    if cpus:  # first, so that every thread the engine starts inherits it
-        pin({int(c) for c in cpus.split(",")})
+    # The parent set this process's CPUs before it started (--cpus); torch's threads
+    # follow them.
+    if hasattr(os, "sched_getaffinity"):
+        import torch
+
+        torch.set_num_threads(len(os.sched_getaffinity(0)))
     settings = Settings()
     token = None if settings.service_token is None else settings.service_token.get_secret_value()
     front = fake_front(settings, float(os.environ.get(STEP_ENV, "0")))
@@ -282,7 +284,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         env["CLOISTER_DATA_DIR"] = tmp
         env["CLOISTER_PORT"] = str(port)
         env[STEP_ENV] = str(args.step_ms)
-        env[CPUS_ENV] = "" if split is None else ",".join(map(str, split[0]))
         env["PYTHONPATH"] = os.pathsep.join(sys.path)
         with log_path.open("wb") as log:
             # Pinned before it starts, so that its every thread, from the first, stays
