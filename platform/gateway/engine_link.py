@@ -11,6 +11,12 @@ with `EngineUnavailableError`, as a broken HTTP stream does, and counts as a fai
 poll of the replica; a stream that had no first token yet may then be retried
 elsewhere by the replica set. Closing a stream early sends an abort frame; the
 engine also aborts everything in flight when the link closes.
+
+A request the engine says nothing about for `read_timeout_s` (no event at all: a stuck
+engine behind a live socket, whose pongs the heartbeat still sees) ends the way an HTTP
+stream ends when its socket read times out: with `EngineUnavailableError`, a failed
+poll, and an abort frame so that the engine frees its blocks if it ever gets to it.
+One watchdog task checks the streams, and only while there are any.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -33,6 +40,7 @@ from gateway.remote_errors import EngineUnavailableError, error_of_frame
 
 logger = logging.getLogger("cloister.gateway.link")
 HEARTBEAT_S = 10.0  # a link that misses a pong for half of this is closed
+READ_TIMEOUT_S = 600.0  # the default: as long as an HTTP stream's socket read
 
 
 class LinkStream:
@@ -44,6 +52,7 @@ class LinkStream:
         self._link = link
         self.queue: asyncio.Queue[StreamEvent | BaseException] = asyncio.Queue()
         self.done = False
+        self.heard = time.monotonic()  # when the engine last said something of it
 
     def __aiter__(self) -> AsyncIterator[StreamEvent]:
         return self
@@ -81,10 +90,15 @@ class EngineLink:
         session: Callable[[], aiohttp.ClientSession],
         on_failure: Callable[[], None],
         on_draining: Callable[[], None],
+        read_timeout_s: float = READ_TIMEOUT_S,
     ) -> None:
         """`headers`: the handshake's (the service credential); `session`: the aiohttp
         session to connect with; `on_failure`: called once per connect that fails or
-        link that drops; `on_draining`: called when the engine says it drains."""
+        link that drops, and per watchdog round that ends stuck streams; `on_draining`:
+        called when the engine says it drains; `read_timeout_s`: the longest wait for a
+        request's next event (checked every quarter of it, at most every 5 s)."""
+        if not read_timeout_s > 0:
+            raise ValueError(f"read_timeout_s must be positive, not {read_timeout_s!r}")
         self.url = base_url.rstrip("/") + LINK_PATH
         self._headers = headers
         self._session = session
@@ -95,6 +109,8 @@ class EngineLink:
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._writer: asyncio.Task[None] | None = None
         self._reader: asyncio.Task[None] | None = None
+        self._read_timeout_s = read_timeout_s
+        self._watchdog: asyncio.Task[None] | None = None
         self._closed = False
 
     def open(self, request: EngineRequest, model: str, extra_headers: dict[str, str]) -> LinkStream:
@@ -106,6 +122,8 @@ class EngineLink:
         stream = LinkStream(self, request.request_id, request.prompt_token_ids)
         self._streams[request.request_id] = stream
         self.send({"op": "submit", "id": request.request_id, "body": body, "headers": headers})
+        if self._watchdog is None and not self._closed:
+            self._watchdog = asyncio.get_running_loop().create_task(self._watch())
         return stream
 
     def send(self, message: dict[str, Any]) -> None:
@@ -131,6 +149,27 @@ class EngineLink:
         stream = self._streams.get(request_id)
         if stream is not None:
             await stream.aclose()
+
+    async def _watch(self) -> None:
+        """Ends the streams the engine has said nothing of for `read_timeout_s`."""
+        period = min(self._read_timeout_s / 4, 5.0)
+        try:
+            while self._streams:
+                await asyncio.sleep(period)
+                limit = time.monotonic() - self._read_timeout_s
+                stuck = [s for s in self._streams.values() if s.heard < limit]
+                for stream in stuck:
+                    self.cancel(stream.request_id)
+                    stream.queue.put_nowait(
+                        EngineUnavailableError(
+                            f"engine server {self.url} sent nothing for request "
+                            f"{stream.request_id} in {self._read_timeout_s:g} s"
+                        )
+                    )
+                if stuck:
+                    self._on_failure()
+        finally:
+            self._watchdog = None
 
     async def _write(self) -> None:
         try:
@@ -212,6 +251,7 @@ class EngineLink:
             if "x" in frame:  # a frame the engine could not read: a bug on this side
                 logger.error("the engine refused a link frame: %s", frame["x"].get("message"))
             return  # a stream that ended or was closed here
+        stream.heard = time.monotonic()
         if "e" in frame:
             event = event_from_compact(request_id, frame["e"], stream.prompt)
             if event.finished:  # over on the engine: nothing to abort, even if never read
@@ -230,7 +270,7 @@ class EngineLink:
         """Ends the streams in flight and closes the link."""
         self._closed = True
         self._drop("the engine client was shut down")
-        for task in (self._writer, self._reader):
+        for task in (self._writer, self._reader, self._watchdog):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):

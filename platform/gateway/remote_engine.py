@@ -269,6 +269,7 @@ class RemoteEngineClient:
             session=self.stream_session,
             on_failure=self.note_failure,
             on_draining=self._note_draining,
+            read_timeout_s=request_timeout_s,
         )
 
     def stream_session(self) -> aiohttp.ClientSession:

@@ -102,11 +102,14 @@ class ReplicaSetClient:
         connect_wait_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
         transport: Transport = "link",
+        request_timeout_s: float = 600.0,
     ) -> None:
         """`clock`: monotonic seconds, for the ramp (a test's own clock); `transport`:
-        how completions reach each replica (gateway.remote_engine)."""
+        how completions reach each replica (gateway.remote_engine); `request_timeout_s`:
+        the longest wait for a request's next event from its replica."""
         self._clock = clock
         self._transport = transport
+        self._request_timeout_s = request_timeout_s
         self._urls, self._token, self._tokenizer = tuple(urls), token, tokenizer
         self._resolve, self._refresh_s, self._poll_s = resolve, refresh_s, poll_s
         self.model_name = model_name
@@ -139,6 +142,7 @@ class ReplicaSetClient:
             info=info,
             poll_s=self._poll_s,
             transport=self._transport,
+            request_timeout_s=self._request_timeout_s,
         )
         client.model_name = self.model_name
         return _Replica(client, self._clock() if joined_at is None else joined_at)

@@ -49,6 +49,7 @@ def remote_engine_clients(settings: Settings) -> dict[str, Any]:
                 info=info,
                 model_name=spec.name,
                 transport=settings.engine_transport,
+                request_timeout_s=settings.engine_read_timeout_s,
             )
             continue
         clients[spec.name] = ReplicaSetClient(
@@ -60,6 +61,7 @@ def remote_engine_clients(settings: Settings) -> dict[str, Any]:
             policy=settings.router_policy,
             connect_wait_s=CONNECT_WAIT_S,
             transport=settings.engine_transport,
+            request_timeout_s=settings.engine_read_timeout_s,
         )
     return clients
 

@@ -238,6 +238,10 @@ class Settings(BaseSettings):
     # carrying all requests (the lower latency), or "http", one request each, which a
     # Kubernetes Gateway in front of an InferencePool needs to pick a replica per request.
     engine_transport: Literal["link", "http"] = "link"
+    # The longest a gateway waits for a request's next event from an engine server (a
+    # stuck engine): then the request fails as the engine's, and the replica counts a
+    # failed poll. A request queued in a busy engine hears nothing either: keep it long.
+    engine_read_timeout_s: float = Field(default=600.0, gt=0.0, le=86_400.0, allow_inf_nan=False)
     # The credential between gateways and engine servers (both sides read it).
     service_token: SecretStr | None = None
     max_num_seqs: int = Field(default=64, ge=1)

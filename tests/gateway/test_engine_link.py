@@ -296,7 +296,7 @@ def test_an_invalid_request_over_the_link_is_the_tenants_error(served: Served) -
     assert asyncio.run(bad()).code == "context_length_exceeded"
 
 
-def test_the_transport_is_a_setting_and_a_bad_one_is_refused_by_name(
+def test_the_transport_and_read_timeout_are_settings_and_bad_ones_are_refused_by_name(
     served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import click
@@ -306,10 +306,8 @@ def test_the_transport_is_a_setting_and_a_bad_one_is_refused_by_name(
     from server.settings import Settings
 
     def clients(**extra: Any) -> dict[str, Any]:
-        settings = Settings(
-            data_dir=tmp_path, model_name="tiny", engine_urls=(served.url,), service_token=TOKEN,
-            **extra,
-        )  # fmt: skip
+        extra.setdefault("engine_urls", (served.url,))
+        settings = Settings(data_dir=tmp_path, model_name="tiny", service_token=TOKEN, **extra)
         made = remote_engine_clients(settings)
         for client in made.values():
             asyncio.run(client.shutdown())
@@ -317,9 +315,18 @@ def test_the_transport_is_a_setting_and_a_bad_one_is_refused_by_name(
 
     assert clients()["tiny"].transport == "link"
     assert clients(engine_transport="http")["tiny"].transport == "http"
+    assert clients()["tiny"]._link._read_timeout_s == 600.0
+    assert clients(engine_read_timeout_s=2.5)["tiny"]._link._read_timeout_s == 2.5
+    replicas = clients(engine_urls=("dns+" + served.url,), engine_read_timeout_s=3.5)["tiny"]
+    assert [r.client._link._read_timeout_s for r in replicas._replicas.values()] == [3.5]
     monkeypatch.setenv("CLOISTER_ENGINE_TRANSPORT", "carrier-pigeon")
     with pytest.raises(click.ClickException, match="engine_transport"):
         load_settings()
+    monkeypatch.delenv("CLOISTER_ENGINE_TRANSPORT")
+    for bad in ("0", "-1", "nan", "inf", "soon", "1e9"):
+        monkeypatch.setenv("CLOISTER_ENGINE_READ_TIMEOUT_S", bad)
+        with pytest.raises(click.ClickException, match="engine_read_timeout_s"):
+            load_settings()
 
 
 @pytest.mark.parametrize(
@@ -359,3 +366,74 @@ def test_a_malformed_frame_from_an_engine_ends_the_stream_cleanly(reply: bytes) 
         asyncio.run(talk())
     finally:
         stop()
+
+
+def test_a_request_its_engine_never_answers_times_out_is_aborted_and_others_flow() -> None:
+    """A stuck engine behind a live socket (its pongs still come): the request that
+    hears nothing for the read timeout fails as the engine's, an abort frame goes out,
+    and the replica counts a failed poll. A slower request whose events keep coming,
+    over longer than the timeout in all, is not cut."""
+    from starlette.applications import Starlette
+    from starlette.routing import WebSocketRoute
+    from starlette.websockets import WebSocket
+
+    from gateway.remote_engine import EngineServerInfo
+
+    seen: list[dict[str, Any]] = []
+
+    def event(request_id: str, last: bool) -> bytes:
+        delta = [0, "a", [97], None, "length" if last else None]
+        return orjson.dumps({"id": request_id, "e": {"d": [delta], "c": 0, "f": last, "m": None}})
+
+    async def stuck_engine(websocket: WebSocket) -> None:
+        await websocket.accept()
+
+        async def trickle(request_id: str) -> None:
+            for i in range(8):  # 8 x 0.15 s: twice the timeout, never idle for it
+                await asyncio.sleep(0.15)
+                await websocket.send_bytes(event(request_id, last=i == 7))
+
+        tasks = []
+        while True:
+            message = await websocket.receive()
+            if message.get("bytes") is None:
+                break
+            frame = orjson.loads(message["bytes"])
+            seen.append(frame)
+            if frame["id"].startswith("trickle"):
+                tasks.append(asyncio.get_running_loop().create_task(trickle(frame["id"])))
+            # anything else: never a word
+
+    url, stop = serve_in_thread(Starlette(routes=[WebSocketRoute(LINK, stuck_engine)]))
+    info = EngineServerInfo("tiny", 512, 260, 64, 16)
+
+    async def talk() -> tuple[list[StreamEvent], BaseException, float, int]:
+        client = RemoteEngineClient(
+            url, token=TOKEN, tokenizer=ByteTokenizer(), info=info, poll_s=60,
+            request_timeout_s=0.6,
+        )  # fmt: skip
+
+        async def mute() -> tuple[BaseException, float]:
+            started = time.monotonic()
+            with pytest.raises(EngineUnavailableError) as failed:
+                await collect(client, request((1, 2), 4, "mute-1"))
+            return failed.value, time.monotonic() - started
+
+        try:
+            (mute_error, elapsed), trickled = await asyncio.wait_for(
+                asyncio.gather(mute(), collect(client, request((3, 4), 8, "trickle-1"))), 10
+            )
+            await until(lambda: {"op": "abort", "id": "mute-1"} in seen)
+            return trickled, mute_error, elapsed, client._failures
+        finally:
+            await client.shutdown()
+
+    try:
+        trickled, mute_error, elapsed, failures = asyncio.run(talk())
+    finally:
+        stop()
+    assert "sent nothing for request mute-1 in 0.6 s" in str(mute_error)
+    assert 0.6 <= elapsed < 5.0
+    assert len(trickled) == 8 and trickled[-1].finished  # 1.2 s in all, never cut
+    assert failures == 1
+    assert not any(f.get("op") == "abort" and f["id"] == "trickle-1" for f in seen)

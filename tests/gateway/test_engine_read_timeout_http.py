@@ -1,0 +1,195 @@
+"""Over HTTP, on both transports: a stuck engine fails only the stuck request.
+
+The engine server runs a fake engine that goes silent (a live process and socket,
+no events) on the prompts that ask it to, before the first token or after two. The
+gateway's client has a short read timeout (`CLOISTER_ENGINE_READ_TIMEOUT_S` in
+production). The tenant whose request stalls gets the engine's 503 in OpenAI's error
+format (or, mid-stream, an error event and the tokens it had), the engine is told to
+abort, exactly one usage record is kept, and another tenant's stream is not held up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from engine.outputs import StreamEvent
+from engine.request import EngineRequest
+from engine_server.app import EngineServer
+from engine_server.auth import ServiceAuth
+from gateway.remote_engine import RemoteEngineClient, fetch_info
+from tenancy.limiter.memory import MemoryLimiter
+from tests.gateway.conftest import LiveGateway, start_gateway
+from tests.gateway.engine_servers import serve_in_thread
+from tests.gateway.fakes import ByteTokenizer, FakeEngine
+
+TOKEN = "svc-" + "read-timeout-token-for-tests-only"
+READ_TIMEOUT_S = 0.8
+
+
+class SilentEngine(FakeEngine):
+    """The fake engine, which falls silent on prompts that say STALL-FIRST (before any
+    event) or STALL-MID (after two), until the request is aborted."""
+
+    def __init__(self) -> None:
+        super().__init__(token_delay_s=0.01)
+        self.abort_calls: list[str] = []
+
+    def submit(self, request: EngineRequest) -> AsyncIterator[StreamEvent]:
+        """The fake's stream, or one that goes silent."""
+        stream = super().submit(request)
+        text = bytes(t for t in request.prompt_token_ids if t < 256).decode(errors="ignore")
+        if "STALL-FIRST" in text:
+            return self._silent(stream, after=0)
+        if "STALL-MID" in text:
+            return self._silent(stream, after=2)
+        return stream
+
+    async def _silent(
+        self, stream: AsyncIterator[StreamEvent], after: int
+    ) -> AsyncIterator[StreamEvent]:
+        sent = 0
+        async for event in stream:
+            if sent == after:
+                await asyncio.Event().wait()  # stuck until the request is cancelled
+            sent += 1
+            yield event
+
+    async def abort(self, request_id: str) -> None:
+        """Records the call, then aborts."""
+        self.abort_calls.append(request_id)
+        await super().abort(request_id)
+
+
+class Stuck:
+    """A gateway over one engine server whose engine goes silent on request."""
+
+    def __init__(self, gw: LiveGateway, engine: SilentEngine) -> None:
+        self.gw, self.engine = gw, engine
+
+    def abort_seen(self, timeout_s: float = 5.0) -> list[str]:
+        """The engine's abort calls, once there is one (the abort races the response)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.engine.abort_calls and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return list(self.engine.abort_calls)
+
+
+@pytest.fixture(params=["link", "http"])
+def stuck(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Stuck]:
+    engine = SilentEngine()
+    url, stop_engine = serve_in_thread(
+        EngineServer(engine, model_name="tiny", auth=ServiceAuth(TOKEN)).app()
+    )
+    client = RemoteEngineClient(
+        url,
+        token=TOKEN,
+        tokenizer=ByteTokenizer(),
+        info=fetch_info(url, TOKEN),
+        poll_s=60,
+        transport=request.param,
+        request_timeout_s=READ_TIMEOUT_S,
+    )
+    gw, stop_gateway = start_gateway(tmp_path, engine=None, client=client, limiter=MemoryLimiter())
+    try:
+        yield Stuck(gw, engine)
+    finally:
+        stop_gateway()
+        stop_engine()
+
+
+def body(content: str, *, stream: bool = False, max_tokens: int = 6) -> dict[str, Any]:
+    return {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": stream,
+    }
+
+
+def test_a_request_its_engine_stalls_on_is_a_503_and_another_tenant_streams_on(
+    stuck: Stuck,
+) -> None:
+    gw = stuck.gw
+    victim, bystander = gw.tenant("victim"), gw.tenant("bystander")
+    # The bystander streams 60 tokens (about 0.6 s at 10 ms each) while the victim waits.
+    flowing: dict[str, Any] = {}
+
+    def stream_alongside() -> None:
+        started = time.monotonic()
+        with httpx.stream(
+            "POST",
+            gw.base_url + "/v1/chat/completions",
+            json=body("tell me a story", stream=True, max_tokens=60),
+            headers={"Authorization": f"Bearer {bystander}"},
+            timeout=30,
+        ) as r:
+            flowing["status"] = r.status_code
+            flowing["lines"] = [line for line in r.iter_lines() if line.startswith("data: ")]
+        flowing["elapsed"] = time.monotonic() - started
+
+    other = threading.Thread(target=stream_alongside)
+    started = time.monotonic()
+    other.start()
+    r = httpx.post(
+        gw.base_url + "/v1/chat/completions",
+        json=body("STALL-FIRST please"),
+        headers={"Authorization": f"Bearer {victim}"},
+        timeout=30,
+    )
+    elapsed = time.monotonic() - started
+    other.join(30)
+
+    assert r.status_code == 503, r.text
+    error = r.json()["error"]
+    assert error["type"] and error["message"]
+    assert TOKEN not in r.text and "127.0.0.1" not in r.text  # nothing internal
+    assert READ_TIMEOUT_S * 0.9 <= elapsed < READ_TIMEOUT_S + 4.0
+    # The engine was told to free it (over HTTP by the hang-up and by /internal/abort).
+    assert set(stuck.abort_seen()) == {r.headers["x-request-id"]}
+
+    assert flowing["status"] == 200 and flowing["lines"][-1] == "data: [DONE]"
+    assert flowing["elapsed"] < 10
+    records = {r.tenant_id: r for r in gw.usage.records}
+    assert len(gw.usage.records) == 2
+    victim_record = next(r for r in gw.usage.records if r.status != 200)
+    assert victim_record.status == 503
+    assert victim_record.completion_tokens == 0
+    assert len(records) == 2
+
+
+def test_a_stream_its_engine_stalls_in_ends_with_an_error_event_and_its_tokens_metered(
+    stuck: Stuck,
+) -> None:
+    gw = stuck.gw
+    key = gw.tenant("midway")
+    with httpx.stream(
+        "POST",
+        gw.base_url + "/v1/chat/completions",
+        json=body("STALL-MID please", stream=True, max_tokens=20),
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=30,
+    ) as r:
+        assert r.status_code == 200
+        chunks = [orjson.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert "error" in chunks[-1], chunks[-1]
+    text = "".join(
+        c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices")
+    )
+    assert len(text) == 2  # the two tokens sent before the engine went silent
+    assert set(stuck.abort_seen()) == {r.headers["x-request-id"]}
+    deadline = time.monotonic() + 5
+    while not gw.usage.records and time.monotonic() < deadline:  # written as the stream ends
+        time.sleep(0.01)
+    (record,) = gw.usage.records
+    assert record.completion_tokens == 2
+    assert record.finish_reason == "engine_error"
