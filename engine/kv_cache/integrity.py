@@ -55,5 +55,5 @@ def check_manager_integrity(manager: KVCacheManager) -> None:
         if b not in manager._pinned and manager.ledger.is_candidate(b):
             raise AssertionError(f"withdrawn block {b} is idle but still cached")
     live = Counter(st.domain for st in manager._seqs.values())
-    if live != manager._live:
+    if live != manager._activity.live:
         raise AssertionError("live sequence counts are off")

@@ -18,7 +18,6 @@ sequence's own `CacheKey` (continued from the published prefix, if any):
 from __future__ import annotations
 
 import time
-from collections import Counter, OrderedDict
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 
@@ -27,7 +26,7 @@ from engine.kv_cache.block_meta import BlockMeta, ChainSegment, SeqCacheState
 from engine.kv_cache.block_pool import BlockPool
 from engine.kv_cache.cache_key import CacheKey
 from engine.kv_cache.cache_rules import CacheRules
-from engine.kv_cache.counters import DomainCacheStats, DomainCounters
+from engine.kv_cache.counters import IDLE_DOMAIN_COUNTERS, DomainActivity, DomainCacheStats
 from engine.kv_cache.eviction import PUBLIC, CachePolicy, EvictionLedger
 from engine.kv_cache.integrity import check_manager_integrity
 from engine.kv_cache.kv_events import KVEventLog
@@ -39,11 +38,6 @@ from engine.sequence import Sequence
 def cdiv(a: int, b: int) -> int:
     """Ceiling division."""
     return -(-a // b)
-
-
-# Counters of domains that went idle (nothing cached, no live sequence) are kept for
-# the most recent ones only, so that a stream of one-off domains stays bounded.
-IDLE_DOMAIN_COUNTERS = 1024
 
 
 class KVCacheManager:
@@ -83,9 +77,7 @@ class KVCacheManager:
         self._public: set[int] = set()  # registered blocks of the public domain
         # Maps per domain, pruned when the domain goes idle (see `_maybe_idle`).
         self._keys: dict[str, dict[str | None, CacheKey]] = {}
-        self._live: Counter[str] = Counter()  # sequences with a cache state, per domain
-        self._counters: dict[str, DomainCounters] = {}
-        self._idle_counters: OrderedDict[str, None] = OrderedDict()  # idle domains, oldest first
+        self._activity = DomainActivity(IDLE_DOMAIN_COUNTERS)
         self._to_scrub: list[int] = []
         self._tick = 0
         self.events: KVEventLog | None = None  # KV-cache events: None until asked for
@@ -218,8 +210,7 @@ class KVCacheManager:
         st = self._seqs.get(seq.seq_id)
         if st is None:
             st = self._seqs[seq.seq_id] = self._plan(seq)
-            self._live[st.domain] += 1
-            self._idle_counters.pop(st.domain, None)
+            self._activity.started(st.domain)
         return st
 
     def _extend_keys(self, seq: Sequence, st: SeqCacheState, n: int) -> None:
@@ -320,7 +311,7 @@ class KVCacheManager:
         if st.pending is not None:
             queried, hit = st.pending
             st.pending = None
-            c = self._counters_of(seq.cache_domain)
+            c = self._activity.counters_of(seq.cache_domain)
             c.queries += 1
             c.hits += hit > 0
             c.query_tokens += queried
@@ -396,7 +387,7 @@ class KVCacheManager:
         self.ledger.drop_candidate(block_id)
         self.ledger.cached[meta.domain] -= 1
         self.ledger.idle[meta.domain] -= 1
-        self._counters_of(meta.domain).evictions += 1
+        self._activity.counters_of(meta.domain).evictions += 1
         self._public.discard(block_id)
         if self.events is not None:
             self.events.removed(block_id)
@@ -524,35 +515,22 @@ class KVCacheManager:
 
     # -- bounded per-domain maps --------------------------------------------------------
 
-    def _counters_of(self, domain: str) -> DomainCounters:
-        c = self._counters.get(domain)
-        if c is None:
-            c = self._counters[domain] = DomainCounters()
-        return c
-
     def _seq_ended(self, domain: str) -> None:
-        self._live[domain] -= 1
-        if self._live[domain] <= 0:
-            del self._live[domain]
+        if self._activity.ended(domain):
             self._maybe_idle(domain)
 
     def _maybe_idle(self, domain: str) -> None:
         """Prunes the maps of a domain with nothing cached and no live sequence.
 
-        Its counters (what `domain_stats` reports) stay for the most recent
-        `IDLE_DOMAIN_COUNTERS` idle domains; rules and overrides are configuration
-        and stay whatever happens.
+        Its counters (what `domain_stats` reports) stay while it is among the most
+        recent `IDLE_DOMAIN_COUNTERS` idle domains; rules and overrides are
+        configuration and stay whatever happens.
         """
-        if domain == PUBLIC or self.ledger.cached[domain] or domain in self._live:
+        if domain == PUBLIC or self.ledger.cached[domain] or domain in self._activity.live:
             return
         self.ledger.forget(domain)
         self._keys.pop(domain, None)
-        if domain in self._counters:
-            self._idle_counters[domain] = None
-            self._idle_counters.move_to_end(domain)
-            while len(self._idle_counters) > IDLE_DOMAIN_COUNTERS:
-                oldest, _ = self._idle_counters.popitem(last=False)
-                self._counters.pop(oldest, None)
+        self._activity.retire(domain)
 
     def take_blocks_to_scrub(self) -> list[int]:
         """Blocks that left a domain since the last call (to be zeroed before reuse)."""
@@ -569,9 +547,7 @@ class KVCacheManager:
         """Entries of each per-domain map (for tests that check they stay bounded)."""
         return {
             "keys": len(self._keys),
-            "live": len(self._live),
-            "counters": len(self._counters),
-            "idle_counters": len(self._idle_counters),
+            **self._activity.map_sizes(),
             **self.ledger.map_sizes(),
         }
 
@@ -591,19 +567,7 @@ class KVCacheManager:
 
     def domain_stats(self) -> dict[str, DomainCacheStats]:
         """Per-domain counters, with the number of blocks each domain has cached now."""
-        domains = set(self._counters) | {d for d, n in self.ledger.cached.items() if n}
-        out: dict[str, DomainCacheStats] = {}
-        for d in sorted(domains):
-            snap = self._counters.get(d, DomainCounters()).snapshot()
-            out[d] = DomainCacheStats(
-                snap.queries,
-                snap.hits,
-                snap.query_tokens,
-                snap.cached_tokens,
-                snap.evictions,
-                self.ledger.cached[d],
-            )
-        return out
+        return self._activity.stats(self.ledger.cached)
 
     def check_integrity(self) -> None:
         """Pool, index and ledger agree about every cached block (kv_cache.integrity)."""
