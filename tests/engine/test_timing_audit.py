@@ -3,13 +3,15 @@ in Language Model APIs"), on the real SmolLM2 model at the engine API.
 
 A victim in domain A sends a random-letter prompt; a prober sends a prompt sharing
 95% of it (the first differing token forced to differ), with max_tokens=1, and we
-time the first token. Misses are fresh random prompts after an unrelated victim.
-Arms run in shuffled order. One-sided KS tests: the same-domain arm must be
-detected (the positive control, proving the test has power); the cross-domain
-arm must not be, and it must never report a cached token.
+time the first token. Misses are fresh random prompts. Each trial caches one victim
+prompt, then runs the three arms (same domain, another domain, a miss) once each in
+shuffled order (blocked randomization: load drift on a shared machine hits every
+arm alike). One-sided KS tests: the same-domain arm must be detected (the positive
+control, proving the test has power); the cross-domain arm must not be, and it must
+never report a cached token.
 
-The prompt is the issue's ~1,000 tokens, which takes about 95 s on two idle cores;
-CLOISTER_AUDIT_TOKENS (and CLOISTER_AUDIT_TRIALS) shrink it for a loaded machine.
+The prompt is the issue's ~1,000 tokens, which takes about a minute on two idle
+cores; CLOISTER_AUDIT_TOKENS (and CLOISTER_AUDIT_TRIALS) shrink it for a loaded machine.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import os
 import random
 import time
+from collections.abc import Callable
 
 import pytest
 from scipy.stats import ks_2samp
@@ -53,6 +56,34 @@ def timed(engine: LLMEngine, ids: list[int], domain: str) -> tuple[float, int]:
                 return ttft, event.num_cached_tokens
 
 
+def audit(
+    engine: LLMEngine,
+    rng: random.Random,
+    fresh: Callable[[], list[int]],
+    probe_of: Callable[[list[int]], list[int]],
+) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
+    """TRIALS blocks of the three arms: time to first token and cached tokens, by arm.
+
+    Each block caches one `fresh()` victim in "t:victim", then probes it from that
+    domain ("same") and from a new one ("cross"), and sends a `fresh()` miss from a
+    new one ("base"), in shuffled order. Whichever probe runs first caches its tail in
+    its own domain only, so it changes nothing the other one could find."""
+    ttft: dict[str, list[float]] = {"same": [], "cross": [], "base": []}
+    cached: dict[str, list[int]] = {"same": [], "cross": [], "base": []}
+    for trial in range(TRIALS):
+        victim = fresh()
+        timed(engine, victim, "t:victim")
+        arms = ["same", "cross", "base"]
+        rng.shuffle(arms)
+        for arm in arms:
+            probe = fresh() if arm == "base" else probe_of(victim)
+            domain = "t:victim" if arm == "same" else f"t:prober-{arm}-{trial}"
+            t, c = timed(engine, probe, domain)
+            ttft[arm].append(t)
+            cached[arm].append(c)
+    return ttft, cached
+
+
 @pytest.mark.slow
 def test_cross_domain_prefix_is_untimeable_and_same_domain_is_detected() -> None:
     engine = LLMEngine.from_options(None, num_blocks=4 * TRIALS * (TOKENS // 16 + 2) + 64)
@@ -68,23 +99,7 @@ def test_cross_domain_prefix_is_untimeable_and_same_domain_is_detected() -> None
         return victim[:k] + [differ] + [rng.choice(letters) for _ in range(TOKENS - k - 1)]
 
     timed(engine, fresh(), "t:warmup")
-    # Blocked randomization: each block runs the three arms once, in shuffled order,
-    # so load drift on a shared machine hits every arm alike.
-    arms: list[str] = []
-    for _ in range(TRIALS):
-        block = ["same", "cross", "base"]
-        rng.shuffle(block)
-        arms.extend(block)
-    ttft: dict[str, list[float]] = {"same": [], "cross": [], "base": []}
-    cached: dict[str, list[int]] = {"same": [], "cross": [], "base": []}
-    for i, arm in enumerate(arms):
-        victim = fresh()
-        timed(engine, victim, "t:victim")
-        probe = fresh() if arm == "base" else probe_of(victim)
-        domain = "t:victim" if arm == "same" else f"t:prober{i}"
-        t, c = timed(engine, probe, domain)
-        ttft[arm].append(t)
-        cached[arm].append(c)
+    ttft, cached = audit(engine, rng, fresh, probe_of)
 
     same = ks_2samp(ttft["same"], ttft["base"], alternative="greater")
     cross = ks_2samp(ttft["cross"], ttft["base"], alternative="greater")

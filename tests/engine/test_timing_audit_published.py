@@ -15,7 +15,7 @@ from scipy.stats import ks_2samp
 
 from engine.kv_cache.cache_rules import CacheRules
 from engine.llm_engine import LLMEngine
-from tests.engine.test_timing_audit import SHARED, TOKENS, TRIALS, letter_ids, timed
+from tests.engine.test_timing_audit import SHARED, TOKENS, TRIALS, audit, letter_ids, timed
 
 PUBLISHED = 64  # four full blocks, shared by every domain
 
@@ -39,21 +39,7 @@ def test_private_part_after_a_published_prefix_is_untimeable_across_domains() ->
         return victim[:k] + [differ] + [rng.choice(letters) for _ in range(len(victim) - k - 1)]
 
     timed(engine, fresh(), "t:warmup")  # also computes the published blocks
-    arms: list[str] = []
-    for _ in range(TRIALS):
-        block = ["same", "cross", "base"]
-        rng.shuffle(block)
-        arms.extend(block)
-    ttft: dict[str, list[float]] = {"same": [], "cross": [], "base": []}
-    cached: dict[str, list[int]] = {"same": [], "cross": [], "base": []}
-    for i, arm in enumerate(arms):
-        victim = fresh()
-        timed(engine, victim, "t:victim")
-        probe = fresh() if arm == "base" else probe_of(victim)
-        domain = "t:victim" if arm == "same" else f"t:prober{i}"
-        t, c = timed(engine, probe, domain)
-        ttft[arm].append(t)
-        cached[arm].append(c)
+    ttft, cached = audit(engine, rng, fresh, probe_of)
 
     same = ks_2samp(ttft["same"], ttft["base"], alternative="greater")
     cross = ks_2samp(ttft["cross"], ttft["base"], alternative="greater")
