@@ -587,4 +587,5 @@ class LLMEngine:
             num_prompt_tokens=self._num_prompt,
             prefix_cache_domains=self.kv.domain_stats() if domains else {},
             prefill_token_cap=budget.prefill_cap() if budget.enabled else None,
+            kv_events_dropped=None if self.kv_events is None else self.kv_events.dropped,
         )

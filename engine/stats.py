@@ -33,3 +33,6 @@ class EngineStats:
     lora_host: tuple[str, ...] = ()  # adapters whose weights are in host memory
     # Prompt tokens the next step may carry under the ITL budget (None: no budget set).
     prefill_token_cap: int | None = None
+    # KV-cache event batches the publisher's queue was too full to take (None: the
+    # engine publishes none); a subscriber's index misses what they held.
+    kv_events_dropped: int | None = None

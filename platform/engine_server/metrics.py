@@ -63,6 +63,13 @@ class EngineMetrics:
             s.prefix_cache_hits,
         )
         yield counter("vllm:num_preemptions", "Requests preempted.", s.num_preemptions)
+        dropped = getattr(s, "kv_events_dropped", None)
+        if dropped is not None:  # only an engine that publishes KV-cache events
+            yield counter(
+                "cloister_kv_events_dropped",
+                "KV-cache event batches dropped because the publisher's queue was full.",
+                dropped,
+            )
         info = InfoMetricFamily("vllm:cache_config", "The KV cache's configuration.")
         info.add_metric(
             [],

@@ -65,6 +65,8 @@ class EngineSnapshot:
     waiting_adapters: tuple[str, ...] | None = None
     # Prompt tokens the engine's next step may carry under its ITL budget (None: no budget).
     prefill_token_cap: int | None = None
+    # KV-cache event batches dropped by the engine's publisher (None: it publishes none).
+    kv_events_dropped: int | None = None
 
 
 class EngineClient(Protocol):
@@ -228,6 +230,7 @@ class InProcessEngineClient:
             running_adapters=_names(getattr(s, "lora_running", None)),
             waiting_adapters=_names(getattr(s, "lora_waiting", None)),
             prefill_token_cap=getattr(s, "prefill_token_cap", None),
+            kv_events_dropped=getattr(s, "kv_events_dropped", None),
         )
 
     def public_prefix_blocks(self) -> int:

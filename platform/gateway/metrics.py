@@ -92,6 +92,11 @@ class GatewayMetrics:
         self.preemptions = Counter(
             "vllm:num_preemptions", "Requests preempted by the engine.", m, registry=r
         )
+        self.kv_events_dropped = Counter(
+            "cloister_kv_events_dropped",
+            "KV-cache event batches dropped because the publisher's queue was full.", m,
+            registry=r,
+        )  # fmt: skip
         self.prompt_tokens = Counter(
             "vllm:prompt_tokens", "Prompt tokens of requests whose prefill finished.", m,
             registry=r,
@@ -204,7 +209,7 @@ class GatewayMetrics:
             if snap.prefill_token_cap is not None:
                 self.prefill_cap.labels(name).set(snap.prefill_token_cap)
             last = self._last.get(name)
-            pairs = (
+            pairs = [
                 (
                     self.prefix_queries,
                     snap.prefix_cache_queries,
@@ -226,7 +231,10 @@ class GatewayMetrics:
                     snap.num_generation_tokens,
                     last.num_generation_tokens if last else None,
                 ),
-            )
+            ]
+            if snap.kv_events_dropped is not None:  # an engine that publishes KV events
+                before = last.kv_events_dropped if last else None
+                pairs.append((self.kv_events_dropped, snap.kv_events_dropped, before))
             for counter, now, before in pairs:
                 # A smaller value means the engine restarted: count from its zero.
                 delta = now - before if before is not None and now >= before else now

@@ -198,6 +198,7 @@ def test_health_and_vllm_metrics(engine: EngineProcess) -> None:
         "vllm:prefix_cache_queries",
     ):
         assert name in names, name
+    assert "cloister_kv_events_dropped" not in names  # it publishes no KV events
     assert 'num_gpu_blocks="' in text and 'model_name="tiny"' in text
 
 

@@ -76,6 +76,8 @@ def test_a_completion_s_blocks_reach_a_subscriber_under_its_domain(
                 topics.add(topic)
                 batch = decode_batch(payload)
                 stored += [e for e in batch.events if isinstance(e, BlockStored)]
+        # An operator sees whether the publisher had to drop batches (none here).
+        metrics = httpx.get(f"{url}/metrics", headers={"authorization": f"Bearer {TOKEN}"}).text
     finally:
         stop()
         sub.close(linger=0)
@@ -84,3 +86,4 @@ def test_a_completion_s_blocks_reach_a_subscriber_under_its_domain(
     assert last.cache_domain == f"domain-{salt}"
     assert last.token_ids == prompt[:32] and len(last.block_hashes) == 2
     assert topics == {f"kv@{socket.gethostname()}@fast-fake".encode()}
+    assert 'cloister_kv_events_dropped_total{model_name="fast-fake"} 0.0' in metrics

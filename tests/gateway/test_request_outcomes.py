@@ -72,3 +72,18 @@ def test_outcomes_and_cache_info_become_vllm_series() -> None:
         ("num_gpu_blocks", "64"),
     )  # fmt: skip
     assert samples[("vllm:cache_config_info", info)] == 1
+
+
+def test_kv_event_drops_become_a_counter_only_for_an_engine_that_publishes() -> None:
+    m = GatewayMetrics(model_name="m", top_tenants=2)
+    m.update_engine(EngineSnapshot(0, 0, 0.0, 0, 0, 0), model="quiet")  # publishes nothing
+    m.update_engine(EngineSnapshot(0, 0, 0.0, 0, 0, 0, kv_events_dropped=3))
+    m.update_engine(EngineSnapshot(0, 0, 0.0, 0, 0, 0, kv_events_dropped=7))
+    m.update_engine(EngineSnapshot(0, 0, 0.0, 0, 0, 0, kv_events_dropped=2))  # restarted
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(m.render(None).decode())
+        for s in family.samples
+    }
+    assert samples[("cloister_kv_events_dropped_total", (("model_name", "m"),))] == 9
+    assert ("cloister_kv_events_dropped_total", (("model_name", "quiet"),)) not in samples

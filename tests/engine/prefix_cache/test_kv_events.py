@@ -6,6 +6,7 @@ the scheduler and the KV cache manager register and evict blocks as they always 
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -172,6 +173,42 @@ def test_the_publisher_sends_topic_sequence_and_batch() -> None:
     assert topic == b"kv@pod@m" and len(seq) == 8
     assert int.from_bytes(last[1], "big") == int.from_bytes(seq, "big") + 1
     assert decode_batch(last[2]).events == [BlockRemoved([b"x" * 32], "CPU")]
+
+
+def test_a_full_queue_drops_batches_counts_them_and_the_engine_reports_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The step never waits for the publisher: past its queue, batches are dropped and
+    counted, and the count reaches the engine's stats (and so /metrics)."""
+    import engine.kv_events_publisher as publisher_module
+
+    gate, sending = threading.Event(), threading.Event()
+
+    def stuck_encode(batch: KVEventBatch) -> bytes:
+        sending.set()
+        gate.wait(10)  # a send that cannot finish yet
+        return encode_batch(batch)
+
+    monkeypatch.setattr(publisher_module, "encode_batch", stuck_encode)
+    publisher = KVEventPublisher(f"tcp://127.0.0.1:{free_port()}", "t", max_queue=2)
+    try:
+        publisher.publish(KVEventBatch(ts=0.0, events=[AllBlocksCleared()]))
+        assert sending.wait(5)  # the thread holds the first batch
+        started = time.monotonic()
+        for i in range(7):  # two fit in the queue, five do not
+            publisher.publish(KVEventBatch(ts=float(i), events=[AllBlocksCleared()]))
+        assert time.monotonic() - started < 1.0  # never blocked on the stuck send
+        assert publisher.dropped == 5
+    finally:
+        gate.set()
+        publisher.close()
+
+    engine = fast_fake_llm_engine(kv_events_endpoint=f"tcp://127.0.0.1:{free_port()}")
+    assert engine.kv_events is not None
+    engine.kv_events.dropped = 4  # as if a subscriber-less burst had overflowed it
+    assert engine.stats().kv_events_dropped == 4
+    assert fast_fake_llm_engine().stats().kv_events_dropped is None  # publishes nothing
+    engine.kv_events.close()
 
 
 def test_an_unusable_endpoint_is_refused() -> None:
