@@ -49,7 +49,10 @@ def served() -> Iterator[Served]:
         s.stop()
 
 
-def client_of(url: str, transport: str = "link", token: str = TOKEN) -> RemoteEngineClient:
+def client_of(
+    url: str, transport: str = "link", token: str = TOKEN, **options: Any
+) -> RemoteEngineClient:
+    """A client of the engine server at `url` that polls rarely (`options`: the rest)."""
     return RemoteEngineClient(
         url,
         token=token,
@@ -57,6 +60,7 @@ def client_of(url: str, transport: str = "link", token: str = TOKEN) -> RemoteEn
         info=fetch_info(url, TOKEN),
         poll_s=60,
         transport=transport,  # type: ignore[arg-type]
+        **options,
     )
 
 

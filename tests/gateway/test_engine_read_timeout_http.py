@@ -25,13 +25,13 @@ from engine.outputs import StreamEvent
 from engine.request import EngineRequest
 from engine_server.app import EngineServer
 from engine_server.auth import ServiceAuth
-from gateway.remote_engine import RemoteEngineClient, fetch_info
 from tenancy.limiter.memory import MemoryLimiter
 from tests.gateway.conftest import LiveGateway, start_gateway
 from tests.gateway.engine_servers import serve_in_thread
-from tests.gateway.fakes import ByteTokenizer, FakeEngine
+from tests.gateway.fakes import FakeEngine
+from tests.gateway.test_engine_hop_wire import TOKEN
+from tests.gateway.test_engine_link import client_of
 
-TOKEN = "svc-" + "read-timeout-token-for-tests-only"
 READ_TIMEOUT_S = 0.8
 
 
@@ -89,21 +89,25 @@ def stuck(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Stuck]:
     url, stop_engine = serve_in_thread(
         EngineServer(engine, model_name="tiny", auth=ServiceAuth(TOKEN)).app()
     )
-    client = RemoteEngineClient(
-        url,
-        token=TOKEN,
-        tokenizer=ByteTokenizer(),
-        info=fetch_info(url, TOKEN),
-        poll_s=60,
-        transport=request.param,
-        request_timeout_s=READ_TIMEOUT_S,
-    )
+    client = client_of(url, request.param, request_timeout_s=READ_TIMEOUT_S)
     gw, stop_gateway = start_gateway(tmp_path, engine=None, client=client, limiter=MemoryLimiter())
     try:
         yield Stuck(gw, engine)
     finally:
         stop_gateway()
         stop_engine()
+
+
+def stream_chat(gw: LiveGateway, key: str, content: str, max_tokens: int) -> tuple[int, list[str]]:
+    """Streams a chat completion: its status and its `data: ` lines."""
+    with httpx.stream(
+        "POST",
+        gw.base_url + "/v1/chat/completions",
+        json=body(content, stream=True, max_tokens=max_tokens),
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=30,
+    ) as r:
+        return r.status_code, [line for line in r.iter_lines() if line.startswith("data: ")]
 
 
 def body(content: str, *, stream: bool = False, max_tokens: int = 6) -> dict[str, Any]:
@@ -126,15 +130,7 @@ def test_a_request_its_engine_stalls_on_is_a_503_and_another_tenant_streams_on(
 
     def stream_alongside() -> None:
         started = time.monotonic()
-        with httpx.stream(
-            "POST",
-            gw.base_url + "/v1/chat/completions",
-            json=body("tell me a story", stream=True, max_tokens=60),
-            headers={"Authorization": f"Bearer {bystander}"},
-            timeout=30,
-        ) as r:
-            flowing["status"] = r.status_code
-            flowing["lines"] = [line for line in r.iter_lines() if line.startswith("data: ")]
+        flowing["status"], flowing["lines"] = stream_chat(gw, bystander, "tell me a story", 60)
         flowing["elapsed"] = time.monotonic() - started
 
     other = threading.Thread(target=stream_alongside)
@@ -172,21 +168,15 @@ def test_a_stream_its_engine_stalls_in_ends_with_an_error_event_and_its_tokens_m
 ) -> None:
     gw = stuck.gw
     key = gw.tenant("midway")
-    with httpx.stream(
-        "POST",
-        gw.base_url + "/v1/chat/completions",
-        json=body("STALL-MID please", stream=True, max_tokens=20),
-        headers={"Authorization": f"Bearer {key}"},
-        timeout=30,
-    ) as r:
-        assert r.status_code == 200
-        chunks = [orjson.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    status, lines = stream_chat(gw, key, "STALL-MID please", 20)
+    assert status == 200
+    chunks = [orjson.loads(line[6:]) for line in lines if line.startswith("data: {")]
     assert "error" in chunks[-1], chunks[-1]
     text = "".join(
         c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices")
     )
     assert len(text) == 2  # the two tokens sent before the engine went silent
-    assert set(stuck.abort_seen()) == {r.headers["x-request-id"]}
+    assert set(stuck.abort_seen()) == {chunks[0]["id"]}
     deadline = time.monotonic() + 5
     while not gw.usage.records and time.monotonic() < deadline:  # written as the stream ends
         time.sleep(0.01)
