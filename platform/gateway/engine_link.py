@@ -40,7 +40,7 @@ from gateway.remote_errors import EngineUnavailableError, error_of_frame
 
 logger = logging.getLogger("cloister.gateway.link")
 HEARTBEAT_S = 10.0  # a link that misses a pong for half of this is closed
-READ_TIMEOUT_S = 600.0  # the default: as long as an HTTP stream's socket read
+READ_TIMEOUT_S = 600.0  # the default wait for a request's next event, on either transport
 
 
 class LinkStream:

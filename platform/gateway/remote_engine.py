@@ -48,7 +48,7 @@ from engine_server.wire import (
 )
 from gateway.adapters import AdapterInfo
 from gateway.engine_client import EngineSnapshot, TokenizerLike
-from gateway.engine_link import EngineLink
+from gateway.engine_link import READ_TIMEOUT_S, EngineLink
 from gateway.remote_adapters import adapters_from_stats, push_adapter, remove_adapter
 from gateway.remote_errors import EngineUnavailableError, error_of_response
 from gateway.tracing import trace_headers
@@ -227,7 +227,7 @@ class RemoteEngineClient:
         model_name: str | None = None,
         poll_s: float = 1.0,
         max_failures: int = 3,
-        request_timeout_s: float = 600.0,
+        request_timeout_s: float = READ_TIMEOUT_S,
         transport: Transport = "link",
     ) -> None:
         """`transport`: "link" sends completions over one WebSocket (gateway.engine_link),

@@ -27,6 +27,7 @@ from engine.request import EngineRequest
 from engine.structured.spec import StructuredSpec
 from gateway.adapters import AdapterInfo
 from gateway.engine_client import EngineSnapshot, TokenizerLike
+from gateway.engine_link import READ_TIMEOUT_S
 from gateway.remote_engine import (
     EngineServerInfo,
     RemoteEngineClient,
@@ -102,7 +103,7 @@ class ReplicaSetClient:
         connect_wait_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
         transport: Transport = "link",
-        request_timeout_s: float = 600.0,
+        request_timeout_s: float = READ_TIMEOUT_S,
     ) -> None:
         """`clock`: monotonic seconds, for the ramp (a test's own clock); `transport`:
         how completions reach each replica (gateway.remote_engine); `request_timeout_s`:
