@@ -143,13 +143,21 @@ def test_native_bf16_follows_the_cpu_flags(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 @pytest.mark.skipif(not quant._fbgemm_linear(), reason="needs torch's fbgemm int8 linear")
-def test_int8_activations_are_close_per_row_and_add_the_bias_once() -> None:
+@pytest.mark.parametrize("cpu", ["this", "no-vnni"])
+def test_int8_activations_are_close_per_row_and_add_the_bias_once(
+    cpu: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Without VNNI fbgemm saturates on 8-bit inputs: 7-bit ones there (on this CPU, and
+    # on any as if it had none).
+    if cpu == "no-vnni":
+        monkeypatch.setattr(quant, "vnni", lambda: False)
     torch.manual_seed(5)
     w, b = torch.randn(48, 64) * 0.05, torch.randn(48)
     x = torch.randn(4, 64)
     x[3] *= 1000.0  # one row's outlier must not flatten the others' grid
     layer = QuantizedLinear(w, b, 8, max_rows=8, int8_activations=True)
     assert layer.packed is not None and layer.compute_dtype(4) == torch.float32
+    assert layer.reduce_range == (cpu == "no-vnni" or not quant.vnni())
     out = layer(x)
     ref = F.linear(x, w, b)
     assert out.dtype == torch.float32 and out.shape == (4, 48)

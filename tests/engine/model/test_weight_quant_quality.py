@@ -146,6 +146,11 @@ def test_quantized_weights_keep_greedy_output_and_perplexity(
 ) -> None:
     if CASES[case][3] and not quant._fbgemm_linear():
         pytest.skip(reason="int8 activations need torch's fbgemm int8 linear")
+    if CASES[case][3] and not quant.vnni():
+        # Without VNNI the activations round to 7 bits, and the engine never picks them
+        # (int8_dot_products; the served case shows what it does pick). Measured on an
+        # AVX2 EPYC: teacher-forced 0.867, perplexity ratio 0.996: too many near-ties flip.
+        pytest.skip(reason="int8 activations serve only on a CPU with VNNI; this one has none")
     figures = measure(smollm2, case, fp32_reference)
     assert figures["teacher_forced_agreement"] >= MIN_TEACHER_FORCED_AGREEMENT[case], figures
     assert figures["free_run_agreement"] >= MIN_FREE_RUN_AGREEMENT[case], figures
