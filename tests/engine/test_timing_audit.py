@@ -85,6 +85,7 @@ def audit(
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # a timing test: alone on the machine
 def test_cross_domain_prefix_is_untimeable_and_same_domain_is_detected() -> None:
     engine = LLMEngine.from_options(None, num_blocks=4 * TRIALS * (TOKENS // 16 + 2) + 64)
     rng = random.Random(1234)

@@ -21,6 +21,7 @@ PUBLISHED = 64  # four full blocks, shared by every domain
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # a timing test: alone on the machine
 def test_private_part_after_a_published_prefix_is_untimeable_across_domains() -> None:
     engine = LLMEngine.from_options(
         None, num_blocks=4 * TRIALS * (TOKENS // 16 + 2) + PUBLISHED // 16 + 64
