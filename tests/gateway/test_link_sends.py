@@ -1,5 +1,6 @@
 """The link's sends: written in the caller while the socket takes them, queued in order
-behind one that has to wait (engine_server.eager, engine_server.link)."""
+behind one that has to wait (engine_server.eager, engine_server.link, and the
+gateway's side, gateway.engine_link)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from engine.async_engine import RequestStream
 from engine.outputs import StreamEvent
 from engine_server.eager import start_now
 from engine_server.link import _Connection
+from gateway.engine_link import EngineLink, LinkStream
+from gateway.remote_errors import EngineUnavailableError
 
 
 def test_start_now_runs_a_coroutine_that_never_waits_in_the_caller() -> None:
@@ -97,6 +100,7 @@ class GatedSocket:
         self.gate = asyncio.Event()
         self.gate.set()
         self.broken = False
+        self.closed = False  # as aiohttp's client WebSocket has it
 
     async def send_bytes(self, data: bytes) -> None:
         await self.gate.wait()
@@ -163,3 +167,57 @@ def test_a_listened_stream_hands_over_what_was_queued_then_each_item_as_pushed()
     got, empty = asyncio.run(scenario())
     assert [e.num_cached_tokens for e in got[:2]] == [1, 2] and isinstance(got[2], RuntimeError)
     assert empty  # nothing left for an iterator
+
+
+def linked(socket: GatedSocket, failures: list[str]) -> EngineLink:
+    """A gateway's link whose WebSocket is `socket`, as if connected."""
+    link = EngineLink(
+        "http://engine.invalid",
+        headers={},
+        session=lambda: pytest.fail("no connection is opened"),
+        on_failure=lambda: failures.append("failed"),
+        on_draining=lambda: None,
+    )
+    link._ws = socket  # type: ignore[assignment]
+    return link
+
+
+def test_the_gateways_frames_go_out_at_once_and_in_order_behind_a_send_that_waits() -> None:
+    async def scenario() -> list[Any]:
+        socket, failures = GatedSocket(), []
+        link = linked(socket, failures)
+        link.send({"n": 1})
+        assert socket.sent == [1]  # written in the caller: no writer task woken
+        socket.gate.clear()
+        for n in (2, 3, 4):
+            link.send({"n": n})
+        await asyncio.sleep(0.01)
+        assert socket.sent == [1]  # the socket is backed up: nothing overtakes
+        socket.gate.set()
+        for _ in range(100):
+            await asyncio.sleep(0)
+        assert socket.sent == [1, 2, 3, 4]
+        link.send({"n": 5})
+        assert socket.sent == [1, 2, 3, 4, 5]  # at once again
+        assert failures == []
+        return socket.sent
+
+    assert asyncio.run(scenario()) == [1, 2, 3, 4, 5]
+
+
+def test_an_inline_send_that_fails_later_ends_the_streams_with_a_clean_error() -> None:
+    async def scenario() -> None:
+        socket, failures = GatedSocket(), []
+        link = linked(socket, failures)
+        stream = LinkStream(link, "r", ())
+        link._streams["r"] = stream
+        socket.gate.clear()
+        link.send({"n": 1})  # waits on the paused transport
+        socket.broken = True
+        socket.gate.set()
+        error = await asyncio.wait_for(stream.queue.get(), 5)
+        assert isinstance(error, EngineUnavailableError) and "broke" in str(error)
+        assert failures == ["failed"]  # one failed poll of the replica
+        assert socket.sent == []
+
+    asyncio.run(scenario())
