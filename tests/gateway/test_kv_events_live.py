@@ -3,7 +3,8 @@
 `cloister engine serve`'s app over the real engine (fake fast model), whose options
 come from the settings as `cloister engine serve --kv-events-endpoint` makes them (in
 either engine mode); a ZeroMQ SUB socket binds, as llm-d's indexer does, and the
-engine connects to it.
+engine connects to it. And the drop count on the gateway's /metrics, for a gateway
+whose engine runs inside it (`cloister serve`).
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ import httpx
 import pytest
 import zmq
 
+from engine.async_engine import AsyncEngine
 from engine.kv_cache.kv_events import BlockStored, decode_batch
 from engine_server.app import EngineServer
 from engine_server.auth import ServiceAuth
 from server.settings import Settings
 from server.wiring import load_engine, serve_engine_options
-from tests.gateway.conftest import free_port
+from tenancy.limiter.memory import MemoryLimiter
+from tests.gateway.conftest import free_port, start_gateway
 from tests.gateway.engine_servers import serve_in_thread
 from tests.utils.fast_fake_model import fast_fake_llm_engine
 
@@ -87,3 +90,37 @@ def test_a_completion_s_blocks_reach_a_subscriber_under_its_domain(
     assert last.token_ids == prompt[:32] and len(last.block_hashes) == 2
     assert topics == {f"kv@{socket.gethostname()}@fast-fake".encode()}
     assert 'cloister_kv_events_dropped_total{model_name="fast-fake"} 0.0' in metrics
+
+
+def test_the_gateways_metrics_count_what_its_in_process_engine_dropped(tmp_path: Path) -> None:
+    """`cloister serve` with an in-process engine that publishes: the gateway's /metrics
+    carries the publisher's drop count, and keeps counting across scrapes."""
+    engine = fast_fake_llm_engine(kv_events_endpoint=f"tcp://127.0.0.1:{free_port()}")
+    publisher = engine.kv_events
+    assert publisher is not None
+    gw, stop = start_gateway(tmp_path, engine=AsyncEngine(engine), limiter=MemoryLimiter())
+    series = 'cloister_kv_events_dropped_total{model_name="tiny"}'
+
+    def complete(key: str) -> None:
+        body = {"model": gw.model, "prompt": "hello there", "max_tokens": 2}
+        headers = {"authorization": f"Bearer {key}"}
+        answer = httpx.post(f"{gw.base_url}/v1/completions", json=body, headers=headers)
+        assert answer.status_code == 200, answer.text
+
+    scraped: list[str] = []
+    try:
+        key = gw.tenant("acme")
+        # As if bursts with no subscriber had overflowed its queue during the steps (the
+        # counting itself: tests/engine/prefix_cache/test_kv_events.py); the engine
+        # reports its stats with each step.
+        for dropped in (0, 4, 9):
+            publisher.dropped = dropped
+            complete(key)
+            scraped.append(httpx.get(f"{gw.base_url}/metrics", timeout=10).text)
+    finally:
+        stop()
+        publisher.close()
+    found = [
+        f"{series} {n}" in text for text, n in zip(scraped, ("0.0", "4.0", "9.0"), strict=True)
+    ]
+    assert found == [True] * 3, [line for t in scraped for line in t.splitlines() if series in line]
