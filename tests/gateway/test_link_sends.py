@@ -5,6 +5,7 @@ gateway's side, gateway.engine_link)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -109,23 +110,45 @@ class GatedSocket:
         self.sent.append(orjson.loads(data)["n"])
 
 
-def test_frames_go_out_at_once_and_in_order_behind_a_send_that_waits() -> None:
+def linked(socket: GatedSocket, failures: list[str]) -> EngineLink:
+    """A gateway's link whose WebSocket is `socket`, as if connected."""
+    link = EngineLink(
+        "http://engine.invalid",
+        headers={},
+        session=lambda: pytest.fail("no connection is opened"),
+        on_failure=lambda: failures.append("failed"),
+        on_draining=lambda: None,
+    )
+    link._ws = socket  # type: ignore[assignment]
+    return link
+
+
+def sender(side: str, socket: GatedSocket, failures: list[str]) -> Callable[[Any], None]:
+    """The engine server's or the gateway's way to send a frame on `socket`."""
+    if side == "engine":
+        return _Connection(None, socket).post  # type: ignore[arg-type]
+    return linked(socket, failures).send
+
+
+@pytest.mark.parametrize("side", ["engine", "gateway"])
+def test_frames_go_out_at_once_and_in_order_behind_a_send_that_waits(side: str) -> None:
     async def scenario() -> list[Any]:
-        socket = GatedSocket()
-        connection = _Connection(None, socket)  # type: ignore[arg-type]
-        connection.post({"n": 1})
+        socket, failures = GatedSocket(), []
+        send = sender(side, socket, failures)
+        send({"n": 1})
         assert socket.sent == [1]  # written in the caller: no task, no loop iteration
         socket.gate.clear()
         for n in (2, 3, 4):
-            connection.post({"n": n})
+            send({"n": n})
         await asyncio.sleep(0.01)
         assert socket.sent == [1]  # the socket is backed up: nothing overtakes
         socket.gate.set()
         for _ in range(100):
             await asyncio.sleep(0)
         assert socket.sent == [1, 2, 3, 4]
-        connection.post({"n": 5})
+        send({"n": 5})
         assert socket.sent == [1, 2, 3, 4, 5]  # at once again
+        assert failures == []
         return socket.sent
 
     assert asyncio.run(scenario()) == [1, 2, 3, 4, 5]
@@ -167,42 +190,6 @@ def test_a_listened_stream_hands_over_what_was_queued_then_each_item_as_pushed()
     got, empty = asyncio.run(scenario())
     assert [e.num_cached_tokens for e in got[:2]] == [1, 2] and isinstance(got[2], RuntimeError)
     assert empty  # nothing left for an iterator
-
-
-def linked(socket: GatedSocket, failures: list[str]) -> EngineLink:
-    """A gateway's link whose WebSocket is `socket`, as if connected."""
-    link = EngineLink(
-        "http://engine.invalid",
-        headers={},
-        session=lambda: pytest.fail("no connection is opened"),
-        on_failure=lambda: failures.append("failed"),
-        on_draining=lambda: None,
-    )
-    link._ws = socket  # type: ignore[assignment]
-    return link
-
-
-def test_the_gateways_frames_go_out_at_once_and_in_order_behind_a_send_that_waits() -> None:
-    async def scenario() -> list[Any]:
-        socket, failures = GatedSocket(), []
-        link = linked(socket, failures)
-        link.send({"n": 1})
-        assert socket.sent == [1]  # written in the caller: no writer task woken
-        socket.gate.clear()
-        for n in (2, 3, 4):
-            link.send({"n": n})
-        await asyncio.sleep(0.01)
-        assert socket.sent == [1]  # the socket is backed up: nothing overtakes
-        socket.gate.set()
-        for _ in range(100):
-            await asyncio.sleep(0)
-        assert socket.sent == [1, 2, 3, 4]
-        link.send({"n": 5})
-        assert socket.sent == [1, 2, 3, 4, 5]  # at once again
-        assert failures == []
-        return socket.sent
-
-    assert asyncio.run(scenario()) == [1, 2, 3, 4, 5]
 
 
 def test_an_inline_send_that_fails_later_ends_the_streams_with_a_clean_error() -> None:
