@@ -141,7 +141,9 @@ class EngineLink:
             return
         frame = orjson.dumps(message)
         ws = self._ws
-        if ws is not None and not ws.closed and not self._outbox and not self._writing:
+        # Frames on their way (the writer's, or an inline send that waits) go first.
+        on_their_way = self._sending or (self._pending is not None and not self._pending.done())
+        if ws is not None and not ws.closed and not self._outbox and not on_their_way:
             try:
                 self._pending = start_now(ws.send_bytes(frame))
             except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
@@ -159,13 +161,6 @@ class EngineLink:
         """An inline send that had to wait has finished: a failure breaks the link."""
         if not pending.cancelled() and pending.exception() is not None:
             self._drop(f"the link to {self.url} broke: {pending.exception()!r}")
-
-    @property
-    def _writing(self) -> bool:
-        """Whether frames are on their way: the writer's, or a send that had to wait."""
-        if self._pending is not None and self._pending.done():
-            self._pending = None
-        return self._sending or self._pending is not None
 
     def forget(self, request_id: str) -> None:
         """Drops a stream that ended."""
