@@ -26,7 +26,11 @@ server's event loop, the gateway's) where the in-process side runs two, and the
 engine's steps slow for want of a core, not for the hop. Figures: TTFT and
 end-to-end p50/p95 on each side and what the hop adds, the added time per output
 token (the inter-token gap), and the link's added TTFT over HTTP's. The goal: under
-1 ms added at p50 on loopback, over the link. The last line is JSON.
+1 ms added at p50 on loopback, over the link. Beside them, the machine's own floor:
+bare asyncio round trips over loopback between the same CPUs (bench/loopback_floor.py),
+taken in turns with the rounds, whose far side works as long as the in-process engine
+takes to a first token: what a first token's round trip adds cannot be less. The last
+line is JSON.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "platform"))
 
+from bench.loopback_floor import EchoPeer, LoopbackProbe  # noqa: E402
 from engine.request import EngineRequest  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 from gateway.engine_client import EngineClient, InProcessEngineClient  # noqa: E402
@@ -201,14 +206,18 @@ async def measure(
     prompts: list[tuple[int, ...]],
     args: Any,
     server_pid: int,
-) -> tuple[dict[str, list[Timing]], dict[str, Cpu]]:
+    probe: LoopbackProbe,
+) -> tuple[dict[str, list[Timing]], dict[str, Cpu], list[float]]:
     """Warm-up, then rounds of `args.round` requests per side, the sides taking turns
-    to go first; each side's timings and the CPU its rounds used."""
+    to go first, each cycle ending with `args.round` bare round trips of `probe`; each
+    side's timings, the CPU its rounds used, and the round trips' seconds."""
     sides: dict[str, list[Timing]] = {name: [] for name in clients}
     cpu = {name: Cpu() for name in clients}
+    floor: list[float] = []
     for i in range(args.warmup):
         for name, client in clients.items():
             await one(client, prompts[i % len(prompts)], args.max_tokens, f"w-{name}-{i}")
+        await probe.round_trip()
     done = 0
     order = list(clients)
     while done < args.requests:
@@ -224,9 +233,15 @@ async def measure(
                 used.server_s = None
             else:
                 used.server_s += after - server
+        # The echo works as long as the in-process engine took to a first token lately.
+        recent = [t.ttft_s for t in sides.get("in_process", [])[-args.round :]]
+        hold_s = statistics.median(recent) if recent else 0.0
+        for _ in range(args.round):
+            floor.append(await probe.round_trip(hold_s))
         done += args.round
         order = order[1:] + order[:1]  # no side always goes first
-    return {name: timings[: args.requests] for name, timings in sides.items()}, cpu
+    timings = {name: timings[: args.requests] for name, timings in sides.items()}
+    return timings, cpu, floor
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -277,6 +292,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     front = fake_front(settings, args.step_ms)
     tokenizer = front.tokenizer
     prompts = [tuple(tokenizer.encode(f"Request {i}: name a colour.")) for i in range(64)]
+    engine_cpus = None if split is None else set(split[0])
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         log_path = Path(tmp) / "engine.log"
@@ -288,7 +304,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with log_path.open("wb") as log:
             # Pinned before it starts, so that its every thread, from the first, stays
             # on its CPUs.
-            engine_cpus = None if split is None else set(split[0])
             proc = subprocess.Popen(
                 [sys.executable, __file__, "--serve-engine"],
                 env=env,
@@ -301,9 +316,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         try:
             url = f"http://127.0.0.1:{port}"
             wait_http_ok(proc, url + "/health", log_path, 120.0, "engine server")
-            timings, cpu = asyncio.run(_run(front, url, tokenizer, prompts, args, proc.pid))
+            # The machine's own round trips between the same CPUs, with nothing above
+            # the socket, taken in turns with the requests.
+            with EchoPeer(engine_cpus) as echo_port:
+                timings, cpu, floor = asyncio.run(
+                    _run(front, url, tokenizer, prompts, args, proc.pid, echo_port)
+                )
         finally:
             stop_process(proc)
+    floor_p50_ms = round(pct(floor, 50) * 1e3, 4)
     local, remote, http = (summary(timings[side]) for side in SIDES)
     hop, hop_http = added(local, remote), added(local, http)
     report: dict[str, Any] = {
@@ -319,6 +340,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "added": hop,
         "remote_http": http,  # one HTTP request each: the peer transport
         "added_http": hop_http,
+        # A bare asyncio round trip over loopback between the same CPUs: a floor under
+        # the TTFT the hop adds (bench/loopback_floor.py).
+        "loopback_rtt_p50_ms": floor_p50_ms,
+        "loopback_rtt_p95_ms": round(pct(floor, 95) * 1e3, 4),
+        # What the link's code and the second process add above that floor.
+        "link_ttft_added_above_floor_ms": round(hop["ttft_p50_ms"] - floor_p50_ms, 4),
         "goal_added_p50_ms": GOAL_ADDED_P50_MS,
         "meets_goal": hop["ttft_p50_ms"] < GOAL_ADDED_P50_MS
         and hop["e2e_p50_ms"] < GOAL_ADDED_P50_MS,
@@ -345,6 +372,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     ratio = hop["ttft_p50_ms"] / hop_http["ttft_p50_ms"] if hop_http["ttft_p50_ms"] > 0 else None
     print(f"TTFT added, link / http at p50: {ratio if ratio is None else round(ratio, 3)}")
+    print(
+        f"bare asyncio round trip over loopback between the same CPUs: p50 {floor_p50_ms:.3f} ms"
+        f" (a floor under the TTFT added; link / floor: {hop['ttft_p50_ms'] / floor_p50_ms:.2f})"
+    )
     print(json.dumps(report))
     return report
 
@@ -369,7 +400,8 @@ async def _run(
     prompts: list[tuple[int, ...]],
     args: Any,
     server_pid: int,
-) -> tuple[dict[str, list[Timing]], dict[str, Cpu]]:
+    echo_port: int,
+) -> tuple[dict[str, list[Timing]], dict[str, Cpu], list[float]]:
     info = fetch_info(url, TOKEN, wait_s=30)
     clients: dict[str, Any] = {"in_process": InProcessEngineClient(front, model_name="fast-fake")}
     for side, transport in (("remote", "link"), ("remote_http", "http")):
@@ -378,9 +410,11 @@ async def _run(
         )
     for client in clients.values():
         await client.start()
+    probe = await LoopbackProbe.connect(echo_port)
     try:
-        return await measure(clients, prompts, args, server_pid)
+        return await measure(clients, prompts, args, server_pid, probe)
     finally:
+        probe.close()
         for client in clients.values():
             await client.shutdown()
 
