@@ -76,6 +76,7 @@ def run_engine_server(
     from engine_server.auth import ServiceAuth, ServiceTokenError
     from engine_server.link import UVICORN_WS
     from server.logging_setup import configure_logging
+    from server.process_tuning import tuned_for_serving
     from server.telemetry import TelemetryUnavailableError, check_exporter, provider_from_settings
     from server.wiring import DeviceUnavailableError, load_engine, serve_engine_options
 
@@ -146,7 +147,8 @@ def run_engine_server(
         ws=UVICORN_WS,  # the link
     )
     try:
-        DrainingServer(config).run()
+        with tuned_for_serving():
+            DrainingServer(config).run()
     finally:
         if provider is not None:
             provider.shutdown()  # flushes the last spans

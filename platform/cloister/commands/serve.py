@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shlex
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +11,6 @@ import click
 from cloister.cli_db import redact_url
 from cloister.commands.engine_flags import engine_options
 from server.settings import Settings
-
-# How long a thread may hold the GIL while another waits for it (Python's default: 5 ms).
-GIL_SWITCH_INTERVAL_S = 0.0005
 
 FIRST_START_HINT = """\
 No tenants yet. Create one and a key for it:
@@ -122,14 +118,13 @@ def run_server(settings: Settings, *, engine: Any | None = None) -> None:
 
     `engine` may be an already built engine front (benchmarks serve a fake fast model).
     """
-    import gc
-
     import uvicorn
 
     from admin.app import with_audit_checkpoints
     from engine.kv_events_endpoint import KVEventsEndpointError
     from engine.process_engine import EngineStartError
     from server.logging_setup import configure_logging
+    from server.process_tuning import tuned_for_serving
     from server.telemetry import TelemetryUnavailableError, check_exporter
     from server.wiring import (
         DeviceUnavailableError,
@@ -170,21 +165,8 @@ def run_server(settings: Settings, *, engine: Any | None = None) -> None:
                 where=location_flags(settings),
             )
         )
-    # The model, tokenizer and app live as long as the process: moved out of the
-    # collector's reach, a full collection no longer walks them (tens of ms per pass
-    # on a busy server, paid by whichever request is in flight).
-    gc.collect()
-    gc.freeze()
-    # The event loop shares the GIL with the metering writer and the console's sampler
-    # (and the engine, on a thread): when it gives the GIL up for a socket call, it waits
-    # for whichever of them took it to give it back, by default up to 5 ms a time.
-    switch_interval = sys.getswitchinterval()
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    try:
+    with tuned_for_serving():
         uvicorn.run(app, host=settings.host, port=settings.port, log_config=None)
-    finally:
-        sys.setswitchinterval(switch_interval)
-        gc.unfreeze()  # let shutdown free them (extension modules check for leaks)
 
 
 commands: list[click.Command] = [serve]
