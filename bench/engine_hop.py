@@ -57,6 +57,7 @@ from engine.request import EngineRequest  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 from gateway.engine_client import EngineClient, InProcessEngineClient  # noqa: E402
 from gateway.remote_engine import RemoteEngineClient, fetch_info  # noqa: E402
+from server.process_tuning import loaded_objects_frozen, short_gil_switch_interval  # noqa: E402
 from server.settings import Settings  # noqa: E402
 from server.wiring import load_engine, serve_engine_options  # noqa: E402
 from tests.gateway.conftest import free_port  # noqa: E402
@@ -317,8 +318,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             url = f"http://127.0.0.1:{port}"
             wait_http_ok(proc, url + "/health", log_path, 120.0, "engine server")
             # The machine's own round trips between the same CPUs, with nothing above
-            # the socket, taken in turns with the requests.
-            with EchoPeer(engine_cpus) as echo_port:
+            # the socket, taken in turns with the requests. This process serves as
+            # `cloister serve` does; the engine server as `cloister engine serve` does.
+            with (
+                EchoPeer(engine_cpus) as echo_port,
+                loaded_objects_frozen(),
+                short_gil_switch_interval(),
+            ):
                 timings, cpu, floor = asyncio.run(
                     _run(front, url, tokenizer, prompts, args, proc.pid, echo_port)
                 )

@@ -1,5 +1,6 @@
 """Both serving commands serve with what they loaded frozen out of the collector's walk
-and a short GIL switch interval (server.process_tuning), restored when they stop.
+(server.process_tuning); `cloister serve` also with a short GIL switch interval, and the
+engine server with Python's own. Both are restored when the server stops.
 
 Without the freeze, a full collection in a process holding SmolLM2 walks about half a
 million objects: about 0.3 s on a 2-core machine, a stall for every request in flight."""
@@ -14,7 +15,11 @@ from typing import Any
 
 import pytest
 
-from server.process_tuning import GIL_SWITCH_INTERVAL_S, tuned_for_serving
+from server.process_tuning import (
+    GIL_SWITCH_INTERVAL_S,
+    loaded_objects_frozen,
+    short_gil_switch_interval,
+)
 from server.settings import Settings
 from server.wiring import load_engine, serve_engine_options
 from tests.utils.fast_fake_model import fast_fake_llm_engine
@@ -43,17 +48,19 @@ def _fake_front(settings: Settings) -> Any:
     return load_engine(settings, factory=functools.partial(fast_fake_llm_engine, **options))
 
 
-def test_serving_freezes_what_was_loaded_and_restores_both_after() -> None:
+def test_each_setting_holds_while_serving_and_is_restored_after() -> None:
     before = sys.getswitchinterval()
     loaded = [{"weights": i} for i in range(100)]  # tracked objects made before serving
-    with tuned_for_serving():
+    with loaded_objects_frozen():
         frozen, interval = _state()
-        assert frozen >= len(loaded)
-        assert interval == GIL_SWITCH_INTERVAL_S
+        assert frozen >= len(loaded) and interval == before
+    assert _state() == (0, before)
+    with short_gil_switch_interval():
+        assert _state() == (0, GIL_SWITCH_INTERVAL_S)
     assert _state() == (0, before)
 
 
-def test_engine_serve_serves_tuned(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_engine_serve_serves_frozen(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import uvicorn
 
     from cloister.commands.engine_serve import run_engine_server
@@ -65,11 +72,15 @@ def test_engine_serve_serves_tuned(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     run_engine_server(settings, token=TOKEN, drain_timeout_s=1.0, front=_fake_front(settings))
     assert len(seen) == 1
     frozen, interval = seen[0]
-    assert frozen > 0 and interval == GIL_SWITCH_INTERVAL_S
+    # Python's own interval: the engine's thread and the event loop share the GIL, and a
+    # shorter one cost the link e2e time and CPU (bench/engine_hop.py, A/B).
+    assert frozen > 0 and interval == before
     assert _state() == (0, before)
 
 
-def test_serve_serves_tuned(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_serve_serves_frozen_with_a_short_switch_interval(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     import uvicorn
 
     from cloister.commands.serve import run_server

@@ -124,7 +124,7 @@ def run_server(settings: Settings, *, engine: Any | None = None) -> None:
     from engine.kv_events_endpoint import KVEventsEndpointError
     from engine.process_engine import EngineStartError
     from server.logging_setup import configure_logging
-    from server.process_tuning import tuned_for_serving
+    from server.process_tuning import loaded_objects_frozen, short_gil_switch_interval
     from server.telemetry import TelemetryUnavailableError, check_exporter
     from server.wiring import (
         DeviceUnavailableError,
@@ -165,7 +165,7 @@ def run_server(settings: Settings, *, engine: Any | None = None) -> None:
                 where=location_flags(settings),
             )
         )
-    with tuned_for_serving():
+    with loaded_objects_frozen(), short_gil_switch_interval():
         uvicorn.run(app, host=settings.host, port=settings.port, log_config=None)
 
 
