@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import json
 import os
 import statistics
@@ -59,9 +58,8 @@ from gateway.engine_client import EngineClient, InProcessEngineClient  # noqa: E
 from gateway.remote_engine import RemoteEngineClient, fetch_info  # noqa: E402
 from server.process_tuning import loaded_objects_frozen, short_gil_switch_interval  # noqa: E402
 from server.settings import Settings  # noqa: E402
-from server.wiring import load_engine, serve_engine_options  # noqa: E402
 from tests.gateway.conftest import free_port  # noqa: E402
-from tests.utils.fast_fake_model import fast_fake_llm_engine  # noqa: E402
+from tests.utils.fast_fake_model import fast_fake_front  # noqa: E402
 from tests.utils.services import stop_process, wait_http_ok  # noqa: E402
 
 GOAL_ADDED_P50_MS = 1.0
@@ -85,10 +83,7 @@ SIDES = ("in_process", "remote", "remote_http")
 def fake_front(settings: Settings, step_ms: float) -> Any:
     """The fake fast engine with `cloister serve`'s options from `settings`, whose forward
     pass waits `step_ms` with the GIL released."""
-    fake = functools.partial(
-        fast_fake_llm_engine, compute_s=step_ms / 1e3, **serve_engine_options(settings)
-    )
-    return load_engine(settings, factory=fake)
+    return fast_fake_front(settings, compute_s=step_ms / 1e3)
 
 
 def serve_engine() -> None:

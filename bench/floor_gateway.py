@@ -14,7 +14,6 @@ above this floor.
 
 from __future__ import annotations
 
-import functools
 import json
 import time
 from typing import Any
@@ -26,8 +25,7 @@ from starlette.types import Receive, Scope, Send
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 from server.settings import Settings
-from server.wiring import load_engine, serve_engine_options
-from tests.utils.fast_fake_model import fast_fake_llm_engine
+from tests.utils.fast_fake_model import fast_fake_front
 
 # One counter per request: the least an exact Redis-backed limiter does.
 COUNT_SCRIPT = "return redis.call('INCR', KEYS[1])"
@@ -38,8 +36,7 @@ class FloorApp:
     """The bare ASGI app; see the module docstring."""
 
     def __init__(self, settings: Settings, messages: list[dict[str, str]]) -> None:
-        fake = functools.partial(fast_fake_llm_engine, **serve_engine_options(settings))
-        self.engine = load_engine(settings, factory=fake)
+        self.engine = fast_fake_front(settings)
         tok = self.engine.tokenizer
         self.prompt_ids = tok.encode(tok.apply_chat_template(messages), add_special_tokens=False)
         self.redis = (

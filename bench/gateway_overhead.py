@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import gc
 import json
 import os
@@ -63,13 +62,13 @@ from engine.async_engine import AsyncEngine  # noqa: E402
 from engine.request import EngineRequest  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 from server.settings import Settings  # noqa: E402
-from server.wiring import load_engine, serve_engine_options  # noqa: E402
+from server.wiring import serve_engine_options  # noqa: E402
 from tests.gateway.processes import (  # noqa: E402
     create_tenant_key,
     database,
     gateways,
 )
-from tests.utils.fast_fake_model import fast_fake_engine, fast_fake_llm_engine  # noqa: E402
+from tests.utils.fast_fake_model import fast_fake_engine, fast_fake_front  # noqa: E402
 from tests.utils.services import delete_prefix  # noqa: E402
 from tests.utils.tiny_model import make_tiny_model_dir  # noqa: E402
 
@@ -89,8 +88,7 @@ def serve_fake() -> None:
         serve_floor(MESSAGES)
         return
     settings = Settings()
-    fake = functools.partial(fast_fake_llm_engine, **serve_engine_options(settings))
-    run_server(settings, engine=load_engine(settings, factory=fake))
+    run_server(settings, engine=fast_fake_front(settings))
 
 
 def _stat(path: str) -> list[str] | None:

@@ -7,11 +7,9 @@ million objects: about 0.3 s on a 2-core machine, a stall for every request in f
 
 from __future__ import annotations
 
-import functools
 import gc
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -21,8 +19,7 @@ from server.process_tuning import (
     short_gil_switch_interval,
 )
 from server.settings import Settings
-from server.wiring import load_engine, serve_engine_options
-from tests.utils.fast_fake_model import fast_fake_llm_engine
+from tests.utils.fast_fake_model import fast_fake_front
 
 TOKEN = "svc-" + "process-tuning-test-token"
 
@@ -41,11 +38,6 @@ def _settings(tmp_path: Path) -> Settings:
         kv_cache_bytes=8 * 1024 * 1024,
         log_level="WARNING",
     )
-
-
-def _fake_front(settings: Settings) -> Any:
-    options = serve_engine_options(settings)
-    return load_engine(settings, factory=functools.partial(fast_fake_llm_engine, **options))
 
 
 def test_each_setting_holds_while_serving_and_is_restored_after() -> None:
@@ -69,7 +61,7 @@ def test_engine_serve_serves_frozen(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: seen.append(_state()))
     settings = _settings(tmp_path)
     before = sys.getswitchinterval()
-    run_engine_server(settings, token=TOKEN, drain_timeout_s=1.0, front=_fake_front(settings))
+    run_engine_server(settings, token=TOKEN, drain_timeout_s=1.0, front=fast_fake_front(settings))
     assert len(seen) == 1
     frozen, interval = seen[0]
     # Python's own interval: the engine's thread and the event loop share the GIL, and a
@@ -89,7 +81,7 @@ def test_serve_serves_frozen_with_a_short_switch_interval(
     monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: seen.append(_state()))
     settings = _settings(tmp_path)
     before = sys.getswitchinterval()
-    run_server(settings, engine=_fake_front(settings))
+    run_server(settings, engine=fast_fake_front(settings))
     assert len(seen) == 1
     frozen, interval = seen[0]
     assert frozen > 0 and interval == GIL_SWITCH_INTERVAL_S

@@ -9,7 +9,6 @@ whose engine runs inside it (`cloister serve`).
 
 from __future__ import annotations
 
-import functools
 import socket
 import time
 from pathlib import Path
@@ -23,11 +22,10 @@ from engine.kv_cache.kv_events import BlockStored, decode_batch
 from engine_server.app import EngineServer
 from engine_server.auth import ServiceAuth
 from server.settings import Settings
-from server.wiring import load_engine, serve_engine_options
 from tenancy.limiter.memory import MemoryLimiter
 from tests.gateway.conftest import free_port, start_gateway
 from tests.gateway.engine_servers import serve_in_thread
-from tests.utils.fast_fake_model import fast_fake_llm_engine
+from tests.utils.fast_fake_model import fast_fake_front, fast_fake_llm_engine
 
 TOKEN = "svc-" + "kv-events-token-for-tests"
 
@@ -50,8 +48,7 @@ def test_a_completion_s_blocks_reach_a_subscriber_under_its_domain(
         kv_events_endpoint=f"tcp://127.0.0.1:{port}",
         engine_mode=engine_mode,  # the process engine publishes from its child
     )
-    fake = functools.partial(fast_fake_llm_engine, **serve_engine_options(settings))
-    front = load_engine(settings, factory=fake)
+    front = fast_fake_front(settings)
     url, stop = serve_in_thread(
         EngineServer(front, model_name="fast-fake", auth=ServiceAuth(TOKEN)).app()
     )

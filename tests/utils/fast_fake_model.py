@@ -9,6 +9,7 @@ prompt; KV blocks are allocated and freed by the engine as usual but never read.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from typing import Any
@@ -98,3 +99,13 @@ def fast_fake_llm_engine(
         name="fast-fake",
     )
     return LLMEngine(build_config(str(folder), **options), fake)
+
+
+def fast_fake_front(settings: Any, *, compute_s: float = 0.0) -> Any:
+    """The engine front `cloister serve` would load for `settings` (its engine options,
+    its engine mode), over the fake fast model; `compute_s` as in `fast_fake_llm_engine`."""
+    from server.wiring import load_engine, serve_engine_options  # the platform's own
+
+    options = serve_engine_options(settings)
+    fake = functools.partial(fast_fake_llm_engine, compute_s=compute_s, **options)
+    return load_engine(settings, factory=fake)
