@@ -18,26 +18,13 @@ from server.process_tuning import (
     loaded_objects_frozen,
     short_gil_switch_interval,
 )
-from server.settings import Settings
-from tests.utils.fast_fake_model import fast_fake_front
+from tests.utils.fast_fake_model import fast_fake_front, fast_fake_settings
 
 TOKEN = "svc-" + "process-tuning-test-token"
 
 
 def _state() -> tuple[int, float]:
     return gc.get_freeze_count(), sys.getswitchinterval()
-
-
-def _settings(tmp_path: Path) -> Settings:
-    return Settings(
-        data_dir=tmp_path,
-        model_name="fast-fake",
-        attention_backend="torch",
-        device="cpu",
-        max_model_len=512,
-        kv_cache_bytes=8 * 1024 * 1024,
-        log_level="WARNING",
-    )
 
 
 def test_each_setting_holds_while_serving_and_is_restored_after() -> None:
@@ -59,7 +46,7 @@ def test_engine_serve_serves_frozen(monkeypatch: pytest.MonkeyPatch, tmp_path: P
 
     seen: list[tuple[int, float]] = []
     monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: seen.append(_state()))
-    settings = _settings(tmp_path)
+    settings = fast_fake_settings(tmp_path, log_level="WARNING")
     before = sys.getswitchinterval()
     run_engine_server(settings, token=TOKEN, drain_timeout_s=1.0, front=fast_fake_front(settings))
     assert len(seen) == 1
@@ -79,7 +66,7 @@ def test_serve_serves_frozen_with_a_short_switch_interval(
 
     seen: list[tuple[int, float]] = []
     monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: seen.append(_state()))
-    settings = _settings(tmp_path)
+    settings = fast_fake_settings(tmp_path, log_level="WARNING")
     before = sys.getswitchinterval()
     run_server(settings, engine=fast_fake_front(settings))
     assert len(seen) == 1

@@ -21,11 +21,10 @@ from engine.async_engine import AsyncEngine
 from engine.kv_cache.kv_events import BlockStored, decode_batch
 from engine_server.app import EngineServer
 from engine_server.auth import ServiceAuth
-from server.settings import Settings
 from tenancy.limiter.memory import MemoryLimiter
 from tests.gateway.conftest import free_port, start_gateway
 from tests.gateway.engine_servers import serve_in_thread
-from tests.utils.fast_fake_model import fast_fake_front, fast_fake_llm_engine
+from tests.utils.fast_fake_model import fast_fake_front, fast_fake_llm_engine, fast_fake_settings
 
 TOKEN = "svc-" + "kv-events-token-for-tests"
 
@@ -38,13 +37,9 @@ def test_a_completion_s_blocks_reach_a_subscriber_under_its_domain(
     sub = zmq.Context.instance().socket(zmq.SUB)
     sub.bind(f"tcp://127.0.0.1:{port}")
     sub.setsockopt(zmq.SUBSCRIBE, b"")
-    settings = Settings(
-        data_dir=tmp_path,
-        model_name="fast-fake",
-        device="cpu",
-        attention_backend="torch",
+    settings = fast_fake_settings(
+        tmp_path,
         max_model_len=256,
-        kv_cache_bytes=8 * 1024 * 1024,
         kv_events_endpoint=f"tcp://127.0.0.1:{port}",
         engine_mode=engine_mode,  # the process engine publishes from its child
     )

@@ -101,6 +101,22 @@ def fast_fake_llm_engine(
     return LLMEngine(build_config(str(folder), **options), fake)
 
 
+def fast_fake_settings(data_dir: Any, **overrides: Any) -> Any:
+    """`cloister serve`'s settings for the fast fake engine on the CPU, with data under
+    `data_dir`; `overrides` are further settings."""
+    from server.settings import Settings  # the platform's own
+
+    values: dict[str, Any] = {
+        "data_dir": data_dir,
+        "model_name": "fast-fake",
+        "attention_backend": "torch",
+        "device": "cpu",
+        "max_model_len": 512,
+        "kv_cache_bytes": 8 * 1024 * 1024,
+    }
+    return Settings(**{**values, **overrides})
+
+
 def fast_fake_front(settings: Any, *, compute_s: float = 0.0) -> Any:
     """The engine front `cloister serve` would load for `settings` (its engine options,
     its engine mode), over the fake fast model; `compute_s` as in `fast_fake_llm_engine`."""
