@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,18 +30,6 @@ class TerminalStream(io.StringIO):
     def isatty(self) -> bool:
         """Always a terminal."""
         return True
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    for handler in [h for h in root.handlers if h not in handlers]:
-        root.removeHandler(handler)
-    root.setLevel(level)
-    for name in ("alembic", "uvicorn.access"):
-        logging.getLogger(name).setLevel(logging.NOTSET)
 
 
 def _log_everything(tmp_path: Path) -> None:
