@@ -80,12 +80,6 @@ STEP_ENV = "CLOISTER_BENCH_FAKE_STEP_MS"  # the child's --step-ms
 SIDES = ("in_process", "remote", "remote_http")
 
 
-def fake_front(settings: Settings, step_ms: float) -> Any:
-    """The fake fast engine with `cloister serve`'s options from `settings`, whose forward
-    pass waits `step_ms` with the GIL released."""
-    return fast_fake_front(settings, compute_s=step_ms / 1e3)
-
-
 def serve_engine() -> None:
     """The child: `cloister engine serve`'s path over the fake engine (CLOISTER_* env)."""
     from cloister.commands.engine_serve import run_engine_server
@@ -98,7 +92,7 @@ def serve_engine() -> None:
         torch.set_num_threads(len(os.sched_getaffinity(0)))
     settings = Settings()
     token = None if settings.service_token is None else settings.service_token.get_secret_value()
-    front = fake_front(settings, float(os.environ.get(STEP_ENV, "0")))
+    front = fast_fake_front(settings, compute_s=float(os.environ.get(STEP_ENV, "0")) / 1e3)
     run_engine_server(settings, token=token, drain_timeout_s=1.0, front=front)
 
 
@@ -285,7 +279,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if split is not None:
         pin(set(split[1]))
     settings = Settings(**{k.removeprefix("CLOISTER_").lower(): v for k, v in engine_env.items()})
-    front = fake_front(settings, args.step_ms)
+    front = fast_fake_front(settings, compute_s=args.step_ms / 1e3)
     tokenizer = front.tokenizer
     prompts = [tuple(tokenizer.encode(f"Request {i}: name a colour.")) for i in range(64)]
     engine_cpus = None if split is None else set(split[0])

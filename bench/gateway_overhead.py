@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import os
 import secrets
@@ -61,6 +60,7 @@ from cloister.commands.serve import run_server  # noqa: E402
 from engine.async_engine import AsyncEngine  # noqa: E402
 from engine.request import EngineRequest  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
+from server.process_tuning import loaded_objects_frozen  # noqa: E402
 from server.settings import Settings  # noqa: E402
 from server.wiring import serve_engine_options  # noqa: E402
 from tests.gateway.processes import (  # noqa: E402
@@ -514,10 +514,6 @@ def main() -> None:
             options = serve_engine_options(Settings(data_dir=data, **settings))
             engine = fast_fake_engine(**options)
 
-            # As `cloister serve` does: long-lived objects out of the collector's walk.
-            gc.collect()
-            gc.freeze()
-
             async def run() -> dict[str, Any]:
                 await engine.start()
                 try:
@@ -525,8 +521,9 @@ def main() -> None:
                 finally:
                     await engine.shutdown()
 
-            sides = asyncio.run(run())
-            gc.unfreeze()
+            # As `cloister serve` does: long-lived objects out of the collector's walk.
+            with loaded_objects_frozen():
+                sides = asyncio.run(run())
     finally:
         if backend == "redis":
             delete_prefix(client, prefix)
