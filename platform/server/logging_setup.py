@@ -44,8 +44,10 @@ MESSAGE_HAS_FIELDS = "message_has_fields"
 _DROPPED_FIELDS = frozenset({"color_message", MESSAGE_HAS_FIELDS})
 _ANSI_PATTERN = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # Loggers that are chatty at INFO; below DEBUG they say only warnings. Alembic prints a
-# line per migration step at every start; uvicorn's access line repeats cloister.access.
-QUIET_LOGGERS = ("alembic", "uvicorn.access")
+# line per migration step at every start; uvicorn's access line repeats cloister.access;
+# httpx (and httpcore under it) logs every request a gateway makes, and a gateway over
+# engine servers polls each one's stats every second.
+QUIET_LOGGERS = ("alembic", "uvicorn.access", "httpx", "httpcore")
 
 
 def redact(text: str) -> str:

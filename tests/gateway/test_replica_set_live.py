@@ -105,6 +105,20 @@ def test_each_tenant_sticks_to_one_replica_and_finds_only_its_own_cache(
     assert all(_queries(e) > b for e, b in zip(engines, before, strict=True))
 
 
+def test_the_replica_polls_do_not_flood_the_gateway_log(
+    fleet: tuple[processes.GatewayProcess, Path],
+) -> None:
+    """The replica set polls each engine's stats every second; at INFO, httpx's own line
+    for each poll made up most of an operator's log (two replicas: 120 lines a minute)."""
+    gateway, data_dir = fleet
+    _chat(gateway.base_url, _key(data_dir, "log-reader"))
+    time.sleep(2.5)  # at least two polls of each replica
+    records = [json.loads(line) for line in gateway.logs().splitlines() if line.startswith("{")]
+    assert any(r["logger"] == "cloister.access" for r in records)  # INFO lines still come
+    chatty = [r["message"] for r in records if r["logger"] in ("httpx", "httpcore")]
+    assert chatty == []
+
+
 def _stream(base_url: str, key: str, out: list[str]) -> None:
     body = {
         "model": "tiny",
