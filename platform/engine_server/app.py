@@ -32,6 +32,7 @@ from typing import Any
 import orjson
 from opentelemetry.trace import Tracer
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
@@ -66,6 +67,15 @@ def error(status: int, message: str, *, type_: str, code: str | None = None) -> 
     return Refusal(status, message, type_, code).response()
 
 
+async def _routing_error(_request: Request, exc: Exception) -> Response:
+    """A path or method the engine server has no route for, as an OpenAI error (Starlette
+    answers these in plain text)."""
+    assert isinstance(exc, HTTPException)
+    response = error(exc.status_code, str(exc.detail), type_="invalid_request_error")
+    response.headers.update(exc.headers or {})
+    return response
+
+
 class EngineServer:
     """The routes over one engine front (an `AsyncEngine` or a `ProcessEngine`)."""
 
@@ -88,6 +98,7 @@ class EngineServer:
         self.model_name = model_name
         self.auth = auth
         self.draining = False
+        self.started = int(time.time())  # the model's `created` in /v1/models
         self.device, self.dtype = device, dtype
         self.metrics = EngineMetrics(front, model_name)
         # Requests naming an adapter are counted as they are submitted (/metrics).
@@ -113,6 +124,7 @@ class EngineServer:
                 Route("/health", self.health, methods=["GET"]),
                 Route("/metrics", self.metrics_endpoint, methods=["GET"]),
                 Route("/v1/completions", self.completions, methods=["POST"]),
+                Route("/v1/models", self.models, methods=["GET"]),
                 Route("/internal/abort", self.abort, methods=["POST"]),
                 Route("/internal/cache_rules", self.cache_rules, methods=["PUT"]),
                 Route("/internal/info", self.info, methods=["GET"]),
@@ -121,6 +133,7 @@ class EngineServer:
                 WebSocketRoute(LINK_PATH, self.link.endpoint),
             ],
             lifespan=lifespan,
+            exception_handlers={HTTPException: _routing_error},
         )
 
     async def drain(self, timeout_s: float) -> None:
@@ -147,14 +160,14 @@ class EngineServer:
             raise refused(401, denied, "authentication_error", "invalid_token")
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
-            raise refused(413, "the body is over the size cap", "invalid_request")
+            raise refused(413, "the body is over the size cap", "invalid_request_error")
         raw = await request.body()
         if len(raw) > MAX_BODY_BYTES:
-            raise refused(413, "the body is over the size cap", "invalid_request")
+            raise refused(413, "the body is over the size cap", "invalid_request_error")
         try:
             return orjson.loads(raw or b"{}")
         except orjson.JSONDecodeError:
-            raise refused(400, "the body is not JSON", "invalid_request") from None
+            raise refused(400, "the body is not JSON", "invalid_request_error") from None
 
     async def completions(self, request: Request) -> Response:
         """Submits one request and streams its events as OpenAI completion chunks.
@@ -192,10 +205,10 @@ class EngineServer:
         cannot take (another model, a malformed body, draining) raises `Refused`."""
         try:
             if not isinstance(body, dict):
-                raise refused(400, "the body must be an object", "invalid_request")
+                raise refused(400, "the body must be an object", "invalid_request_error")
             if body.get("model") != self.model_name:
                 message = f"this engine serves {self.model_name!r}"
-                raise refused(404, message, "invalid_request", "model_not_found")
+                raise refused(404, message, "invalid_request_error", "model_not_found")
             if self.draining:
                 raise refused(503, "the engine is draining", "unavailable")
             body = await self._with_token_ids(body)
@@ -230,7 +243,7 @@ class EngineServer:
         if not isinstance(prompt, str):
             return body
         if not prompt:
-            raise refused(400, "the prompt must not be empty", "invalid_request")
+            raise refused(400, "the prompt must not be empty", "invalid_request_error")
         ids = await asyncio.to_thread(self.front.tokenizer.encode, prompt)
         extra = dict(body.get("cloister") or {})
         extra.setdefault("prompt_text", prompt)
@@ -349,7 +362,9 @@ class EngineServer:
             return refusal.response
         request_id = body.get("request_id") if isinstance(body, dict) else None
         if not isinstance(request_id, str) or not request_id:
-            return error(400, "request_id must be a non-empty string", type_="invalid_request")
+            return error(
+                400, "request_id must be a non-empty string", type_="invalid_request_error"
+            )
         await self.front.abort(request_id)
         return JSONResponse({"aborted": request_id})
 
@@ -358,7 +373,7 @@ class EngineServer:
         try:
             body = await self._json(request)
             if not isinstance(body, dict):
-                raise refused(400, "the body must be an object", "invalid_request")
+                raise refused(400, "the body must be an object", "invalid_request_error")
             rules = rules_from_wire(body)
         except Refused as refusal:
             return refusal.response
@@ -369,6 +384,21 @@ class EngineServer:
         except EngineDeadError as exc:
             return error(503, str(exc), type_="unavailable", code="engine_dead")
         return JSONResponse({"domains": len(rules.domains), "published": len(rules.published)})
+
+    async def models(self, request: Request) -> Response:
+        """The served model, as OpenAI's model list: what OpenAI clients and serving
+        benchmarks ask an endpoint first."""
+        denied = self.auth.check(request.headers.get("authorization"))
+        if denied is not None:
+            return error(401, denied, type_="authentication_error", code="invalid_token")
+        model = {
+            "id": self.model_name,
+            "object": "model",
+            "created": self.started,
+            "owned_by": "cloister",
+            "max_model_len": self.front.max_model_len,
+        }
+        return JSONResponse({"object": "list", "data": [model]})
 
     async def info(self, request: Request) -> Response:
         """The figures a gateway validates requests against."""

@@ -203,7 +203,7 @@ class _Connection:
                 op, request_id, body, headers = parse_message(raw)
             except LinkProtocolError as exc:
                 logger.warning("a malformed link frame: %s", exc)
-                refusal = Refusal(400, str(exc), "invalid_request", "invalid_link_frame")
+                refusal = Refusal(400, str(exc), "invalid_request_error", "invalid_link_frame")
                 self.post({"id": None, "x": refusal.fields()})
                 continue
             if op == "abort":
@@ -212,7 +212,9 @@ class _Connection:
                     request.leave()
                 continue
             if request_id in self.requests:
-                refusal = Refusal(400, "a request with this id is in flight", "invalid_request")
+                refusal = Refusal(
+                    400, "a request with this id is in flight", "invalid_request_error"
+                )
                 self.post({"id": request_id, "x": refusal.fields()})
                 continue
             headers[REQUEST_ID_HEADER] = request_id

@@ -186,6 +186,31 @@ def test_the_engine_refuses_callers_without_the_credential(
     assert bad_rules.status_code == 400
 
 
+def test_the_engine_lists_its_model_and_answers_unknown_routes_in_openai_errors(
+    engine: EngineProcess,
+) -> None:
+    auth = {"authorization": f"Bearer {SERVICE_TOKEN}"}
+    assert httpx.get(engine.base_url + "/v1/models").status_code == 401
+    # What OpenAI clients and serving benchmarks ask an endpoint first.
+    client = openai.OpenAI(base_url=engine.base_url + "/v1", api_key=SERVICE_TOKEN)
+    info = httpx.get(engine.base_url + "/internal/info", headers=auth).json()
+    (model,) = client.models.list().data
+    assert model.id == "tiny" and model.model_extra == {"max_model_len": info["max_model_len"]}
+    missing = httpx.get(engine.base_url + "/nope", headers=auth)
+    assert missing.status_code == 404
+    assert missing.json()["error"] == {
+        "message": "Not Found",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": None,
+    }
+    wrong_method = httpx.get(engine.base_url + "/v1/completions", headers=auth)
+    assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST"
+    assert wrong_method.json()["error"]["type"] == "invalid_request_error"
+    not_json = httpx.post(engine.base_url + "/v1/completions", content=b"{", headers=auth)
+    assert not_json.json()["error"]["type"] == "invalid_request_error"
+
+
 def test_health_and_vllm_metrics(engine: EngineProcess) -> None:
     assert httpx.get(engine.base_url + "/health").status_code == 200
     text = httpx.get(engine.base_url + "/metrics").text
