@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -89,21 +89,50 @@ def info_from_json(data: dict[str, Any]) -> EngineServerInfo:
 
 def fetch_info(base_url: str, token: str | None, *, wait_s: float = 0.0) -> EngineServerInfo:
     """The server's info; retries for up to `wait_s` while the server is starting."""
+    return first_info(lambda: [base_url], token, wait_s=wait_s, described=base_url)[1]
+
+
+def first_info(
+    candidates: Callable[[], Sequence[str]],
+    token: str | None,
+    *,
+    wait_s: float,
+    described: str,
+) -> tuple[str, EngineServerInfo]:
+    """(URL, info) of the first engine server among `candidates()` that answers. While
+    none does, asks again every half second for up to `wait_s`, calling `candidates`
+    each round (so that DNS names are resolved again), and says once, as a warning,
+    that it waits: a gateway started before its engines, or with one of them down,
+    starts with those that answer. A refused credential fails at once."""
     deadline = time.monotonic() + wait_s
     headers = _auth(token)
+    said_waiting = False
     while True:
-        try:
-            response = httpx.get(f"{base_url}/internal/info", headers=headers, timeout=5.0)
-            if response.status_code == 401:
-                raise EngineUnavailableError(
-                    f"{base_url} refused the service credential (CLOISTER_SERVICE_TOKEN)"
-                )
-            response.raise_for_status()
-            return info_from_json(response.json())
-        except (httpx.HTTPError, ValueError, KeyError) as exc:
-            if time.monotonic() >= deadline:
-                raise EngineUnavailableError(f"engine server {base_url}: {exc}") from None
-            time.sleep(0.5)
+        failures = []
+        for url in candidates():
+            try:
+                return url, _info_of(url, headers)
+            except (httpx.HTTPError, ValueError, KeyError) as exc:
+                failures.append(f"{url}: {exc or type(exc).__name__}")
+        why = "; ".join(failures) or "no address resolves yet"
+        if time.monotonic() >= deadline:
+            raise EngineUnavailableError(f"no engine server answered at {described} ({why})")
+        if not said_waiting:
+            logger.warning(
+                "waiting up to %.0f s for an engine server at %s (%s)", wait_s, described, why
+            )
+            said_waiting = True
+        time.sleep(0.5)
+
+
+def _info_of(base_url: str, headers: dict[str, str]) -> EngineServerInfo:
+    response = httpx.get(f"{base_url}/internal/info", headers=headers, timeout=5.0)
+    if response.status_code == 401:
+        raise EngineUnavailableError(
+            f"{base_url} refused the service credential (CLOISTER_SERVICE_TOKEN)"
+        )
+    response.raise_for_status()
+    return info_from_json(response.json())
 
 
 def local_grammar_checker(tokenizer: TokenizerLike, vocab_size: int) -> GrammarCompiler:

@@ -32,7 +32,7 @@ from gateway.remote_engine import (
     EngineServerInfo,
     RemoteEngineClient,
     Transport,
-    fetch_info,
+    first_info,
     local_grammar_checker,
 )
 from gateway.remote_errors import EngineUnavailableError
@@ -114,21 +114,25 @@ class ReplicaSetClient:
         self._urls, self._token, self._tokenizer = tuple(urls), token, tokenizer
         self._resolve, self._refresh_s, self._poll_s = resolve, refresh_s, poll_s
         self.model_name = model_name
-        found = resolve(self._urls)
-        if not found:
-            raise EngineUnavailableError(f"no engine server found at {', '.join(self._urls)}")
-        info = fetch_info(found[0], token, wait_s=connect_wait_s)
+        # Any replica that answers will do: the others join as the polls find them.
+        url, info = first_info(
+            lambda: resolve(self._urls),
+            token,
+            wait_s=connect_wait_s,
+            described=", ".join(self._urls),
+        )
         if info.model_name != model_name:
             raise EngineUnavailableError(
-                f"the engine at {found[0]} serves {info.model_name!r}, not {model_name!r}"
+                f"the engine at {url} serves {info.model_name!r}, not {model_name!r}"
             )
         self.info = info
         self.max_model_len: int = info.max_model_len
         self.vocab_size: int = info.vocab_size
         self.routing = routing or RoutingConfig(block_size=info.block_size)
         self.policy = make_policy(policy, self.routing)
+        found = list(dict.fromkeys([url, *resolve(self._urls)]))
         self._replicas: dict[str, _Replica] = {
-            url: self._new(url, info, joined_at=FOUNDING) for url in found
+            u: self._new(u, info, joined_at=FOUNDING) for u in found
         }
         self._owners: dict[str, RemoteEngineClient] = {}  # request id -> its replica
         self._refresher: asyncio.Task[None] | None = None

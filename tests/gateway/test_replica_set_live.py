@@ -20,6 +20,7 @@ import pytest
 from sqlalchemy import text
 
 from tests.gateway import processes
+from tests.gateway.conftest import free_port
 from tests.gateway.engine_servers import (
     SERVICE_TOKEN,
     EngineProcess,
@@ -117,6 +118,28 @@ def test_the_replica_polls_do_not_flood_the_gateway_log(
     assert any(r["logger"] == "cloister.access" for r in records)  # INFO lines still come
     chatty = [r["message"] for r in records if r["logger"] in ("httpx", "httpcore")]
     assert chatty == []
+
+
+def test_a_gateway_starts_and_serves_with_one_of_its_engines_down(
+    engines: list[EngineProcess], model_dir: Path, tmp_path: Path
+) -> None:
+    """`--engine-urls DOWN,UP`: the gateway starts on the replica that answers (it used
+    to wait out its whole connect wait on the first URL, then fail), and the one that is
+    down leaves the set (a request sent there before a poll finds out goes elsewhere)."""
+    data_dir = tmp_path / "data"
+    processes.database(data_dir)
+    down = f"http://127.0.0.1:{free_port()}"
+    urls = f"{down},{engines[0].base_url}"
+    config = {"engine_urls": urls, "service_token": SERVICE_TOKEN}
+    with processes.gateways(data_dir, model_dir, tmp_path / "logs", [config]) as (gateway,):
+        key = _key(data_dir, "one-down")
+        left = f"engine replica {down} left the set"
+        deadline = time.monotonic() + 15  # three failed polls, a second apart
+        while left not in gateway.logs() and time.monotonic() < deadline:
+            assert _chat(gateway.base_url, key)["choices"]  # routing notices who left
+        logs = gateway.logs()
+    assert "waiting up to" not in logs  # one engine answered at once
+    assert left in logs
 
 
 def _stream(base_url: str, key: str, out: list[str]) -> None:

@@ -37,7 +37,7 @@ class Clock:
 
 def make_set(monkeypatch: pytest.MonkeyPatch, clock: Clock, urls: list[str]) -> ReplicaSetClient:
     """A set over `urls` as they are when the set starts (and whatever they hold later)."""
-    monkeypatch.setattr(replica_set, "fetch_info", lambda *_a, **_k: INFO)
+    monkeypatch.setattr(replica_set, "first_info", lambda found, *_a, **_k: (found()[0], INFO))
     return ReplicaSetClient(
         URLS,
         token="svc",
