@@ -127,7 +127,7 @@ class AuditWriter:
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Writes everything pending, open denial windows included; False on timeout."""
         self._close_windows(force=True)
-        if self._thread is None:
+        if self._thread is None or not self._thread.is_alive():  # none, or closed: no waiting
             self._drain_inline()
             return True
         done = threading.Event()
@@ -138,7 +138,11 @@ class AuditWriter:
         return done.wait(timeout_s)
 
     def close(self) -> None:
-        """Writes what is pending and stops the thread."""
+        """Writes what is pending and stops the thread; closing again only writes what
+        came since (`cloister serve` closes it from two shutdown hooks)."""
+        if self._closed:
+            self.flush()
+            return
         self.flush()
         self._closed = True
         if self._thread is not None:
