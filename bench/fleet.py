@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -39,11 +40,14 @@ from pathlib import Path
 
 import httpx
 
-from engine.model.tokenizer import load_tokenizer
-from gateway.replica_set import ReplicaSetClient
-from tests.gateway.conftest import LiveGateway
-from tests.gateway.engine_servers import SERVICE_TOKEN, engine_servers, gateway_over
-from tests.utils.tiny_model import make_tiny_model_dir
+# Run as a script (python bench/NAME.py), this folder is on the path, not the project's.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.model.tokenizer import load_tokenizer  # noqa: E402
+from gateway.replica_set import ReplicaSetClient  # noqa: E402
+from tests.gateway.conftest import LiveGateway  # noqa: E402
+from tests.gateway.engine_servers import SERVICE_TOKEN, engine_servers, gateway_over  # noqa: E402
+from tests.utils.tiny_model import make_tiny_model_dir  # noqa: E402
 
 POLICIES = ("round_robin", "session", "prefix_affine")
 # Token ids drawn for the synthetic prompts: ordinary vocabulary, no special tokens.

@@ -44,12 +44,15 @@ from typing import Any
 
 import torch
 
-from engine.config import ModelArchitecture
-from engine.llm_engine import LLMEngine, build_config
-from engine.model.loader import LoadedModel, default_model_path, load_model
-from engine.sampling_params import SamplingParams
-from tests.utils.lora_adapters import make_peft_adapter
-from tests.utils.tiny_model import make_tiny_model_dir
+# Run as a script (python bench/NAME.py), this folder is on the path, not the project's.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.config import ModelArchitecture  # noqa: E402
+from engine.llm_engine import LLMEngine, build_config  # noqa: E402
+from engine.model.loader import LoadedModel, default_model_path, load_model  # noqa: E402
+from engine.sampling_params import SamplingParams  # noqa: E402
+from tests.utils.lora_adapters import make_peft_adapter  # noqa: E402
+from tests.utils.tiny_model import make_tiny_model_dir  # noqa: E402
 
 THROUGHPUT_SCENARIOS = (0, 1, 4, 16)  # distinct adapters; 0: the base model
 THROUGHPUT_GOAL = 0.70  # 16 adapters keep at least this share of the base's tokens/s
