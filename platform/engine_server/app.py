@@ -206,8 +206,13 @@ class EngineServer:
         try:
             if not isinstance(body, dict):
                 raise refused(400, "the body must be an object", "invalid_request_error")
-            if body.get("model") != self.model_name:
-                message = f"this engine serves {self.model_name!r}"
+            if "model" not in body:  # as OpenAI answers a body without one
+                message = (
+                    f"you must provide a model parameter (this engine serves {self.model_name!r})"
+                )
+                raise refused(400, message, "invalid_request_error")
+            if body["model"] != self.model_name:
+                message = f"this engine serves {self.model_name!r}, not {body['model']!r}"
                 raise refused(404, message, "invalid_request_error", "model_not_found")
             if self.draining:
                 raise refused(503, "the engine is draining", "unavailable")

@@ -209,6 +209,13 @@ def test_the_engine_lists_its_model_and_answers_unknown_routes_in_openai_errors(
     assert wrong_method.json()["error"]["type"] == "invalid_request_error"
     not_json = httpx.post(engine.base_url + "/v1/completions", content=b"{", headers=auth)
     assert not_json.json()["error"]["type"] == "invalid_request_error"
+    url, body = engine.base_url + "/v1/completions", {"prompt": [1, 2], "max_tokens": 1}
+    no_model = httpx.post(url, json=body, headers=auth)
+    assert no_model.status_code == 400
+    assert no_model.json()["error"]["message"].startswith("you must provide a model parameter")
+    other = httpx.post(url, json={**body, "model": "gpt-4o"}, headers=auth)
+    assert other.status_code == 404 and other.json()["error"]["code"] == "model_not_found"
+    assert other.json()["error"]["message"] == "this engine serves 'tiny', not 'gpt-4o'"
 
 
 def test_health_and_vllm_metrics(engine: EngineProcess) -> None:
