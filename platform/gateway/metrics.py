@@ -6,8 +6,9 @@ Tenant labels are bounded: the first `top_tenants` distinct tenants keep their
 name, every later one is reported as "other".
 
 Tenant-labelled series name tenants and show their traffic, so they live in a
-registry of their own that only operators see (routes/metrics.py); the public
-registry holds engine-level series without a tenant in them.
+registry of their own that only operators see (routes/metrics.py), with the engine
+replicas' series (named by internal addresses); the public registry holds
+engine-level series without a tenant in them.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from engine_server.adapter_metrics import AdapterMetrics
 from gateway.engine_client import EngineSnapshot
+from gateway.replica_set import ReplicaState
 from gateway.request_outcomes import EngineRequestOutcome
 
 OTHER_TENANT = "other"
@@ -150,6 +152,21 @@ class GatewayMetrics:
             "cloister_limiter_backend_errors", "Limiter backend failures.", registry=r
         )
         self.adapters = AdapterMetrics(r)  # adapter names are bounded: public labels
+        # Engine replicas are named by their internal addresses: operators only.
+        t, replica = self.tenant_registry, ["model_name", "replica"]
+        self.replica_up = Gauge(
+            "cloister_engine_replica_up",
+            "1 while an engine replica is in service in this gateway's set, 0 once it left.",
+            replica,
+            registry=t,
+        )
+        self.replica_in_flight = Gauge(
+            "cloister_engine_replica_in_flight",
+            "This gateway's requests streaming from each engine replica.",
+            replica,
+            registry=t,
+        )
+        self._replicas: dict[str, set[str]] = {}  # per model: the replicas labelled now
         self._last: dict[str, EngineSnapshot] = {}  # per model: the previous snapshot
         self._last_backend_errors = 0
         self._lock = threading.Lock()
@@ -248,6 +265,18 @@ class GatewayMetrics:
             self._last[name] = snap
         self.adapters.update(name, snap)
 
+    def update_replicas(self, model: str, states: Mapping[str, ReplicaState]) -> None:
+        """Sets each replica's series of `model`'s set; drops those of replicas that are no
+        longer in it (a pod gone from the headless Service)."""
+        with self._lock:
+            for url in self._replicas.get(model, set()) - set(states):
+                self.replica_up.remove(model, url)
+                self.replica_in_flight.remove(model, url)
+            for url, state in states.items():
+                self.replica_up.labels(model, url).set(1 if state.alive else 0)
+                self.replica_in_flight.labels(model, url).set(state.in_flight)
+            self._replicas[model] = set(states)
+
     def update_limiter(self, backend_errors: int) -> None:
         """Advances the backend-error counter to the limiter's own cumulative count.
 
@@ -266,8 +295,10 @@ class GatewayMetrics:
         *,
         limiter_backend_errors: int | None = None,
         include_tenants: bool = False,
+        replicas: Mapping[str, Mapping[str, ReplicaState]] | None = None,
     ) -> bytes:
-        """The exposition text, after folding in `snap` and the limiter's count when given.
+        """The exposition text, after folding in `snap`, the limiter's count and each
+        model's replica states (`replicas`, models served by a replica set) when given.
 
         `snap` is the default model's snapshot, or a snapshot per model name.
 
@@ -280,6 +311,8 @@ class GatewayMetrics:
                 self.update_engine(one, model=model)
         if limiter_backend_errors is not None:
             self.update_limiter(limiter_backend_errors)
+        for model, states in (replicas or {}).items():
+            self.update_replicas(model, states)
         text = generate_latest(self.registry)
         if include_tenants:
             text += generate_latest(self.tenant_registry)

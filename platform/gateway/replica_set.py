@@ -19,6 +19,7 @@ import time
 import urllib.parse
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 
 from engine.errors import EngineDeadError, EngineOverloadedError
 from engine.kv_cache.cache_rules import CacheRules
@@ -67,6 +68,15 @@ def expand_urls(urls: Sequence[str]) -> list[str]:
 # drifts toward 1 over the ramp, and the keys near a tie move from one replica to another
 # mid-conversation (a later turn that misses its cache).
 FOUNDING = float("-inf")
+
+
+@dataclass(frozen=True)
+class ReplicaState:
+    """One replica as this gateway sees it now: whether it is in service, and how many of
+    this gateway's requests stream from it."""
+
+    alive: bool
+    in_flight: int
 
 
 class _Replica:
@@ -160,6 +170,13 @@ class ReplicaSetClient:
     def replicas(self) -> list[RemoteEngineClient]:
         """The replicas in the set now, alive or not."""
         return [r.client for r in self._replicas.values()]
+
+    def replica_states(self) -> dict[str, ReplicaState]:
+        """Each replica in the set, by URL (no I/O: what the polls found last)."""
+        in_flight = Counter(c.base_url for c in self._owners.values())
+        return {
+            url: ReplicaState(r.client.alive, in_flight[url]) for url, r in self._replicas.items()
+        }
 
     def _healthy(self) -> list[_Replica]:
         now = self._clock()

@@ -17,6 +17,7 @@ GATEWAY_SERIES = {
     "cloister_requests_total",
     "cloister_limiter_rejections_total",
     "cloister_limiter_backend_errors_total",
+    "cloister_engine_replica_up",
 }
 ENGINE_SERIES = {
     "vllm:num_requests_waiting",
@@ -76,6 +77,7 @@ def test_dashboard_names_only_existing_metrics() -> None:
         "vllm:kv_cache_usage_perc",
         "vllm:prefix_cache_hits_total",
         "vllm:prefix_cache_queries_total",
+        "cloister_engine_replica_up",
     ):
         assert wanted in used
     tenant = next(v for v in dashboard["templating"]["list"] if v["name"] == "tenant")

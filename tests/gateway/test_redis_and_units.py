@@ -17,6 +17,7 @@ from opentelemetry import trace
 from gateway.engine_client import EngineSnapshot
 from gateway.metrics import GatewayMetrics
 from gateway.ratelimit_headers import format_duration
+from gateway.replica_set import ReplicaState
 from gateway.tracing import extract_context
 from server.logging_setup import configure_logging, redact
 from tenancy.limiter.redis_limiter import RedisLimiter
@@ -84,6 +85,20 @@ def test_engine_counters_advance_by_deltas() -> None:
     assert 'vllm:prefix_cache_queries_total{model_name="m"} 150.0' in text
     assert 'vllm:prefix_cache_hits_total{model_name="m"} 60.0' in text
     assert 'vllm:kv_cache_usage_perc{model_name="m"} 0.25' in text
+
+
+def test_replica_series_are_operators_only_and_follow_the_set() -> None:
+    m = GatewayMetrics(model_name="m", top_tenants=2)
+    a, b = "http://10.0.0.1:8100", "http://10.0.0.2:8100"
+    both = {a: ReplicaState(alive=True, in_flight=3), b: ReplicaState(alive=False, in_flight=0)}
+    text = m.render(None, include_tenants=True, replicas={"m": both}).decode()
+    assert f'cloister_engine_replica_up{{model_name="m",replica="{a}"}} 1.0' in text
+    assert f'cloister_engine_replica_up{{model_name="m",replica="{b}"}} 0.0' in text
+    assert f'cloister_engine_replica_in_flight{{model_name="m",replica="{a}"}} 3.0' in text
+    assert "10.0.0" not in m.render(None, replicas={"m": both}).decode()  # anonymous
+    # b's pod left the headless Service: its series go, not stay at their last value.
+    text = m.render(None, include_tenants=True, replicas={"m": {a: both[a]}}).decode()
+    assert a in text and b not in text
 
 
 def test_traceparent_is_extracted() -> None:

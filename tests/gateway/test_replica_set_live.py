@@ -17,10 +17,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
 
+from admin.identity import create_admin_token
 from tests.gateway import processes
-from tests.gateway.conftest import free_port
+from tests.gateway.conftest import PEPPER, free_port
 from tests.gateway.engine_servers import (
     SERVICE_TOKEN,
     EngineProcess,
@@ -160,6 +162,17 @@ def _stream(base_url: str, key: str, out: list[str]) -> None:
         out.extend(line for line in response.iter_lines() if line.startswith("data:"))
 
 
+def _replica_series(
+    gateway: processes.GatewayProcess, token: str, name: str = "cloister_engine_replica_up"
+) -> dict[str, float]:
+    """One cloister_engine_replica_* series per replica, from the gateway's /metrics as an
+    operator."""
+    auth = {"authorization": f"Bearer {token}"}
+    text = httpx.get(gateway.base_url + "/metrics", headers=auth, timeout=10).text
+    (family,) = [f for f in text_string_to_metric_families(text) if f.name == name]
+    return {s.labels["replica"]: s.value for s in family.samples}
+
+
 def _usage_statuses(data_dir: Path, request_ids: list[str]) -> dict[str, list[int]]:
     sessions = processes.database(data_dir)
     with sessions() as s:
@@ -178,6 +191,11 @@ def test_a_replica_killed_mid_stream(
     tmp_path: Path,
 ) -> None:
     gateway, data_dir = fleet
+    with processes.database(data_dir)() as s:
+        viewer = create_admin_token(s, pepper=PEPPER, role="viewer").secret
+    # Operators see each replica in service; an anonymous scrape sees no internal address.
+    assert _replica_series(gateway, viewer) == {e.base_url: 1.0 for e in engines}
+    assert "cloister_engine_replica" not in httpx.get(gateway.base_url + "/metrics").text
     keys = [_key(data_dir, f"streamer-{i}") for i in range(10)]
     outputs: list[list[str]] = [[] for _ in keys]
     readers = [
@@ -189,6 +207,8 @@ def test_a_replica_killed_mid_stream(
     deadline = time.monotonic() + 60
     while any(len(o) < 5 for o in outputs) and time.monotonic() < deadline:
         time.sleep(0.02)
+    in_flight = _replica_series(gateway, viewer, "cloister_engine_replica_in_flight")
+    assert sum(in_flight.values()) == len(keys) and set(in_flight) == {e.base_url for e in engines}
     victim = engines[0]
     victim.proc.send_signal(signal.SIGKILL)
     victim.proc.wait(timeout=10)
@@ -214,6 +234,10 @@ def test_a_replica_killed_mid_stream(
         time.sleep(0.2)
     assert all(len(v) == 1 for v in statuses.values()), statuses  # exactly once each
     assert sorted(v[0] for v in statuses.values()).count(200) == len(whole)
+    deadline = time.monotonic() + 10  # three failed polls, a second apart
+    while _replica_series(gateway, viewer)[victim.base_url] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _replica_series(gateway, viewer) == {victim.base_url: 0.0, engines[1].base_url: 1.0}
     # It comes back on the same port and rejoins the set.
     engines[0] = revived = spawn_engine(model_dir, tmp_path / "revived.log", port=victim.port)
     wait_ready(revived)
@@ -222,3 +246,4 @@ def test_a_replica_killed_mid_stream(
         _chat(gateway.base_url, fresh)
         time.sleep(0.2)
     assert f"engine replica {revived.base_url} rejoined" in gateway.logs()
+    assert _replica_series(gateway, viewer) == {e.base_url: 1.0 for e in engines}

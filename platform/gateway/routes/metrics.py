@@ -2,7 +2,8 @@
 
 Anonymous scrapes get the engine-level series only (vllm:*, limiter backend errors):
 nothing in them names a tenant. Tenant-labelled series (cloister_requests,
-cloister_limiter_rejections) need an operator credential in the Authorization header,
+cloister_limiter_rejections) and the engine replicas' (cloister_engine_replica_*,
+named by internal addresses) need an operator credential in the Authorization header,
 checked by the app's `operator_auth` (an admin or viewer admin token in `cloister
 serve`); a credential that is refused is a 401, not a silent public answer.
 """
@@ -16,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.errors import error_response
+from gateway.replica_set import ReplicaSetClient
 from gateway.state import app_state
 
 
@@ -39,10 +41,17 @@ async def metrics(request: Request) -> Response:
     snaps = {name: engine.stats() for name, engine in state.engines.items()}
     # Limiters with a shared backend count their own failures; in-memory ones have none.
     errors = getattr(state.limits.limiter, "backend_errors", None)
+    # Models served by a replica set (`--engine-urls`): each replica's state.
+    replicas = {
+        name: engine.replica_states()
+        for name, engine in state.engines.items()
+        if isinstance(engine, ReplicaSetClient)
+    }
     text = state.metrics.render(
         snaps,
         limiter_backend_errors=errors if isinstance(errors, int) else None,
         include_tenants=include_tenants,
+        replicas=replicas,
     )
     return Response(text, media_type=CONTENT_TYPE_LATEST)
 
