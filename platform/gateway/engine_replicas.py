@@ -1,4 +1,5 @@
-"""`replica_states`: each engine replica behind a served model, for the console.
+"""`replica_states`: each engine replica behind a served model, for the console and the
+operators' /metrics.
 
 A served model's client is in-process (one engine in this process), remote (one
 engine server) or a replica set (several engine servers); the console shows one
@@ -32,6 +33,8 @@ class ReplicaState:
     # records it, or a server that does not say).
     device: str | None = None
     dtype: str | None = None
+    # This gateway's requests streaming from it now; None: not counted (one engine).
+    in_flight: int | None = None
 
 
 def _in_process(client: InProcessEngineClient) -> ReplicaState:
@@ -44,21 +47,28 @@ def _in_process(client: InProcessEngineClient) -> ReplicaState:
     )
 
 
-def _remote(client: RemoteEngineClient) -> ReplicaState:
+def _remote(client: RemoteEngineClient, in_flight: int | None = None) -> ReplicaState:
     # The stats poll carries load only; the pool's shape came with /internal/info.
     snap = dataclasses.replace(
         client.stats(), num_blocks=client.info.num_blocks, block_size=client.info.block_size
     )
     info = client.info  # re-read by the client from each replica (remote_engine)
     return ReplicaState(
-        client.base_url, client.alive, snap, in_process=False, device=info.device, dtype=info.dtype
+        client.base_url,
+        client.alive,
+        snap,
+        in_process=False,
+        device=info.device,
+        dtype=info.dtype,
+        in_flight=in_flight,
     )
 
 
 def replica_states(client: EngineClient) -> list[ReplicaState]:
     """The engines behind `client`, one state each (a replica set's replicas in order)."""
     if isinstance(client, ReplicaSetClient):
-        return [_remote(r) for r in client.replicas()]
+        in_flight = client.in_flight()
+        return [_remote(r, in_flight[r.base_url]) for r in client.replicas()]
     if isinstance(client, RemoteEngineClient):
         return [_remote(client)]
     if isinstance(client, InProcessEngineClient):

@@ -13,14 +13,15 @@ engine-level series without a tenant in them.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from engine_server.adapter_metrics import AdapterMetrics
 from gateway.engine_client import EngineSnapshot
-from gateway.replica_set import ReplicaState
+from gateway.engine_replicas import ReplicaState
 from gateway.request_outcomes import EngineRequestOutcome
 
 OTHER_TENANT = "other"
@@ -156,13 +157,13 @@ class GatewayMetrics:
         t, replica = self.tenant_registry, ["model_name", "replica"]
         self.replica_up = Gauge(
             "cloister_engine_replica_up",
-            "1 while an engine replica is in service in this gateway's set, 0 once it left.",
+            "1 while an engine server is in service for this gateway, 0 once it left.",
             replica,
             registry=t,
         )
         self.replica_in_flight = Gauge(
             "cloister_engine_replica_in_flight",
-            "This gateway's requests streaming from each engine replica.",
+            "This gateway's requests streaming from each engine replica of a replica set.",
             replica,
             registry=t,
         )
@@ -265,17 +266,21 @@ class GatewayMetrics:
             self._last[name] = snap
         self.adapters.update(name, snap)
 
-    def update_replicas(self, model: str, states: Mapping[str, ReplicaState]) -> None:
-        """Sets each replica's series of `model`'s set; drops those of replicas that are no
-        longer in it (a pod gone from the headless Service)."""
+    def update_replicas(self, model: str, states: Sequence[ReplicaState]) -> None:
+        """Sets the series of `model`'s engine servers (an in-process engine has none);
+        drops those of servers no longer among them (a pod gone from the headless
+        Service)."""
+        remote = {s.replica: s for s in states if not s.in_process}
         with self._lock:
-            for url in self._replicas.get(model, set()) - set(states):
+            for url in self._replicas.get(model, set()) - set(remote):
                 self.replica_up.remove(model, url)
-                self.replica_in_flight.remove(model, url)
-            for url, state in states.items():
+                with contextlib.suppress(KeyError):  # never counted: no series
+                    self.replica_in_flight.remove(model, url)
+            for url, state in remote.items():
                 self.replica_up.labels(model, url).set(1 if state.alive else 0)
-                self.replica_in_flight.labels(model, url).set(state.in_flight)
-            self._replicas[model] = set(states)
+                if state.in_flight is not None:
+                    self.replica_in_flight.labels(model, url).set(state.in_flight)
+            self._replicas[model] = set(remote)
 
     def update_limiter(self, backend_errors: int) -> None:
         """Advances the backend-error counter to the limiter's own cumulative count.
@@ -295,10 +300,10 @@ class GatewayMetrics:
         *,
         limiter_backend_errors: int | None = None,
         include_tenants: bool = False,
-        replicas: Mapping[str, Mapping[str, ReplicaState]] | None = None,
+        replicas: Mapping[str, Sequence[ReplicaState]] | None = None,
     ) -> bytes:
         """The exposition text, after folding in `snap`, the limiter's count and each
-        model's replica states (`replicas`, models served by a replica set) when given.
+        model's engine replicas (`replicas`, gateway.engine_replicas) when given.
 
         `snap` is the default model's snapshot, or a snapshot per model name.
 

@@ -19,7 +19,6 @@ import time
 import urllib.parse
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
 
 from engine.errors import EngineDeadError, EngineOverloadedError
 from engine.kv_cache.cache_rules import CacheRules
@@ -68,15 +67,6 @@ def expand_urls(urls: Sequence[str]) -> list[str]:
 # drifts toward 1 over the ramp, and the keys near a tie move from one replica to another
 # mid-conversation (a later turn that misses its cache).
 FOUNDING = float("-inf")
-
-
-@dataclass(frozen=True)
-class ReplicaState:
-    """One replica as this gateway sees it now: whether it is in service, and how many of
-    this gateway's requests stream from it."""
-
-    alive: bool
-    in_flight: int
 
 
 class _Replica:
@@ -171,12 +161,9 @@ class ReplicaSetClient:
         """The replicas in the set now, alive or not."""
         return [r.client for r in self._replicas.values()]
 
-    def replica_states(self) -> dict[str, ReplicaState]:
-        """Each replica in the set, by URL (no I/O: what the polls found last)."""
-        in_flight = Counter(c.base_url for c in self._owners.values())
-        return {
-            url: ReplicaState(r.client.alive, in_flight[url]) for url, r in self._replicas.items()
-        }
+    def in_flight(self) -> Counter[str]:
+        """This gateway's requests streaming from each replica now, by URL."""
+        return Counter(c.base_url for c in self._owners.values())
 
     def _healthy(self) -> list[_Replica]:
         now = self._clock()
@@ -205,7 +192,7 @@ class ReplicaSetClient:
         what = RouteRequest(
             request.cache_domain, request.adapter, request.prompt_token_ids, request.session
         )
-        in_flight = Counter(c.base_url for c in self._owners.values())
+        in_flight = self.in_flight()
         loads = [r.load(in_flight[r.client.base_url]) for r in healthy]
         order = self.policy.order(what, loads, self._clock())
         return [self._replicas[url].client for url in order]

@@ -15,9 +15,9 @@ from click.testing import CliRunner
 from opentelemetry import trace
 
 from gateway.engine_client import EngineSnapshot
+from gateway.engine_replicas import IN_PROCESS, ReplicaState
 from gateway.metrics import GatewayMetrics
 from gateway.ratelimit_headers import format_duration
-from gateway.replica_set import ReplicaState
 from gateway.tracing import extract_context
 from server.logging_setup import configure_logging, redact
 from tenancy.limiter.redis_limiter import RedisLimiter
@@ -90,14 +90,18 @@ def test_engine_counters_advance_by_deltas() -> None:
 def test_replica_series_are_operators_only_and_follow_the_set() -> None:
     m = GatewayMetrics(model_name="m", top_tenants=2)
     a, b = "http://10.0.0.1:8100", "http://10.0.0.2:8100"
-    both = {a: ReplicaState(alive=True, in_flight=3), b: ReplicaState(alive=False, in_flight=0)}
-    text = m.render(None, include_tenants=True, replicas={"m": both}).decode()
+    snap = EngineSnapshot(0, 0, 0.0, 0, 0, 0)
+    up = ReplicaState(a, True, snap, in_process=False, in_flight=3)
+    down = ReplicaState(b, False, snap, in_process=False, in_flight=0)
+    local = ReplicaState(IN_PROCESS, True, snap, in_process=True)
+    text = m.render(None, include_tenants=True, replicas={"m": [up, down], "n": [local]}).decode()
     assert f'cloister_engine_replica_up{{model_name="m",replica="{a}"}} 1.0' in text
     assert f'cloister_engine_replica_up{{model_name="m",replica="{b}"}} 0.0' in text
     assert f'cloister_engine_replica_in_flight{{model_name="m",replica="{a}"}} 3.0' in text
-    assert "10.0.0" not in m.render(None, replicas={"m": both}).decode()  # anonymous
+    assert IN_PROCESS not in text  # an in-process engine is no replica to watch
+    assert "10.0.0" not in m.render(None, replicas={"m": [up, down]}).decode()  # anonymous
     # b's pod left the headless Service: its series go, not stay at their last value.
-    text = m.render(None, include_tenants=True, replicas={"m": {a: both[a]}}).decode()
+    text = m.render(None, include_tenants=True, replicas={"m": [up]}).decode()
     assert a in text and b not in text
 
 

@@ -16,8 +16,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.engine_replicas import replica_states
 from gateway.errors import error_response
-from gateway.replica_set import ReplicaSetClient
 from gateway.state import app_state
 
 
@@ -41,12 +41,8 @@ async def metrics(request: Request) -> Response:
     snaps = {name: engine.stats() for name, engine in state.engines.items()}
     # Limiters with a shared backend count their own failures; in-memory ones have none.
     errors = getattr(state.limits.limiter, "backend_errors", None)
-    # Models served by a replica set (`--engine-urls`): each replica's state.
-    replicas = {
-        name: engine.replica_states()
-        for name, engine in state.engines.items()
-        if isinstance(engine, ReplicaSetClient)
-    }
+    # Engine servers (`--engine-urls`): each one's state, for operators.
+    replicas = {name: replica_states(engine) for name, engine in state.engines.items()}
     text = state.metrics.render(
         snaps,
         limiter_backend_errors=errors if isinstance(errors, int) else None,
