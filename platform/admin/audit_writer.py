@@ -140,10 +140,9 @@ class AuditWriter:
     def close(self) -> None:
         """Writes what is pending and stops the thread; closing again only writes what
         came since (`cloister serve` closes it from two shutdown hooks)."""
-        if self._closed:
-            self.flush()
-            return
         self.flush()
+        if self._closed:
+            return
         self._closed = True
         if self._thread is not None:
             self._queue.put(threading.Event())  # wakes the thread to see _closed

@@ -115,11 +115,14 @@ class ReplicaSetClient:
         self._resolve, self._refresh_s, self._poll_s = resolve, refresh_s, poll_s
         self.model_name = model_name
         # Any replica that answers will do: the others join as the polls find them.
+        found: list[str] = []
+
+        def candidates() -> list[str]:
+            found[:] = resolve(self._urls)  # the round that answers is the set's start
+            return found
+
         url, info = first_info(
-            lambda: resolve(self._urls),
-            token,
-            wait_s=connect_wait_s,
-            described=", ".join(self._urls),
+            candidates, token, wait_s=connect_wait_s, described=", ".join(self._urls)
         )
         if info.model_name != model_name:
             raise EngineUnavailableError(
@@ -130,7 +133,6 @@ class ReplicaSetClient:
         self.vocab_size: int = info.vocab_size
         self.routing = routing or RoutingConfig(block_size=info.block_size)
         self.policy = make_policy(policy, self.routing)
-        found = list(dict.fromkeys([url, *resolve(self._urls)]))
         self._replicas: dict[str, _Replica] = {
             u: self._new(u, info, joined_at=FOUNDING) for u in found
         }

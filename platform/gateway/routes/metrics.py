@@ -41,8 +41,12 @@ async def metrics(request: Request) -> Response:
     snaps = {name: engine.stats() for name, engine in state.engines.items()}
     # Limiters with a shared backend count their own failures; in-memory ones have none.
     errors = getattr(state.limits.limiter, "backend_errors", None)
-    # Engine servers (`--engine-urls`): each one's state, for operators.
-    replicas = {name: replica_states(engine) for name, engine in state.engines.items()}
+    # Engine servers (`--engine-urls`): each one's state, shown to operators only.
+    replicas = (
+        {name: replica_states(engine) for name, engine in state.engines.items()}
+        if include_tenants
+        else None
+    )
     text = state.metrics.render(
         snaps,
         limiter_backend_errors=errors if isinstance(errors, int) else None,
