@@ -44,15 +44,18 @@ TEXT = (
 )
 
 # Measured (int8 / int4): teacher-forced agreement 0.961 / 0.969, free-running greedy
-# agreement position by position 0.625 / 0.617 (one early near-tie flips a prompt's
-# whole tail), perplexity ratio 0.999 / 1.009 (fp32: 27.29). int4 with the LM head's
-# activations rounded to int8 per row on every product: 0.945 / 0.516 / 1.000. Served
-# (int4, bf16 prefill; SwiGLU's middle in bf16; the head's decode products on int8
-# activations; on an AVX-512 BF16 + VNNI machine): teacher-forced 0.984, free-running
-# 0.719, perplexity ratio 1.001. Thresholds leave a margin, except the head-int8 worst
-# case's free-running agreement (a few near-ties flip whole tails).
+# agreement position by position 0.625 / 0.617, perplexity ratio 0.999 / 1.009 (fp32:
+# 27.29). int4 with the LM head's activations rounded to int8 per row on every product:
+# 0.945 / 0.516 / 1.000. Served (int4, bf16 prefill; SwiGLU's middle in bf16; the head's
+# decode products on int8 activations): on an AVX-512 BF16 + VNNI machine teacher-forced
+# 0.984, free-running 0.719, perplexity ratio 1.001; on a Xeon with AMX 0.977, 0.492,
+# 0.993. Free-running agreement is no bound: one early near-tie flips a prompt's whole
+# tail, and which ties flip depends on the CPU's kernels (on the Xeon, the four prompts
+# first part at fp32 top-2 margins of 0.29, 0.012, 0.082 and 0.005 logits). What must
+# hold is that a continuation only ever parts from the float one at such a near-tie:
+# a fault in the quantized products flips confident choices.
 MIN_TEACHER_FORCED_AGREEMENT = {"int8": 0.93, "int4": 0.93, "int4_head_int8": 0.93, "served": 0.93}
-MIN_FREE_RUN_AGREEMENT = {"int8": 0.5, "int4": 0.5, "int4_head_int8": 0.45, "served": 0.5}
+NEAR_TIE_LOGITS = 0.5  # the widest fp32 top-2 margin a first departure may have
 MAX_PERPLEXITY_RATIO = {"int8": 1.02, "int4": 1.02, "int4_head_int8": 1.02, "served": 1.02}
 # How each case quantizes: (mode, max_rows, prefill_bf16, head_int8_activations).
 CASES: dict[str, tuple[WeightQuant, int | None | Literal["auto"], bool, bool | None]] = {
@@ -97,19 +100,29 @@ def perplexity(model: LlamaForCausalLM, ids: list[int]) -> float:
     return math.exp(nll.item())
 
 
-def reference(loaded: LoadedModel) -> tuple[list[list[int]], float]:
-    """The float weights' greedy continuations and perplexity."""
+Reference = tuple[list[list[int]], float, list[list[float]]]
+
+
+def reference(loaded: LoadedModel) -> Reference:
+    """The float weights' greedy continuations, perplexity, and top-2 margins (logits)
+    at each position of those continuations."""
     model, tok = loaded.model, loaded.tokenizer
     model.quantize_weights("none")
     prompts = [tok.encode(p) for p in PROMPTS]
-    return greedy(model, prompts, NEW_TOKENS), perplexity(model, tok.encode(TEXT))
+    tokens = greedy(model, prompts, NEW_TOKENS)
+    margins = []
+    for prompt, target in zip(prompts, tokens, strict=True):
+        logits = ModelStepper(model, max_len=128, block_size=16).step([prompt + target[:-1]])
+        top = logits[len(prompt) - 1 :].topk(2, dim=-1).values
+        margins.append((top[:, 0] - top[:, 1]).tolist())
+    return tokens, perplexity(model, tok.encode(TEXT)), margins
 
 
-def measure(loaded: LoadedModel, case: str, ref: tuple[list[list[int]], float]) -> dict[str, float]:
+def measure(loaded: LoadedModel, case: str, ref: Reference) -> dict[str, float]:
     """Agreement and perplexity ratio of `case` (see CASES) against the float weights' `ref`."""
     model, tok = loaded.model, loaded.tokenizer
     prompts = [tok.encode(p) for p in PROMPTS]
-    ref_tokens, ref_ppl = ref
+    ref_tokens, ref_ppl, ref_margins = ref
     model.quantize_weights(*CASES[case])
     try:
         out = greedy(model, prompts, NEW_TOKENS)
@@ -120,8 +133,15 @@ def measure(loaded: LoadedModel, case: str, ref: tuple[list[list[int]], float]) 
     same = sum(
         a == b for r, o in zip(ref_tokens, out, strict=True) for a, b in zip(r, o, strict=True)
     )
+    # Where each continuation first parts from the float one, how sure the float was.
+    flips = [
+        margins[next(i for i, (a, b) in enumerate(zip(r, o, strict=True)) if a != b)]
+        for r, o, margins in zip(ref_tokens, out, ref_margins, strict=True)
+        if r != o
+    ]
     return {
         "free_run_agreement": same / (len(PROMPTS) * NEW_TOKENS),
+        "widest_flip_margin": max(flips, default=0.0),
         "teacher_forced_agreement": forced,
         "perplexity_fp32": ref_ppl,
         "perplexity": ppl,
@@ -135,14 +155,14 @@ def smollm2() -> LoadedModel:
 
 
 @pytest.fixture(scope="module")
-def fp32_reference(smollm2: LoadedModel) -> tuple[list[list[int]], float]:
+def fp32_reference(smollm2: LoadedModel) -> Reference:
     """Computed once for both modes."""
     return reference(smollm2)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_quantized_weights_keep_greedy_output_and_perplexity(
-    smollm2: LoadedModel, fp32_reference: tuple[list[list[int]], float], case: str
+    smollm2: LoadedModel, fp32_reference: Reference, case: str
 ) -> None:
     if CASES[case][3] and not quant._fbgemm_linear():
         pytest.skip(reason="int8 activations need torch's fbgemm int8 linear")
@@ -153,7 +173,7 @@ def test_quantized_weights_keep_greedy_output_and_perplexity(
         pytest.skip(reason="int8 activations serve only on a CPU with VNNI; this one has none")
     figures = measure(smollm2, case, fp32_reference)
     assert figures["teacher_forced_agreement"] >= MIN_TEACHER_FORCED_AGREEMENT[case], figures
-    assert figures["free_run_agreement"] >= MIN_FREE_RUN_AGREEMENT[case], figures
+    assert figures["widest_flip_margin"] <= NEAR_TIE_LOGITS, figures
     assert figures["perplexity_ratio"] <= MAX_PERPLEXITY_RATIO[case], figures
 
 
