@@ -158,3 +158,15 @@ class Limit(Base):
     max_prompt_tokens: Mapped[int | None] = mapped_column(Integer, default=None)
     allowed_models: Mapped[list[str] | None] = mapped_column(JSON, default=None)
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
+
+
+class SecretPin(Base):
+    """A fingerprint of one deployment secret (never the secret), pinned by the first
+    process that used the database with it, so that a gateway or CLI holding another
+    value is refused at start instead of failing keys, sessions or audit checkpoints."""
+
+    __tablename__ = "secret_pins"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(128))
+    pinned_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)

@@ -68,14 +68,17 @@ def refuse_missing_default_database() -> None:
 
 
 def prepared_engine(settings: Settings) -> sa.Engine:
-    """An engine on the configured database, migrated to the newest schema first.
+    """An engine on the configured database, migrated to the newest schema first, once
+    this process's secrets match the database's pins (server.deployment_secrets).
 
     Without any location given and no database in the default folder, nothing is made
     (see `refuse_missing_default_database`).
     """
     from alembic.util import CommandError
 
-    from tenancy.db import make_engine, upgrade_database
+    from server.deployment_secrets import check_deployment_secrets
+    from tenancy.db import make_engine, make_session_factory, upgrade_database
+    from tenancy.secret_pins import SecretMismatchError
 
     refuse_missing_default_database()
     url = settings.resolved_database_url
@@ -83,9 +86,20 @@ def prepared_engine(settings: Settings) -> sa.Engine:
         if settings.database_url is None:
             private_data_dir(settings.data_dir)
         upgrade_database(url)
-        return make_engine(url)
+        engine = make_engine(url)
     except (*_DB_ERRORS, CommandError) as exc:
         raise database_error(exc, url) from None
+    try:
+        # A command holding other secrets than the servers' would make keys they refuse
+        # and sign audit checkpoints that fail verification.
+        check_deployment_secrets(settings, make_session_factory(engine))
+    except SecretMismatchError as exc:
+        engine.dispose()
+        raise CliError(str(exc)) from None
+    except _DB_ERRORS as exc:
+        engine.dispose()
+        raise database_error(exc, url) from None
+    return engine
 
 
 @contextmanager

@@ -31,10 +31,13 @@ class DeviceUnavailableError(ValueError):
 
 
 def prepare_database(settings: Settings) -> bool:
-    """Creates the data dir and migrates the database; True when it has no tenant yet."""
+    """Creates the data dir, migrates the database and checks that this process holds the
+    secrets it was set up with (`SecretMismatchError` if not); True when it has no tenant
+    yet."""
     from sqlalchemy import func, select
 
-    from tenancy.db import make_engine, upgrade_database
+    from server.deployment_secrets import check_deployment_secrets
+    from tenancy.db import make_engine, make_session_factory, upgrade_database
     from tenancy.models import Tenant
 
     private_data_dir(settings.data_dir)
@@ -42,6 +45,7 @@ def prepare_database(settings: Settings) -> bool:
     upgrade_database(url)
     engine = make_engine(url)
     try:
+        check_deployment_secrets(settings, make_session_factory(engine))
         with engine.connect() as conn:
             return int(conn.execute(select(func.count()).select_from(Tenant)).scalar_one()) == 0
     finally:

@@ -116,7 +116,8 @@ def test_database_url_flag_and_its_errors(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'other.db'}"
     made = cli("tenants", "create", "beta", "--database-url", url, "--data-dir", str(tmp_path))
     assert made.exit_code == 0, made.output
-    assert [t["name"] for t in ok_json("tenants", "list", "--database-url", url)] == ["beta"]
+    listed = ok_json("tenants", "list", "--database-url", url, "--data-dir", str(tmp_path))
+    assert [t["name"] for t in listed] == ["beta"]
     down = cli("tenants", "list", "--database-url", "postgresql://u:hunter2@127.0.0.1:1/x")
     assert_one_line_error(down, "cannot reach the database", "u:***@127.0.0.1", code=1)
     assert "hunter2" not in down.output

@@ -63,6 +63,7 @@ JSON_COMMANDS: dict[str, list[str]] = {
     "audit export": [],
     "db upgrade": [],
     "db wait": ["--timeout-s", "5"],
+    "db secrets": [],
 }
 
 

@@ -128,4 +128,74 @@ def wait(timeout_s: float, as_json: bool) -> None:
         time.sleep(min(WAIT_POLL_S, max(0.0, deadline - time.monotonic())))
 
 
+@db.command("secrets")
+@click.option(
+    "--repin",
+    is_flag=True,
+    help="Pin this invocation's secrets in place of the database's (after a rotation).",
+)
+@click.option("--yes", is_flag=True, help="Confirm --repin.")
+@json_option
+@storage_options
+def secrets_command(repin: bool, yes: bool, as_json: bool) -> None:
+    """Compare this invocation's key pepper, console session key and audit signing key
+    with the fingerprints the database was set up with; exit 1 where one differs.
+
+    Every gateway and CLI on one database must hold the same three. --repin --yes
+    pins these instead (audited): the processes still holding the old ones are then
+    refused at their next start.
+    """
+    from cloister.cli_context import CliError, InvalidArgument
+    from cloister.cli_db import database_error
+    from cloister.commands.cli_audit import audit_change
+    from server.deployment_secrets import deployment_secrets
+    from tenancy.db import make_engine, make_session_factory, upgrade_database
+    from tenancy.secret_pins import pin_states, repin_secrets
+
+    if repin and not yes:
+        raise InvalidArgument(
+            "--repin locks out every process holding the pinned secrets; add --yes"
+        )
+    settings = cli_settings()
+    url = settings.resolved_database_url
+    engine = None
+    try:
+        upgrade_database(url)
+        engine = make_engine(url)
+        with make_session_factory(engine)() as session:
+            held = deployment_secrets(settings)
+            states = repin_secrets(session, held) if repin else pin_states(session, held)
+            changed = [s.secret.name for s in states if repin and s.state != "matches"]
+            if changed:
+                session.commit()
+                audit_change(session, settings, "secrets.repin", "secret_pins", names=changed)
+    except Exception as exc:  # any driver or migration failure: one line, exit 1
+        raise database_error(exc, url) from None
+    finally:
+        if engine is not None:
+            engine.dispose()
+    rows = [
+        {
+            "name": s.secret.name,
+            "setting": s.secret.setting,
+            "state": s.state,
+            "pinned_fingerprint": s.pinned,
+            "pinned_at": None if s.pinned_at is None else s.pinned_at.isoformat(),
+            "fingerprint": s.secret.fingerprint,
+        }
+        for s in states
+    ]
+    if as_json:
+        click.echo(json.dumps({"database": redact_url(url), "secrets": rows, "repinned": changed}))
+    else:
+        for row in rows:
+            pinned = f", pinned {row['pinned_at']}" if row["pinned_at"] else ""
+            click.echo(f"{row['name']} ({row['setting']}): {row['state']}{pinned}")
+        if changed:
+            click.echo(f"pinned this invocation's {', '.join(changed)}")
+    differing = [s.secret.setting for s in states if s.state == "differs"]
+    if differing and not repin:
+        raise CliError(f"{', '.join(differing)} differ from this database's pins")
+
+
 commands: list[click.Command] = [db]

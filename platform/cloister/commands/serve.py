@@ -133,6 +133,7 @@ def run_server(settings: Settings, *, engine: Any | None = None) -> None:
         prepare_database,
         serve_engine_options,
     )
+    from tenancy.secret_pins import SecretMismatchError
 
     try:
         # A device this machine lacks is refused before anything is made or installed
@@ -148,6 +149,7 @@ def run_server(settings: Settings, *, engine: Any | None = None) -> None:
         TelemetryUnavailableError,
         KVEventsEndpointError,  # a KV events port that is taken
         EngineStartError,  # the engine process could not build its engine
+        SecretMismatchError,  # another key pepper, session or audit key than the database's
     ) as exc:
         raise click.ClickException(str(exc)) from None
     with_audit_checkpoints(app, app.state.admin_services)  # every T s and at shutdown

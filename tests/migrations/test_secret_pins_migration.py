@@ -1,0 +1,39 @@
+"""Migration 0010 adds the empty secret_pins table and takes it away again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from tenancy.db import downgrade_database, make_engine, upgrade_database
+
+
+def _tables(url: str) -> set[str]:
+    engine = make_engine(url)
+    try:
+        return set(sa.inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def _round_trip(url: str) -> None:
+    upgrade_database(url, "0009")
+    assert "secret_pins" not in _tables(url)
+    upgrade_database(url, "0010")
+    assert "secret_pins" in _tables(url)
+    engine = make_engine(url)
+    with engine.connect() as conn:  # nothing pinned until a process with secrets starts
+        assert conn.execute(sa.text("SELECT count(*) FROM secret_pins")).scalar_one() == 0
+    engine.dispose()
+    downgrade_database(url, "0009")
+    assert "secret_pins" not in _tables(url)
+    upgrade_database(url)
+
+
+def test_sqlite_0010_round_trip(tmp_path: Path) -> None:
+    _round_trip(f"sqlite:///{tmp_path / 'm.db'}")
+
+
+def test_postgres_0010_round_trip(postgres_url: str) -> None:
+    _round_trip(postgres_url)
