@@ -9,6 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from tenancy.db import downgrade_database, make_engine, upgrade_database
+from tests.utils.schema import table_names
 from tests.utils.services import postgres_database
 
 ADMIN_TABLES = {
@@ -24,14 +25,6 @@ ADMIN_TABLES = {
 }
 
 
-def _tables(url: str) -> set[str]:
-    engine = make_engine(url)
-    try:
-        return set(sa.inspect(engine).get_table_names())
-    finally:
-        engine.dispose()
-
-
 def _round_trip(url: str) -> None:
     upgrade_database(url, "0001")
     engine = make_engine(url)
@@ -44,7 +37,7 @@ def _round_trip(url: str) -> None:
             {"n": now},
         )
     upgrade_database(url)
-    assert _tables(url) >= ADMIN_TABLES
+    assert table_names(url) >= ADMIN_TABLES
     with engine.begin() as c:
         assert c.execute(sa.text("SELECT name FROM tenants")).scalar_one() == "acme"
         c.execute(
@@ -59,12 +52,12 @@ def _round_trip(url: str) -> None:
         assert c.execute(sa.text("SELECT completion_tokens FROM usage_records")).scalar_one() == 2
     engine.dispose()
     downgrade_database(url, "0001")
-    assert not (ADMIN_TABLES & _tables(url))
-    assert "tenants" in _tables(url)
+    assert not (ADMIN_TABLES & table_names(url))
+    assert "tenants" in table_names(url)
     downgrade_database(url, "base")
-    assert _tables(url) <= {"alembic_version"}
+    assert table_names(url) == set()
     upgrade_database(url)
-    assert _tables(url) >= ADMIN_TABLES
+    assert table_names(url) >= ADMIN_TABLES
 
 
 def test_sqlite_round_trip(tmp_path: Path) -> None:

@@ -26,16 +26,9 @@ from server.wiring import prepare_database
 from tenancy import secret_pins
 from tenancy.db import make_engine, make_session_factory
 from tenancy.secret_pins import SecretMismatchError
+from tests.cloister.test_secrets import SECRET_ENV
 from tests.utils.services import postgres_database
 
-SECRET_ENV = (
-    "CLOISTER_KEY_PEPPER",
-    "CLOISTER_ADMIN_SESSION_KEY",
-    "CLOISTER_ADMIN_AUDIT_SIGNING_KEY",
-    "CLOISTER_ENVIRONMENT",
-    "CLOISTER_DATA_DIR",
-    "CLOISTER_DATABASE_URL",
-)
 SETTINGS = ("CLOISTER_KEY_PEPPER", "CLOISTER_ADMIN_SESSION_KEY", "CLOISTER_ADMIN_AUDIT_SIGNING_KEY")
 REPO = Path(__file__).resolve().parents[2]
 

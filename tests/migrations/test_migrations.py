@@ -10,22 +10,15 @@ import sqlalchemy as sa
 import admin.models  # noqa: F401  (registers the admin tables on the shared metadata)
 from tenancy.db import downgrade_database, make_engine, upgrade_database
 from tenancy.models import Base
+from tests.utils.schema import table_names
 
 TABLES = {"tenants", "api_keys", "limits"}
-
-
-def _tables(url: str) -> set[str]:
-    engine = make_engine(url)
-    try:
-        return set(sa.inspect(engine).get_table_names()) - {"alembic_version"}
-    finally:
-        engine.dispose()
 
 
 def _round_trip(url: str) -> None:
     # Revision 0001 creates exactly the tenancy tables; later revisions add their own.
     upgrade_database(url, "0001")
-    assert _tables(url) == TABLES
+    assert table_names(url) == TABLES
     engine = make_engine(url)
     now = dt.datetime.now(dt.UTC)
     with engine.begin() as conn:
@@ -43,7 +36,7 @@ def _round_trip(url: str) -> None:
     # Upgrading to head (and again, a no-op) keeps the data.
     upgrade_database(url)
     upgrade_database(url)
-    assert _tables(url) >= TABLES
+    assert table_names(url) >= TABLES
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT name FROM tenants")).scalar_one() == "acme"
         assert conn.execute(sa.text("SELECT rpm FROM limits")).scalar_one() == 5
@@ -70,9 +63,9 @@ def _round_trip(url: str) -> None:
             conn.rollback()
     engine.dispose()
     downgrade_database(url, "base")
-    assert _tables(url) == set()
+    assert table_names(url) == set()
     upgrade_database(url)
-    assert _tables(url) >= TABLES
+    assert table_names(url) >= TABLES
 
 
 def _matches_models(url: str) -> None:
