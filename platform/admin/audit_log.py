@@ -62,6 +62,21 @@ def scrub(detail: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return clean
 
 
+def _fit_columns(fields: dict[str, str | None]) -> dict[str, Any]:
+    """Each text field cut to its column's width, before it is hashed.
+
+    Some come from the request (a client address from X-Forwarded-For, a request id);
+    PostgreSQL refuses a value longer than its column every time, and such a record
+    would never be written.
+    """
+    columns = AuditEvent.__table__.c
+    fitted: dict[str, Any] = {}
+    for name, value in fields.items():
+        width = getattr(columns[name].type, "length", None)
+        fitted[name] = value[:width] if value is not None and width else value
+    return fitted
+
+
 def _iso(when: dt.datetime) -> str:
     return when.astimezone(dt.UTC).isoformat(timespec="microseconds")
 
@@ -133,19 +148,21 @@ class AuditLog:
 
         `actor` is the caller's stable id, `actor_name` what a person reads (if any).
         """
-        fields = {
-            "at": _iso(self._clock()),
-            "actor": actor[:256],
-            "actor_name": actor_name[:256] if actor_name is not None else None,
-            "role": role,
-            "tenant_id": tenant_id,
-            "action": action,
-            "resource": resource[:512],
-            "outcome": outcome,
-            "source_ip": source_ip,
-            "request_id": request_id[:128] if request_id is not None else None,
-            "detail": json.loads(json.dumps(scrub(detail), default=str)) if detail else None,
-        }
+        fields = _fit_columns(
+            {
+                "at": _iso(self._clock()),
+                "actor": actor,
+                "actor_name": actor_name,
+                "role": role,
+                "tenant_id": tenant_id,
+                "action": action,
+                "resource": resource,
+                "outcome": outcome,
+                "source_ip": source_ip,
+                "request_id": request_id,
+            }
+        )
+        fields["detail"] = json.loads(json.dumps(scrub(detail), default=str)) if detail else None
         with self._lock:
             for _attempt in range(20):
                 with self._sessions() as session:

@@ -5,7 +5,10 @@ one: `record` puts the record on a bounded queue and returns; one thread appends
 records to the `AuditLog` in order (so SQLite's single writer lock and the
 chain's sequence are taken by one writer per process). When the queue is full a
 record is counted and dropped, and the thread writes one `audit.overflow` record
-with the count as soon as it can, so a loss is never silent.
+with the count as soon as it can, so a loss is never silent. A write is retried
+while the database cannot be reached, in order; a record the database refuses for
+good is replaced by an `audit.unwritable` note of its action and actor, so that it
+cannot hold up every record behind it.
 
 Denials (bad credentials, forbidden calls) are aggregated: one record per
 (source, actor, outcome, resource) per `denial_window_s`, with the count, the first and
@@ -25,6 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+
 from admin.audit_log import AuditLog
 
 logger = logging.getLogger("cloister.admin")
@@ -34,6 +40,9 @@ MAX_WINDOWS = 10_000  # distinct windows open at once; beyond, sources are folde
 MAX_LISTED = 20  # distinct reasons/actions listed in one aggregate record
 RETRY_S = 1.0
 AUTH_OUTCOMES = ("denied:401", "denied:429")  # bad or throttled credentials
+# Failures a later try may not meet: the database unreachable, locked or busy, its pool
+# exhausted, or appends that kept conflicting with another process's (a RuntimeError).
+TRANSIENT = (OperationalError, InterfaceError, PoolTimeoutError, OSError, RuntimeError)
 
 
 @dataclass
@@ -186,11 +195,36 @@ class AuditWriter:
             )
 
     def _write(self, fields: dict[str, Any]) -> None:
+        """Appends one record, retrying while the database cannot be reached (to keep
+        the order); one it refuses for good is replaced by an `audit.unwritable` note."""
+        try:
+            self._append(fields)
+        except Exception as exc:  # refused for good: note it, and let the rest through
+            logger.exception("an audit record cannot be written: %s", fields.get("action"))
+            note = {
+                "actor": "system",
+                "role": "none",
+                "action": "audit.unwritable",
+                "resource": str(fields.get("resource", "")),
+                "outcome": "error",
+                "tenant_id": fields.get("tenant_id"),
+                "detail": {
+                    "action": str(fields.get("action")),
+                    "actor": str(fields.get("actor")),
+                    "error": type(exc).__name__,
+                },
+            }
+            try:
+                self._append(note)
+            except Exception:
+                logger.exception("the note of an unwritable audit record cannot be written")
+
+    def _append(self, fields: dict[str, Any]) -> None:
         while True:
             try:
                 self._log.record(**fields)
                 return
-            except Exception as exc:  # database down or locked: keep the order, try again
+            except TRANSIENT as exc:  # database down or locked: keep the order, try again
                 logger.warning("audit write delayed: %s", type(exc).__name__)
                 if self._closed:
                     return
