@@ -224,3 +224,12 @@ def test_cloister_serve_with_another_folders_secrets_exits_with_one_line(
     errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "CLOISTER_KEY_PEPPER" in errors[0], done.stderr
     assert str(tmp_path / "g2" / "key-pepper") in errors[0]
+
+
+def test_db_secrets_without_a_location_makes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    refused = cli("db", "secrets")
+    assert refused.exit_code == 1 and "no database at" in refused.stderr
+    assert list(tmp_path.iterdir()) == []  # no data folder, no secrets made

@@ -146,7 +146,7 @@ def secrets_command(repin: bool, yes: bool, as_json: bool) -> None:
     refused at their next start.
     """
     from cloister.cli_context import CliError, InvalidArgument
-    from cloister.cli_db import database_error
+    from cloister.cli_db import database_error, refuse_missing_default_database
     from cloister.commands.cli_audit import audit_change
     from server.deployment_secrets import deployment_secrets
     from tenancy.db import make_engine, make_session_factory, upgrade_database
@@ -156,6 +156,7 @@ def secrets_command(repin: bool, yes: bool, as_json: bool) -> None:
         raise InvalidArgument(
             "--repin locks out every process holding the pinned secrets; add --yes"
         )
+    refuse_missing_default_database()  # before the settings make secrets in that folder
     settings = cli_settings()
     url = settings.resolved_database_url
     engine = None
