@@ -231,6 +231,14 @@ def bind_services(services: AdminServices) -> DependsParam:
     return dependency
 
 
+def refuse_nul_characters(request: Request) -> None:
+    """A 400 for a NUL in the path or query: names there are looked up in the database,
+    and PostgreSQL refuses any text holding one (a 500, found by fuzzing the admin API
+    on PostgreSQL; SQLite takes them)."""
+    if "\x00" in request.scope["path"] or b"%00" in request.scope.get("query_string", b""):
+        raise HTTPException(400, "the path and query may not contain NUL characters (%00)")
+
+
 def get_services(request: Request) -> AdminServices:
     """The services the admin router was built with (bound by `bind_services`)."""
     services: AdminServices = request.state.admin_services

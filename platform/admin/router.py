@@ -7,9 +7,9 @@ request (admin/deps.py `get_services`), so nothing is module-level state.
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 
-from admin.deps import AdminServices, bind_services
+from admin.deps import AdminServices, bind_services, refuse_nul_characters
 from admin.routes import (
     adapters,
     audit,
@@ -46,7 +46,9 @@ RESOURCE_ROUTERS = (
 
 def create_admin_router(services: AdminServices) -> APIRouter:
     """Every admin API route under PREFIX, each request bound to `services`."""
-    router = APIRouter(prefix=PREFIX, dependencies=[bind_services(services)])
+    router = APIRouter(
+        prefix=PREFIX, dependencies=[bind_services(services), Depends(refuse_nul_characters)]
+    )
     for resource in RESOURCE_ROUTERS:
         router.include_router(resource)
     return router

@@ -150,11 +150,14 @@ def test_withdraw_prefix_is_audited_and_unknown_is_404(env: AdminEnv) -> None:
     assert env.client.get(f"{P}/prefixes", headers=admin).json()["items"] == []
     (event,) = _audit(env, "prefix.withdraw")
     assert event.outcome == "success" and event.resource == "prefixes/sys"
-    for name in ("sys", "x" * 300, "%00"):
+    for name in ("sys", "x" * 300):
         r = env.client.delete(f"{P}/prefixes/{name}", headers=admin)
         assert r.status_code == 404, r.text
         assert r.json()["detail"]
-    assert [e.outcome for e in _audit(env, "prefix.withdraw")][1:] == ["error"] * 3
+    # A NUL is refused before any lookup (PostgreSQL cannot compare one): nothing to audit.
+    r = env.client.delete(f"{P}/prefixes/%00", headers=admin)
+    assert r.status_code == 400 and "NUL" in r.json()["detail"], r.text
+    assert [e.outcome for e in _audit(env, "prefix.withdraw")][1:] == ["error"] * 2
     # published again under the same name once withdrawn
     r = env.client.post(
         f"{P}/prefixes", json={"name": "sys", "model": "base", "token_ids": [3]}, headers=admin
