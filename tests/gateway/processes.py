@@ -38,10 +38,11 @@ class GatewayProcess:
         return self.log_path.read_text(errors="replace")
 
 
-def database(data_dir: Path) -> sessionmaker[Session]:
-    """Migrates the SQLite database the gateways will share; returns a session factory."""
+def database(data_dir: Path, url: str | None = None) -> sessionmaker[Session]:
+    """Migrates the database the gateways will share (`url`, by default SQLite in
+    `data_dir`); returns a session factory."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    url = f"sqlite:///{(data_dir / 'cloister.db').resolve()}"
+    url = url or f"sqlite:///{(data_dir / 'cloister.db').resolve()}"
     upgrade_database(url)
     return make_session_factory(make_engine(url))
 
