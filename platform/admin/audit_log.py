@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from sqlalchemy import select, text
+from sqlalchemy import String, select, text
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -62,6 +62,15 @@ def scrub(detail: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return clean
 
 
+# The width of each text column of a record (from the model, so a migration that widens
+# one widens this).
+_WIDTHS: dict[str, int] = {
+    c.name: c.type.length
+    for c in AuditEvent.__table__.c
+    if isinstance(c.type, String) and c.type.length
+}
+
+
 def _fit_columns(fields: dict[str, str | None]) -> dict[str, Any]:
     """Each text field cut to its column's width, before it is hashed.
 
@@ -69,12 +78,10 @@ def _fit_columns(fields: dict[str, str | None]) -> dict[str, Any]:
     PostgreSQL refuses a value longer than its column every time, and such a record
     would never be written.
     """
-    columns = AuditEvent.__table__.c
-    fitted: dict[str, Any] = {}
-    for name, value in fields.items():
-        width = getattr(columns[name].type, "length", None)
-        fitted[name] = value[:width] if value is not None and width else value
-    return fitted
+    return {
+        name: value[: _WIDTHS[name]] if value is not None and name in _WIDTHS else value
+        for name, value in fields.items()
+    }
 
 
 def _iso(when: dt.datetime) -> str:

@@ -50,7 +50,7 @@ def database_error(exc: Exception, url: str) -> click.ClickException:
     return CliError(f"database error at {where}: {_first_line(exc)}")
 
 
-_DB_ERRORS = (sa.exc.SQLAlchemyError, OSError)
+DB_ERRORS = (sa.exc.SQLAlchemyError, OSError)  # a failure to reach or use the database
 
 
 def refuse_missing_default_database() -> None:
@@ -67,18 +67,15 @@ def refuse_missing_default_database() -> None:
         )
 
 
-def prepared_engine(settings: Settings) -> sa.Engine:
-    """An engine on the configured database, migrated to the newest schema first, once
-    this process's secrets match the database's pins (server.deployment_secrets).
+def migrated_engine(settings: Settings) -> sa.Engine:
+    """An engine on the configured database, migrated to the newest schema first.
 
     Without any location given and no database in the default folder, nothing is made
     (see `refuse_missing_default_database`).
     """
     from alembic.util import CommandError
 
-    from server.deployment_secrets import check_deployment_secrets
-    from tenancy.db import make_engine, make_session_factory, upgrade_database
-    from tenancy.secret_pins import SecretMismatchError
+    from tenancy.db import make_engine, upgrade_database
 
     refuse_missing_default_database()
     url = settings.resolved_database_url
@@ -86,9 +83,19 @@ def prepared_engine(settings: Settings) -> sa.Engine:
         if settings.database_url is None:
             private_data_dir(settings.data_dir)
         upgrade_database(url)
-        engine = make_engine(url)
-    except (*_DB_ERRORS, CommandError) as exc:
+        return make_engine(url)
+    except (*DB_ERRORS, CommandError) as exc:
         raise database_error(exc, url) from None
+
+
+def prepared_engine(settings: Settings) -> sa.Engine:
+    """`migrated_engine`, once this process's secrets match the database's pins
+    (server.deployment_secrets)."""
+    from server.deployment_secrets import check_deployment_secrets
+    from tenancy.db import make_session_factory
+    from tenancy.secret_pins import SecretMismatchError
+
+    engine = migrated_engine(settings)
     try:
         # A command holding other secrets than the servers' would make keys they refuse
         # and sign audit checkpoints that fail verification.
@@ -96,9 +103,9 @@ def prepared_engine(settings: Settings) -> sa.Engine:
     except SecretMismatchError as exc:
         engine.dispose()
         raise CliError(str(exc)) from None
-    except _DB_ERRORS as exc:
+    except DB_ERRORS as exc:
         engine.dispose()
-        raise database_error(exc, url) from None
+        raise database_error(exc, settings.resolved_database_url) from None
     return engine
 
 
@@ -119,7 +126,7 @@ def session_factory() -> Iterator[tuple[Settings, sessionmaker[Session]]]:
         raise InvalidArgument(str(exc)) from None
     except TenancyError as exc:
         raise CliError(str(exc)) from None
-    except _DB_ERRORS as exc:
+    except DB_ERRORS as exc:
         raise database_error(exc, settings.resolved_database_url) from None
     finally:
         engine.dispose()

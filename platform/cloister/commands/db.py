@@ -146,10 +146,15 @@ def secrets_command(repin: bool, yes: bool, as_json: bool) -> None:
     refused at their next start.
     """
     from cloister.cli_context import CliError, InvalidArgument
-    from cloister.cli_db import database_error, refuse_missing_default_database
+    from cloister.cli_db import (
+        DB_ERRORS,
+        database_error,
+        migrated_engine,
+        refuse_missing_default_database,
+    )
     from cloister.commands.cli_audit import audit_change
     from server.deployment_secrets import deployment_secrets
-    from tenancy.db import make_engine, make_session_factory, upgrade_database
+    from tenancy.db import make_session_factory
     from tenancy.secret_pins import pin_states, repin_secrets
 
     if repin and not yes:
@@ -159,10 +164,8 @@ def secrets_command(repin: bool, yes: bool, as_json: bool) -> None:
     refuse_missing_default_database()  # before the settings make secrets in that folder
     settings = cli_settings()
     url = settings.resolved_database_url
-    engine = None
+    engine = migrated_engine(settings)
     try:
-        upgrade_database(url)
-        engine = make_engine(url)
         with make_session_factory(engine)() as session:
             held = deployment_secrets(settings)
             states = repin_secrets(session, held) if repin else pin_states(session, held)
@@ -170,11 +173,10 @@ def secrets_command(repin: bool, yes: bool, as_json: bool) -> None:
             if changed:
                 session.commit()
                 audit_change(session, settings, "secrets.repin", "secret_pins", names=changed)
-    except Exception as exc:  # any driver or migration failure: one line, exit 1
+    except DB_ERRORS as exc:
         raise database_error(exc, url) from None
     finally:
-        if engine is not None:
-            engine.dispose()
+        engine.dispose()
     rows = [
         {
             "name": s.secret.name,
