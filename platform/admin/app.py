@@ -18,6 +18,7 @@ from admin.openapi import install_admin_openapi
 from admin.router import create_admin_router
 from admin.settings import AdminSettings
 from admin.ui import mount_console
+from gateway.errors import install_error_handlers
 from server.request_ids import install_request_ids
 from tenancy.auth_throttle import FailureThrottle
 from tenancy.unique_ids import UniqueIds
@@ -64,6 +65,9 @@ def create_admin_app(services: AdminServices) -> FastAPI:
     mount_console(app, services)  # the console at /admin and its extra API routes
     install_admin_openapi(app)  # at /admin/api/openapi.json, as in `cloister serve`
     install_request_ids(app, UniqueIds().next)  # x-request-id on every answer, as audited
+    # The errors of `cloister serve`, where these routes usually run: one OpenAI-format
+    # body and the same status for the same fault, whichever command serves them.
+    install_error_handlers(app)
     return app
 
 

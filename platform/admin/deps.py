@@ -166,7 +166,7 @@ def http_error(exc: TenancyError) -> HTTPException:
     if isinstance(exc, ConflictError):
         return HTTPException(409, str(exc))
     if isinstance(exc, InvalidValueError):
-        return HTTPException(422, str(exc))
+        return HTTPException(400, str(exc))
     return HTTPException(400, str(exc))
 
 

@@ -13,10 +13,13 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from pydantic.json_schema import models_json_schema
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
 
+from gateway.openapi import REF, error_responses
+from gateway.schemas.common import ErrorBody
 from server.api_docs import docs_response
 from server.request_ids import describe_request_ids
 
@@ -25,6 +28,21 @@ OPENAPI_URL = "/admin/api/openapi.json"
 DOCS_URL = "/admin/docs"
 ADMIN_BEARER = "AdminToken"
 PUBLIC_ADMIN_PATHS = ("/admin/api/v1/auth/login", "/admin/api/v1/auth/callback")
+# What every admin operation can answer besides its success, each an OpenAI error body
+# (gateway/errors.py serves them, in `cloister serve` and `cloister admin serve` alike).
+INPUT_ERRORS = {
+    "400": "A malformed body, parameter or value",
+    "429": "Too many failed sign-ins from this address",
+}
+AUTHED_ERRORS = {
+    **INPUT_ERRORS,
+    "401": "No, invalid or expired admin token or session",
+    "403": "The caller's role does not allow this",
+}
+NAMED_ERRORS = {"404": "No such resource, or not one the caller may see"}
+BODY_ERRORS = {"413": "The body is over the size cap"}
+# FastAPI's own description of a validation failure, which these apps never answer.
+FASTAPI_VALIDATION = ("422", "HTTPValidationError", "ValidationError")
 
 
 def admin_document(app: FastAPI) -> dict[str, Any]:
@@ -44,11 +62,25 @@ def admin_document(app: FastAPI) -> dict[str, Any]:
         if path.startswith(ADMIN_API_PREFIX)
     }
     for path, item in document.get("paths", {}).items():
-        if path not in PUBLIC_ADMIN_PATHS:
-            for operation in item.values():
+        public = path in PUBLIC_ADMIN_PATHS
+        errors = {
+            **(INPUT_ERRORS if public else AUTHED_ERRORS),
+            **(NAMED_ERRORS if "{" in path else {}),
+        }
+        for operation in item.values():
+            if not public:
                 operation.setdefault("security", [{ADMIN_BEARER: []}])
+            responses = operation.setdefault("responses", {})
+            responses.pop(FASTAPI_VALIDATION[0], None)
+            body = BODY_ERRORS if "requestBody" in operation else {}
+            responses.update(error_responses({**errors, **body}))
     describe_request_ids(document.get("paths", {}))
     components = document.setdefault("components", {})
+    schemas = components.setdefault("schemas", {})
+    for unused in FASTAPI_VALIDATION[1:]:
+        schemas.pop(unused, None)
+    _, defs = models_json_schema([(ErrorBody, "validation")], ref_template=REF)
+    schemas.update(defs.get("$defs", {}))
     components.setdefault("securitySchemes", {})[ADMIN_BEARER] = {
         "type": "http",
         "scheme": "bearer",

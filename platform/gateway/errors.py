@@ -87,9 +87,16 @@ def retry_after_header(seconds: float) -> dict[str, str]:
     return {"Retry-After": str(max(1, math.ceil(seconds)))}
 
 
+# Where FastAPI found a bad value: the first element of a validation error's `loc`.
+_LOCATIONS = frozenset({"body", "query", "path", "header", "cookie"})
+
+
 def _param_from_loc(loc: Sequence[Any]) -> str | None:
-    # loc is ("body", "messages", 0, "content") for a body field; report the top field.
-    parts = [str(p) for p in loc if p != "body"]
+    # loc is ("body", "messages", 0, "content") for a body field and ("query", "limit")
+    # for a query parameter; report the top field by its own name, not where it was.
+    parts = [str(p) for p in loc]
+    if parts and parts[0] in _LOCATIONS:
+        parts = parts[1:]
     return parts[0] if parts else None
 
 

@@ -58,7 +58,9 @@ def _ref(model: type[BaseModel]) -> dict[str, str]:
     return {"$ref": REF.format(model=model.__name__)}
 
 
-def _error_responses(statuses: dict[str, str]) -> dict[str, Any]:
+def error_responses(statuses: dict[str, str]) -> dict[str, Any]:
+    """OpenAPI `responses` for `statuses` (status -> description), each an OpenAI error
+    body (`#/components/schemas/ErrorBody`); 429 and 503 with their Retry-After."""
     content = {"application/json": {"schema": _ref(ErrorBody)}}
     responses: dict[str, Any] = {}
     for status, description in sorted(statuses.items()):
@@ -93,7 +95,7 @@ def _generation(
                         "text/event-stream": {"schema": {"type": "string"}},
                     },
                 },
-                **_error_responses(GENERATION_ERRORS),
+                **error_responses(GENERATION_ERRORS),
             },
         }
     }
@@ -112,7 +114,7 @@ def _responses_paths() -> dict[str, Any]:
         "No such model, or no such previous response"
     )
     one = {"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}
-    stored = _error_responses({**AUTHED_ERRORS, "404": "Not stored for this tenant, or expired"})
+    stored = error_responses({**AUTHED_ERRORS, "404": "Not stored for this tenant, or expired"})
 
     def operation(summary: str, body: type[BaseModel]) -> dict[str, Any]:
         return {
@@ -158,7 +160,7 @@ def gateway_paths() -> dict[str, Any]:
                         "description": "The models",
                         "content": {"application/json": {"schema": _ref(ModelList)}},
                     },
-                    **_error_responses(AUTHED_ERRORS),
+                    **error_responses(AUTHED_ERRORS),
                 },
             }
         },
@@ -175,7 +177,7 @@ def gateway_paths() -> dict[str, Any]:
                         "description": "The model",
                         "content": {"application/json": {"schema": _ref(ModelCard)}},
                     },
-                    **_error_responses({**AUTHED_ERRORS, "404": "Not served, or not allowed"}),
+                    **error_responses({**AUTHED_ERRORS, "404": "Not served, or not allowed"}),
                 },
             }
         },

@@ -1,6 +1,6 @@
 """Tenant weight and cache policy through PATCH /tenants/{name}, and prefix withdrawal.
 
-Every field is stored, returned and audited; every bad value is a 422 in the admin
+Every field is stored, returned and audited; every bad value is a 400 in OpenAI's
 error format with nothing changed; DELETE /prefixes/{name} is audited and 404s for
 an unknown name.
 """
@@ -112,14 +112,15 @@ BAD_BODIES = [
 
 
 @pytest.mark.parametrize("raw", BAD_BODIES)
-def test_bad_values_are_422_and_change_nothing(env: AdminEnv, raw: str) -> None:
+def test_bad_values_are_400_and_change_nothing(env: AdminEnv, raw: str) -> None:
     r = env.client.patch(
         f"{P}/tenants/alpha",
         content=raw,
         headers={**env.token("admin"), "Content-Type": "application/json"},
     )
-    assert r.status_code == 422, (raw, r.status_code, r.text)
-    assert r.json()["detail"], r.text  # the admin API's error format
+    assert r.status_code == 400, (raw, r.status_code, r.text)
+    error = r.json()["error"]  # OpenAI's error format, as everywhere
+    assert error["type"] == "invalid_request_error" and error["message"], r.text
     assert _policy(env) == DEFAULTS
     t = env.client.get(f"{P}/tenants/alpha", headers=env.token("admin")).json()
     assert t["status"] == "active"
@@ -153,10 +154,10 @@ def test_withdraw_prefix_is_audited_and_unknown_is_404(env: AdminEnv) -> None:
     for name in ("sys", "x" * 300):
         r = env.client.delete(f"{P}/prefixes/{name}", headers=admin)
         assert r.status_code == 404, r.text
-        assert r.json()["detail"]
+        assert r.json()["error"]["message"]
     # A NUL is refused before any lookup (PostgreSQL cannot compare one): nothing to audit.
     r = env.client.delete(f"{P}/prefixes/%00", headers=admin)
-    assert r.status_code == 400 and "NUL" in r.json()["detail"], r.text
+    assert r.status_code == 400 and "NUL" in r.json()["error"]["message"], r.text
     assert [e.outcome for e in _audit(env, "prefix.withdraw")][1:] == ["error"] * 2
     # published again under the same name once withdrawn
     r = env.client.post(
@@ -175,9 +176,9 @@ def test_withdraw_prefix_is_audited_and_unknown_is_404(env: AdminEnv) -> None:
         {"name": "p", "model": "base"},
     ],
 )
-def test_bad_prefix_is_422(env: AdminEnv, body: dict[str, Any]) -> None:
+def test_bad_prefix_is_400(env: AdminEnv, body: dict[str, Any]) -> None:
     with env.sessions() as s:
         registry.register_model(s, name="base", source="/m", format="gguf", context_length=8)
     r = env.client.post(f"{P}/prefixes", json=body, headers=env.token("admin"))
-    assert r.status_code == 422, r.text
+    assert r.status_code == 400, r.text
     assert env.client.get(f"{P}/prefixes", headers=env.token("admin")).json()["total"] == 0

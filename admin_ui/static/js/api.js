@@ -18,17 +18,10 @@ export function setToken(token) {
   else sessionStorage.removeItem(TOKEN_KEY);
 }
 
-// The admin API's own errors carry `detail`; behind `cloister serve` the gateway's error
-// handler answers in OpenAI's format (`error.message`) instead.
+// Every error of the admin API is in OpenAI's format, whichever command serves it.
 function detailText(body) {
   if (body && body.error && typeof body.error.message === "string") return body.error.message;
-  if (!body || body.detail === undefined) return "";
-  const d = body.detail;
-  if (typeof d === "string") return d;
-  if (Array.isArray(d)) {
-    return d.map((e) => `${(e.loc || []).filter((p) => p !== "body").join(".")}: ${e.msg}`).join("; ");
-  }
-  return JSON.stringify(d);
+  return "";
 }
 
 // Why a credential was refused, from the API's 401 detail (admin/identity.py's words).
@@ -50,13 +43,12 @@ function sentence(detail) {
 export function plainWords(status, detail) {
   switch (status) {
     case 0: return "Cannot reach the Cloister server. Check that it is running and try again.";
-    case 400: return `The request was not accepted: ${detail || "bad request"}.`;
+    case 400: return `Please check the values: ${detail || "invalid input"}.`;
     case 401: return unauthenticatedWords(detail);
     case 403: return "Your role does not allow this action.";
     case 404: return "Not found: it does not exist, or you are not allowed to see it.";
     case 409: return sentence(detail) || "That already exists.";
     case 413: return "The upload is too large.";
-    case 422: return `Please check the values: ${detail || "invalid input"}.`;
     default:
       if (status >= 500) return "The server failed to complete the request. Try again in a moment.";
       return `The request failed (${status}): ${detail}`;

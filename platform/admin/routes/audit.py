@@ -34,7 +34,7 @@ def _iso_utc(value: dt.datetime | None) -> str | None:
     if value is None:
         return None
     if value.tzinfo is None:
-        raise HTTPException(422, "times need a time zone")
+        raise HTTPException(400, "times need a time zone")
     # Audit times are stored as ISO text in UTC, so text order is time order.
     return value.astimezone(dt.UTC).isoformat(timespec="microseconds")
 

@@ -29,11 +29,11 @@ def billing_export(
     billable, unpriced and not-billed lines, per-tenant and grand totals."""
     tenant = ctx.scoped_tenant(tenant_id)
     if format not in MEDIA:
-        raise HTTPException(422, "format must be csv or jsonl")
+        raise HTTPException(400, "format must be csv or jsonl")
     try:
         statement = build_statement(ctx.session, period=period, tenant_id=tenant)
     except ValueError as exc:
-        raise HTTPException(422, str(exc)) from exc
+        raise HTTPException(400, str(exc)) from exc
     ctx.audit("billing.export", f"billing/{period}", tenant_id=tenant, detail={"format": format})
     rendered = render_statement(statement, cast(Literal["csv", "jsonl"], format))
     return PlainTextResponse(rendered, media_type=MEDIA[format])

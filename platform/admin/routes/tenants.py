@@ -118,7 +118,7 @@ def update_settings(ctx: Ctx, name: str, tenant: PathTenant, body: TenantSetting
     before = tenant_public(tenant)
     if body.isolation_level is not None and body.isolation_level not in ISOLATION_LEVELS:
         ctx.audit("tenant.settings", f"tenants/{name}", outcome="error", tenant_id=tenant.id)
-        raise HTTPException(422, f"isolation must be one of {', '.join(ISOLATION_LEVELS)}")
+        raise HTTPException(400, f"isolation must be one of {', '.join(ISOLATION_LEVELS)}")
     if body.isolation_level is not None:
         tenant.isolation_level = body.isolation_level
     changes = body.changes()
@@ -127,7 +127,7 @@ def update_settings(ctx: Ctx, name: str, tenant: PathTenant, body: TenantSetting
     except TenancyError as exc:
         ctx.session.rollback()
         ctx.audit("tenant.settings", f"tenants/{name}", outcome="error", tenant_id=tenant.id)
-        raise HTTPException(422, str(exc)) from exc
+        raise HTTPException(400, str(exc)) from exc
     after = tenant_public(tenant)
     requested = {**changes, **body.model_dump(include={"isolation_level"}, exclude_none=True)}
     detail = {**requested, **changed(before, after)}

@@ -36,7 +36,7 @@ def usage(
     """Usage per hour or day, by tenant, key, model or adapter (a tenant-admin: its own)."""
     tenant = ctx.scoped_tenant(tenant_id)
     if start.tzinfo is None or end.tzinfo is None:
-        raise HTTPException(422, "start and end need a time zone")
+        raise HTTPException(400, "start and end need a time zone")
     buckets = billing.query_usage(
         ctx.session,
         start=start,
@@ -65,7 +65,7 @@ def usage_requests(
     (a retried request has several)."""
     tenant = ctx.scoped_tenant(tenant_id)
     if tenant is None:  # client ids are the tenant's own: another may use the same
-        raise HTTPException(422, "tenant_id is required: client request ids are per tenant")
+        raise HTTPException(400, "tenant_id is required: client request ids are per tenant")
     query = (
         select(UsageRow)
         .where(UsageRow.tenant_id == tenant, UsageRow.client_request_id == client_request_id)

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr
 class LimitsUpdate(BaseModel):
     """Limit fields to set: absent fields keep their value, null clears one.
 
-    Unknown fields are kept (extra) so the handler refuses them by name (422), as the
+    Unknown fields are kept (extra) so the handler refuses them by name (400), as the
     store's checks refuse bad values.
     """
 

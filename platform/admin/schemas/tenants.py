@@ -21,7 +21,7 @@ class TenantCreate(BaseModel):
 
 class TenantPolicy(BaseModel):
     """A tenant's weight and cache policy; absent fields keep their value, null clears an
-    optional one (the engine default). Values are checked by the store (422 when refused)."""
+    optional one (the engine default). Values are checked by the store (400 when refused)."""
 
     model_config = ConfigDict(extra="forbid")
 

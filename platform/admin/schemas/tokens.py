@@ -9,7 +9,7 @@ from admin.schemas.common import IsoTime
 
 
 class TokenCreate(BaseModel):
-    """A new admin API token (the role is checked by the data function: 422)."""
+    """A new admin API token (the role is checked by the data function: 400)."""
 
     role: str
     tenant: str | None = None
