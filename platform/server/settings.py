@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import ipaddress
 import json
 import os
 import secrets
@@ -177,6 +178,12 @@ class Settings(BaseSettings):
     # Bad credentials per client address and window before 429 (gateway and admin); 0: off.
     auth_failure_limit: int = Field(default=20, ge=0)
     auth_failure_window_s: float = Field(default=60.0, gt=0.0)
+    # The proxies whose X-Forwarded-For and X-Forwarded-Proto are believed: addresses
+    # and networks, comma-separated; "*" for any, empty for none. The client address
+    # they give is what the throttle above counts and what the audit log records, so
+    # behind an ingress or load balancer name its addresses: otherwise every client
+    # has the proxy's address, and one client's bad keys throttle all the others.
+    forwarded_allow_ips: Annotated[tuple[str, ...], NoDecode] = ("127.0.0.1", "::1")
     audit_denial_window_s: float = Field(default=60.0, gt=0.0)  # one denial record per window
     db_pool_size: int = Field(default=8, ge=1)  # the admin API's pool (the gateway has its own)
     model: str | None = None  # None: the bundled SmolLM2-135M-Instruct GGUF
@@ -324,6 +331,26 @@ class Settings(BaseSettings):
                 )
         return tuple(value or ())
 
+    @field_validator("forwarded_allow_ips", mode="before")
+    @classmethod
+    def _parse_forwarded_allow_ips(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        entries = tuple(value or ())
+        if "*" in entries and len(entries) > 1:
+            raise ValueError('"*" trusts every proxy; give it alone, not with addresses')
+        for entry in entries:
+            if entry == "*":
+                continue
+            try:
+                ipaddress.ip_network(entry)  # an address is a network of one
+            except ValueError:
+                raise ValueError(
+                    "a trusted proxy is an IP address or network (10.0.0.5, 10.0.0.0/8, "
+                    f"fd00::/8) or *, not {entry!r}"
+                ) from None
+        return entries
+
     @field_validator("kv_events_endpoint")
     @classmethod
     def _check_kv_events_endpoint(cls, value: str | None) -> str | None:
@@ -426,6 +453,12 @@ class Settings(BaseSettings):
             auth_failure_window_s=self.auth_failure_window_s,
             audit_denial_window_s=self.audit_denial_window_s,
         )
+
+    def proxy_header_options(self) -> dict[str, Any]:
+        """uvicorn's options for the X-Forwarded-* headers: believed from the trusted
+        proxies only, and from nobody when none is named."""
+        trusted = list(self.forwarded_allow_ips)
+        return {"proxy_headers": bool(trusted), "forwarded_allow_ips": trusted}
 
     def _audit_head_path(self) -> Path:
         """Where this data directory keeps its copy of the newest audit checkpoint.

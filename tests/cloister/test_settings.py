@@ -487,3 +487,46 @@ def test_the_itl_budget_can_be_turned_off(off: str, monkeypatch: pytest.MonkeyPa
     assert Settings().itl_budget_ms is None
     monkeypatch.setenv("CLOISTER_ITL_BUDGET_MS", "120")
     assert Settings().itl_budget_ms == 120.0
+
+
+@pytest.mark.parametrize(
+    ("raw", "options"),
+    [
+        (None, {"proxy_headers": True, "forwarded_allow_ips": ["127.0.0.1", "::1"]}),
+        ("", {"proxy_headers": False, "forwarded_allow_ips": []}),
+        ("*", {"proxy_headers": True, "forwarded_allow_ips": ["*"]}),
+        (
+            " 10.0.0.0/8, fd00::/8 ,10.1.2.3",
+            {"proxy_headers": True, "forwarded_allow_ips": ["10.0.0.0/8", "fd00::/8", "10.1.2.3"]},
+        ),
+    ],
+)
+def test_trusted_proxies_become_uvicorns_options(
+    raw: str | None, options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cloister.commands.serve import load_settings
+
+    if raw is not None:
+        monkeypatch.setenv("CLOISTER_FORWARDED_ALLOW_IPS", raw)
+    assert load_settings().proxy_header_options() == options
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "ingress.local",  # uvicorn would take a name as a literal that never matches
+        "10.0.0.1/8",  # host bits set: a typo for an address or a network
+        "10.0.0.0/33",
+        "*,10.0.0.0/8",
+        "127.0.0.1;10.0.0.1",
+    ],
+)
+def test_bad_trusted_proxies_are_refused_by_name(raw: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import click
+
+    from cloister.commands.serve import load_settings
+
+    monkeypatch.setenv("CLOISTER_FORWARDED_ALLOW_IPS", raw)
+    with pytest.raises(click.ClickException, match="forwarded_allow_ips") as info:
+        load_settings()
+    assert "Traceback" not in info.value.message

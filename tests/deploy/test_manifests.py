@@ -375,3 +375,24 @@ def test_inference_pool_selects_engine_pods_and_gateways_use_it(
     assert config["data"]["CLOISTER_ENGINE_TRANSPORT"] == "http"
     (production,) = of_kind(rendered["production"], "ConfigMap")
     assert "CLOISTER_ENGINE_TRANSPORT" not in production["data"]  # the link, by default
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_config_maps_hold_settings_cloister_accepts(
+    rendered: dict[str, Docs], overlay: str, tmp_path: Path
+) -> None:
+    from server.settings import Settings
+
+    for config in of_kind(rendered[overlay], "ConfigMap"):
+        values = {
+            name.removeprefix("CLOISTER_").lower(): value
+            for name, value in config["data"].items()
+            if name.startswith("CLOISTER_")
+        }
+        unknown = sorted(set(values) - set(Settings.model_fields))
+        assert not unknown, f"{config['metadata']['name']}: not settings: {unknown}"
+        # Production's secrets come from the Secret; the values here must parse.
+        values.update(environment="development", data_dir=str(tmp_path), key_pepper="p" * 32)
+        settings = Settings(**values)
+        if "forwarded_allow_ips" in values:  # the ingress's private ranges, never "*"
+            assert "*" not in settings.forwarded_allow_ips

@@ -100,6 +100,7 @@ def serve(host: str | None, port: int | None) -> None:
             host=host or settings.host,
             port=port or settings.port,
             log_config=None,
+            **settings.proxy_header_options(),
         )
 
 

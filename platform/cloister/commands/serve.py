@@ -168,7 +168,13 @@ def run_server(settings: Settings, *, engine: Any | None = None) -> None:
             )
         )
     with loaded_objects_frozen(), short_gil_switch_interval():
-        uvicorn.run(app, host=settings.host, port=settings.port, log_config=None)
+        uvicorn.run(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_config=None,
+            **settings.proxy_header_options(),
+        )
 
 
 commands: list[click.Command] = [serve]
