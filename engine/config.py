@@ -80,6 +80,9 @@ class CacheConfig:
     # None publishes nothing; the topic prefixes each message (llm-d: kv@<pod>@<model>).
     kv_events_endpoint: str | None = None
     kv_events_topic: str = ""
+    # Where late subscribers ask for batches again (a ROUTER, bound); None: no replay.
+    kv_events_replay_endpoint: str | None = None
+    kv_events_buffer_steps: int = 10_000  # batches kept for replay
 
 
 @dataclass(frozen=True)

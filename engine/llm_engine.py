@@ -197,7 +197,10 @@ class LLMEngine:
         if config.cache.kv_events_endpoint is not None:
             self.kv.record_events("GPU" if device.type == "cuda" else "CPU")
             self.kv_events = KVEventPublisher(
-                config.cache.kv_events_endpoint, config.cache.kv_events_topic
+                config.cache.kv_events_endpoint,
+                config.cache.kv_events_topic,
+                replay_endpoint=config.cache.kv_events_replay_endpoint,
+                buffer_steps=config.cache.kv_events_buffer_steps,
             )
             self._publish_kv_events()  # AllBlocksCleared: this engine holds no block yet
 

@@ -218,6 +218,10 @@ class Settings(BaseSettings):
     kv_events_endpoint: str | None = None
     # The topic of each message; unset: kv@<host name>@<served model>, llm-d's form.
     kv_events_topic: str | None = Field(default=None, max_length=256)
+    # Where a subscriber that joined late or missed batches asks for them again, as from
+    # vLLM's replay socket (bound: tcp://*:PORT or ipc://path); unset: no replay.
+    kv_events_replay_endpoint: str | None = None
+    kv_events_buffer_steps: int = Field(default=10_000, ge=1, le=1_000_000)  # kept for replay
     block_size: int = Field(default=16, ge=1, le=1024)
     # The KV pool: an explicit budget in bytes, else (on CUDA) this fraction of the GPU.
     gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
@@ -359,6 +363,20 @@ class Settings(BaseSettings):
             return None
         return check_endpoint(value.strip())
 
+    @field_validator("kv_events_replay_endpoint")
+    @classmethod
+    def _check_kv_events_replay_endpoint(cls, value: str | None) -> str | None:
+        """A ZeroMQ address the replay socket binds (empty: off)."""
+        if value is None or not value.strip():
+            return None
+        value = check_endpoint(value.strip())
+        if not binds(value):
+            raise ValueError(
+                f"the KV events replay socket binds, so its endpoint is tcp://*:PORT or "
+                f"ipc://path, not {value!r}"
+            )
+        return value
+
     @field_validator("itl_budget_ms", mode="before")
     @classmethod
     def _parse_itl_budget(cls, value: Any) -> Any:
@@ -386,6 +404,20 @@ class Settings(BaseSettings):
                 f"{len(self.served_models)} served models would bind it: give the address "
                 "of a subscriber to connect to (tcp://HOST:PORT) instead"
             )
+        replay = self.kv_events_replay_endpoint
+        if replay is not None:
+            if endpoint is None:
+                raise ValueError(
+                    "kv_events_replay_endpoint replays kv_events_endpoint's batches; set both"
+                )
+            if replay == endpoint:
+                raise ValueError("kv_events_replay_endpoint must differ from kv_events_endpoint")
+            if len(self.served_models) > 1:
+                raise ValueError(
+                    f"kv_events_replay_endpoint {replay} binds, and each of the "
+                    f"{len(self.served_models)} served models would bind it: replay serves "
+                    "one model's engine (one `cloister engine serve` per model)"
+                )
         return self
 
     @model_validator(mode="after")

@@ -125,6 +125,8 @@ def serve_engine_options(
         "itl_budget_ms": settings.itl_budget_ms,
         "kv_events_endpoint": settings.kv_events_endpoint,
         "kv_events_topic": kv_events_topic(settings, settings.served_models[0].name),
+        "kv_events_replay_endpoint": settings.kv_events_replay_endpoint,
+        "kv_events_buffer_steps": settings.kv_events_buffer_steps,
         "max_waiting": settings.max_waiting,
         "max_n": settings.max_n,
         "scheduling_policy": settings.scheduling_policy,

@@ -101,6 +101,8 @@ ENGINE_SETTINGS = {
     "lora_slot_quantum": 9,
     "kv_events_endpoint": "tcp://indexer.kv.svc:5557",
     "kv_events_topic": "kv@pod-1@smol",
+    "kv_events_replay_endpoint": "tcp://*:5558",
+    "kv_events_buffer_steps": 500,
 }
 
 
@@ -530,3 +532,34 @@ def test_bad_trusted_proxies_are_refused_by_name(raw: str, monkeypatch: pytest.M
     with pytest.raises(click.ClickException, match="forwarded_allow_ips") as info:
         load_settings()
     assert "Traceback" not in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"kv_events_replay_endpoint": "tcp://*:5558"}, "set both"),
+        (
+            {"kv_events_endpoint": "tcp://*:5557", "kv_events_replay_endpoint": "tcp://*:5557"},
+            "must differ",
+        ),
+        (  # the replay socket binds: a remote host is no place for it
+            {"kv_events_endpoint": "tcp://i:1", "kv_events_replay_endpoint": "tcp://indexer:5558"},
+            "tcp://\\*:PORT or ipc://path",
+        ),
+        ({"kv_events_endpoint": "tcp://i:1", "kv_events_replay_endpoint": "http://x:1"}, "must be"),
+        (
+            {
+                "kv_events_endpoint": "tcp://i:1",
+                "kv_events_replay_endpoint": "tcp://*:5558",
+                "models": ["a=/m/a", "b=/m/b"],
+            },
+            "2 served models",
+        ),
+        ({"kv_events_endpoint": "tcp://i:1", "kv_events_buffer_steps": 0}, "greater than"),
+    ],
+)
+def test_bad_kv_events_replay_settings_are_refused(
+    settings: dict[str, Any], message: str, tmp_path: Path
+) -> None:
+    with pytest.raises(ValidationError, match=message):
+        Settings(data_dir=tmp_path, **settings)

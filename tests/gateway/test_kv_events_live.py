@@ -116,3 +116,70 @@ def test_the_gateways_metrics_count_what_its_in_process_engine_dropped(tmp_path:
         f"{series} {n}" in text for text, n in zip(scraped, ("0.0", "4.0", "9.0"), strict=True)
     ]
     assert found == [True] * 3, [line for t in scraped for line in t.splitlines() if series in line]
+
+
+def _replayed(endpoint: str, start: int) -> list[object]:
+    """The events of the batches `endpoint` replays from `start` on, asked for as a REQ
+    socket asks (an empty frame, then the number), from a DEALER that reads them all."""
+    from engine.kv_events_publisher import END_SEQ
+
+    dealer = zmq.Context.instance().socket(zmq.DEALER)
+    dealer.connect(endpoint)
+    events: list[object] = []
+    try:
+        dealer.send_multipart([b"", start.to_bytes(8, "big")])
+        while dealer.poll(5000):
+            _, seq, payload = dealer.recv_multipart()
+            if seq == END_SEQ:
+                return events
+            events += decode_batch(payload).events
+    finally:
+        dealer.close(linger=0)
+    raise AssertionError("the replay did not end")
+
+
+@pytest.mark.parametrize("engine_mode", ["thread", "process"])
+def test_a_subscriber_that_joins_late_replays_what_it_missed(
+    tmp_path: Path, engine_mode: str
+) -> None:
+    """`cloister engine serve --kv-events-replay-endpoint`: blocks cached before any
+    subscriber existed are recovered from the replay socket, from sequence number 0."""
+    from engine.kv_cache.kv_events import AllBlocksCleared
+
+    replay_endpoint = f"ipc://{tmp_path}/kv-replay"
+    settings = fast_fake_settings(
+        tmp_path,
+        max_model_len=256,
+        kv_events_endpoint=f"ipc://{tmp_path}/kv",  # binds; nobody subscribes yet
+        kv_events_replay_endpoint=replay_endpoint,
+        engine_mode=engine_mode,
+    )
+    front = fast_fake_front(settings)
+    url, stop = serve_in_thread(
+        EngineServer(front, model_name="fast-fake", auth=ServiceAuth(TOKEN)).app()
+    )
+    prompt = list(range(2000, 2040))
+    req = zmq.Context.instance().socket(zmq.REQ)
+    try:
+        body = {"model": "fast-fake", "prompt": prompt, "max_tokens": 2, "cache_salt": "late"}
+        headers = {"authorization": f"Bearer {TOKEN}"}
+        answer = httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=30)
+        assert answer.status_code == 200, answer.text
+        deadline = time.monotonic() + 20
+        while not (events := _replayed(replay_endpoint, 0)) or not any(
+            isinstance(e, BlockStored) for e in events
+        ):
+            assert time.monotonic() < deadline, f"no BlockStored in the replay: {events}"
+            time.sleep(0.05)
+        # vLLM's example subscriber asks from a REQ socket, which takes one reply per
+        # request: batch 0, the engine's announcement that it starts empty.
+        req.connect(replay_endpoint)
+        req.send((0).to_bytes(8, "big"))
+        seq, payload = req.recv_multipart()
+    finally:
+        stop()
+        req.close(linger=0)
+    assert events[0] == AllBlocksCleared()
+    stored = [e for e in events if isinstance(e, BlockStored)]
+    assert stored[-1].cache_domain == "late" and stored[-1].token_ids == prompt[:32]
+    assert int.from_bytes(seq, "big") == 0 and decode_batch(payload).events == [AllBlocksCleared()]

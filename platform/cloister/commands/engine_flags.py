@@ -83,6 +83,18 @@ ENGINE_OPTIONS: tuple[Callable[[Any], Any], ...] = (
         default=None,
         help="Topic of the KV events (default kv@<host>@<model>).",
     ),
+    click.option(
+        "--kv-events-replay-endpoint",
+        default=None,
+        help="Bind a replay socket here (tcp://*:PORT or ipc://path): subscribers that "
+        "missed KV events ask for them again, as from vLLM's.",
+    ),
+    click.option(
+        "--kv-events-buffer-steps",
+        type=int,
+        default=None,
+        help="KV event batches kept for replay (default 10000).",
+    ),
     click.option("--max-waiting", type=int, default=None, help="Waiting-queue slots (shared)."),
     click.option("--block-size", type=int, default=None, help="Tokens per KV block."),
     click.option(
