@@ -36,7 +36,6 @@ from tenancy.auth_throttle import FailureThrottle
 from tenancy.errors import (
     AuthThrottledError,
     ConflictError,
-    InvalidValueError,
     NotFoundError,
     TenancyError,
 )
@@ -160,13 +159,11 @@ class AdminContext:
 
 
 def http_error(exc: TenancyError) -> HTTPException:
-    """The HTTP error for a refused data-function call."""
+    """The HTTP error for a refused data-function call: 404, 409, else a bad value (400)."""
     if isinstance(exc, NotFoundError):
         return HTTPException(404, str(exc))
     if isinstance(exc, ConflictError):
         return HTTPException(409, str(exc))
-    if isinstance(exc, InvalidValueError):
-        return HTTPException(400, str(exc))
     return HTTPException(400, str(exc))
 
 

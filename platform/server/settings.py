@@ -404,7 +404,12 @@ class Settings(BaseSettings):
                 f"{len(self.served_models)} served models would bind it: give the address "
                 "of a subscriber to connect to (tcp://HOST:PORT) instead"
             )
-        replay = self.kv_events_replay_endpoint
+        return self
+
+    @model_validator(mode="after")
+    def _replay_beside_one_publisher(self) -> Settings:
+        """A replay socket serves the batches of one engine's publisher."""
+        endpoint, replay = self.kv_events_endpoint, self.kv_events_replay_endpoint
         if replay is not None:
             if endpoint is None:
                 raise ValueError(
