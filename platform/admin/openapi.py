@@ -42,7 +42,8 @@ AUTHED_ERRORS = {
 NAMED_ERRORS = {"404": "No such resource, or not one the caller may see"}
 BODY_ERRORS = {"413": "The body is over the size cap"}
 # FastAPI's own description of a validation failure, which these apps never answer.
-FASTAPI_VALIDATION = ("422", "HTTPValidationError", "ValidationError")
+FASTAPI_VALIDATION_STATUS = "422"
+FASTAPI_VALIDATION_SCHEMAS = ("HTTPValidationError", "ValidationError")
 
 
 def admin_document(app: FastAPI) -> dict[str, Any]:
@@ -71,13 +72,13 @@ def admin_document(app: FastAPI) -> dict[str, Any]:
             if not public:
                 operation.setdefault("security", [{ADMIN_BEARER: []}])
             responses = operation.setdefault("responses", {})
-            responses.pop(FASTAPI_VALIDATION[0], None)
+            responses.pop(FASTAPI_VALIDATION_STATUS, None)
             body = BODY_ERRORS if "requestBody" in operation else {}
             responses.update(error_responses({**errors, **body}))
     describe_request_ids(document.get("paths", {}))
     components = document.setdefault("components", {})
     schemas = components.setdefault("schemas", {})
-    for unused in FASTAPI_VALIDATION[1:]:
+    for unused in FASTAPI_VALIDATION_SCHEMAS:
         schemas.pop(unused, None)
     _, defs = models_json_schema([(ErrorBody, "validation")], ref_template=REF)
     schemas.update(defs.get("$defs", {}))

@@ -355,7 +355,7 @@ class Settings(BaseSettings):
                 ) from None
         return entries
 
-    @field_validator("kv_events_endpoint")
+    @field_validator("kv_events_endpoint", "kv_events_replay_endpoint")
     @classmethod
     def _check_kv_events_endpoint(cls, value: str | None) -> str | None:
         """A ZeroMQ tcp:// or ipc:// address (empty: off)."""
@@ -365,12 +365,9 @@ class Settings(BaseSettings):
 
     @field_validator("kv_events_replay_endpoint")
     @classmethod
-    def _check_kv_events_replay_endpoint(cls, value: str | None) -> str | None:
-        """A ZeroMQ address the replay socket binds (empty: off)."""
-        if value is None or not value.strip():
-            return None
-        value = check_endpoint(value.strip())
-        if not binds(value):
+    def _check_kv_events_replay_binds(cls, value: str | None) -> str | None:
+        """The replay socket binds its address."""
+        if value is not None and not binds(value):
             raise ValueError(
                 f"the KV events replay socket binds, so its endpoint is tcp://*:PORT or "
                 f"ipc://path, not {value!r}"

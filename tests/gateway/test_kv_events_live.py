@@ -25,6 +25,7 @@ from tenancy.limiter.memory import MemoryLimiter
 from tests.gateway.conftest import free_port, start_gateway
 from tests.gateway.engine_servers import serve_in_thread
 from tests.utils.fast_fake_model import fast_fake_front, fast_fake_llm_engine, fast_fake_settings
+from tests.utils.kv_replay import replay
 
 TOKEN = "svc-" + "kv-events-token-for-tests"
 
@@ -119,23 +120,10 @@ def test_the_gateways_metrics_count_what_its_in_process_engine_dropped(tmp_path:
 
 
 def _replayed(endpoint: str, start: int) -> list[object]:
-    """The events of the batches `endpoint` replays from `start` on, asked for as a REQ
-    socket asks (an empty frame, then the number), from a DEALER that reads them all."""
-    from engine.kv_events_publisher import END_SEQ
-
-    dealer = zmq.Context.instance().socket(zmq.DEALER)
-    dealer.connect(endpoint)
-    events: list[object] = []
-    try:
-        dealer.send_multipart([b"", start.to_bytes(8, "big")])
-        while dealer.poll(5000):
-            _, seq, payload = dealer.recv_multipart()
-            if seq == END_SEQ:
-                return events
-            events += decode_batch(payload).events
-    finally:
-        dealer.close(linger=0)
-    raise AssertionError("the replay did not end")
+    """The events of the batches `endpoint` replays from `start` on."""
+    return [
+        e for _, p in replay(endpoint, start.to_bytes(8, "big")) for e in decode_batch(p).events
+    ]
 
 
 @pytest.mark.parametrize("engine_mode", ["thread", "process"])

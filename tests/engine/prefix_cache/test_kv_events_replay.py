@@ -13,8 +13,9 @@ import zmq
 
 from engine.kv_cache.kv_events import AllBlocksCleared, KVEventBatch, decode_batch
 from engine.kv_events_endpoint import KVEventsEndpointError
-from engine.kv_events_publisher import END_SEQ, KVEventPublisher
+from engine.kv_events_publisher import KVEventPublisher
 from tests.gateway.conftest import free_port
+from tests.utils.kv_replay import replay
 
 Replayed = list[tuple[int, float]]  # (sequence number, the batch's ts)
 
@@ -37,28 +38,8 @@ def _publish(publisher: KVEventPublisher, *stamps: float) -> None:
         publisher.publish(KVEventBatch(ts=ts, events=[AllBlocksCleared()]))
 
 
-def _replay(endpoint: str, start: bytes, *, kind: int = zmq.REQ) -> Replayed:
-    """Asks `endpoint` for the batches from `start` on; what came back before the end
-    marker. A REQ socket (vLLM's example subscriber) takes one reply per request, so
-    it is read as the DEALER it is on the wire: an empty frame, then the request."""
-    socket = zmq.Context.instance().socket(zmq.DEALER)
-    socket.connect(endpoint)
-    try:
-        socket.send_multipart([b"", start] if kind == zmq.REQ else [start])
-        out: Replayed = []
-        while socket.poll(5000):
-            frames = socket.recv_multipart()
-            if kind == zmq.REQ:
-                assert frames[0] == b"", frames  # the REQ envelope comes back
-                frames = frames[1:]
-            seq, payload = frames
-            if seq == END_SEQ:
-                assert payload == b""
-                return out
-            out.append((int.from_bytes(seq, "big"), decode_batch(payload).ts))
-        raise AssertionError(f"no end marker after {out}")
-    finally:
-        socket.close(linger=0)
+def _replay(endpoint: str, start: bytes, *, envelope: bool = True) -> Replayed:
+    return [(seq, decode_batch(p).ts) for seq, p in replay(endpoint, start, envelope=envelope)]
 
 
 def _replay_when(endpoint: str, start: int, expected: Replayed) -> Replayed:
@@ -81,7 +62,7 @@ def test_a_late_subscriber_gets_what_it_missed_from_where_it_asks(
     assert _replay(endpoint, (2).to_bytes(8, "big")) == [(2, 2.0)]
     assert _replay(endpoint, (3).to_bytes(8, "big")) == []  # nothing newer yet
     # A bare DEALER (no empty frame) is answered in its own envelope.
-    assert _replay(endpoint, (1).to_bytes(8, "big"), kind=zmq.DEALER) == [(1, 1.0), (2, 2.0)]
+    assert _replay(endpoint, (1).to_bytes(8, "big"), envelope=False) == [(1, 1.0), (2, 2.0)]
 
 
 def test_only_the_newest_batches_are_kept(publisher: KVEventPublisher) -> None:
