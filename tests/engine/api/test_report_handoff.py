@@ -1,0 +1,91 @@
+"""AsyncEngine's report hand-off: after each report the engine thread lets the caller's
+loop route it before stepping on, but never waits on a busy loop for longer than the bound."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from engine import AsyncEngine, SamplingParams
+from tests.utils.engine_requests import make_request
+from tests.utils.fast_fake_model import fast_fake_llm_engine
+
+TOKENS = 20
+
+
+class Counted:
+    """Counts an AsyncEngine's routed reports, and notes the count as each step starts."""
+
+    def __init__(self, front: AsyncEngine) -> None:
+        self.routed = 0
+        self.at_step_start: list[int] = []
+        route, step = front._route, front.engine.step
+
+        def counting_route(report: Any, routed: Any) -> None:
+            self.routed += 1
+            route(report, routed)
+
+        def noting_step() -> Any:
+            self.at_step_start.append(self.routed)
+            return step()
+
+        front._route = counting_route  # type: ignore[method-assign]
+        front.engine.step = noting_step  # type: ignore[method-assign]
+
+
+async def _stream_tokens(front: AsyncEngine, request_id: str) -> int:
+    params = SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True)
+    stream = front.submit(make_request([5, 6, 7], params, request_id=request_id))
+    return sum(len(d.token_ids) for event in [e async for e in stream] for d in event.deltas)
+
+
+def test_each_step_starts_after_the_loop_routed_the_reports_before_it() -> None:
+    # A bound far above any wait, so that the order is certain: without the hand-off the
+    # engine thread starts its next step as soon as it has woken the loop.
+    front = AsyncEngine(fast_fake_llm_engine(), report_handoff_s=30.0)
+    counted = Counted(front)
+
+    async def main() -> int:
+        await front.start()
+        try:
+            return await _stream_tokens(front, "handed-off")
+        finally:
+            await front.shutdown()
+
+    assert asyncio.run(main()) == TOKENS
+    steps = counted.at_step_start
+    assert len(steps) == TOKENS  # one step a token, each with one report
+    # Step k starts once the k reports of the steps before it were routed.
+    assert steps == list(range(TOKENS))
+
+
+def test_a_busy_loop_holds_the_engine_up_by_at_most_the_bound() -> None:
+    front = AsyncEngine(fast_fake_llm_engine())  # the default bound, REPORT_HANDOFF_S
+    counted = Counted(front)
+
+    async def main() -> tuple[int, int]:
+        await front.start()
+        try:
+            task = asyncio.ensure_future(_stream_tokens(front, "busy-loop"))
+            await asyncio.sleep(0)  # the request is submitted
+            # The loop is busy (time.sleep lets the engine thread have the GIL) and routes
+            # nothing: the engine must make every token meanwhile, waiting at most
+            # REPORT_HANDOFF_S a step for a hand-off that does not come.
+            time.sleep(1.0)
+            steps_while_busy = len(counted.at_step_start)
+            return steps_while_busy, await task
+        finally:
+            await front.shutdown()
+
+    steps_while_busy, tokens = asyncio.run(main())
+    assert steps_while_busy == TOKENS
+    assert tokens == TOKENS  # and every token reached the stream once the loop was free
+
+
+@pytest.mark.parametrize("bad", [-0.001, float("nan")])
+def test_a_negative_or_nan_bound_is_refused(bad: float) -> None:
+    with pytest.raises(ValueError, match="report_handoff_s"):
+        AsyncEngine(fast_fake_llm_engine(), report_handoff_s=bad)
