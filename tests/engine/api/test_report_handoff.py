@@ -1,19 +1,27 @@
-"""AsyncEngine's report hand-off: after each report the engine thread lets the caller's
-loop route it before stepping on, but never waits on a busy loop for longer than the bound."""
+"""Each step's report reaches the caller's loop before the engine steps on.
+
+AsyncEngine: the engine thread lets the loop route the report, but never waits on a busy
+loop for longer than the bound. ProcessEngine: the child yields its CPU after each report,
+so a parent on the same CPU reads the reports one by one, as they are made."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import os
 import time
 from typing import Any
 
 import pytest
 
 from engine import AsyncEngine, SamplingParams
+from engine.async_engine import EngineFront
+from engine.process_engine import ProcessEngine
 from tests.utils.engine_requests import make_request
 from tests.utils.fast_fake_model import fast_fake_llm_engine
 
 TOKENS = 20
+PROCESS_TOKENS = 64
 
 
 class Counted:
@@ -36,8 +44,8 @@ class Counted:
         front.engine.step = noting_step  # type: ignore[method-assign]
 
 
-async def _stream_tokens(front: AsyncEngine, request_id: str) -> int:
-    params = SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True)
+async def _stream_tokens(front: EngineFront, request_id: str, max_tokens: int = TOKENS) -> int:
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     stream = front.submit(make_request([5, 6, 7], params, request_id=request_id))
     return sum(len(d.token_ids) for event in [e async for e in stream] for d in event.deltas)
 
@@ -89,3 +97,45 @@ def test_a_busy_loop_holds_the_engine_up_by_at_most_the_bound() -> None:
 def test_a_negative_or_nan_bound_is_refused(bad: float) -> None:
     with pytest.raises(ValueError, match="report_handoff_s"):
         AsyncEngine(fast_fake_llm_engine(), report_handoff_s=bad)
+
+
+@pytest.mark.serial
+def test_an_engine_process_on_the_servers_cpu_lets_it_take_each_report() -> None:
+    # Both on one CPU: without the yield, the child steps on through its time slice after
+    # each report and the parent reads the tokens in bunches, the first with the last.
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cpus)})  # this thread, and the child spawned from it
+    try:
+        front = ProcessEngine(functools.partial(fast_fake_llm_engine))
+        per_wakeup: list[int] = []
+        reports = 0
+        on_readable, on_report = front._on_readable, front._on_report
+
+        def counting_report(report: Any) -> None:
+            nonlocal reports
+            reports += 1
+            on_report(report)
+
+        def counting_readable() -> None:
+            nonlocal reports
+            reports = 0
+            on_readable()
+            if reports:
+                per_wakeup.append(reports)
+
+        front._on_report = counting_report  # type: ignore[method-assign]
+        front._on_readable = counting_readable  # type: ignore[method-assign]
+
+        async def main() -> int:
+            await front.start()
+            try:
+                return await _stream_tokens(front, "process", max_tokens=PROCESS_TOKENS)
+            finally:
+                await front.shutdown()
+
+        assert asyncio.run(main()) == PROCESS_TOKENS
+    finally:
+        os.sched_setaffinity(0, cpus)
+    # One report a read, as sent (two may meet when the parent was slow to wake).
+    assert len(per_wakeup) >= PROCESS_TOKENS // 2, per_wakeup
+    assert max(per_wakeup) <= 2, per_wakeup
