@@ -185,10 +185,11 @@ def cpu_s(pid: int) -> float | None:
 @dataclass
 class Cpu:
     """CPU seconds one side's rounds used: in this process, and in the engine server's
-    (None: not readable here)."""
+    (None: not readable here); and the rounds' wall time."""
 
     own_s: float = 0.0
     server_s: float | None = 0.0
+    wall_s: float = 0.0  # the rounds' own time, end to end
 
 
 async def measure(
@@ -203,6 +204,7 @@ async def measure(
     side's timings, the CPU its rounds used, and the round trips' seconds."""
     sides: dict[str, list[Timing]] = {name: [] for name in clients}
     cpu = {name: Cpu() for name in clients}
+    walls = {name: 0.0 for name in clients}
     floor: list[float] = []
     for i in range(args.warmup):
         for name, client in clients.items():
@@ -212,11 +214,23 @@ async def measure(
     order = list(clients)
     while done < args.requests:
         for name in order:
-            own, server = time.process_time(), cpu_s(server_pid)
-            for j in range(args.round):
-                i = done + j
-                prompt = prompts[i % len(prompts)]
-                sides[name].append(await one(clients[name], prompt, args.max_tokens, f"{name}-{i}"))
+            own, server, wall = time.process_time(), cpu_s(server_pid), time.perf_counter()
+            for start in range(0, args.round, args.concurrency):
+                batch = range(done + start, done + min(args.round, start + args.concurrency))
+                sides[name].extend(
+                    await asyncio.gather(
+                        *(
+                            one(
+                                clients[name],
+                                prompts[i % len(prompts)],
+                                args.max_tokens,
+                                f"{name}-{i}",
+                            )
+                            for i in batch
+                        )
+                    )
+                )
+            walls[name] += time.perf_counter() - wall
             cpu[name].own_s += time.process_time() - own
             after, used = cpu_s(server_pid), cpu[name]
             if server is None or after is None or used.server_s is None:
@@ -231,6 +245,8 @@ async def measure(
         done += args.round
         order = order[1:] + order[:1]  # no side always goes first
     timings = {name: timings[: args.requests] for name, timings in sides.items()}
+    for name, used in cpu.items():
+        used.wall_s = walls[name]
     return timings, cpu, floor
 
 
@@ -240,6 +256,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--round", type=int, default=10, help="requests per side per round")
     p.add_argument("--max-tokens", type=int, default=8)
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        help="requests in flight at once on a side (default 1: the hop alone; more shows "
+        "what the hop costs a batch, as output tokens per second per side)",
+    )
     p.add_argument(
         "--step-ms",
         type=float,
@@ -263,7 +286,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "on the other half, as separate pods are; shared: everything on every CPU",
     )
     p.add_argument("--serve-engine", action="store_true", help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.concurrency < 1:
+        p.error("--concurrency must be at least 1")
+    return args
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -347,6 +373,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         # CPU per request: in-process (client and engine in this process) vs remote
         # (the client here plus the engine server's process); the difference is the hop's.
         "cpu_per_request_ms": _cpu_figures(cpu, args.requests),
+        "concurrency": args.concurrency,
+        # Output tokens per second of each side's rounds: with --concurrency, what the
+        # hop costs a batch.
+        "output_tokens_per_s": {
+            side: round(sum(t.tokens for t in timings[side]) / cpu[side].wall_s, 1)
+            for side in SIDES
+        },
         "cpus": os.cpu_count(),
         "load_avg_1m": os.getloadavg()[0],
     }
@@ -360,6 +393,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"{key[:-3]:12}{local[key]:12.3f}{remote[key]:10.3f}{hop[key]:8.3f}"
             f"{http[key]:10.3f}{hop_http[key]:8.3f}"
         )
+    tps = report["output_tokens_per_s"]
+    print(
+        f"output tokens/s at concurrency {args.concurrency}: in-process {tps['in_process']},"
+        f" link {tps['remote']}, http {tps['remote_http']}"
+    )
     c = report["cpu_per_request_ms"]
     print(
         f"CPU per request (ms): in-process {c['in_process']}, link {c['remote']},"
