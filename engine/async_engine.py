@@ -143,6 +143,7 @@ class EngineFront(abc.ABC):
         # Adapter loads/unloads in flight, and the loaded adapters as last reported.
         self._adapter_calls: dict[int, asyncio.Future[AdapterReply]] = {}
         self._adapters = {a.name: a for a in info.adapters}
+        self._after_report: list[Callable[[], None]] = []
         self._num_sent = 0  # AddRequests sent; the loop reports how many it has taken
         self._num_taken = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -291,6 +292,12 @@ class EngineFront(abc.ABC):
             raise reply.error
         return reply
 
+    def after_each_report(self, callback: Callable[[], None]) -> None:
+        """Calls `callback` on the caller's loop once each report's events have reached
+        their streams: a listener that batches what it is handed (the engine server's
+        link) sends the batch there, while the engine waits for the report to be routed."""
+        self._after_report.append(callback)
+
     def stats(self) -> EngineStats:
         """The counters as of the last report, with the last per-domain counters received."""
         stats = self._stats
@@ -348,6 +355,11 @@ class EngineFront(abc.ABC):
             if fut is not None and not fut.done():
                 fut.set_result(None)
         # An aborted request that had no event left (already finished) ends quietly.
+        for callback in self._after_report:
+            try:
+                callback()
+            except Exception:  # one callback's bug must not stop the others, or the report
+                log.exception("a callback after a report failed")
 
     def _on_dead(self, reason: BaseException | None) -> None:
         """Ends every live request with an error (on the caller's loop)."""

@@ -9,13 +9,17 @@ messages over it, in binary frames of JSON (orjson):
     gateway -> engine   {"op": "submit", "id": ID, "body": BODY, "headers": HEADERS}
                         {"op": "abort", "id": ID}
     engine -> gateway   {"id": ID, "e": EVENT}       one event, in the compact form
+                        [MESSAGE, MESSAGE, ...]      the events of one engine step
                         {"id": ID, "x": REFUSAL}     refused: status, message, type,
                                                      code, retry_after_s
                         {"id": ID, "f": MESSAGE}     failed in the engine mid-stream
                         {"op": "draining"}           this engine admits nothing new
 
 BODY and HEADERS are what the HTTP route takes (engine_server.wire), so a request
-means the same on both transports, and is checked by the same code. The link ends
+means the same on both transports, and is checked by the same code. The events one
+engine step makes for a gateway's requests go in one frame, sent once the step's report
+has been routed (`EngineFront.after_each_report`): with many requests in flight, one
+write a step instead of one a request. The link ends
 a request as a hang-up does: an abort, or the WebSocket closing, aborts what is in
 flight and frees its blocks at once. The HTTP API stays for routers, the Kubernetes
 inference stack's endpoint picker, and any other OpenAI client.
@@ -87,6 +91,17 @@ class EngineLink:
         self._connections: set[_Connection] = set()
         self._idle = asyncio.Event()
         self._idle.set()
+        # The engine's own fronts say when a report has been routed: events are batched
+        # until then. Another front's events go one frame each.
+        after_each_report = getattr(server.front, "after_each_report", None)
+        self.batches = after_each_report is not None
+        if after_each_report is not None:
+            after_each_report(self.flush)
+
+    def flush(self) -> None:
+        """Sends each connection's batched events."""
+        for connection in list(self._connections):
+            connection.flush()
 
     def connections(self) -> int:
         """Gateways linked now."""
@@ -143,9 +158,9 @@ class _Connection:
     """One gateway's WebSocket and the requests it has in flight.
 
     Nothing here runs a task per request: a request's events reach `_LinkRequest`
-    within the engine's step report (`RequestStream.listen`), and each becomes a frame
-    written at once (`start_now`), so an event costs no event-loop wake-up of its own
-    between the engine and the socket.
+    within the engine's step report (`RequestStream.listen`) and are batched; the
+    report's batch is written (`start_now`) as soon as the report has been routed, so an
+    event costs no event-loop wake-up of its own between the engine and the socket.
     """
 
     def __init__(self, link: EngineLink, websocket: WebSocket) -> None:
@@ -156,13 +171,38 @@ class _Connection:
         self._sending: asyncio.Future[None] | None = None
         self._backlog: list[bytes] = []
         self._tasks: set[asyncio.Future[None]] = set()  # submits that wait, aborts
+        self._batch: list[dict[str, Any]] = []  # events waiting for `flush`
 
     def post(self, message: dict[str, Any]) -> None:
-        """Sends one message now, or after those before it if the socket is backed up;
-        a closed socket is the reader's to notice."""
+        """Sends one message now (after the batched events, which it must not overtake),
+        or after the frames before it if the socket is backed up; a closed socket is the
+        reader's to notice."""
         if not self._open:
             return
-        data = orjson.dumps(message)
+        if self._batch:
+            self._batch.append(message)
+            self.flush()
+            return
+        self._write(orjson.dumps(message))
+
+    def post_event(self, message: dict[str, Any]) -> None:
+        """Batches a request's event until `flush`: when the report it came in has been
+        routed, or on the loop's next turn for one handed over outside a report."""
+        if not self._open:
+            return
+        self._batch.append(message)
+        if len(self._batch) == 1:
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Sends the batched messages in one frame: the message alone, or an array."""
+        if not self._batch:
+            return
+        batch, self._batch = self._batch, []
+        if self._open:
+            self._write(orjson.dumps(batch[0] if len(batch) == 1 else batch))
+
+    def _write(self, data: bytes) -> None:
         if self._sending is not None:
             self._backlog.append(data)
             return
@@ -308,7 +348,11 @@ class _LinkRequest:
                 return
             if self.span is not None:
                 self.span.observe(item)
-            self.connection.post({"id": self.request_id, "e": event_to_compact(item)})
+            message = {"id": self.request_id, "e": event_to_compact(item)}
+            if self.connection.link.batches:
+                self.connection.post_event(message)
+            else:
+                self.connection.post(message)
             if item.finished:
                 self._end(None)
         except Exception:  # never break the report the other requests' events are in

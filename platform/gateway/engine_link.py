@@ -262,7 +262,10 @@ class EngineLink:
                 if message.type != aiohttp.WSMsgType.BINARY:
                     continue
                 try:
-                    self._dispatch(orjson.loads(message.data))
+                    frame = orjson.loads(message.data)
+                    # One message, or the messages of one engine step.
+                    for one in frame if isinstance(frame, list) else (frame,):
+                        self._dispatch(one)
                 except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
                     why = f"a malformed frame from {self.url}: {exc!r}"
                     break

@@ -335,8 +335,15 @@ def test_the_transport_and_read_timeout_are_settings_and_bad_ones_are_refused_by
 
 @pytest.mark.parametrize(
     "reply",
-    [b"not json", b'{"id": "bad-1"}', b'{"id": "bad-1", "e": {"d": 7}}', b'{"op": 3}'],
-    ids=["not-json", "no-kind", "bad-event", "no-id"],
+    [
+        b"not json",
+        b'{"id": "bad-1"}',
+        b'{"id": "bad-1", "e": {"d": 7}}',
+        b'{"op": 3}',
+        b'[{"id": "bad-1"}]',
+        b"[7]",
+    ],
+    ids=["not-json", "no-kind", "bad-event", "no-id", "batch-no-kind", "batch-of-a-number"],
 )
 def test_a_malformed_frame_from_an_engine_ends_the_stream_cleanly(reply: bytes) -> None:
     """An engine that sends what the link does not say (a bug, or a version skew) ends

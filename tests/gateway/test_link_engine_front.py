@@ -177,3 +177,33 @@ def test_an_event_that_cannot_be_sent_ends_its_own_stream_alone(
     assert isinstance(failed, EngineDeadError) and "could not send" in str(failed)
     assert healthy[-1].finished and sum(len(d.token_ids) for e in healthy for d in e.deltas) == 8
     assert idle(served) and served.server.link.in_flight() == 0  # the poisoned one aborted
+
+
+def test_the_events_of_one_engine_step_go_in_one_frame(served: Served) -> None:
+    async def frames() -> list[Any]:
+        got: list[Any] = []
+        async with aiohttp.ClientSession() as session:
+            ws = await session.ws_connect(served.url + "/internal/link", headers=AUTH)
+            for i in range(4):
+                body = {"model": "fast-fake", "prompt": [50 + i], "max_tokens": 6, "stream": True}
+                await ws.send_bytes(orjson.dumps({"op": "submit", "id": f"step-{i}", "body": body}))
+            finished = 0
+            while finished < 4:
+                frame = orjson.loads((await asyncio.wait_for(ws.receive(), 30)).data)
+                got.append(frame)
+                messages = frame if isinstance(frame, list) else [frame]
+                finished += sum(1 for m in messages if m["e"]["f"])
+            await ws.close()
+        return got
+
+    got = asyncio.run(frames())
+    batches = [f for f in got if isinstance(f, list)]
+    # Once the four decode together, each step's four events leave in one frame.
+    assert batches and max(len(b) for b in batches) == 4
+    assert all(len({m["id"] for m in b}) == len(b) for b in batches)  # one event a request
+    messages = [m for f in got for m in (f if isinstance(f, list) else [f])]
+    for i in range(4):
+        events = [m["e"] for m in messages if m["id"] == f"step-{i}"]
+        assert sum(len(d[2]) for e in events for d in e["d"]) == 6
+        assert [e["f"] for e in events] == [False] * (len(events) - 1) + [True]
+    assert served.server.link.in_flight() == 0

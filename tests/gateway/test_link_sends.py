@@ -208,3 +208,35 @@ def test_an_inline_send_that_fails_later_ends_the_streams_with_a_clean_error() -
         assert socket.sent == []
 
     asyncio.run(scenario())
+
+
+class RecordingSocket:
+    """A WebSocket that takes every frame at once and keeps what each one held."""
+
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+
+    async def send_bytes(self, data: bytes) -> None:
+        self.sent.append(orjson.loads(data))
+
+
+def test_batched_events_leave_in_one_frame_and_nothing_overtakes_them() -> None:
+    async def scenario() -> list[Any]:
+        socket = RecordingSocket()
+        connection = _Connection(None, socket)  # type: ignore[arg-type]
+        connection.post_event({"id": "a", "e": 1})
+        connection.post_event({"id": "b", "e": 1})
+        assert socket.sent == []  # held until the report has been routed
+        connection.flush()
+        connection.post_event({"id": "a", "e": 2})
+        connection.post({"id": "b", "f": "failed"})  # sent now, behind the batched event
+        connection.post_event({"id": "a", "e": 3})  # handed over outside a report
+        await asyncio.sleep(0)  # sent on the loop's next turn
+        connection.flush()  # nothing left: no empty frame
+        return socket.sent
+
+    assert asyncio.run(scenario()) == [
+        [{"id": "a", "e": 1}, {"id": "b", "e": 1}],
+        [{"id": "a", "e": 2}, {"id": "b", "f": "failed"}],
+        {"id": "a", "e": 3},
+    ]

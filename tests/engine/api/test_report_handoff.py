@@ -139,3 +139,34 @@ def test_an_engine_process_on_the_servers_cpu_lets_it_take_each_report() -> None
     # One report a read, as sent (two may meet when the parent was slow to wake).
     assert len(per_wakeup) >= PROCESS_TOKENS // 2, per_wakeup
     assert max(per_wakeup) <= 2, per_wakeup
+
+
+def test_a_callback_after_each_report_sees_its_events_already_delivered() -> None:
+    front = AsyncEngine(fast_fake_llm_engine())
+    delivered: list[Any] = []
+    seen_at_call: list[int] = []
+    front.after_each_report(lambda: seen_at_call.append(len(delivered)))
+
+    async def main() -> None:
+        await front.start()
+        try:
+            params = SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True)
+            stream = front.submit(make_request([5, 6, 7], params, request_id="observed"))
+            done = asyncio.get_running_loop().create_future()
+
+            def listener(item: Any) -> None:
+                delivered.append(item)
+                if item.finished:
+                    done.set_result(None)
+
+            stream.listen(listener)
+            await asyncio.wait_for(done, 30)
+        finally:
+            await front.shutdown()
+
+    asyncio.run(main())
+    assert len(delivered) == TOKENS
+    # Called once a report (an idle report at the end may repeat the count), each time
+    # after that report's event reached the listener.
+    assert sorted(set(seen_at_call)) == list(range(1, TOKENS + 1))
+    assert seen_at_call == sorted(seen_at_call)
