@@ -28,12 +28,14 @@ def test_percentiles_and_the_added_figures_are_remote_minus_in_process() -> None
 def test_a_quick_run_reports_every_side(tmp_path: Path) -> None:
     capture = tmp_path / "stdout.txt"
     with capture.open("w") as out, contextlib.redirect_stdout(out):
-        returned = main(["--requests", "4", "--warmup", "1", "--round", "2"])
+        returned = main(["--requests", "4", "--warmup", "1", "--round", "2", "--concurrency", "2"])
     lines = capture.read_text().strip().splitlines()
     report = json.loads(lines[-1])
     assert report == json.loads(json.dumps(returned))
     assert report["requests_per_side"] == 4
     assert report["tokens_per_request"] == 8  # EOS ignored: every request makes max_tokens
+    assert report["concurrency"] == 2
+    assert all(report["output_tokens_per_s"][side] > 0 for side in ("in_process", "remote"))
     for side in ("in_process", "remote", "remote_http"):
         figures = report[side]
         assert 0 < figures["ttft_p50_ms"] <= figures["e2e_p50_ms"]
@@ -51,3 +53,10 @@ def test_a_quick_run_reports_every_side(tmp_path: Path) -> None:
     assert isinstance(report["meets_goal"], bool)
     # The machine's floor was measured in the same run: a real round trip takes time.
     assert 0 < report["loopback_rtt_p50_ms"] <= report["loopback_rtt_p95_ms"]
+
+
+@pytest.mark.parametrize("bad", ["0", "-3", "two"])
+def test_a_concurrency_below_one_or_not_a_number_is_refused(bad: str) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--concurrency", bad])
+    assert exit_info.value.code == 2  # argparse's usage error, before anything starts
