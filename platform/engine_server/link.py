@@ -171,7 +171,9 @@ class _Connection:
         self._sending: asyncio.Future[None] | None = None
         self._backlog: list[bytes] = []
         self._tasks: set[asyncio.Future[None]] = set()  # submits that wait, aborts
-        self._batch: list[dict[str, Any]] = []  # events waiting for `flush`
+        # Events waiting for `flush`, each encoded when posted, so that one that cannot
+        # be encoded fails its own request (`_LinkRequest.on_item`), not the batch.
+        self._batch: list[bytes] = []
 
     def post(self, message: dict[str, Any]) -> None:
         """Sends one message now (after the batched events, which it must not overtake),
@@ -179,18 +181,19 @@ class _Connection:
         reader's to notice."""
         if not self._open:
             return
+        data = orjson.dumps(message)
         if self._batch:
-            self._batch.append(message)
+            self._batch.append(data)
             self.flush()
             return
-        self._write(orjson.dumps(message))
+        self._write(data)
 
     def post_event(self, message: dict[str, Any]) -> None:
         """Batches a request's event until `flush`: when the report it came in has been
         routed, or on the loop's next turn for one handed over outside a report."""
         if not self._open:
             return
-        self._batch.append(message)
+        self._batch.append(orjson.dumps(message))
         if len(self._batch) == 1:
             asyncio.get_running_loop().call_soon(self.flush)
 
@@ -200,7 +203,7 @@ class _Connection:
             return
         batch, self._batch = self._batch, []
         if self._open:
-            self._write(orjson.dumps(batch[0] if len(batch) == 1 else batch))
+            self._write(batch[0] if len(batch) == 1 else b"[" + b",".join(batch) + b"]")
 
     def _write(self, data: bytes) -> None:
         if self._sending is not None:

@@ -146,14 +146,17 @@ def test_an_abort_frame_and_a_hang_up_free_the_engines_blocks(served: Served) ->
     assert served.engine.stats().num_generated_tokens - generated < 400
 
 
+@pytest.mark.parametrize("poison", ["raises", "not-json"])
 def test_an_event_that_cannot_be_sent_ends_its_own_stream_alone(
-    served: Served, monkeypatch: pytest.MonkeyPatch
+    served: Served, monkeypatch: pytest.MonkeyPatch, poison: str
 ) -> None:
     encode = link_module.event_to_compact
 
     def poisoned(event: StreamEvent) -> Any:
         if event.request_id == "poison":
-            raise ValueError("cannot encode")
+            if poison == "raises":
+                raise ValueError("cannot encode")
+            return {"d": {1, 2}}  # a set: orjson cannot write it, in this step's batch
         return encode(event)
 
     monkeypatch.setattr(link_module, "event_to_compact", poisoned)
