@@ -204,7 +204,6 @@ async def measure(
     side's timings, the CPU its rounds used, and the round trips' seconds."""
     sides: dict[str, list[Timing]] = {name: [] for name in clients}
     cpu = {name: Cpu() for name in clients}
-    walls = {name: 0.0 for name in clients}
     floor: list[float] = []
     for i in range(args.warmup):
         for name, client in clients.items():
@@ -230,7 +229,7 @@ async def measure(
                         )
                     )
                 )
-            walls[name] += time.perf_counter() - wall
+            cpu[name].wall_s += time.perf_counter() - wall
             cpu[name].own_s += time.process_time() - own
             after, used = cpu_s(server_pid), cpu[name]
             if server is None or after is None or used.server_s is None:
@@ -245,8 +244,6 @@ async def measure(
         done += args.round
         order = order[1:] + order[:1]  # no side always goes first
     timings = {name: timings[: args.requests] for name, timings in sides.items()}
-    for name, used in cpu.items():
-        used.wall_s = walls[name]
     return timings, cpu, floor
 
 
