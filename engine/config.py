@@ -72,6 +72,11 @@ class CacheConfig:
     # Per-domain floor: cached blocks no other domain's traffic can evict (the larger wins).
     min_cached_blocks: int = 0
     min_cached_share: float = 0.0
+    # The default floor against eviction floods: this share of the pool is split evenly
+    # among the tenants (domain roots, "t:a" of "t:a/k:1") that cache blocks, and a
+    # tenant's cached blocks within its part are never evicted by another tenant's
+    # traffic. 0 turns it off; explicit floors (above, or a tenant's rule) still apply.
+    fair_cached_share: float = 0.2
     strict_partition: bool = False  # no cross-domain eviction; a domain caches <= its floor
     retention_ttl_s: float | None = None  # idle cached blocks older than this are dropped
     scrub_freed_blocks: bool = False  # zero KV blocks when they leave a domain
@@ -101,6 +106,11 @@ class SchedulerConfig:
     scheduling_policy: SchedulingPolicy = "fcfs"
     # Fairness key (tenant) -> weight, for the fair policies and the waiting shares.
     domain_weights: tuple[tuple[str, float], ...] = ()
+    # Weighted KV shares in the running set (engine/scheduler/kv_shares.py): when the pool
+    # is short the preemption victim comes from the tenant most over its share, and a
+    # tenant over its share is not admitted while one under its share waits. False: the
+    # tenant-blind scheduler of before (newest sequence preempted), for comparisons.
+    kv_shares: bool = True
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,12 @@ class RequestTooLargeError(InvalidRequestError):
     code = "request_too_large"
 
 
+class KVQuotaExceededError(InvalidRequestError):
+    """The request (prompt + max_tokens) needs more KV blocks than its tenant's quota."""
+
+    code = "kv_quota_exceeded"
+
+
 class EngineOverloadedError(EngineError):
     """The waiting queue is full; retry later. Raised at once by `submit`."""
 

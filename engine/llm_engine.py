@@ -20,7 +20,12 @@ from engine.config import (
     SchedulerConfig,
     StructuredConfig,
 )
-from engine.errors import EngineError, EngineOverloadedError, InvalidRequestError
+from engine.errors import (
+    EngineError,
+    EngineOverloadedError,
+    InvalidRequestError,
+    KVQuotaExceededError,
+)
 from engine.kv_cache.cache_rules import CacheRules
 from engine.kv_cache.manager import KVCacheManager
 from engine.kv_events_publisher import KVEventPublisher
@@ -318,6 +323,7 @@ class LLMEngine:
                 f"request id {request_id!r} is already live", param="request_id"
             )
         key, weight = request.fairness_key, request.weight
+        self._check_kv_quota(key, len(request.prompt_token_ids) + max_tokens)
         room = self.scheduler.make_room(key, params.n, weight)
         if room is None:
             raise EngineOverloadedError(
@@ -353,6 +359,20 @@ class LLMEngine:
         for seq in seqs:
             self.scheduler.add(seq)
         return request_id
+
+    def _check_kv_quota(self, key: str, num_tokens: int) -> None:
+        """Refuses a request one of whose sequences could never fit its tenant's quota."""
+        quota = self.kv.kv_quota(key)
+        if quota is None:
+            return
+        need = self.kv.blocks_needed(num_tokens)
+        if need > quota:
+            raise KVQuotaExceededError(
+                f"this request needs {need} KV blocks for its prompt and max_tokens "
+                f"({num_tokens} tokens), more than its tenant's KV quota of {quota} "
+                "blocks; lower max_tokens or shorten the prompt",
+                param="max_tokens",
+            )
 
     def _refuse(self, request_id: str) -> None:
         """Ends a queued request to make room; its owner gets `EngineOverloadedError`."""
@@ -591,4 +611,5 @@ class LLMEngine:
             prefix_cache_domains=self.kv.domain_stats() if domains else {},
             prefill_token_cap=budget.prefill_cap() if budget.enabled else None,
             kv_events_dropped=None if self.kv_events is None else self.kv_events.dropped,
+            tenant_kv=self.scheduler.kv_shares.stats(self.scheduler.running),
         )

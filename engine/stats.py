@@ -8,6 +8,15 @@ from engine.kv_cache.counters import DomainCacheStats
 
 
 @dataclass(frozen=True)
+class TenantKVStats:
+    """One fairness key's (tenant's) use of the KV pool and the preemptions it met."""
+
+    blocks_in_use: int  # blocks held by its running sequences now (a gauge)
+    preemptions_suffered: int  # its sequences preempted (monotonic)
+    preemptions_caused: int  # others' sequences preempted to make room for its own
+
+
+@dataclass(frozen=True)
 class EngineStats:
     """Gauges and monotonic counters; counters only grow over the engine's life."""
 
@@ -36,3 +45,6 @@ class EngineStats:
     # KV-cache event batches the publisher's queue was too full to take (None: the
     # engine publishes none); a subscriber's index misses what they held.
     kv_events_dropped: int | None = None
+    # Per fairness key (the tenant, "t:<tenant id>" from the gateway): KV blocks in use and
+    # preemptions suffered and caused; keys with no live work and no preemption are left out.
+    tenant_kv: dict[str, TenantKVStats] = field(default_factory=dict)

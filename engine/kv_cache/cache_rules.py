@@ -24,6 +24,9 @@ class DomainRule:
     floor_share: float | None = None  # of the pool; floor = max(blocks, share*pool) of those given
     retention_ttl_s: float | None = None  # None: the engine default
     scrub_freed_blocks: bool | None = None  # None: the engine default
+    # Hard cap on the KV blocks the running sequences of the tenant whose fairness key is
+    # this root may hold at once (None: no cap); read by the scheduler, not the cache.
+    kv_quota_blocks: int | None = None
 
     def __post_init__(self) -> None:
         fb = self.floor_blocks
@@ -39,6 +42,11 @@ class DomainRule:
             isinstance(ttl, bool) or not isinstance(ttl, int | float) or math.isnan(ttl) or ttl <= 0
         ):
             raise ValueError(f"retention_ttl_s must be a positive number of seconds, not {ttl!r}")
+        quota = self.kv_quota_blocks
+        if quota is not None and (
+            isinstance(quota, bool) or not isinstance(quota, int) or quota < 1
+        ):
+            raise ValueError(f"kv_quota_blocks must be a positive integer, not {quota!r}")
         scrub = self.scrub_freed_blocks
         if scrub is not None and not isinstance(scrub, bool):
             raise ValueError(f"scrub_freed_blocks must be a boolean, not {scrub!r}")

@@ -18,6 +18,11 @@ from engine.kv_cache.cache_rules import DomainRule, match_rule
 PUBLIC = "<public>"  # the ledger's name for the published-prefix domain
 
 
+def tenant_root(domain: str) -> str:
+    """The tenant a cache domain belongs to: its first path element ("t:a" of "t:a/k:1")."""
+    return domain.split("/", 1)[0]
+
+
 @dataclass(frozen=True)
 class CachePolicy:
     """Retention rules for cached blocks, from `CacheConfig`.
@@ -26,10 +31,18 @@ class CachePolicy:
     that no other domain's traffic can evict. strict: no cross-domain eviction at all,
     and a domain caches at most its floor (a hard partition). retention_ttl_s: idle
     cached blocks older than this are dropped. scrub: zero blocks leaving a domain.
+
+    fair_cached_share: the default floor against eviction floods. That share of the
+    pool is split evenly among the tenants caching blocks (a tenant is a domain's root:
+    "t:a" for "t:a" and "t:a/k:1"), and another tenant's traffic never evicts a
+    tenant's idle cached blocks while it has no more of them than its part. It is
+    counted per tenant, not per domain, so that a tenant with many domains protects no
+    more than one with one, and all the parts together never exceed the share.
     """
 
     min_cached_blocks: int = 0
     min_cached_share: float = 0.0
+    fair_cached_share: float = 0.0
     strict: bool = False
     retention_ttl_s: float | None = None
     scrub_freed_blocks: bool = False
@@ -155,8 +168,31 @@ class EvictionLedger:
             heapq.heappop(heap)
         return None
 
+    def fair_floors(self) -> tuple[int, dict[str, int]]:
+        """The default floor of each tenant (blocks), and each tenant's idle cached blocks.
+
+        The floor is `fair_cached_share` of the pool over the tenants caching blocks now.
+        """
+        idle_by_root: dict[str, int] = {}
+        roots: set[str] = set()
+        for domain, n in self.cached.items():
+            if domain != PUBLIC and n > 0:
+                roots.add(tenant_root(domain))
+        for domain, n in self.idle.items():
+            if domain != PUBLIC and n > 0:
+                root = tenant_root(domain)
+                idle_by_root[root] = idle_by_root.get(root, 0) + n
+        share = self.policy.fair_cached_share
+        if share <= 0 or not roots:
+            return 0, idle_by_root
+        return int(share * self.num_blocks / len(roots)), idle_by_root
+
     def evictable_for(self, requester: str) -> int:
-        """Idle blocks `requester` may reclaim: its own, plus other domains' above their floor."""
+        """Idle blocks `requester` may reclaim: its own, plus other domains' above their
+        floor and other tenants' above their default floor."""
+        fair, idle_by_root = self.fair_floors()
+        own_root = tenant_root(requester)
+        per_root: dict[str, int] = {}
         total = 0
         for domain, idle in self.idle.items():
             if domain == PUBLIC or idle <= 0:
@@ -164,16 +200,28 @@ class EvictionLedger:
             if domain == requester:
                 total += idle
             elif not self.policy.strict:
-                total += max(0, min(idle, self.cached[domain] - self.floor(domain)))
+                free = max(0, min(idle, self.cached[domain] - self.floor(domain)))
+                root = tenant_root(domain)
+                if root == own_root:
+                    total += free
+                else:
+                    per_root[root] = per_root.get(root, 0) + free
+        for root, free in per_root.items():
+            total += min(free, max(0, idle_by_root.get(root, 0) - fair))
         return total
 
     def victim(self, requester: str, *, ignore_floors: bool = False) -> int | None:
         """The least recently used candidate `requester` may evict, or None."""
+        fair, idle_by_root = self.fair_floors() if not ignore_floors else (0, {})
+        own_root = tenant_root(requester)
         best: tuple[int, int] | None = None
         for domain in list(self._heaps):
             if domain == PUBLIC:
                 continue
             protected = self.policy.strict or self.cached[domain] <= self.floor(domain)
+            root = tenant_root(domain)
+            if fair and root != own_root and idle_by_root.get(root, 0) <= fair:
+                protected = True
             if domain != requester and not ignore_floors and protected:
                 continue
             top = self._top(domain)

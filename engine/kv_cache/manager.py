@@ -88,6 +88,7 @@ class KVCacheManager:
         policy = CachePolicy(
             min_cached_blocks=cache.min_cached_blocks,
             min_cached_share=cache.min_cached_share,
+            fair_cached_share=cache.fair_cached_share,
             strict=cache.strict_partition,
             retention_ttl_s=cache.retention_ttl_s,
             scrub_freed_blocks=cache.scrub_freed_blocks,
@@ -172,6 +173,12 @@ class KVCacheManager:
             elif not should and b in self._pinned:
                 self._pinned.discard(b)
                 self._release([b], PUBLIC)  # evicted at once if nobody holds it
+
+    def kv_quota(self, fairness_key: str) -> int | None:
+        """The hard cap on blocks the running sequences of `fairness_key` may hold: the
+        `kv_quota_blocks` of the rule on that root, if any (the scheduler enforces it)."""
+        rule = self.ledger.rule(fairness_key)
+        return None if rule is None else rule.kv_quota_blocks
 
     def set_domain_floor(self, domain: str, blocks: int) -> None:
         """Overrides the cached blocks of `domain` that other domains cannot evict."""

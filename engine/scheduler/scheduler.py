@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from engine.config import SchedulerConfig
 from engine.kv_cache.manager import KVCacheManager
 from engine.lora.slots import AdapterSlots
+from engine.scheduler.kv_shares import KVShares
 from engine.scheduler.output import ScheduledSequence, SchedulerOutput
 from engine.scheduler.policies import make_waiting_queue
 from engine.scheduler.queue import WaitingQueue
@@ -47,6 +48,8 @@ class Scheduler:
         )
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        # Per tenant in the running set: weighted KV shares, quotas, preemption counts.
+        self.kv_shares = KVShares(self.tenants, kv, enabled=config.kv_shares)
         self.adapter_slots = adapter_slots
         itl_budget_s = None if config.itl_budget_ms is None else config.itl_budget_ms / 1000
         self.step_budget = StepBudget(itl_budget_s, config.max_num_batched_tokens)
@@ -102,12 +105,13 @@ class Scheduler:
             if num_new == 0:  # a prompt chunk, and this step's prefill is spent
                 i += 1
                 continue
-            while not self.kv.allocate_slots(seq, num_new):
-                victim = self.running.pop()
-                self._preempt(victim)
-                preempted.append(victim)
+            while not self._fits_quota(seq, num_new) or not self.kv.allocate_slots(seq, num_new):
+                victim = self._victim(seq, num_new)
+                budget += self._preempt_running(victim, seq, scheduled, preempted)
                 if victim is seq:
                     break
+                if self.running.index(seq) < i:
+                    i -= 1  # the victim stood before `seq` in the running list
             else:
                 scheduled.append(ScheduledSequence(seq, seq.num_computed_tokens, num_new))
                 budget -= num_new
@@ -124,12 +128,57 @@ class Scheduler:
             preempted=tuple(preempted),
         )
 
+    def _fits_quota(self, seq: Sequence, num_new: int) -> bool:
+        """Whether `num_new` more tokens of running `seq` keep its tenant within quota."""
+        if self.kv_shares.quota(seq.fairness_key) is None:
+            return True
+        total = self.kv.blocks_needed(seq.num_computed_tokens + num_new)
+        used = sum(len(s.block_ids) for s in self.running if s.fairness_key == seq.fairness_key)
+        return not self.kv_shares.over_quota(seq, total, used)
+
+    def _victim(self, seq: Sequence, num_new: int) -> Sequence:
+        """Whom to preempt so that running `seq` can take `num_new` more tokens: its own
+        tenant's newest when its quota binds, else by KV share (shares off: the newest)."""
+        if not self._fits_quota(seq, num_new):
+            own = self.kv_shares.own_victim(self.running, seq.fairness_key)
+            if own is not None:
+                return own
+        return self.kv_shares.victim(self.running, seq)
+
+    def _preempt_running(
+        self,
+        victim: Sequence,
+        requester: Sequence,
+        scheduled: list[ScheduledSequence],
+        preempted: list[Sequence],
+    ) -> int:
+        """Preempts a running sequence; one already scheduled this step is taken out of
+        the batch. Returns the step budget that gives back."""
+        given_back = 0
+        for j, item in enumerate(scheduled):
+            if item.seq is victim:
+                del scheduled[j]
+                given_back = item.num_new_tokens
+                if given_back > 1:
+                    self._prefill_left += given_back
+                break
+        self.running.remove(victim)
+        self._preempt(victim)
+        self.kv_shares.preempted(victim, requester)
+        preempted.append(victim)
+        return given_back
+
     def _admit(self, budget: int, scheduled: list[ScheduledSequence]) -> int:
         # Sequences whose adapter waits for a slot: passed over this step, still in the
         # queue at their place in fair order, so they are asked first again next step.
         held: set[str] = set()
+        # Tenants passed over this step (over their KV share or quota), and the ids of
+        # their waiting sequences, which the queue skips.
+        held_keys: set[str] = set()
+        skip: set[str] = set()
+        gate = self.kv_shares.admission_gate(self.running)
         while budget > 0 and len(self.running) < self.config.max_num_seqs:
-            seq = self.waiting.peek(held)
+            seq = self.waiting.peek(skip | held if held else skip)
             if seq is None:
                 break
             if not self._place_adapter(seq):
@@ -146,9 +195,18 @@ class Scheduler:
             if num_new == 0:  # this step's prefill is spent
                 seq.num_computed_tokens = 0
                 break
+            total = self.kv.blocks_needed(num_computed + num_new)
+            waiting_keys = (k for k in self.tenants.waiting if k not in held_keys)
+            if not gate.allows(seq, total, waiting_keys):
+                seq.num_computed_tokens = 0
+                key = seq.fairness_key
+                held_keys.add(key)
+                skip.update(s.seq_id for s in self.waiting if s.fairness_key == key)
+                continue
             if not self.kv.allocate_slots(seq, num_new, computed_blocks):
                 seq.num_computed_tokens = 0
                 break
+            gate.admitted(seq, total)
             self.waiting.pop(seq)
             self.tenants.admitted(seq)
             if not seq.admitted_once:

@@ -231,6 +231,13 @@ class Settings(BaseSettings):
     # Every cache domain's floor: cached blocks no other domain's traffic evicts (the larger).
     min_cached_blocks: int = Field(default=0, ge=0)
     min_cached_share: float = Field(default=0.0, ge=0.0, le=1.0)
+    # The default floor against eviction floods: this share of the KV pool is split evenly
+    # among the tenants that cache blocks; within its part no other tenant evicts a
+    # tenant's cached blocks (0: off).
+    fair_cached_share: float = Field(default=0.2, ge=0.0, le=1.0)
+    # Weighted KV shares in the running set: under contention the preemption victim comes
+    # from the tenant most over its share (false: the tenant-blind newest-first of before).
+    kv_shares: bool = True
     enforce_eager: bool = False  # never capture CUDA graphs
     # Where the engine loop runs: "thread" (a thread of the server process, the embedded
     # default) or "process" (a child process of its own, so that the HTTP event loop and

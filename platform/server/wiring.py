@@ -111,6 +111,8 @@ def serve_engine_options(
         "prefix_cache": settings.prefix_cache,
         "min_cached_blocks": settings.min_cached_blocks,
         "min_cached_share": settings.min_cached_share,
+        "fair_cached_share": settings.fair_cached_share,
+        "kv_shares": settings.kv_shares,
         "strict_partition": settings.strict_partition,
         "retention_ttl_s": settings.retention_ttl_s,
         "scrub_freed_blocks": settings.scrub_freed_blocks,
@@ -461,15 +463,17 @@ def with_server_logs(
 
 
 def registry_model_access(settings: Settings, sessions: sessionmaker[Session]) -> ModelAccess:
-    """The gateway's view of the registry's per-model tenant allow-lists, read once now and
-    then every `config_refresh_s` on its own thread (and `sessions`' connection)."""
+    """The gateway's view of the registry's per-model tenant allow-lists and output caps,
+    read once now and then every `config_refresh_s` on its own thread (and `sessions`'
+    connection)."""
     from admin import registry
-    from gateway.model_access import ModelAccess
+    from gateway.model_access import ModelAccess, RegistryView
 
-    def read() -> dict[str, frozenset[str] | None]:
+    def read() -> RegistryView:
         with sessions() as session:
             # Adapters as "base:adapter" entries: their owner (None: public).
-            return {**registry.allow_lists(session), **registry.adapter_allow_lists(session)}
+            allowed = {**registry.allow_lists(session), **registry.adapter_allow_lists(session)}
+            return RegistryView(allowed, registry.output_caps(session))
 
     return ModelAccess.load(
         read, refresh_s=settings.config_refresh_s, read_timeout_s=settings.auth_read_timeout_s

@@ -16,6 +16,7 @@ from engine.kv_cache.eviction import PUBLIC, CachePolicy
 from engine.kv_cache.manager import KVCacheManager
 from engine.kv_cache.prefix_index import make_prefix_index
 from engine.sampling_params import SamplingParams
+from engine.scheduler.output import SchedulerOutput
 from engine.scheduler.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
 
@@ -157,7 +158,7 @@ class CacheDriver:
 
     # -- steps ------------------------------------------------------------------------
 
-    def step(self) -> None:
+    def step(self) -> SchedulerOutput:
         before = {s.seq_id for s in self.scheduler.running}
         out = self.scheduler.schedule()
         bs = self.kv.block_size
@@ -176,6 +177,7 @@ class CacheDriver:
                 sampled[seq.seq_id] = fake_next_token(history)
         self.scheduler.update(out, sampled)
         self.clock.now += 1.0
+        return out
 
     def _check_adopted(self, seq: Sequence, start: int) -> None:
         """Adopted blocks were computed for this key (or published), with these tokens."""
