@@ -39,7 +39,7 @@ from engine.core_loop import (
     UpdateCacheRules,
 )
 from engine.errors import AdapterNotFoundError, EngineDeadError, EngineOverloadedError
-from engine.kv_cache.cache_rules import CacheRules
+from engine.kv_cache.cache_rules import CacheRules, DomainRule, match_rule
 from engine.llm_engine import LLMEngine, build_config
 from engine.lora.peft import AdapterInfo
 from engine.lora.registry import located
@@ -51,6 +51,7 @@ from engine.scratch_thread import run_on_scratch_thread
 from engine.stats import EngineStats
 from engine.structured.compiler import GrammarCompiler
 from engine.structured.spec import StructuredSpec
+from engine.validation import check_kv_quota
 
 log = logging.getLogger("engine.async")
 
@@ -138,6 +139,9 @@ class EngineFront(abc.ABC):
         self._streams: dict[str, RequestStream] = {}
         # Per fairness key: sequences of its live streams, and its last weight.
         self._live: dict[str, list[float]] = {}
+        # The rules with a KV quota, as last pushed: a stream that can never fit is refused
+        # before it starts.
+        self._quota_rules: dict[str, DomainRule] = {}
         self._aborts: dict[int, asyncio.Future[None]] = {}
         self._abort_tokens = itertools.count()
         # Adapter loads/unloads in flight, and the loaded adapters as last reported.
@@ -178,6 +182,12 @@ class EngineFront(abc.ABC):
             raise TypeError("submit takes an EngineRequest")
         params, weight = request.params, request.weight
         max_tokens = self.info.validate(request.prompt_token_ids, params)
+        quota = match_rule(self._quota_rules, request.fairness_key)
+        if quota is not None:
+            # Here, so that a stream is refused with a 400 before it starts; the engine
+            # checks again against the rules in force when it takes the request.
+            num_tokens = len(request.prompt_token_ids) + max_tokens
+            check_kv_quota(num_tokens, quota.kv_quota_blocks, self.info.block_size)
         if request.adapter is not None and request.adapter not in self._adapters:
             raise AdapterNotFoundError(
                 f"adapter {request.adapter!r} is not loaded", param="adapter"
@@ -254,6 +264,7 @@ class EngineFront(abc.ABC):
             raise TypeError(f"update_cache_rules takes CacheRules, not {type(rules).__name__}")
         if self._dead is not None or self._stopping:
             raise EngineDeadError("the engine is not running")
+        self._quota_rules = {r: d for r, d in rules.domains if d.kv_quota_blocks is not None}
         self._send(UpdateCacheRules(rules))
 
     async def load_adapter(self, name: str, path: str) -> AdapterInfo:

@@ -60,6 +60,7 @@ class EngineInfo:
     max_waiting: int
     structured: StructuredConfig = StructuredConfig()
     adapters: tuple[AdapterInfo, ...] = ()  # loaded when the front was built
+    block_size: int = 16  # tokens per KV block (a tenant's KV quota is in blocks)
 
     @classmethod
     def of(cls, engine: LLMEngine) -> EngineInfo:
@@ -75,6 +76,7 @@ class EngineInfo:
             max_waiting=sched.max_waiting,
             structured=engine.config.structured,
             adapters=tuple(engine.adapters()),
+            block_size=engine.capacity.block_size,
         )
 
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> int:

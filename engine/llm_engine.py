@@ -20,12 +20,7 @@ from engine.config import (
     SchedulerConfig,
     StructuredConfig,
 )
-from engine.errors import (
-    EngineError,
-    EngineOverloadedError,
-    InvalidRequestError,
-    KVQuotaExceededError,
-)
+from engine.errors import EngineError, EngineOverloadedError, InvalidRequestError
 from engine.kv_cache.cache_rules import CacheRules
 from engine.kv_cache.manager import KVCacheManager
 from engine.kv_events_publisher import KVEventPublisher
@@ -47,7 +42,7 @@ from engine.sequence import Sequence
 from engine.stats import EngineStats
 from engine.step_isolation import execute_isolated
 from engine.structured.compiler import GrammarCompiler
-from engine.validation import validate_request
+from engine.validation import check_kv_quota, validate_request
 
 log = logging.getLogger("engine")
 
@@ -323,7 +318,10 @@ class LLMEngine:
                 f"request id {request_id!r} is already live", param="request_id"
             )
         key, weight = request.fairness_key, request.weight
-        self._check_kv_quota(key, len(request.prompt_token_ids) + max_tokens)
+        # Again here: the front checked against the rules it knew, which may be older.
+        check_kv_quota(
+            len(request.prompt_token_ids) + max_tokens, self.kv.kv_quota(key), self.kv.block_size
+        )
         room = self.scheduler.make_room(key, params.n, weight)
         if room is None:
             raise EngineOverloadedError(
@@ -359,20 +357,6 @@ class LLMEngine:
         for seq in seqs:
             self.scheduler.add(seq)
         return request_id
-
-    def _check_kv_quota(self, key: str, num_tokens: int) -> None:
-        """Refuses a request one of whose sequences could never fit its tenant's quota."""
-        quota = self.kv.kv_quota(key)
-        if quota is None:
-            return
-        need = self.kv.blocks_needed(num_tokens)
-        if need > quota:
-            raise KVQuotaExceededError(
-                f"this request needs {need} KV blocks for its prompt and max_tokens "
-                f"({num_tokens} tokens), more than its tenant's KV quota of {quota} "
-                "blocks; lower max_tokens or shorten the prompt",
-                param="max_tokens",
-            )
 
     def _refuse(self, request_id: str) -> None:
         """Ends a queued request to make room; its owner gets `EngineOverloadedError`."""

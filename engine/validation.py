@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from engine.errors import (
     ContextLengthExceededError,
     InvalidRequestError,
+    KVQuotaExceededError,
     RequestTooLargeError,
 )
 from engine.sampling_params import SamplingParams
@@ -74,6 +75,21 @@ def validate_request(
             param="max_tokens",
         )
     return max_tokens
+
+
+def check_kv_quota(num_tokens: int, quota: int | None, block_size: int) -> None:
+    """Refuses a sequence of `num_tokens` (prompt + max_tokens) that could never fit its
+    tenant's KV quota of `quota` blocks (None: no quota)."""
+    if quota is None:
+        return
+    need = -(-num_tokens // block_size)
+    if need > quota:
+        raise KVQuotaExceededError(
+            f"this request needs {need} KV blocks for its prompt and max_tokens "
+            f"({num_tokens} tokens), more than its tenant's KV quota of {quota} blocks; "
+            "lower max_tokens or shorten the prompt",
+            param="max_tokens",
+        )
 
 
 def _check_each_token(prompt_token_ids: Sequence[int], vocab_size: int) -> None:

@@ -16,7 +16,7 @@ import pytest
 from engine import AsyncEngine, SamplingParams
 from engine.async_engine import EngineFront
 from engine.core_loop import EngineLoop, UpdateCacheRules
-from engine.errors import EngineDeadError
+from engine.errors import EngineDeadError, KVQuotaExceededError
 from engine.kv_cache.cache_rules import CacheRules, DomainRule
 from engine.llm_engine import LLMEngine
 from engine.process_engine import ProcessEngine
@@ -129,3 +129,36 @@ def test_the_loop_applies_each_push_in_order_and_skips_repeats() -> None:
     assert loop._take_inbox([], [], []) is False
     # The repeat of `one` is skipped; the refused push leaves `two` in force.
     assert engine.applied == [one, two, one]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("make", [_thread, _process], ids=["thread", "process"])
+def test_a_pushed_kv_quota_refuses_a_request_that_can_never_fit_it_at_submit(
+    tiny_model: pathlib.Path, make: Callable[[pathlib.Path], Front]
+) -> None:
+    """The front refuses at once (before a stream starts: a 400, not an in-band error);
+    another tenant, and a request that fits, go on."""
+    front = make(tiny_model)
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+
+    async def main() -> None:
+        await front.start()
+        try:
+            quota = DomainRule(kv_quota_blocks=2)  # 32 tokens in blocks of 16
+            await front.update_cache_rules(CacheRules(domains=(("t:a", quota),)))
+            with pytest.raises(KVQuotaExceededError, match="quota of 2 blocks"):
+                front.submit(make_request(list(range(1, 14)), params, fairness_key="t:a"))
+            fits = [
+                e async for e in front.submit(make_request([1, 2, 3], params, fairness_key="t:a"))
+            ]
+            assert sum(len(d.token_ids) for e in fits for d in e.deltas) == 20
+            other = make_request(list(range(1, 14)), params, fairness_key="t:b")
+            assert [e async for e in front.submit(other)][-1].finished
+            await front.update_cache_rules(CacheRules())  # cleared: the same request runs
+            again = make_request(list(range(1, 14)), params, fairness_key="t:a")
+            assert [e async for e in front.submit(again)][-1].finished
+            assert front.stats().num_preemptions == 0
+        finally:
+            await front.shutdown()
+
+    asyncio.run(main())
