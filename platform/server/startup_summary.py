@@ -104,11 +104,13 @@ def build_summary(
     isolation = (
         f"cache per tenant unless a tenant narrows it (key, user); prefix cache "
         f"{settings.prefix_cache}; floor per domain {' or '.join(floors) or 'none'}; "
+        f"flood floor {settings.fair_cached_share:.0%} of the pool split among tenants; "
         f"strict partition {'on' if settings.strict_partition else 'off'}; "
         f"scrub freed blocks {'on' if settings.scrub_freed_blocks else 'off'}"
     )
     fairness = (
-        f"{settings.scheduling_policy} scheduling (per tenant, by weight); "
+        f"{settings.scheduling_policy} scheduling (per tenant, by weight); KV shares "
+        f"{'on' if settings.kv_shares else 'off (newest sequence preempted)'}; "
         f"concurrency {settings.concurrency_mode}; limiter "
         f"{'redis' if settings.redis_url else 'in-memory'} (fail {settings.limiter_fail_mode})"
     )

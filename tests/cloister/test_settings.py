@@ -91,6 +91,8 @@ ENGINE_SETTINGS = {
     "strict_partition": True,
     "min_cached_blocks": 3,
     "min_cached_share": 0.25,
+    "fair_cached_share": 0.05,
+    "kv_shares": False,
     "enforce_eager": True,
     "fused_ops": "off",
     "weight_quant": "int4",
@@ -194,6 +196,34 @@ def test_multi_tenant_defaults_and_auto_device() -> None:
 def test_bad_lora_settings_are_refused(bad: dict[str, object]) -> None:
     with pytest.raises(ValidationError):
         Settings(**bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("name", "raw"),
+    [
+        ("FAIR_CACHED_SHARE", "-0.1"),
+        ("FAIR_CACHED_SHARE", "1.5"),
+        ("FAIR_CACHED_SHARE", "lots"),
+        ("KV_SHARES", "maybe"),
+    ],
+)
+def test_bad_fairness_settings_are_refused_by_name(
+    name: str, raw: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import click
+
+    from cloister.commands.serve import load_settings
+
+    monkeypatch.setenv(f"CLOISTER_{name}", raw)
+    with pytest.raises(click.ClickException, match=name.lower()):
+        load_settings()
+
+
+def test_fair_defaults_protect_tenants() -> None:
+    """Shares on and a flood floor by default: the protections hold with no setting."""
+    settings = Settings()
+    assert settings.kv_shares is True
+    assert settings.fair_cached_share == 0.2
 
 
 def test_weight_quant_is_refused_off_the_cpu() -> None:
