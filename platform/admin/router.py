@@ -21,6 +21,7 @@ from admin.routes import (
     models,
     overview,
     prefixes,
+    tenant_kv,
     tenants,
     tokens,
     usage,
@@ -30,6 +31,7 @@ PREFIX = "/admin/api/v1"
 RESOURCE_ROUTERS = (
     auth.router,
     tenants.router,
+    tenant_kv.router,
     limits.router,
     keys.router,
     models.router,

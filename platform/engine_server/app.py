@@ -46,6 +46,7 @@ from engine_server.link import LINK_PATH, EngineLink
 from engine_server.metrics import EngineMetrics
 from engine_server.refusals import REFUSED_ERRORS, Refusal, Refused, refusal_of, refused
 from engine_server.sse import EventStream
+from engine_server.tenant_kv import tenant_kv_to_json
 from engine_server.tracing import GenerateSpan
 from engine_server.wire import (
     DONE_CHUNK,
@@ -446,5 +447,7 @@ class EngineServer:
                 "lora_waiting": dict(getattr(s, "lora_waiting", None) or {}),
                 "adapters": self.adapter_routes.listing(),
                 "prefill_token_cap": getattr(s, "prefill_token_cap", None),
+                # Per fairness key (tenant): KV blocks in use, preemptions suffered, caused.
+                "tenant_kv": tenant_kv_to_json(getattr(s, "tenant_kv", None) or {}),
             }
         )

@@ -6,13 +6,14 @@ Protocol, so nothing above this module knows where the engine runs.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engine.kv_cache.cache_rules import CacheRules
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest
+from engine.stats import TenantKVStats
 from engine.structured.spec import StructuredSpec
 from gateway.adapters import (
     AdapterInfo,
@@ -67,6 +68,9 @@ class EngineSnapshot:
     prefill_token_cap: int | None = None
     # KV-cache event batches dropped by the engine's publisher (None: it publishes none).
     kv_events_dropped: int | None = None
+    # Per fairness key ("t:<tenant id>"): KV blocks in use, preemptions suffered and caused
+    # (engine.stats.EngineStats.tenant_kv; empty where the engine reports none).
+    tenant_kv: Mapping[str, TenantKVStats] = field(default_factory=dict)
 
 
 class EngineClient(Protocol):
@@ -231,6 +235,7 @@ class InProcessEngineClient:
             waiting_adapters=_names(getattr(s, "lora_waiting", None)),
             prefill_token_cap=getattr(s, "prefill_token_cap", None),
             kv_events_dropped=getattr(s, "kv_events_dropped", None),
+            tenant_kv=dict(getattr(s, "tenant_kv", None) or {}),
         )
 
     def public_prefix_blocks(self) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -23,6 +24,7 @@ from engine_server.adapter_metrics import AdapterMetrics
 from gateway.engine_client import EngineSnapshot
 from gateway.engine_replicas import ReplicaState
 from gateway.request_outcomes import EngineRequestOutcome
+from gateway.tenant_kv import tenant_id_of
 
 OTHER_TENANT = "other"
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -31,6 +33,9 @@ _ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _TOKEN_BUCKETS = tuple(float(m * 10**e) for e in range(6) for m in (1, 2, 5))
 # The KV cache holds the model's own dtype: vLLM's "auto".
 CACHE_DTYPE = "auto"
+# Tenant ids whose names the gateway remembers for the per-tenant KV series (most recently
+# authenticated kept): the engine reports tenants by id only.
+TENANT_NAMES_KEPT = 4096
 
 
 class TenantLabeler:
@@ -167,10 +172,80 @@ class GatewayMetrics:
             replica,
             registry=t,
         )
+        # The engine's per-tenant KV figures (engine.stats.TenantKVStats), by tenant name.
+        tenant_model = ["tenant", "model_name"]
+        self.tenant_kv_blocks = Gauge(
+            "cloister_tenant_kv_blocks_in_use",
+            "KV blocks held by the tenant's running sequences.", tenant_model, registry=t,
+        )  # fmt: skip
+        self.tenant_preemptions_suffered = Counter(
+            "cloister_tenant_preemptions_suffered",
+            "The tenant's sequences preempted by the engine.", tenant_model, registry=t,
+        )  # fmt: skip
+        self.tenant_preemptions_caused = Counter(
+            "cloister_tenant_preemptions_caused",
+            "Other tenants' sequences preempted to make room for this tenant's.", tenant_model,
+            registry=t,
+        )  # fmt: skip
+        self._tenant_names: OrderedDict[str, str] = OrderedDict()  # tenant id -> name
+        self._tenant_kv_labels: dict[str, set[str]] = {}  # per model: gauge labels set now
         self._replicas: dict[str, set[str]] = {}  # per model: the replicas labelled now
         self._last: dict[str, EngineSnapshot] = {}  # per model: the previous snapshot
         self._last_backend_errors = 0
         self._lock = threading.Lock()
+
+    def name_tenant(self, tenant_id: str, name: str) -> None:
+        """Remembers an authenticated tenant's name, for the series the engine reports by
+        tenant id (the most recently named `TENANT_NAMES_KEPT` are kept)."""
+        with self._lock:
+            self._tenant_names[tenant_id] = name
+            self._tenant_names.move_to_end(tenant_id)
+            while len(self._tenant_names) > TENANT_NAMES_KEPT:
+                self._tenant_names.popitem(last=False)
+
+    def _tenant_label(self, key: str) -> str:
+        """The bounded label of an engine fairness key ("t:<tenant id>"): the tenant's
+        name where this gateway authenticated it, else the id itself."""
+        tenant_id = tenant_id_of(key)
+        return self.tenants.label(self._tenant_names.get(tenant_id, tenant_id))
+
+    def _update_tenant_kv(
+        self, name: str, snap: EngineSnapshot, last: EngineSnapshot | None
+    ) -> None:
+        """Sets `name`'s per-tenant KV gauge (labels no longer reported are removed) and
+        advances the preemption counters by each key's change (the caller holds the lock).
+
+        A key the engine no longer reports had no live work and no preemption left (an
+        engine restart): its figures count from zero when it comes back."""
+        before = last.tenant_kv if last is not None else {}
+        blocks: dict[str, int] = {}
+        for key, now in snap.tenant_kv.items():
+            label = self._tenant_label(key)
+            blocks[label] = blocks.get(label, 0) + now.blocks_in_use
+            prev = before.get(key)
+            for counter, value, old in (
+                (
+                    self.tenant_preemptions_suffered,
+                    now.preemptions_suffered,
+                    prev.preemptions_suffered if prev else None,
+                ),
+                (
+                    self.tenant_preemptions_caused,
+                    now.preemptions_caused,
+                    prev.preemptions_caused if prev else None,
+                ),
+            ):
+                # A smaller value means the engine restarted: count from its zero.
+                delta = value - old if old is not None and value >= old else value
+                child = counter.labels(label, name)
+                if delta > 0:
+                    child.inc(delta)
+        for label in self._tenant_kv_labels.get(name, set()) - set(blocks):
+            with contextlib.suppress(KeyError):
+                self.tenant_kv_blocks.remove(label, name)
+        for label, count in blocks.items():
+            self.tenant_kv_blocks.labels(label, name).set(count)
+        self._tenant_kv_labels[name] = set(blocks)
 
     def observe_request(self, *, tenant: str, status: int, model: str) -> None:
         """Counts one finished request under its bounded tenant label."""
@@ -263,6 +338,7 @@ class GatewayMetrics:
                 self.cache_config.labels(
                     name, str(snap.block_size), str(snap.num_blocks), CACHE_DTYPE
                 ).set(1)
+            self._update_tenant_kv(name, snap, last)
             self._last[name] = snap
         self.adapters.update(name, snap)
 

@@ -39,6 +39,7 @@ from engine.outputs import StreamEvent
 from engine.request import EngineRequest
 from engine.structured.compiler import GrammarCompiler
 from engine.structured.spec import StructuredSpec
+from engine_server.tenant_kv import tenant_kv_from_json
 from engine_server.wire import (
     EVENTS_WIRE,
     WIRE_HEADER,
@@ -445,6 +446,7 @@ class RemoteEngineClient:
                 running_adapters=_adapter_names(s.get("lora_running")),
                 waiting_adapters=_adapter_names(s.get("lora_waiting")),
                 prefill_token_cap=_optional_int(s.get("prefill_token_cap")),
+                tenant_kv=tenant_kv_from_json(s.get("tenant_kv")),
             )
             adapters = adapters_from_stats(s)
             if adapters is not None and changes == self._adapter_changes:

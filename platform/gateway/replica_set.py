@@ -37,6 +37,7 @@ from gateway.remote_engine import (
 )
 from gateway.remote_errors import EngineUnavailableError
 from gateway.routing import ReplicaLoad, RouteRequest, RoutingConfig, make_policy
+from gateway.tenant_kv import sum_tenant_kv
 
 logger = logging.getLogger("cloister.gateway.replicas")
 DNS_SCHEME = "dns+"
@@ -292,6 +293,7 @@ class ReplicaSetClient:
             prefix_cache_queries=sum(s.prefix_cache_queries for s in snaps),
             prefix_cache_hits=sum(s.prefix_cache_hits for s in snaps),
             num_preemptions=sum(s.num_preemptions for s in snaps),
+            tenant_kv=sum_tenant_kv(s.tenant_kv for s in snaps),
         )
 
     @property

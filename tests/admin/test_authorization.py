@@ -63,6 +63,9 @@ def _cells() -> list[Cell]:
         ),
         Cell("GET", "/tenants/{name}", lambda f, t: (f"{P}/tenants/{t}", {}), "aov", OK, HIDDEN),
         Cell(
+            "GET", "/tenants/{name}/kv", lambda f, t: (f"{P}/tenants/{t}/kv", {}), "aov", OK, HIDDEN
+        ),
+        Cell(
             "GET",
             "/tenants/{name}/spend",
             lambda f, t: (f"{P}/tenants/{t}/spend", {}),

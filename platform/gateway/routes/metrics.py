@@ -2,7 +2,8 @@
 
 Anonymous scrapes get the engine-level series only (vllm:*, limiter backend errors):
 nothing in them names a tenant. Tenant-labelled series (cloister_requests,
-cloister_limiter_rejections) and the engine replicas' (cloister_engine_replica_*,
+cloister_limiter_rejections, cloister_tenant_kv_blocks_in_use,
+cloister_tenant_preemptions_{suffered,caused}_total) and the engine replicas' (cloister_engine_replica_*,
 named by internal addresses) need an operator credential in the Authorization header,
 checked by the app's `operator_auth` (an admin or viewer admin token in `cloister
 serve`); a credential that is refused is a 401, not a silent public answer.

@@ -1,0 +1,217 @@
+"""GET /tenants/{name}/kv: the tenant's KV blocks in use against each served model's pool,
+its quota, and the preemptions its sequences suffered and caused; operators and viewers
+read any tenant's, a tenant-admin only its own (another's is a 404)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from admin.ui import gateway_engine_replicas
+from engine.stats import EngineStats, TenantKVStats
+from gateway.engine_client import InProcessEngineClient
+from gateway.replica_set import ReplicaSetClient
+from tenancy import store
+from tests.admin.conftest import AdminEnv, make_env
+from tests.gateway.fakes import ByteTokenizer
+
+P = "/admin/api/v1"
+TENANT, OTHER = "acme", "globex"
+
+
+class LocalEngine:
+    """An in-process engine front with fixed stats: `tenant_kv` per fairness key."""
+
+    model_name = "local"
+    max_model_len = 64
+    vocab_size = 256
+    tokenizer = ByteTokenizer()
+    alive = True
+
+    def __init__(self, tenant_kv: dict[str, TenantKVStats]) -> None:
+        self.tenant_kv = tenant_kv
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_running=2,
+            num_waiting=0,
+            kv_cache_usage=0.25,
+            prefix_cache_queries=0,
+            prefix_cache_hits=0,
+            num_preemptions=3,
+            num_blocks=40,
+            block_size=16,
+            tenant_kv=self.tenant_kv,
+        )
+
+
+def _engine_server(tenant_kv: dict[str, Any]) -> tuple[ThreadingHTTPServer, str]:
+    """An engine server's /internal/info and /internal/stats (with `tenant_kv`) on loopback."""
+    bodies = {
+        "/internal/info": {
+            "model_name": "remote",
+            "max_model_len": 128,
+            "vocab_size": 256,
+            "num_blocks": 100,
+            "block_size": 8,
+        },
+        "/internal/stats": {
+            "num_running": 1,
+            "num_waiting": 0,
+            "kv_cache_usage": 0.5,
+            "prefix_cache_queries": 0,
+            "prefix_cache_hits": 0,
+            "num_preemptions": 0,
+            "tenant_kv": tenant_kv,
+        },
+    }
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            body = json.dumps(bodies[self.path]).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, f"http://127.0.0.1:{srv.server_address[1]}"
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[tuple[AdminEnv, str]]:
+    """The admin app; tenants acme (quota 30 blocks) and globex; acme's id."""
+    e = make_env(tmp_path)
+    with e.sessions() as s:
+        acme = store.create_tenant(s, name=TENANT).id
+        store.create_tenant(s, name=OTHER)
+        store.update_tenant(s, name=TENANT, kv_quota_blocks=30)
+    yield e, acme
+    e.client.close()
+
+
+def _connect(e: AdminEnv, acme: str) -> list[ThreadingHTTPServer]:
+    """Wires the app to an in-process engine ("local") and a two-replica set ("remote")
+    that report acme's KV use; returns the engine servers to shut down."""
+    key = f"t:{acme}"
+    local = InProcessEngineClient(
+        LocalEngine({key: TenantKVStats(10, 2, 1), "t:someone-else": TenantKVStats(5, 0, 0)})  # type: ignore[arg-type]
+    )
+    figures = {"blocks_in_use": 4, "preemptions_suffered": 0, "preemptions_caused": 3}
+    servers = [_engine_server({key: figures}), _engine_server({})]
+    remote = ReplicaSetClient(
+        [url for _, url in servers], token=None, tokenizer=ByteTokenizer(), model_name="remote"
+    )
+
+    async def poll() -> None:
+        for replica in remote.replicas():
+            await replica.poll_once()
+            await replica.http.aclose()
+
+    asyncio.run(poll())
+    e.client.app.state.admin_engine_replicas = gateway_engine_replicas(  # type: ignore[attr-defined]
+        SimpleNamespace(engines={"local": local, "remote": remote})
+    )
+    return [srv for srv, _ in servers]
+
+
+def test_kv_use_per_model_with_pool_share_quota_and_preemptions(
+    env: tuple[AdminEnv, str],
+) -> None:
+    e, acme = env
+    servers = _connect(e, acme)
+    try:
+        r = e.client.get(f"{P}/tenants/{TENANT}/kv", headers=e.token("viewer"))
+    finally:
+        for srv in servers:
+            srv.shutdown()
+    assert r.status_code == 200, r.text
+    assert r.json() == {
+        "tenant": TENANT,
+        "kv_quota_blocks": 30,
+        "connected": True,
+        "models": [
+            {
+                "model": "local",
+                "replicas": 1,
+                "num_blocks": 40,
+                "block_size": 16,
+                "blocks_in_use": 10,
+                "share_of_pool": 0.25,
+                "preemptions_suffered": 2,
+                "preemptions_caused": 1,
+            },
+            {  # two engine servers: their pools and acme's figures summed
+                "model": "remote",
+                "replicas": 2,
+                "num_blocks": 200,
+                "block_size": 8,
+                "blocks_in_use": 4,
+                "share_of_pool": 0.02,
+                "preemptions_suffered": 0,
+                "preemptions_caused": 3,
+            },
+        ],
+    }
+
+
+def test_a_tenant_with_no_kv_reported_reads_zeros(env: tuple[AdminEnv, str]) -> None:
+    e, acme = env
+    servers = _connect(e, acme)
+    try:
+        r = e.client.get(f"{P}/tenants/{OTHER}/kv", headers=e.token("operator"))
+    finally:
+        for srv in servers:
+            srv.shutdown()
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["kv_quota_blocks"] is None
+    for m in body["models"]:
+        assert (m["blocks_in_use"], m["preemptions_suffered"], m["preemptions_caused"]) == (0, 0, 0)
+        assert m["share_of_pool"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("role", "tenant", "path_tenant", "status"),
+    [
+        ("admin", None, TENANT, 200),
+        ("operator", None, TENANT, 200),
+        ("viewer", None, TENANT, 200),
+        ("tenant-admin", TENANT, TENANT, 200),
+        ("tenant-admin", OTHER, TENANT, 404),  # another tenant's: existence not revealed
+        ("finance", None, TENANT, 403),
+        ("auditor", None, TENANT, 403),
+        ("admin", None, "no-such-tenant", 404),
+    ],
+)
+def test_roles_and_unknown_tenant(
+    env: tuple[AdminEnv, str], role: str, tenant: str | None, path_tenant: str, status: int
+) -> None:
+    e, _ = env
+    r = e.client.get(f"{P}/tenants/{path_tenant}/kv", headers=e.token(role, tenant))
+    assert r.status_code == status, r.text
+
+
+def test_without_a_gateway_it_is_not_connected(env: tuple[AdminEnv, str]) -> None:
+    e, _ = env
+    r = e.client.get(f"{P}/tenants/{TENANT}/kv", headers=e.token("admin"))
+    assert r.status_code == 200
+    assert r.json() == {
+        "tenant": TENANT,
+        "kv_quota_blocks": 30,
+        "connected": False,
+        "models": [],
+    }
