@@ -52,6 +52,7 @@ def limit_values(row: Limit | None) -> LimitValues | None:
         max_output_tokens=row.max_output_tokens,
         max_prompt_tokens=row.max_prompt_tokens,
         allowed_models=frozenset(row.allowed_models) if row.allowed_models is not None else None,
+        max_tokens_in_flight=row.max_tokens_in_flight,
     )
 
 

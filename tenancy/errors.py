@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 AuthFailure = Literal["missing", "invalid", "expired", "revoked", "suspended"]
-RateLimitReason = Literal["requests", "tokens", "concurrency", "budget"]
+RateLimitReason = Literal["requests", "tokens", "concurrency", "budget", "tokens_in_flight"]
 
 
 class TenancyError(Exception):

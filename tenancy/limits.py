@@ -8,7 +8,13 @@ from typing import Literal
 BudgetPeriod = Literal["day", "month"]
 
 # Fields whose counters are kept per scope (tenant-wide or per key); see `scope_of`.
-COUNTED_FIELDS: tuple[str, ...] = ("rpm", "tpm", "max_concurrent", "token_budget")
+COUNTED_FIELDS: tuple[str, ...] = (
+    "rpm",
+    "tpm",
+    "max_concurrent",
+    "token_budget",
+    "max_tokens_in_flight",
+)
 
 
 @dataclass(frozen=True)
@@ -28,6 +34,8 @@ class EffectiveLimits:
     max_output_tokens: int | None = None
     max_prompt_tokens: int | None = None
     allowed_models: frozenset[str] | None = None
+    # Prompt + max output tokens (times n) of the admitted, unfinished requests.
+    max_tokens_in_flight: int | None = None
     key_scoped: frozenset[str] = frozenset()
 
     def scope_of(self, field: str, tenant_id: str, key_id: str) -> str:
@@ -49,6 +57,7 @@ class LimitValues:
     max_output_tokens: int | None = None
     max_prompt_tokens: int | None = None
     allowed_models: frozenset[str] | None = None
+    max_tokens_in_flight: int | None = None
 
 
 def merge_limits(tenant: LimitValues | None, key: LimitValues | None) -> EffectiveLimits:

@@ -77,6 +77,9 @@ class Tenant(Base):
         CheckConstraint(
             "retention_ttl_s IS NULL OR retention_ttl_s > 0", name="ck_tenants_retention_ttl"
         ),
+        CheckConstraint(
+            "kv_quota_blocks IS NULL OR kv_quota_blocks >= 1", name="ck_tenants_kv_quota_blocks"
+        ),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
@@ -90,6 +93,8 @@ class Tenant(Base):
     retention_ttl_s: Mapped[float | None] = mapped_column(Float, default=None)
     scrub_on_free: Mapped[bool | None] = mapped_column(Boolean, default=None)
     never_cache: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
+    # Hard cap on the KV blocks the tenant's running sequences may hold (None: no cap).
+    kv_quota_blocks: Mapped[int | None] = mapped_column(Integer, default=None)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
     # Set by a delete: the tenant stays (suspended, its keys revoked) so that its usage,
     # billing and audit records keep their owner; its name stays taken.
@@ -157,6 +162,8 @@ class Limit(Base):
     max_output_tokens: Mapped[int | None] = mapped_column(Integer, default=None)
     max_prompt_tokens: Mapped[int | None] = mapped_column(Integer, default=None)
     allowed_models: Mapped[list[str] | None] = mapped_column(JSON, default=None)
+    # Prompt + max output tokens of the requests in flight (migration 0012).
+    max_tokens_in_flight: Mapped[int | None] = mapped_column(Integer, default=None)
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
 
 

@@ -27,6 +27,7 @@ from tenancy.validation import (
     check_floor_share,
     check_key_metadata,
     check_key_name,
+    check_kv_quota_blocks,
     check_limit_int,
     check_optional_flag,
     check_retention_ttl,
@@ -45,6 +46,7 @@ LIMIT_FIELDS = (
     "max_output_tokens",
     "max_prompt_tokens",
     "allowed_models",
+    "max_tokens_in_flight",
 )
 UNSET: Any = object()  # "leave this field as it is" (None means "clear it")
 # Tenant fields `update_tenant` sets, each with its check (None: the engine default).
@@ -55,6 +57,7 @@ TENANT_POLICY_FIELDS: dict[str, Callable[[Any], Any]] = {
     "retention_ttl_s": check_retention_ttl,
     "scrub_on_free": lambda v: check_optional_flag("scrub_on_free", v),
     "never_cache": lambda v: check_flag("never_cache", v),
+    "kv_quota_blocks": check_kv_quota_blocks,
 }
 
 
@@ -192,6 +195,9 @@ def _check_limit_value(name: str, value: Any) -> None:
             raise InvalidValueError("allowed models must be a list of names")
     else:
         check_limit_int(name, value)
+        if name == "max_tokens_in_flight" and value < 1:
+            # 0 would refuse every request as too big alone; suspend a tenant instead.
+            raise InvalidValueError("max_tokens_in_flight must be at least 1")
 
 
 def set_limits(

@@ -152,6 +152,18 @@ def check_floor_share(value: Any) -> float | None:
     return float(value)
 
 
+def check_kv_quota_blocks(value: Any) -> int | None:
+    """A KV quota: the most KV blocks a tenant's running sequences may hold, an integer
+    from 1 to MAX_LIMIT_VALUE (None: no quota). 0 would admit nothing: refused."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT_VALUE:
+        raise InvalidValueError(
+            f"kv_quota_blocks (KV quota) must be an integer from 1 to {MAX_LIMIT_VALUE} blocks"
+        )
+    return value
+
+
 def check_retention_ttl(value: Any) -> float | None:
     """A retention TTL in seconds, in (0, MAX_RETENTION_TTL_S] (None: engine default)."""
     if value is None:

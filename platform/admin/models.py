@@ -54,6 +54,8 @@ class RegisteredModel(Base):
     # What the server that loaded it runs it on; None unless loaded (migration 0005).
     device: Mapped[str | None] = mapped_column(String(32), default=None)
     dtype: Mapped[str | None] = mapped_column(String(16), default=None)
+    # The most output tokens one request may ask of it (None: its context); migration 0012.
+    max_output_tokens: Mapped[int | None] = mapped_column(Integer, default=None)
 
 
 class ModelPrice(Base):

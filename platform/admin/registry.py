@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -29,6 +30,9 @@ MODEL_FORMATS = ("gguf", "safetensors")
 MAX_RANK = 4096
 MAX_SOURCE_CHARS = 1024  # the source columns' width
 MAX_ALLOWED_TENANTS = 1000  # bounds one allow-list (and the query checking it)
+# A model's own output cap: far above any context we serve, far below the INTEGER column.
+MAX_MODEL_OUTPUT_TOKENS = 10_000_000
+KEEP: Any = object()  # "leave this setting as it is" (None clears it)
 
 
 @dataclass(frozen=True)
@@ -130,6 +134,37 @@ def check_tenant_ids(session: Session, tenant_ids: Sequence[str]) -> None:
         raise InvalidValueError(f"allowed_tenants: no tenant with id {unknown[0]!r}{hint}")
 
 
+def check_model_output_cap(value: Any, *, context_length: int | None) -> int | None:
+    """A model's `max_output_tokens`: an integer from 1 to MAX_MODEL_OUTPUT_TOKENS and at
+    most the model's context (None: the context alone caps it), else InvalidValueError."""
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not 1 <= value <= MAX_MODEL_OUTPUT_TOKENS
+    ):
+        raise InvalidValueError(
+            f"max_output_tokens must be an integer from 1 to {MAX_MODEL_OUTPUT_TOKENS} "
+            "(null: the model's context length)"
+        )
+    if context_length is not None and value > context_length:
+        raise InvalidValueError(
+            f"max_output_tokens {value} exceeds the model's context length {context_length}"
+        )
+    return value
+
+
+def output_caps(session: Session) -> dict[str, int]:
+    """Model name -> its own `max_output_tokens`, for the models that have one."""
+    rows = session.execute(
+        select(RegisteredModel.name, RegisteredModel.max_output_tokens).where(
+            RegisteredModel.max_output_tokens.is_not(None)
+        )
+    ).all()
+    return {name: cap for name, cap in rows if cap is not None}
+
+
 def allow_lists(session: Session) -> dict[str, frozenset[str] | None]:
     """Model name -> the tenant ids that may use it (None: every tenant); every model."""
     rows = session.execute(select(RegisteredModel.name, RegisteredModel.allowed_tenants)).all()
@@ -143,10 +178,16 @@ def update_model(
     status: str | None = None,
     allowed_tenants: Sequence[str] | None = None,
     clear_allowed_tenants: bool = False,
+    max_output_tokens: Any = KEEP,
 ) -> RegisteredModel:
-    """Change a model's status or tenant allow-list (tenant ids; None keeps it; clear:
-    every tenant)."""
+    """Change a model's status, tenant allow-list (tenant ids; None keeps it; clear:
+    every tenant) or output cap (`max_output_tokens`; KEEP keeps it, None: the model's
+    context). Every value is checked before anything changes."""
     row = get_model(session, name)
+    if max_output_tokens is not KEEP:
+        max_output_tokens = check_model_output_cap(
+            max_output_tokens, context_length=row.context_length
+        )
     if allowed_tenants is not None and not clear_allowed_tenants:
         check_tenant_ids(session, allowed_tenants)
     if status is not None:
@@ -157,6 +198,8 @@ def update_model(
         row.allowed_tenants = None
     elif allowed_tenants is not None:
         row.allowed_tenants = sorted(set(allowed_tenants))
+    if max_output_tokens is not KEEP:
+        row.max_output_tokens = max_output_tokens
     session.commit()
     return row
 

@@ -70,6 +70,7 @@ def tenant_public(t: Tenant) -> TenantPublic:
         retention_ttl_s=t.retention_ttl_s,
         scrub_on_free=t.scrub_on_free,
         never_cache=bool(t.never_cache),
+        kv_quota_blocks=t.kv_quota_blocks,
         created_at=t.created_at,
     )
 
@@ -132,6 +133,7 @@ def _model_fields(m: RegisteredModel) -> dict[str, Any]:
         "allowed_tenants": m.allowed_tenants,
         "device": m.device,
         "dtype": m.dtype,
+        "max_output_tokens": m.max_output_tokens,
         "created_at": m.created_at,
     }
 

@@ -7,10 +7,10 @@ limiter's whole call, and extra threads fight the loop and the engine for the GI
 are kept until they finish (the loop holds only weak references to tasks), and
 `drain` awaits them.
 
-Concurrency denials follow `concurrency_mode`: "reject" answers 429 at once;
-"queue" waits up to `queue_timeout_s` for a slot (woken when a release in this
-process completes, and polling for releases in other gateway processes), then
-answers 429.
+Concurrency and tokens-in-flight denials follow `concurrency_mode`: "reject"
+answers 429 at once; "queue" waits up to `queue_timeout_s` for a slot or for tokens
+to come back (woken when a release in this process completes, and polling for
+releases in other gateway processes), then answers 429.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ ConcurrencyMode = Literal["reject", "queue"]
 # How often a queued request re-checks when no release in this process woke it
 # (a slot freed by another gateway process is only seen by polling).
 QUEUE_POLL_S = 0.05
+# Denials a release frees: what "queue" mode waits out.
+QUEUED_REASONS = frozenset({"concurrency", "tokens_in_flight"})
 
 
 class AsyncLimiter:
@@ -60,7 +62,7 @@ class AsyncLimiter:
                 return await self._acquire_once(principal, prompt_tokens, max_tokens)
             except RateLimitedError as exc:
                 left = deadline - time.monotonic()
-                if self._mode != "queue" or exc.reason != "concurrency" or left <= 0:
+                if self._mode != "queue" or exc.reason not in QUEUED_REASONS or left <= 0:
                     raise
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(released.wait(), timeout=min(QUEUE_POLL_S, left))

@@ -20,7 +20,12 @@ from engine.request import EngineRequest
 from engine.structured.spec import StructuredSpec, StructuredSpecError
 from gateway.errors import GatewayError, InvalidParameterError, status_of
 from gateway.lifecycle import RequestLifecycle
-from gateway.params import build_sampling_params, check_request_fits, resolve_max_tokens
+from gateway.params import (
+    build_sampling_params,
+    check_request_fits,
+    fit_in_flight,
+    resolve_max_tokens,
+)
 from gateway.routing import session_hint
 from gateway.schemas.common import SamplingFields
 from gateway.sse import DONE, SettlingStreamingResponse
@@ -81,6 +86,17 @@ async def admit_and_submit(
         prompt_tokens=max(len(p) for p in prompts),
         max_model_len=life.engine.max_model_len,
         limits=principal.limits,
+        model_cap=life.model_output_cap,
+        model=life.base_model,
+    )
+    prompt_tokens = sum(len(p) for p in prompts)
+    max_tokens = fit_in_flight(
+        max_tokens,
+        requested=requested_max_tokens,
+        param=max_tokens_param,
+        prompt_tokens=prompt_tokens,
+        sequences=body.n * len(prompts),
+        limit=principal.limits.max_tokens_in_flight,
     )
     constraint = structured_spec(body.extra_fields())
     if structured is not None:
@@ -107,8 +123,7 @@ async def admit_and_submit(
         except StructuredSpecError as exc:
             raise InvalidParameterError(exc.message, param=field_name, code=exc.code) from None
     headers = await life.admit(
-        prompt_tokens=sum(len(p) for p in prompts),
-        reserve_tokens=max_tokens * body.n * len(prompts),
+        prompt_tokens=prompt_tokens, reserve_tokens=max_tokens * body.n * len(prompts)
     )
     # The one place the gateway builds engine requests; each is checked as it is built,
     # all before any is queued. Fairness belongs to the tenant: its keys and users

@@ -117,6 +117,8 @@ class RequestLifecycle:
         self.source = source
         principal = await self.state.auth.authenticate(authorization, source=source)
         self.principal = principal
+        # The engine reports KV use by tenant id: metrics label it with this name.
+        self.state.metrics.name_tenant(principal.tenant_id, principal.tenant_name)
         if self.state.model_access is not None:
             self._access = await self.state.model_access.current()
         self.span.set_attribute("cloister.tenant_id", principal.tenant_id)
@@ -202,6 +204,14 @@ class RequestLifecycle:
         """The engine serving this request's model (`resolve_model` picks it)."""
         assert self._engine is not None, "resolve the model first"
         return self._engine
+
+    @property
+    def model_output_cap(self) -> int | None:
+        """The registry's `max_output_tokens` for this request's base model (None: its
+        context; no registry, or a model it does not list, caps nothing)."""
+        if self._access is None:
+            return None
+        return self._access.output_caps.get(self.base_model)
 
     @property
     def prompts(self) -> ModelPrompts:

@@ -10,6 +10,8 @@ like the key cache does:
     otherwise              await one threaded read (single-flight), then answer
 
 so a change made through the admin API is seen within `refresh_s` plus one read.
+The reader may answer a `RegistryView` instead, which adds each model's own
+`max_output_tokens` (the gateway applies it beside the key's; see gateway.params).
 When the read fails (or takes longer than `read_timeout_s`) the last answer is kept
 and the failure logged; for `retry_s` no request waits on the registry again. A
 request is never answered 5xx for the registry's sake.
@@ -22,7 +24,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 logger = logging.getLogger("cloister.gateway")
@@ -30,8 +32,19 @@ logger = logging.getLogger("cloister.gateway")
 # Model name -> the tenant ids that may use it (None: every tenant). A model the
 # registry does not list is not restricted by it (keys and tenant limits still are).
 AccessMap = Mapping[str, frozenset[str] | None]
+
+
+@dataclass(frozen=True)
+class RegistryView:
+    """What the registry says per model: who may use it, and its output cap (model name ->
+    `max_output_tokens`; a model without one is capped by its context alone)."""
+
+    allowed: AccessMap
+    output_caps: Mapping[str, int] = field(default_factory=dict)
+
+
 # Blocking (reads the database): run only in ModelAccess's own thread.
-ModelAccessReader = Callable[[], AccessMap]
+ModelAccessReader = Callable[[], AccessMap | RegistryView]
 
 
 @dataclass(frozen=True)
@@ -40,6 +53,7 @@ class AccessSnapshot:
 
     loaded_at: float
     allowed: AccessMap
+    output_caps: Mapping[str, int] = field(default_factory=dict)
 
     def allows(self, model: str, tenant_id: str) -> bool:
         """Whether the registry lets `tenant_id` use `model`."""
@@ -53,7 +67,7 @@ class ModelAccess:
     def __init__(
         self,
         reader: ModelAccessReader,
-        initial: AccessMap,
+        initial: AccessMap | RegistryView,
         *,
         refresh_s: float,
         read_timeout_s: float = 5.0,
@@ -65,7 +79,7 @@ class ModelAccess:
         self._read_timeout_s = read_timeout_s
         self._retry_s = retry_s
         self._clock = clock
-        self._snapshot = AccessSnapshot(clock(), _frozen(initial))
+        self._snapshot = _snapshot(clock(), initial)
         self._loading: asyncio.Future[AccessSnapshot] | None = None
         self._unavailable_until = 0.0
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="cloister-models")
@@ -119,8 +133,8 @@ class ModelAccess:
 
     async def _read(self, loop: asyncio.AbstractEventLoop) -> AccessSnapshot:
         started = self._clock()  # an answer never claims to be newer than its read
-        allowed = await loop.run_in_executor(self._pool, self._reader)
-        return AccessSnapshot(started, _frozen(allowed))
+        answer = await loop.run_in_executor(self._pool, self._reader)
+        return _snapshot(started, answer)
 
     def _read_done(self, future: asyncio.Future[AccessSnapshot]) -> None:
         self._loading = None
@@ -138,6 +152,13 @@ class ModelAccess:
                 self._clock() - self._snapshot.loaded_at,
             )
         self._unavailable_until = self._clock() + self._retry_s
+
+
+def _snapshot(at: float, answer: AccessMap | RegistryView) -> AccessSnapshot:
+    if isinstance(answer, RegistryView):
+        caps = MappingProxyType(dict(answer.output_caps))
+        return AccessSnapshot(at, _frozen(answer.allowed), caps)
+    return AccessSnapshot(at, _frozen(answer))
 
 
 def _frozen(allowed: AccessMap) -> AccessMap:

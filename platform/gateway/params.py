@@ -75,6 +75,11 @@ def parse_logit_bias(raw: Mapping[str, float] | None, vocab_size: int) -> dict[i
     return out
 
 
+def _prompt_param(max_tokens_param: str) -> str:
+    """The body field holding the prompt, for errors about its length."""
+    return "messages" if max_tokens_param == "max_completion_tokens" else "prompt"
+
+
 def resolve_max_tokens(
     requested: int | None,
     *,
@@ -82,29 +87,40 @@ def resolve_max_tokens(
     prompt_tokens: int,
     max_model_len: int,
     limits: EffectiveLimits,
+    model_cap: int | None = None,
+    model: str = "",
 ) -> int:
-    """The output budget: explicit, or what is left of the context (capped by the tenant)."""
+    """The output budget: explicit, or what is left of the context, capped by the key's
+    (or tenant's) `max_output_tokens` and the model's own (`model_cap`, None: its context).
+
+    A default is clamped to the smallest cap; an explicit value over one is a 400 naming
+    the cap that refused it."""
     if limits.max_prompt_tokens is not None and prompt_tokens > limits.max_prompt_tokens:
         raise InvalidParameterError(
             f"the prompt has {prompt_tokens} tokens; this key allows {limits.max_prompt_tokens}",
-            param="messages" if param == "max_completion_tokens" else "prompt",
+            param=_prompt_param(param),
             code="prompt_too_long",
         )
     remaining = max_model_len - prompt_tokens
     if remaining < 1:
         raise ContextLengthExceededError(
             f"the prompt has {prompt_tokens} tokens but the model's context is {max_model_len}",
-            param="messages" if param == "max_completion_tokens" else "prompt",
+            param=_prompt_param(param),
         )
-    cap = limits.max_output_tokens
+    caps = [
+        (cap, whose)
+        for cap, whose in ((limits.max_output_tokens, "this key"), (model_cap, f"model {model!r}"))
+        if cap is not None
+    ]
     if requested is None:
-        return remaining if cap is None else min(remaining, cap)
+        return min([remaining, *(cap for cap, _ in caps)])
     if requested < 1:
         raise InvalidParameterError(f"{param} must be at least 1", param=param)
-    if cap is not None and requested > cap:
-        raise InvalidParameterError(
-            f"{param} is {requested}; this key allows at most {cap}", param=param
-        )
+    for cap, whose in caps:
+        if requested > cap:
+            raise InvalidParameterError(
+                f"{param} is {requested}; {whose} allows at most {cap}", param=param
+            )
     if requested > remaining:
         raise ContextLengthExceededError(
             f"{prompt_tokens} prompt tokens + {param} {requested} exceed the model's "
@@ -112,6 +128,40 @@ def resolve_max_tokens(
             param=param,
         )
     return requested
+
+
+def fit_in_flight(
+    max_tokens: int,
+    *,
+    requested: int | None,
+    param: str,
+    prompt_tokens: int,
+    sequences: int,
+    limit: int | None,
+) -> int:
+    """`max_tokens`, checked against the key's `max_tokens_in_flight` (None: no cap).
+
+    The request holds `prompt_tokens` (all its prompts) + `max_tokens` x `sequences`
+    (prompts x n) while it runs. A default `max_tokens` is clamped to what fits; a request
+    that cannot fit even with an idle tenant is a 400 naming the limit (never a 429 that
+    no retry could pass). Whether it fits beside the tenant's other requests is the
+    limiter's call (429 tokens_in_flight).
+    """
+    if limit is None:
+        return max_tokens
+    if requested is None:
+        fits = (limit - prompt_tokens) // max(1, sequences)
+        if fits >= 1:
+            return min(max_tokens, fits)
+    need = prompt_tokens + max_tokens * sequences
+    if need <= limit:
+        return max_tokens
+    raise InvalidParameterError(
+        f"the request would hold {need} tokens in flight ({prompt_tokens} prompt + {param} "
+        f"{max_tokens} x {sequences}); this key's max_tokens_in_flight is {limit}",
+        param=param if requested is not None else _prompt_param(param),
+        code="max_tokens_in_flight_exceeded",
+    )
 
 
 def check_request_fits(num_prompts: int, n: int, *, max_waiting: int) -> None:

@@ -50,6 +50,7 @@ def tenant_rule(tenant: Tenant) -> DomainRule | None:
         floor_share=tenant.cache_floor_share,
         retention_ttl_s=tenant.retention_ttl_s,
         scrub_freed_blocks=tenant.scrub_on_free,
+        kv_quota_blocks=tenant.kv_quota_blocks,
     )
     return None if rule == DomainRule() else rule
 

@@ -3,9 +3,11 @@
 `acquire` checks every limit of a principal and consumes them all at once, or
 nothing: requests per minute (rpm), tokens per minute (tpm, reserving
 prompt + max_tokens), a concurrency slot (a lease with a TTL, so a crashed
-gateway frees it), and the token budget of the current day or month.
-`release` settles the reservation to the tokens actually used (refunding the
-rest of tpm and budget) and frees the slot; it is idempotent.
+gateway frees it), the tokens in flight (prompt + max_tokens held by the lease
+until it ends, against `max_tokens_in_flight`), and the token budget of the
+current day or month. `release` settles the reservation to the tokens actually
+used (refunding the rest of tpm and budget) and frees the slot and the tokens in
+flight; it is idempotent.
 
 The usage ledger (the usage table) is the source of truth for budgets: a limiter
 given a `BudgetLedger` that finds no counter for a tenant's (or key's) budget
@@ -47,6 +49,7 @@ class Admission:
     budget_period_start: int | None  # unix time of the budget period's start
     concurrency_scope: str | None
     backend: str = "memory"  # which limiter granted it: "memory", "redis" or "local"
+    inflight_scope: str | None = None  # where its tokens in flight are held, if counted
 
 
 class BudgetLedger(Protocol):

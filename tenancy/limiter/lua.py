@@ -6,10 +6,11 @@ Limits of -1 mean "not limited". All keys of one call share the {tenant} hash ta
 
 from __future__ import annotations
 
-# KEYS: 1 rpm bucket, 2 tpm bucket, 3 concurrency zset, 4 budget counter, 5 lease hash
+# KEYS: 1 rpm bucket, 2 tpm bucket, 3 concurrency zset, 4 budget counter, 5 lease hash,
+#       6 tokens-in-flight zset (member "<lease id>|<cost>", score: the lease's expiry)
 # ARGV: 1 now, 2 rpm, 3 tpm, 4 cost, 5 max_concurrent, 6 budget, 7 budget_end,
 #       8 lease ttl (s), 9 lease id, 10 concurrency retry (s), 11 "1": a missing budget
-#       counter must be seeded from the usage ledger first
+#       counter must be seeded from the usage ledger first, 12 max_tokens_in_flight
 # Returns {ok, reason, retry, rq_level, tk_level, budget_used}; levels are before
 # consumption on denial and after it on success. Reason "seed" (nothing consumed):
 # the budget counter is missing; the caller seeds it and calls again.
@@ -22,6 +23,7 @@ local maxc = tonumber(ARGV[5])
 local budget = tonumber(ARGV[6])
 local budget_end = tonumber(ARGV[7])
 local ttl = tonumber(ARGV[8])
+local maxif = tonumber(ARGV[12] or '-1')
 
 local function level(key, cap)
   local v = redis.call('HMGET', key, 'l', 't')
@@ -55,6 +57,16 @@ if maxc >= 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
   if redis.call('ZCARD', KEYS[3]) >= maxc then
     return {0, 'concurrency', ARGV[10], tostring(rq), tostring(tk), tostring(used)}
+  end
+end
+if maxif >= 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now)
+  local held = 0
+  for _, m in ipairs(redis.call('ZRANGE', KEYS[6], 0, -1)) do
+    held = held + tonumber(string.match(m, '|(%d+)$') or '0')
+  end
+  if held + cost > maxif then
+    return {0, 'tokens_in_flight', ARGV[10], tostring(rq), tostring(tk), tostring(used)}
   end
 end
 if rpm >= 0 and rq < 1 then
@@ -91,19 +103,25 @@ if maxc >= 0 then
   redis.call('ZADD', KEYS[3], now + ttl, ARGV[9])
   redis.call('PEXPIRE', KEYS[3], ttl_ms)
 end
+if maxif >= 0 then
+  redis.call('ZADD', KEYS[6], now + ttl, ARGV[9] .. '|' .. ARGV[4])
+  redis.call('PEXPIRE', KEYS[6], ttl_ms)
+end
 redis.call('HSET', KEYS[5], 'reserved', ARGV[4], 'tpm', ARGV[3], 'budget', ARGV[6],
-  'maxc', ARGV[5])
+  'maxc', ARGV[5], 'maxif', tostring(maxif))
 redis.call('PEXPIRE', KEYS[5], ttl_ms)
 return {1, '', '0', tostring(rq), tostring(tk), tostring(used)}
 """
 
-# KEYS: 1 tpm bucket, 2 concurrency zset, 3 budget counter, 4 lease hash
+# KEYS: 1 tpm bucket, 2 concurrency zset, 3 budget counter, 4 lease hash,
+#       5 tokens-in-flight zset
 # ARGV: 1 now, 2 actual tokens, 3 lease id
 # Returns 1 when the lease was settled, 0 when it was already gone (idempotent).
 RELEASE = r"""
-local v = redis.call('HMGET', KEYS[4], 'reserved', 'tpm', 'budget', 'maxc')
+local v = redis.call('HMGET', KEYS[4], 'reserved', 'tpm', 'budget', 'maxc', 'maxif')
 if not v[1] then return 0 end
 redis.call('DEL', KEYS[4])
+if tonumber(v[5] or '-1') >= 0 then redis.call('ZREM', KEYS[5], ARGV[3] .. '|' .. v[1]) end
 local now = tonumber(ARGV[1])
 local delta = tonumber(v[1]) - tonumber(ARGV[2])
 local tpm = tonumber(v[2])

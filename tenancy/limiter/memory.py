@@ -41,6 +41,7 @@ class _Lease:
     tpm_scope: str | None
     budget_key: tuple[str, int] | None
     concurrency_scope: str | None
+    inflight_scope: str | None = None
 
 
 def _rate_info(limit: int, level_after: float) -> RateInfo:
@@ -62,6 +63,7 @@ class MemoryLimiter:
         self._lease_ttl_s = lease_ttl_s
         self._buckets: dict[str, _Bucket] = {}
         self._slots: dict[str, dict[str, float]] = {}  # scope -> lease id -> expiry
+        self._inflight: dict[str, dict[str, int]] = {}  # scope -> lease id -> tokens held
         self._budgets: dict[str, tuple[int, int]] = {}  # scope -> (period start, used)
         self._leases: dict[str, _Lease] = {}
         self._lease_ids = UniqueIds()
@@ -83,6 +85,12 @@ class MemoryLimiter:
     def _drop_slot(self, lease: _Lease, lease_id: str) -> None:
         if lease.concurrency_scope is not None:
             self._slots.get(lease.concurrency_scope, {}).pop(lease_id, None)
+        if lease.inflight_scope is not None:
+            held = self._inflight.get(lease.inflight_scope)
+            if held is not None:
+                held.pop(lease_id, None)
+                if not held:
+                    del self._inflight[lease.inflight_scope]
 
     async def acquire(
         self, principal: Principal, *, prompt_tokens: int, max_tokens: int, now: float | None = None
@@ -115,6 +123,7 @@ class MemoryLimiter:
         rq_info = _rate_info(p.rpm, rq_level) if p.rpm is not None else None
         tk_info = _rate_info(p.tpm, tk_level) if p.tpm is not None else None
         slots = self._slots.setdefault(p.concurrency_scope, {})
+        in_flight = self._inflight.get(p.inflight_scope, {})
         used = self._used(p.budget_scope, p.budget_start)
 
         def deny(reason: str, retry: float) -> RateLimitedError:
@@ -122,6 +131,10 @@ class MemoryLimiter:
 
         if p.max_concurrent is not None and len(slots) >= p.max_concurrent:
             raise deny("concurrency", CONCURRENCY_RETRY_S)
+        if p.max_tokens_in_flight is not None and (
+            sum(in_flight.values()) + p.cost > p.max_tokens_in_flight
+        ):
+            raise deny("tokens_in_flight", CONCURRENCY_RETRY_S)
         if p.rpm is not None and rq_level < 1.0:
             raise deny("requests", bucket_retry_after(rq_level, 1.0, p.rpm))
         if p.tpm is not None and tk_level < p.cost:
@@ -142,6 +155,8 @@ class MemoryLimiter:
         expires = now + self._lease_ttl_s
         if p.max_concurrent is not None:
             slots[lease_id] = expires
+        if p.max_tokens_in_flight is not None:
+            self._inflight.setdefault(p.inflight_scope, {})[lease_id] = p.cost
         self._leases[lease_id] = _Lease(
             expires=expires,
             reserved=p.cost,
@@ -149,6 +164,7 @@ class MemoryLimiter:
             tpm_scope=p.tpm_scope if p.tpm is not None else None,
             budget_key=(p.budget_scope, p.budget_start) if p.token_budget is not None else None,
             concurrency_scope=p.concurrency_scope if p.max_concurrent is not None else None,
+            inflight_scope=p.inflight_scope if p.max_tokens_in_flight is not None else None,
         )
         return Admission(
             lease_id=lease_id,
@@ -164,6 +180,7 @@ class MemoryLimiter:
             budget_period_start=p.budget_start if p.token_budget is not None else None,
             concurrency_scope=p.concurrency_scope if p.max_concurrent is not None else None,
             backend="memory",
+            inflight_scope=p.inflight_scope if p.max_tokens_in_flight is not None else None,
         )
 
     async def release(
@@ -197,3 +214,9 @@ class MemoryLimiter:
         """How many leases are held (for tests and debugging)."""
         with self._lock:
             return len(self._leases)
+
+    def tokens_in_flight(self, scope: str) -> int:
+        """Tokens held in flight in `scope` ("t:<tenant>"), expired leases included until
+        the next acquire purges them (for tests and debugging)."""
+        with self._lock:
+            return sum(self._inflight.get(scope, {}).values())

@@ -28,6 +28,8 @@ class AcquirePlan:
     tpm_scope: str
     max_concurrent: int | None
     concurrency_scope: str
+    max_tokens_in_flight: int | None  # the cap on `cost` summed over unfinished requests
+    inflight_scope: str
     token_budget: int | None
     budget_scope: str
     budget_key_id: str | None  # the key, when the budget is counted per key; else the tenant
@@ -53,6 +55,8 @@ def plan_acquire(
         tpm_scope=lim.scope_of("tpm", tid, kid),
         max_concurrent=lim.max_concurrent,
         concurrency_scope=lim.scope_of("max_concurrent", tid, kid),
+        max_tokens_in_flight=lim.max_tokens_in_flight,
+        inflight_scope=lim.scope_of("max_tokens_in_flight", tid, kid),
         token_budget=lim.token_budget,
         budget_scope=f"{lim.scope_of('token_budget', tid, kid)}/{lim.budget_period}",
         budget_key_id=kid if "token_budget" in lim.key_scoped else None,

@@ -133,6 +133,7 @@ class RedisLimiter:
             budget_period_start=p.budget_start,
             concurrency_scope=p.concurrency_scope,
             backend="redis",
+            inflight_scope=p.inflight_scope,
         )
 
     async def _run_acquire(self, p: AcquirePlan, lease_id: str, now: float, *, seed: bool) -> Any:
@@ -150,6 +151,7 @@ class RedisLimiter:
                 lease_id,
                 repr(CONCURRENCY_RETRY_S),
                 "1" if seed else "0",
+                _num(p.max_tokens_in_flight),
             ],
         )
 
@@ -169,6 +171,7 @@ class RedisLimiter:
             self._key(tid, "cc", p.concurrency_scope),
             self._key(tid, "bd", f"{p.budget_scope}:{p.budget_start}"),
             self._key(tid, "lease", lease_id),
+            self._key(tid, "if", p.inflight_scope),
         ]
 
     async def _fallback_acquire(
@@ -184,6 +187,7 @@ class RedisLimiter:
             rpm=cap,
             tpm=lim.tpm,
             max_concurrent=lim.max_concurrent,
+            max_tokens_in_flight=lim.max_tokens_in_flight,
             budget_period=lim.budget_period,
             key_scoped=lim.key_scoped - {"token_budget"},
         )
@@ -215,6 +219,7 @@ class RedisLimiter:
             self._key(tid, "cc", admission.concurrency_scope or ""),
             self._key(tid, "bd", f"{admission.budget_scope}:{admission.budget_period_start}"),
             self._key(tid, "lease", admission.lease_id),
+            self._key(tid, "if", admission.inflight_scope or ""),
         ]
         try:
             await self._release_script(

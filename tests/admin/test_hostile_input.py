@@ -119,6 +119,51 @@ def test_limits_body_with_stray_keys_or_huge_values_is_400(
     assert ok.status_code == 200 and ok.json()["rpm"] == 5
 
 
+@pytest.mark.parametrize("value", [0, -1, 10**9, "x", True, 2**31, 1.5])
+def test_tokens_in_flight_limit_bad_values_are_400_by_name(env: AdminEnv, value: Any) -> None:
+    admin = env.token("admin")
+    r = env.client.put(
+        f"{P}/tenants/alpha/limits", json={"max_tokens_in_flight": value}, headers=admin
+    )
+    if value == 10**9:  # an integer limit up to 2**31 - 1, as the other limits
+        assert r.status_code == 200 and r.json()["max_tokens_in_flight"] == value
+        return
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert "max_tokens_in_flight" in (err["param"] or err["message"])
+    ok = env.client.put(
+        f"{P}/tenants/alpha/limits", json={"max_tokens_in_flight": 4096}, headers=admin
+    )
+    assert ok.status_code == 200 and ok.json()["max_tokens_in_flight"] == 4096
+    cleared = env.client.put(
+        f"{P}/tenants/alpha/limits", json={"max_tokens_in_flight": None}, headers=admin
+    )
+    assert cleared.status_code == 200 and cleared.json()["max_tokens_in_flight"] is None
+
+
+@pytest.mark.parametrize("value", [0, -1, 10**9, "x", True, 513, 10**7 + 1, 1.5, "64"])
+def test_model_max_output_tokens_bad_values_are_400_by_name(env: AdminEnv, value: Any) -> None:
+    from admin import registry
+
+    with env.sessions() as s:
+        registry.register_model(s, name="tiny", source="/m", format="gguf", context_length=512)
+    admin = env.token("admin")
+    r = env.client.patch(f"{P}/models/tiny", json={"max_output_tokens": value}, headers=admin)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert "max_output_tokens" in (err["param"] or err["message"])
+    assert env.client.get(f"{P}/models/tiny", headers=admin).json()["max_output_tokens"] is None
+    ok = env.client.patch(f"{P}/models/tiny", json={"max_output_tokens": 512}, headers=admin)
+    assert ok.status_code == 200 and ok.json()["max_output_tokens"] == 512
+    # Absent keeps it; null gives the cap back to the context length.
+    kept = env.client.patch(f"{P}/models/tiny", json={"status": "loaded"}, headers=admin)
+    assert kept.json()["max_output_tokens"] == 512
+    cleared = env.client.patch(f"{P}/models/tiny", json={"max_output_tokens": None}, headers=admin)
+    assert cleared.status_code == 200 and cleared.json()["max_output_tokens"] is None
+
+
 @pytest.mark.parametrize("path", ["tokens", "tenants", "models", "adapters", "audit"])
 @pytest.mark.parametrize("offset", ["1e23", str(2**70), "-1"])
 def test_page_offset_out_of_range_is_400(env: AdminEnv, path: str, offset: str) -> None:

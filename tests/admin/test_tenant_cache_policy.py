@@ -1,19 +1,25 @@
-"""Tenant weight and cache policy through PATCH /tenants/{name}, and prefix withdrawal.
+"""Tenant weight, cache policy and KV quota through PATCH /tenants/{name}, and prefix
+withdrawal.
 
 Every field is stored, returned and audited; every bad value is a 400 in OpenAI's
-error format with nothing changed; DELETE /prefixes/{name} is audited and 404s for
-an unknown name.
+error format with nothing changed (a KV quota over the pool of the engines served
+too); DELETE /prefixes/{name} is audited and 404s for an unknown name.
 """
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from admin import registry
 from admin.models import AuditEvent
+from admin.ui import gateway_engine_replicas
+from engine.stats import EngineStats
+from gateway.engine_client import InProcessEngineClient
 from tests.admin.conftest import AdminEnv
+from tests.gateway.fakes import ByteTokenizer
 
 P = "/admin/api/v1"
 DEFAULTS = {
@@ -23,6 +29,7 @@ DEFAULTS = {
     "retention_ttl_s": None,
     "scrub_on_free": None,
     "never_cache": False,
+    "kv_quota_blocks": None,
 }
 
 
@@ -104,6 +111,14 @@ BAD_BODIES = [
     '{"never_cache": null}',
     '{"never_cache": "true"}',
     '{"never_cache": 0}',
+    '{"kv_quota_blocks": 0}',
+    '{"kv_quota_blocks": -1}',
+    '{"kv_quota_blocks": 1.5}',
+    '{"kv_quota_blocks": "8"}',
+    '{"kv_quota_blocks": true}',
+    f'{{"kv_quota_blocks": {2**31}}}',
+    f'{{"kv_quota_blocks": {2**40}}}',
+    '{"kv_quota_blocks": 4, "weight": 0}',  # a bad weight keeps the quota out too
     '{"cache_floor": 4}',  # unknown field
     '{"status": "gone", "weight": 2}',  # a bad status changes nothing else either
     '{"status": "suspended", "weight": 0}',  # nor a bad weight the status
@@ -124,6 +139,98 @@ def test_bad_values_are_400_and_change_nothing(env: AdminEnv, raw: str) -> None:
     assert _policy(env) == DEFAULTS
     t = env.client.get(f"{P}/tenants/alpha", headers=env.token("admin")).json()
     assert t["status"] == "active"
+
+
+def test_kv_quota_is_set_shown_audited_and_cleared(env: AdminEnv) -> None:
+    admin = env.token("admin")
+    r = env.client.patch(f"{P}/tenants/alpha", json={"kv_quota_blocks": 24}, headers=admin)
+    assert r.status_code == 200, r.text
+    assert r.json()["kv_quota_blocks"] == 24
+    assert _policy(env) == {**DEFAULTS, "kv_quota_blocks": 24}
+    assert _policy(env, "beta") == DEFAULTS
+    listed = env.client.get(f"{P}/tenants", headers=env.token("viewer")).json()["items"]
+    assert {t["name"]: t["kv_quota_blocks"] for t in listed} == {"alpha": 24, "beta": None}
+    (event,) = _audit(env, "tenant.update")
+    assert event.detail is not None and event.detail["kv_quota_blocks"] == 24
+    # Other policy changes keep it; null clears it (no quota).
+    r = env.client.patch(f"{P}/tenants/alpha", json={"weight": 2}, headers=admin)
+    assert r.json()["kv_quota_blocks"] == 24
+    r = env.client.patch(f"{P}/tenants/alpha", json={"kv_quota_blocks": None}, headers=admin)
+    assert r.status_code == 200 and r.json()["kv_quota_blocks"] is None, r.text
+    # The console's settings route carries it too; an operator may set it.
+    r = env.client.patch(
+        f"{P}/tenants/alpha/settings", json={"kv_quota_blocks": 1}, headers=env.token("operator")
+    )
+    assert r.status_code == 200 and r.json()["kv_quota_blocks"] == 1, r.text
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, True, "8", 2**31, 2**40])
+def test_bad_kv_quota_is_a_400_naming_the_field(env: AdminEnv, value: Any) -> None:
+    admin = env.token("admin")
+    env.client.patch(f"{P}/tenants/alpha", json={"kv_quota_blocks": 5}, headers=admin)
+    for path in (f"{P}/tenants/alpha", f"{P}/tenants/alpha/settings"):
+        r = env.client.patch(path, json={"kv_quota_blocks": value}, headers=admin)
+        assert r.status_code == 400, (path, value, r.text)
+        error = r.json()["error"]
+        assert error["type"] == "invalid_request_error", r.text
+        assert "kv_quota_blocks" in error["message"], r.text
+        assert error["param"] in (None, "kv_quota_blocks"), r.text
+    assert _policy(env)["kv_quota_blocks"] == 5
+
+
+class PoolEngine:
+    """An engine front as InProcessEngineClient reads it: a pool of 40 blocks of 16."""
+
+    model_name = "local"
+    max_model_len = 64
+    vocab_size = 256
+    tokenizer = ByteTokenizer()
+    alive = True
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_running=0,
+            num_waiting=0,
+            kv_cache_usage=0.0,
+            prefix_cache_queries=0,
+            prefix_cache_hits=0,
+            num_preemptions=0,
+            num_blocks=40,
+            block_size=16,
+        )
+
+
+def test_kv_quota_over_the_served_pool_is_refused(env: AdminEnv) -> None:
+    """With an engine in this process the pool bounds the quota; the admin service alone
+    (no engine: the test before) checks only the range."""
+    admin = env.token("admin")
+    engines = {"local": InProcessEngineClient(PoolEngine())}
+    env.client.app.state.admin_engine_replicas = gateway_engine_replicas(  # type: ignore[attr-defined]
+        SimpleNamespace(engines=engines)
+    )
+    for path in (f"{P}/tenants/alpha", f"{P}/tenants/alpha/settings"):
+        r = env.client.patch(path, json={"kv_quota_blocks": 41}, headers=admin)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["type"] == "invalid_request_error", r.text
+        assert "kv_quota_blocks" in error["message"] and "40 blocks" in error["message"], r.text
+    assert _policy(env) == DEFAULTS
+    assert [e.outcome for e in _audit(env, "tenant.update")] == ["error"]
+    r = env.client.patch(f"{P}/tenants/alpha", json={"kv_quota_blocks": 40}, headers=admin)
+    assert r.status_code == 200 and r.json()["kv_quota_blocks"] == 40, r.text
+    # Without a quota in the body the pool is not consulted.
+    r = env.client.patch(f"{P}/tenants/alpha", json={"weight": 2}, headers=admin)
+    assert r.status_code == 200, r.text
+
+
+def test_viewer_cannot_set_kv_quota(env: AdminEnv) -> None:
+    roles = ("viewer", "finance", "auditor")
+    for headers in (*map(env.token, roles), env.token("tenant-admin", "alpha")):
+        for path in (f"{P}/tenants/alpha", f"{P}/tenants/alpha/settings"):
+            r = env.client.patch(path, json={"kv_quota_blocks": 4}, headers=headers)
+            assert r.status_code == 403, r.text
+            assert r.json()["error"]["message"], r.text
+    assert _policy(env) == DEFAULTS
 
 
 def test_only_admins_change_policy(env: AdminEnv) -> None:

@@ -118,10 +118,12 @@ def test_set_limits_and_weight(admin: Console) -> None:
     page = admin.page
     page.get_by_label("Requests per minute").fill("120")
     page.get_by_label("Max output tokens").fill("64")
+    page.get_by_label("Tokens in flight").fill("100000")
     page.get_by_role("button", name="Save limits").click()
     page.get_by_text("Limits saved.").wait_for()
     limits = admin.server.api("GET", f"/tenants/{TENANT}/limits").json()
     assert limits["rpm"] == 120 and limits["max_output_tokens"] == 64 and limits["tpm"] is None
+    assert limits["max_tokens_in_flight"] == 100000
     page.get_by_label("Scheduling weight").fill("2.5")
     page.get_by_label("Cache isolation").select_option("key")
     # The race: the form re-renders once the PATCH answers, and this test used to wait
@@ -158,8 +160,25 @@ def test_edit_cache_policy(admin: Console) -> None:
     assert tenant["cache_floor_share"] == 0.25 and tenant["cache_floor_blocks"] is None
     assert tenant["retention_ttl_s"] == 30.0 and tenant["scrub_on_free"] is True
     assert tenant["never_cache"] is False and tenant["weight"] == 2.5  # untouched fields kept
+    # The KV quota: one over the engine's pool is refused with the pool's size, one
+    # within it is saved and shown (each step on a freshly drawn page).
+    admin.go(f"/tenants/{TENANT}")
+    page.get_by_label("KV quota (blocks)").fill("1000000")
+    page.get_by_role("button", name="Save settings").click()
+    page.wait_for_function("() => document.querySelector('#tenant-settings-error')?.textContent")
+    assert "kv_quota_blocks" in error.inner_text() and "blocks)" in error.inner_text()
+    assert admin.server.api("GET", f"/tenants/{TENANT}").json()["kv_quota_blocks"] is None
+    page.get_by_label("KV quota (blocks)").fill("8")
+    page.get_by_role("button", name="Save settings").click()
+    deadline = time.monotonic() + 10
+    while admin.server.api("GET", f"/tenants/{TENANT}").json()["kv_quota_blocks"] != 8:
+        assert time.monotonic() < deadline, "the console did not save the KV quota"
+        time.sleep(0.05)
+    admin.go(f"/tenants/{TENANT}")
+    expect(page.get_by_label("KV quota (blocks)")).to_have_value("8")
     # Back to the defaults, so the flows after this one see a plain tenant.
     page.get_by_label("Cache floor", exact=True).fill("")
+    page.get_by_label("KV quota (blocks)").fill("")
     page.get_by_label("Retention TTL (s)").fill("")
     page.get_by_label("Scrub freed blocks").select_option("")
     page.get_by_role("button", name="Save settings").click()
@@ -169,6 +188,7 @@ def test_edit_cache_policy(admin: Console) -> None:
         time.sleep(0.05)
     tenant = admin.server.api("GET", f"/tenants/{TENANT}").json()
     assert tenant["cache_floor_share"] is None and tenant["scrub_on_free"] is None
+    assert tenant["kv_quota_blocks"] is None
     admin.shot("03b-cache-policy")
     admin.assert_no_errors(allowed=("status of 400",))
 
@@ -263,6 +283,26 @@ def test_request_appears_in_the_tenant_usage_chart(admin: Console) -> None:
     admin.assert_no_errors()
 
 
+def test_tenant_page_shows_its_kv_cache_use(admin: Console) -> None:
+    """The read-only "KV cache use" panel: one row per served model, with the tenant's
+    blocks in use against its quota or the pool, as GET /tenants/{name}/kv says."""
+    kv = admin.server.api("GET", f"/tenants/{TENANT}/kv").json()
+    [model] = kv["models"]
+    assert model["model"] == "tiny" and model["num_blocks"] > 0
+    admin.go(f"/tenants/{TENANT}")
+    panel = admin.page.locator("#tenant-kv")
+    expect(panel.get_by_role("table", name="KV cache use")).to_contain_text("tiny")
+    meter = panel.get_by_role("meter", name="KV blocks in use on tiny")
+    expect(meter).to_have_attribute("aria-valuenow", str(model["blocks_in_use"]))
+    quota = kv["kv_quota_blocks"]
+    limit = model["num_blocks"] if quota is None else min(quota, model["num_blocks"])
+    expect(meter).to_have_attribute("aria-valuemax", str(limit))
+    expect(panel).to_contain_text("Preemptions suffered")
+    panel.scroll_into_view_if_needed()
+    admin.shot("05b-kv-cache-use")
+    admin.assert_no_errors()
+
+
 def test_billing_csv_download_matches_usage(admin: Console) -> None:
     server = admin.server
     totals = _wait_for_usage(server)
@@ -340,6 +380,27 @@ def test_models_page_shows_the_loaded_model_its_device_dtype_and_price(admin: Co
     assert page.get_by_label("Effective from (UTC)").get_attribute("placeholder") == (
         "yyyy-mm-dd hh:mm"
     )
+    assert cells["Context · max output"].endswith("· context")
+
+
+def test_models_page_sets_and_clears_a_models_output_cap(admin: Console) -> None:
+    admin.go("/models")
+    page = admin.page
+    form = page.get_by_role("form", name="Model output cap")
+    form.get_by_label("Model").select_option("tiny")
+    cap = form.get_by_label("Max output tokens")
+    cap.fill("32")
+    form.get_by_role("button", name="Save output cap").click()
+    page.locator("#banner", has_text="max output tokens 32").wait_for()
+    assert admin.server.api("GET", "/models/tiny").json()["max_output_tokens"] == 32
+    row = page.get_by_role("table", name="Models").locator("tbody tr", has_text="tiny").first
+    expect(row).to_contain_text("· 32")
+    form = page.get_by_role("form", name="Model output cap")
+    form.get_by_label("Max output tokens").fill("")
+    form.get_by_role("button", name="Save output cap").click()
+    page.locator("#banner", has_text="context length").wait_for()
+    assert admin.server.api("GET", "/models/tiny").json()["max_output_tokens"] is None
+    admin.assert_no_errors()
     admin.shot("06b-models")
     admin.assert_no_errors()
 

@@ -246,10 +246,18 @@ def test_every_limit_option_clears_with_none(data: str) -> None:
         *("--tpm", "None", "--concurrency", "none", "--budget", "none"),
         *("--budget-period", "none", "--max-output-tokens", "none"),
         *("--max-prompt-tokens", "NONE", "--models", "none"),
+        *("--max-tokens-in-flight", "none"),
     ]
     cleared = ok_json("tenants", "set-limits", "acme", *clear_rest, "--data-dir", data)
     assert isinstance(cleared, dict)
-    for field in ("rpm", "tpm", "max_concurrent", "token_budget", "max_output_tokens"):
+    for field in (
+        "rpm",
+        "tpm",
+        "max_concurrent",
+        "token_budget",
+        "max_output_tokens",
+        "max_tokens_in_flight",
+    ):
         assert cleared[field] is None, field
     assert cleared["max_prompt_tokens"] is None and cleared["allowed_models"] is None
 
@@ -287,6 +295,31 @@ def test_update_clears_floor_and_ttl_with_none(data: str) -> None:
     assert (tenant["cache_floor_blocks"], tenant["retention_ttl_s"]) == (None, None)
 
 
+def test_update_sets_and_clears_kv_quota(data: str) -> None:
+    tenant = ok_json("tenants", "update", "acme", "--kv-quota-blocks", "16", "--data-dir", data)
+    assert isinstance(tenant, dict) and tenant["kv_quota_blocks"] == 16
+    (listed,) = ok_json("tenants", "list", "--data-dir", data)
+    assert listed["kv_quota_blocks"] == 16
+    tenant = ok_json("tenants", "update", "acme", "--no-kv-quota", "--data-dir", data)
+    assert isinstance(tenant, dict) and tenant["kv_quota_blocks"] is None
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("0", ("kv_quota_blocks", "from 1 to")),
+        ("-1", ("kv_quota_blocks", "from 1 to")),
+        (str(2**31), ("kv_quota_blocks",)),
+        ("1.5", ("--kv-quota-blocks",)),
+    ],
+)
+def test_bad_kv_quota_is_one_line(shared_data: str, value: str, words: tuple[str, ...]) -> None:
+    res = cli("tenants", "update", "acme", "--kv-quota-blocks", value, "--data-dir", shared_data)
+    assert_one_line_error(res, *words, code=2)
+    (listed,) = ok_json("tenants", "list", "--data-dir", shared_data)
+    assert listed["kv_quota_blocks"] is None
+
+
 def test_unusable_data_dir_is_one_line(tmp_path: Path) -> None:
     a_file = tmp_path / "file"
     a_file.write_text("")
@@ -318,3 +351,59 @@ def test_first_start_hint_names_the_data_folder(tmp_path: Path) -> None:
     flags = location_flags(custom)
     assert f"--data-dir {tmp_path.resolve()}" in flags and "u:***@db/x" in flags
     assert "pw" not in flags
+
+
+def _names(res: Result, field: str) -> None:
+    """A one-line refusal (exit 2) naming `field`, as option or as field name."""
+    assert_one_line_error(res, code=2)
+    assert field in res.stderr.replace("-", "_"), res.stderr
+
+
+def test_tokens_in_flight_limit_is_set_and_cleared(data: str) -> None:
+    limits = ok_json(
+        "tenants", "set-limits", "acme", "--max-tokens-in-flight", "4096", "--data-dir", data
+    )
+    assert isinstance(limits, dict) and limits["max_tokens_in_flight"] == 4096
+    assert (
+        "max_tokens_in_flight: 4096"
+        in cli("tenants", "set-limits", "acme", "--rpm", "5", "--data-dir", data).stdout
+    )
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "x", "true", str(2**31)])
+def test_bad_tokens_in_flight_is_one_line(shared_data: str, value: str) -> None:
+    res = cli(
+        "tenants", "set-limits", "acme", "--max-tokens-in-flight", value, "--data-dir", shared_data
+    )
+    _names(res, "max_tokens_in_flight")
+
+
+def _with_model(folder: str) -> None:
+    from admin import registry
+
+    engine = engine_of(folder)
+    with make_session_factory(engine)() as s:
+        registry.register_model(s, name="tiny", source="/m", format="gguf", context_length=512)
+    engine.dispose()
+
+
+def test_models_set_and_clear_the_output_cap(data: str) -> None:
+    _with_model(data)
+    (listed,) = ok_json("models", "list", "--data-dir", data)
+    assert listed["name"] == "tiny" and listed["max_output_tokens"] is None
+    model = ok_json("models", "set", "tiny", "--max-output-tokens", "64", "--data-dir", data)
+    assert isinstance(model, dict) and model["max_output_tokens"] == 64
+    assert "64" in cli("models", "list", "--data-dir", data).stdout
+    model = ok_json("models", "set", "tiny", "--max-output-tokens", "none", "--data-dir", data)
+    assert isinstance(model, dict) and model["max_output_tokens"] is None
+    res = cli("models", "set", "ghost", "--max-output-tokens", "8", "--data-dir", data)
+    assert_one_line_error(res, "ghost", code=1)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", str(10**9), "x", "true", "513", "1.5"])
+def test_bad_model_output_cap_is_one_line(data: str, value: str) -> None:
+    _with_model(data)
+    res = cli("models", "set", "tiny", "--max-output-tokens", value, "--data-dir", data)
+    _names(res, "max_output_tokens")
+    (listed,) = ok_json("models", "list", "--data-dir", data)
+    assert listed["max_output_tokens"] is None

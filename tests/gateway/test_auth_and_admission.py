@@ -358,3 +358,48 @@ def test_revocation_reaches_a_caching_gateway_within_5_seconds(tmp_path: Path) -
         assert status() == 401
     finally:
         stop()
+
+
+def test_a_caller_cancelled_mid_acquire_gives_its_tokens_in_flight_back() -> None:
+    async def scenario() -> None:
+        limiter = SlowLimiter()
+        front = AsyncLimiter(limiter)
+        p = principal(max_tokens_in_flight=100)
+        caller = asyncio.create_task(front.acquire(p, prompt_tokens=40, max_tokens=60))
+        await asyncio.sleep(0.01)
+        assert limiter.tokens_in_flight("t:t1") == 100  # granted, reply not in yet
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        limiter.reply.set()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        await front.drain()
+        assert limiter.tokens_in_flight("t:t1") == 0 and limiter.open_leases() == 0
+        again = await front.acquire(p, prompt_tokens=40, max_tokens=30)
+        other = await front.acquire(p, prompt_tokens=10, max_tokens=20)
+        front.release(again, actual_tokens=5)
+        front.release(again, actual_tokens=5)  # a second release frees nothing more
+        await front.drain()
+        assert limiter.tokens_in_flight("t:t1") == 30
+        front.release(other, actual_tokens=30)
+        await front.drain()
+        assert limiter.tokens_in_flight("t:t1") == 0
+
+    asyncio.run(scenario())
+
+
+def test_queue_mode_waits_for_tokens_in_flight_to_come_back() -> None:
+    p = principal(max_tokens_in_flight=100)
+
+    async def scenario() -> None:
+        front = AsyncLimiter(MemoryLimiter(), concurrency_mode="queue", queue_timeout_s=5.0)
+        held = await front.acquire(p, prompt_tokens=50, max_tokens=30)
+        waiter = asyncio.ensure_future(front.acquire(p, prompt_tokens=10, max_tokens=20))
+        await asyncio.sleep(0.2)
+        assert not waiter.done()  # 80 + 30 > 100: queued
+        front.release(held, actual_tokens=60)
+        second = await asyncio.wait_for(waiter, timeout=1.0)
+        front.release(second, actual_tokens=1)
+
+    asyncio.run(scenario())

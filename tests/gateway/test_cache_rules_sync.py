@@ -178,3 +178,30 @@ def test_engine_failure_is_retried(sessions: sessionmaker[Session]) -> None:
         assert fake.cache_rules == calls[0] and len(calls) == 2
 
     asyncio.run(scenario())
+
+
+def test_kv_quota_reaches_the_engine_rule(sessions: sessionmaker[Session]) -> None:
+    """A tenant's KV quota alone is a rule (the engine's scheduler reads it by root);
+    cleared, the rule goes."""
+    with sessions() as s:
+        tid = store.create_tenant(s, name="capped").id
+        store.update_tenant(s, name="capped", kv_quota_blocks=6)
+        store.create_tenant(s, name="both")
+        both = store.update_tenant(s, name="both", kv_quota_blocks=9, cache_floor_blocks=2).id
+    fake, sync = _sync(sessions)
+
+    async def scenario() -> None:
+        assert await sync.sync_once() is True
+        assert fake.cache_rules is not None
+        assert dict(fake.cache_rules.domains) == {
+            f"t:{tid}": DomainRule(kv_quota_blocks=6),
+            f"t:{both}": DomainRule(floor_blocks=2, kv_quota_blocks=9),
+        }
+        with sessions() as s:
+            store.update_tenant(s, name="capped", kv_quota_blocks=None)
+        assert await sync.sync_once() is True
+        assert dict(fake.cache_rules.domains) == {
+            f"t:{both}": DomainRule(floor_blocks=2, kv_quota_blocks=9)
+        }
+
+    asyncio.run(scenario())

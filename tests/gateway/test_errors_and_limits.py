@@ -179,6 +179,90 @@ def test_concurrency_2_third_parallel_stream_is_429(gateway: LiveGateway) -> Non
     assert r.status_code == 200
 
 
+def _prompt_tokens(gw: LiveGateway) -> int:
+    """The prompt tokens of MESSAGES, from a request of an unlimited tenant."""
+    out = gw.client(gw.tenant("probe")).chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=1
+    )
+    assert out.usage is not None
+    return out.usage.prompt_tokens
+
+
+def test_tokens_in_flight_alone_over_the_cap_is_400_and_a_default_is_clamped(
+    gateway: LiveGateway,
+) -> None:
+    prompt = _prompt_tokens(gateway)
+    key = gateway.tenant("acme", max_tokens_in_flight=prompt + 10)
+    before = len(gateway.usage.records)
+    r = post(gateway, key, {"model": "tiny", "messages": MESSAGES, "max_tokens": 11})
+    err = assert_error(r, 400, "max_tokens")
+    assert "max_tokens_in_flight" in err["message"]
+    assert err["code"] == "max_tokens_in_flight_exceeded"
+    # n multiplies the output a request holds.
+    r = post(gateway, key, {"model": "tiny", "messages": MESSAGES, "max_tokens": 6, "n": 2})
+    assert_error(r, 400, "max_tokens")
+    # Within the cap it runs; with no max_tokens the default shrinks to what fits.
+    assert post(gateway, key, {"model": "tiny", "messages": MESSAGES, "max_tokens": 10}).is_success
+    out = gateway.client(key).chat.completions.create(
+        model="tiny", messages=MESSAGES, extra_body={"ignore_eos": True}
+    )
+    assert out.usage is not None and out.usage.completion_tokens == 10
+    # The refusals ran nothing and billed nothing.
+    refused = [u for u in gateway.usage.records[before:] if u.status == 400]
+    assert all(u.prompt_tokens == 0 and u.completion_tokens == 0 for u in refused)
+
+
+def test_tokens_in_flight_429_beside_a_running_stream_then_freed(gateway: LiveGateway) -> None:
+    prompt = _prompt_tokens(gateway)
+    # One request of max_tokens 400 fits; a second beside it does not.
+    key = gateway.tenant("acme", max_tokens_in_flight=2 * prompt + 600, rpm=1000)
+    client = gateway.client(key)
+    body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 400}
+    # Finished requests give their tokens back: many in a row all pass.
+    for _ in range(3):
+        assert post(gateway, key, {**body, "max_tokens": 300}).status_code == 200
+    stream = client.chat.completions.create(
+        model="tiny",
+        messages=MESSAGES,  # type: ignore[arg-type]
+        max_tokens=400,
+        stream=True,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    next(iter(stream))  # it holds prompt + 400 now
+    r = post(gateway, key, body)
+    err = assert_error(r, 429)
+    assert err["type"] == "tokens_in_flight" and err["code"] == "rate_limit_exceeded"
+    assert int(r.headers["retry-after"]) >= 1
+    assert r.headers["x-ratelimit-limit-requests"] == "1000"
+    # A small one still fits beside it.
+    assert post(gateway, key, {**body, "max_tokens": 100}).status_code == 200
+    metrics = httpx.get(gateway.base_url + "/metrics", headers=OPERATOR_HEADERS).text
+    assert 'cloister_limiter_rejections_total{reason="tokens_in_flight",tenant="acme"} 1.0' in (
+        metrics
+    )
+    stream.close()  # the client leaves: its tokens come back once
+    deadline = time.monotonic() + 20
+    while True:
+        r = post(gateway, key, body)
+        if r.status_code == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert r.status_code == 200, r.text
+    # Every request ended, each gave back exactly what it held: nothing is in flight.
+    with gateway.sessions() as s:
+        tenant_id = store.get_tenant(s, "acme").id
+    limiter = gateway.app.state.cloister.limits.limiter
+    deadline = time.monotonic() + 5
+    while limiter.open_leases() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert limiter.open_leases() == 0 and limiter.tokens_in_flight(f"t:{tenant_id}") == 0
+    # One usage record per request, the refused one billed nothing.
+    mine = [u for u in gateway.usage.records if u.tenant_id == tenant_id]
+    assert len({u.request_id for u in mine}) == len(mine)
+    assert [(u.prompt_tokens, u.completion_tokens) for u in mine if u.status == 429] == [(0, 0)]
+
+
 def test_disconnect_mid_stream_aborts_and_meters_once(gateway: LiveGateway) -> None:
     key = gateway.tenant("acme")
     client = gateway.client(key)

@@ -272,3 +272,65 @@ def test_register_checks_the_allow_list_and_without_a_price_is_unpriced(
         "/admin/api/v1/models", json={**body, "name": "m2", "input_price": 0, "output_price": 0}
     )
     assert free.status_code == 201 and free.json()["price"]["input_price"] == 0  # priced at 0
+
+
+def test_a_models_output_cap_applies_beside_the_keys(served: Served) -> None:
+    client = served.client("alpha")
+
+    def refused(max_tokens: int) -> bool:
+        try:
+            client.chat.completions.create(
+                model="tiny",
+                messages=MESSAGES,  # type: ignore[arg-type]
+                max_tokens=max_tokens,
+            )
+        except openai.BadRequestError:
+            return True
+        return False
+
+    assert not refused(8)
+    r = served.patch_model(max_output_tokens=6)
+    assert r.status_code == 200 and r.json()["max_output_tokens"] == 6
+    _eventually(lambda: refused(7), within_s=REFRESH_S + 2.0)
+    with pytest.raises(openai.BadRequestError) as over:
+        client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=7)  # type: ignore[arg-type]
+    err = over.value.response.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["param"] == "max_tokens" and "model 'tiny' allows at most 6" in err["message"]
+    # A default is clamped to the model's cap (the fake writes max_tokens tokens), and the
+    # Responses API's max_output_tokens takes the same path.
+    out = client.chat.completions.create(model="tiny", messages=MESSAGES)  # type: ignore[arg-type]
+    assert out.usage is not None and out.usage.completion_tokens == 6
+    resp = httpx.post(
+        served.base_url + "/v1/responses",
+        headers={"Authorization": f"Bearer {served.keys['alpha']}"},
+        json={"model": "tiny", "input": "hi", "max_output_tokens": 7},
+        timeout=30,
+    )
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "max_output_tokens"
+    # The smaller cap wins: a key's own below the model's.
+    with served.sessions() as s:
+        store.set_limits(s, tenant_name="alpha", max_output_tokens=4)
+    _eventually(lambda: refused(5), within_s=REFRESH_S + 2.0)
+    out = client.chat.completions.create(model="tiny", messages=MESSAGES)  # type: ignore[arg-type]
+    assert out.usage is not None and out.usage.completion_tokens == 4
+    # Another tenant is held to the model's cap alone; null gives it back to the context.
+    beta = served.client("beta").chat.completions.create(
+        model="tiny",
+        messages=MESSAGES,  # type: ignore[arg-type]
+        max_tokens=6,
+    )
+    assert beta.usage is not None and beta.usage.completion_tokens == 6
+    assert served.patch_model(max_output_tokens=None).json()["max_output_tokens"] is None
+    _eventually(
+        lambda: (
+            served.client("beta")
+            .chat.completions.create(
+                model="tiny",
+                messages=MESSAGES,  # type: ignore[arg-type]
+            )
+            .usage.completion_tokens  # type: ignore[union-attr]
+            > 6
+        ),
+        within_s=REFRESH_S + 2.0,
+    )

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from gateway.usage import UsageRecord
+from tenancy import store
 from tenancy.limiter.memory import MemoryLimiter
 from tests.gateway.conftest import LiveGateway, start_gateway
 from tests.gateway.fakes import FakeEngine
@@ -83,6 +84,33 @@ def test_client_gone_mid_generation_aborts_and_frees_the_slot(
         gw.base_url + path,
         headers={"Authorization": f"Bearer {key}"},
         json={"model": "tiny", "max_tokens": 2, **body},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    assert len(gw.usage.records) == 2
+
+
+def test_client_gone_gives_its_tokens_in_flight_back_exactly_once(
+    slow_gateway: tuple[LiveGateway, MemoryLimiter],
+) -> None:
+    gw, limiter = slow_gateway
+    # Room for one request of MAX_TOKENS output, not two.
+    key = gw.tenant("acme", max_tokens_in_flight=MAX_TOKENS + 100)
+    with gw.sessions() as s:
+        scope = f"t:{store.get_tenant(s, 'acme').id}"
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+    _send_and_hang_up(gw, key, "/v1/chat/completions", {**body, "max_tokens": MAX_TOKENS})
+    record = _wait_record(gw)
+    assert record is not None and record.status == 499
+    deadline = time.monotonic() + 5
+    while limiter.open_leases() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert limiter.open_leases() == 0 and limiter.tokens_in_flight(scope) == 0
+    # All of it came back (nothing held), and the tenant's next request is admitted.
+    r = httpx.post(
+        gw.base_url + "/v1/chat/completions",
+        headers={"Authorization": f"Bearer {key}"},
+        json={**body, "max_tokens": 2},
         timeout=30,
     )
     assert r.status_code == 200, r.text

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import uvicorn
 from openai import OpenAI
@@ -118,6 +119,8 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PolicyGateway]
         num_blocks=NUM_BLOCKS,
         block_size=BLOCK,
         attention_backend="torch",
+        # The explicit floor is under test: no default flood floor for the control tenant.
+        fair_cached_share=0.0,
     )
     app = build_app(settings, engine=engine)
     handler = configure_logging("WARNING", stream=io.StringIO())
@@ -222,3 +225,48 @@ def test_published_prefix_is_shared_and_private_parts_stay_private(
     other = [system, {"role": "user", "content": "A brand new question about invoices. " * 6}]
     assert gateway.cached(fresh, other) == 0
     assert gateway.cached(b, other) == 0
+
+
+def test_kv_quota_set_over_http_refuses_what_can_never_fit(gateway: PolicyGateway) -> None:
+    """A quota of 4 blocks (64 tokens): a request whose prompt + max_tokens needs more is
+    a 400 that names the quota, for that tenant only; one that fits is served."""
+    capped_id, capped = gateway.tenant("kv-capped")
+    _, free = gateway.tenant("kv-free")
+    r = gateway.admin("PATCH", "/tenants/kv-capped", json={"kv_quota_blocks": 4})
+    assert r.status_code == 200 and r.json()["kv_quota_blocks"] == 4, r.text
+    root = f"t:{capped_id}"
+    gateway.wait_pushed(
+        lambda rules: getattr(rules.rule_map().get(root), "kv_quota_blocks", 0) == 4
+    )
+    short = _user("hi")
+    too_long = {"model": gateway.model, "messages": short, "max_tokens": 4 * BLOCK + 16}
+    with pytest.raises(openai.BadRequestError) as refused:
+        gateway.client(capped).chat.completions.create(**too_long)  # type: ignore[call-overload]
+    assert refused.value.status_code == 400
+    error = refused.value.body
+    assert isinstance(error, dict) and error["type"] == "invalid_request_error", error
+    assert "quota" in error["message"] and "4 blocks" in error["message"], error
+    # The same request of a tenant without a quota is served; a small one of the capped
+    # tenant too.
+    out = gateway.client(free).chat.completions.create(**too_long)  # type: ignore[call-overload]
+    assert out.choices[0].message is not None
+    assert gateway.cached(capped, short) >= 0
+    # Cleared over HTTP, the capped tenant's long request is served again.
+    r = gateway.admin("PATCH", "/tenants/kv-capped", json={"kv_quota_blocks": None})
+    assert r.status_code == 200 and r.json()["kv_quota_blocks"] is None, r.text
+    gateway.wait_pushed(lambda rules: root not in rules.rule_map())
+    out = gateway.client(capped).chat.completions.create(**too_long)  # type: ignore[call-overload]
+    assert out.choices[0].message is not None
+
+
+def test_kv_quota_over_the_engine_pool_is_refused_over_http(gateway: PolicyGateway) -> None:
+    gateway.tenant("kv-pool")
+    for path in ("/tenants/kv-pool", "/tenants/kv-pool/settings"):
+        r = gateway.admin("PATCH", path, json={"kv_quota_blocks": NUM_BLOCKS + 1})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["type"] == "invalid_request_error", r.text
+        assert "kv_quota_blocks" in error["message"], r.text
+        assert f"{NUM_BLOCKS} blocks" in error["message"], r.text
+    r = gateway.admin("PATCH", "/tenants/kv-pool", json={"kv_quota_blocks": NUM_BLOCKS})
+    assert r.status_code == 200 and r.json()["kv_quota_blocks"] == NUM_BLOCKS, r.text

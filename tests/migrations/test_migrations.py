@@ -98,6 +98,7 @@ def _policy_checks(url: str) -> None:
         ("cache_floor_blocks", -1),
         ("cache_floor_share", 1.5),
         ("retention_ttl_s", 0.0),
+        ("kv_quota_blocks", 0),
     ):
         with engine.connect() as conn:
             try:

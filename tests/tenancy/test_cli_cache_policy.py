@@ -48,7 +48,7 @@ def run(cli: click.Group, *args: str) -> Result:
 def policy(cli: click.Group) -> dict[str, Any]:
     (tenant,) = json.loads(run(cli, "tenants", "list", "--json").output)
     keys = ("weight", "cache_floor_blocks", "cache_floor_share", "retention_ttl_s")
-    return {k: tenant[k] for k in (*keys, "scrub_on_free", "never_cache")}
+    return {k: tenant[k] for k in (*keys, "scrub_on_free", "never_cache", "kv_quota_blocks")}
 
 
 def audit(tmp_path: Path, action: str) -> list[AuditEvent]:
@@ -66,6 +66,7 @@ DEFAULTS = {
     "retention_ttl_s": None,
     "scrub_on_free": None,
     "never_cache": False,
+    "kv_quota_blocks": None,
 }
 
 
@@ -141,6 +142,12 @@ def test_update_sets_clears_and_audits(cli: click.Group, tmp_path: Path) -> None
         (("--retention-ttl-s", "1e12"), ["retention TTL"]),
         (("--retention-ttl-s", "3", "--default-retention-ttl"), ["cannot be combined"]),
         (("--scrub-on-free", "--default-scrub"), ["cannot be combined"]),
+        (("--kv-quota-blocks", "0"), ["kv_quota_blocks", "1 to"]),
+        (("--kv-quota-blocks", "-1"), ["kv_quota_blocks", "1 to"]),
+        (("--kv-quota-blocks", str(2**31)), ["kv_quota_blocks"]),
+        (("--kv-quota-blocks", "1.5"), ["kv-quota-blocks"]),
+        (("--kv-quota-blocks", "lots"), ["kv-quota-blocks"]),
+        (("--kv-quota-blocks", "3", "--no-kv-quota"), ["cannot be combined"]),
         ((), ["nothing to change"]),
     ],
 )
@@ -154,6 +161,26 @@ def test_bad_update_is_refused(
         assert word in res.output, res.output
     assert policy(cli) == DEFAULTS
     assert audit(tmp_path, "tenant.update") == []
+
+
+def test_kv_quota_is_set_shown_audited_and_cleared(cli: click.Group, tmp_path: Path) -> None:
+    res = run(cli, "tenants", "update", "acme", "--kv-quota-blocks", "32", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["kv_quota_blocks"] == 32
+    assert policy(cli) == {**DEFAULTS, "kv_quota_blocks": 32}
+    (event,) = audit(tmp_path, "tenant.update")
+    assert event.detail is not None and event.detail["kv_quota_blocks"] == 32
+    # Another policy change keeps it; --no-kv-quota and `none` clear it.
+    assert run(cli, "tenants", "update", "acme", "--weight", "2").exit_code == 0
+    assert policy(cli)["kv_quota_blocks"] == 32
+    res = run(cli, "tenants", "update", "acme", "--no-kv-quota")
+    assert res.exit_code == 0, res.output
+    assert policy(cli) == {**DEFAULTS, "weight": 2.0}
+    assert run(cli, "tenants", "update", "acme", "--kv-quota-blocks", "1").exit_code == 0
+    assert policy(cli)["kv_quota_blocks"] == 1
+    res = run(cli, "tenants", "update", "acme", "--kv-quota-blocks", "none")
+    assert res.exit_code == 0, res.output
+    assert policy(cli)["kv_quota_blocks"] is None
 
 
 def test_update_of_unknown_tenant_is_a_clear_error(cli: click.Group) -> None:

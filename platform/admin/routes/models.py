@@ -71,7 +71,8 @@ def get_model(ctx: Ctx, name: str) -> ModelDetail:
 
 @router.patch("/{name}", dependencies=[allow(PLATFORM_WRITE)])
 def update_model(ctx: Ctx, name: str, body: ModelUpdate) -> ModelPublic:
-    """Changes status (registered, loaded, retired) or the tenant allow-list."""
+    """Changes status (registered, loaded, retired), the tenant allow-list or the model's
+    `max_output_tokens` (null: its context length)."""
     try:
         before: ModelPublic | None = model_public(
             ctx.session, registry.get_model(ctx.session, name)
@@ -87,6 +88,11 @@ def update_model(ctx: Ctx, name: str, body: ModelUpdate) -> ModelPublic:
             status=body.status,
             allowed_tenants=body.allowed_tenants,
             clear_allowed_tenants=body.clear_allowed_tenants,
+            max_output_tokens=(
+                body.max_output_tokens
+                if "max_output_tokens" in body.model_fields_set
+                else registry.KEEP
+            ),
         ),
         detail=lambda m: changed(before, model_public(ctx.session, m)) if before else {},
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from collections.abc import Mapping
 
 from fastapi import APIRouter, HTTPException
 from sqlalchemy import select
@@ -11,7 +12,9 @@ from sqlalchemy import select
 from admin.audit_diff import changed
 from admin.body_cap import CappedJsonRoute
 from admin.deps import Ctx, PathTenant, allow
+from admin.engine_view import EngineReplicas
 from admin.roles import PLATFORM_WRITE, TENANT_LIST, TENANT_READ, USAGE_READ
+from admin.routes.engines import Replicas
 from admin.schemas.common import Page
 from admin.schemas.overview import SpendPeriod
 from admin.schemas.tenants import (
@@ -30,6 +33,22 @@ from tenancy.models import Tenant
 from tenancy.store import ISOLATION_LEVELS
 
 router = APIRouter(prefix="/tenants", tags=["tenants"], route_class=CappedJsonRoute)
+
+
+def _check_quota_fits_pool(changes: Mapping[str, object], replicas: EngineReplicas | None) -> None:
+    """A KV quota no engine of this process could ever reach is a mistake: refused with
+    the pool's size. Against the largest pool, so that each quota accepted binds on some
+    engine; without an engine (the admin service alone) only the store's range applies."""
+    quota = changes.get("kv_quota_blocks")
+    if isinstance(quota, bool) or not isinstance(quota, int) or replicas is None:
+        return
+    pools = [s.snapshot.num_blocks for states in replicas().values() for s in states]
+    pool = max((n for n in pools if n > 0), default=None)
+    if pool is not None and quota > pool:
+        raise InvalidValueError(
+            f"kv_quota_blocks ({quota}) is larger than the KV pool of the engines "
+            f"this process serves ({pool} blocks)"
+        )
 
 
 @router.get("", dependencies=[allow(TENANT_LIST)])
@@ -86,7 +105,9 @@ def get_tenant_spend(ctx: Ctx, tenant: PathTenant) -> TenantSpend:
 
 
 @router.patch("/{name}", dependencies=[allow(PLATFORM_WRITE)])
-def update_tenant(ctx: Ctx, name: str, tenant: PathTenant, body: TenantUpdate) -> TenantPublic:
+def update_tenant(
+    ctx: Ctx, name: str, tenant: PathTenant, body: TenantUpdate, replicas: Replicas
+) -> TenantPublic:
     """Suspends or resumes a tenant and/or changes its weight and cache policy (the
     running engine follows within the config refresh interval)."""
     before = tenant_public(tenant)
@@ -96,6 +117,7 @@ def update_tenant(ctx: Ctx, name: str, tenant: PathTenant, body: TenantUpdate) -
         # Both checked before either commits: a refused body changes nothing.
         if body.status not in (None, "active", "suspended"):
             raise InvalidValueError("status must be active or suspended")
+        _check_quota_fits_pool(changes, replicas)
         t = store.update_tenant(ctx.session, name=name, **changes)
         if body.status is not None:
             t = store.set_tenant_status(ctx.session, name=name, status=body.status)
@@ -113,7 +135,9 @@ def update_tenant(ctx: Ctx, name: str, tenant: PathTenant, body: TenantUpdate) -
 
 
 @router.patch("/{name}/settings", dependencies=[allow(PLATFORM_WRITE)])
-def update_settings(ctx: Ctx, name: str, tenant: PathTenant, body: TenantSettings) -> TenantPublic:
+def update_settings(
+    ctx: Ctx, name: str, tenant: PathTenant, body: TenantSettings, replicas: Replicas
+) -> TenantPublic:
     """Changes a tenant's isolation level, weight and cache policy."""
     before = tenant_public(tenant)
     if body.isolation_level is not None and body.isolation_level not in ISOLATION_LEVELS:
@@ -123,6 +147,7 @@ def update_settings(ctx: Ctx, name: str, tenant: PathTenant, body: TenantSetting
         tenant.isolation_level = body.isolation_level
     changes = body.changes()
     try:
+        _check_quota_fits_pool(changes, replicas)
         store.update_tenant(ctx.session, name=name, **changes)  # commits both
     except TenancyError as exc:
         ctx.session.rollback()

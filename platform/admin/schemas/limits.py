@@ -22,6 +22,7 @@ class LimitsUpdate(BaseModel):
     max_output_tokens: StrictInt | None = None
     max_prompt_tokens: StrictInt | None = None
     allowed_models: list[StrictStr] | None = None
+    max_tokens_in_flight: StrictInt | None = None
 
     def unknown(self) -> list[str]:
         """Fields sent that are no limit."""
@@ -46,4 +47,6 @@ class LimitsPublic(BaseModel):
     max_output_tokens: int | None
     max_prompt_tokens: int | None
     allowed_models: list[str] | None
+    # Prompt + max output tokens of the requests in flight at once (None: unlimited).
+    max_tokens_in_flight: int | None
     key_scoped: list[str]

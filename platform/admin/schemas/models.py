@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from pydantic import BaseModel
+from pydantic import BaseModel, StrictInt
 
 from admin import registry
 from admin.schemas.common import IsoTime
@@ -37,11 +37,16 @@ class ModelCreate(BaseModel):
 
 
 class ModelUpdate(BaseModel):
-    """A status or allow-list (tenant ids) change."""
+    """A status, allow-list (tenant ids) or output cap change.
+
+    `max_output_tokens`: absent keeps it, null clears it (the model's context length caps
+    output), else 1 to 10**7 and at most the model's context length.
+    """
 
     status: str | None = None
     allowed_tenants: list[str] | None = None
     clear_allowed_tenants: bool = False
+    max_output_tokens: StrictInt | None = None
 
 
 class PriceCreate(BaseModel):
@@ -78,6 +83,8 @@ class ModelPublic(BaseModel):
     allowed_tenants: list[str] | None  # tenant ids; None: every tenant
     device: str | None  # where the server that loaded it runs it; None unless loaded
     dtype: str | None
+    # The most output tokens one request may ask for (None: the context length).
+    max_output_tokens: int | None
     created_at: IsoTime | None
     price: PricePublic | None
 

@@ -31,6 +31,7 @@ class TenantPolicy(BaseModel):
     retention_ttl_s: StrictFloat | StrictInt | None = None
     scrub_on_free: StrictBool | None = None
     never_cache: StrictBool | None = None
+    kv_quota_blocks: StrictInt | None = None
 
     def changes(self) -> dict[str, float | int | bool | None]:
         """The policy fields the caller sent, with their values."""
@@ -63,6 +64,7 @@ class TenantPublic(BaseModel):
     retention_ttl_s: float | None
     scrub_on_free: bool | None
     never_cache: bool
+    kv_quota_blocks: int | None
     created_at: IsoTime | None
 
 

@@ -51,6 +51,7 @@ def tenant_dict(tenant: Tenant) -> dict[str, Any]:
         "retention_ttl_s": tenant.retention_ttl_s,
         "scrub_on_free": tenant.scrub_on_free,
         "never_cache": bool(tenant.never_cache),
+        "kv_quota_blocks": tenant.kv_quota_blocks,
         "created_at": tenant.created_at.isoformat(),
     }
 
@@ -127,6 +128,11 @@ POSITIVE = NoneOr(click.IntRange(min=1))
 @click.option("--budget-period", type=NoneOr(click.Choice(["day", "month"])))
 @click.option("--max-output-tokens", type=POSITIVE)
 @click.option("--max-prompt-tokens", type=POSITIVE)
+@click.option(
+    "--max-tokens-in-flight",
+    type=POSITIVE,
+    help="Prompt + max output tokens of the tenant's requests in flight at once.",
+)
 @click.option("--models", type=NoneOr(click.STRING), help="Comma-separated allowed models.")
 @json_option
 @storage_options
@@ -144,6 +150,7 @@ def set_limits(name: str, as_json: bool, **options: Any) -> None:
         "budget_period": options["budget_period"],
         "max_output_tokens": options["max_output_tokens"],
         "max_prompt_tokens": options["max_prompt_tokens"],
+        "max_tokens_in_flight": options["max_tokens_in_flight"],
         "allowed_models": models if models in (None, CLEAR) else parse_models(models),
     }
     changed: dict[str, Any] = {
@@ -193,6 +200,12 @@ def set_limits(name: str, as_json: bool, **options: Any) -> None:
 )
 @click.option("--default-scrub", is_flag=True, help="Back to the engine's scrub setting.")
 @click.option("--never-cache/--cache", default=None, help="Never read or write the prefix cache.")
+@click.option(
+    "--kv-quota-blocks",
+    type=NoneOr(click.INT),
+    help="Most KV blocks this tenant's running sequences may hold (none: no quota).",
+)
+@click.option("--no-kv-quota", is_flag=True, help="Remove the KV quota.")
 @json_option
 @storage_options
 def update(
@@ -206,10 +219,13 @@ def update(
     scrub_on_free: bool | None,
     default_scrub: bool,
     never_cache: bool | None,
+    kv_quota_blocks: int | Cleared | None,
+    no_kv_quota: bool,
     as_json: bool,
 ) -> None:
-    """Change a tenant's weight and cache policy (only the options given change; `none`
-    clears a floor or TTL); the running server applies it within its refresh interval."""
+    """Change a tenant's weight, cache policy and KV quota (only the options given change;
+    `none` clears a floor, TTL or quota); the running server applies it within its refresh
+    interval."""
     _exclusive(
         ("--no-cache-floor", no_cache_floor),
         ("--cache-floor-blocks", cache_floor_blocks is not None),
@@ -220,6 +236,7 @@ def update(
         ("--retention-ttl-s", retention_ttl_s is not None),
     )
     _exclusive(("--default-scrub", default_scrub), ("--scrub-on-free", scrub_on_free is not None))
+    _exclusive(("--no-kv-quota", no_kv_quota), ("--kv-quota-blocks", kv_quota_blocks is not None))
     given: dict[str, Any] = {
         "weight": weight,
         "cache_floor_blocks": cache_floor_blocks,
@@ -227,6 +244,7 @@ def update(
         "retention_ttl_s": retention_ttl_s,
         "scrub_on_free": scrub_on_free,
         "never_cache": never_cache,
+        "kv_quota_blocks": kv_quota_blocks,
     }
     changed: dict[str, Any] = {
         k: None if v is CLEAR else v for k, v in given.items() if v is not None
@@ -237,6 +255,8 @@ def update(
         changed["retention_ttl_s"] = None
     if default_scrub:
         changed["scrub_on_free"] = None
+    if no_kv_quota:
+        changed["kv_quota_blocks"] = None
     if not changed:
         raise InvalidArgument("nothing to change: give at least one option")
     with open_session() as (settings, session):

@@ -151,6 +151,59 @@ def test_concurrency_two_third_denied_then_freed_by_release_and_ttl(run_on: RunO
     run_on(scenario)
 
 
+def test_tokens_in_flight_held_until_release_exactly_once(run_on: RunOn) -> None:
+    async def scenario(limiter: Limiter) -> None:
+        p = make_principal(max_tokens_in_flight=100, rpm=50)
+        a = await limiter.acquire(p, prompt_tokens=30, max_tokens=20, now=T0)  # holds 50
+        await limiter.acquire(p, prompt_tokens=10, max_tokens=30, now=T0)  # 90 in flight
+        with pytest.raises(RateLimitedError) as err:
+            await limiter.acquire(p, prompt_tokens=5, max_tokens=10, now=T0)  # 105 > 100
+        assert err.value.reason == "tokens_in_flight" and err.value.retry_after_s > 0
+        assert err.value.requests is not None and err.value.requests.remaining == 48
+        # Exactly 10 more fit: the refusal consumed nothing.
+        c = await limiter.acquire(p, prompt_tokens=4, max_tokens=6, now=T0)
+        await limiter.release(c, actual_tokens=0, now=T0)
+        # A release frees the whole reservation, whatever was used, and only once.
+        await limiter.release(a, actual_tokens=3, now=T0 + 1)
+        await limiter.release(a, actual_tokens=3, now=T0 + 1)
+        await limiter.acquire(p, prompt_tokens=50, max_tokens=10, now=T0 + 1)  # 40 + 60
+        with pytest.raises(RateLimitedError) as again:
+            await limiter.acquire(p, prompt_tokens=1, max_tokens=0, now=T0 + 1)
+        assert again.value.reason == "tokens_in_flight"
+        # A crashed holder's tokens come back when its lease expires (30 s here).
+        await limiter.acquire(p, prompt_tokens=60, max_tokens=40, now=T0 + 31.5)
+
+    run_on(scenario)
+
+
+def test_a_request_over_the_in_flight_cap_alone_never_passes(run_on: RunOn) -> None:
+    async def scenario(limiter: Limiter) -> None:
+        p = make_principal(max_tokens_in_flight=100)
+        with pytest.raises(RateLimitedError) as err:
+            await limiter.acquire(p, prompt_tokens=60, max_tokens=41, now=T0)
+        assert err.value.reason == "tokens_in_flight"
+        adm = await limiter.acquire(p, prompt_tokens=60, max_tokens=40, now=T0)
+        assert adm.reserved_tokens == 100
+        # Another tenant, and a key with its own override, hold their own tokens.
+        await limiter.acquire(
+            make_principal("ten_b", "key_b", max_tokens_in_flight=100),
+            prompt_tokens=100,
+            max_tokens=0,
+            now=T0,
+        )
+        own = make_principal(
+            "ten_a",
+            "key_own",
+            max_tokens_in_flight=10,
+            key_scoped=frozenset({"max_tokens_in_flight"}),
+        )
+        await limiter.acquire(own, prompt_tokens=10, max_tokens=0, now=T0)
+        with pytest.raises(RateLimitedError):
+            await limiter.acquire(own, prompt_tokens=1, max_tokens=0, now=T0)
+
+    run_on(scenario)
+
+
 def test_tenants_and_key_overrides_count_separately(run_on: RunOn) -> None:
     async def scenario(limiter: Limiter) -> None:
         a = make_principal("ten_a", "key_1", rpm=1)

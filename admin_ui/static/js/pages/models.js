@@ -68,7 +68,28 @@ function accessAndPriceForms(models, reload) {
     const ok = await attempt(() => api.post(`/models/${encodeURIComponent(pmodel.input.value)}/prices`, body), (err) => from.setError(err.message));
     if (ok) reload(`New prices for ${ok.name} are saved.`);
   } }, el("div", { class: "row" }, pmodel, prices, from, el("button", { type: "submit" }, "Set prices")));
-  return [card("Private or public", access), card("Prices", price)];
+  return [card("Private or public", access), card("Prices", price), card("Output cap", outputCapForm(models, reload))];
+}
+
+// A model's own max_output_tokens: requests get the smaller of it and their key's cap.
+function outputCapForm(models, reload) {
+  const which = field("Model", { name: "cap_model", options: models.map((m) => m.name) });
+  const cap = field("Max output tokens", { name: "model_max_output_tokens", type: "number", min: "1", step: "1", placeholder: "context length",
+    help: "Most output tokens one request may ask of this model; empty: its context length." });
+  const fill = () => {
+    const m = models.find((x) => x.name === which.input.value);
+    cap.input.value = m && m.max_output_tokens !== null && m.max_output_tokens !== undefined ? m.max_output_tokens : "";
+    if (m) cap.input.max = String(m.context_length);
+  };
+  which.input.addEventListener("change", fill);
+  fill();
+  return el("form", { "aria-label": "Model output cap", onsubmit: async (e) => {
+    e.preventDefault();
+    cap.setError("");
+    const body = { max_output_tokens: cap.input.value === "" ? null : Number(cap.input.value) };
+    const ok = await attempt(() => api.patch(`/models/${encodeURIComponent(which.input.value)}`, body), (err) => cap.setError(err.message));
+    if (ok) reload(`${ok.name}: max output tokens ${ok.max_output_tokens ?? "= context length"}.`);
+  } }, el("div", { class: "row" }, which, cap, el("button", { type: "submit" }, "Save output cap")));
 }
 
 function uploadForm(models, tenants, reload) {
@@ -156,7 +177,9 @@ export async function render(ctx) {
   const modelCols = [
     { title: "Name", key: "name" }, { title: "Format", key: "format" },
     { title: "Source", key: "source", wrap: true },
-    { title: "Context", key: "context_length", num: true }, { title: "Status", render: (m) => statusPill(m.status) },
+    // The output cap shares the context's column (a column more overflowed 1280 px).
+    { title: "Context · max output", num: true, render: (m) => `${m.context_length} · ${m.max_output_tokens ?? "context"}` },
+    { title: "Status", render: (m) => statusPill(m.status) },
     { title: "Device", render: (m) => [m.device, m.dtype].filter(Boolean).join(" · ") || "—" },
     { title: "Access", render: (m) => (m.allowed_tenants ? `private (${m.allowed_tenants.length})` : "public") },
     { title: "USD per 1M tokens (input · cached · output)", render: priceCell },

@@ -4,10 +4,12 @@ import { attempt, card, confirmAction, el, field, fmtNum, showBanner, statusPill
 import { barConfig, chartBox, tokenSeries } from "../charts.js";
 import { dayLabels, daysBack, pivot, totals } from "../usage_data.js";
 import { keyUsageCard, spendCard } from "./tenant_spend.js";
+import { kvCard } from "./tenant_kv.js";
 
 const LIMITS = [
   ["rpm", "Requests per minute"], ["tpm", "Tokens per minute"], ["max_concurrent", "Concurrent requests"],
   ["token_budget", "Token budget"], ["max_output_tokens", "Max output tokens"], ["max_prompt_tokens", "Max prompt tokens"],
+  ["max_tokens_in_flight", "Tokens in flight"],
 ];
 
 function limitsForm(ctx, name, limits) {
@@ -49,7 +51,8 @@ const numberOrNull = (input) => (input.value === "" ? null : Number(input.value)
 
 function settingsForm(ctx, t, rerender) {
   const policy = `cache floor: ${floorText(t)} · retention TTL: ${t.retention_ttl_s === null ? "engine default" : `${fmtNum(t.retention_ttl_s, 1)} s`}` +
-    ` · scrub freed blocks: ${t.scrub_on_free === null ? "engine default" : (t.scrub_on_free ? "yes" : "no")} · never cache: ${t.never_cache ? "yes" : "no"}`;
+    ` · scrub freed blocks: ${t.scrub_on_free === null ? "engine default" : (t.scrub_on_free ? "yes" : "no")} · never cache: ${t.never_cache ? "yes" : "no"}` +
+    ` · KV quota: ${t.kv_quota_blocks === null ? "none" : `${t.kv_quota_blocks} blocks`}`;
   if (!ctx.canWrite) {
     return el("div", {},
       el("p", {}, `Cache isolation: ${t.isolation_level} · scheduling weight: ${fmtNum(t.weight, 2)}`),
@@ -64,6 +67,8 @@ function settingsForm(ctx, t, rerender) {
   const ttl = field("Retention TTL (s)", { name: "retention_ttl_s", type: "number", min: "0", step: "any", placeholder: "engine default", value: t.retention_ttl_s ?? "" });
   const scrub = field("Scrub freed blocks", { name: "scrub_on_free", value: flagValue(t.scrub_on_free), options: DEFAULT_FLAG });
   const never = field("Never cache", { name: "never_cache", value: String(t.never_cache), options: [["false", "no"], ["true", "yes"]] });
+  const quota = field("KV quota (blocks)", { name: "kv_quota_blocks", type: "number", min: "1", step: "1", placeholder: "none",
+    value: t.kv_quota_blocks ?? "", help: "Most KV blocks this tenant's running requests may hold; empty: no quota." });
   const error = el("span", { class: "error", role: "alert", id: "tenant-settings-error" });
   return el("form", { "aria-label": "Tenant settings", onsubmit: async (e) => {
     e.preventDefault();
@@ -79,12 +84,13 @@ function settingsForm(ctx, t, rerender) {
       retention_ttl_s: numberOrNull(ttl.input),
       scrub_on_free: scrub.input.value === "" ? null : scrub.input.value === "true",
       never_cache: never.input.value === "true",
+      kv_quota_blocks: numberOrNull(quota.input),
     };
     const ok = await attempt(() => api.patch(`/tenants/${encodeURIComponent(t.name)}/settings`, body),
       (err) => { error.textContent = err.message; });
     if (ok) { rerender(); showBanner("Settings saved.", "info"); }
   } }, el("div", { class: "row" }, isolation, weight),
-  el("div", { class: "row" }, floor, floorUnit, ttl, scrub, never),
+  el("div", { class: "row" }, floor, floorUnit, ttl, scrub, never, quota),
   el("div", { class: "row" }, el("button", { type: "submit" }, "Save settings"), error));
 }
 
@@ -132,12 +138,14 @@ export async function render(ctx) {
   // Fetched first: a chart draws only on a canvas already in the page (charts.js), so
   // nothing may be awaited after the usage section's charts are made.
   const [spend, keyUsage] = [await spendCard(t), await keyUsageCard(t)];
+  const kvUse = await kvCard(t);
   return el("div", {},
     el("h1", {}, `Tenant ${t.name} `, statusPill(t.status)),
     card("Settings", ctx.me.role === "tenant-admin" ? null : el("p", { class: "muted" }, `id ${t.id}`), settingsForm(ctx, t, rerender),
       el("div", { class: "row" }, statusButton, el("a", { href: `#/keys/${encodeURIComponent(t.name)}` }, "Manage keys →"))),
     spend,
     card("Limits", limitsForm(ctx, t.name, limits)),
+    kvUse,
     await usageSection(t),
     keyUsage);
 }

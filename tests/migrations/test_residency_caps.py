@@ -1,0 +1,69 @@
+"""Migration 0012 (a model's output cap, a tenant's tokens in flight) keeps data both ways."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from tenancy.db import downgrade_database, make_engine, upgrade_database
+
+
+def _columns(engine: sa.Engine, table: str) -> set[str]:
+    return {c["name"] for c in sa.inspect(engine).get_columns(table)}
+
+
+def _round_trip(url: str) -> None:
+    upgrade_database(url, "0011")
+    engine = make_engine(url)
+    now = dt.datetime.now(dt.UTC)
+    with engine.begin() as c:
+        c.execute(
+            sa.text(
+                "INSERT INTO tenants (id, name, status, isolation_level, weight, never_cache,"
+                " created_at) VALUES ('ten_1', 'acme', 'active', 'tenant', 1.0, false, :n)"
+            ),
+            {"n": now},
+        )
+        c.execute(
+            sa.text(
+                "INSERT INTO limits (tenant_id, max_concurrent, updated_at) VALUES ('ten_1', 3, :n)"
+            ),
+            {"n": now},
+        )
+        c.execute(
+            sa.text(
+                "INSERT INTO registry_models (id, name, revision, source, format, context_length,"
+                " status, created_at) VALUES ('mdl_1', 'm', 'main', '/m', 'gguf', 512, 'loaded',"
+                " :n)"
+            ),
+            {"n": now},
+        )
+    upgrade_database(url, "0012")
+    assert "max_output_tokens" in _columns(engine, "registry_models")
+    assert "max_tokens_in_flight" in _columns(engine, "limits")
+    with engine.connect() as c:
+        # Existing rows gain no cap.
+        assert c.execute(sa.text("SELECT max_output_tokens FROM registry_models")).one() == (None,)
+        row = c.execute(sa.text("SELECT max_concurrent, max_tokens_in_flight FROM limits")).one()
+        assert tuple(row) == (3, None)
+    with engine.begin() as c:
+        c.execute(sa.text("UPDATE registry_models SET max_output_tokens = 64"))
+        c.execute(sa.text("UPDATE limits SET max_tokens_in_flight = 4096"))
+    downgrade_database(url, "0011")
+    assert "max_output_tokens" not in _columns(engine, "registry_models")
+    assert "max_tokens_in_flight" not in _columns(engine, "limits")
+    with engine.connect() as c:
+        assert c.execute(sa.text("SELECT max_concurrent FROM limits")).scalar_one() == 3
+        assert c.execute(sa.text("SELECT context_length FROM registry_models")).scalar_one() == 512
+    engine.dispose()
+    upgrade_database(url)
+
+
+def test_sqlite_0012_round_trip(tmp_path: Path) -> None:
+    _round_trip(f"sqlite:///{tmp_path / 'm.db'}")
+
+
+def test_postgres_0012_round_trip(postgres_url: str) -> None:
+    _round_trip(postgres_url)
