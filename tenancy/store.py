@@ -48,6 +48,7 @@ LIMIT_FIELDS = (
     "allowed_models",
     "max_tokens_in_flight",
 )
+MAX_OUTPUT_TOKENS = 10_000_000  # the most a tenant's or key's output cap may be
 UNSET: Any = object()  # "leave this field as it is" (None means "clear it")
 # Tenant fields `update_tenant` sets, each with its check (None: the engine default).
 TENANT_POLICY_FIELDS: dict[str, Callable[[Any], Any]] = {
@@ -198,6 +199,11 @@ def _check_limit_value(name: str, value: Any) -> None:
         if name == "max_tokens_in_flight" and value < 1:
             # 0 would refuse every request as too big alone; suspend a tenant instead.
             raise InvalidValueError("max_tokens_in_flight must be at least 1")
+        if name == "max_output_tokens" and not 1 <= value <= MAX_OUTPUT_TOKENS:
+            # 0 lets nothing be generated, and no model's context holds 10**7 tokens.
+            raise InvalidValueError(
+                f"max_output_tokens must be an integer from 1 to {MAX_OUTPUT_TOKENS}"
+            )
 
 
 def set_limits(

@@ -142,6 +142,20 @@ def test_tokens_in_flight_limit_bad_values_are_400_by_name(env: AdminEnv, value:
     assert cleared.status_code == 200 and cleared.json()["max_tokens_in_flight"] is None
 
 
+@pytest.mark.parametrize("value", [0, -1, 10**9, 10**7 + 1, "x", True, 1.5])
+def test_tenant_max_output_tokens_bad_values_are_400_by_name(env: AdminEnv, value: Any) -> None:
+    admin = env.token("admin")
+    r = env.client.put(
+        f"{P}/tenants/alpha/limits", json={"max_output_tokens": value}, headers=admin
+    )
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert "max_output_tokens" in (err["param"] or err["message"])
+    ok = env.client.put(f"{P}/tenants/alpha/limits", json={"max_output_tokens": 256}, headers=admin)
+    assert ok.status_code == 200 and ok.json()["max_output_tokens"] == 256
+
+
 @pytest.mark.parametrize("value", [0, -1, 10**9, "x", True, 513, 10**7 + 1, 1.5, "64"])
 def test_model_max_output_tokens_bad_values_are_400_by_name(env: AdminEnv, value: Any) -> None:
     from admin import registry
