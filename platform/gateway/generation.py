@@ -30,6 +30,7 @@ from gateway.routing import session_hint
 from gateway.schemas.common import SamplingFields
 from gateway.sse import DONE, SettlingStreamingResponse
 from gateway.structured_output import structured_spec
+from gateway.tenant_kv import tenant_key
 from tenancy.principal import derive_cache_domain
 
 CLIENT_CLOSED = 499  # nginx's "client closed request": no response was sent
@@ -134,7 +135,7 @@ async def admit_and_submit(
             params=params,
             request_id=life.engine_request_id(i, len(prompts)),
             cache_domain=domain,
-            fairness_key=f"t:{principal.tenant_id}",
+            fairness_key=tenant_key(principal.tenant_id),
             weight=principal.weight,
             # A never-cache tenant's policy wins over whatever the request asks.
             cache=body.cache and not principal.never_cache,

@@ -147,6 +147,8 @@ class StreamResult:
     raw: str
     started_at: float = 0.0  # time.monotonic() when the request was sent
     ended_at: float = 0.0  # and when its last line arrived
+    token_times: tuple[float, ...] = ()  # time.monotonic() of each event that carried text
+    cut: bool = False  # the client stopped reading at its deadline (`stream_chat(deadline_s=)`)
 
 
 def bystander_body(prompt: str, max_tokens: int) -> dict[str, Any]:
@@ -161,13 +163,18 @@ def bystander_body(prompt: str, max_tokens: int) -> dict[str, Any]:
     }
 
 
-def stream_chat(client: httpx.Client, key: str, body: dict[str, Any]) -> StreamResult:
-    """Streams one chat completion; collects its text, usage and the longest pause."""
+def stream_chat(
+    client: httpx.Client, key: str, body: dict[str, Any], *, deadline_s: float | None = None
+) -> StreamResult:
+    """Streams one chat completion; collects its text, usage, the arrival time of each
+    piece of text and the longest pause. `deadline_s`: stop reading (and close the stream)
+    once a line arrives that much after the request was sent (`cut` is then True)."""
     text: list[str] = []
     errors: list[str] = []
     raw: list[str] = []
+    times: list[float] = []
     usage = request_id = finish = None
-    done = False
+    done = cut = False
     gap = 0.0
     started = last = time.monotonic()
     with client.stream(
@@ -194,8 +201,14 @@ def stream_chat(client: httpx.Client, key: str, body: dict[str, Any]) -> StreamR
                 if event.get("usage"):
                     usage = event["usage"]
                 for choice in event.get("choices", []):
-                    text.append(choice.get("delta", {}).get("content") or "")
+                    piece = choice.get("delta", {}).get("content") or ""
+                    if piece:
+                        times.append(now)
+                    text.append(piece)
                     finish = choice.get("finish_reason") or finish
+                if deadline_s is not None and now - started > deadline_s:
+                    cut = True
+                    break
     return StreamResult(
         r.status_code,
         {k.lower(): v for k, v in r.headers.items()},
@@ -209,6 +222,8 @@ def stream_chat(client: httpx.Client, key: str, body: dict[str, Any]) -> StreamR
         "\n".join(raw),
         started,
         time.monotonic(),
+        tuple(times),
+        cut,
     )
 
 
@@ -376,3 +391,25 @@ def reply_usage(reply: Reply) -> tuple[str | None, dict[str, Any] | None]:
         return request_id, usage
     data = reply.json()
     return data.get("id"), data.get("usage")
+
+
+def scrape_metrics(base_url: str, token: str | None = None) -> str:
+    """The server's /metrics text; with an operator's admin token, tenant series too."""
+    headers = {} if token is None else admin_headers(token)
+    r = httpx.get(base_url + "/metrics", headers=headers, timeout=30)
+    r.raise_for_status()
+    return r.text
+
+
+def sample_sum(text: str, sample: str, **labels: str) -> float | None:
+    """The sum of the samples named `sample` (e.g. `vllm:num_preemptions_total`) whose
+    labels include `labels`, in Prometheus text; None when there is no such series."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values = [
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == sample and labels.items() <= s.labels.items()
+    ]
+    return sum(values) if values else None
