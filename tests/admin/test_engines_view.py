@@ -4,87 +4,51 @@ capacity, load and cache counters; not connected on an admin app without a gatew
 from __future__ import annotations
 
 import asyncio
-import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
 from admin.served_models import ServedModel, record_served
 from admin.ui import gateway_engine_replicas
 from engine.kv_cache.counters import DomainCacheStats
-from engine.stats import EngineStats
 from gateway.engine_client import InProcessEngineClient
 from gateway.replica_set import ReplicaSetClient
 from tests.admin.conftest import AdminEnv, make_env
+from tests.admin.engine_stand_ins import FixedStatsEngine, idle_stats, remote_engine_server
 from tests.gateway.fakes import ByteTokenizer
 
 P = "/admin/api/v1"
 
 
-class LocalEngine:
-    """An engine front's surface as InProcessEngineClient reads it, with fixed stats."""
-
-    model_name = "local"
-    max_model_len = 64
-    vocab_size = 256
-    tokenizer = ByteTokenizer()
-    alive = True
-
-    def stats(self) -> EngineStats:
-        """Two running, one waiting, 3 of 8 looked-up tokens hit, 2 published blocks."""
-        return EngineStats(
+def local_engine() -> FixedStatsEngine:
+    """Two running, one waiting, 3 of 8 looked-up tokens hit, 2 published blocks."""
+    return FixedStatsEngine(
+        idle_stats(
             num_running=2,
             num_waiting=1,
             kv_cache_usage=0.25,
             prefix_cache_queries=8,
             prefix_cache_hits=3,
-            num_preemptions=0,
-            num_blocks=40,
-            block_size=16,
             prefix_cache_domains={"<public>": DomainCacheStats(0, 0, 0, 0, 0, cached_blocks=2)},
         )
+    )
 
 
 def _engine_server(running: int) -> tuple[ThreadingHTTPServer, str]:
-    """An engine server's /internal/info and /internal/stats on loopback."""
-    bodies = {
-        "/internal/info": {
-            "model_name": "remote",
-            "max_model_len": 128,
-            "vocab_size": 256,
-            "num_blocks": 100,
-            "block_size": 8,
-        },
-        "/internal/stats": {
+    """An engine server with `running` sequences running and 4 waiting."""
+    return remote_engine_server(
+        {
             "num_running": running,
             "num_waiting": 4,
             "kv_cache_usage": 0.5,
             "prefix_cache_queries": 0,
             "prefix_cache_hits": 0,
             "num_preemptions": 0,
-        },
-    }
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            body = json.dumps(bodies[self.path]).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    return srv, f"http://127.0.0.1:{srv.server_address[1]}"
+        }
+    )
 
 
 @pytest.fixture
@@ -119,7 +83,7 @@ def test_engines_lists_in_process_and_each_remote_replica(env: AdminEnv) -> None
                 await replica.http.aclose()
 
         asyncio.run(poll())
-        engines = {"local": InProcessEngineClient(LocalEngine()), "remote": remote}
+        engines = {"local": InProcessEngineClient(local_engine()), "remote": remote}
         env.client.app.state.admin_engine_replicas = gateway_engine_replicas(  # type: ignore[attr-defined]
             SimpleNamespace(engines=engines)
         )

@@ -16,10 +16,9 @@ import pytest
 from admin import registry
 from admin.models import AuditEvent
 from admin.ui import gateway_engine_replicas
-from engine.stats import EngineStats
 from gateway.engine_client import InProcessEngineClient
 from tests.admin.conftest import AdminEnv
-from tests.gateway.fakes import ByteTokenizer
+from tests.admin.engine_stand_ins import FixedStatsEngine, idle_stats
 
 P = "/admin/api/v1"
 DEFAULTS = {
@@ -178,33 +177,11 @@ def test_bad_kv_quota_is_a_400_naming_the_field(env: AdminEnv, value: Any) -> No
     assert _policy(env)["kv_quota_blocks"] == 5
 
 
-class PoolEngine:
-    """An engine front as InProcessEngineClient reads it: a pool of 40 blocks of 16."""
-
-    model_name = "local"
-    max_model_len = 64
-    vocab_size = 256
-    tokenizer = ByteTokenizer()
-    alive = True
-
-    def stats(self) -> EngineStats:
-        return EngineStats(
-            num_running=0,
-            num_waiting=0,
-            kv_cache_usage=0.0,
-            prefix_cache_queries=0,
-            prefix_cache_hits=0,
-            num_preemptions=0,
-            num_blocks=40,
-            block_size=16,
-        )
-
-
 def test_kv_quota_over_the_served_pool_is_refused(env: AdminEnv) -> None:
     """With an engine in this process the pool bounds the quota; the admin service alone
     (no engine: the test before) checks only the range."""
     admin = env.token("admin")
-    engines = {"local": InProcessEngineClient(PoolEngine())}
+    engines = {"local": InProcessEngineClient(FixedStatsEngine(idle_stats()))}
     env.client.app.state.admin_engine_replicas = gateway_engine_replicas(  # type: ignore[attr-defined]
         SimpleNamespace(engines=engines)
     )

@@ -5,10 +5,8 @@ read any tenant's, a tenant-admin only its own (another's is a 404)."""
 from __future__ import annotations
 
 import asyncio
-import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -16,54 +14,28 @@ from typing import Any
 import pytest
 
 from admin.ui import gateway_engine_replicas
-from engine.stats import EngineStats, TenantKVStats
+from engine.stats import TenantKVStats
 from gateway.engine_client import InProcessEngineClient
 from gateway.replica_set import ReplicaSetClient
 from tenancy import store
 from tests.admin.conftest import AdminEnv, make_env
+from tests.admin.engine_stand_ins import FixedStatsEngine, idle_stats, remote_engine_server
 from tests.gateway.fakes import ByteTokenizer
 
 P = "/admin/api/v1"
 TENANT, OTHER = "acme", "globex"
 
 
-class LocalEngine:
+def local_engine(tenant_kv: dict[str, TenantKVStats]) -> FixedStatsEngine:
     """An in-process engine front with fixed stats: `tenant_kv` per fairness key."""
-
-    model_name = "local"
-    max_model_len = 64
-    vocab_size = 256
-    tokenizer = ByteTokenizer()
-    alive = True
-
-    def __init__(self, tenant_kv: dict[str, TenantKVStats]) -> None:
-        self.tenant_kv = tenant_kv
-
-    def stats(self) -> EngineStats:
-        return EngineStats(
-            num_running=2,
-            num_waiting=0,
-            kv_cache_usage=0.25,
-            prefix_cache_queries=0,
-            prefix_cache_hits=0,
-            num_preemptions=3,
-            num_blocks=40,
-            block_size=16,
-            tenant_kv=self.tenant_kv,
-        )
+    stats = idle_stats(num_running=2, kv_cache_usage=0.25, num_preemptions=3, tenant_kv=tenant_kv)
+    return FixedStatsEngine(stats)
 
 
 def _engine_server(tenant_kv: dict[str, Any]) -> tuple[ThreadingHTTPServer, str]:
-    """An engine server's /internal/info and /internal/stats (with `tenant_kv`) on loopback."""
-    bodies = {
-        "/internal/info": {
-            "model_name": "remote",
-            "max_model_len": 128,
-            "vocab_size": 256,
-            "num_blocks": 100,
-            "block_size": 8,
-        },
-        "/internal/stats": {
+    """An engine server whose /internal/stats carries `tenant_kv`."""
+    return remote_engine_server(
+        {
             "num_running": 1,
             "num_waiting": 0,
             "kv_cache_usage": 0.5,
@@ -71,24 +43,8 @@ def _engine_server(tenant_kv: dict[str, Any]) -> tuple[ThreadingHTTPServer, str]
             "prefix_cache_hits": 0,
             "num_preemptions": 0,
             "tenant_kv": tenant_kv,
-        },
-    }
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            body = json.dumps(bodies[self.path]).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    return srv, f"http://127.0.0.1:{srv.server_address[1]}"
+        }
+    )
 
 
 @pytest.fixture
@@ -108,7 +64,7 @@ def _connect(e: AdminEnv, acme: str) -> list[ThreadingHTTPServer]:
     that report acme's KV use; returns the engine servers to shut down."""
     key = f"t:{acme}"
     local = InProcessEngineClient(
-        LocalEngine({key: TenantKVStats(10, 2, 1), "t:someone-else": TenantKVStats(5, 0, 0)})  # type: ignore[arg-type]
+        local_engine({key: TenantKVStats(10, 2, 1), "t:someone-else": TenantKVStats(5, 0, 0)})
     )
     figures = {"blocks_in_use": 4, "preemptions_suffered": 0, "preemptions_caused": 3}
     servers = [_engine_server({key: figures}), _engine_server({})]
