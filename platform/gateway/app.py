@@ -46,7 +46,8 @@ def response_repository(settings: Settings) -> ResponseRepository:
             settings.redis_url,
             ttl_s=settings.responses_ttl_s,
             max_per_tenant=settings.responses_max_per_tenant,
-            max_chars=settings.responses_max_chars,
+            max_record_bytes=settings.responses_max_record_bytes,
+            max_bytes_per_tenant=settings.responses_max_bytes_per_tenant,
             key_prefix=settings.responses_key_prefix,
         )
     return InMemoryResponses(
@@ -54,7 +55,9 @@ def response_repository(settings: Settings) -> ResponseRepository:
             ttl_s=settings.responses_ttl_s,
             max_entries=settings.responses_max_entries,
             max_per_tenant=settings.responses_max_per_tenant,
-            max_chars=settings.responses_max_chars,
+            max_bytes=settings.responses_max_chars,
+            max_bytes_per_tenant=settings.responses_max_bytes_per_tenant,
+            max_record_bytes=settings.responses_max_record_bytes,
         )
     )
 

@@ -7,8 +7,9 @@ name, every later one is reported as "other".
 
 Tenant-labelled series name tenants and show their traffic, so they live in a
 registry of their own that only operators see (routes/metrics.py), with the engine
-replicas' series (named by internal addresses); the public registry holds
-engine-level series without a tenant in them.
+replicas' series (named by internal addresses) and the prefix cache's queries and hits
+(summed over tenants, they would show a prober others' cache traffic); the public
+registry holds engine-level series without a tenant in them.
 """
 
 from __future__ import annotations
@@ -90,13 +91,16 @@ class GatewayMetrics:
         self.running = Gauge("vllm:num_requests_running", "Requests running.", m, registry=r)
         self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting.", m, registry=r)
         self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV cache usage (0..1).", m, registry=r)
+        # Prefix-cache hits summed over every tenant: an anonymous scraper could watch
+        # them move with its own probes, so operators only (issue 46), like the tenant series.
         self.prefix_queries = Counter(
             "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", m,
-            registry=r,
+            registry=self.tenant_registry,
         )  # fmt: skip
         self.prefix_hits = Counter(
-            "vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", m, registry=r
-        )
+            "vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", m,
+            registry=self.tenant_registry,
+        )  # fmt: skip
         self.preemptions = Counter(
             "vllm:num_preemptions", "Requests preempted by the engine.", m, registry=r
         )

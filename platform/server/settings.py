@@ -281,16 +281,24 @@ class Settings(BaseSettings):
     metrics_top_tenants: int = Field(default=20, ge=1)
     max_n: int = Field(default=16, ge=1)  # most choices one request may ask for
     # Stored /v1/responses (for previous_response_id, GET and DELETE), per tenant,
-    # dropped after the TTL or, oldest first, past the caps (entries, entries per
-    # tenant, characters of stored conversation). "auto": in Redis when redis_url is set
-    # (every gateway replica on it sees them; no store-wide entry cap there), else in
-    # this process's memory.
+    # dropped after the TTL. Each record (conversation and response body, serialized) is
+    # at most max_record_bytes: a request whose record would be larger is a 400 naming
+    # the field (store: false skips the bound), and one whose output makes it larger is
+    # answered with store: false. Each tenant keeps at most max_per_tenant entries and
+    # max_bytes_per_tenant bytes: past them its own oldest entries go, never another
+    # tenant's. In memory the store as a whole holds at most max_entries entries and
+    # max_chars bytes; when the rest is other tenants', a new entry is not stored
+    # (store: false) rather than evict theirs. "auto": in Redis when redis_url is set
+    # (every gateway replica on it sees them; no store-wide cap there: tenants x
+    # max_bytes_per_tenant), else in this process's memory.
     responses_store: Literal["auto", "memory", "redis"] = "auto"
     responses_key_prefix: str = "cloister:resp:"
     responses_ttl_s: float = Field(default=3600.0, gt=0.0, allow_inf_nan=False)
     responses_max_entries: int = Field(default=10_000, ge=1)
     responses_max_per_tenant: int = Field(default=1_000, ge=1)
-    responses_max_chars: int = Field(default=200_000_000, ge=1)
+    responses_max_chars: int = Field(default=200_000_000, ge=1)  # store-wide bytes (memory)
+    responses_max_record_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    responses_max_bytes_per_tenant: int = Field(default=32 * 1024 * 1024, ge=1024)
     # How tool calls are written and parsed: auto picks the format from the chat
     # template; none refuses requests with tools.
     tool_parser: Literal["auto", "hermes", "llama3_json", "smollm2", "none"] = "auto"
@@ -449,6 +457,21 @@ class Settings(BaseSettings):
     def _refuse_redis_responses_without_redis(self) -> Settings:
         if self.responses_store == "redis" and self.redis_url is None:
             raise ValueError("responses_store=redis needs redis_url (CLOISTER_REDIS_URL)")
+        return self
+
+    @model_validator(mode="after")
+    def _refuse_response_caps_that_never_fit(self) -> Settings:
+        record, tenant = self.responses_max_record_bytes, self.responses_max_bytes_per_tenant
+        if record > tenant:
+            raise ValueError(
+                f"responses_max_record_bytes ({record}) must not exceed "
+                f"responses_max_bytes_per_tenant ({tenant})"
+            )
+        if tenant > self.responses_max_chars:
+            raise ValueError(
+                f"responses_max_bytes_per_tenant ({tenant}) must not exceed "
+                f"responses_max_chars ({self.responses_max_chars}), the store-wide cap"
+            )
         return self
 
     @property

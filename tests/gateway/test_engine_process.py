@@ -21,7 +21,7 @@ from engine.process_engine import ProcessEngine
 from server.settings import Settings
 from server.wiring import load_engine
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import LiveGateway, start_gateway
+from tests.gateway.conftest import OPERATOR_HEADERS, LiveGateway, start_gateway
 from tests.utils.tiny_model import make_tiny_model_dir
 
 MESSAGES = [{"role": "user", "content": "Say something about caches. " * 6}]
@@ -106,7 +106,7 @@ def test_bad_input_is_a_4xx_and_the_engine_keeps_serving(gateway: LiveGateway) -
     out = client.completions.create(model=gateway.model, prompt="hi", max_tokens=3)
     assert out.usage is not None and out.usage.completion_tokens >= 1
 
-    metrics = httpx.get(gateway.base_url + "/metrics").text
+    metrics = httpx.get(gateway.base_url + "/metrics", headers=OPERATOR_HEADERS).text
     queries = [
         line for line in metrics.splitlines() if line.startswith("vllm:prefix_cache_queries")
     ]

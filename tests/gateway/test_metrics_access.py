@@ -1,5 +1,6 @@
 """/metrics on `cloister serve`'s tenant port: anonymous scrapes see no tenant, operators
-(admin or viewer admin tokens) see the tenant series (issue 13, defect 14)."""
+(admin or viewer admin tokens) see the tenant series (issue 13, defect 14) and the prefix
+cache's hits and queries, summed over tenants (issue 46)."""
 
 from __future__ import annotations
 
@@ -58,6 +59,8 @@ def test_anonymous_metrics_name_no_tenant(served: tuple[TestClient, dict[str, st
     assert TENANT not in r.text
     assert "tenant=" not in r.text
     assert "cloister_requests" not in r.text and "cloister_limiter_rejections" not in r.text
+    # Cache hits summed over every tenant are operators' too (issue 46).
+    assert "vllm:prefix_cache" not in r.text
 
 
 @pytest.mark.parametrize("role", ["admin", "viewer"])
@@ -71,6 +74,8 @@ def test_operators_see_the_tenant_series(
         r.text
     )
     assert "vllm:num_requests_running" in r.text
+    assert 'vllm:prefix_cache_hits_total{model_name="fake-model"}' in r.text
+    assert 'vllm:prefix_cache_queries_total{model_name="fake-model"}' in r.text
 
 
 def _session_without_exp() -> str:

@@ -19,7 +19,7 @@ from tenancy import store
 from tenancy.authenticator import Authenticator
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import PEPPER, ListUsageSink, operator_auth
+from tests.gateway.conftest import OPERATOR_HEADERS, PEPPER, ListUsageSink, operator_auth
 from tests.gateway.fakes import ByteTokenizer, FakeEngine
 
 
@@ -145,7 +145,7 @@ def test_metrics_carry_each_models_engine_series(served: tuple[Served, TestClien
     prompt = {"prompt": "a prefix of more than two fake blocks.", "max_tokens": 2}  # 38 < 64
     for _ in range(2):
         assert s.post(client, "/v1/completions", {"model": "small", **prompt}).status_code == 200
-    text = client.get("/metrics").text
+    text = client.get("/metrics", headers=OPERATOR_HEADERS).text  # prefix series: operators'
     for model in ("small", "big"):
         assert f'vllm:num_requests_running{{model_name="{model}"}}' in text
         assert f'vllm:prefix_cache_queries_total{{model_name="{model}"}}' in text
@@ -189,7 +189,8 @@ def test_engine_counters_are_kept_per_model() -> None:
         {"a": EngineSnapshot(0, 0, 0.1, 100, 40, 0), "b": EngineSnapshot(0, 0, 0.2, 10, 5, 0)}
     )
     text = metrics.render(
-        {"a": EngineSnapshot(0, 0, 0.1, 150, 60, 0), "b": EngineSnapshot(0, 0, 0.2, 12, 6, 0)}
+        {"a": EngineSnapshot(0, 0, 0.1, 150, 60, 0), "b": EngineSnapshot(0, 0, 0.2, 12, 6, 0)},
+        include_tenants=True,  # the prefix-cache series are operators'
     ).decode()
     assert 'vllm:prefix_cache_hits_total{model_name="a"} 60.0' in text
     assert 'vllm:prefix_cache_hits_total{model_name="b"} 6.0' in text

@@ -81,7 +81,7 @@ def test_tenant_labels_are_bounded() -> None:
 def test_engine_counters_advance_by_deltas() -> None:
     m = GatewayMetrics(model_name="m", top_tenants=2)
     m.render(EngineSnapshot(1, 2, 0.5, 100, 40, 1))
-    text = m.render(EngineSnapshot(0, 0, 0.25, 150, 60, 1)).decode()
+    text = m.render(EngineSnapshot(0, 0, 0.25, 150, 60, 1), include_tenants=True).decode()
     assert 'vllm:prefix_cache_queries_total{model_name="m"} 150.0' in text
     assert 'vllm:prefix_cache_hits_total{model_name="m"} 60.0' in text
     assert 'vllm:kv_cache_usage_perc{model_name="m"} 0.25' in text

@@ -1,4 +1,5 @@
-"""The stored-response map: tenant scope, TTL, the three caps, and its integrity under any ops."""
+"""The stored-response map: tenant scope, TTL, the caps (no tenant ever evicts another's), and
+its integrity under any ops."""
 
 from __future__ import annotations
 
@@ -29,9 +30,20 @@ def entry(response_id: str, tenant: str = "a", text: str = "hi") -> StoredRespon
     )
 
 
+# The serialized size of `entry(..., text)`: 65 bytes plus the text.
+BASE = 65
+
+
 def store(clock: Clock, **caps: int) -> ResponseStore:
     """A store with generous caps unless given."""
-    limits = {"max_entries": 100, "max_per_tenant": 100, "max_chars": 10_000, **caps}
+    limits = {
+        "max_entries": 100,
+        "max_per_tenant": 100,
+        "max_bytes": 10_000,
+        "max_bytes_per_tenant": 10_000,
+        "max_record_bytes": 10_000,
+        **caps,
+    }
     return ResponseStore(ttl_s=10.0, clock=clock, **limits)
 
 
@@ -59,12 +71,14 @@ def test_entries_expire_after_the_ttl() -> None:
     s.check_integrity()
 
 
-def test_the_oldest_are_evicted_past_the_entry_cap() -> None:
+def test_the_entry_cap_never_evicts_another_tenants_entries() -> None:
     s = store(Clock(), max_entries=2)
-    for i in range(3):
-        s.put(entry(f"r{i}", tenant=f"t{i}"))
-    assert s.get("t0", "r0") is None
-    assert s.get("t1", "r1") is not None and s.get("t2", "r2") is not None
+    assert s.put(entry("r0", tenant="t0")) and s.put(entry("r1", tenant="t1"))
+    assert s.put(entry("r2", tenant="t2")) is False  # full of others': refused, not evicted
+    assert s.get("t2", "r2") is None
+    assert s.get("t0", "r0") is not None and s.get("t1", "r1") is not None
+    assert s.put(entry("r3", tenant="t1"))  # room made among t1's own
+    assert s.get("t1", "r1") is None and s.get("t0", "r0") is not None
     s.check_integrity()
 
 
@@ -78,14 +92,36 @@ def test_one_tenant_past_its_cap_evicts_only_its_own_oldest() -> None:
     s.check_integrity()
 
 
-def test_the_character_cap_evicts_oldest_and_refuses_what_never_fits() -> None:
-    s = store(Clock(), max_chars=30)
-    s.put(entry("r1", text="x" * 10))  # 12 chars with its body
-    s.put(entry("r2", text="x" * 10))
-    s.put(entry("r3", text="x" * 10))
-    assert s.get("a", "r1") is None and s.get("a", "r3") is not None
-    s.put(entry("huge", text="x" * 100))
-    assert s.get("a", "huge") is None and s.get("a", "r3") is not None
+def test_the_size_counts_the_whole_record() -> None:
+    assert entry("r", text="x" * 10).size == BASE + 10
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "x" * 500}}
+    turn = {"role": "assistant", "content": None, "tool_calls": [call]}
+    body = '{"tool_choice": {"pad": "' + "y" * 700 + '"}}'
+    assert StoredResponse("r", "a", (turn,), body).size > 1200  # arguments and tool_choice
+
+
+def test_the_tenant_byte_quota_evicts_its_own_oldest_and_refuses_what_never_fits() -> None:
+    s = store(Clock(), max_bytes_per_tenant=3 * (BASE + 10), max_record_bytes=BASE + 20)
+    s.put(entry("b1", tenant="b", text="x" * 10))
+    for i in range(5):
+        assert s.put(entry(f"a{i}", text="x" * 10))
+    assert [s.get("a", f"a{i}") is not None for i in range(5)] == [False] * 2 + [True] * 3
+    assert s.tenant_bytes("a") == 3 * (BASE + 10) and s.get("b", "b1") is not None
+    assert s.put(entry("huge", text="x" * 21)) is False  # over the record bound
+    assert s.get("a", "huge") is None and s.tenant_bytes("a") == 3 * (BASE + 10)
+    s.check_integrity()
+
+
+def test_the_store_wide_byte_cap_refuses_rather_than_evicts_others() -> None:
+    size = BASE + 10
+    s = store(Clock(), max_bytes=4 * size, max_bytes_per_tenant=2 * size)
+    for tenant in ("a", "b"):
+        for i in range(2):
+            assert s.put(entry(f"{tenant}{i}", tenant, text="x" * 10))
+    assert s.put(entry("c0", "c", text="x" * 10)) is False
+    assert all(s.get(t, f"{t}{i}") is not None for t in ("a", "b") for i in range(2))
+    assert s.put(entry("a2", "a", text="x" * 10))  # a makes room among its own
+    assert s.get("a", "a0") is None and s.get("b", "b0") is not None
     s.check_integrity()
 
 
@@ -103,11 +139,22 @@ def test_the_character_cap_evicts_oldest_and_refuses_what_never_fits() -> None:
 )
 def test_integrity_holds_under_any_sequence(ops: list[tuple[str, str, str, int]]) -> None:
     clock = Clock()
-    s = store(clock, max_entries=4, max_per_tenant=2, max_chars=40)
+    s = store(
+        clock,
+        max_entries=4,
+        max_per_tenant=2,
+        max_bytes=4 * BASE + 20,
+        max_bytes_per_tenant=2 * BASE + 15,
+        max_record_bytes=BASE + 10,
+    )
     for op, rid, tenant, n in ops:
         if op == "put":
-            s.put(entry(rid, tenant, "x" * n))
-            assert s.get(tenant, rid) is not None
+            s.get(tenant, rid)  # expires what is due, so what follows is the put's doing
+            others = {k for k, e in s._entries.items() if e.tenant_id != tenant}
+            new = entry(rid, tenant, "x" * n)
+            stored = s.put(new)
+            assert (s.get(tenant, rid) is new) == stored
+            assert others <= set(s._entries), "a put never evicts another tenant's entry"
         elif op == "get":
             got = s.get(tenant, rid)
             assert got is None or got.tenant_id == tenant

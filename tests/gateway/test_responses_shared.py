@@ -122,12 +122,17 @@ def test_the_per_tenant_cap_and_the_ttl_apply_across_replicas(
 
 def test_an_unreachable_store_is_a_503_on_reads_and_never_fails_a_put() -> None:
     dead = RedisResponses.from_url(
-        "redis://127.0.0.1:9/0", ttl_s=60.0, max_per_tenant=10, max_chars=10_000
+        "redis://127.0.0.1:9/0",
+        ttl_s=60.0,
+        max_per_tenant=10,
+        max_record_bytes=10_000,
+        max_bytes_per_tenant=10_000,
     )
     entry = StoredResponse("resp_1", "t1", ({"role": "user", "content": "hi"},), "{}")
 
     async def run() -> None:
-        await dead.put(entry)  # logged, not raised: the response was already produced
+        # Logged, not raised (the response was already produced); False: `store: false`.
+        assert await dead.put(entry) is False
         with pytest.raises(ResponseStoreUnavailableError) as raised:
             await dead.get("t1", "resp_1")
         assert raised.value.status == 503
@@ -139,3 +144,46 @@ def test_an_unreachable_store_is_a_503_on_reads_and_never_fails_a_put() -> None:
 def test_a_redis_store_without_redis_is_refused_at_start(tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match="responses_store=redis needs redis_url"):
         Settings(data_dir=tmp_path, key_pepper=PEPPER, responses_store="redis")
+
+
+def test_the_redis_quota_evicts_only_the_tenants_own_and_forgets_what_expired() -> None:
+    url, tag = redis_url(), secrets.token_hex(4)
+    prefix = f"test:{tag}:resp:"
+    size = StoredResponse("r", "a", ({"role": "user", "content": "x" * 10},), "{}").size
+    store = RedisResponses.from_url(
+        url,
+        ttl_s=0.5,
+        max_per_tenant=10,
+        max_record_bytes=size,
+        max_bytes_per_tenant=3 * size,
+        key_prefix=prefix,
+    )
+
+    def entry(rid: str, tenant: str, n: int = 10) -> StoredResponse:
+        return StoredResponse(rid, tenant, ({"role": "user", "content": "x" * n},), "{}")
+
+    async def held(tenant: str, ids: list[str]) -> list[bool]:
+        return [await store.get(tenant, i) is not None for i in ids]
+
+    async def run() -> None:
+        assert await store.put(entry("b0", "b"))
+        ids = [f"a{i}" for i in range(5)]
+        for i in ids:
+            assert await store.put(entry(i, "a"))
+        assert await held("a", ids) == [False, False, True, True, True]
+        assert await held("b", ["b0"]) == [True]
+        assert await store.put(entry("big", "a", 11)) is False  # over the record bound
+        assert await store.delete("a", "a4")
+        assert int(raw.hlen(f"{prefix}sizes:a")) == 2  # the deleted one's size went too
+        time.sleep(0.6)  # every entry expired: none counts against the quota any more
+        for i in ("c0", "c1", "c2"):
+            assert await store.put(entry(i, "a"))
+        assert await held("a", ["c0", "c1", "c2"]) == [True] * 3
+        assert int(raw.hlen(f"{prefix}sizes:a")) == 3
+        await store.close()
+
+    raw = redis.Redis.from_url(url)
+    try:
+        asyncio.run(run())
+    finally:
+        delete_prefix(raw, f"test:{tag}:")

@@ -7,12 +7,22 @@ with the model's chat template, its function tools declared as chat declares the
 (gateway.tools), and the calls the model writes come back as `function_call` items.
 A finished response is stored for its tenant (unless `store: false`) with its whole
 conversation, so the next one can continue it.
+
+A stored record is bounded (`responses_max_record_bytes`, gateway.response_store): what
+is known before generation (the conversation so far, instructions, tools, tool_choice,
+metadata) is checked first, and a request over the bound is a 400 naming its largest
+field before anything is admitted or generated. The output is known only at the end: a
+response whose record it pushes over the bound, or that the store refuses for any other
+reason, is returned with `store: false` (in a stream, the final `response.completed` or
+`response.incomplete` event says so; the opening events echo the request). `store: true`
+always means the response can be read back.
 """
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
 
 from starlette.requests import Request
@@ -26,7 +36,7 @@ from gateway.generation import Submitted, admit_and_submit, collect, settled_on_
 from gateway.generation import stream_response as settling_stream
 from gateway.lifecycle import RequestLifecycle
 from gateway.response_render import ResponseDraft, ResponseEvents
-from gateway.response_store import StoredResponse, Turn
+from gateway.response_store import StoredResponse, Turn, record_json
 from gateway.responses_input import input_turns, vet_response_request, with_instructions
 from gateway.schemas.common import SamplingFields
 from gateway.schemas.responses import (
@@ -53,6 +63,10 @@ from gateway.tools.chat_reply import ChatTooling
 
 # Where the shared prompt checks name the prompt, a response names its `input`.
 _PROMPT_PARAMS = frozenset({"messages", "prompt"})
+
+
+class StoredResponseTooLargeError(InvalidParameterError):
+    """The response to store would be larger than one stored record may be (400)."""
 
 
 class ResponseNotFoundError(GatewayError):
@@ -190,13 +204,48 @@ def _assistant_turn(final: ResponseObject) -> Turn:
     return {"role": "assistant", "content": text or None, "tool_calls": calls}
 
 
+def _check_record_size(
+    life: RequestLifecycle,
+    body: ResponseCreateRequest,
+    previous: Sequence[Turn],
+    turns: Sequence[Turn],
+    draft: ResponseDraft,
+) -> None:
+    """400 before generation when the record to store would pass the bound without any
+    output yet, naming the largest field (the stored conversation counts as
+    `previous_response_id`)."""
+    limit = life.state.settings.responses_max_record_bytes
+    size = len(record_json((*previous, *turns), draft.response(text=None).model_dump_json()))
+    if size <= limit:
+        return
+    fields: dict[str, object] = {
+        "input": list(turns),
+        "previous_response_id": list(previous),
+        "instructions": body.instructions,
+        "tools": body.tools,
+        "tool_choice": body.tool_choice,
+        "metadata": body.metadata,
+    }
+    sizes = {name: len(json.dumps(value)) for name, value in fields.items()}
+    param = max(sizes, key=lambda name: sizes[name])
+    raise StoredResponseTooLargeError(
+        f"a stored response is at most {limit} bytes, and this one would be {size} before "
+        f"any output ({param}: {sizes[param]} bytes); shorten {param}, or send store: false",
+        param=param,
+        code="stored_response_too_large",
+    )
+
+
 async def _store(
     life: RequestLifecycle, history: list[Turn], draft: ResponseDraft, final: ResponseObject
-) -> None:
+) -> ResponseObject:
+    """Stores `final` when asked to; what to answer: `final`, or it with `store: false`
+    when it was not stored (too large with its output, the tenant's or the store's caps,
+    the store unavailable)."""
     if not draft.store:
-        return
+        return final
     assert life.principal is not None, "authenticate first"
-    await life.state.responses.put(
+    stored = await life.state.responses.put(
         StoredResponse(
             response_id=final.id,
             tenant_id=life.principal.tenant_id,
@@ -204,6 +253,7 @@ async def _store(
             body=final.model_dump_json(),
         )
     )
+    return final if stored else final.model_copy(update={"store": False})
 
 
 async def create_response(request: Request) -> Response:
@@ -224,10 +274,11 @@ async def create_response(request: Request) -> Response:
         vet_response_request(body)
         tooling = _tooling(life, body)
         turns = input_turns(body.input)
-        history = [
-            *await _previous(state, principal.tenant_id, body.previous_response_id),
-            *turns,
-        ]
+        previous = await _previous(state, principal.tenant_id, body.previous_response_id)
+        history = [*previous, *turns]
+        draft = _draft(life, body)
+        if draft.store:
+            _check_record_size(life, body, previous, turns, draft)
         with _prompt_errors_name_input():
             rendered = render_chat(
                 [dict(t) for t in with_instructions(body.instructions, history)],
@@ -248,14 +299,14 @@ async def create_response(request: Request) -> Response:
                 logprobs=None,
                 structured=None if grammar is None else (grammar, "tools"),
             )
-        draft = _draft(life, body)
         if body.stream:
             chunks = _stream(life, history, draft, submitted, tooling)
             return settling_stream(life, chunks, submitted)
         choices = await collect(life, submitted, request)
     await life.close(200)
-    final = _finish(life, draft, *_split(choices[0].text, tooling))
-    await _store(life, history, draft, final)
+    final = await _store(
+        life, history, draft, _finish(life, draft, *_split(choices[0].text, tooling))
+    )
     return json_model_response(final, headers=submitted.headers)
 
 
@@ -291,8 +342,7 @@ async def _stream(
     life.completed = True
     # Settled (its usage durable) and stored before the client can read the end.
     await life.close_stream()
-    final = _finish(life, draft, events.text, events.calls)
-    await _store(life, history, draft, final)
+    final = await _store(life, history, draft, _finish(life, draft, events.text, events.calls))
     for chunk in events.closing(final):
         yield chunk
 
