@@ -144,6 +144,9 @@ def _batched_decode(
     kv = kv_cache.index_select(1, tables.reshape(-1)).view(2, b, width, num_kv_heads, head_dim)
     keys, values = kv[0].transpose(1, 2), kv[1].transpose(1, 2)
     valid = torch.arange(width, device=q.device).unsqueeze(0) < lens.unsqueeze(1)
+    # The padding reads cells that are not the sequence's (a zero-padded table's block 0,
+    # a reused block's stale tail): zeroed, as a masked NaN there would still give NaN.
+    kv.masked_fill_(~valid[None, :, :, None, None], 0.0)
     mask = torch.zeros((b, 1, 1, width), dtype=q.dtype, device=q.device)
     mask.masked_fill_(~valid[:, None, None, :], float("-inf"))
     qb = q.index_select(0, index).unsqueeze(2)  # [b, heads, 1, D]

@@ -11,7 +11,12 @@ torch path (CPU and GPU alike); the triton BGMV kernel is opt-in (`row_slots`).
   rows any slot has); each projection is then a fixed handful of batched ops however
   many adapters are mixed: one gather of x, one bmm shrink, one bmm expand per output
   slice, one gather back. Padded cells are masked to zero, and rows without an adapter
-  read a zero cell, so the delta is exact. `build` picks it when the padding is small.
+  read a padding cell whose delta is then zeroed, so the delta is exact. `build` picks
+  it when the padding is small.
+
+Either way no row's delta depends on another row's values: a broken adapter (NaN
+weights) or a NaN row spoils only its own rows (a padding cell reads row 0 through some
+slot's A and B, and 0 * NaN is NaN, hence the zeroing rather than a multiply by 0).
 """
 
 from __future__ import annotations
@@ -55,6 +60,9 @@ class LoraSegments:
     mask: torch.Tensor
     cell_of_row: torch.Tensor
     groups: frozenset[str]  # packed projections any slot of the grid touches
+    # [T, 1] bool, True for the rows without an adapter (their padding cell's delta is
+    # zeroed); None when every row has one.
+    base_rows: torch.Tensor | None = None
 
     def stack(self, t: torch.Tensor) -> torch.Tensor:
         """The grid's slots of a [max_loras, ...] stack."""
@@ -159,7 +167,10 @@ def _segmented_add(seg: LoraSegments, lora: PackedLora, x: torch.Tensor, y: torc
         for i, (start, end) in enumerate(lora.out_slices)
     ]
     delta = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
-    y.add_(delta.view(s * m, -1).index_select(0, seg.cell_of_row))
+    rows = delta.view(s * m, -1).index_select(0, seg.cell_of_row)
+    if seg.base_rows is not None:
+        rows.masked_fill_(seg.base_rows, 0.0)
+    y.add_(rows)
 
 
 def _grid_shape(by_slot: dict[int, list[int]], num_rows: int) -> tuple[bool, int, int]:
@@ -195,6 +206,7 @@ def _segments(
             cell_of_row[row] = i * width + j
         if pad < 0 and len(rows) < width:
             pad = i * width + len(rows)
+    base = [c < 0 for c in cell_of_row]
     cell_of_row = [pad if c < 0 else c for c in cell_of_row]
     dtype = stacks.layers[0]["qkv"].a.dtype
     touched = frozenset().union(*(stacks.groups_of[s] for s in by_slot))
@@ -207,4 +219,7 @@ def _segments(
         mask=torch.tensor(mask, dtype=dtype, device=device).view(num_slots, width, 1),
         cell_of_row=torch.tensor(cell_of_row, dtype=torch.long, device=device),
         groups=touched,
+        base_rows=(
+            torch.tensor(base, dtype=torch.bool, device=device).view(-1, 1) if any(base) else None
+        ),
     )

@@ -105,7 +105,13 @@ def read_peft_adapter(
         layer, module, half = int(match[1]), match[2], match[3]
         if module not in TARGET_MODULES or not 0 <= layer < arch.num_layers:
             raise InvalidAdapterError(f"tensor {key!r} targets no projection here", param="path")
-        halves[(layer, module, half)] = tensor.float()
+        weight = tensor.float()
+        if not bool(weight.isfinite().all()):
+            # A NaN or infinite weight makes only NaN (see engine/lora/batch.py): refused.
+            raise InvalidAdapterError(
+                f"tensor {key!r} has non-finite values (NaN or infinity)", param="path"
+            )
+        halves[(layer, module, half)] = weight
     modules: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
     for layer, module, half in halves:
         if half != "A":
@@ -120,7 +126,13 @@ def read_peft_adapter(
                 f"A {(rank, fan_in)}, B {(fan_out, rank)}",
                 param="path",
             )
-        modules[(layer, module)] = (a.contiguous(), (b * scale).contiguous())
+        scaled = (b * scale).contiguous()
+        if not bool(scaled.isfinite().all()):
+            raise InvalidAdapterError(
+                f"layer {layer} {module}: lora_B times the scaling {scale:g} overflows",
+                param="path",
+            )
+        modules[(layer, module)] = (a.contiguous(), scaled)
     if len(modules) * 2 != len(halves):
         raise InvalidAdapterError("the adapter has lora_B tensors without lora_A", param="path")
     if not modules:

@@ -48,6 +48,9 @@ QUANT_MAX_ROWS = 24  # larger products (prefill) use the float weights: faster t
 # products per layer, 2 AVX-512 BF16 cores: 8 rows int4 8.1 / bf16 8.4 ms; 16 rows
 # 14.7 / 11.8; 24 rows 19.2 / 13.2; 64 rows 54.1 / 28.0).
 QUANT_MAX_ROWS_BF16 = 12
+# Inputs appended to the int8-activation products' rows, holding 1 and -1 so that the
+# range fbgemm quantizes every row in is the same (see `int8_dynamic_linear`).
+RANGE_COLUMNS = 2
 
 
 class WeightQuantUnavailableError(ValueError):
@@ -195,9 +198,11 @@ def _fbgemm_linear() -> bool:
 
 
 def pack_int8_dynamic(weight: torch.Tensor) -> torch.Tensor:
-    """fbgemm's packed form of `weight` (fp32 [N, K]) as symmetric int8, one scale per row."""
+    """fbgemm's packed form of `weight` (fp32 [N, K]) as symmetric int8, one scale per row,
+    with `RANGE_COLUMNS` zero inputs appended (they hold `int8_dynamic_linear`'s range)."""
     scales = (weight.abs().amax(dim=1) / 127.0).clamp(min=1e-12).double()
     zeros = torch.zeros(weight.shape[0], dtype=torch.long)
+    weight = F.pad(weight, (0, RANGE_COLUMNS))
     with warnings.catch_warnings():  # its deprecation is known: see `_fbgemm_linear`
         warnings.simplefilter("ignore", UserWarning)
         q = torch.quantize_per_channel(weight, scales, zeros, 0, torch.qint8)
@@ -215,15 +220,30 @@ def int8_dynamic_linear(
     inputs (measured on an AVX2 EPYC: errors up to 17% of a row's largest output with
     8 bits, 1% with 7).
 
-    fbgemm quantizes its input with one range for the whole tensor; dividing each row by
-    its own largest magnitude first (and multiplying back after) makes that range per
-    row, so one row's outlier does not flatten the others (SmolLM2 with every linear
-    so: perplexity 1.51x fp32's per tensor, 1.06x per row; its LM head alone per row:
-    within 1%, see tests/engine/model/test_weight_quant_quality.py).
+    fbgemm quantizes its input with one range for the whole tensor (its min and max), so
+    every row is made to have the same one: each row is divided by its own largest
+    magnitude (and multiplied back after), and the `RANGE_COLUMNS` appended inputs (zero
+    weights) hold 1 and -1. The range is then [-1, 1] whatever the other rows hold, and
+    each row's result is bit for bit what it is alone: one row's outlier neither flattens
+    the others (SmolLM2 with every linear so: perplexity 1.51x fp32's per tensor, 1.06x
+    per row; its LM head alone per row: within 1%, see
+    tests/engine/model/test_weight_quant_quality.py) nor, NaN or infinite (a broken
+    adapter's row), shifts or breaks them: such a row is computed as zeros and comes out
+    NaN, as its float product would.
     """
-    scale = x.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12)
-    y: torch.Tensor = torch.ops.quantized.linear_dynamic(x / scale, packed, reduce_range)
-    return y.mul_(scale)
+    rows, k = x.shape
+    scale = x.abs().amax(dim=1, keepdim=True)  # NaN or inf where the row is not finite
+    finite = bool(scale.isfinite().all())
+    scale.clamp_(min=1e-12)  # an all-zero row stays zero
+    grid = x.new_zeros(rows, k + RANGE_COLUMNS)
+    torch.div(x, scale, out=grid[:, :k])
+    grid[:, k], grid[:, k + 1] = 1.0, -1.0
+    bad = None if finite else ~scale.isfinite()
+    if bad is not None:
+        grid[:, :k].masked_fill_(bad, 0.0)
+    y: torch.Tensor = torch.ops.quantized.linear_dynamic(grid, packed, reduce_range)
+    y.mul_(scale)
+    return y if bad is None else y.masked_fill_(bad, float("nan"))
 
 
 @cache

@@ -5,8 +5,10 @@ entry count, sizes, ratio, paths, member types, encryption, compression method,
 all before inflating; then bounded extraction to disk), adapter_config.json is a
 small, shallow JSON object naming the base model and an integer rank, and every
 lora_A / lora_B tensor in adapter_model.safetensors has the shape the base
-model's projection needs: A is [r, in_features], B is [out_features, r]. Tensor
-shapes are read from the safetensors header only; no weight is loaded.
+model's projection needs: A is [r, in_features], B is [out_features, r], and holds
+only finite numbers (a NaN or infinite weight makes its requests' outputs NaN). Shapes
+are read from the safetensors header; the weights' bits are then scanned in chunks
+(no float conversion, so any float dtype, bf16 included, is read the same way).
 
 Everything here blocks (disk, inflate): callers run it in a worker thread.
 """
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from safetensors import safe_open
 
 from admin.errors import AdapterValidationError
@@ -33,6 +36,19 @@ CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
 MAX_CONFIG_BYTES = 1 << 20
 MAX_CONFIG_DEPTH = 32
+# Float dtypes of safetensors: (the unsigned integer of their width, mask). A value is
+# not finite when its bits & mask == mask: every exponent bit set (float8 e4m3 has no
+# infinity, and its NaN sets every exponent and mantissa bit).
+_FLOAT_BITS: dict[str, tuple[type[np.unsignedinteger[Any]], int]] = {
+    "F64": (np.uint64, 0x7FF0_0000_0000_0000),
+    "F32": (np.uint32, 0x7F80_0000),
+    "F16": (np.uint16, 0x7C00),
+    "BF16": (np.uint16, 0x7F80),
+    "F8_E5M2": (np.uint8, 0x7C),
+    "F8_E4M3": (np.uint8, 0x7F),
+}
+_INTEGER_DTYPES = frozenset({"BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64"})
+_SCAN_CHUNK = 1 << 20  # values per scanned chunk: bounds the scan's memory
 
 
 @dataclass(frozen=True)
@@ -231,7 +247,37 @@ def validate_adapter(
         targets.add(module)
     if not targets:
         raise AdapterValidationError("no lora_A/lora_B tensors found")
+    _check_finite(workdir / WEIGHTS_NAME)
     return ValidatedAdapter(base_model, rank, tuple(sorted(targets)), workdir)
+
+
+def _check_finite(path: Path) -> None:
+    """Refuses a LoRA tensor holding a NaN or an infinity (or in a dtype not checkable).
+
+    Reads the header itself (the file already opened cleanly with safetensors) and scans
+    each tensor's bytes through a read-only memory map."""
+    with path.open("rb") as f:
+        (header_len,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(header_len))
+    if path.stat().st_size <= 8 + header_len:
+        return  # no tensor data at all (the shapes are then all empty)
+    data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + header_len)
+    for name, entry in header.items():
+        if name == "__metadata__" or _module_of(name) is None:
+            continue
+        dtype = entry["dtype"]
+        if dtype in _INTEGER_DTYPES:
+            continue
+        if dtype not in _FLOAT_BITS:
+            raise AdapterValidationError(f"{name} has dtype {dtype}, which is not supported")
+        unsigned, mask = _FLOAT_BITS[dtype]
+        begin, end = entry["data_offsets"]
+        width = np.dtype(unsigned).itemsize
+        step = _SCAN_CHUNK * width
+        for start in range(begin, end, step):
+            bits = data[start : min(start + step, end)].view(unsigned)
+            if np.any((bits & unsigned(mask)) == unsigned(mask)):
+                raise AdapterValidationError(f"{name} has non-finite values (NaN or infinity)")
 
 
 def store_adapter(validated: ValidatedAdapter, folder: Path) -> Path:

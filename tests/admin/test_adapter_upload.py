@@ -432,3 +432,84 @@ def test_a_folder_source_is_checked_through_its_symlinks(live: Live) -> None:
         assert_openai_400(_register_model(live, str(loop), "m-loop"))
     finally:
         _unblock_fifo(hidden / "weights.safetensors")
+
+
+A_KEY = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+B_KEY = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"
+
+
+def _weights(dtype: str, bad: tuple[str, float] | None = None) -> bytes:
+    """The q_proj adapter of `adapter_files` with random weights in `dtype` (torch's name),
+    one value of tensor `bad[0]` set to `bad[1]`."""
+    import torch
+    from safetensors.torch import save
+
+    g = torch.Generator().manual_seed(0)
+    tensors = {
+        A_KEY: torch.randn(4, HIDDEN, generator=g),
+        B_KEY: torch.randn(HIDDEN, 4, generator=g),
+    }
+    if bad is not None:
+        tensors[bad[0]][1, 2] = bad[1]
+    return save({k: t.to(getattr(torch, dtype)).contiguous() for k, t in tensors.items()})
+
+
+@pytest.mark.parametrize(
+    ("dtype", "key", "value"),
+    [
+        ("float16", B_KEY, float("nan")),
+        ("bfloat16", A_KEY, float("inf")),
+        ("float32", B_KEY, -float("inf")),
+        ("float64", A_KEY, float("nan")),
+    ],
+)
+def test_an_adapter_with_non_finite_weights_is_an_audited_400(
+    live: Live, dtype: str, key: str, value: float
+) -> None:
+    # Issue 46: a NaN adapter's requests are NaN; refused at upload, naming the tensor.
+    name = f"nonfinite-{dtype}"
+    stored_before = _stored_adapters(live)
+    files = {**adapter_files(), "adapter_model.safetensors": _weights(dtype, (key, value))}
+    r = live.upload(zip_of(files), name)
+    assert_openai_400(r)
+    message = r.json()["error"]["message"]
+    assert key in message and "non-finite" in message, message
+    assert live.outcomes(f"adapters/{name}") == ["invalid"]
+    with live.env.sessions() as s:
+        assert s.query(LoraAdapter).filter(LoraAdapter.name == name).count() == 0
+    assert _stored_adapters(live) == stored_before
+    assert list((live.env.tmp / "uploads").iterdir()) == []
+    # The same adapter with finite weights (largest and smallest values included) passes.
+    extremes = {**adapter_files(), "adapter_model.safetensors": _weights(dtype, (key, -6e4))}
+    assert live.upload(zip_of(extremes), f"finite-{dtype}").status_code == 201
+
+
+def test_the_finiteness_scan_reads_every_float_dtype(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    from admin.adapter_upload import _check_finite
+    from admin.errors import AdapterValidationError
+
+    specials = {
+        "float64": [float("nan"), float("inf")],
+        "float32": [float("nan"), -float("inf")],
+        "float16": [float("nan"), float("inf")],
+        "bfloat16": [float("nan"), -float("inf")],
+        "float8_e5m2": [float("nan"), float("inf")],
+        "float8_e4m3fn": [float("nan")],  # no infinity in e4m3fn
+    }
+    path = tmp_path / "w.safetensors"
+    for dtype, values in specials.items():
+        finite = torch.tensor([[0.0, -0.0, 1.5, -2.0, 1e-3, 240.0]] * 3).to(getattr(torch, dtype))
+        extra = {"not_lora.weight": torch.full((2,), float("nan"))}  # not a LoRA tensor: ignored
+        save_file({B_KEY: torch.zeros(3, 5), A_KEY: finite, **extra}, str(path))
+        _check_finite(path)
+        for value in values:
+            bad = finite.clone()
+            bad[2, 5] = value
+            save_file({B_KEY: torch.zeros(3, 5), A_KEY: bad}, str(path))
+            with pytest.raises(AdapterValidationError, match="lora_A.weight has non-finite"):
+                _check_finite(path)
+    save_file({A_KEY: torch.ones(2, 2, dtype=torch.int8)}, str(path))
+    _check_finite(path)  # integers are always finite
