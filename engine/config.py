@@ -121,12 +121,18 @@ class StructuredConfig:
     grammar_compile_timeout_s: float = 5.0  # a grammar slower than this to compile is refused
     grammar_compile_threads: int = 2  # worker threads that compile, off the step loop
     grammar_max_pending: int = 64  # compiles queued or running; more are refused (503)
+    # Host time one request's token masks may take in all, measured each step (a typical
+    # mask takes 10-200 us); a request over it is ended ("length", what it got billed),
+    # and its constraint is refused for its cache domain from then on.
+    grammar_mask_budget_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.grammar_cache_size < 1 or self.grammar_compile_threads < 1:
             raise ValueError("the grammar cache and the compile threads need at least 1")
         if not self.grammar_compile_timeout_s > 0 or self.grammar_max_pending < 1:
             raise ValueError("the compile timeout and the pending bound must be positive")
+        if not self.grammar_mask_budget_s > 0:
+            raise ValueError("grammar_mask_budget_s must be positive")
 
 
 @dataclass(frozen=True)

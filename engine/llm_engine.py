@@ -34,9 +34,9 @@ from engine.outputs import StreamEvent
 from engine.request import EngineRequest, check_adapter_name
 from engine.request_state import RequestState
 from engine.runner.memory import plan_engine_kv_capacity
-from engine.runner.model_runner import ModelRunner
+from engine.runner.model_runner import ModelRunner, SampledToken
 from engine.sampling_params import SamplingParams
-from engine.scheduler.output import SchedulerOutput
+from engine.scheduler.output import ScheduledSequence, SchedulerOutput
 from engine.scheduler.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.stats import EngineStats
@@ -499,6 +499,9 @@ class LLMEngine:
             seq = item.seq
             token = sampled.get(seq.seq_id)
             try:
+                if token is not None and token.constraint_ended is not None:
+                    touched[seq.request_id] = self._end_constrained(item, token, now)
+                    continue
                 if not self.scheduler.update_one(item, None if token is None else token.token_id):
                     continue
                 assert token is not None
@@ -526,6 +529,22 @@ class LLMEngine:
             if event is not None:
                 events.append(event)
         return events
+
+    def _end_constrained(
+        self, item: ScheduledSequence, token: SampledToken, now: float
+    ) -> RequestState:
+        """Ends a sequence whose output constraint can go no further (a dead end, a parser
+        limit, its mask budget) as if it ran out of tokens ("length"): what it delivered
+        stands and is billed, this step's token is dropped, the other rows go on."""
+        seq = item.seq
+        state = self.requests[seq.request_id]
+        self.scheduler.update_one(item, None)  # its KV up to here counts; no token taken
+        if state.first_token_time is None:  # the prompt was processed: it is billed
+            state.first_token_time = now
+            self._num_prompt += len(state.prompt_token_ids)
+        self.scheduler.finish(seq, "length")
+        log.warning("request %s ended: %s", seq.request_id, token.constraint_ended)
+        return state
 
     def _fail_unreadable_adapters(
         self, output: SchedulerOutput, unreadable: dict[str, EngineError]

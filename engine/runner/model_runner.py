@@ -37,6 +37,9 @@ class SampledToken:
     logprob: float | None = None
     top_logprobs: tuple[tuple[int, float], ...] = ()
     grammar_complete: bool = False  # the sequence's grammar accepts nothing more: it ends
+    # Why the sequence's constraint can go no further (a dead end, a parser limit, its mask
+    # budget): `token_id` is then meaningless, and the sequence ends without it.
+    constraint_ended: str | None = None
 
 
 class ModelRunner:
@@ -126,11 +129,16 @@ class ModelRunner:
             if mask is None
             else (self.sampler.sample(logits, rows, mask))
         )
-        complete = set() if mask is None else self.matchers.consume(seqs, result.token_ids, mask)
+        complete, ended = (
+            (set(), {}) if mask is None else self.matchers.consume(seqs, result.token_ids, mask)
+        )
         sampled: dict[str, SampledToken] = {}
         for seq, token, lp in zip(seqs, result.token_ids, result.logprobs, strict=True):
             done = seq.seq_id in complete
-            if lp is None:
+            why = ended.get(seq.seq_id)
+            if why is not None:
+                sampled[seq.seq_id] = SampledToken(token, constraint_ended=why)
+            elif lp is None:
                 sampled[seq.seq_id] = SampledToken(token, grammar_complete=done)
             else:
                 chosen, top = lp

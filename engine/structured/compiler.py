@@ -185,6 +185,15 @@ class GrammarCompiler:
         assert entry.prototype is not None
         return entry.prototype.deep_copy()
 
+    def refuse(self, spec: StructuredSpec, domain: str, reason: str) -> None:
+        """Replaces `spec`'s cached grammar with a refusal (one that proved too costly to
+        run): later requests of `domain` under it are 400s when compiled."""
+        digest = spec_digest(spec, domain)
+        with self._lock:
+            entry = self._cache.get(digest)
+            if entry is not None and entry.error is None:
+                self._cache[digest] = CompiledGrammar(digest, None, reason, entry.compile_s)
+
     def shutdown(self) -> None:
         """Stops the workers once their compiles are done (pending ones are dropped)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -230,9 +239,10 @@ class GrammarCompiler:
         except StructuredSpecError as exc:
             return CompiledGrammar(digest, None, exc.message, time.perf_counter() - start)
         matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=self._limits)
+        error = matcher.get_error() if matcher.is_error() else _first_mask_error(matcher)
         elapsed = time.perf_counter() - start
-        if matcher.is_error():
-            return CompiledGrammar(digest, None, _refusal(matcher.get_error()), elapsed)
+        if error is not None:
+            return CompiledGrammar(digest, None, error, elapsed)
         if elapsed > self.config.grammar_compile_timeout_s:
             return CompiledGrammar(digest, None, self._too_slow().message, elapsed)
         return CompiledGrammar(digest, matcher, None, elapsed)
@@ -244,6 +254,22 @@ class GrammarCompiler:
             "simplify the schema or grammar",
             param="response_format",
         )
+
+
+def _first_mask_error(prototype: llguidance.LLMatcher) -> str | None:
+    """Why no output can begin under `prototype` (its first mask, computed on a copy),
+    or None. Every request under the grammar would compute the same mask first: a
+    constraint no text matches (an empty regex, `A: "a" & "b"`) is refused here, once,
+    instead of failing each request in the engine."""
+    probe = prototype.deep_copy()
+    mask = probe.compute_bitmask()
+    if probe.is_error():
+        error = probe.get_error()
+        if "NoExtensionBias" not in error:
+            return _refusal(error)
+    elif any(mask):
+        return None
+    return "the constraint cannot be satisfied: no text the model can write matches it"
 
 
 def _refusal(error: str) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 
 import llguidance
 
+from engine.structured.lark_check import never_finishing_rules
 from engine.structured.spec import StructuredSpec, StructuredSpecError
 
 # JSON is emitted compactly, as `json.dumps` writes it: with whitespace left free, a
@@ -24,6 +25,10 @@ _JSON_DEFAULTS: Any = {
 # `json_object`: any JSON object (OpenAI's JSON mode).
 _ANY_OBJECT = '{"type": "object"}'
 MAX_CHOICES = 256
+# The deepest JSON Schema taken, in nested objects and arrays: llguidance's JSON parser
+# stops at 128 levels (the schema travels inside a grammar three levels deep), and a
+# deeper one is refused here with a message that says so.
+MAX_SCHEMA_DEPTH = 100
 
 
 def to_grammar(spec: StructuredSpec) -> str:
@@ -44,16 +49,39 @@ def to_grammar(spec: StructuredSpec) -> str:
         return _choice_grammar(spec.value)
     if not spec.value.strip():
         raise StructuredSpecError("the grammar is empty", param="guided_grammar")
+    _check_finite(spec.value)
     return str(llguidance.LLMatcher.grammar_from_lark(spec.value))
 
 
+def _check_finite(lark: str) -> None:
+    """Refuses a grammar with a reachable rule that can never finish (`start: "a" start`):
+    a request under it could only run until a limit ends it."""
+    stuck = never_finishing_rules(lark)
+    if stuck:
+        names = ", ".join(repr(name) for name in stuck[:3])
+        what = f"rule {names}" if len(stuck) == 1 else f"rules {names}"
+        raise StructuredSpecError(
+            f"the grammar can never finish: every alternative of {what} recurses "
+            "without end (give each recursive rule an alternative that ends)",
+            param="guided_grammar",
+        )
+
+
 def _json_grammar(schema: str) -> str:
+    too_deep = False
     try:
         parsed = json.loads(schema)
+    except RecursionError:
+        parsed, too_deep = None, True  # deeper than Python's limit: over ours too
     except ValueError:
         raise StructuredSpecError(
             "the JSON schema is not valid JSON", param="response_format"
         ) from None
+    if too_deep or json_depth(parsed) > MAX_SCHEMA_DEPTH:
+        raise StructuredSpecError(
+            f"the JSON schema is nested too deeply (more than {MAX_SCHEMA_DEPTH} levels)",
+            param="response_format",
+        )
     if not isinstance(parsed, (dict, bool)):
         raise StructuredSpecError(
             "the JSON schema must be an object (or a boolean)", param="response_format"
@@ -64,6 +92,24 @@ def _json_grammar(schema: str) -> str:
         raise StructuredSpecError(
             f"the JSON schema was refused: {exc}", param="response_format"
         ) from None
+
+
+def json_depth(value: Any) -> int:
+    """How deep `value`'s objects and arrays nest (0 for a scalar); iterative, so any
+    depth is measured without recursion."""
+    deepest = 0
+    todo: list[tuple[Any, int]] = [(value, 0)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, dict):
+            todo.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            todo.extend((v, depth + 1) for v in item)
+        else:
+            deepest = max(deepest, depth)
+            continue
+        deepest = max(deepest, depth + 1)
+    return deepest
 
 
 def _choice_grammar(value: str) -> str:

@@ -6,11 +6,18 @@ the token it samples at once (to know whether the grammar is complete); if the
 step is then retried (engine.step_isolation) or its token is never appended, the
 next sync rolls the matcher back. So the matcher's state is a function of the
 sequence's own history, like its penalty counts and its random draws.
+
+A sequence whose constraint can go no further (a dead end: no token continues it; a
+parser limit; more mask time than `grammar_mask_budget_s`) is not an error of the
+step: its row is reported as ended, with the reason, and the engine ends that request
+alone, keeping what it delivered. Raising would fail the request as a 500 and make
+the whole batch run again to find the culprit (engine.step_isolation).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
@@ -38,6 +45,8 @@ class StructuredDecodingError(EngineError):
 class _State:
     matcher: llguidance.LLMatcher
     consumed: int = 0
+    mask_s: float = 0.0  # host time its masks took, in all
+    ended: str | None = None  # why its constraint can go no further (None: it can)
 
 
 class MatcherTable:
@@ -58,39 +67,54 @@ class MatcherTable:
         rows = [i for i, seq in enumerate(seqs) if seq.params.structured is not None]
         if not rows:
             return None
-        matchers = [self._synced(seqs[i]) for i in rows]
+        states = [self._synced(seqs[i]) for i in rows]
         bitmask = self._bitmask(len(rows))
         if len(rows) >= _PARALLEL_FROM and (os.cpu_count() or 1) >= _PARALLEL_MIN_CPUS:
+            start = time.perf_counter()
             llguidance.torch.fill_next_token_bitmask_par(
-                self._parallel(), [(m, k) for k, m in enumerate(matchers)], bitmask
+                self._parallel(), [(st.matcher, k) for k, st in enumerate(states)], bitmask
             )
+            share = (time.perf_counter() - start) / len(states)  # per row: not measurable
+            for state in states:
+                state.mask_s += share
         else:
-            for k, matcher in enumerate(matchers):
-                llguidance.torch.fill_next_token_bitmask(matcher, bitmask, k)
-        for seq, matcher in zip((seqs[i] for i in rows), matchers, strict=True):
-            if matcher.is_error():
-                raise StructuredDecodingError(f"{seq.seq_id}: {matcher.get_error()}")
+            for k, state in enumerate(states):
+                start = time.perf_counter()
+                llguidance.torch.fill_next_token_bitmask(state.matcher, bitmask, k)
+                state.mask_s += time.perf_counter() - start
+        empty = (~bitmask.any(dim=1)).tolist()
+        for k, (row, state) in enumerate(zip(rows, states, strict=True)):
+            if state.ended is None:
+                state.ended = self._why_ended(seqs[row], state, empty[k])
+            if state.ended is not None:
+                bitmask[k].fill_(-1)  # any token: its sample is dropped, the row ends
         return TokenMask(tuple(rows), bitmask)
 
-    def consume(self, seqs: Seq[Sequence], tokens: Seq[int], mask: TokenMask) -> set[str]:
-        """Feeds each masked row its sampled token; returns the sequences now complete."""
+    def consume(
+        self, seqs: Seq[Sequence], tokens: Seq[int], mask: TokenMask
+    ) -> tuple[set[str], dict[str, str]]:
+        """Feeds each masked row its sampled token; returns the sequences now complete,
+        and those whose constraint can go no further, each with why (their token is
+        not consumed: it is dropped)."""
         done: set[str] = set()
+        ended: dict[str, str] = {}
         for row in mask.rows:
             seq = seqs[row]
             state = self._states[seq.seq_id]
-            if not state.matcher.consume_token(int(tokens[row])):
-                raise StructuredDecodingError(
-                    f"{seq.seq_id}: token {tokens[row]} refused: {state.matcher.get_error()}"
-                )
+            if state.ended is None and not state.matcher.consume_token(int(tokens[row])):
+                state.ended = _limit_reached(state.matcher.get_error())
+            if state.ended is not None:
+                ended[seq.seq_id] = state.ended
+                continue
             state.consumed += 1
             if state.matcher.is_stopped():
                 done.add(seq.seq_id)
-        return done
+        return done, ended
 
     def rewind(self, seq: Sequence) -> None:
         """Rolls the matcher back to the sequence's output tokens (a retried step)."""
         state = self._states.get(seq.seq_id)
-        if state is not None:
+        if state is not None and state.ended is None:
             self._sync(seq, state)
 
     def release(self, seq_id: str) -> None:
@@ -102,7 +126,27 @@ class MatcherTable:
         state = self._states.get(seq_id)
         return None if state is None else state.consumed
 
-    def _synced(self, seq: Sequence) -> llguidance.LLMatcher:
+    def _why_ended(self, seq: Sequence, state: _State, empty: bool) -> str | None:
+        """Why this mask ends the sequence's constraint, or None when it goes on."""
+        if state.matcher.is_error():
+            return _limit_reached(state.matcher.get_error())
+        if empty:
+            return "its output constraint reached a dead end: no token can continue it"
+        assert self.compiler is not None
+        budget = self.compiler.config.grammar_mask_budget_s
+        if state.mask_s > budget:
+            why = (
+                f"its output constraint took more than the {budget:g} s of mask time "
+                "a request may use; simplify the grammar"
+            )
+            spec = seq.params.structured
+            assert spec is not None
+            # The same spec from the same domain is refused when compiled, from now on.
+            self.compiler.refuse(spec, seq.cache_domain, why.replace("its", "this", 1))
+            return why
+        return None
+
+    def _synced(self, seq: Sequence) -> _State:
         state = self._states.get(seq.seq_id)
         if state is None:
             if self.compiler is None:
@@ -111,8 +155,9 @@ class MatcherTable:
             assert spec is not None
             state = _State(self.compiler.matcher(spec, seq.cache_domain))
             self._states[seq.seq_id] = state
-        self._sync(seq, state)
-        return state.matcher
+        if state.ended is None:
+            self._sync(seq, state)
+        return state
 
     def _sync(self, seq: Sequence, state: _State) -> None:
         target = seq.num_output_tokens
@@ -144,3 +189,12 @@ class MatcherTable:
         if self._executor is None:
             self._executor = llguidance.LLExecutor(num_threads=min(4, os.cpu_count() or 1))
         return self._executor
+
+
+def _limit_reached(error: str) -> str:
+    """The reason of an ended constraint from llguidance's error (one line, no grammar:
+    the compiler's limits ask for terse errors)."""
+    first = error.strip().splitlines()[0] if error.strip() else ""
+    if not first or "NoExtensionBias" in first:
+        return "its output constraint reached a dead end: no token can continue it"
+    return f"its output constraint reached a parser limit: {first}"

@@ -21,6 +21,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from engine.structured.grammar import MAX_SCHEMA_DEPTH, json_depth
 from engine.structured.spec import StructuredKind, StructuredSpec, StructuredSpecError
 from gateway.errors import InvalidParameterError
 
@@ -125,15 +126,22 @@ def _structured_outputs(value: Any) -> StructuredSpec:
 
 
 def _schema_text(schema: Any, name: str) -> str:
-    if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except ValueError:
-            raise _bad(name, "the JSON schema is not valid JSON") from None
-    if not isinstance(schema, (dict, bool)):
-        raise _bad(name, "the JSON schema must be an object")
-    # Keys keep their order: the output lists properties in the schema's order.
-    return json.dumps(schema, separators=(",", ":"))
+    try:
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except ValueError:
+                raise _bad(name, "the JSON schema is not valid JSON") from None
+        if json_depth(schema) > MAX_SCHEMA_DEPTH:
+            raise RecursionError
+        if not isinstance(schema, (dict, bool)):
+            raise _bad(name, "the JSON schema must be an object")
+        # Keys keep their order: the output lists properties in the schema's order.
+        return json.dumps(schema, separators=(",", ":"))
+    except RecursionError:  # json's own, past Python's limit, or ours
+        raise _bad(
+            name, f"the JSON schema is nested too deeply (more than {MAX_SCHEMA_DEPTH} levels)"
+        ) from None
 
 
 def _text(value: Any, name: str) -> str:
