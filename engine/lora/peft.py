@@ -10,25 +10,34 @@ rsLoRA) is folded into B here, so the forward pass is x @ A.T @ B.T.
 from __future__ import annotations
 
 import hashlib
-import json
-import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors.torch import load as load_safetensors
 
 from engine.config import ModelArchitecture
 from engine.errors import InvalidAdapterError
-
-CONFIG_FILE = "adapter_config.json"
-WEIGHTS_FILE = "adapter_model.safetensors"
-TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-_KEY = re.compile(
-    r"(?:^|\.)layers\.(\d+)\.(?:self_attn|mlp)\.(\w+_proj)\.lora_([AB])(?:\.default)?\.weight$"
+from engine.lora.layout import (
+    CONFIG_FILE,
+    TARGET_MODULES,
+    WEIGHTS_FILE,
+    adapter_settings,
+    check_layout,
+    module_shape,
+    parse_config,
 )
+
+__all__ = [
+    "CONFIG_FILE",
+    "TARGET_MODULES",
+    "WEIGHTS_FILE",
+    "AdapterInfo",
+    "AdapterWeights",
+    "content_digest",
+    "module_shape",
+    "read_peft_adapter",
+]
 
 
 @dataclass(frozen=True)
@@ -59,21 +68,6 @@ class AdapterWeights:
         return sum(a.nbytes + b.nbytes for a, b in self.modules.values())
 
 
-def module_shape(arch: ModelArchitecture, module: str) -> tuple[int, int]:
-    """(in_features, out_features) of one of the decoder's projections."""
-    q, kv = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
-    shapes = {
-        "q_proj": (arch.hidden_size, q),
-        "k_proj": (arch.hidden_size, kv),
-        "v_proj": (arch.hidden_size, kv),
-        "o_proj": (q, arch.hidden_size),
-        "gate_proj": (arch.hidden_size, arch.intermediate_size),
-        "up_proj": (arch.hidden_size, arch.intermediate_size),
-        "down_proj": (arch.intermediate_size, arch.hidden_size),
-    }
-    return shapes[module]
-
-
 def read_peft_adapter(
     name: str, path: str | Path, arch: ModelArchitecture, max_rank: int
 ) -> AdapterWeights:
@@ -86,46 +80,24 @@ def read_peft_adapter(
         raise InvalidAdapterError(
             f"adapter folder {str(folder)!r} lacks {CONFIG_FILE} or {WEIGHTS_FILE}", param="path"
         ) from exc
-    config = _parse_config(config_bytes)
-    rank, alpha = config["r"], config["alpha"]
-    if rank > max_rank:
-        raise InvalidAdapterError(
-            f"adapter rank {rank} exceeds max_lora_rank {max_rank}", param="path"
-        )
-    scale = alpha / math.sqrt(rank) if config["rslora"] else alpha / rank
+    # The same checks as an upload's (engine/lora/layout.py); the rank's before any
+    # weight is read.
+    settings = adapter_settings(parse_config(config_bytes), max_rank)
     try:
         tensors = load_safetensors(weight_bytes)
     except Exception as exc:  # safetensors raises its own error types
         raise InvalidAdapterError(f"unreadable {WEIGHTS_FILE}: {exc}", param="path") from exc
-    halves: dict[tuple[int, str, str], torch.Tensor] = {}
-    for key, tensor in tensors.items():
-        match = _KEY.search(key)
-        if match is None:
-            raise InvalidAdapterError(f"unexpected tensor {key!r} in the adapter", param="path")
-        layer, module, half = int(match[1]), match[2], match[3]
-        if module not in TARGET_MODULES or not 0 <= layer < arch.num_layers:
-            raise InvalidAdapterError(f"tensor {key!r} targets no projection here", param="path")
-        weight = tensor.float()
-        if not bool(weight.isfinite().all()):
-            # A NaN or infinite weight makes only NaN (see engine/lora/batch.py): refused.
-            raise InvalidAdapterError(
-                f"tensor {key!r} has non-finite values (NaN or infinity)", param="path"
-            )
-        halves[(layer, module, half)] = weight
+    layout = check_layout(settings, {k: tuple(t.shape) for k, t in tensors.items()}, arch)
+    scale = settings.scale
     modules: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
-    for layer, module, half in halves:
-        if half != "A":
-            continue
-        a, b = halves[(layer, module, "A")], halves.get((layer, module, "B"))
-        if b is None:
-            raise InvalidAdapterError(f"layer {layer} {module} has lora_A but no lora_B")
-        fan_in, fan_out = module_shape(arch, module)
-        if tuple(a.shape) != (rank, fan_in) or tuple(b.shape) != (fan_out, rank):
-            raise InvalidAdapterError(
-                f"layer {layer} {module}: A {tuple(a.shape)}, B {tuple(b.shape)}; expected "
-                f"A {(rank, fan_in)}, B {(fan_out, rank)}",
-                param="path",
-            )
+    for (layer, module), (a_key, b_key) in layout.modules.items():
+        a, b = tensors[a_key].float(), tensors[b_key].float()
+        for key, weight in ((a_key, a), (b_key, b)):
+            if not bool(weight.isfinite().all()):
+                # A NaN or infinite weight makes only NaN (see engine/lora/batch.py): refused.
+                raise InvalidAdapterError(
+                    f"tensor {key!r} has non-finite values (NaN or infinity)", param="path"
+                )
         scaled = (b * scale).contiguous()
         if not bool(scaled.isfinite().all()):
             raise InvalidAdapterError(
@@ -133,37 +105,11 @@ def read_peft_adapter(
                 param="path",
             )
         modules[(layer, module)] = (a.contiguous(), scaled)
-    if len(modules) * 2 != len(halves):
-        raise InvalidAdapterError("the adapter has lora_B tensors without lora_A", param="path")
-    if not modules:
-        raise InvalidAdapterError("the adapter has no LoRA tensors", param="path")
     digest = content_digest(weight_bytes, config_bytes)
-    targets = tuple(sorted({m for _, m in modules}, key=TARGET_MODULES.index))
-    info = AdapterInfo(name, rank, float(alpha), digest, targets)
+    info = AdapterInfo(name, settings.rank, settings.alpha, digest, layout.target_modules)
     return AdapterWeights(info, modules)
 
 
 def content_digest(weight_bytes: bytes, config_bytes: bytes) -> str:
     """An adapter's `digest`: sha256 hex of its safetensors bytes, then its config bytes."""
     return hashlib.sha256(weight_bytes + config_bytes).hexdigest()
-
-
-def _parse_config(raw: bytes) -> dict[str, Any]:
-    """r, alpha and rslora from adapter_config.json, checked."""
-    try:
-        config = json.loads(raw)
-    except ValueError as exc:
-        raise InvalidAdapterError(f"{CONFIG_FILE} is not JSON", param="path") from exc
-    if not isinstance(config, dict):
-        raise InvalidAdapterError(f"{CONFIG_FILE} is not an object", param="path")
-    peft_type = config.get("peft_type", "LORA")
-    if peft_type != "LORA" or config.get("use_dora"):
-        raise InvalidAdapterError(f"only plain LoRA adapters run here, not {peft_type}")
-    rank, alpha = config.get("r"), config.get("lora_alpha", config.get("r"))
-    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
-        raise InvalidAdapterError(f"{CONFIG_FILE}: r must be a positive integer", param="path")
-    if not isinstance(alpha, int | float) or isinstance(alpha, bool) or not alpha > 0:
-        raise InvalidAdapterError(f"{CONFIG_FILE}: lora_alpha must be positive", param="path")
-    if config.get("bias", "none") != "none":
-        raise InvalidAdapterError("adapters with trained biases are not supported", param="path")
-    return {"r": rank, "alpha": alpha, "rslora": bool(config.get("use_rslora", False))}

@@ -3,12 +3,15 @@
 Checked before anything is registered: the archive is safe to unpack (engine.lora.archive:
 entry count, sizes, ratio, paths, member types, encryption, compression method,
 all before inflating; then bounded extraction to disk), adapter_config.json is a
-small, shallow JSON object naming the base model and an integer rank, and every
-lora_A / lora_B tensor in adapter_model.safetensors has the shape the base
-model's projection needs: A is [r, in_features], B is [out_features, r], and holds
-only finite numbers (a NaN or infinite weight makes its requests' outputs NaN). Shapes
-are read from the safetensors header; the weights' bits are then scanned in chunks
-(no float conversion, so any float dtype, bf16 included, is read the same way).
+small, shallow JSON object naming the base model and an integer rank, then the
+engine's own check of an adapter against its base model (engine.lora.layout: plain
+LoRA, rank within max_lora_rank, every tensor a lora_A / lora_B pair of a projection
+of a layer the model has, A [r, in_features] and B [out_features, r]), on the
+safetensors header's shapes and the base model's metadata (config.json or the GGUF
+header; no weights read), so that no adapter is stored that the engine then refuses.
+Every tensor must hold only finite numbers (a NaN or infinite weight makes its
+requests' outputs NaN): the weights' bits are scanned in chunks (no float conversion,
+so any float dtype, bf16 included, is read the same way).
 
 Everything here blocks (disk, inflate): callers run it in a worker thread.
 """
@@ -22,7 +25,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from safetensors import safe_open
@@ -30,7 +33,12 @@ from safetensors import safe_open
 from admin.errors import AdapterValidationError
 from admin.registry import MAX_RANK
 from admin.source_paths import SourcePathError, check_source
+from engine.errors import EngineError, InvalidAdapterError
 from engine.lora.archive import DEFAULT_LIMITS, AdapterArchiveError, ArchiveLimits, extract_members
+from engine.lora.layout import check_adapter
+
+if TYPE_CHECKING:
+    from engine.config import ModelArchitecture
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -51,40 +59,9 @@ _INTEGER_DTYPES = frozenset({"BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U6
 _SCAN_CHUNK = 1 << 20  # values per scanned chunk: bounds the scan's memory
 
 
-@dataclass(frozen=True)
-class BaseDims:
-    """The projection sizes of a Llama-family base model."""
-
-    hidden: int
-    intermediate: int
-    q_out: int
-    kv_out: int
-
-    def in_out(self, module: str) -> tuple[int, int] | None:
-        """(in_features, out_features) of a projection, or None if not a LoRA target we know."""
-        table = {
-            "q_proj": (self.hidden, self.q_out),
-            "k_proj": (self.hidden, self.kv_out),
-            "v_proj": (self.hidden, self.kv_out),
-            "o_proj": (self.q_out, self.hidden),
-            "gate_proj": (self.hidden, self.intermediate),
-            "up_proj": (self.hidden, self.intermediate),
-            "down_proj": (self.intermediate, self.hidden),
-        }
-        return table.get(module)
-
-
-def dims_from_hf_config(config: dict[str, Any]) -> BaseDims:
-    """BaseDims from a transformers config.json."""
-    hidden = int(config["hidden_size"])
-    heads = int(config["num_attention_heads"])
-    kv = int(config.get("num_key_value_heads", heads))
-    head_dim = int(config.get("head_dim") or hidden // heads)
-    return BaseDims(hidden, int(config["intermediate_size"]), heads * head_dim, kv * head_dim)
-
-
-def dims_from_source(source: str, roots: Sequence[Path]) -> BaseDims:
-    """BaseDims of a registered model's source: an HF folder or a GGUF file.
+def arch_from_source(source: str, roots: Sequence[Path]) -> ModelArchitecture:
+    """The shape of a registered model, read by the engine's own readers from its
+    config.json or GGUF header (no weights).
 
     The source is checked first (a regular file or folder under `roots`): a FIFO or
     device registered earlier must never be opened, since reading it blocks or never ends.
@@ -94,27 +71,27 @@ def dims_from_source(source: str, roots: Sequence[Path]) -> BaseDims:
     except SourcePathError as exc:
         raise AdapterValidationError(f"the base model's source cannot be read: {exc}") from exc
     try:
-        return _dims_from_source(str(path))
+        return _arch_from_source(path)
+    except EngineError as exc:  # an architecture the engine cannot run, metadata missing
+        raise AdapterValidationError(
+            f"cannot read the base model's shapes from {source}: {exc}"
+        ) from exc
     except (OSError, KeyError, ValueError, IndexError, TypeError, struct.error) as exc:
         raise AdapterValidationError(f"cannot read the base model's shapes from {source}") from exc
 
 
-def _dims_from_source(source: str) -> BaseDims:
-    path = Path(source)
+def _arch_from_source(path: Path) -> ModelArchitecture:
+    # Imported here: the engine's model readers import torch, which an admin process
+    # otherwise never needs (this runs in a worker thread, on an upload).
     if path.is_dir():
-        return dims_from_hf_config(json.loads((path / "config.json").read_text()))
-    import gguf
+        from engine.model.hf_loader import architecture_from_config, read_config
 
-    reader = gguf.GGUFReader(str(path))
-    arch = str(bytes(reader.fields["general.architecture"].parts[-1]), "utf-8")
+        return architecture_from_config(read_config(path))
+    from gguf import GGUFReader
 
-    def field(name: str) -> int:
-        return int(reader.fields[f"{arch}.{name}"].parts[-1][0])
+    from engine.model.gguf_loader import read_architecture
 
-    hidden = field("embedding_length")
-    heads = field("attention.head_count")
-    kv = field("attention.head_count_kv")
-    return BaseDims(hidden, field("feed_forward_length"), hidden, kv * (hidden // heads))
+    return read_architecture(GGUFReader(str(path)))
 
 
 @dataclass(frozen=True)
@@ -220,35 +197,27 @@ def validate_adapter(
     *,
     base_model: str,
     base_aliases: set[str],
-    dims: BaseDims,
+    arch: ModelArchitecture,
+    max_lora_rank: int,
     limits: ArchiveLimits = DEFAULT_LIMITS,
 ) -> ValidatedAdapter:
-    """Checks the uploaded zip at `archive`, unpacking it into the empty folder `workdir`;
-    raises AdapterValidationError naming the first problem."""
+    """Checks the uploaded zip at `archive`, unpacking it into the empty folder `workdir`,
+    against the base model `arch` and the engines' `max_lora_rank`; raises
+    AdapterValidationError naming the first problem."""
     try:
         names = {p.name for p in extract_members(archive, workdir, limits)}
     except AdapterArchiveError as exc:  # the shared checks' error, as the admin API's own
         raise AdapterValidationError(str(exc)) from exc
     if CONFIG_NAME not in names or WEIGHTS_NAME not in names:
         raise AdapterValidationError(f"the archive needs {CONFIG_NAME} and {WEIGHTS_NAME}")
-    rank, _ = _check_config(read_config(workdir / CONFIG_NAME), base_model, base_aliases)
-    targets: set[str] = set()
-    for name, shape in _tensor_shapes(workdir / WEIGHTS_NAME).items():
-        found = _module_of(name)
-        if found is None:
-            continue
-        module, which = found
-        io_dims = dims.in_out(module)
-        if io_dims is None:
-            raise AdapterValidationError(f"unknown LoRA target module {module!r}")
-        want = (rank, io_dims[0]) if which == "lora_A" else (io_dims[1], rank)
-        if shape != want:
-            raise AdapterValidationError(f"{name} has shape {shape}, expected {want}")
-        targets.add(module)
-    if not targets:
-        raise AdapterValidationError("no lora_A/lora_B tensors found")
+    config = read_config(workdir / CONFIG_NAME)
+    rank, _ = _check_config(config, base_model, base_aliases)
+    try:  # what the engine checks when it loads the adapter, on the shapes alone
+        layout = check_adapter(config, _tensor_shapes(workdir / WEIGHTS_NAME), arch, max_lora_rank)
+    except InvalidAdapterError as exc:
+        raise AdapterValidationError(exc.message) from exc
     _check_finite(workdir / WEIGHTS_NAME)
-    return ValidatedAdapter(base_model, rank, tuple(sorted(targets)), workdir)
+    return ValidatedAdapter(base_model, rank, layout.target_modules, workdir)
 
 
 def _check_finite(path: Path) -> None:

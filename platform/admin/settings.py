@@ -40,6 +40,8 @@ class AdminSettings(BaseModel):
     # Folders (or files) that model and adapter sources must resolve under; empty: none allowed.
     model_roots: tuple[Path, ...] = ()
     adapter_upload_max_bytes: int = Field(default=1024**3, ge=1)  # the zip as uploaded
+    # The engines' largest LoRA rank: an upload of a larger one is refused, as they would.
+    max_lora_rank: int = Field(default=16, ge=1, le=1024)
     # Bad admin credentials per source (client address) and window before 429; 0: no limit.
     auth_failure_limit: int = Field(default=20, ge=0)
     auth_failure_window_s: float = Field(default=60.0, gt=0)

@@ -17,6 +17,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.errors import (
     EngineDeadError,
@@ -25,6 +27,7 @@ from engine.errors import (
     RequestFailedError,
 )
 from gateway.ratelimit_headers import rate_limit_headers
+from server.request_ids import current_request_ids
 from tenancy.errors import (
     AuthenticationError,
     AuthThrottledError,
@@ -262,13 +265,68 @@ async def _http(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
-async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-    logger.exception("unhandled error", extra={"path": request.url.path})
+def _internal_error() -> JSONResponse:
+    # Never the exception's text: it may name files, keys or other tenants' data.
     return error_response(500, "internal server error", type_="server_error")
 
 
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    # Starlette's ServerErrorMiddleware calls this (then re-raises, and uvicorn closes the
+    # connection) only for an error UnexpectedErrorMiddleware did not answer: one raised
+    # outside it, or after a response started.
+    logger.exception("unhandled error", extra={"path": request.url.path})
+    return _internal_error()
+
+
+class UnexpectedErrorMiddleware:
+    """Pure ASGI, just inside Starlette's ServerErrorMiddleware: an exception that no
+    handler took becomes the OpenAI 500 here, logged with its request id, and the
+    keep-alive connection stays open.
+
+    ServerErrorMiddleware sends its 500 and then re-raises, and uvicorn closes the
+    connection of any request whose app raised: each unexpected error cost the client
+    its connection. Still raised as before: an error once the response has started (a
+    stream that fails midway cannot end cleanly on that connection), a client
+    disconnect, and whatever is not an Exception (asyncio.CancelledError above all).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serves `scope`, answering an unexpected error before the response began."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_tracked(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_tracked)
+        except ClientDisconnect:
+            raise
+        except Exception as exc:
+            if started:
+                raise
+            ids = current_request_ids()
+            extra = {"path": scope.get("path", "")}
+            if ids is not None:
+                extra["request_id"] = ids.own
+            logger.error("unhandled error", exc_info=exc, extra=extra)
+            await _internal_error()(scope, receive, send)
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    """Registers the one mapping from exception types to OpenAI error responses."""
+    """Registers the one mapping from exception types to OpenAI error responses (and the
+    middleware answering unexpected errors without closing the connection)."""
+    if not any(getattr(m, "cls", None) is UnexpectedErrorMiddleware for m in app.user_middleware):
+        # Inside ServerErrorMiddleware, and inside any middleware added later.
+        app.add_middleware(UnexpectedErrorMiddleware)
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(GatewayError, _gateway)
     app.add_exception_handler(InvalidRequestError, _engine_invalid)

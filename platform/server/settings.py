@@ -513,6 +513,7 @@ class Settings(BaseSettings):
             usage_retention_days=self.admin_usage_retention_days,
             model_roots=self.resolved_model_roots,
             adapter_upload_max_bytes=self.admin_adapter_upload_max_bytes,
+            max_lora_rank=self.max_lora_rank,
             auth_failure_limit=self.auth_failure_limit,
             auth_failure_window_s=self.auth_failure_window_s,
             audit_denial_window_s=self.audit_denial_window_s,

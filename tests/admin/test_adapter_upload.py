@@ -48,6 +48,17 @@ from tests.gateway.conftest import free_port
 P = "/admin/api/v1"
 UPLOAD_CAP = 8 * 1024 * 1024
 RSS_GROWTH_LIMIT = 200 * 1024 * 1024
+LAYERS = 2
+# The registered base model's config.json: a Llama the engine could load (no weights).
+BASE_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "vocab_size": 64,
+    "num_hidden_layers": LAYERS,
+    "hidden_size": HIDDEN,
+    "num_attention_heads": HEADS,
+    "num_key_value_heads": KV_HEADS,
+    "intermediate_size": INTERMEDIATE,
+}
 
 
 @dataclass
@@ -85,13 +96,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     roots = tmp_path / "models"
     base = roots / "base-hf"
     base.mkdir()
-    config = {
-        "hidden_size": HIDDEN,
-        "num_attention_heads": HEADS,
-        "num_key_value_heads": KV_HEADS,
-        "intermediate_size": INTERMEDIATE,
-    }
-    (base / "config.json").write_text(json.dumps(config))
+    (base / "config.json").write_text(json.dumps(BASE_CONFIG))
     with env.sessions() as s:
         registry.register_model(
             s, name="base", source=str(base), format="safetensors", context_length=64
@@ -513,3 +518,149 @@ def test_the_finiteness_scan_reads_every_float_dtype(tmp_path: Path) -> None:
                 _check_finite(path)
     save_file({A_KEY: torch.ones(2, 2, dtype=torch.int8)}, str(path))
     _check_finite(path)  # integers are always finite
+
+
+# ------------------------------------------------- what the engine would refuse (issue 46)
+
+LAYER0 = "base_model.model.model.layers.0"
+
+
+def _tensors(extra: dict[str, tuple[int, ...]], drop: str | None = None) -> bytes:
+    """The q_proj adapter of `adapter_files` (rank 4) plus zero tensors of `extra`'s shapes."""
+    import numpy as np
+    from safetensors.numpy import save
+
+    tensors = {A_KEY: np.zeros((4, HIDDEN), np.float16), B_KEY: np.zeros((HIDDEN, 4), np.float16)}
+    tensors.update({k: np.zeros(shape, np.float16) for k, shape in extra.items()})
+    return save({k: v for k, v in tensors.items() if k != drop})
+
+
+# name -> (adapter files, a phrase the refusal must contain)
+ENGINE_REFUSES: dict[str, tuple[Callable[[], dict[str, bytes]], str]] = {
+    "rank_over_max_lora_rank": (lambda: adapter_files(rank=32), "max_lora_rank"),
+    "embedding_target": (
+        lambda: {
+            **adapter_files(),
+            "adapter_model.safetensors": _tensors(
+                {
+                    "base_model.model.model.embed_tokens.lora_embedding_A": (4, 64),
+                    "base_model.model.model.embed_tokens.lora_embedding_B": (HIDDEN, 4),
+                }
+            ),
+        },
+        "embed_tokens",
+    ),
+    "layer_beyond_the_model": (
+        lambda: {
+            **adapter_files(),
+            "adapter_model.safetensors": _tensors(
+                {
+                    f"base_model.model.model.layers.{LAYERS}.self_attn.q_proj.lora_A.weight": (
+                        4,
+                        HIDDEN,
+                    ),
+                    f"base_model.model.model.layers.{LAYERS}.self_attn.q_proj.lora_B.weight": (
+                        HIDDEN,
+                        4,
+                    ),
+                }
+            ),
+        },
+        f"layers.{LAYERS}.",
+    ),
+    "k_proj_shaped_as_q_proj": (
+        lambda: {
+            **adapter_files(),
+            "adapter_model.safetensors": _tensors(
+                {
+                    f"{LAYER0}.self_attn.k_proj.lora_A.weight": (4, HIDDEN),
+                    f"{LAYER0}.self_attn.k_proj.lora_B.weight": (HIDDEN, 4),  # kv_out is 8
+                }
+            ),
+        },
+        "k_proj",
+    ),
+    "lora_A_without_lora_B": (
+        lambda: {**adapter_files(), "adapter_model.safetensors": _tensors({}, drop=B_KEY)},
+        "lora_B",
+    ),
+    "negative_alpha": (
+        lambda: adapter_files(
+            {"r": 4, "base_model_name_or_path": "base", "peft_type": "LORA", "lora_alpha": -8}
+        ),
+        "lora_alpha",
+    ),
+    "dora": (
+        lambda: adapter_files(
+            {"r": 4, "base_model_name_or_path": "base", "peft_type": "LORA", "use_dora": True}
+        ),
+        "LoRA",
+    ),
+    "trained_bias": (
+        lambda: adapter_files(
+            {"r": 4, "base_model_name_or_path": "base", "peft_type": "LORA", "bias": "all"}
+        ),
+        "bias",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ENGINE_REFUSES))
+def test_an_adapter_the_engine_would_refuse_is_an_audited_400(
+    live: Live, case: str, tmp_path: Path
+) -> None:
+    # Issue 46: the upload applies the engine's own checks against the base model's
+    # shape (rank within max_lora_rank, known targets, layers, shapes), so that no
+    # registered adapter is one every engine then refuses to load.
+    from engine.errors import InvalidAdapterError
+    from engine.lora.peft import read_peft_adapter
+    from engine.model.hf_loader import architecture_from_config
+
+    make, phrase = ENGINE_REFUSES[case]
+    files = make()
+    name = f"engine-refuses-{case}"
+    stored_before = _stored_adapters(live)
+    r = live.upload(zip_of(files), name)
+    assert_openai_400(r)
+    assert phrase in r.json()["error"]["message"], r.text
+    assert live.outcomes(f"adapters/{name}") == ["invalid"]
+    with live.env.sessions() as s:
+        assert s.query(LoraAdapter).filter(LoraAdapter.name == name).count() == 0
+    assert _stored_adapters(live) == stored_before
+    assert list((live.env.tmp / "uploads").iterdir()) == []
+    # ... and the engine itself refuses the same folder for the same base model.
+    for file, data in files.items():
+        (tmp_path / file).write_bytes(data)
+    with pytest.raises(InvalidAdapterError):
+        read_peft_adapter(name, tmp_path, architecture_from_config(BASE_CONFIG), 16)
+
+
+def test_an_adapter_on_every_projection_of_every_layer_is_accepted(live: Live) -> None:
+    in_out = {
+        "self_attn.q_proj": (HIDDEN, HIDDEN),
+        "self_attn.k_proj": (HIDDEN, 8),
+        "self_attn.v_proj": (HIDDEN, 8),
+        "self_attn.o_proj": (HIDDEN, HIDDEN),
+        "mlp.gate_proj": (HIDDEN, INTERMEDIATE),
+        "mlp.up_proj": (HIDDEN, INTERMEDIATE),
+        "mlp.down_proj": (INTERMEDIATE, HIDDEN),
+    }
+    rank = 16  # max_lora_rank itself
+    extra: dict[str, tuple[int, ...]] = {}
+    for layer in range(LAYERS):
+        for module, (fan_in, fan_out) in in_out.items():
+            prefix = f"base_model.model.model.layers.{layer}.{module}"
+            extra[f"{prefix}.lora_A.weight"] = (rank, fan_in)
+            extra[f"{prefix}.lora_B.weight"] = (fan_out, rank)
+    files = adapter_files(rank=rank)
+    files["adapter_model.safetensors"] = _full(extra)
+    r = live.upload(zip_of(files), "every-projection")
+    assert r.status_code == 201, r.text
+    assert r.json()["rank"] == rank
+
+
+def _full(shapes: dict[str, tuple[int, ...]]) -> bytes:
+    import numpy as np
+    from safetensors.numpy import save
+
+    return save({k: np.zeros(shape, np.float16) for k, shape in shapes.items()})

@@ -93,6 +93,9 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     (base / "config.json").write_text(
         json.dumps(
             {
+                "architectures": ["LlamaForCausalLM"],  # read by the engine's own reader
+                "vocab_size": 64,
+                "num_hidden_layers": 1,
                 "hidden_size": HIDDEN,
                 "num_attention_heads": HEADS,
                 "num_key_value_heads": KV_HEADS,

@@ -11,7 +11,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from sqlalchemy import select
 
 from admin import registry
-from admin.adapter_upload import dims_from_source, store_adapter, validate_adapter
+from admin.adapter_upload import arch_from_source, store_adapter, validate_adapter
 from admin.audit_diff import changed
 from admin.body_cap import CappedJsonRoute
 from admin.deps import UPLOAD_CONCURRENCY, AdminContext, Ctx, allow
@@ -133,7 +133,8 @@ def _finish_upload(
             workdir,
             base_model=base_model,
             base_aliases={base.name, base.source},
-            dims=dims_from_source(base.source, roots),
+            arch=arch_from_source(base.source, roots),
+            max_lora_rank=ctx.services.settings.max_lora_rank,
         )
         owner = _owner_id(ctx, owner_tenant)
     except NotFoundError as exc:
