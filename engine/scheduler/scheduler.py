@@ -15,6 +15,7 @@ from engine.lora.slots import AdapterSlots
 from engine.scheduler.kv_shares import KVShares
 from engine.scheduler.output import ScheduledSequence, SchedulerOutput
 from engine.scheduler.policies import make_waiting_queue
+from engine.scheduler.prefill_shares import PrefillShares
 from engine.scheduler.queue import WaitingQueue
 from engine.scheduler.step_budget import StepBudget
 from engine.scheduler.tenants import TenantBook
@@ -95,6 +96,7 @@ class Scheduler:
         preempted: list[Sequence] = []
 
         self._begin_adapter_step()
+        shares = self._prefill_shares()
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
@@ -102,6 +104,8 @@ class Scheduler:
                 i += 1
                 continue
             num_new = self._chunk(seq, budget)
+            if num_new > 1:
+                num_new = shares.cap(seq.fairness_key, num_new)
             if num_new == 0:  # a prompt chunk, and this step's prefill is spent
                 i += 1
                 continue
@@ -116,6 +120,8 @@ class Scheduler:
                 scheduled.append(ScheduledSequence(seq, seq.num_computed_tokens, num_new))
                 budget -= num_new
                 self._spend_prefill(num_new)
+                if num_new > 1:
+                    shares.spend(seq.fairness_key, num_new)
                 i += 1
 
         # Admitting while the pool is short would only preempt again next step.
@@ -127,6 +133,14 @@ class Scheduler:
             num_batched_tokens=self.config.max_num_batched_tokens - budget,
             preempted=tuple(preempted),
         )
+
+    def _prefill_shares(self) -> PrefillShares:
+        """This step's prompt-token cap split among the tenants with work (shares off:
+        one part for all)."""
+        enabled = self.kv_shares.enabled
+        running = self.running if enabled else ()
+        waiting = self.tenants.waiting if enabled else ()
+        return PrefillShares(self._prefill_left, running, waiting, self.tenants.weight)
 
     def _fits_quota(self, seq: Sequence, num_new: int) -> bool:
         """Whether `num_new` more tokens of running `seq` keep its tenant within quota."""

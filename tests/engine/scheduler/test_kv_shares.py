@@ -193,3 +193,30 @@ def test_the_victims_schedule_does_not_depend_on_which_tenant_was_preempted() ->
 
     squeezed_a = b_schedule("a", "c", heavy_first=True, kv_shares=True)
     assert squeezed_a == b_schedule("c", "a", heavy_first=False, kv_shares=True)
+
+
+@pytest.mark.parametrize("kv_shares", [True, False])
+def test_a_long_running_prompt_leaves_room_for_another_tenants_first_chunk(
+    kv_shares: bool,
+) -> None:
+    """A flood's long prompt in prefill must not hold a newcomer's first token for its
+    whole length: the step's prompt tokens are split while both have work."""
+    d = CacheDriver.make("hash", num_blocks=400, kv_shares=kv_shares, max_num_batched_tokens=64)
+    d.add(list(range(1, 401)), 1, "a", fairness_key="a")
+    d.step()
+    b = d.add([7, 8, 9, 10, 11, 12, 13, 14, 15, 16], 2, "b", fairness_key="b")
+    first_b: int | None = None
+    steps = 0
+    while d.scheduler.has_unfinished():
+        out = d.step()
+        steps += 1
+        a_tokens = sum(i.num_new_tokens for i in out.scheduled if i.seq.fairness_key == "a")
+        if first_b is None and any(i.seq is b for i in out.scheduled):
+            first_b = steps
+            if kv_shares:
+                assert a_tokens == 32  # a's half of the step's 64 prompt tokens
+    d.assert_clean()
+    if kv_shares:
+        assert first_b == 1
+    else:
+        assert first_b is not None and first_b >= 5  # behind a's whole prompt
