@@ -56,6 +56,8 @@ JSON_COMMANDS: dict[str, list[str]] = {
     "prefixes publish": ["p1", "--model", "m", "--token-ids", "1,2,3"],
     "prefixes list": [],
     "prefixes withdraw": ["old"],
+    "models list": [],
+    "models set": ["m", "--max-output-tokens", "32"],
     "admin create-token": ["--role", "viewer"],
     "admin revoke-token": ["{token_id}"],
     "billing export": ["--period", "2026-11"],
