@@ -16,6 +16,21 @@ from engine.config import ModelArchitecture
 from engine.model.forward_context import ForwardContext
 from engine.model.llama import LlamaForCausalLM
 
+# A tiny Llama shape for tests that build a model from random weights.
+TINY_ARCH = ModelArchitecture(
+    vocab_size=96,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    max_position_embeddings=128,
+    tie_word_embeddings=True,
+)
+
 
 def allocate_kv_caches(
     arch: ModelArchitecture,

@@ -26,21 +26,9 @@ from engine.model import quant
 from engine.model.forward_context import ForwardContext
 from engine.model.llama import LlamaForCausalLM
 from engine.model.quant import QuantizedLinear
-from tests.utils.model_step import allocate_kv_caches, contiguous_metadata
+from tests.utils.model_step import TINY_ARCH, allocate_kv_caches, contiguous_metadata
 
-ARCH = ModelArchitecture(
-    vocab_size=96,
-    hidden_size=64,
-    intermediate_size=128,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    rms_norm_eps=1e-5,
-    rope_theta=10000.0,
-    max_position_embeddings=128,
-    tie_word_embeddings=True,
-)
+ARCH = TINY_ARCH
 NAN, INF = float("nan"), float("inf")
 FBGEMM = pytest.mark.skipif(not quant._fbgemm_linear(), reason="needs torch's fbgemm int8 linear")
 # (weight_quant, the LM head's int8 activations): every path a product can take.

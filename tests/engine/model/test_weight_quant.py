@@ -6,7 +6,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.config import ModelArchitecture
 from engine.model import quant
 from engine.model.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
 from engine.model.quant import (
@@ -16,21 +15,9 @@ from engine.model.quant import (
     WeightQuantUnavailableError,
     check_weight_quant,
 )
-from tests.utils.model_step import ModelStepper
+from tests.utils.model_step import TINY_ARCH, ModelStepper
 
-ARCH = ModelArchitecture(
-    vocab_size=96,
-    hidden_size=64,
-    intermediate_size=128,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    rms_norm_eps=1e-5,
-    rope_theta=10000.0,
-    max_position_embeddings=128,
-    tie_word_embeddings=True,
-)
+ARCH = TINY_ARCH
 
 
 def q4_grid_weight(n: int, k: int) -> torch.Tensor:
