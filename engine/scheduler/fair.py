@@ -69,6 +69,10 @@ class FairQueue:
         """Sets a key's share; service is divided by it."""
         self.book.set_weight(key, weight)
 
+    def served(self, key: str) -> float | None:
+        """The key's virtual token counter (0 for a key without one yet)."""
+        return self.counters.get(key, 0.0)
+
     def forget(self, key: str) -> None:
         """Drops an idle key's counter and queue (it has nothing waiting or running)."""
         self.counters.pop(key, None)

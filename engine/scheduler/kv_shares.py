@@ -176,6 +176,12 @@ class AdmissionGate:
                 return False
         return True
 
+    def within_share(self, seq: Sequence, total_blocks: int) -> bool:
+        """Whether `seq` holding `total_blocks` blocks keeps its key within its share (then
+        no other key's need preempts it while another key is over its share)."""
+        key = seq.fairness_key
+        return self.used.get(key, 0) + total_blocks <= self._share.get(key, 0.0)
+
     def admitted(self, seq: Sequence, total_blocks: int) -> None:
         """`seq` now holds `total_blocks` blocks."""
         key = seq.fairness_key

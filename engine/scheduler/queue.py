@@ -53,6 +53,11 @@ class WaitingQueue(Protocol):
         """Drops what the policy keeps for a fairness key with nothing waiting or running."""
         ...
 
+    def served(self, key: str) -> float | None:
+        """The key's weighted service so far, for policies that order keys by it (others:
+        None)."""
+        ...
+
 
 class FcfsQueue:
     """First come, first served; preempted sequences go back to the front."""
@@ -100,6 +105,10 @@ class FcfsQueue:
 
     def set_weight(self, domain: str, weight: float) -> None:
         """FCFS ignores weights."""
+
+    def served(self, key: str) -> float | None:
+        """FCFS does not order by service."""
+        return None
 
     def forget(self, key: str) -> None:
         """FCFS keeps nothing per key."""

@@ -15,7 +15,7 @@ from engine.lora.slots import AdapterSlots
 from engine.scheduler.kv_shares import KVShares
 from engine.scheduler.output import ScheduledSequence, SchedulerOutput
 from engine.scheduler.policies import make_waiting_queue
-from engine.scheduler.prefill_shares import PrefillShares
+from engine.scheduler.prefill_shares import PrefillShares, PrefillSplit
 from engine.scheduler.queue import WaitingQueue
 from engine.scheduler.step_budget import StepBudget
 from engine.scheduler.tenants import TenantBook
@@ -55,6 +55,9 @@ class Scheduler:
         itl_budget_s = None if config.itl_budget_ms is None else config.itl_budget_ms / 1000
         self.step_budget = StepBudget(itl_budget_s, config.max_num_batched_tokens)
         self._prefill_left = config.max_num_batched_tokens  # this step's, while scheduling
+        # Which tenants share the step's prompt tokens (those with work, and a grace).
+        self.prefill_split = PrefillSplit()
+        self._prompted: set[str] = set()  # tenants with prompt chunks in the last step
 
     # -- queue ------------------------------------------------------------------
 
@@ -124,10 +127,17 @@ class Scheduler:
                     shares.spend(seq.fairness_key, num_new)
                 i += 1
 
-        # Admitting while the pool is short would only preempt again next step.
+        # Admitting while the pool is short would only preempt again next step, but for
+        # a tenant within its KV share: the preemptions were made on tenants over theirs,
+        # and its sequence is not the next victim. (A newcomer waiting behind a squeezed
+        # attacker would otherwise wait one more step each time the attacker hits the
+        # pool's end.)
         if not preempted:
-            budget = self._admit(budget, scheduled)
+            budget = self._admit(budget, scheduled, shares)
+        elif self.kv_shares.enabled:
+            budget = self._admit(budget, scheduled, shares, within_share=True)
 
+        self._prompted = {i.seq.fairness_key for i in scheduled if i.num_new_tokens > 1}
         return SchedulerOutput(
             scheduled=tuple(scheduled),
             num_batched_tokens=self.config.max_num_batched_tokens - budget,
@@ -135,12 +145,36 @@ class Scheduler:
         )
 
     def _prefill_shares(self) -> PrefillShares:
-        """This step's prompt-token cap split among the tenants with work (shares off:
-        one part for all)."""
-        enabled = self.kv_shares.enabled
-        running = self.running if enabled else ()
-        waiting = self.tenants.waiting if enabled else ()
-        return PrefillShares(self._prefill_left, running, waiting, self.tenants.weight)
+        """This step's contended prompt-token cap split among the tenants with work
+        (shares off: one part for all, the whole cap)."""
+        if not self.kv_shares.enabled:
+            return PrefillShares(self._prefill_left, (), self.tenants.weight)
+        cap = min(self._prefill_left, self.step_budget.contended_cap())
+        shares = self.prefill_split.shares(
+            cap, self.running, self.tenants.waiting, self.tenants.weight
+        )
+        newcomers = self._newcomers()
+        if newcomers:
+            owed = min(self.waiting.served(k) or 0.0 for k in newcomers)
+            shares.hold(
+                k
+                for k in self._prompted
+                if k not in newcomers and (self.waiting.served(k) or 0.0) >= owed
+            )
+        return shares
+
+    def _newcomers(self) -> set[str]:
+        """Tenants with nothing running and a request never admitted, under a policy that
+        orders tenants by service: their first chunks go without the prompt chunks of
+        tenants served as much or more that had some in the step before."""
+        if len(self.running) >= self.config.max_num_seqs:
+            return set()
+        running = {s.fairness_key for s in self.running}
+        return {
+            k
+            for k in self.tenants.waiting
+            if k not in running and self.tenants.has_fresh(k) and self.waiting.served(k) is not None
+        }
 
     def _fits_quota(self, seq: Sequence, num_new: int) -> bool:
         """Whether `num_new` more tokens of running `seq` keep its tenant within quota."""
@@ -182,7 +216,17 @@ class Scheduler:
         preempted.append(victim)
         return given_back
 
-    def _admit(self, budget: int, scheduled: list[ScheduledSequence]) -> int:
+    def _admit(
+        self,
+        budget: int,
+        scheduled: list[ScheduledSequence],
+        shares: PrefillShares,
+        *,
+        within_share: bool = False,
+    ) -> int:
+        """Admits waiting sequences in fair order while the step has room; returns what is
+        left of the step's budget. `within_share`: only those whose tenants stay within
+        their KV shares."""
         # Sequences whose adapter waits for a slot: passed over this step, still in the
         # queue at their place in fair order, so they are asked first again next step.
         held: set[str] = set()
@@ -209,12 +253,19 @@ class Scheduler:
             if num_new == 0:  # this step's prefill is spent
                 seq.num_computed_tokens = 0
                 break
+            key = seq.fairness_key
+            if num_new > 1:
+                num_new = shares.cap(key, num_new)
             total = self.kv.blocks_needed(num_computed + num_new)
             waiting_keys = (k for k in self.tenants.waiting if k not in held_keys)
-            if not gate.allows(seq, total, waiting_keys):
+            # Its part of the step's prompt tokens spent (it still waits for KV), or over
+            # its KV share: the tenant is passed over this step.
+            spent = num_new == 0
+            over = within_share and not gate.within_share(seq, total)
+            if spent or over or not gate.allows(seq, total, waiting_keys):
                 seq.num_computed_tokens = 0
-                key = seq.fairness_key
-                held_keys.add(key)
+                if not spent:
+                    held_keys.add(key)
                 skip.update(s.seq_id for s in self.waiting if s.fairness_key == key)
                 continue
             if not self.kv.allocate_slots(seq, num_new, computed_blocks):
@@ -232,6 +283,8 @@ class Scheduler:
             scheduled.append(ScheduledSequence(seq, seq.num_computed_tokens, num_new))
             budget -= num_new
             self._spend_prefill(num_new)
+            if num_new > 1:
+                shares.spend(key, num_new)
         return budget
 
     def _place_adapter(self, seq: Sequence) -> bool:

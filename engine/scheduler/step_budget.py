@@ -55,6 +55,22 @@ class StepBudget:
         """Prefill tokens the next step may carry (decode rows are never capped)."""
         return self._cap
 
+    def contended_cap(self) -> int:
+        """Prefill tokens the next step may carry while several tenants have work.
+
+        As many as the running decodes cost (the floor of `prefill_cap`): each tenant's
+        next token then waits for at most about one decode step of other tenants'
+        prompts, which is what an even share of the engine's time gives it. Until both
+        costs are measured (or without a budget), the usual cap.
+        """
+        if not self._decode_s or not self._per_token_s:
+            return self._cap
+        per_token = statistics.median(self._per_token_s)
+        if per_token <= 0:
+            return self._cap
+        floor = max(MIN_PREFILL_TOKENS, int(self._decode_estimate() / per_token))
+        return min(floor, self._cap)
+
     def observe(self, prefill_tokens: int, decode_rows: int, elapsed_s: float) -> None:
         """Records one finished step: its prefill tokens, decode rows and wall time."""
         if self.itl_budget_s is None or elapsed_s < 0:

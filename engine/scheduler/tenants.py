@@ -51,6 +51,10 @@ class TenantBook:
         """Keys with sequences waiting or running."""
         return self._live.keys()
 
+    def has_fresh(self, key: str) -> bool:
+        """Whether `key` has waiting sequences that were never admitted."""
+        return bool(self._fresh.get(key))
+
     def arrived(self, seq: Sequence) -> None:
         """A new sequence was queued."""
         key = seq.fairness_key

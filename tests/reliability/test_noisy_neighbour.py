@@ -89,19 +89,7 @@ def test_the_attack_really_loads_the_server(run: dict[str, Scenario], attack: st
         assert figures["idle_pressure_tokens"] >= 2 * Plan().pool_tokens, figures
 
 
-# Open (issue 44): under the KV flood the victim's TTFT p50 is still over the goal
-# (about 1.8x the fair case on two CPU cores; 6-9x before each step's prompt tokens were
-# split among tenants): a step carrying the attacker's share of prompt tokens is long.
-FLOOD_TTFT_OPEN = pytest.mark.xfail(
-    reason="victim TTFT under a KV flood is over the goal: steps carrying the attacker's "
-    "share of prompt tokens are long",
-    strict=False,
-)
-
-
-@pytest.mark.parametrize(
-    "attack", [a if a != "flood" else pytest.param(a, marks=FLOOD_TTFT_OPEN) for a in ATTACKS]
-)
+@pytest.mark.parametrize("attack", ATTACKS)
 def test_victim_latency_within_goal_of_a_fair_neighbour(
     run: dict[str, Scenario], attack: str
 ) -> None:

@@ -35,7 +35,9 @@ class Driver:
         cfg = SchedulerConfig(**sched)  # type: ignore[arg-type]
         return cls(Scheduler(cfg, kv, eos_token_ids=frozenset({EOS}), max_model_len=10_000))
 
-    def add(self, prompt: list[int], max_tokens: int, seq_id: str | None = None) -> Sequence:
+    def add(
+        self, prompt: list[int], max_tokens: int, seq_id: str | None = None, domain: str = "d"
+    ) -> Sequence:
         seq_id = seq_id or f"r{len(self.seqs)}"
         seq = Sequence(
             seq_id=seq_id,
@@ -44,7 +46,7 @@ class Driver:
             prompt_token_ids=prompt,
             params=SamplingParams(max_tokens=max_tokens, temperature=0),
             max_tokens=max_tokens,
-            cache_domain="d",
+            cache_domain=domain,
         )
         self.seqs.append(seq)
         self.scheduler.add(seq)

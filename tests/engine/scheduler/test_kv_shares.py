@@ -11,6 +11,7 @@ import pytest
 from engine.errors import KVQuotaExceededError
 from engine.kv_cache.cache_rules import CacheRules, DomainRule
 from engine.sampling_params import SamplingParams
+from engine.scheduler.prefill_shares import GRACE_STEPS
 from engine.sequence import Sequence
 from tests.engine.prefix_cache.cache_driver import CacheDriver
 from tests.utils.fast_fake_model import fast_fake_llm_engine
@@ -200,23 +201,87 @@ def test_a_long_running_prompt_leaves_room_for_another_tenants_first_chunk(
     kv_shares: bool,
 ) -> None:
     """A flood's long prompt in prefill must not hold a newcomer's first token for its
-    whole length: the step's prompt tokens are split while both have work."""
-    d = CacheDriver.make("hash", num_blocks=400, kv_shares=kv_shares, max_num_batched_tokens=64)
+    whole length: the newcomer's first chunk goes alone (beside decodes), then the
+    step's prompt tokens are split while both have work."""
+    d = CacheDriver.make(
+        "hash",
+        num_blocks=400,
+        kv_shares=kv_shares,
+        max_num_batched_tokens=64,
+        scheduling_policy="fair",
+    )
     d.add(list(range(1, 401)), 1, "a", fairness_key="a")
     d.step()
     b = d.add([7, 8, 9, 10, 11, 12, 13, 14, 15, 16], 2, "b", fairness_key="b")
     first_b: int | None = None
     steps = 0
+    a_tokens: list[int] = []
     while d.scheduler.has_unfinished():
         out = d.step()
         steps += 1
-        a_tokens = sum(i.num_new_tokens for i in out.scheduled if i.seq.fairness_key == "a")
+        a_tokens.append(sum(i.num_new_tokens for i in out.scheduled if i.seq.fairness_key == "a"))
         if first_b is None and any(i.seq is b for i in out.scheduled):
             first_b = steps
-            if kv_shares:
-                assert a_tokens == 32  # a's half of the step's 64 prompt tokens
+    if kv_shares:
+        assert a_tokens[:2] == [0, 32]  # b's first chunk alone, then a's half of 64
     d.assert_clean()
     if kv_shares:
         assert first_b == 1
     else:
         assert first_b is not None and first_b >= 5  # behind a's whole prompt
+
+
+def test_a_newcomer_within_its_share_is_admitted_in_a_step_that_preempts_the_attacker() -> None:
+    """When the attacker's growth preempts its own sequences, the step still admits a
+    tenant that stays within its share: it is not the next victim, and skipping it made
+    the newcomer wait one more step each time the attacker hit the pool's end."""
+    squeezed = 0
+    for arrive_after in range(25, 45):
+        d = make()
+        for i in range(6):
+            d.add([100 + i, 1, 2, 3], 60, "a", fairness_key="a")
+        for _ in range(arrive_after):
+            d.step()
+        b = d.add([200, 5, 6, 7, 8, 9, 10, 11], 4, "b", fairness_key="b")
+        while not b.admitted_once:
+            out = d.step()
+            if out.preempted:
+                squeezed += 1
+                assert any(i.seq is b for i in out.scheduled), arrive_after
+        assert preemptions_by_key(d).get("b", 0) == 0
+        d.assert_clean()
+    assert squeezed >= 3  # b arrived before a step that preempted a's sequence
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "fair"])
+def test_the_contended_cap_splits_admissions_too_and_a_tenant_keeps_its_part_for_a_grace(
+    policy: str,
+) -> None:
+    """A flood of new long prompts (admissions, not running chunks) is split with a
+    tenant that decodes like running chunks are; and for GRACE_STEPS steps after the newcomer's
+    request ended, the flood still gets only its part (a client's next request arrives
+    in that gap), then the whole cap again. Where b's request heads the queue (fair
+    order), its first chunk goes alone."""
+    d = CacheDriver.make(
+        "hash", num_blocks=400, max_num_batched_tokens=64, scheduling_policy=policy
+    )
+    for i in range(10):
+        d.add([600 + i, *range(1, 40)], 1, "a", fairness_key="a")  # 40-token prompts
+    d.step()
+    b = d.add([7, 8, 9, 10], 2, "b", fairness_key="b")
+    a_tokens: list[int] = []
+    while d.scheduler.has_unfinished():
+        out = d.step()
+        a_tokens.append(sum(i.num_new_tokens for i in out.scheduled if i.seq.fairness_key == "a"))
+        if b.is_finished and len(a_tokens) > 3 + GRACE_STEPS:
+            break
+    assert b.is_finished
+    assert a_tokens[0] == (0 if policy == "fair" else 32)  # a's waiting come first in fcfs
+    assert a_tokens[1] == 32  # a's half of the step's 64 prompt tokens beside b's decode
+    assert GRACE_STEPS >= 1
+    assert a_tokens[2] == 32  # b's request ended the step before: its part is kept
+    assert max(a_tokens[: 2 + GRACE_STEPS]) == 32  # through the whole grace
+    assert a_tokens[2 + GRACE_STEPS] == 64  # then a is alone again
+    while d.scheduler.has_unfinished():
+        d.step()
+    d.assert_clean()

@@ -151,3 +151,44 @@ def test_a_long_prompt_still_gets_half_a_step_when_decodes_fill_the_budget() -> 
     # Decodes alone take 40 ms, over the 10 ms budget: prompts get 40 tokens at 1 ms each.
     assert chunks[:2] == [40, 40]
     assert long.finish_reason == "length"
+
+
+def test_the_contended_cap_is_what_the_decodes_cost() -> None:
+    """While several tenants have work a step carries as many prompt tokens as its
+    decodes cost (each tenant's next token waits on others' prompts for about one
+    decode step); unmeasured or without a budget, the usual cap."""
+    budget = StepBudget(0.200, 2048)
+    assert budget.contended_cap() == 2048  # nothing measured yet
+    budget.observe(100, 8, DECODE_S + 100 * PER_TOKEN_S)
+    assert budget.contended_cap() == budget.prefill_cap()  # no decode figure yet
+    for _ in range(4):
+        budget.observe(0, 8, DECODE_S)
+        budget.observe(100, 8, DECODE_S + 100 * PER_TOKEN_S)
+    assert budget.prefill_cap() == 160  # (200 - 40) ms at 1 ms a token
+    assert budget.contended_cap() == 40  # 40 ms of decodes at 1 ms a token
+    tight = StepBudget(0.001, 30)
+    tight.observe(0, 8, DECODE_S)
+    tight.observe(100, 8, DECODE_S + 100 * PER_TOKEN_S)
+    assert tight.contended_cap() == 30  # never above the usual cap
+    unbudgeted = StepBudget(None, 2048)
+    unbudgeted.observe(0, 8, DECODE_S)
+    unbudgeted.observe(100, 8, DECODE_S + 100 * PER_TOKEN_S)
+    assert unbudgeted.contended_cap() == 2048
+
+
+def test_while_a_tenant_decodes_another_tenants_prompts_get_its_part_of_the_contended_cap() -> None:
+    """A flood of long prompts beside a tenant that decodes: every step carries at most
+    the flood's part of the contended cap (half of what the decodes cost), so the other
+    tenant's steps stay near a decode step's time instead of the whole ITL budget."""
+    d = Driver.make(num_blocks=4096, max_num_batched_tokens=2048, itl_budget_ms=200)
+    warm_up(d)
+    assert d.scheduler.step_budget.contended_cap() == 40
+    victim = d.add([3, 4, 5, 6], max_tokens=30, domain="victim")
+    flood = [d.add([9 + i] * 256, max_tokens=1, domain="flood") for i in range(4)]
+    while not victim.is_finished:
+        out = d.step()
+        d.scheduler.observe_step(out, synthetic_cost(out))
+        flood_prompt = sum(i.num_new_tokens for i in out.scheduled if i.seq.fairness_key == "flood")
+        assert flood_prompt <= 20
+    run_with_costs(d)
+    assert all(s.is_finished for s in flood)
