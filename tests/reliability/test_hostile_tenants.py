@@ -152,6 +152,45 @@ def test_issue_inputs_are_refused_or_served(live_server: LiveServer, name: str) 
     assert_unharmed(live_server, found)
 
 
+# Issue 46: constraints that can never finish or match are 400s when compiled (item 3,
+# the impossible grammars, item 6); free text then a dead end is a 200 that ends with
+# "length", keeping and billing what it delivered (item 4). Each beside the bystanders.
+CONSTRAINT_ATTACKS: dict[str, tuple[dict[str, Any], int]] = {
+    "grammar that never finishes": ({"guided_grammar": 'start: "a" start'}, 400),
+    "rule that never finishes": ({"guided_grammar": 'start: /[a-z ]*/ x\nx: "a" x'}, 400),
+    "regex nothing matches": ({"guided_regex": r"[^\s\S]"}, 400),
+    "schema text nested 5000 deep": (
+        {"guided_json": '{"type":"array","items":' * 5000 + "{}" + "}" * 5000},
+        400,
+    ),
+    "free text then a dead end": (
+        {"temperature": 1, "seed": 1, "guided_grammar": r"start: /[a-z]{12}/ /[^\s\S]/"},
+        200,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CONSTRAINT_ATTACKS))
+def test_constraints_that_cannot_finish_are_refused_or_ended_alone(
+    live_server: LiveServer, name: str
+) -> None:
+    fields, status = CONSTRAINT_ATTACKS[name]
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 24, **fields}
+    with (
+        live_server.bystanders.running(),
+        httpx.Client(base_url=live_server.base_url, timeout=120) as client,
+    ):
+        replies = [post_raw(live_server, client, "/v1/completions", body) for _ in range(3)]
+    found = [p for r in replies for p in judge(live_server, r)]
+    found += [f"{r.what} -> {r.status}, not {status}" for r in replies if r.status != status]
+    for r in replies:
+        if r.status == 200:
+            choice = r.json()["choices"][0]
+            if choice["finish_reason"] != "length" or not choice["text"]:
+                found.append(f"{r.what}: wanted the text before the dead end: {r.body[:300]}")
+    assert_unharmed(live_server, found)
+
+
 def test_tiny_temperature_means_greedy(live_server: LiveServer) -> None:
     """A temperature below 1e-5 decodes greedily (as in vLLM), it does not give garbage."""
     bystander = live_server.bystanders.members[0]
