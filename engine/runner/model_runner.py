@@ -7,6 +7,7 @@ logprobs, when asked for) come back. Pure-decode steps replay a CUDA graph when
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -109,14 +110,20 @@ class ModelRunner:
         """Runs one step; returns the sampled token of every sequence that samples."""
         inputs = build_step_inputs(output, self.block_size, self.device, self.block_table)
         lora = self.lora.batch(output) if self.lora is not None else None
-        hidden = self._forward(inputs, lora)
+        seqs = [output.scheduled[i].seq for i in inputs.sampling_positions]
+        # Grammar masks are filled on the host while the forward runs (on any device).
+        pending = self.matchers.start_masks(seqs)
+        try:
+            hidden = self._forward(inputs, lora)
+        except BaseException:
+            if pending is not None:  # a retried step rewinds the matchers: let it finish
+                concurrent.futures.wait([pending.future])
+            raise
         if not inputs.sampling_positions:
             return {}
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
-        seqs = [output.scheduled[i].seq for i in inputs.sampling_positions]
         rows = [self._row(seq) for seq in seqs]
-        # Filled on the host while the device still computes the logits.
-        mask = self.matchers.masks(seqs)
+        mask = None if pending is None else self.matchers.finish_masks(pending)
         if mask is None and _plain_greedy(rows):
             # The common decode case needs no sampler: one argmax, one copy to the host.
             return {

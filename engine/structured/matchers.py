@@ -16,6 +16,7 @@ the whole batch run again to find the culprit (engine.step_isolation).
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import time
 from collections.abc import Sequence as Seq
@@ -49,6 +50,17 @@ class _State:
     ended: str | None = None  # why its constraint can go no further (None: it can)
 
 
+@dataclass(frozen=True)
+class PendingMasks:
+    """Masks being filled on the table's worker thread while a step's forward runs."""
+
+    seqs: tuple[Sequence, ...]
+    rows: tuple[int, ...]
+    states: list[_State]
+    bitmask: torch.Tensor
+    future: concurrent.futures.Future[None]
+
+
 class MatcherTable:
     """One matcher per live structured sequence, built from the compiler's cache."""
 
@@ -58,18 +70,45 @@ class MatcherTable:
         self._pin = pin_memory
         self._buffer: torch.Tensor | None = None
         self._executor: llguidance.LLExecutor | None = None
+        self._worker: concurrent.futures.ThreadPoolExecutor | None = None
 
     def __len__(self) -> int:
         return len(self._states)
 
     def masks(self, seqs: Seq[Sequence]) -> TokenMask | None:
         """The allowed tokens of the structured rows of this batch; None when there are none."""
+        pending = self.start_masks(seqs)
+        return None if pending is None else self.finish_masks(pending)
+
+    def start_masks(self, seqs: Seq[Sequence]) -> PendingMasks | None:
+        """Starts filling the masks of the structured rows of this batch on the table's
+        worker thread (llguidance drops the GIL while it fills), so that they are made
+        while the step's forward runs; None when there are none. `finish_masks` must
+        follow before the matchers are used again."""
         rows = [i for i, seq in enumerate(seqs) if seq.params.structured is not None]
         if not rows:
             return None
         states = [self._synced(seqs[i]) for i in rows]
         bitmask = self._bitmask(len(rows))
-        if len(rows) >= _PARALLEL_FROM and (os.cpu_count() or 1) >= _PARALLEL_MIN_CPUS:
+        future = self._filler().submit(self._fill, states, bitmask)
+        return PendingMasks(tuple(seqs), tuple(rows), states, bitmask, future)
+
+    def finish_masks(self, pending: PendingMasks) -> TokenMask:
+        """Waits for the masks `start_masks` began; ends the rows whose constraint can go
+        no further."""
+        pending.future.result()
+        bitmask, seqs = pending.bitmask, pending.seqs
+        empty = (~bitmask.any(dim=1)).tolist()
+        for k, (row, state) in enumerate(zip(pending.rows, pending.states, strict=True)):
+            if state.ended is None:
+                state.ended = self._why_ended(seqs[row], state, empty[k])
+            if state.ended is not None:
+                bitmask[k].fill_(-1)  # any token: its sample is dropped, the row ends
+        return TokenMask(pending.rows, bitmask)
+
+    def _fill(self, states: list[_State], bitmask: torch.Tensor) -> None:
+        """Fills one mask row per state (on the worker thread), timing each."""
+        if len(states) >= _PARALLEL_FROM and (os.cpu_count() or 1) >= _PARALLEL_MIN_CPUS:
             start = time.perf_counter()
             llguidance.torch.fill_next_token_bitmask_par(
                 self._parallel(), [(st.matcher, k) for k, st in enumerate(states)], bitmask
@@ -82,13 +121,11 @@ class MatcherTable:
                 start = time.perf_counter()
                 llguidance.torch.fill_next_token_bitmask(state.matcher, bitmask, k)
                 state.mask_s += time.perf_counter() - start
-        empty = (~bitmask.any(dim=1)).tolist()
-        for k, (row, state) in enumerate(zip(rows, states, strict=True)):
-            if state.ended is None:
-                state.ended = self._why_ended(seqs[row], state, empty[k])
-            if state.ended is not None:
-                bitmask[k].fill_(-1)  # any token: its sample is dropped, the row ends
-        return TokenMask(tuple(rows), bitmask)
+
+    def _filler(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._worker is None:
+            self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mask-fill")
+        return self._worker
 
     def consume(
         self, seqs: Seq[Sequence], tokens: Seq[int], mask: TokenMask
