@@ -11,9 +11,11 @@ pool of `--pool-blocks` blocks (SmolLM2 keeps 46,080 bytes of KV per token in fp
 
 On each, a victim tenant streams one fixed greedy chat completion (24 tokens), one
 request after another, alone, beside a well-behaved neighbour (two short requests at a
-time), and under three attacks (tests/reliability/noisy.py): fill and squeeze (as many
+time), and under four attacks (tests/reliability/noisy.py): fill and squeeze (as many
 long generations as the attacker's concurrency limit allows), KV flood (long prompts
-with max_tokens 1) and both at once. The table gives the victim's TTFT p50, ITL p50
+with max_tokens 1), both at once, and grammars slow to mask (ambiguous Lark grammars,
+each one new; no setting brings back masks made on the step, so both sides have
+them off it). The table gives the victim's TTFT p50, ITL p50
 and end-to-end p50 per scenario, their ratios against alone and against the fair
 neighbour, its cached tokens after the flood and its preemptions (the operators'
 `cloister_tenant_preemptions_suffered_total`; "-" where the server has no such
@@ -242,6 +244,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "flood_prompt_tokens": plan.flood_prompt_tokens,
             "flood_loops": plan.flood_loops,
             "neighbour_loops": plan.neighbour_loops,
+            "grammar_loops": plan.grammar_loops,
         },
         "model": args.model_name,
         "threads": args.threads,

@@ -46,6 +46,10 @@ from engine.validation import check_kv_quota, validate_request
 
 log = logging.getLogger("engine")
 
+# The longest an empty step waits for a grammar mask being filled ahead (new requests
+# wait at most this long behind it).
+EMPTY_STEP_WAIT_S = 0.01
+
 
 def build_config(model: str | None = None, **options: Any) -> EngineConfig:
     """Builds the frozen config from flat keyword options (the vLLM-style `LLM(...)` call)."""
@@ -168,6 +172,7 @@ class LLMEngine:
             grammars=self.grammars,
         )
         self.runner.lora = self.lora
+        self.scheduler.seq_ready = self.runner.matchers.ready
         if not config.model.enforce_eager:  # a no-op on the CPU
             self.runner.capture_decode_graphs(
                 config.model.cuda_graph_max_batch or config.scheduler.max_num_seqs,
@@ -454,6 +459,9 @@ class LLMEngine:
         try:
             output = self.scheduler.schedule()
             if output.is_empty:
+                # Every running sequence waits for its next grammar mask: wait for one
+                # rather than spin (the loop steps again at once).
+                self.runner.matchers.wait_ahead(EMPTY_STEP_WAIT_S)
                 return []
             events = self._run_step(output)
             self.scheduler.observe_step(output, time.perf_counter() - started)

@@ -7,7 +7,7 @@ share `max_num_batched_tokens`. The scheduler never touches tensors.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from engine.config import SchedulerConfig
 from engine.kv_cache.manager import KVCacheManager
@@ -58,6 +58,9 @@ class Scheduler:
         # Which tenants share the step's prompt tokens (those with work, and a grace).
         self.prefill_split = PrefillSplit()
         self._prompted: set[str] = set()  # tenants with prompt chunks in the last step
+        # Whether a running sequence can take part in the next step; the engine sets it to
+        # its grammar matchers' (a sequence whose next mask is still being filled waits).
+        self.seq_ready: Callable[[Sequence], bool] = _always_ready
 
     # -- queue ------------------------------------------------------------------
 
@@ -103,7 +106,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            if self._adapter_wait(seq):
+            if self._adapter_wait(seq) or not self.seq_ready(seq):
                 i += 1
                 continue
             num_new = self._chunk(seq, budget)
@@ -422,3 +425,8 @@ class Scheduler:
         """Ends several sequences (an aborted request's samples)."""
         for seq in seqs:
             self.finish(seq, reason)
+
+
+def _always_ready(seq: Sequence) -> bool:
+    """Every running sequence may take part in a step."""
+    return True

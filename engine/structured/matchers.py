@@ -12,6 +12,15 @@ parser limit; more mask time than `grammar_mask_budget_s`) is not an error of th
 step: its row is reported as ended, with the reason, and the engine ends that request
 alone, keeping what it delivered. Raising would fail the request as a 500 and make
 the whole batch run again to find the culprit (engine.step_isolation).
+
+Masks are off the step's critical path where llguidance allows (it drops the GIL
+while it fills): a step's masks are filled on a worker thread while its forward runs,
+and once a sequence's token is consumed the mask of its next token is filled ahead,
+on threads of their own. Until that mask is done the sequence is not `ready` and the
+scheduler leaves it out of the step, so a grammar slow to mask (an ambiguous Lark
+grammar can take a second a token) slows its own request, not the batch. A filled
+ahead mask is used only if the sequence is still where it was (a retried or rolled
+back step fills again).
 """
 
 from __future__ import annotations
@@ -36,6 +45,8 @@ from engine.structured.token_mask import TokenMask, mask_words
 # and 0.6 ms one after the other).
 _PARALLEL_FROM = 16
 _PARALLEL_MIN_CPUS = 4
+# Threads that fill the masks of sequences' next tokens ahead of their steps.
+AHEAD_THREADS = 2
 
 
 class StructuredDecodingError(EngineError):
@@ -48,6 +59,10 @@ class _State:
     consumed: int = 0
     mask_s: float = 0.0  # host time its masks took, in all
     ended: str | None = None  # why its constraint can go no further (None: it can)
+    # The mask of its next token, filled on the worker thread once the last one was
+    # consumed, and the consumed count it is for (-1: none).
+    ahead: concurrent.futures.Future[torch.Tensor] | None = None
+    ahead_at: int = -1
 
 
 @dataclass(frozen=True)
@@ -71,6 +86,7 @@ class MatcherTable:
         self._buffer: torch.Tensor | None = None
         self._executor: llguidance.LLExecutor | None = None
         self._worker: concurrent.futures.ThreadPoolExecutor | None = None
+        self._ahead: concurrent.futures.ThreadPoolExecutor | None = None
 
     def __len__(self) -> int:
         return len(self._states)
@@ -83,15 +99,62 @@ class MatcherTable:
     def start_masks(self, seqs: Seq[Sequence]) -> PendingMasks | None:
         """Starts filling the masks of the structured rows of this batch on the table's
         worker thread (llguidance drops the GIL while it fills), so that they are made
-        while the step's forward runs; None when there are none. `finish_masks` must
-        follow before the matchers are used again."""
+        while the step's forward runs; None when there are none. A row whose mask was
+        filled ahead (`ready`) takes it. `finish_masks` must follow before the matchers
+        are used again."""
         rows = [i for i, seq in enumerate(seqs) if seq.params.structured is not None]
         if not rows:
             return None
         states = [self._synced(seqs[i]) for i in rows]
         bitmask = self._bitmask(len(rows))
-        future = self._filler().submit(self._fill, states, bitmask)
+        to_fill: list[tuple[_State, int]] = []
+        for k, state in enumerate(states):
+            if not self._take_ahead(state, bitmask, k):
+                to_fill.append((state, k))
+        future = self._filler().submit(self._fill, to_fill, bitmask)
         return PendingMasks(tuple(seqs), tuple(rows), states, bitmask, future)
+
+    def ready(self, seq: Sequence) -> bool:
+        """False while the mask of the sequence's next token is still being filled: the
+        scheduler leaves it out of the step, so that a slow grammar holds no other row."""
+        state = self._states.get(seq.seq_id)
+        return state is None or state.ahead is None or state.ahead.done()
+
+    def wait_ahead(self, timeout_s: float) -> None:
+        """Waits (at most `timeout_s`) until one mask being filled ahead is done; returns
+        at once when none is."""
+        pending = [st.ahead for st in self._states.values() if st.ahead and not st.ahead.done()]
+        if pending:
+            concurrent.futures.wait(
+                pending, timeout=timeout_s, return_when=concurrent.futures.FIRST_COMPLETED
+            )
+
+    def _take_ahead(self, state: _State, bitmask: torch.Tensor, k: int) -> bool:
+        """Copies the state's mask filled ahead into row `k`, if it is for its present
+        position; the ahead mask is used up either way."""
+        ahead, at = state.ahead, state.ahead_at
+        state.ahead, state.ahead_at = None, -1
+        if ahead is None or at != state.consumed or state.ended is not None:
+            return False
+        try:
+            row = ahead.result()
+        except Exception:  # filled again with the others, where an error is the step's
+            return False
+        bitmask[k].copy_(row[0])
+        return True
+
+    def _fill_ahead(self, state: _State) -> torch.Tensor:
+        """The mask of the state's next token, on the worker thread."""
+        assert self.compiler is not None
+        row = torch.empty((1, mask_words(self.compiler.vocab_size)), dtype=torch.int32)
+        self._fill([(state, 0)], row)
+        return row
+
+    def _settle(self, state: _State) -> None:
+        """Waits for the state's mask being filled ahead: its matcher is the worker's
+        until then."""
+        if state.ahead is not None:
+            concurrent.futures.wait([state.ahead])
 
     def finish_masks(self, pending: PendingMasks) -> TokenMask:
         """Waits for the masks `start_masks` began; ends the rows whose constraint can go
@@ -106,21 +169,31 @@ class MatcherTable:
                 bitmask[k].fill_(-1)  # any token: its sample is dropped, the row ends
         return TokenMask(pending.rows, bitmask)
 
-    def _fill(self, states: list[_State], bitmask: torch.Tensor) -> None:
-        """Fills one mask row per state (on the worker thread), timing each."""
-        if len(states) >= _PARALLEL_FROM and (os.cpu_count() or 1) >= _PARALLEL_MIN_CPUS:
+    def _fill(self, items: list[tuple[_State, int]], bitmask: torch.Tensor) -> None:
+        """Fills each state's mask into its row of `bitmask` (on the worker thread),
+        timing each."""
+        if len(items) >= _PARALLEL_FROM and (os.cpu_count() or 1) >= _PARALLEL_MIN_CPUS:
             start = time.perf_counter()
             llguidance.torch.fill_next_token_bitmask_par(
-                self._parallel(), [(st.matcher, k) for k, st in enumerate(states)], bitmask
+                self._parallel(), [(st.matcher, k) for st, k in items], bitmask
             )
-            share = (time.perf_counter() - start) / len(states)  # per row: not measurable
-            for state in states:
+            share = (time.perf_counter() - start) / len(items)  # per row: not measurable
+            for state, _ in items:
                 state.mask_s += share
         else:
-            for k, state in enumerate(states):
+            for state, k in items:
                 start = time.perf_counter()
                 llguidance.torch.fill_next_token_bitmask(state.matcher, bitmask, k)
                 state.mask_s += time.perf_counter() - start
+
+    def _ahead_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The threads that fill masks ahead: apart from the step's own worker, so that a
+        slow grammar's next mask never queues a step's fill behind it."""
+        if self._ahead is None:
+            self._ahead = concurrent.futures.ThreadPoolExecutor(
+                AHEAD_THREADS, thread_name_prefix="mask-ahead"
+            )
+        return self._ahead
 
     def _filler(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._worker is None:
@@ -146,12 +219,16 @@ class MatcherTable:
             state.consumed += 1
             if state.matcher.is_stopped():
                 done.add(seq.seq_id)
+            elif seq.num_output_tokens + 1 < seq.max_tokens:  # it needs a next token
+                state.ahead = self._ahead_pool().submit(self._fill_ahead, state)
+                state.ahead_at = state.consumed
         return done, ended
 
     def rewind(self, seq: Sequence) -> None:
         """Rolls the matcher back to the sequence's output tokens (a retried step)."""
         state = self._states.get(seq.seq_id)
         if state is not None and state.ended is None:
+            self._settle(state)
             self._sync(seq, state)
 
     def release(self, seq_id: str) -> None:
@@ -192,6 +269,7 @@ class MatcherTable:
             assert spec is not None
             state = _State(self.compiler.matcher(spec, seq.cache_domain))
             self._states[seq.seq_id] = state
+        self._settle(state)
         if state.ended is None:
             self._sync(seq, state)
         return state

@@ -1,7 +1,7 @@
 """The noisy-neighbour workload against a live `cloister serve` (SmolLM2 on the CPU).
 
 A victim tenant streams one fixed greedy chat completion, one request after another,
-in five scenarios, and its time to first token (TTFT), gaps between tokens (ITL) and
+in six scenarios, and its time to first token (TTFT), gaps between tokens (ITL) and
 end-to-end time are taken in each:
 
 - alone: nobody else sends anything;
@@ -12,7 +12,10 @@ end-to-end time are taken in each:
   evict the victim's cached prefix; after its timed requests the victim waits while the
   flood sends two more pools' worth of prompt tokens, then repeats its prompt once more
   (`cached_after_flood`: that reply's `usage.prompt_tokens_details.cached_tokens`);
-- both: fill and flood at once, within the same concurrency limit.
+- both: fill and flood at once, within the same concurrency limit;
+- grammar: `grammar_loops` loops of completions under ambiguous Lark grammars whose
+  masks grow slower with each token (up to about a second), each grammar new, so that
+  no refusal of a known slow grammar helps (issue 46, item 5).
 
 During fill and both the attacker also sends requests over its limits (one generation
 more than its concurrency limit, a prompt and max_tokens the pool cannot hold, a
@@ -71,8 +74,8 @@ from tests.reliability.live import (
 # x 4 bytes.
 SMOLLM2_KV_BYTES_PER_TOKEN = 30 * 3 * 64 * 2 * 4
 SMOLLM2_NAME = "smollm2-135m-instruct"
-SCENARIOS = ("alone", "fair", "fill", "flood", "both")
-ATTACKS = ("fill", "flood", "both")
+SCENARIOS = ("alone", "fair", "fill", "flood", "both", "grammar")
+ATTACKS = ("fill", "flood", "both", "grammar")
 VICTIM_PROMPT = "Tell me a story about a lighthouse keeper."
 NEIGHBOUR_PROMPTS = ("Name a colour.", "Say hello in French.", "What is 2 + 2?")
 # The switches of the scheduler and cache behaviour before the fix; "before" sets them,
@@ -80,6 +83,9 @@ NEIGHBOUR_PROMPTS = ("Name a colour.", "Say hello in French.", "What is 2 + 2?")
 OLD_BEHAVIOUR = {"kv_shares": "false", "fair_cached_share": "0"}
 TOKEN_IDS = (1000, 40000)  # prompt token ids are drawn from here: no special tokens
 KV_FULL = 0.9  # the long generations hold this share of the pool before the victim starts
+# An ambiguous grammar: every mask is an Earley parse over all the ways to split the
+# text so far, slower with each token (about 160 ms at the 60th on SmolLM2's vocabulary).
+SLOW_GRAMMAR = 'start: w\nw: w w | w w w | /[a-z]/ | /[a-z]+/ | " "'
 
 
 @dataclass(frozen=True)
@@ -97,6 +103,8 @@ class Plan:
     flood_loops: int = 2
     neighbour_loops: int = 2
     neighbour_max_tokens: int = 24
+    grammar_loops: int = 4
+    grammar_max_tokens: int = 64
     request_timeout_s: float = 30.0  # a victim stream is cut after this long
     scenario_budget_s: float = 90.0  # no new victim request after this long in a scenario
     idle_cap_s: float = 15.0  # the longest the victim idles before its after-flood request
@@ -112,6 +120,8 @@ class Plan:
             "attack_prompt_tokens",
             "flood_prompt_tokens",
             "neighbour_max_tokens",
+            "grammar_loops",
+            "grammar_max_tokens",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
@@ -450,7 +460,7 @@ class Workload:
                 self._wait_opened(self.plan.attacker_concurrency - self._flood_loops(name))
                 scenario.probes += self._probes(over_concurrency=True)
                 scenario.kv_usage, scenario.pool_ran_out = self._wait_pool_full(before[1])
-            elif name == "flood":
+            elif name in ("flood", "grammar"):
                 time.sleep(1.0)
             deadline = started + self.plan.scenario_budget_s
             for _ in range(self.plan.victim_requests):
@@ -537,6 +547,8 @@ class Workload:
             return []
         if name == "fair":
             return [self._neighbour_loop(i) for i in range(self.plan.neighbour_loops)]
+        if name == "grammar":
+            return [self._grammar_loop(i) for i in range(self.plan.grammar_loops)]
         floods = self._flood_loops(name)
         loads = [self._flood_loop(i) for i in range(floods)]
         if name in ("fill", "both"):
@@ -602,6 +614,30 @@ class Workload:
                         self._flooded += n
                         self._pressure += n
                     else:
+                        await asyncio.sleep(_retry_after(reply))
+
+        return loop
+
+    def _grammar_loop(self, index: int) -> Callable[[], Coroutine[Any, Any, None]]:
+        async def loop() -> None:
+            async with self._client() as client:
+                i = 0
+                while True:
+                    i += 1
+                    body = {
+                        "model": self.server.model,
+                        "prompt": f"w{index}.{i}",
+                        "max_tokens": self.plan.grammar_max_tokens,
+                        "temperature": 1.0,
+                        "seed": i,
+                        "guided_grammar": f'{SLOW_GRAMMAR} | "q{index}x{i}"',  # new each time
+                    }
+                    what = f"slow grammar #{index}.{i}"
+                    reply = await _post(
+                        client, "/v1/completions", body, self._headers("attacker"), what
+                    )
+                    self._scenario.attacker.append(reply)
+                    if reply.status != 200:
                         await asyncio.sleep(_retry_after(reply))
 
         return loop

@@ -191,6 +191,34 @@ def test_constraints_that_cannot_finish_are_refused_or_ended_alone(
     assert_unharmed(live_server, found)
 
 
+# An ambiguous grammar whose masks grow slower with each token (tens to hundreds of ms).
+SLOW_GRAMMAR = 'start: w\nw: w w | w w w | /[a-z]/ | /[a-z]+/ | " "'
+
+
+def test_grammars_slow_to_mask_hold_only_their_own_requests(live_server: LiveServer) -> None:
+    """Issue 46, item 5: four streams of ambiguous grammars, each one new (so that no
+    refusal of a known slow grammar helps), beside the bystanders: their masks are made
+    off the step (filled ahead; a sequence whose mask is not ready sits steps out), so
+    the bystanders' streams do not stall and their text is unchanged."""
+
+    def one(i: int) -> list[str]:
+        found: list[str] = []
+        with httpx.Client(base_url=live_server.base_url, timeout=120) as client:
+            for n in range(3):
+                grammar = f'{SLOW_GRAMMAR} | "q{i}x{n}"'  # a new grammar each time
+                body = {"model": "tiny", "prompt": "w", "max_tokens": 40, "temperature": 1,
+                        "seed": n, "guided_grammar": grammar}  # fmt: skip
+                reply = post_raw(live_server, client, "/v1/completions", body)
+                found += judge(live_server, reply)
+                if reply.status != 200:
+                    found.append(f"{reply.what} -> {reply.status}: {reply.body[:300]}")
+        return found
+
+    with live_server.bystanders.running(), ThreadPoolExecutor(4) as pool:
+        found = [p for ps in pool.map(one, range(4)) for p in ps]
+    assert_unharmed(live_server, found)
+
+
 def test_tiny_temperature_means_greedy(live_server: LiveServer) -> None:
     """A temperature below 1e-5 decodes greedily (as in vLLM), it does not give garbage."""
     bystander = live_server.bystanders.members[0]

@@ -1,6 +1,8 @@
-"""Grammar masks are filled on the runner's worker thread while the step's forward runs
-(issue 46, item 5: masks off the critical path where llguidance allows, since it drops
-the GIL while it fills), and the tokens are those of filling them after the forward."""
+"""Grammar masks are off the step's critical path (issue 46, item 5): a step's masks
+are filled on a worker thread while its forward runs, the mask of a sequence's next
+token is filled ahead on threads of their own, and a sequence whose next mask is not
+done yet sits the step out, so a grammar slow to mask holds only its own request. The
+tokens are those of the same requests run on their own."""
 
 from __future__ import annotations
 
@@ -18,9 +20,15 @@ from engine.structured.spec import StructuredSpec
 from tests.utils.tiny_model import make_tiny_model_dir
 
 PROMPT = [1, 17, 42, 99, 5]
-SPECS = [
-    StructuredSpec("regex", "[a-z]{3,8}-[0-9]{2,4}"),
-    StructuredSpec("json_schema", '{"type":"object","properties":{"a":{"type":"integer"}}}'),
+SLOW = SamplingParams(
+    temperature=0.8,
+    seed=5,
+    max_tokens=12,
+    structured=StructuredSpec("regex", "[a-z]{3,8}-[0-9]{2,4}"),
+)
+PLAIN = [
+    SamplingParams(temperature=0.0, max_tokens=12),
+    SamplingParams(temperature=0.9, seed=3, max_tokens=12),
 ]
 
 
@@ -38,48 +46,46 @@ def engine(folder: pathlib.Path) -> Iterator[LLMEngine]:
     eng.grammars.shutdown()
 
 
-def _outputs(engine: LLMEngine) -> list[list[int]]:
-    params = [
-        SamplingParams(temperature=0.0, max_tokens=12, structured=SPECS[0]),
-        SamplingParams(temperature=0.8, seed=5, max_tokens=12, structured=SPECS[1]),
-        SamplingParams(temperature=0.0, max_tokens=12),
-    ]
-    ids = [engine.add_request(PROMPT, p) for p in params]
+def _tokens(engine: LLMEngine, request_id: str) -> list[int]:
+    return list(engine.finished[request_id].to_output().outputs[0].token_ids)
+
+
+def _alone(engine: LLMEngine, params: SamplingParams) -> list[int]:
+    request_id = engine.add_request(PROMPT, params)
     while engine.has_unfinished():
         engine.step()
-    return [list(engine.finished[i].to_output().outputs[0].token_ids) for i in ids]
+    return _tokens(engine, request_id)
 
 
-def test_masks_are_filled_while_the_forward_runs(
+def test_a_slow_mask_holds_only_its_own_request(
     engine: LLMEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each step's forward waits until a mask of that step has been filled: it can only
-    get it if the fill runs beside the forward (filled after it, the wait times out)."""
-    sequential = _outputs(engine)
-    filled = threading.Event()
+    alone = [_alone(engine, p) for p in (SLOW, *PLAIN)]
+    release = threading.Event()
     fill_threads: set[str] = set()
-    waits: list[bool] = []
     real_fill = llguidance.torch.fill_next_token_bitmask
-    real_forward = engine.runner._forward
 
     def fill(*args: Any) -> Any:
-        fill_threads.add(threading.current_thread().name)
-        result = real_fill(*args)
-        filled.set()
-        return result
-
-    def forward(*args: Any) -> Any:
-        structured = any(
-            s.params.structured is not None and not s.is_finished
-            for s in engine.scheduler.running
-        )
-        if structured:
-            waits.append(filled.wait(timeout=10))
-            filled.clear()
-        return real_forward(*args)
+        name = threading.current_thread().name
+        fill_threads.add(name)
+        if name.startswith("mask-ahead"):  # every next-token mask takes "forever"
+            assert release.wait(timeout=30)
+        return real_fill(*args)
 
     monkeypatch.setattr(llguidance.torch, "fill_next_token_bitmask", fill)
-    monkeypatch.setattr(engine.runner, "_forward", forward)
-    assert _outputs(engine) == sequential
-    assert waits and all(waits), waits
+    slow = engine.add_request(PROMPT, SLOW)
+    plain = [engine.add_request(PROMPT, p) for p in PLAIN]
+    slow_tokens_when_plain_done: int | None = None
+    for _ in range(10_000):
+        if not engine.has_unfinished():
+            break
+        engine.step()
+        if slow_tokens_when_plain_done is None and all(r in engine.finished for r in plain):
+            state = engine.requests[slow]
+            slow_tokens_when_plain_done = len(state.seqs[0].output_token_ids)
+            release.set()
+    release.set()
+    assert slow_tokens_when_plain_done == 1  # its first token, then it waited for its mask
+    assert [_tokens(engine, r) for r in (slow, *plain)] == alone
     assert threading.current_thread().name not in fill_threads
+    assert len(engine.runner.matchers) == 0
