@@ -238,6 +238,11 @@ class Settings(BaseSettings):
     # Weighted KV shares in the running set: under contention the preemption victim comes
     # from the tenant most over its share (false: the tenant-blind newest-first of before).
     kv_shares: bool = True
+    # Constrained decoding: the longest a grammar may take to compile (then a 400, and the
+    # spec is refused from then on), and the host time one request's token masks may take
+    # in all (then it ends with "length", billed, and its grammar is refused).
+    grammar_compile_timeout_s: float = Field(default=5.0, gt=0.0, le=600.0)
+    grammar_mask_budget_s: float = Field(default=5.0, gt=0.0, le=3600.0)
     enforce_eager: bool = False  # never capture CUDA graphs
     # Where the engine loop runs: "thread" (a thread of the server process, the embedded
     # default) or "process" (a child process of its own, so that the HTTP event loop and

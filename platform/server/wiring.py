@@ -113,6 +113,8 @@ def serve_engine_options(
         "min_cached_share": settings.min_cached_share,
         "fair_cached_share": settings.fair_cached_share,
         "kv_shares": settings.kv_shares,
+        "grammar_compile_timeout_s": settings.grammar_compile_timeout_s,
+        "grammar_mask_budget_s": settings.grammar_mask_budget_s,
         "strict_partition": settings.strict_partition,
         "retention_ttl_s": settings.retention_ttl_s,
         "scrub_freed_blocks": settings.scrub_freed_blocks,

@@ -93,6 +93,8 @@ ENGINE_SETTINGS = {
     "min_cached_share": 0.25,
     "fair_cached_share": 0.05,
     "kv_shares": False,
+    "grammar_compile_timeout_s": 2.5,
+    "grammar_mask_budget_s": 0.75,
     "enforce_eager": True,
     "fused_ops": "off",
     "weight_quant": "int4",
@@ -205,6 +207,12 @@ def test_bad_lora_settings_are_refused(bad: dict[str, object]) -> None:
         ("FAIR_CACHED_SHARE", "1.5"),
         ("FAIR_CACHED_SHARE", "lots"),
         ("KV_SHARES", "maybe"),
+        ("GRAMMAR_MASK_BUDGET_S", "0"),
+        ("GRAMMAR_MASK_BUDGET_S", "-1"),
+        ("GRAMMAR_MASK_BUDGET_S", "1e9"),
+        ("GRAMMAR_MASK_BUDGET_S", "nan"),
+        ("GRAMMAR_COMPILE_TIMEOUT_S", "0"),
+        ("GRAMMAR_COMPILE_TIMEOUT_S", "forever"),
     ],
 )
 def test_bad_fairness_settings_are_refused_by_name(
