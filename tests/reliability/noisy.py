@@ -92,7 +92,7 @@ SLOW_GRAMMAR = 'start: w\nw: w w | w w w | /[a-z]/ | /[a-z]+/ | " "'
 class Plan:
     """The sizes of one run. The pool is `pool_blocks` blocks, so that the attack fills it."""
 
-    victim_requests: int = 7  # timed victim requests per scenario
+    victim_requests: int = 9  # timed victim requests per scenario (p50s of 9: less noise)
     victim_max_tokens: int = 24
     pool_blocks: int = 64
     block_size: int = 16
@@ -597,50 +597,55 @@ class Workload:
 
         return loop
 
-    def _flood_loop(self, index: int) -> Callable[[], Coroutine[Any, Any, None]]:
+    def _attacker_loop(
+        self, make: Callable[[int], tuple[dict[str, Any], str]], on_ok: Callable[[], None]
+    ) -> Callable[[], Coroutine[Any, Any, None]]:
+        """A loop of the attacker's completions: `make(i)` gives the i-th body and its
+        description; `on_ok` counts a 200; a refusal waits its Retry-After."""
+
         async def loop() -> None:
             async with self._client() as client:
                 i = 0
                 while True:
                     i += 1
-                    n = self.plan.flood_prompt_tokens
-                    body = {"model": self.server.model, "prompt": self._ids(n), "max_tokens": 1}
-                    what = f"flood #{index}.{i} ({n} prompt tokens, max_tokens 1)"
+                    body, what = make(i)
                     reply = await _post(
                         client, "/v1/completions", body, self._headers("attacker"), what
                     )
                     self._scenario.attacker.append(reply)
                     if reply.status == 200:
-                        self._flooded += n
-                        self._pressure += n
+                        on_ok()
                     else:
                         await asyncio.sleep(_retry_after(reply))
 
         return loop
 
-    def _grammar_loop(self, index: int) -> Callable[[], Coroutine[Any, Any, None]]:
-        async def loop() -> None:
-            async with self._client() as client:
-                i = 0
-                while True:
-                    i += 1
-                    body = {
-                        "model": self.server.model,
-                        "prompt": f"w{index}.{i}",
-                        "max_tokens": self.plan.grammar_max_tokens,
-                        "temperature": 1.0,
-                        "seed": i,
-                        "guided_grammar": f'{SLOW_GRAMMAR} | "q{index}x{i}"',  # new each time
-                    }
-                    what = f"slow grammar #{index}.{i}"
-                    reply = await _post(
-                        client, "/v1/completions", body, self._headers("attacker"), what
-                    )
-                    self._scenario.attacker.append(reply)
-                    if reply.status != 200:
-                        await asyncio.sleep(_retry_after(reply))
+    def _flood_loop(self, index: int) -> Callable[[], Coroutine[Any, Any, None]]:
+        n = self.plan.flood_prompt_tokens
 
-        return loop
+        def make(i: int) -> tuple[dict[str, Any], str]:
+            body = {"model": self.server.model, "prompt": self._ids(n), "max_tokens": 1}
+            return body, f"flood #{index}.{i} ({n} prompt tokens, max_tokens 1)"
+
+        def flooded() -> None:
+            self._flooded += n
+            self._pressure += n
+
+        return self._attacker_loop(make, flooded)
+
+    def _grammar_loop(self, index: int) -> Callable[[], Coroutine[Any, Any, None]]:
+        def make(i: int) -> tuple[dict[str, Any], str]:
+            body = {
+                "model": self.server.model,
+                "prompt": f"w{index}.{i}",
+                "max_tokens": self.plan.grammar_max_tokens,
+                "temperature": 1.0,
+                "seed": i,
+                "guided_grammar": f'{SLOW_GRAMMAR} | "q{index}x{i}"',  # new each time
+            }
+            return body, f"slow grammar #{index}.{i}"
+
+        return self._attacker_loop(make, lambda: None)
 
     def _long_generation_loop(self, index: int) -> Callable[[], Coroutine[Any, Any, None]]:
         async def loop() -> None:

@@ -5,8 +5,6 @@ and a retried step rolls the matchers back with the random state."""
 from __future__ import annotations
 
 import json
-import pathlib
-from collections.abc import Iterator
 from typing import Any
 
 import llguidance
@@ -18,7 +16,6 @@ from engine.outputs import CompletionOutput
 from engine.sampling_params import SamplingParams
 from engine.structured.spec import StructuredSpec
 from engine.structured.token_mask import TokenMask, allowed_tokens, apply_token_mask
-from tests.utils.tiny_model import make_tiny_model_dir
 
 PROMPT = [1, 17, 42, 99, 5]
 SCHEMA = {
@@ -36,21 +33,6 @@ SPECS = [
     StructuredSpec("regex", "[0-9]{2,3}-[a-z]{2}"),
     StructuredSpec("choice", json.dumps(["yes", "no", "maybe"])),
 ]
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-    """The tiny random model."""
-    return make_tiny_model_dir(tmp_path_factory.mktemp("constrained"))
-
-
-@pytest.fixture
-def engine(folder: pathlib.Path) -> Iterator[LLMEngine]:
-    """A fresh engine (its runner's matchers start empty)."""
-    eng = LLMEngine.from_options(str(folder), num_blocks=128, attention_backend="torch")
-    eng.keep_finished = True
-    yield eng
-    eng.grammars.shutdown()
 
 
 def _run(engine: LLMEngine, params: list[SamplingParams]) -> list[CompletionOutput]:

@@ -19,13 +19,6 @@ from engine.process_engine import ProcessEngine
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 from engine.structured.spec import StructuredSpec, StructuredSpecError
-from tests.utils.tiny_model import make_tiny_model_dir
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-    """The tiny random model."""
-    return make_tiny_model_dir(tmp_path_factory.mktemp("front"))
 
 
 def _request(rid: str, spec: StructuredSpec | None, max_tokens: int = 24) -> EngineRequest:

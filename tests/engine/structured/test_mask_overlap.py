@@ -6,9 +6,7 @@ tokens are those of the same requests run on their own."""
 
 from __future__ import annotations
 
-import pathlib
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import llguidance.torch
@@ -17,7 +15,6 @@ import pytest
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.structured.spec import StructuredSpec
-from tests.utils.tiny_model import make_tiny_model_dir
 
 PROMPT = [1, 17, 42, 99, 5]
 SLOW = SamplingParams(
@@ -30,20 +27,6 @@ PLAIN = [
     SamplingParams(temperature=0.0, max_tokens=12),
     SamplingParams(temperature=0.9, seed=3, max_tokens=12),
 ]
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-    """The tiny random model."""
-    return make_tiny_model_dir(tmp_path_factory.mktemp("mask_overlap"))
-
-
-@pytest.fixture
-def engine(folder: pathlib.Path) -> Iterator[LLMEngine]:
-    eng = LLMEngine.from_options(str(folder), num_blocks=128, attention_backend="torch")
-    eng.keep_finished = True
-    yield eng
-    eng.grammars.shutdown()
 
 
 def _tokens(engine: LLMEngine, request_id: str) -> list[int]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,7 +20,7 @@ from engine.structured.compiler import GrammarCompiler
 from engine.structured.grammar import MAX_SCHEMA_DEPTH
 from engine.structured.lark_check import never_finishing_rules
 from engine.structured.spec import StructuredSpec, StructuredSpecError
-from tests.utils.tiny_model import SMOLLM2_VOCAB, make_tiny_model_dir, smollm2_tokenizer_dir
+from tests.utils.tiny_model import SMOLLM2_VOCAB, smollm2_tokenizer_dir
 
 PROMPT = [1, 17, 42, 99, 5]
 DEAD_END = StructuredSpec("lark", r"start: /[a-z]{12}/ /[^\s\S]/")
@@ -35,24 +34,10 @@ def hf() -> Any:
     return AutoTokenizer.from_pretrained(str(smollm2_tokenizer_dir()))
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-    """The tiny random model."""
-    return make_tiny_model_dir(tmp_path_factory.mktemp("unfinishable"))
-
-
 def _engine(folder: pathlib.Path, **options: Any) -> LLMEngine:
     eng = LLMEngine.from_options(str(folder), num_blocks=128, attention_backend="torch", **options)
     eng.keep_finished = True
     return eng
-
-
-@pytest.fixture
-def engine(folder: pathlib.Path) -> Iterator[LLMEngine]:
-    """A fresh engine with default limits."""
-    eng = _engine(folder)
-    yield eng
-    eng.grammars.shutdown()
 
 
 def _compiler(hf: Any) -> GrammarCompiler:
