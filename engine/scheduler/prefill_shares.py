@@ -71,6 +71,11 @@ class PrefillSplit:
         self.grace_steps = grace_steps
         self._recent: dict[str, int] = {}  # key -> steps it keeps its part
 
+    def clear(self) -> None:
+        """The engine went idle: no client gap is left to bridge (grace is counted in
+        steps, and an idle engine takes none)."""
+        self._recent.clear()
+
     def shares(
         self,
         cap: int,

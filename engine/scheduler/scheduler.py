@@ -412,6 +412,8 @@ class Scheduler:
         if self.tenants.finished(seq, was_waiting=was_waiting):
             self.waiting.forget(seq.fairness_key)
         self.kv.free(seq)
+        if not self.running and len(self.waiting) == 0:
+            self.prefill_split.clear()
         if seq.adapter_digest is not None and self.adapter_slots is not None:
             assert seq.adapter is not None
             self.adapter_slots.release(seq.seq_id, seq.adapter)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import threading
 import time
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
@@ -87,6 +88,8 @@ class MatcherTable:
         self._executor: llguidance.LLExecutor | None = None
         self._worker: concurrent.futures.ThreadPoolExecutor | None = None
         self._ahead: concurrent.futures.ThreadPoolExecutor | None = None
+        self.fill_s = 0.0  # host time of every mask fill so far, on any thread
+        self._fill_lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._states)
@@ -172,6 +175,7 @@ class MatcherTable:
     def _fill(self, items: list[tuple[_State, int]], bitmask: torch.Tensor) -> None:
         """Fills each state's mask into its row of `bitmask` (on the worker thread),
         timing each."""
+        spent = [state.mask_s for state, _ in items]
         if len(items) >= _PARALLEL_FROM and (os.cpu_count() or 1) >= _PARALLEL_MIN_CPUS:
             start = time.perf_counter()
             llguidance.torch.fill_next_token_bitmask_par(
@@ -185,6 +189,9 @@ class MatcherTable:
                 start = time.perf_counter()
                 llguidance.torch.fill_next_token_bitmask(state.matcher, bitmask, k)
                 state.mask_s += time.perf_counter() - start
+        took = sum(st.mask_s - was for (st, _), was in zip(items, spent, strict=True))
+        with self._fill_lock:
+            self.fill_s += took
 
     def _ahead_pool(self) -> concurrent.futures.ThreadPoolExecutor:
         """The threads that fill masks ahead: apart from the step's own worker, so that a

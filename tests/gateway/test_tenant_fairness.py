@@ -31,7 +31,11 @@ from tests.gateway.conftest import PEPPER, LiveGateway, start_gateway
 from tests.utils.fast_fake_model import GatedFakeModel, fast_fake_llm_engine
 from tests.utils.tiny_model import SMOLLM2_VOCAB
 
-pytestmark = pytest.mark.slow
+# Serial: the service's ITL budget sets each step's prompt cap (and its split among the
+# tenants with work) from measured step times, and the gated first step is seconds long;
+# with another worker's load beside it, which tenant's prompt is cached first, and so
+# takes the freed seats, varies (measured: q's share 0.82 instead of 0.67, only under load).
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 FLOOD = 300
 MAX_TOKENS = 4

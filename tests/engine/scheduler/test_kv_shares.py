@@ -285,3 +285,18 @@ def test_the_contended_cap_splits_admissions_too_and_a_tenant_keeps_its_part_for
     while d.scheduler.has_unfinished():
         d.step()
     d.assert_clean()
+
+
+def test_the_grace_ends_when_the_engine_goes_idle() -> None:
+    """Grace is counted in steps, and an idle engine takes none: once every request has
+    ended, the next tenant alone gets the whole cap at once, however long after."""
+    d = CacheDriver.make("hash", num_blocks=400, max_num_batched_tokens=64)
+    d.add([7, 8, 9, 10], 1, "b", fairness_key="b")
+    d.step()
+    assert not d.scheduler.has_unfinished()
+    d.add(list(range(1, 101)), 1, "a", fairness_key="a")
+    first = d.step()
+    assert sum(i.num_new_tokens for i in first.scheduled) == 64
+    while d.scheduler.has_unfinished():
+        d.step()
+    d.assert_clean()

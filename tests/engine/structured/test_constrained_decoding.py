@@ -100,10 +100,12 @@ def test_a_retried_step_rolls_matchers_back(engine: LLMEngine) -> None:
     def execute_then_fail(output: Any) -> Any:
         # Runs the whole step (every matcher consumes its token, every generator
         # draws), then fails it: the split-and-retry must undo both.
+        # The first three whole decode steps fail (a row may sit a step out while its
+        # next mask is filled ahead, so which steps are whole is not known in advance).
         nonlocal calls, raised
         calls += 1
         result = real(output)
-        if calls in (2, 3, 6) and len(output.scheduled) == len(params):
+        if calls > 1 and raised < 3 and len(output.scheduled) == len(params):
             raised += 1
             raise RuntimeError("transient device fault")
         return result
