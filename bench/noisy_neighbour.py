@@ -23,7 +23,7 @@ series). The goals (the issue's): under each attack the victim's TTFT p50 and IT
 within 1.5x of the fair-neighbour case, no victim preemption, its cached prefix alive
 after the flood, and no attacker reply a 5xx or an error not in OpenAI's format.
 
-    .venv/bin/python bench/noisy_neighbour.py [--requests 9] [--pool-blocks 64]
+    .venv/bin/python bench/noisy_neighbour.py [--requests 7] [--pool-blocks 64]
         [--sides before,after] [--attacker-concurrency 8] [--threads 1]
 
 The last line is one JSON object with every figure.
@@ -104,7 +104,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Plan]:
         description=(__doc__ or "").splitlines()[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--requests", type=at_least(1), default=9, help="victim requests a scenario")
+    p.add_argument("--requests", type=at_least(1), default=7, help="victim requests a scenario")
     p.add_argument("--victim-tokens", type=at_least(1), default=24, help="its max_tokens")
     p.add_argument("--pool-blocks", type=at_least(4), default=64, help="KV pool, in blocks")
     p.add_argument("--block-size", type=at_least(1), default=16)

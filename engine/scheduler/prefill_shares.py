@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from engine.scheduler.step_budget import MIN_PREFILL_TOKENS
 from engine.sequence import Sequence
 
 # Steps a tenant keeps its part of the prompt tokens after its work ended: longer than
@@ -43,7 +44,11 @@ class PrefillShares:
         if len(keys) > 1:
             weights = {k: weight(k) for k in keys}
             total = sum(weights.values())
-            self._left = {k: max(1, int(cap * w / total)) for k, w in weights.items()}
+            # A part is never below half the step budget's floor: a few tokens a step
+            # would make a short prompt (or the block a fully cached one recomputes) take
+            # many steps, and seats would go to whichever tenant's prompts were cached first.
+            floor = min(cap, MIN_PREFILL_TOKENS // 2)
+            self._left = {k: max(floor, int(cap * w / total)) for k, w in weights.items()}
 
     def hold(self, keys: Iterable[str]) -> None:
         """`keys` get no prompt tokens this step."""

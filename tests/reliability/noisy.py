@@ -92,7 +92,7 @@ SLOW_GRAMMAR = 'start: w\nw: w w | w w w | /[a-z]/ | /[a-z]+/ | " "'
 class Plan:
     """The sizes of one run. The pool is `pool_blocks` blocks, so that the attack fills it."""
 
-    victim_requests: int = 9  # timed victim requests per scenario (p50s of 9: less noise)
+    victim_requests: int = 7  # timed victim requests per scenario
     victim_max_tokens: int = 24
     pool_blocks: int = 64
     block_size: int = 16
