@@ -94,11 +94,6 @@ class MatcherTable:
     def __len__(self) -> int:
         return len(self._states)
 
-    def masks(self, seqs: Seq[Sequence]) -> TokenMask | None:
-        """The allowed tokens of the structured rows of this batch; None when there are none."""
-        pending = self.start_masks(seqs)
-        return None if pending is None else self.finish_masks(pending)
-
     def start_masks(self, seqs: Seq[Sequence]) -> PendingMasks | None:
         """Starts filling the masks of the structured rows of this batch on the table's
         worker thread (llguidance drops the GIL while it fills), so that they are made
