@@ -35,9 +35,16 @@ SPECS = [
 ]
 
 
-def _run(engine: LLMEngine, params: list[SamplingParams]) -> list[CompletionOutput]:
+def _run(
+    engine: LLMEngine, params: list[SamplingParams], *, whole: bool = False
+) -> list[CompletionOutput]:
+    """Runs `params` to the end; `whole`: each step waits until every running sequence's
+    next mask is filled, so that no row sits a step out."""
     ids = [engine.add_request(PROMPT, p) for p in params]
+    table = engine.runner.matchers
     while engine.has_unfinished():
+        while whole and not all(table.ready(s) for s in engine.scheduler.running):
+            table.wait_ahead(1.0)
         engine.step()
     return [engine.finished[i].to_output().outputs[0] for i in ids]
 
@@ -100,8 +107,8 @@ def test_a_retried_step_rolls_matchers_back(engine: LLMEngine) -> None:
     def execute_then_fail(output: Any) -> Any:
         # Runs the whole step (every matcher consumes its token, every generator
         # draws), then fails it: the split-and-retry must undo both.
-        # The first three whole decode steps fail (a row may sit a step out while its
-        # next mask is filled ahead, so which steps are whole is not known in advance).
+        # The first three whole decode steps fail (every step is whole: `_run` waits for
+        # the masks filled ahead).
         nonlocal calls, raised
         calls += 1
         result = real(output)
@@ -111,7 +118,7 @@ def test_a_retried_step_rolls_matchers_back(engine: LLMEngine) -> None:
         return result
 
     faulty.runner.execute = execute_then_fail  # type: ignore[method-assign]
-    got = _run(faulty, params)
+    got = _run(faulty, params, whole=True)
     assert raised >= 2  # whole steps failed after every row had consumed its token
     assert [o.token_ids for o in got] == [o.token_ids for o in expected]
     assert not faulty.take_failures()
