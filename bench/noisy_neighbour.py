@@ -220,8 +220,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Runs every scenario on each side's server; prints the table, then the JSON line."""
     args, plan = parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="noisy-neighbour-"))
-    # One warm-up request, the timed ones of each scenario, and two after-flood checks.
-    per_side = 1 + plan.victim_requests * len(SCENARIOS) + 2
+    # One warm-up request, the timed ones of each scenario and of the fair one again, and
+    # two after-flood checks.
+    per_side = 1 + plan.victim_requests * (len(SCENARIOS) + 1) + 2
     from tqdm import tqdm
 
     bar = tqdm(

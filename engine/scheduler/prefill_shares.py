@@ -20,7 +20,9 @@ A request's first chunk is what its time to first token waits for. While a tenan
 nothing running has a new request waiting, the step carries no prompt chunk of
 another tenant that had one in the step before (`Scheduler._newcomers`): the
 newcomer's step is as short as the decodes let it be, and every tenant's prompts
-still advance at least every other step however many newcomers arrive.
+still advance at least every other step however many newcomers arrive. The running
+sequences of tenants served as much or more sit that step out too (a step's cost grows
+with its rows), but never two steps running, and not while the pool has no free block.
 """
 
 from __future__ import annotations

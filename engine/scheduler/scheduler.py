@@ -58,6 +58,7 @@ class Scheduler:
         # Which tenants share the step's prompt tokens (those with work, and a grace).
         self.prefill_split = PrefillSplit()
         self._prompted: set[str] = set()  # tenants with prompt chunks in the last step
+        self._rows_held: set[str] = set()  # tenants whose running sequences sat it out
         # Whether a running sequence can take part in the next step; the engine sets it to
         # its grammar matchers' (a sequence whose next mask is still being filled waits).
         self.seq_ready: Callable[[Sequence], bool] = _always_ready
@@ -102,11 +103,11 @@ class Scheduler:
         preempted: list[Sequence] = []
 
         self._begin_adapter_step()
-        shares = self._prefill_shares()
+        shares, held = self._prefill_shares()
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            if self._adapter_wait(seq) or not self.seq_ready(seq):
+            if seq.fairness_key in held or self._adapter_wait(seq) or not self.seq_ready(seq):
                 i += 1
                 continue
             num_new = self._chunk(seq, budget)
@@ -141,30 +142,40 @@ class Scheduler:
             budget = self._admit(budget, scheduled, shares, within_share=True)
 
         self._prompted = {i.seq.fairness_key for i in scheduled if i.num_new_tokens > 1}
+        self._rows_held = held
         return SchedulerOutput(
             scheduled=tuple(scheduled),
             num_batched_tokens=self.config.max_num_batched_tokens - budget,
             preempted=tuple(preempted),
         )
 
-    def _prefill_shares(self) -> PrefillShares:
+    def _prefill_shares(self) -> tuple[PrefillShares, set[str]]:
         """This step's contended prompt-token cap split among the tenants with work
-        (shares off: one part for all, the whole cap)."""
+        (shares off: one part for all, the whole cap), and the tenants whose running
+        sequences sit this step out for a newcomer's first chunk."""
         if not self.kv_shares.enabled:
-            return PrefillShares(self._prefill_left, (), self.tenants.weight)
+            return PrefillShares(self._prefill_left, (), self.tenants.weight), set()
         cap = min(self._prefill_left, self.step_budget.contended_cap())
         shares = self.prefill_split.shares(
             cap, self.running, self.tenants.waiting, self.tenants.weight
         )
         newcomers = self._newcomers()
-        if newcomers:
-            owed = min(self.waiting.served(k) or 0.0 for k in newcomers)
-            shares.hold(
-                k
-                for k in self._prompted
-                if k not in newcomers and (self.waiting.served(k) or 0.0) >= owed
-            )
-        return shares
+        if not newcomers:
+            return shares, set()
+        owed = min(self.waiting.served(k) or 0.0 for k in newcomers)
+        ahead = {
+            k
+            for k in {*self._prompted, *(s.fairness_key for s in self.running)}
+            if k not in newcomers and (self.waiting.served(k) or 0.0) >= owed
+        }
+        shares.hold(ahead & self._prompted)
+        # A step's cost grows with its rows (on a CPU, two rows can cost nearly twice
+        # one), and the newcomer's first token waits for the whole step: the tenants
+        # served more sit it out, but never two steps running, and not while the pool
+        # is full (the newcomer then gets its blocks from a step in which they grow).
+        if self.kv.pool.num_free == 0:
+            return shares, set()
+        return shares, ahead - self._rows_held
 
     def _newcomers(self) -> set[str]:
         """Tenants with nothing running and a request never admitted, under a policy that

@@ -6,9 +6,9 @@ streams one greedy prompt while an attacker runs "fill and squeeze" (as many lon
 generations as its concurrency limit allows), a "KV flood" (long one-token prompts)
 and both at once (tests/reliability/noisy.py). The victim's TTFT p50 and ITL p50 under
 each attack stay within 1.5x of what they are beside a well-behaved neighbour (two
-short requests at a time), the victim is never preempted, its cached prefix survives
-the flood, and the attacker's over-limit requests get clear 4xx in OpenAI's format
-(no 5xx).
+short requests at a time, measured before and after the attacks), the victim is never
+preempted, its cached prefix survives the flood, and the attacker's over-limit requests
+get clear 4xx in OpenAI's format (no 5xx).
 
 The whole run happens once, in the module's fixture (about 2-3 minutes on two busy
 cores); the tests judge its figures. Run by hand with CLOISTER_KV_SHARES=false
@@ -67,9 +67,9 @@ def _summary(run: dict[str, Scenario], attack: str) -> str:
 
 
 def test_the_baselines_are_sound(run: dict[str, Scenario]) -> None:
-    for name in ("alone", "fair"):
+    for name, runs in (("alone", 1), ("fair", 2)):  # the fair case before and after the attacks
         figures = run[name].figures()
-        assert figures["complete"] == figures["requests"] == Plan().victim_requests, figures
+        assert figures["complete"] == figures["requests"] == runs * Plan().victim_requests, figures
         assert figures["victim_preemptions"] in (None, 0), figures
     assert all(r.status == 200 for r in run["fair"].neighbour), [
         r.body[:200] for r in run["fair"].neighbour if r.status != 200

@@ -300,3 +300,48 @@ def test_the_grace_ends_when_the_engine_goes_idle() -> None:
     while d.scheduler.has_unfinished():
         d.step()
     d.assert_clean()
+
+
+def _tenants_in(out: object) -> list[str]:
+    return sorted({i.seq.fairness_key for i in out.scheduled})  # type: ignore[attr-defined]
+
+
+def test_a_newcomers_first_chunk_goes_without_the_decodes_of_tenants_served_more() -> None:
+    """A step's cost grows with its rows, and a newcomer's first token waits for the whole
+    step: the running sequences of tenants served more sit that step out, but never two
+    steps running (a second newcomer right after the first does not hold them again)."""
+    d = CacheDriver.make(
+        "hash", num_blocks=400, max_num_batched_tokens=64, scheduling_policy="fair"
+    )
+    a = [d.add([300 + i, 1, 2, 3], 30, "a", fairness_key="a") for i in range(4)]
+    for _ in range(5):
+        d.step()
+    b = d.add([7, 8, 9, 10, 11], 3, "b", fairness_key="b")
+    first = d.step()
+    assert [i.seq for i in first.scheduled] == [b]
+    c = d.add([17, 18, 19, 20, 21], 3, "c", fairness_key="c")
+    second = d.step()
+    assert {i.seq.seq_id for i in second.scheduled} >= {s.seq_id for s in a}
+    assert any(i.seq is c for i in second.scheduled)
+    third = d.step()
+    assert _tenants_in(third) == ["a", "b", "c"]
+    while d.scheduler.has_unfinished():
+        d.step()
+    d.assert_clean()
+
+
+def test_a_full_pool_holds_no_decodes_for_a_newcomer() -> None:
+    """With no free block the newcomer's blocks come from a step in which the tenant over
+    its share grows (and is preempted), so that tenant's decodes are not held."""
+    d = make(scheduling_policy="fair")
+    for i in range(6):
+        d.add([100 + i, 1, 2, 3], 60, "a", fairness_key="a")
+    for _ in range(100):
+        if d.kv.pool.num_free == 0:
+            break
+        d.step()
+    assert d.kv.pool.num_free == 0, "a did not fill the pool"
+    d.add([200, 5, 6, 7, 8, 9, 10, 11], 4, "b", fairness_key="b")
+    assert "a" in _tenants_in(d.step())
+    assert preemptions_by_key(d).get("b", 0) == 0
+    d.assert_clean()
