@@ -155,7 +155,8 @@ class Scheduler:
         sequences sit this step out for a newcomer's first chunk."""
         if not self.kv_shares.enabled:
             return PrefillShares(self._prefill_left, (), self.tenants.weight), set()
-        cap = min(self._prefill_left, self.step_budget.contended_cap())
+        decoding = sum(1 for s in self.running if s.num_tokens - s.num_computed_tokens == 1)
+        cap = min(self._prefill_left, self.step_budget.contended_cap(decoding))
         shares = self.prefill_split.shares(
             cap, self.running, self.tenants.waiting, self.tenants.weight
         )

@@ -14,6 +14,14 @@ decodes themselves (nor below `MIN_PREFILL_TOKENS`): when decodes alone fill the
 budget, a step may at most double, and prompts still advance at half the
 engine's time rather than starve.
 
+The decode time is also kept per number of decode rows: a step's cost grows with
+its rows (on a CPU, three rows can cost nearly twice one), and a busy spell's many
+rows must not set the figure for a quieter one. A step's prompt tokens are charged
+what is left after the decodes of its own rows, and the contended cap (below) is what
+the decodes running now cost. During a flood of prompts no step is decode-only, so
+a figure taken over all rows would keep the busiest spell's cost for as long as the
+flood lasts, and the cap would stay that high.
+
 The cap holds whether or not decodes are running. A burst of prompts arriving
 together is then spread over several steps, so their sequences start and finish
 at different steps and the next burst arrives spread out too. Without the cap,
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from collections.abc import Mapping
 
 # Recent samples kept per estimate; the median of these is the estimate.
 WINDOW = 16
@@ -43,6 +52,8 @@ class StepBudget:
         self.itl_budget_s = itl_budget_s
         self.max_tokens = max_tokens
         self._decode_s: deque[float] = deque(maxlen=WINDOW)
+        # The same samples by decode rows (at most the scheduler's sequence limit).
+        self._decode_by_rows: dict[int, deque[float]] = {}
         self._per_token_s: deque[float] = deque(maxlen=WINDOW)
         self._cap = max_tokens
 
@@ -55,20 +66,21 @@ class StepBudget:
         """Prefill tokens the next step may carry (decode rows are never capped)."""
         return self._cap
 
-    def contended_cap(self) -> int:
+    def contended_cap(self, decode_rows: int | None = None) -> int:
         """Prefill tokens the next step may carry while several tenants have work.
 
-        As many as the running decodes cost (the floor of `prefill_cap`): each tenant's
-        next token then waits for at most about one decode step of other tenants'
-        prompts, which is what an even share of the engine's time gives it. Until both
-        costs are measured (or without a budget), the usual cap.
+        As many as the running decodes (`decode_rows` of them; None: any number) cost
+        (the floor of `prefill_cap`): each tenant's next token then waits for at most
+        about one decode step of other tenants' prompts, which is what an even share of
+        the engine's time gives it. Until both costs are measured (or without a budget),
+        the usual cap.
         """
         if not self._decode_s or not self._per_token_s:
             return self._cap
         per_token = statistics.median(self._per_token_s)
         if per_token <= 0:
             return self._cap
-        floor = max(MIN_PREFILL_TOKENS, int(self._decode_estimate() / per_token))
+        floor = max(MIN_PREFILL_TOKENS, int(self._decode_estimate(decode_rows) / per_token))
         return min(floor, self._cap)
 
     def observe(self, prefill_tokens: int, decode_rows: int, elapsed_s: float) -> None:
@@ -78,10 +90,12 @@ class StepBudget:
         if prefill_tokens == 0:
             if decode_rows > 0:
                 self._decode_s.append(elapsed_s)
+                by_rows = self._decode_by_rows.setdefault(decode_rows, deque(maxlen=WINDOW))
+                by_rows.append(elapsed_s)
         elif prefill_tokens >= MIN_SAMPLE_TOKENS:
             # A step without decodes still pays the fixed part; without a decode figure
             # yet, the whole step is charged to its tokens (a smaller, safer cap).
-            fixed = self._decode_estimate() if decode_rows > 0 else 0.0
+            fixed = self._decode_estimate(decode_rows) if decode_rows > 0 else 0.0
             self._per_token_s.append(max(elapsed_s - fixed, 0.0) / prefill_tokens)
         self._cap = self._compute_cap()
 
@@ -91,7 +105,11 @@ class StepBudget:
         per_token = statistics.median(self._per_token_s) if self._per_token_s else None
         return decode, per_token
 
-    def _decode_estimate(self) -> float:
+    def _decode_estimate(self, rows: int | None = None) -> float:
+        """The median decode step: of `rows` rows, or of the nearest number measured
+        (the fewer on a tie); None or nothing measured by rows: of any number."""
+        if rows is not None and self._decode_by_rows:
+            return statistics.median(self._decode_by_rows[_nearest(self._decode_by_rows, rows)])
         return statistics.median(self._decode_s) if self._decode_s else 0.0
 
     def _compute_cap(self) -> int:
@@ -108,3 +126,8 @@ class StepBudget:
         # than the budget fits, a prompt still advances at half the engine's time.
         floor = max(MIN_PREFILL_TOKENS, int(decode / per_token))
         return min(max(cap, floor), self.max_tokens)
+
+
+def _nearest(measured: Mapping[int, object], rows: int) -> int:
+    """The measured number of rows closest to `rows` (the fewer on a tie)."""
+    return min(measured, key=lambda r: (abs(r - rows), r))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.scheduler.output import SchedulerOutput
-from engine.scheduler.step_budget import MIN_PREFILL_TOKENS, StepBudget
+from engine.scheduler.step_budget import MIN_PREFILL_TOKENS, WINDOW, StepBudget
 from tests.utils.scheduler_driver import Driver
 
 DECODE_S = 0.040  # a step's fixed part in the synthetic cost below
@@ -192,3 +192,23 @@ def test_while_a_tenant_decodes_another_tenants_prompts_get_its_part_of_the_cont
         assert flood_prompt <= 20
     run_with_costs(d)
     assert all(s.is_finished for s in flood)
+
+
+def test_decode_costs_are_kept_by_rows_so_a_busy_spell_does_not_set_a_quiet_ones_cap() -> None:
+    """After a busy spell (eight decode rows, 125 ms a step), a flood beside one decoding
+    tenant takes no decode-only step: its prompt tokens are charged after one row's
+    decode (62.5 ms), and the contended cap is what one row costs, not eight."""
+    per_token = 2.0**-10  # about 1 ms; powers of two keep the arithmetic exact
+    budget = StepBudget(0.200, 2048)
+    for _ in range(3):
+        budget.observe(0, 1, 0.0625)
+    for _ in range(WINDOW):
+        budget.observe(0, 8, 0.125)
+    for _ in range(WINDOW):  # the flood: one decode row beside 128 prompt tokens
+        budget.observe(128, 1, 0.0625 + 128 * per_token)
+    assert budget.estimates() == (0.125, per_token)
+    assert budget.contended_cap(1) == 64  # 62.5 ms of decodes at about 1 ms a token
+    assert budget.contended_cap(8) == 128
+    assert budget.contended_cap(2) == 64  # the nearest measured: one row
+    assert budget.contended_cap(5) == 128
+    assert budget.contended_cap() == 128  # any number of rows: the median of all
