@@ -120,6 +120,8 @@ class LLMEngine:
         # such method, which stays as it is when no quantization is asked for).
         if quant != "none" or getattr(loaded.model, "weight_quant", "none") != "none":
             loaded.model.quantize_weights(quant)
+        if hasattr(loaded.model, "use_cpu_packed_linears"):  # test doubles have none
+            loaded.model.use_cpu_packed_linears(config.model.cpu_packed_linears)
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
         self.arch = loaded.arch

@@ -27,6 +27,7 @@ from torch import nn
 from engine.config import ModelArchitecture
 from engine.errors import UnsupportedModelError
 from engine.lora.batch import LoraBatch
+from engine.model.cpu_linear import PackedLinear, float_linear, packed_linear
 from engine.model.forward_context import ForwardContext
 from engine.model.fused import FusedOps
 from engine.model.quant import (
@@ -114,6 +115,9 @@ class LlamaAttention(nn.Module):
         # Set by `LlamaForCausalLM.quantize_weights`: the packed qkv and o_proj products.
         self.qkv_quant: QuantizedLinear | None = None
         self.o_quant: QuantizedLinear | None = None
+        # Set by `LlamaForCausalLM.use_cpu_packed_linears`: the float weights packed.
+        self.qkv_packed: PackedLinear | None = None
+        self.o_packed: PackedLinear | None = None
 
     def fuse(self) -> None:
         """Packs q/k/v into one matrix so one GEMM computes all three (see `pack_linears`)."""
@@ -126,6 +130,14 @@ class LlamaAttention(nn.Module):
             return
         self.qkv_quant = plan.linear(self.qkv_weight, self.qkv_bias)
         self.o_quant = plan.linear(self.o_proj.weight, self.o_proj.bias)
+
+    def pack_for_cpu(self, on: bool) -> None:
+        """Runs qkv and o_proj through oneDNN-packed weights where that applies
+        (engine/model/cpu_linear.py); False: the plain float weights."""
+        self.qkv_packed = self.o_packed = None
+        if on and self.qkv_weight is not None:
+            self.qkv_packed = packed_linear(self.qkv_weight, self.qkv_bias)
+            self.o_packed = packed_linear(self.o_proj.weight, self.o_proj.bias)
 
     def forward(
         self,
@@ -142,7 +154,7 @@ class LlamaAttention(nn.Module):
             qkv = (
                 self.qkv_quant(x)
                 if self.qkv_quant is not None
-                else F.linear(x, self.qkv_weight, self.qkv_bias)
+                else float_linear(x, self.qkv_weight, self.qkv_bias, self.qkv_packed)
             )
             if lora is not None:
                 lora.add(self.layer_idx, "qkv", x, qkv)
@@ -165,7 +177,9 @@ class LlamaAttention(nn.Module):
         out = ctx.backend.forward(q, k, v, kv_cache, ctx.meta, self.scale)
         flat = out.reshape(t, self.num_heads * self.head_dim)
         projected: torch.Tensor = (
-            self.o_quant(flat) if self.o_quant is not None else self.o_proj(flat)
+            self.o_quant(flat)
+            if self.o_quant is not None
+            else float_linear(flat, self.o_proj.weight, self.o_proj.bias, self.o_packed)
         )
         if lora is not None:
             lora.add(self.layer_idx, "o", flat, projected)
@@ -186,6 +200,8 @@ class LlamaMLP(nn.Module):
         self.register_buffer("gate_up_weight", None, persistent=False)
         self.gate_up_quant: QuantizedLinear | None = None
         self.down_quant: QuantizedLinear | None = None
+        self.gate_up_packed: PackedLinear | None = None
+        self.down_packed: PackedLinear | None = None
 
     def fuse(self) -> None:
         """Packs gate and up into one matrix so one GEMM computes both."""
@@ -199,17 +215,26 @@ class LlamaMLP(nn.Module):
         self.gate_up_quant = plan.linear(self.gate_up_weight)
         self.down_quant = plan.linear(self.down_proj.weight)
 
+    def pack_for_cpu(self, on: bool) -> None:
+        """Runs gate/up and down through oneDNN-packed weights where that applies."""
+        self.gate_up_packed = self.down_packed = None
+        if on and self.gate_up_weight is not None:
+            self.gate_up_packed = packed_linear(self.gate_up_weight)
+            self.down_packed = packed_linear(self.down_proj.weight)
+
     def _gate_up(self, x: torch.Tensor) -> torch.Tensor:
         """[T, hidden] -> [T, 2I]: gate, then up."""
         if self.gate_up_quant is not None:
             return self.gate_up_quant(x)
         if self.gate_up_weight is not None:
-            return F.linear(x, self.gate_up_weight)
+            return float_linear(x, self.gate_up_weight, None, self.gate_up_packed)
         return torch.cat((self.gate_proj(x), self.up_proj(x)), dim=-1)
 
     def _down(self, act: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = (
-            self.down_quant(act) if self.down_quant is not None else self.down_proj(act)
+            self.down_quant(act)
+            if self.down_quant is not None
+            else float_linear(act, self.down_proj.weight, None, self.down_packed)
         )
         return out
 
@@ -327,6 +352,8 @@ class LlamaForCausalLM(nn.Module):
         self.weight_quant: WeightQuant = "none"
         self._quant_plan: QuantPlan | None = None  # how `weight_quant` runs; None: "none"
         self.lm_head_quant: QuantizedLinear | None = None
+        self.cpu_packed_linears = False  # see `use_cpu_packed_linears`
+        self.lm_head_packed: PackedLinear | None = None
 
     def use_fused_ops(self, fused: FusedOps | None) -> None:
         """Runs the forward pass with these triton kernels from now on; None: torch ops.
@@ -386,7 +413,9 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> float32 logits [N, vocab]."""
         logits: torch.Tensor = (
-            self.lm_head_quant(hidden) if self.lm_head_quant is not None else self.lm_head(hidden)
+            self.lm_head_quant(hidden)
+            if self.lm_head_quant is not None
+            else float_linear(hidden, self.lm_head.weight, None, self.lm_head_packed)
         )
         return logits.float()
 
@@ -424,12 +453,27 @@ class LlamaForCausalLM(nn.Module):
             assert isinstance(layer, LlamaDecoderLayer)
             layer.self_attn.fuse()
             layer.mlp.fuse()
+        self.use_cpu_packed_linears(self.cpu_packed_linears)  # new weights: pack them again
         plan = self._quant_plan
         if plan is not None:  # new weights: quantize them again
             mode, self.weight_quant, self._quant_plan = self.weight_quant, "none", None
             self.quantize_weights(
                 mode, plan.max_rows, plan.large_dtype is not None, plan.head_int8_activations
             )
+
+    @torch.no_grad()
+    def use_cpu_packed_linears(self, on: bool) -> None:
+        """Runs the float linears of the layers and the LM head through weights packed
+        for oneDNN from now on, where they apply (float32 on the CPU, weights large
+        enough; see engine/model/cpu_linear.py); False: the plain float weights. The
+        packed copies take as much memory again as the weights they copy. Quantized
+        products (`quantize_weights`) are unaffected."""
+        self.cpu_packed_linears = on
+        for layer in self.model.layers:
+            assert isinstance(layer, LlamaDecoderLayer)
+            layer.self_attn.pack_for_cpu(on)
+            layer.mlp.pack_for_cpu(on)
+        self.lm_head_packed = packed_linear(self.lm_head.weight) if on else None
 
     @torch.no_grad()
     def quantize_weights(

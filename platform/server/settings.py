@@ -200,6 +200,10 @@ class Settings(BaseSettings):
     # Weight-only int8/int4 linears, CPU only: "int4" is the fast path for the bundled
     # (Q4_1) SmolLM2, whose stored weights it re-finds (engine/model/quant.py).
     weight_quant: Literal["none", "int8", "int4"] = "none"
+    # Float32 linears on the CPU through weights packed once for oneDNN: a step of a few
+    # rows costs about what one row does (twice as fast here), for as much memory again
+    # as the weights. Off: plain torch linears. No effect on the GPU or quantized weights.
+    cpu_packed_linears: bool = True
     attention_backend: Literal["torch", "cpu", "triton", "auto"] = "auto"
     # RMSNorm(+residual), rotary and SiLU-and-mul as fused triton kernels: "auto" is on
     # exactly on CUDA (with triton), "on" refuses to start anywhere else.

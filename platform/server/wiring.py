@@ -103,6 +103,7 @@ def serve_engine_options(
         "device": device,
         "dtype": resolve_dtype(settings.dtype, device),
         "weight_quant": resolve_weight_quant_setting(settings.weight_quant, device),
+        "cpu_packed_linears": settings.cpu_packed_linears,
         "max_model_len": settings.max_model_len,
         "enforce_eager": settings.enforce_eager,
         "kv_cache_bytes": settings.kv_cache_bytes,
