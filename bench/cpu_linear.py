@@ -48,20 +48,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--batches", default="1,2,4,8,16,32")
     p.add_argument("--output-tokens", type=int, default=32)
     args = p.parse_args(argv)
-    batches = [int(b) for b in args.batches.split(",")]
-    if args.output_tokens < 2 or not batches or min(batches) < 1:
-        p.error("--output-tokens must be at least 2 and every batch at least 1")
+    try:
+        batches = [int(b) for b in args.batches.split(",")]
+    except ValueError:
+        p.error(f"--batches: {args.batches!r} is not a comma-separated list of whole numbers")
+    if min(batches) < 1 or max(batches) > 256:
+        p.error("--batches: every batch must be between 1 and 256")
+    if args.output_tokens < 2:
+        p.error(f"--output-tokens: must be at least 2, not {args.output_tokens}")
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
     sides: dict[str, dict[int, float]] = {}
-    for side, packed in (("torch", False), ("packed", True)):
-        llm = LLM(
-            cpu_packed_linears=packed,
-            max_model_len=512,
-            kv_cache_bytes=256 << 20,
-            max_num_seqs=max(batches),
-        )
-        sides[side] = {b: per_step_ms(llm, b, args.output_tokens) for b in batches}
-        del llm
+    try:
+        for side, packed in (("torch", False), ("packed", True)):
+            llm = LLM(
+                cpu_packed_linears=packed,
+                max_model_len=512,
+                kv_cache_bytes=256 << 20,
+                max_num_seqs=max(batches),
+            )
+            sides[side] = {b: per_step_ms(llm, b, args.output_tokens) for b in batches}
+            del llm
+    finally:
+        torch.set_num_threads(threads)  # main() may run inside another program (a test)
     print(f"{'batch':>5s} {'torch ms':>9s} {'packed ms':>10s} {'speed-up':>9s}")
     ratios = {}
     for b in batches:
