@@ -55,9 +55,9 @@ class ModelConfig:
     fused_ops: FusedOpsMode = "auto"
     # Weight-only int8/int4 linears on the CPU (engine/model/quant.py); "none": the dtype's.
     weight_quant: Literal["none", "int8", "int4"] = "none"
-    # Float linears through weights packed for oneDNN where that is faster (float32 on
-    # the CPU; engine/model/cpu_linear.py). The packed copies double the weights' memory.
-    cpu_packed_linears: bool = True
+    # Float linears through weights packed for oneDNN (float32 on the CPU; see
+    # engine/model/cpu_linear.py). The packed copies double the weights' memory.
+    cpu_packed_linears: bool = False
 
 
 @dataclass(frozen=True)

@@ -202,8 +202,9 @@ class Settings(BaseSettings):
     weight_quant: Literal["none", "int8", "int4"] = "none"
     # Float32 linears on the CPU through weights packed once for oneDNN: a step of a few
     # rows costs about what one row does (twice as fast here), for as much memory again
-    # as the weights. Off: plain torch linears. No effect on the GPU or quantized weights.
-    cpu_packed_linears: bool = True
+    # as the weights. Off by default for now (see the README's engine options). No
+    # effect on the GPU or on quantized weights.
+    cpu_packed_linears: bool = False
     attention_backend: Literal["torch", "cpu", "triton", "auto"] = "auto"
     # RMSNorm(+residual), rotary and SiLU-and-mul as fused triton kernels: "auto" is on
     # exactly on CUDA (with triton), "on" refuses to start anywhere else.

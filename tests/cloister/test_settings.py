@@ -98,7 +98,7 @@ ENGINE_SETTINGS = {
     "enforce_eager": True,
     "fused_ops": "off",
     "weight_quant": "int4",
-    "cpu_packed_linears": False,
+    "cpu_packed_linears": True,
     "max_loras": 3,
     "max_cpu_loras": 5,
     "max_lora_rank": 32,
