@@ -2,7 +2,7 @@
 
 Two live `cloister serve` run in turn on the same machine, both with the server's
 defaults, SmolLM2-135M on the CPU (one torch and numba thread, as the issue measured
-on one core: tests/reliability/noisy.py says why) and a KV
+on one core: tests/reliability/noisy_server.py says why) and a KV
 pool of `--pool-blocks` blocks (SmolLM2 keeps 46,080 bytes of KV per token in fp32):
 
 - before: CLOISTER_KV_SHARES=false CLOISTER_FAIR_CACHED_SHARE=0 (the tenant-blind
@@ -44,17 +44,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.reliability.noisy import (  # noqa: E402
-    ATTACKS,
+from tests.reliability.noisy import ATTACKS, SCENARIOS, Scenario, Workload, ratios  # noqa: E402
+from tests.reliability.noisy_server import (  # noqa: E402
     OLD_BEHAVIOUR,
-    SCENARIOS,
     SMOLLM2_KV_BYTES_PER_TOKEN,
     SMOLLM2_NAME,
     Plan,
-    Scenario,
-    Workload,
     noisy_server,
-    ratios,
 )
 
 SIDES = ("before", "after")

@@ -23,16 +23,8 @@ from typing import Any
 
 import pytest
 
-from tests.reliability.noisy import (
-    ATTACKS,
-    KV_FULL,
-    Plan,
-    Scenario,
-    Workload,
-    environment_behaviour,
-    noisy_server,
-    ratios,
-)
+from tests.reliability.noisy import ATTACKS, KV_FULL, Scenario, Workload, ratios
+from tests.reliability.noisy_server import Plan, environment_behaviour, noisy_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
