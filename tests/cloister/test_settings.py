@@ -333,6 +333,10 @@ def test_bad_environment_settings_are_a_clear_error(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("CLOISTER_PREFIX_CACHE", "trie")
     with pytest.raises(click.ClickException, match="prefix_cache"):
         load_settings()
+    monkeypatch.delenv("CLOISTER_PREFIX_CACHE")
+    monkeypatch.setenv("CLOISTER_CPU_PACKED_LINEARS", "maybe")
+    with pytest.raises(click.ClickException, match="cpu_packed_linears"):
+        load_settings()
     with pytest.raises(DeviceUnavailableError, match="no CUDA GPU"):
         resolve_device("cuda", cuda_available=False)
 
