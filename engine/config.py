@@ -31,8 +31,23 @@ class ModelArchitecture:
     tie_word_embeddings: bool
     # HF-style rope scaling dict ({"rope_type": "llama3", "factor": ..., ...}) or None.
     rope_scaling: tuple[tuple[str, float | str], ...] | None = None
-    attention_bias: bool = False
-    architecture: str = "llama"
+    attention_bias: bool = False  # biases on q, k and v
+    architecture: str = "llama"  # the family's name (engine.model.registry)
+    output_bias: bool = False  # a bias on o_proj (Llama's attention_bias covers it)
+    qk_norm: bool = False  # per-head RMSNorm on q and k before rotary (Qwen3)
+    # Each token attends to at most this many tokens back (Mistral v0.1); None: all.
+    sliding_window: int | None = None
+
+    @property
+    def context_limit(self) -> int:
+        """The longest context the engine serves: the model's, bounded by its window.
+
+        The attention backends attend over the whole context, so a window model runs
+        only where its window never binds (the same function as windowed attention).
+        """
+        if self.sliding_window is None:
+            return self.max_position_embeddings
+        return min(self.max_position_embeddings, self.sliding_window)
 
     @property
     def kv_bytes_per_token(self) -> int:

@@ -1,9 +1,10 @@
-"""Load Llama-family weights from a GGUF file, dequantized to the requested dtype.
+"""Load a model from a GGUF file, dequantized to the requested dtype.
 
-GGUF names tensors llama.cpp's way (`blk.3.attn_q.weight`); they are renamed to
-Hugging Face's (`model.layers.3.self_attn.q_proj.weight`) so one `load_weights`
-serves both formats. llama.cpp's converter reorders the rows of Llama's Q and K
-projections for its interleaved rotary; we undo that to get HF's "rotate half" layout.
+The family (engine.model.registry) comes from `general.architecture`. GGUF names
+tensors llama.cpp's way (`blk.3.attn_q.weight`); they are renamed to Hugging Face's
+(`model.layers.3.self_attn.q_proj.weight`) so one `load_weights` serves both formats.
+llama.cpp's converter reorders the rows of Llama's Q and K projections for its
+interleaved rotary; we undo that to get HF's "rotate half" layout.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from tqdm import tqdm
 
 from engine.config import ModelArchitecture
 from engine.errors import UnsupportedModelError
+from engine.model.families.base import Family
 from engine.model.llama import LlamaForCausalLM
+from engine.model.registry import family_named, family_of_gguf
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 SUPPORTED_TENSOR_TYPES = frozenset(
     {
         GGMLQuantizationType.F32,
@@ -60,20 +62,15 @@ def field_value(reader: GGUFReader, key: str, default: Any = None) -> Any:
     return default if field is None else field.contents()
 
 
-def gguf_architecture(reader: GGUFReader) -> str:
-    """The `general.architecture` string, checked against the ones we can run."""
+def gguf_family(reader: GGUFReader) -> tuple[str, Family]:
+    """The `general.architecture` string and its family, refused if we cannot run it."""
     arch = field_value(reader, "general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise UnsupportedModelError(
-            f"GGUF architecture {arch!r} is not supported; "
-            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
-    return str(arch)
+    return str(arch), family_of_gguf(arch)
 
 
 def read_architecture(reader: GGUFReader) -> ModelArchitecture:
     """Maps the `{arch}.*` metadata keys onto ModelArchitecture."""
-    arch = gguf_architecture(reader)
+    arch, family = gguf_family(reader)
 
     def get(key: str, default: Any = None) -> Any:
         value = field_value(reader, f"{arch}.{key}", default)
@@ -98,8 +95,16 @@ def read_architecture(reader: GGUFReader) -> ModelArchitecture:
         tie_word_embeddings="output.weight" not in names,
         rope_scaling=_rope_scaling(reader, arch),
         attention_bias="blk.0.attn_q.bias" in names,
-        architecture=arch,
+        output_bias="blk.0.attn_output.bias" in names,
+        qk_norm="blk.0.attn_q_norm.weight" in names,
+        sliding_window=_window(field_value(reader, f"{arch}.attention.sliding_window")),
+        architecture=family.name,
     )
+
+
+def _window(value: Any) -> int | None:
+    """llama.cpp writes 0 (or nothing) for no window."""
+    return int(value) if value else None
 
 
 def _decimal(value: Any) -> float:
@@ -149,14 +154,16 @@ def unpermute_qk(weight: np.ndarray, n_head: int) -> np.ndarray:
     return w.swapaxes(1, 2).reshape(weight.shape)
 
 
-def hf_name(gguf_name: str) -> str:
-    """llama.cpp tensor name -> HF parameter name; unknown names raise."""
+def hf_name(gguf_name: str, family: Family | None = None) -> str:
+    """llama.cpp tensor name -> HF parameter name (with the family's own block names);
+    unknown names raise."""
     if gguf_name in _TOP_LEVEL_NAMES:
         return _TOP_LEVEL_NAMES[gguf_name]
     match = _BLOCK_RE.match(gguf_name)
-    if match and match.group(2) in _BLOCK_NAMES:
+    names = _BLOCK_NAMES if family is None else {**_BLOCK_NAMES, **family.gguf_block_names}
+    if match and match.group(2) in names:
         layer, part, kind = match.groups()
-        return f"model.layers.{layer}.{_BLOCK_NAMES[part]}.{kind}"
+        return f"model.layers.{layer}.{names[part]}.{kind}"
     raise UnsupportedModelError(f"unexpected GGUF tensor {gguf_name!r}")
 
 
@@ -178,11 +185,12 @@ def iter_weights(
     reader: GGUFReader, arch: ModelArchitecture, *, progress: bool = False
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yields (HF name, float32 tensor) for every weight, un-permuting Llama's Q and K."""
+    family = family_named(arch.architecture)
     tensors = [t for t in reader.tensors if t.name != ROPE_FREQS]
     for tensor in tqdm(tensors, desc="loading weights", unit="tensor", disable=not progress):
-        name = hf_name(tensor.name)
+        name = hf_name(tensor.name, family)
         array = dequantize_tensor(tensor)
-        if arch.architecture == "llama":
+        if family.gguf_permute_qk:
             if ".self_attn.q_proj." in name:
                 array = unpermute_qk(array, arch.num_heads)
             elif ".self_attn.k_proj." in name:

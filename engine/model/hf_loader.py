@@ -1,7 +1,8 @@
-"""Load Llama-family models from a Hugging Face folder (config.json + safetensors).
+"""Load a model from a Hugging Face folder (config.json + safetensors).
 
-Parameter names already match ours, so weights stream straight from the
-(possibly sharded) safetensors files into the model.
+The family (engine.model.registry) comes from config.json's `architectures`. Most
+families' parameter names match ours, so weights stream straight from the (possibly
+sharded) safetensors files into the model; the rest are mapped by their family.
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ from tqdm import tqdm
 from engine.config import ModelArchitecture
 from engine.errors import UnsupportedModelError
 from engine.model.llama import LlamaForCausalLM
+from engine.model.registry import family_named, family_of_config
 
-# HF architecture class -> our family name (SmolLM checkpoints declare LlamaForCausalLM).
-SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
 INDEX_FILE = "model.safetensors.index.json"
 
 
@@ -36,15 +36,7 @@ def read_config(folder: str | Path) -> dict[str, Any]:
 
 def architecture_from_config(config: Mapping[str, Any]) -> ModelArchitecture:
     """Maps a transformers config (v4 or v5 spelling of rope settings) onto ModelArchitecture."""
-    declared = list(config.get("architectures") or [])
-    family = next(
-        (SUPPORTED_ARCHITECTURES[a] for a in declared if a in SUPPORTED_ARCHITECTURES), None
-    )
-    if family is None:
-        raise UnsupportedModelError(
-            f"model architecture {declared or config.get('model_type')!r} is not supported; "
-            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
+    family = family_of_config(config)
     hidden = int(config["hidden_size"])
     num_heads = int(config["num_attention_heads"])
     theta, scaling = _rope_settings(config)
@@ -61,9 +53,8 @@ def architecture_from_config(config: Mapping[str, Any]) -> ModelArchitecture:
         max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         rope_scaling=scaling,
-        # Qwen2 always biases q/k/v; Llama only when its config says so.
-        attention_bias=family == "qwen2" or bool(config.get("attention_bias", False)),
-        architecture=family,
+        architecture=family.name,
+        **family.traits(config),
     )
 
 
@@ -123,5 +114,10 @@ def load_hf_model(
     """Reads config.json and the safetensors weights into a ready, eval-mode model."""
     arch = architecture_from_config(read_config(folder))
     model = LlamaForCausalLM.empty(arch, dtype=dtype, device=device)
-    model.load_weights(iter_weights(folder, progress=progress))
+    mapper = family_named(arch.architecture).hf_weights
+    model.load_weights(
+        pair
+        for name, tensor in iter_weights(folder, progress=progress)
+        for pair in mapper(name, tensor, arch)
+    )
     return model, arch

@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama, SmolLM, Qwen2) over a flat batch of tokens.
+"""The decoder every family runs on (engine/model/registry.py), over a flat batch.
 
 The batch has no batch dimension and no padding: `input_ids` and `positions` are
 [T] and every sequence's new tokens sit end to end. Attention goes through the
@@ -102,10 +102,10 @@ class LlamaAttention(nn.Module):
         self.q_proj = nn.Linear(arch.hidden_size, q_size, bias=bias)
         self.k_proj = nn.Linear(arch.hidden_size, kv_size, bias=bias)
         self.v_proj = nn.Linear(arch.hidden_size, kv_size, bias=bias)
-        # Llama's attention_bias covers o_proj too; Qwen2 biases only q, k and v.
-        self.o_proj = nn.Linear(
-            q_size, arch.hidden_size, bias=bias and arch.architecture != "qwen2"
-        )
+        self.o_proj = nn.Linear(q_size, arch.hidden_size, bias=arch.output_bias)
+        # Qwen3: an RMSNorm over each head of q and of k, before rotary.
+        self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
+        self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
         self._sizes = [q_size, kv_size, kv_size]
         # Packed copies are non-persistent buffers: `.to()` moves them, state dicts skip them.
         self.qkv_weight: torch.Tensor | None
@@ -167,6 +167,8 @@ class LlamaAttention(nn.Module):
         q = q2.view(t, self.num_heads, self.head_dim)
         k = k2.view(t, self.num_kv_heads, self.head_dim)
         v = v2.view(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if fused is None:
             q, k = rotary(positions, q, k)
         else:

@@ -1,0 +1,87 @@
+"""What a model family is to the engine: how its checkpoints name and shape things.
+
+Every family runs on the same decoder (engine/model/llama.py); a family says which
+of its small, named parts it uses (biases, q/k norms, a window) and how its
+checkpoints differ from Hugging Face's Llama layout (fused projections, GGUF names).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from engine.config import ModelArchitecture
+from engine.errors import UnsupportedModelError
+
+# Weight name, tensor -> the (name, tensor) pairs our decoder's parameters take.
+WeightMapper = Callable[[str, torch.Tensor, ModelArchitecture], Iterator[tuple[str, torch.Tensor]]]
+
+
+def same_weight(
+    name: str, tensor: torch.Tensor, arch: ModelArchitecture
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The default mapper: the checkpoint already names weights as the decoder does."""
+    yield name, tensor
+
+
+def no_traits(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The default: nothing beyond the Llama shape."""
+    return {}
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family: its names in each format and the parts of the decoder it uses.
+
+    `traits` reads a Hugging Face config.json into the family's own ModelArchitecture
+    fields (attention_bias, output_bias, qk_norm, sliding_window); `hf_weights` maps
+    its checkpoint's tensors onto the decoder's; `gguf_*` do the same for llama.cpp's
+    files.
+    """
+
+    name: str
+    title: str
+    hf_architectures: tuple[str, ...]
+    gguf_architectures: tuple[str, ...] = ()
+    traits: Callable[[Mapping[str, Any]], dict[str, Any]] = no_traits
+    hf_weights: WeightMapper = same_weight
+    # llama.cpp reorders Q/K rows for its interleaved rotary in these files only.
+    gguf_permute_qk: bool = False
+    # Extra llama.cpp block tensor names -> ours (beyond the Llama set).
+    gguf_block_names: Mapping[str, str] = field(default_factory=dict)
+    notes: str = ""
+
+    def describe(self) -> dict[str, Any]:
+        """The family as plain data (`cloister models families --json`)."""
+        return {
+            "family": self.name,
+            "title": self.title,
+            "hf_architectures": list(self.hf_architectures),
+            "gguf_architectures": list(self.gguf_architectures),
+            "notes": self.notes,
+        }
+
+
+def window_of(config: Mapping[str, Any]) -> int | None:
+    """The sliding window a config turns on, or None.
+
+    Qwen configs carry a `sliding_window` they do not use unless `use_sliding_window`
+    is true; Mistral and Phi-3 use theirs whenever it is set.
+    """
+    if config.get("use_sliding_window") is False:
+        return None
+    window = config.get("sliding_window")
+    if window is None:
+        return None
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise UnsupportedModelError(f"sliding_window must be a positive integer, not {window!r}")
+    return window
+
+
+def refuse_mlp_bias(config: Mapping[str, Any]) -> None:
+    """The decoder's MLP has no biases; a config that asks for them is refused by name."""
+    if config.get("mlp_bias"):
+        raise UnsupportedModelError("mlp_bias=true is not supported (the MLP has no biases)")

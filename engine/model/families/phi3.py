@@ -1,0 +1,59 @@
+"""Phi-3 and Phi-4: q/k/v and gate/up stored fused in the checkpoint.
+
+The fused tensors are split at load into the decoder's q/k/v and gate/up, which it
+packs back together itself (so both layouts run the same GEMMs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from engine.config import ModelArchitecture
+from engine.errors import UnsupportedModelError
+from engine.model.families.base import Family, window_of
+
+
+def phi3_traits(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Phi-3 has no biases; a partial rotary (Phi-4-mini) is refused by name."""
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    partial = float(config.get("partial_rotary_factor") or rope.get("partial_rotary_factor") or 1)
+    if partial != 1.0:
+        raise UnsupportedModelError(
+            f"partial_rotary_factor={partial} is not supported (rotary over whole heads only)"
+        )
+    return {"sliding_window": window_of(config)}
+
+
+def phi3_weights(
+    name: str, tensor: torch.Tensor, arch: ModelArchitecture
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Splits `qkv_proj` into q/k/v and `gate_up_proj` into gate and up."""
+    if name.endswith(".self_attn.qkv_proj.weight"):
+        prefix = name.removesuffix("qkv_proj.weight")
+        q_rows, kv_rows = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
+        if tensor.shape[0] != q_rows + 2 * kv_rows:
+            raise UnsupportedModelError(
+                f"weight {name!r} has {tensor.shape[0]} rows, expected {q_rows + 2 * kv_rows}"
+            )
+        q, k, v = torch.split(tensor, [q_rows, kv_rows, kv_rows])
+        yield from ((prefix + "q_proj.weight", q), (prefix + "k_proj.weight", k))
+        yield prefix + "v_proj.weight", v
+    elif name.endswith(".mlp.gate_up_proj.weight"):
+        prefix = name.removesuffix("gate_up_proj.weight")
+        gate, up = torch.chunk(tensor, 2)
+        yield from ((prefix + "gate_proj.weight", gate), (prefix + "up_proj.weight", up))
+    else:
+        yield name, tensor
+
+
+FAMILY = Family(
+    name="phi3",
+    title="Phi-3 / Phi-4",
+    hf_architectures=("Phi3ForCausalLM",),
+    traits=phi3_traits,
+    hf_weights=phi3_weights,
+    notes="LongRoPE (the 128k releases) and partial rotary are refused",
+)

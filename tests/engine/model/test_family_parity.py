@@ -1,0 +1,117 @@
+"""Every registered family matches transformers on tiny random weights of its real shape.
+
+Folders are built and saved by transformers itself (tests/utils/hf_families.py), so
+each family's own checkpoint layout is what our loader reads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import PreTrainedModel
+
+from engine import LLM, SamplingParams
+from engine.model.loader import load_model
+from engine.model.registry import FAMILIES
+from tests.utils.hf_families import load_reference, make_family_dir
+from tests.utils.model_step import ModelStepper
+
+FAMILY_NAMES = [f.name for f in FAMILIES]
+NEW_TOKENS = 32
+# Mistral's and Qwen's default configs carry a window; these tests want none.
+NO_WINDOW = {"sliding_window": None}
+
+
+@pytest.fixture(scope="module", params=FAMILY_NAMES)
+def family_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_family_dir(tmp_path_factory.mktemp(request.param), request.param, seed=5)
+
+
+def hf_logits(model: PreTrainedModel, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+def hf_greedy(model: PreTrainedModel, ids: list[int], steps: int = NEW_TOKENS) -> list[int]:
+    """Arg-max decoding with transformers, EOS not special; the whole sequence is run
+    again each step (tiny models), so no cache of theirs is involved."""
+    tokens: list[int] = []
+    for _ in range(steps):
+        tokens.append(int(hf_logits(model, ids + tokens)[-1].argmax()))
+    return tokens
+
+
+def test_the_loader_names_the_family(family_dir: Path) -> None:
+    loaded = load_model(str(family_dir), dtype=torch.float32, device="cpu")
+    assert loaded.arch.architecture == family_dir.name.split("-")[1]
+    assert type(load_reference(family_dir)).__name__ in {
+        a for f in FAMILIES if f.name == loaded.arch.architecture for a in f.hf_architectures
+    }
+
+
+def test_logits_match_in_a_mixed_batch(family_dir: Path) -> None:
+    """A prompt in two chunks beside another sequence's prefill, then decodes."""
+    model = load_model(str(family_dir), dtype=torch.float32, device="cpu").model
+    reference = load_reference(family_dir)
+    a, b = list(range(100, 113)), list(range(2000, 2009))
+    stepper = ModelStepper(model, num_seqs=2, block_size=4)
+    first = stepper.step([a[:7], b[:8]])
+    second = stepper.step([a[7:12], b[8:9]])
+    third = stepper.step([a[12:13], [42]])
+    ours_a = torch.cat([first[:7], second[:5], third[:1]])
+    ours_b = torch.cat([first[7:], second[5:], third[1:]])
+    assert (ours_a - hf_logits(reference, a)).abs().max() <= 1e-3
+    assert (ours_b - hf_logits(reference, b + [42])).abs().max() <= 1e-3
+
+
+def test_bfloat16_tracks_transformers_in_bfloat16(family_dir: Path) -> None:
+    ids = list(range(500, 524))
+    low = load_model(str(family_dir), dtype=torch.bfloat16, device="cpu").model
+    ours = ModelStepper(low).step([ids])
+    reference = load_reference(family_dir).to(torch.bfloat16)
+    theirs = hf_logits(reference, ids)
+    assert ours.dtype == torch.float32
+    assert (ours - theirs).abs().max() <= 0.1 * theirs.abs().max()
+    assert (ours.argmax(-1) == theirs.argmax(-1)).float().mean() >= 0.9
+
+
+def test_greedy_tokens_match_beside_other_requests_and_on_a_cache_hit(
+    family_dir: Path,
+) -> None:
+    llm = LLM(str(family_dir), max_model_len=256, kv_cache_bytes=16 * 2**20, block_size=4)
+    reference = load_reference(family_dir)
+    prompts = [list(range(300, 321)), list(range(40, 49)), list(range(7000, 7030))]
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=0)
+    miss = llm.generate(prompts, params)
+    hit = llm.generate(prompts, params)
+    for ids, cold, warm in zip(prompts, miss, hit, strict=True):
+        assert cold.outputs[0].token_ids == hf_greedy(reference, ids)
+        assert warm.outputs[0].token_ids == cold.outputs[0].token_ids
+        assert warm.num_cached_tokens >= 8 > cold.num_cached_tokens == 0
+        assert cold.outputs[0].logprobs is not None and warm.outputs[0].logprobs is not None
+        for c, w in zip(cold.outputs[0].logprobs, warm.outputs[0].logprobs, strict=True):
+            assert abs(c.chosen.logprob - w.chosen.logprob) <= 1e-4
+
+
+@pytest.mark.parametrize("family", ["mistral", "qwen3"])
+def test_a_window_bounds_the_served_context_to_the_window(tmp_path: Path, family: str) -> None:
+    """The backends attend over the whole context, so a window model is served only as
+    far as its window never binds; there it equals transformers' windowed attention."""
+    window = {"sliding_window": 24} | ({"use_sliding_window": True} if family == "qwen3" else {})
+    folder = make_family_dir(tmp_path, family, seed=2, **window)
+    llm = LLM(str(folder), kv_cache_bytes=8 * 2**20, block_size=4)
+    assert llm.engine.arch.sliding_window == 24
+    assert llm.engine.max_model_len == 24
+    ids = list(range(900, 910))
+    params = SamplingParams(temperature=0, max_tokens=14, ignore_eos=True)
+    out = llm.generate([ids], params)[0]
+    assert out.outputs[0].token_ids == hf_greedy(load_reference(folder), ids, steps=14)
+
+
+def test_qwen_ignores_a_window_it_does_not_turn_on(tmp_path: Path) -> None:
+    folder = make_family_dir(tmp_path, "qwen2", sliding_window=24, use_sliding_window=False)
+    loaded = load_model(str(folder), dtype=torch.float32, device="cpu")
+    assert loaded.arch.sliding_window is None
+    assert loaded.arch.context_limit == 2048

@@ -1,0 +1,91 @@
+"""Tiny random-weight Hugging Face folders of each family, built by transformers itself.
+
+transformers builds the model offline from a config of the family's real shape
+(nothing is downloaded) and saves it, so the folder holds the family's own weight
+names and layout (Phi-3's fused projections, Qwen3's q/k norms); SmolLM2's tokenizer
+is copied in so chat templates and detokenization are real.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    MistralConfig,
+    Phi3Config,
+    PretrainedConfig,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen3Config,
+)
+
+from tests.utils.tiny_model import SMOLLM2_VOCAB, smollm2_tokenizer_dir
+
+_CONFIGS: dict[str, type[PretrainedConfig]] = {
+    "llama": LlamaConfig,
+    "qwen2": Qwen2Config,
+    "qwen3": Qwen3Config,
+    "mistral": MistralConfig,
+    "phi3": Phi3Config,
+}
+TINY_SHAPE: dict[str, Any] = {
+    "vocab_size": SMOLLM2_VOCAB,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 2,
+}
+
+
+def family_config(family: str, **overrides: Any) -> PretrainedConfig:
+    """The family's transformers config at the tiny shape, with `overrides` on top."""
+    return _CONFIGS[family](**{**TINY_SHAPE, **overrides})
+
+
+def randomize(model: PreTrainedModel, seed: int) -> None:
+    """Seeded weights large enough that every part matters (HF's init makes norms 1
+    and weights ~0.02, under which q/k norms or biases barely change the logits)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                value = 1.0 + 0.1 * torch.randn(param.shape, generator=generator)
+            elif name.endswith(".bias"):
+                value = 0.1 * torch.randn(param.shape, generator=generator)
+            else:
+                fan_in = param.shape[-1] if "embed_tokens" not in name else 1
+                value = torch.randn(param.shape, generator=generator) / fan_in**0.5
+            param.copy_(value)
+
+
+def make_family_dir(tmp_path: Path, family: str, *, seed: int = 0, **overrides: Any) -> Path:
+    """Writes a tiny `family` model (config, safetensors, tokenizer); returns the folder."""
+    config = family_config(family, **overrides)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    randomize(model, seed)
+    folder = Path(tmp_path) / f"tiny-{family}-seed{seed}"
+    model.save_pretrained(str(folder))
+    for item in smollm2_tokenizer_dir().iterdir():
+        shutil.copy(item, folder / item.name)
+    return folder
+
+
+def load_reference(folder: Path) -> PreTrainedModel:
+    """transformers' own model from the folder, fp32, eval mode, eager attention."""
+    model = AutoModelForCausalLM.from_pretrained(
+        str(folder), dtype=torch.float32, attn_implementation="eager"
+    )
+    return model.eval()
