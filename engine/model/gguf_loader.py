@@ -25,6 +25,9 @@ from engine.model.families.base import Family
 from engine.model.llama import LlamaForCausalLM
 from engine.model.registry import family_named, family_of_gguf
 
+# Every type gguf's own dequantizers read that llama.cpp's quantize offers for whole
+# models: the legacy block types, the K-quants (Q4_K_M and Q5_K_M files mix Q4_K/Q5_K
+# with Q6_K) and the non-linear 4-bit ones.
 SUPPORTED_TENSOR_TYPES = frozenset(
     {
         GGMLQuantizationType.F32,
@@ -32,7 +35,16 @@ SUPPORTED_TENSOR_TYPES = frozenset(
         GGMLQuantizationType.BF16,
         GGMLQuantizationType.Q4_0,
         GGMLQuantizationType.Q4_1,
+        GGMLQuantizationType.Q5_0,
+        GGMLQuantizationType.Q5_1,
         GGMLQuantizationType.Q8_0,
+        GGMLQuantizationType.Q2_K,
+        GGMLQuantizationType.Q3_K,
+        GGMLQuantizationType.Q4_K,
+        GGMLQuantizationType.Q5_K,
+        GGMLQuantizationType.Q6_K,
+        GGMLQuantizationType.IQ4_NL,
+        GGMLQuantizationType.IQ4_XS,
     }
 )
 

@@ -24,6 +24,7 @@ from transformers import (
     Qwen3Config,
 )
 
+from engine.model.registry import family_named
 from tests.utils.tiny_model import SMOLLM2_VOCAB, smollm2_tokenizer_dir
 
 _CONFIGS: dict[str, type[PretrainedConfig]] = {
@@ -52,7 +53,8 @@ TINY_SHAPE: dict[str, Any] = {
 
 def family_config(family: str, **overrides: Any) -> PretrainedConfig:
     """The family's transformers config at the tiny shape, with `overrides` on top."""
-    return _CONFIGS[family](**{**TINY_SHAPE, **overrides})
+    declared = {"architectures": list(family_named(family).hf_architectures[:1])}
+    return _CONFIGS[family](**{**TINY_SHAPE, **declared, **overrides})
 
 
 def randomize(model: PreTrainedModel, seed: int) -> None:

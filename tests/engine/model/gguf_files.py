@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFWriter
-from gguf.quants import quantize
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+from gguf.quants import dequantize, quantize
 
 from engine.config import ModelArchitecture
 
@@ -22,12 +22,48 @@ _HF_TO_GGUF_BLOCK = {
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
 }
 _HF_TO_GGUF_TOP = {
     "model.embed_tokens.weight": "token_embd.weight",
     "model.norm.weight": "output_norm.weight",
     "lm_head.weight": "output.weight",
 }
+
+
+# Byte offsets of each block's float16 scales, and the largest integer factor a scale
+# is multiplied by, so that random blocks decode to weights of about unit size.
+_SCALE_FIELDS: dict[GGMLQuantizationType, tuple[tuple[int, ...], int]] = {
+    GGMLQuantizationType.Q5_0: ((0,), 16),
+    GGMLQuantizationType.Q5_1: ((0, 2), 31),
+    GGMLQuantizationType.Q2_K: ((80, 82), 45),
+    GGMLQuantizationType.Q3_K: ((108,), 128),
+    GGMLQuantizationType.Q4_K: ((0, 2), 945),
+    GGMLQuantizationType.Q5_K: ((0, 2), 1953),
+    GGMLQuantizationType.Q6_K: ((208,), 4064),
+    GGMLQuantizationType.IQ4_NL: ((0,), 127),
+    GGMLQuantizationType.IQ4_XS: ((0,), 4064),
+}
+RANDOM_BLOCK_TYPES = tuple(_SCALE_FIELDS)
+
+
+def random_blocks(
+    shape: tuple[int, int], qtype: GGMLQuantizationType, rng: np.random.Generator
+) -> np.ndarray:
+    """Raw `qtype` blocks for a [rows, cols] tensor: random quants, sane float16 scales.
+
+    gguf has no quantizer for these types; random blocks decoded by its own
+    dequantizer are as good a reference for a loader.
+    """
+    block, size = GGML_QUANT_SIZES[qtype]
+    rows, cols = shape
+    raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
+    offsets, factor = _SCALE_FIELDS[qtype]
+    for offset in offsets:
+        scale = (rng.uniform(0.5, 1.5, size=raw.shape[:2]) / factor).astype(np.float16)
+        raw[:, :, offset : offset + 2] = scale.view(np.uint8).reshape(*raw.shape[:2], 2)
+    return raw.reshape(rows, -1)
 
 
 def llama_cpp_permute(weight: np.ndarray, n_head: int) -> np.ndarray:
@@ -70,15 +106,7 @@ def write_model_gguf(
     permute_qk: bool = True,
 ) -> Path:
     """A full model file: metadata from `arch`, 2-D weights stored as `qtype`, norms F32."""
-    writer = GGUFWriter(str(path), arch.architecture)
-    writer.add_block_count(arch.num_layers)
-    writer.add_context_length(arch.max_position_embeddings)
-    writer.add_embedding_length(arch.hidden_size)
-    writer.add_feed_forward_length(arch.intermediate_size)
-    writer.add_head_count(arch.num_heads)
-    writer.add_head_count_kv(arch.num_kv_heads)
-    writer.add_layer_norm_rms_eps(arch.rms_norm_eps)
-    writer.add_rope_freq_base(arch.rope_theta)
+    writer = _model_writer(path, arch)
     for name, tensor in state.items():
         array = tensor.float().numpy()
         if permute_qk and ".q_proj." in name:
@@ -88,11 +116,58 @@ def write_model_gguf(
         add_tensor(
             writer, gguf_name(name), array, qtype if array.ndim == 2 else GGMLQuantizationType.F32
         )
+    _finish(writer)
+    return path
+
+
+def write_random_blocks_gguf(
+    path: Path,
+    arch: ModelArchitecture,
+    names: Mapping[str, tuple[int, ...]],
+    qtype_of: Callable[[str], GGMLQuantizationType],
+    seed: int = 0,
+) -> dict[str, torch.Tensor]:
+    """A model file (no Q/K permutation) whose 2-D weights are random `qtype_of(name)`
+    blocks and whose 1-D ones are F32 near 1; returns the weights the blocks decode to,
+    by gguf's own dequantizer, in HF naming."""
+    rng = np.random.default_rng(seed)
+    writer = _model_writer(path, arch)
+    decoded: dict[str, torch.Tensor] = {}
+    for name, shape in names.items():
+        if len(shape) == 2:
+            qtype = qtype_of(name)
+            raw = random_blocks((shape[0], shape[1]), qtype, rng)
+            writer.add_tensor(gguf_name(name), raw, raw_dtype=qtype)
+            array = dequantize(raw, qtype).reshape(shape)
+        else:
+            array = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+            writer.add_tensor(gguf_name(name), array)
+        decoded[name] = torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
+    _finish(writer)
+    return decoded
+
+
+def _model_writer(path: Path, arch: ModelArchitecture) -> GGUFWriter:
+    """A writer with `arch`'s metadata set, tensors still to add."""
+    writer = GGUFWriter(str(path), arch.architecture)
+    writer.add_block_count(arch.num_layers)
+    writer.add_context_length(arch.max_position_embeddings)
+    writer.add_embedding_length(arch.hidden_size)
+    writer.add_feed_forward_length(arch.intermediate_size)
+    writer.add_head_count(arch.num_heads)
+    writer.add_head_count_kv(arch.num_kv_heads)
+    writer.add_key_length(arch.head_dim)
+    writer.add_value_length(arch.head_dim)
+    writer.add_layer_norm_rms_eps(arch.rms_norm_eps)
+    writer.add_rope_freq_base(arch.rope_theta)
+    return writer
+
+
+def _finish(writer: GGUFWriter) -> None:
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return path
 
 
 def write_single_tensor_gguf(

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFReader
+from gguf.quants import dequantize
 
 from engine.errors import UnsupportedModelError
 from engine.model.gguf_loader import (
@@ -19,10 +20,14 @@ from engine.model.gguf_loader import (
 )
 from engine.model.hf_loader import architecture_from_config
 from tests.engine.model.gguf_files import (
+    RANDOM_BLOCK_TYPES,
     llama_cpp_permute,
+    random_blocks,
     write_model_gguf,
+    write_random_blocks_gguf,
     write_single_tensor_gguf,
 )
+from tests.utils.hf_families import family_config
 from tests.utils.model_step import ModelStepper
 from tests.utils.tiny_model import random_state_dict, tiny_config
 
@@ -64,11 +69,57 @@ def test_dequantized_weights_are_close_to_the_originals(
 
 
 def test_unsupported_tensor_type_names_tensor_and_type(tmp_path: Path) -> None:
-    raw = np.zeros((4, 84), dtype=np.uint8)  # one Q2_K block (256 values) per row
-    path = write_single_tensor_gguf(tmp_path / "q2k.gguf", "blk.0.ffn_up.weight", raw, Q.Q2_K)
+    raw = np.zeros((4, 66), dtype=np.uint8)  # one IQ2_XXS block (256 values) per row
+    path = write_single_tensor_gguf(tmp_path / "iq2.gguf", "blk.0.ffn_up.weight", raw, Q.IQ2_XXS)
     (tensor,) = GGUFReader(str(path)).tensors
-    with pytest.raises(UnsupportedModelError, match=r"blk\.0\.ffn_up\.weight.*Q2_K"):
+    with pytest.raises(UnsupportedModelError, match=r"blk\.0\.ffn_up\.weight.*IQ2_XXS"):
         dequantize_tensor(tensor)
+
+
+@pytest.mark.parametrize("qtype", RANDOM_BLOCK_TYPES, ids=lambda t: t.name)
+def test_block_types_decode_as_ggufs_own_dequantizer_does(
+    tmp_path: Path, qtype: GGMLQuantizationType
+) -> None:
+    raw = random_blocks((6, 512), qtype, np.random.default_rng(int(qtype)))
+    path = write_single_tensor_gguf(tmp_path / "t.gguf", "blk.0.ffn_up.weight", raw, qtype)
+    (tensor,) = GGUFReader(str(path)).tensors
+    loaded = dequantize_tensor(tensor)
+    assert loaded.shape == (6, 512)
+    np.testing.assert_array_equal(loaded, dequantize(raw, qtype))
+    assert np.isfinite(loaded).all() and 0.05 < np.abs(loaded).mean() < 1
+
+
+def _q4_k_m(name: str) -> GGMLQuantizationType:
+    """llama.cpp's Q4_K_M mix, in short: Q6_K for v, down and the head, Q4_K elsewhere."""
+    sixes = (".v_proj.", ".down_proj.", "lm_head", "embed_tokens")
+    return Q.Q6_K if any(part in name for part in sixes) else Q.Q4_K
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_a_k_quant_mix_model_computes_what_its_decoded_weights_do(
+    tmp_path: Path, family: str
+) -> None:
+    from engine.model.llama import LlamaForCausalLM
+
+    config = family_config(family, hidden_size=256, intermediate_size=512, head_dim=64)
+    arch = architecture_from_config(config.to_dict())
+    names = {
+        n: tuple(p.shape)
+        for n, p in LlamaForCausalLM.empty(
+            arch, dtype=torch.float32, device="meta"
+        ).named_parameters()
+    }
+    decoded = write_random_blocks_gguf(tmp_path / "m.gguf", arch, names, _q4_k_m)
+    model, read = load_gguf_model(str(tmp_path / "m.gguf"), dtype=torch.float32, device="cpu")
+    assert read == arch
+    if family == "llama":  # the file's Q/K rows are in llama.cpp's rotary order
+        for name, heads in ((".q_proj.", arch.num_heads), (".k_proj.", arch.num_kv_heads)):
+            for key in [k for k in decoded if name in k]:
+                decoded[key] = torch.from_numpy(unpermute_qk(decoded[key].numpy(), heads))
+    reference = LlamaForCausalLM.empty(arch, dtype=torch.float32, device="cpu")
+    reference.load_weights(decoded.items())
+    ids = list(range(300, 311))
+    torch.testing.assert_close(ModelStepper(model).step([ids]), ModelStepper(reference).step([ids]))
 
 
 def test_unsupported_architecture_is_named(tmp_path: Path) -> None:
