@@ -14,6 +14,20 @@ SchedulingPolicy = Literal["fcfs", "lpm", "fair", "fair_lpm"]
 FusedOpsMode = Literal["auto", "on", "off"]
 
 
+# The largest value of each shape field that a model may declare: well past every
+# released checkpoint, and far below what would exhaust memory on allocation.
+_SHAPE_BOUNDS: dict[str, int] = {
+    "vocab_size": 1 << 22,
+    "hidden_size": 1 << 16,
+    "intermediate_size": 1 << 18,
+    "num_layers": 1 << 10,
+    "num_heads": 1 << 10,
+    "num_kv_heads": 1 << 10,
+    "head_dim": 1 << 10,
+    "max_position_embeddings": 1 << 24,
+}
+
+
 @dataclass(frozen=True)
 class ModelArchitecture:
     """Shape of a Llama-family decoder, read from the model's own metadata."""
@@ -37,6 +51,25 @@ class ModelArchitecture:
     qk_norm: bool = False  # per-head RMSNorm on q and k before rotary (Qwen3)
     # Each token attends to at most this many tokens back (Mistral v0.1); None: all.
     sliding_window: int | None = None
+
+    def __post_init__(self) -> None:
+        """Refuses shapes no checkpoint has (a hostile or corrupt config), by field,
+        before anything is allocated for them."""
+        from engine.errors import UnsupportedModelError
+
+        for name, most in _SHAPE_BOUNDS.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+                raise UnsupportedModelError(
+                    f"{name} must be an integer in [1, {most}], not {value!r}"
+                )
+        if self.num_heads % self.num_kv_heads:
+            raise UnsupportedModelError(
+                f"num_heads ({self.num_heads}) is not a multiple of num_kv_heads "
+                f"({self.num_kv_heads})"
+            )
+        if self.head_dim % 2:
+            raise UnsupportedModelError(f"head_dim must be even for rotary, not {self.head_dim}")
 
     @property
     def context_limit(self) -> int:

@@ -68,6 +68,14 @@ _BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
 ROPE_FREQS = "rope_freqs.weight"
 
 
+def open_gguf(path: str) -> GGUFReader:
+    """The file's reader; a truncated or corrupt file is refused by name."""
+    try:
+        return GGUFReader(path)
+    except (OSError, ValueError) as exc:
+        raise UnsupportedModelError(f"cannot read {path} as GGUF: {exc}") from exc
+
+
 def field_value(reader: GGUFReader, key: str, default: Any = None) -> Any:
     """A metadata value as a plain Python value (str, number, list), or `default`."""
     field = reader.fields.get(key)
@@ -90,6 +98,8 @@ def read_architecture(reader: GGUFReader) -> ModelArchitecture:
             raise UnsupportedModelError(f"GGUF metadata lacks {arch}.{key}")
         return value
 
+    for tensor in reader.tensors:  # refused here, before any weight is read
+        check_tensor_type(tensor)
     hidden = int(get("embedding_length"))
     num_heads = int(get("attention.head_count"))
     names = {t.name for t in reader.tensors}
@@ -179,14 +189,20 @@ def hf_name(gguf_name: str, family: Family | None = None) -> str:
     raise UnsupportedModelError(f"unexpected GGUF tensor {gguf_name!r}")
 
 
-def dequantize_tensor(tensor: ReaderTensor) -> np.ndarray:
-    """One tensor as float32 numpy in HF layout ([out, in] for matrices)."""
+def check_tensor_type(tensor: ReaderTensor) -> GGMLQuantizationType:
+    """The tensor's type, refused by name unless we can dequantize it."""
     qtype = GGMLQuantizationType(tensor.tensor_type)
     if qtype not in SUPPORTED_TENSOR_TYPES:
         raise UnsupportedModelError(
             f"GGUF tensor {tensor.name!r} has unsupported type {qtype.name}; "
             f"supported: {', '.join(sorted(t.name for t in SUPPORTED_TENSOR_TYPES))}"
         )
+    return qtype
+
+
+def dequantize_tensor(tensor: ReaderTensor) -> np.ndarray:
+    """One tensor as float32 numpy in HF layout ([out, in] for matrices)."""
+    qtype = check_tensor_type(tensor)
     array = dequantize(tensor.data, qtype)
     shape = tuple(int(d) for d in reversed(tensor.shape))
     # F32 data is a read-only view of the memory map; torch needs a writable array.
@@ -226,7 +242,7 @@ def load_gguf_model(
     progress: bool = False,
 ) -> tuple[LlamaForCausalLM, ModelArchitecture]:
     """Reads metadata and weights from a GGUF file into a ready, eval-mode model."""
-    reader = GGUFReader(path)
+    reader = open_gguf(path)
     arch = read_architecture(reader)
     model = LlamaForCausalLM.empty(
         arch, dtype=dtype, device=device, rope_freq_factors=rope_freq_factors(reader)

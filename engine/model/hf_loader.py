@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from engine.config import ModelArchitecture
 from engine.errors import UnsupportedModelError
+from engine.model.families.base import Family
 from engine.model.llama import LlamaForCausalLM
 from engine.model.registry import family_named, family_of_config
 
@@ -35,8 +36,20 @@ def read_config(folder: str | Path) -> dict[str, Any]:
 
 
 def architecture_from_config(config: Mapping[str, Any]) -> ModelArchitecture:
-    """Maps a transformers config (v4 or v5 spelling of rope settings) onto ModelArchitecture."""
+    """Maps a transformers config (v4 or v5 spelling of rope settings) onto ModelArchitecture.
+
+    A missing or ill-typed field is refused by name (UnsupportedModelError).
+    """
     family = family_of_config(config)
+    try:
+        return _architecture(config, family)
+    except KeyError as exc:
+        raise UnsupportedModelError(f"config.json lacks {exc.args[0]!r}") from None
+    except (TypeError, ValueError) as exc:
+        raise UnsupportedModelError(f"config.json has a bad value: {exc}") from None
+
+
+def _architecture(config: Mapping[str, Any], family: Family) -> ModelArchitecture:
     hidden = int(config["hidden_size"])
     num_heads = int(config["num_attention_heads"])
     theta, scaling = _rope_settings(config)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from engine.config import ModelArchitecture
 from engine.errors import UnsupportedModelError
@@ -90,6 +91,23 @@ def load_model(
 ) -> LoadedModel:
     """Loads weights and tokenizer from one source; `path=None` means the bundled SmolLM2."""
     resolved = Path(path if path is not None else default_model_path()).expanduser()
+    try:
+        return _load(resolved, dtype=dtype, device=device, progress=progress)
+    except UnsupportedModelError as exc:
+        if str(resolved) in str(exc):  # it names the file already
+            raise
+        raise UnsupportedModelError(f"cannot load {resolved}: {exc}") from None
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as exc:
+        # A truncated file, a corrupt header, a config with a missing field: the reader's
+        # own error, named with the file it came from.
+        detail = f"{type(exc).__name__}: {exc}"
+        raise UnsupportedModelError(f"cannot load {resolved}: {detail}") from exc
+
+
+def _load(
+    resolved: Path, *, dtype: torch.dtype, device: str | torch.device, progress: bool
+) -> LoadedModel:
+    """`load_model` on a resolved path, with each reader's own errors."""
     if resolved.is_file() and resolved.suffix == ".gguf":
         model, arch = load_gguf_model(str(resolved), dtype=dtype, device=device, progress=progress)
         tokenizer = load_gguf_tokenizer(resolved)

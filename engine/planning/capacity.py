@@ -155,12 +155,17 @@ def plan_capacity(
 
 
 def count_parameters(arch: ModelArchitecture) -> int:
-    """Weights of a Llama-family decoder: embeddings, attention, MLP, norms and the head."""
+    """Weights of a decoder of any registered family: embeddings, attention, MLP, norms
+    and the head."""
     hidden, heads_dim = arch.hidden_size, arch.num_heads * arch.head_dim
     kv_dim = arch.num_kv_heads * arch.head_dim
     attention = hidden * heads_dim * 2 + hidden * kv_dim * 2  # q and o; k and v
     if arch.attention_bias:
         attention += heads_dim + 2 * kv_dim
+    if arch.output_bias:
+        attention += hidden
+    if arch.qk_norm:
+        attention += 2 * arch.head_dim
     mlp = 3 * hidden * arch.intermediate_size
     per_layer = attention + mlp + 2 * hidden  # two RMSNorms
     embeddings = arch.vocab_size * hidden

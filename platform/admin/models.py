@@ -56,6 +56,10 @@ class RegisteredModel(Base):
     dtype: Mapped[str | None] = mapped_column(String(16), default=None)
     # The most output tokens one request may ask of it (None: its context); migration 0012.
     max_output_tokens: Mapped[int | None] = mapped_column(Integer, default=None)
+    # Its family ("qwen3") and how its matrices are stored ("Q4_K+Q6_K", "BF16"), as the
+    # server that loaded it read them; None if unknown (migration 0013).
+    family: Mapped[str | None] = mapped_column(String(32), default=None)
+    quantization: Mapped[str | None] = mapped_column(String(64), default=None)
 
 
 class ModelPrice(Base):

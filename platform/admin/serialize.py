@@ -134,6 +134,8 @@ def _model_fields(m: RegisteredModel) -> dict[str, Any]:
         "device": m.device,
         "dtype": m.dtype,
         "max_output_tokens": m.max_output_tokens,
+        "family": m.family,
+        "quantization": m.quantization,
         "created_at": m.created_at,
     }
 

@@ -40,6 +40,8 @@ class ServedModel:
     revision: str  # a fingerprint of the weights (see `fingerprint`)
     device: str | None = None  # "cpu", "cuda", ...: as the engine was built
     dtype: str | None = None  # "float32", "bfloat16", ...
+    family: str | None = None  # "qwen3", "llama", ... (engine.model.registry)
+    quantization: str | None = None  # "Q4_K+Q6_K", "BF16", ...
 
 
 def fingerprint(source: Path) -> str:
@@ -68,6 +70,8 @@ def describe(
     *,
     device: str | None = None,
     dtype: str | None = None,
+    family: str | None = None,
+    quantization: str | None = None,
 ) -> ServedModel:
     """The registry's description of a model file (GGUF) or Hugging Face folder."""
     fmt = "safetensors" if source.is_dir() else "gguf"
@@ -79,6 +83,8 @@ def describe(
         revision=fingerprint(source),
         device=device,
         dtype=dtype,
+        family=family,
+        quantization=quantization,
     )
 
 
@@ -131,7 +137,16 @@ def _record_loaded(session: Session, audit: AuditWriter, served: ServedModel) ->
         _audit(audit, "model.register", served.name, revision=served.revision)
     changed = {
         field: getattr(served, field)
-        for field in ("source", "format", "context_length", "revision", "device", "dtype")
+        for field in (
+            "source",
+            "format",
+            "context_length",
+            "revision",
+            "device",
+            "dtype",
+            "family",
+            "quantization",
+        )
         if getattr(row, field) != getattr(served, field)
     }
     for field, value in changed.items():

@@ -1,7 +1,7 @@
 """The one block `cloister serve` logs once it serves: what runs, with which policies, where.
 
 Cloister is serving
-  model      smollm2-135m-instruct  (context 8192; KV 2048 blocks x 16 = 32768 tokens)
+  model      smollm2-135m-instruct  (llama, Q4_1+Q8_0; context 8192; KV 2048 blocks x 16 = ...)
   engine     device cpu, dtype float32, attention torch, thread mode
   isolation  cache per tenant unless a tenant narrows it; prefix cache hash; ...
   fairness   fair_lpm scheduling; concurrency reject; limiter in-memory
@@ -14,11 +14,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.engine_client import EngineClient
 from server.logging_setup import MESSAGE_HAS_FIELDS
 from server.settings import Settings
+
+if TYPE_CHECKING:
+    from engine.planning.model_source import ModelFacts
 
 logger = logging.getLogger("cloister.serve")
 
@@ -31,6 +34,9 @@ class ServedModel:
     context_tokens: int
     kv_blocks: int
     block_size: int
+    family: str = ""  # engine.model.registry's name; "" when the caller built the engine
+    quantization: str = ""  # how its matrices are stored (Q4_K+Q6_K, BF16, ...)
+    sliding_window: int | None = None
 
     @property
     def kv_tokens(self) -> int:
@@ -60,7 +66,11 @@ class StartupSummary:
                 if m.kv_blocks
                 else "KV size unknown"
             )
-            lines.append(f"  {'model':<10} {m.name}  (context {m.context_tokens}; {kv})")
+            facts = [f for f in (m.family, m.quantization) if f]
+            if m.sliding_window is not None:
+                facts.append(f"window {m.sliding_window} bounds the context")
+            head = f"{', '.join(facts)}; " if facts else ""
+            lines.append(f"  {'model':<10} {m.name}  ({head}context {m.context_tokens}; {kv})")
         lines.append(
             f"  {'engine':<10} device {self.device}, dtype {self.dtype}, "
             f"attention {self.attention}, {self.engine_mode} mode"
@@ -85,15 +95,20 @@ def build_summary(
 ) -> StartupSummary:
     """The summary of a server about to serve `engines`, started with `engine_options`
     (the resolved ones; empty when the engine was built by the caller)."""
+    paths = {spec.name: spec.path for spec in settings.served_models}
     models = []
     for name, engine in engines.items():
         snap = engine.stats()
+        facts = _facts(paths.get(name)) if engine_options and name in paths else None
         models.append(
             ServedModel(
                 name=name,
                 context_tokens=int(engine.max_model_len),
                 kv_blocks=snap.num_blocks,
                 block_size=snap.block_size,
+                family=facts.family if facts else "",
+                quantization=facts.quantization if facts else "",
+                sliding_window=facts.sliding_window if facts else None,
             )
         )
     floors = []
@@ -130,6 +145,19 @@ def build_summary(
             "metrics": f"{base}/metrics",
         },
     )
+
+
+def _facts(path: str | None) -> ModelFacts | None:
+    """The served file's family and storage (None: the bundled model); None if unreadable,
+    since the summary never stops a server that loaded the model."""
+    from engine.model.loader import default_model_path
+    from engine.planning.model_source import read_model_facts
+
+    try:
+        return read_model_facts(path or default_model_path())
+    except Exception:  # noqa: BLE001 (any reader error only leaves the facts out)
+        logger.warning("could not read the family of %s", path, exc_info=True)
+        return None
 
 
 def log_summary(summary: StartupSummary) -> None:

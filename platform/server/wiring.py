@@ -90,6 +90,25 @@ def resolve_weight_quant_setting(requested: str, device: str) -> str:
     return requested
 
 
+def check_model_files(settings: Settings) -> None:
+    """Reads each served model's metadata (config.json or the GGUF header), so that a
+    missing, unknown or absurd model stops `cloister serve` with the file's name before
+    anything is made; raises UnsupportedModelError."""
+    from engine.errors import UnsupportedModelError
+    from engine.model.loader import default_model_path
+    from engine.planning.model_source import read_model_architecture
+
+    for spec in settings.served_models:
+        path = spec.path or default_model_path()
+        try:
+            read_model_architecture(path)
+        except UnsupportedModelError as exc:
+            raise UnsupportedModelError(f"model {spec.name!r} ({path}): {exc}") from None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            detail = f"{type(exc).__name__}: {exc}"
+            raise UnsupportedModelError(f"model {spec.name!r} ({path}): {detail}") from None
+
+
 def serve_engine_options(
     settings: Settings, *, cuda_available: bool | None = None
 ) -> dict[str, Any]:
@@ -498,18 +517,28 @@ def record_served_models(
 
     from admin import registry
     from admin.served_models import describe, record_served
+    from engine.errors import UnsupportedModelError
     from engine.model.loader import default_model_path
+    from engine.planning.model_source import read_model_facts
 
-    served = [
-        describe(
-            spec.name,
-            Path(spec.path or default_model_path()),
-            context_length,
-            device=device,
-            dtype=dtype,
+    served = []
+    for spec, context_length in models:
+        path = Path(spec.path or default_model_path())
+        try:
+            facts = read_model_facts(path)
+        except (UnsupportedModelError, OSError, ValueError):
+            facts = None  # an engine server's own copy may differ; the row names none then
+        served.append(
+            describe(
+                spec.name,
+                path,
+                context_length,
+                device=device,
+                dtype=dtype,
+                family=facts.family if facts else None,
+                quantization=facts.quantization if facts else None,
+            )
         )
-        for spec, context_length in models
-    ]
     record_served(services.sessions, services.audit_writer, *served)
     for one in served:
         with services.sessions() as session:

@@ -26,5 +26,5 @@ FAMILY = Family(
     gguf_architectures=("qwen3",),
     traits=qwen3_traits,
     gguf_block_names={"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"},
-    notes="thinking models: <think> is returned as reasoning_content",
+    notes="per-head q/k RMSNorm",
 )

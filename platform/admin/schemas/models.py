@@ -85,6 +85,8 @@ class ModelPublic(BaseModel):
     dtype: str | None
     # The most output tokens one request may ask for (None: the context length).
     max_output_tokens: int | None
+    family: str | None  # "qwen3", "llama", ...: as the server that loaded it read it
+    quantization: str | None  # "Q4_K+Q6_K", "BF16", ...: how its matrices are stored
     created_at: IsoTime | None
     price: PricePublic | None
 

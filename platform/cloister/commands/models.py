@@ -1,4 +1,5 @@
-"""`cloister models ...`: list registered models and set a model's output cap.
+"""`cloister models ...`: list registered models, set a model's output cap, and list
+the model families the engine runs.
 
 A running server applies a changed cap within its refresh interval, beside each key's
 own `max_output_tokens` (the smaller one wins).
@@ -85,3 +86,27 @@ def set_(name: str, max_output_tokens: int | Cleared, as_json: bool) -> None:
 
 
 commands: list[click.Command] = [models]
+
+
+@models.command("families")
+@json_option
+def families(as_json: bool) -> None:
+    """List the model families `cloister serve --model NAME=PATH` runs, by the names a
+    Hugging Face folder (config.json `architectures`) or a GGUF file declares."""
+    from engine.model.gguf_loader import SUPPORTED_TENSOR_TYPES
+    from engine.model.registry import FAMILIES
+
+    gguf_types = sorted(t.name for t in SUPPORTED_TENSOR_TYPES)
+    rows = [{**f.describe(), "gguf_tensor_types": gguf_types} for f in FAMILIES]
+
+    def text() -> str:
+        lines = [f"{'FAMILY':<9} {'HUGGING FACE':<20} {'GGUF':<7} NOTES"]
+        lines += [
+            f"{r['family']:<9} {', '.join(r['hf_architectures']):<20} "
+            f"{', '.join(r['gguf_architectures']) or '-':<7} {r['notes']}"
+            for r in rows
+        ]
+        lines.append(f"GGUF tensor types: {', '.join(gguf_types)}")
+        return "\n".join(lines)
+
+    echo_result(rows, as_json, text)

@@ -121,6 +121,7 @@ def run_server(settings: Settings, *, engine: Any | None = None) -> None:
     import uvicorn
 
     from admin.app import with_audit_checkpoints
+    from engine.errors import UnsupportedModelError
     from engine.kv_events_endpoint import KVEventsEndpointError
     from engine.process_engine import EngineStartError
     from server.logging_setup import configure_logging
@@ -129,6 +130,7 @@ def run_server(settings: Settings, *, engine: Any | None = None) -> None:
     from server.wiring import (
         DeviceUnavailableError,
         build_app,
+        check_model_files,
         close_at_shutdown,
         prepare_database,
         serve_engine_options,
@@ -140,6 +142,7 @@ def run_server(settings: Settings, *, engine: Any | None = None) -> None:
         # (no file, no log handler).
         if engine is None:
             serve_engine_options(settings)
+            check_model_files(settings)
         check_exporter(settings.otel_exporter, settings.otel_protocol)
         configure_logging(settings.log_level, fmt=settings.log_format)
         first_start = prepare_database(settings)
@@ -150,6 +153,7 @@ def run_server(settings: Settings, *, engine: Any | None = None) -> None:
         KVEventsEndpointError,  # a KV events port that is taken
         EngineStartError,  # the engine process could not build its engine
         SecretMismatchError,  # another key pepper, session or audit key than the database's
+        UnsupportedModelError,  # a model file that cannot be read or run, by name
     ) as exc:
         raise click.ClickException(str(exc)) from None
     with_audit_checkpoints(app, app.state.admin_services)  # every T s and at shutdown

@@ -104,10 +104,15 @@ def write_model_gguf(
     *,
     qtype: GGMLQuantizationType = GGMLQuantizationType.F32,
     permute_qk: bool = True,
+    raw: Mapping[str, tuple[np.ndarray, GGMLQuantizationType]] | None = None,
 ) -> Path:
-    """A full model file: metadata from `arch`, 2-D weights stored as `qtype`, norms F32."""
+    """A full model file: metadata from `arch`, 2-D weights stored as `qtype`, norms F32;
+    the tensors named in `raw` are written as those bytes of that type instead."""
     writer = _model_writer(path, arch)
     for name, tensor in state.items():
+        if raw and name in raw:
+            writer.add_tensor(gguf_name(name), raw[name][0], raw_dtype=raw[name][1])
+            continue
         array = tensor.float().numpy()
         if permute_qk and ".q_proj." in name:
             array = llama_cpp_permute(array, arch.num_heads)

@@ -115,3 +115,23 @@ def test_qwen_ignores_a_window_it_does_not_turn_on(tmp_path: Path) -> None:
     loaded = load_model(str(folder), dtype=torch.float32, device="cpu")
     assert loaded.arch.sliding_window is None
     assert loaded.arch.context_limit == 2048
+
+
+@pytest.mark.parametrize("overrides", [{}, {"attention_bias": True}], ids=["plain", "biased"])
+def test_the_capacity_planner_counts_every_familys_parameters(
+    overrides: dict[str, bool],
+) -> None:
+    from engine.config import ModelArchitecture
+    from engine.model.hf_loader import architecture_from_config
+    from engine.model.llama import LlamaForCausalLM
+    from engine.planning.capacity import count_parameters
+    from tests.utils.hf_families import family_config
+
+    for name in FAMILY_NAMES:
+        if overrides and name in ("mistral", "phi3"):
+            continue  # their configs have no attention_bias
+        arch: ModelArchitecture = architecture_from_config(
+            family_config(name, **overrides).to_dict()
+        )
+        model = LlamaForCausalLM.empty(arch, dtype=torch.float32, device="meta")
+        assert count_parameters(arch) == sum(p.numel() for p in model.parameters()), name

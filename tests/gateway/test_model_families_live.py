@@ -1,0 +1,158 @@
+"""The new model families served by `cloister serve --model NAME=PATH`, live over HTTP.
+
+Three tiny random-weight folders saved by transformers itself (Qwen3, Phi-3, and a
+Mistral with a sliding window) run in one real `build_app`, served by uvicorn, and are
+used with the openai SDK: each answers, tenants keep their own caches, the registry
+records each one's family and storage type, the start-up summary names them, and the
+window bounds what the Mistral accepts with a clear 400.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import uvicorn
+from openai import OpenAI
+
+from admin.identity import create_admin_token
+from server.settings import Settings
+from server.startup_summary import build_summary
+from server.wiring import build_app
+from tenancy import store
+from tenancy.db import make_engine, make_session_factory, upgrade_database
+from tests.gateway.conftest import PEPPER, free_port
+from tests.utils.hf_families import make_family_dir
+
+pytestmark = pytest.mark.slow
+
+WINDOW = 64
+PROMPT = "Tell me about the mountains near the lake, the river and the old town."
+
+
+@dataclass
+class Served:
+    """The running server: its URL, two tenants' keys, an admin token, the app."""
+
+    base_url: str
+    keys: tuple[str, str]
+    admin: str
+    app: Any
+    settings: Settings
+
+    def client(self, tenant: int = 0) -> OpenAI:
+        """An openai SDK client with one tenant's key."""
+        return OpenAI(
+            base_url=self.base_url + "/v1", api_key=self.keys[tenant], max_retries=0, timeout=120
+        )
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    tmp = tmp_path_factory.mktemp("families")
+    qwen3 = make_family_dir(tmp / "models", "qwen3", seed=1)
+    phi3 = make_family_dir(tmp / "models", "phi3", seed=2)
+    mistral = make_family_dir(tmp / "models", "mistral", seed=3, sliding_window=WINDOW)
+    settings = Settings(
+        data_dir=tmp,
+        key_pepper=PEPPER,
+        models=[f"q3={qwen3}", f"phi={phi3}", f"mis={mistral}"],
+        attention_backend="torch",
+        max_model_len=256,
+        kv_cache_bytes=8 * 1024 * 1024,
+        block_size=16,
+        config_refresh_s=0.0,
+    )
+    upgrade_database(settings.resolved_database_url)
+    sessions = make_session_factory(make_engine(settings.resolved_database_url))
+    with sessions() as s:
+        keys = []
+        for name in ("acme", "globex"):
+            store.create_tenant(s, name=name)
+            keys.append(store.create_key(s, tenant_name=name, pepper=PEPPER).secret)
+        admin = create_admin_token(s, pepper=PEPPER, role="admin").secret
+    app = build_app(settings)
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.05)
+    try:
+        yield Served(f"http://127.0.0.1:{port}", (keys[0], keys[1]), admin, app, settings)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+        app.state.metering.close()
+        for writer in app.state.background_writers:
+            writer.close()
+
+
+def _chat(served: Served, model: str, tenant: int = 0) -> tuple[str, int]:
+    """A greedy chat completion's text and its cached prompt tokens."""
+    done = served.client(tenant).chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": PROMPT}],
+        max_tokens=6,
+        temperature=0,
+    )
+    assert done.model == model and done.usage is not None
+    assert done.usage.completion_tokens == 6
+    details = done.usage.prompt_tokens_details
+    return done.choices[0].message.content or "", (details.cached_tokens or 0) if details else 0
+
+
+@pytest.mark.parametrize("model", ["q3", "phi", "mis"])
+def test_each_family_answers_and_keeps_each_tenants_cache_its_own(
+    served: Served, model: str
+) -> None:
+    text, cold = _chat(served, model, tenant=0)
+    again, warm = _chat(served, model, tenant=0)
+    other, theirs = _chat(served, model, tenant=1)
+    assert cold == 0 and warm >= 16  # the same tenant hits its own cache
+    assert theirs == 0  # the other tenant's first request finds nothing of acme's
+    assert again == text == other  # greedy: the cache changes nothing in the answer
+
+
+def test_the_registry_records_family_and_storage(served: Served) -> None:
+    r = httpx.get(
+        served.base_url + "/admin/api/v1/models",
+        headers={"Authorization": f"Bearer {served.admin}"},
+        timeout=30,
+    )
+    assert r.status_code == 200
+    rows = {m["name"]: m for m in r.json()["items"]}
+    assert {n: (rows[n]["family"], rows[n]["quantization"]) for n in ("q3", "phi", "mis")} == {
+        "q3": ("qwen3", "F32"),
+        "phi": ("phi3", "F32"),
+        "mis": ("mistral", "F32"),
+    }
+    assert rows["mis"]["context_length"] == WINDOW
+
+
+def test_the_startup_summary_names_family_storage_and_window(served: Served) -> None:
+    engines = served.app.state.cloister.engines
+    text = build_summary(served.settings, engines, {"device": "cpu"}).text()
+    assert "q3  (qwen3, F32; context 256;" in text
+    assert "phi  (phi3, F32; context 256;" in text
+    assert f"mis  (mistral, F32, window {WINDOW} bounds the context; context {WINDOW};" in text
+
+
+def test_a_prompt_past_the_window_is_a_clear_400(served: Served) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        served.client().completions.create(model="mis", prompt=PROMPT * 4, max_tokens=4)
+    body = refused.value.body
+    assert isinstance(body, dict) and str(WINDOW) in str(body.get("message"))
+    # The same prompt fits the other models' contexts.
+    done = served.client().completions.create(model="phi", prompt=PROMPT * 2, max_tokens=2)
+    assert done.usage is not None and done.usage.completion_tokens == 2

@@ -1,0 +1,51 @@
+"""Migration 0013 (a loaded model's family and storage type) keeps data both ways."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from tenancy.db import downgrade_database, make_engine, upgrade_database
+
+
+def _columns(engine: sa.Engine) -> set[str]:
+    return {c["name"] for c in sa.inspect(engine).get_columns("registry_models")}
+
+
+def _round_trip(url: str) -> None:
+    upgrade_database(url, "0012")
+    engine = make_engine(url)
+    with engine.begin() as c:
+        c.execute(
+            sa.text(
+                "INSERT INTO registry_models (id, name, revision, source, format, context_length,"
+                " status, created_at) VALUES ('mdl_1', 'm', 'main', '/m', 'gguf', 512, 'loaded',"
+                " :n)"
+            ),
+            {"n": dt.datetime.now(dt.UTC)},
+        )
+    upgrade_database(url, "0013")
+    assert {"family", "quantization"} <= _columns(engine)
+    with engine.connect() as c:
+        # A row registered before names neither.
+        assert tuple(
+            c.execute(sa.text("SELECT family, quantization FROM registry_models")).one()
+        ) == (None, None)
+    with engine.begin() as c:
+        c.execute(sa.text("UPDATE registry_models SET family = 'qwen3', quantization = 'Q4_K'"))
+    downgrade_database(url, "0012")
+    assert not {"family", "quantization"} & _columns(engine)
+    with engine.connect() as c:
+        assert c.execute(sa.text("SELECT context_length FROM registry_models")).scalar_one() == 512
+    engine.dispose()
+    upgrade_database(url)
+
+
+def test_sqlite_0013_round_trip(tmp_path: Path) -> None:
+    _round_trip(f"sqlite:///{tmp_path / 'm.db'}")
+
+
+def test_postgres_0013_round_trip(postgres_url: str) -> None:
+    _round_trip(postgres_url)
