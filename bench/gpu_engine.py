@@ -116,6 +116,7 @@ def make_engine(
     max_num_batched_tokens: int,
     attention_backend: str = "auto",
     cuda_graphs: bool = True,
+    cpu_packed_linears: bool = False,
 ) -> LLMEngine:
     """An engine around an in-memory model; decode graphs captured on CUDA."""
     arch = model.arch
@@ -138,6 +139,7 @@ def make_engine(
         prefix_cache="off",
         attention_backend=attention_backend,
         enforce_eager=not cuda_graphs,
+        cpu_packed_linears=cpu_packed_linears,
     )
     engine = LLMEngine(config, loaded)
     if device.type == "cuda" and cuda_graphs and engine.runner.graphs is None:

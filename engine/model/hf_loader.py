@@ -41,6 +41,13 @@ def architecture_from_config(config: Mapping[str, Any]) -> ModelArchitecture:
     A missing or ill-typed field is refused by name (UnsupportedModelError).
     """
     family = family_of_config(config)
+    quantized = config.get("quantization_config")
+    if quantized:
+        method = quantized.get("quant_method") if isinstance(quantized, Mapping) else quantized
+        raise UnsupportedModelError(
+            f"quantized Hugging Face checkpoints ({method!r}) are not supported yet; "
+            "serve the unquantized folder, or a GGUF file of any common quantization"
+        )
     try:
         return _architecture(config, family)
     except KeyError as exc:

@@ -56,6 +56,12 @@ def unknown_architecture(tmp: Path) -> Path:
     return folder
 
 
+def gptq_folder(tmp: Path) -> Path:
+    folder = make_tiny_model_dir(tmp)
+    _edit_config(folder, quantization_config={"quant_method": "gptq", "bits": 4})
+    return folder
+
+
 def missing_tensor(tmp: Path) -> Path:
     folder = make_tiny_model_dir(tmp)
     state = load_file(str(folder / "model.safetensors"))
@@ -84,6 +90,7 @@ CASES: dict[str, tuple[Callable[[Path], Path], tuple[str, ...], bool]] = {
     "absurd-hidden": (absurd_hidden, ("hidden_size", "1000000000000"), True),
     "missing-field": (missing_field, ("config.json lacks", "num_hidden_layers"), True),
     "unknown-architecture": (unknown_architecture, ("GPT2LMHeadModel", "Qwen3ForCausalLM"), True),
+    "gptq-folder": (gptq_folder, ("'gptq'", "not supported yet", "GGUF"), True),
     "missing-tensor": (missing_tensor, ("down_proj",), False),
     "truncated-gguf": (truncated_gguf, ("as GGUF",), True),
     "unknown-tensor-type": (

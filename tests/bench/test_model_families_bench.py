@@ -1,0 +1,54 @@
+"""bench/model_families.py: bad arguments are refused before any model is built, and a
+tiny run measures both sides for each family asked and ends with one JSON line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.model_families import main
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--families", "gpt2"], "--families: unknown gpt2; known: llama, qwen2"),
+        (["--batches", "one"], "--batches: 'one' is not a comma-separated list"),
+        (["--batches", "0,8"], "every value must be between 1 and 64"),
+        (["--new-tokens", "1"], "--new-tokens: must be between 2 and 1024, not 1"),
+        (["--threads", "0"], "--threads: must be between 1 and 256, not 0"),
+        (["--shape", "huge"], "invalid choice: 'huge'"),
+    ],
+)
+def test_bad_arguments_are_refused_with_a_clear_message(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_tiny_run_reports_both_sides_per_family(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    png = tmp_path / "ratios.png"
+    argv = ["--shape", "tiny", "--families", "qwen3,phi3", "--batches", "1,2"]
+    returned = main([*argv, "--new-tokens", "4", "--threads", "1", "--plot", str(png)])
+    lines = capsys.readouterr().out.strip().splitlines()
+    report = json.loads(lines[-1])
+    assert report == json.loads(json.dumps(returned))
+    assert set(report["families"]) == {"qwen3", "phi3"}
+    for rows in report["families"].values():
+        assert set(rows) == {"1", "2"}
+        for row in rows.values():
+            assert row["ours_decode_tps"] > 0 and row["hf_decode_tps"] > 0
+            assert row["ratio_decode"] == pytest.approx(
+                row["ours_decode_tps"] / row["hf_decode_tps"], rel=0.01
+            )
+    assert report["goal"] == {"batch": 2, "ratio": 1.5}
+    assert set(report["goal_met"]) == {"qwen3", "phi3"}
+    assert png.stat().st_size > 1000
