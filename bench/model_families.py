@@ -56,6 +56,14 @@ SHAPES: dict[str, dict[str, int]] = {
 }
 
 
+# The mixture-of-experts families' own fields, scaled to the shapes above (Mixtral's
+# 8 experts, top 2; Qwen3-MoE's many narrow experts, fewer than its 128, top 4).
+MOE_FIELDS: dict[str, dict[str, Any]] = {
+    "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2},
+    "qwen3_moe": {"num_experts": 16, "num_experts_per_tok": 4, "norm_topk_prob": True},
+}
+
+
 def hf_model(family: str, shape: dict[str, int], seed: int) -> Any:
     """transformers' model of `family` at `shape`, seeded weights, eval mode, fp32."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -72,6 +80,12 @@ def hf_model(family: str, shape: dict[str, int], seed: int) -> Any:
         eos_token_id=shape["vocab_size"] - 1,
         pad_token_id=shape["vocab_size"] - 1,
         **shape,
+        **MOE_FIELDS.get(family, {}),
+        **(
+            {"moe_intermediate_size": shape["intermediate_size"] // 4}
+            if family == "qwen3_moe"
+            else {}
+        ),
     )
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     gen = torch.Generator().manual_seed(seed)
@@ -211,8 +225,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     finally:
         torch.set_num_threads(threads)  # main() may run inside another program (a test)
     print(f"{'family':<8} {'batch':>5} {'ours tok/s':>11} {'HF tok/s':>9} {'ratio':>6}")
-    for family, rows in results.items():
-        for b, r in rows.items():
+    for family, by_batch in results.items():
+        for b, r in by_batch.items():
             print(
                 f"{family:<8} {b:>5} {r['ours_decode_tps']:>11.1f} "
                 f"{r['hf_decode_tps']:>9.1f} {r['ratio_decode']:>6.2f}"

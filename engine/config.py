@@ -51,6 +51,16 @@ class ModelArchitecture:
     qk_norm: bool = False  # per-head RMSNorm on q and k before rotary (Qwen3)
     # Each token attends to at most this many tokens back (Mistral v0.1); None: all.
     sliding_window: int | None = None
+    # Mixture of experts (engine/model/moe.py); num_experts 0: every layer is dense.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    moe_renormalize: bool = True  # top-k weights rescaled to sum to 1 (Mixtral: always)
+    dense_layers: tuple[int, ...] = ()  # layers of an MoE model with a dense MLP
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether `layer`'s feed-forward is the sparse one."""
+        return self.num_experts > 0 and layer not in self.dense_layers
 
     def __post_init__(self) -> None:
         """Refuses shapes no checkpoint has (a hostile or corrupt config), by field,
@@ -70,6 +80,21 @@ class ModelArchitecture:
             )
         if self.head_dim % 2:
             raise UnsupportedModelError(f"head_dim must be even for rotary, not {self.head_dim}")
+        if self.num_experts:
+            if not 1 <= self.num_experts <= 1024:
+                raise UnsupportedModelError(
+                    f"num_experts must be in [1, 1024], not {self.num_experts}"
+                )
+            if not 1 <= self.num_experts_per_tok <= self.num_experts:
+                raise UnsupportedModelError(
+                    f"num_experts_per_tok must be in [1, num_experts], "
+                    f"not {self.num_experts_per_tok}"
+                )
+            if not 1 <= self.moe_intermediate_size <= _SHAPE_BOUNDS["intermediate_size"]:
+                raise UnsupportedModelError(
+                    f"the experts' intermediate size must be in "
+                    f"[1, {_SHAPE_BOUNDS['intermediate_size']}], not {self.moe_intermediate_size}"
+                )
 
     @property
     def context_limit(self) -> int:

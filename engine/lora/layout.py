@@ -109,6 +109,11 @@ def check_layout(
     settings: AdapterSettings, shapes: Mapping[str, Sequence[int]], arch: ModelArchitecture
 ) -> AdapterLayout:
     """Checks every tensor's name and shape against the model `arch`."""
+    if arch.num_experts:  # the experts' projections have no LoRA path
+        raise InvalidAdapterError(
+            f"LoRA adapters are not supported on mixture-of-experts models ({arch.architecture})",
+            param="path",
+        )
     halves: dict[tuple[int, str, str], str] = {}
     for key in shapes:
         match = _KEY.search(key)

@@ -30,6 +30,7 @@ from engine.lora.batch import LoraBatch
 from engine.model.cpu_linear import PackedLinear, float_linear, packed_linear
 from engine.model.forward_context import ForwardContext
 from engine.model.fused import FusedOps
+from engine.model.moe import MoEBlock
 from engine.model.quant import (
     QUANT_MAX_ROWS,
     QUANT_MAX_ROWS_BF16,
@@ -284,7 +285,11 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.self_attn = LlamaAttention(arch, layer_idx)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.mlp = LlamaMLP(arch.hidden_size, arch.intermediate_size, layer_idx)
+        self.mlp: LlamaMLP | MoEBlock = (
+            MoEBlock(arch, layer_idx)
+            if arch.is_moe_layer(layer_idx)
+            else LlamaMLP(arch.hidden_size, arch.intermediate_size, layer_idx)
+        )
 
     def forward(
         self,

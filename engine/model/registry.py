@@ -12,7 +12,7 @@ from types import MappingProxyType
 from typing import Any
 
 from engine.errors import UnsupportedModelError
-from engine.model.families import llama, mistral, phi3, qwen2, qwen3
+from engine.model.families import llama, mistral, mixtral, phi3, qwen2, qwen3, qwen3_moe
 from engine.model.families.base import Family
 
 FAMILIES: tuple[Family, ...] = (
@@ -21,6 +21,8 @@ FAMILIES: tuple[Family, ...] = (
     qwen3.FAMILY,
     mistral.FAMILY,
     phi3.FAMILY,
+    mixtral.FAMILY,
+    qwen3_moe.FAMILY,
 )
 
 # Hugging Face architecture class name -> family.

@@ -34,11 +34,22 @@ class ModelShape:
     num_kv_heads: int
     head_dim: int
     num_params: int | None = None  # None: weights must be given as bytes
+    # What one token runs through (a mixture of experts' top-k, not all experts).
+    active_params: int | None = None
+    # The longest context served: the model's, bounded by a sliding window.
+    context_limit: int | None = None
 
     @classmethod
     def from_architecture(cls, arch: ModelArchitecture) -> ModelShape:
-        """The shape of a Llama-family model read from its own config or GGUF metadata."""
-        return cls(arch.num_layers, arch.num_kv_heads, arch.head_dim, count_parameters(arch))
+        """The shape of a model of any registered family, from its config or GGUF header."""
+        return cls(
+            arch.num_layers,
+            arch.num_kv_heads,
+            arch.head_dim,
+            count_parameters(arch),
+            count_active_parameters(arch),
+            arch.context_limit,
+        )
 
     def kv_bytes_per_token(self, kv_dtype: str) -> int:
         """2 (K and V) x layers x KV heads x head dim x bytes per element."""
@@ -87,6 +98,11 @@ class CapacityPlan:
     p99_to_mean_prompt: float | None
     concurrency_at_p99: int | None
     replicas_for_peak_at_p99: int | None
+    # From the model, when one was read: its weights (all experts), what one token
+    # runs through, and the longest context it serves.
+    num_params: int | None = None
+    active_params: int | None = None
+    context_limit: int | None = None
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready values."""
@@ -134,6 +150,11 @@ def plan_capacity(
         if peak_concurrency is not None:
             replicas_p99 = math.ceil(peak_concurrency * p99_resident * per_token / replica_kv)
     context = workload.context_tokens
+    if context is not None and shape.context_limit is not None and context > shape.context_limit:
+        raise CapacityInputError(
+            f"context_tokens {context} exceed the model's longest context, "
+            f"{shape.context_limit} tokens (its window or its context length)"
+        )
     return CapacityPlan(
         kv_bytes_per_token=per_token,
         kv_bytes_per_token_by_dtype={d: shape.kv_bytes_per_token(d) for d in KV_DTYPE_BYTES},
@@ -151,6 +172,9 @@ def plan_capacity(
         p99_to_mean_prompt=tail_ratio,
         concurrency_at_p99=concurrency_p99,
         replicas_for_peak_at_p99=replicas_p99,
+        num_params=shape.num_params,
+        active_params=shape.active_params,
+        context_limit=shape.context_limit,
     )
 
 
@@ -166,11 +190,24 @@ def count_parameters(arch: ModelArchitecture) -> int:
         attention += hidden
     if arch.qk_norm:
         attention += 2 * arch.head_dim
-    mlp = 3 * hidden * arch.intermediate_size
-    per_layer = attention + mlp + 2 * hidden  # two RMSNorms
+    dense = 3 * hidden * arch.intermediate_size
+    sparse = arch.num_experts * (hidden + 3 * hidden * arch.moe_intermediate_size)
+    mlps = sum(sparse if arch.is_moe_layer(i) else dense for i in range(arch.num_layers))
+    per_layer = attention + 2 * hidden  # and two RMSNorms
     embeddings = arch.vocab_size * hidden
     head = 0 if arch.tie_word_embeddings else embeddings
-    return embeddings + arch.num_layers * per_layer + hidden + head
+    return embeddings + arch.num_layers * per_layer + mlps + hidden + head
+
+
+def count_active_parameters(arch: ModelArchitecture) -> int:
+    """Weights one token runs through: a mixture-of-experts layer's router and its
+    top-k experts, not all of them (the same as `count_parameters` for dense models)."""
+    if not arch.num_experts:
+        return count_parameters(arch)
+    idle = arch.num_experts - arch.num_experts_per_tok
+    per_expert = 3 * arch.hidden_size * arch.moe_intermediate_size
+    moe_layers = sum(arch.is_moe_layer(i) for i in range(arch.num_layers))
+    return count_parameters(arch) - moe_layers * idle * per_expert
 
 
 def _dtype_bytes(name: str) -> int:

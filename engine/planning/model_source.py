@@ -42,6 +42,7 @@ class ModelFacts:
     quantization: str  # how its matrices are stored: "Q4_K+Q6_K", "BF16", "gptq", ...
     sliding_window: int | None
     context_limit: int
+    experts: tuple[int, int] | None = None  # (experts, per token) of an MoE model
 
 
 def read_model_facts(path: str | Path) -> ModelFacts:
@@ -53,6 +54,7 @@ def read_model_facts(path: str | Path) -> ModelFacts:
         quantization=_quantization(path),
         sliding_window=arch.sliding_window,
         context_limit=arch.context_limit,
+        experts=(arch.num_experts, arch.num_experts_per_tok) if arch.num_experts else None,
     )
 
 

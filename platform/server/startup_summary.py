@@ -37,6 +37,7 @@ class ServedModel:
     family: str = ""  # engine.model.registry's name; "" when the caller built the engine
     quantization: str = ""  # how its matrices are stored (Q4_K+Q6_K, BF16, ...)
     sliding_window: int | None = None
+    experts: tuple[int, int] | None = None  # (experts, per token) of an MoE model
 
     @property
     def kv_tokens(self) -> int:
@@ -67,6 +68,8 @@ class StartupSummary:
                 else "KV size unknown"
             )
             facts = [f for f in (m.family, m.quantization) if f]
+            if m.experts is not None:
+                facts.append(f"{m.experts[0]} experts, {m.experts[1]} per token")
             if m.sliding_window is not None:
                 facts.append(f"window {m.sliding_window} bounds the context")
             head = f"{', '.join(facts)}; " if facts else ""
@@ -109,6 +112,7 @@ def build_summary(
                 family=facts.family if facts else "",
                 quantization=facts.quantization if facts else "",
                 sliding_window=facts.sliding_window if facts else None,
+                experts=facts.experts if facts else None,
             )
         )
     floors = []

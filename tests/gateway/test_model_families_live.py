@@ -1,7 +1,7 @@
 """The new model families served by `cloister serve --model NAME=PATH`, live over HTTP.
 
-Three tiny random-weight folders saved by transformers itself (Qwen3, Phi-3, and a
-Mistral with a sliding window) run in one real `build_app`, served by uvicorn, and are
+Four tiny random-weight folders saved by transformers itself (Qwen3, Phi-3, a Mistral
+with a sliding window and a Mixtral, a mixture of experts) run in one real `build_app`, served by uvicorn, and are
 used with the openai SDK: each answers, tenants keep their own caches, the registry
 records each one's family and storage type, the start-up summary names them, and the
 window bounds what the Mistral accepts with a clear 400.
@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -27,8 +28,10 @@ from server.startup_summary import build_summary
 from server.wiring import build_app
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
+from tests.admin.zip_archives import zip_of
 from tests.gateway.conftest import PEPPER, free_port
 from tests.utils.hf_families import make_family_dir
+from tests.utils.lora_adapters import make_peft_adapter
 
 pytestmark = pytest.mark.slow
 
@@ -59,10 +62,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     qwen3 = make_family_dir(tmp / "models", "qwen3", seed=1)
     phi3 = make_family_dir(tmp / "models", "phi3", seed=2)
     mistral = make_family_dir(tmp / "models", "mistral", seed=3, sliding_window=WINDOW)
+    mixtral = make_family_dir(tmp / "models", "mixtral", seed=4)
     settings = Settings(
         data_dir=tmp,
         key_pepper=PEPPER,
-        models=[f"q3={qwen3}", f"phi={phi3}", f"mis={mistral}"],
+        models=[f"q3={qwen3}", f"phi={phi3}", f"mis={mistral}", f"mix={mixtral}"],
         attention_backend="torch",
         max_model_len=256,
         kv_cache_bytes=8 * 1024 * 1024,
@@ -112,7 +116,7 @@ def _chat(served: Served, model: str, tenant: int = 0) -> tuple[str, int]:
     return done.choices[0].message.content or "", (details.cached_tokens or 0) if details else 0
 
 
-@pytest.mark.parametrize("model", ["q3", "phi", "mis"])
+@pytest.mark.parametrize("model", ["q3", "phi", "mis", "mix"])
 def test_each_family_answers_and_keeps_each_tenants_cache_its_own(
     served: Served, model: str
 ) -> None:
@@ -132,10 +136,11 @@ def test_the_registry_records_family_and_storage(served: Served) -> None:
     )
     assert r.status_code == 200
     rows = {m["name"]: m for m in r.json()["items"]}
-    assert {n: (rows[n]["family"], rows[n]["quantization"]) for n in ("q3", "phi", "mis")} == {
+    assert {n: (rows[n]["family"], rows[n]["quantization"]) for n in rows} == {
         "q3": ("qwen3", "F32"),
         "phi": ("phi3", "F32"),
         "mis": ("mistral", "F32"),
+        "mix": ("mixtral", "F32"),
     }
     assert rows["mis"]["context_length"] == WINDOW
 
@@ -146,6 +151,7 @@ def test_the_startup_summary_names_family_storage_and_window(served: Served) -> 
     assert "q3  (qwen3, F32; context 256;" in text
     assert "phi  (phi3, F32; context 256;" in text
     assert f"mis  (mistral, F32, window {WINDOW} bounds the context; context {WINDOW};" in text
+    assert "mix  (mixtral, F32, 4 experts, 2 per token; context 256;" in text
 
 
 def test_a_prompt_past_the_window_is_a_clear_400(served: Served) -> None:
@@ -156,3 +162,31 @@ def test_a_prompt_past_the_window_is_a_clear_400(served: Served) -> None:
     # The same prompt fits the other models' contexts.
     done = served.client().completions.create(model="phi", prompt=PROMPT * 2, max_tokens=2)
     assert done.usage is not None and done.usage.completion_tokens == 2
+
+
+def test_a_lora_upload_for_the_mixture_of_experts_is_a_clear_400(
+    served: Served, tmp_path: Path
+) -> None:
+    paths = {s.name: s.path or "" for s in served.settings.served_models}
+
+    def upload(name: str, base: str) -> httpx.Response:
+        # An adapter of the attention's q projection: a shape every decoder here takes.
+        adapter = make_peft_adapter(
+            tmp_path / name, paths[base], rank=4, alpha=8, targets=["q_proj"]
+        )
+        return httpx.post(
+            served.base_url + "/admin/api/v1/adapters/upload",
+            params={"name": name, "base_model": base},
+            content=zip_of({p.name: p.read_bytes() for p in adapter.iterdir()}),
+            headers={"Authorization": f"Bearer {served.admin}"},
+            timeout=60,
+        )
+
+    refused = upload("mix-lora", "mix")
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert "not supported on mixture-of-experts models (mixtral)" in error["message"]
+    assert error["type"] == "invalid_request_error"
+    # The same adapter on the dense Mistral of the same server is accepted.
+    accepted = upload("mis-lora", "mis")
+    assert accepted.status_code == 201, accepted.text

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -113,3 +114,35 @@ def test_library_checks_its_inputs() -> None:
         plan_capacity(shape, hardware, Workload(100, 10, 0.02, p99_prompt_tokens=50))
     with pytest.raises(CapacityInputError, match="inter-token latency"):
         plan_capacity(shape, hardware, Workload(100, 10, math.inf))
+
+
+def test_a_mixture_of_experts_counts_all_weights_but_names_the_active_ones(
+    tmp_path: Path,
+) -> None:
+    from tests.utils.hf_families import make_family_dir
+
+    folder = make_family_dir(tmp_path, "mixtral", seed=1)  # 4 experts, top 2
+    arch = read_model_architecture(folder)
+    args = ["capacity", "--model", str(folder), "--device-memory-gb", "8",
+            "--mean-prompt", "100", "--mean-output", "50", "--itl-ms", "30"]  # fmt: skip
+    plan = json.loads(CliRunner().invoke(main, [*args, "--json"]).output)
+    assert plan["num_params"] == count_parameters(arch)
+    assert plan["weight_bytes_per_rank"] == count_parameters(arch) * 2  # fp16, all experts
+    # Two of the four experts idle per token, in each of the two layers.
+    expert = 3 * arch.hidden_size * arch.moe_intermediate_size
+    assert plan["active_params"] == plan["num_params"] - 2 * 2 * expert
+    text = CliRunner().invoke(main, args).output
+    assert f"({plan['active_params']:,} active per token)" in text
+
+
+def test_a_window_bounds_the_context_the_worksheet_accepts(tmp_path: Path) -> None:
+    from tests.utils.hf_families import make_family_dir
+
+    folder = make_family_dir(tmp_path, "mistral", seed=1, sliding_window=512)
+    args = ["capacity", "--model", str(folder), "--device-memory-gb", "8",
+            "--mean-prompt", "100", "--mean-output", "50", "--itl-ms", "30"]  # fmt: skip
+    plan = json.loads(CliRunner().invoke(main, [*args, "--json"]).output)
+    assert plan["context_limit"] == 512
+    refused = CliRunner().invoke(main, [*args, "--context-tokens", "4096"])
+    assert refused.exit_code != 0 and "Traceback" not in refused.output
+    assert "4096 exceed the model's longest context, 512 tokens" in refused.output

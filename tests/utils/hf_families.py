@@ -17,11 +17,13 @@ from transformers import (
     AutoModelForCausalLM,
     LlamaConfig,
     MistralConfig,
+    MixtralConfig,
     Phi3Config,
     PretrainedConfig,
     PreTrainedModel,
     Qwen2Config,
     Qwen3Config,
+    Qwen3MoeConfig,
 )
 
 from engine.model.registry import family_named
@@ -33,6 +35,21 @@ _CONFIGS: dict[str, type[PretrainedConfig]] = {
     "qwen3": Qwen3Config,
     "mistral": MistralConfig,
     "phi3": Phi3Config,
+    "mixtral": MixtralConfig,
+    "qwen3_moe": Qwen3MoeConfig,
+}
+# Each family's own fields at the tiny shape (experts: 4, top 2; Qwen3-MoE with its
+# released norm_topk_prob and one dense layer, as mlp_only_layers allows).
+_EXTRAS: dict[str, dict[str, Any]] = {
+    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    "qwen3_moe": {
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 48,
+        "norm_topk_prob": True,
+        "num_hidden_layers": 3,
+        "mlp_only_layers": [1],
+    },
 }
 TINY_SHAPE: dict[str, Any] = {
     "vocab_size": SMOLLM2_VOCAB,
@@ -54,7 +71,8 @@ TINY_SHAPE: dict[str, Any] = {
 def family_config(family: str, **overrides: Any) -> PretrainedConfig:
     """The family's transformers config at the tiny shape, with `overrides` on top."""
     declared = {"architectures": list(family_named(family).hf_architectures[:1])}
-    return _CONFIGS[family](**{**TINY_SHAPE, **declared, **overrides})
+    extras = _EXTRAS.get(family, {})
+    return _CONFIGS[family](**{**TINY_SHAPE, **declared, **extras, **overrides})
 
 
 def randomize(model: PreTrainedModel, seed: int) -> None:

@@ -85,3 +85,20 @@ def refuse_mlp_bias(config: Mapping[str, Any]) -> None:
     """The decoder's MLP has no biases; a config that asks for them is refused by name."""
     if config.get("mlp_bias"):
         raise UnsupportedModelError("mlp_bias=true is not supported (the MLP has no biases)")
+
+
+def split_fused_experts(name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+    """transformers 5's in-memory expert layout, `mlp.experts.gate_up_proj` [E, 2I, H]
+    (gate rows, then up) and `mlp.experts.down_proj` [E, H, I], as one tensor per expert
+    under the names a checkpoint uses; any other tensor passes through."""
+    if name.endswith(".mlp.experts.gate_up_proj") and tensor.dim() == 3:
+        prefix = name.removesuffix("gate_up_proj")
+        for e, (gate, up) in enumerate(t.chunk(2) for t in tensor):
+            yield f"{prefix}{e}.gate_proj.weight", gate
+            yield f"{prefix}{e}.up_proj.weight", up
+    elif name.endswith(".mlp.experts.down_proj") and tensor.dim() == 3:
+        prefix = name.removesuffix("down_proj")
+        for e, down in enumerate(tensor):
+            yield f"{prefix}{e}.down_proj.weight", down
+    else:
+        yield name, tensor

@@ -103,6 +103,8 @@ def capacity(
             kv_heads or shape.num_kv_heads,
             head_dim or shape.head_dim,
             shape.num_params,
+            shape.active_params,
+            shape.context_limit,
         )
         plan = plan_capacity(
             shape,
@@ -137,6 +139,19 @@ def _capacity_rows(plan: Any, kv_dtype: str) -> list[tuple[str, str]]:
         (f"KV bytes per token ({kv_dtype})", f"{plan.kv_bytes_per_token:,} B"),
         ("KV bytes per token by dtype", by_dtype),
         ("weights per rank", f"{plan.weight_bytes_per_rank / GB:,.2f} GB"),
+    ]
+    if plan.num_params is not None:
+        active = plan.active_params
+        rows.append(
+            (
+                "parameters",
+                f"{plan.num_params:,}"
+                + ("" if active in (None, plan.num_params) else f" ({active:,} active per token)"),
+            )
+        )
+    if plan.context_limit is not None:
+        rows.append(("longest context (model or window)", f"{plan.context_limit:,} tokens"))
+    rows += [
         ("KV budget per rank", f"{plan.kv_budget_bytes_per_rank / GB:,.2f} GB"),
         ("replica KV", f"{plan.replica_kv_bytes / GB:,.2f} GB"),
         ("resident token capacity", f"{plan.token_capacity:,} tokens"),

@@ -39,6 +39,8 @@ MODULES = [
     "engine.kernels.decode_attention",
     "engine.kernels.prefill_attention",
     "engine.kernels.fused_ops",
+    "engine.kernels.fused_moe",
+    "engine.model.moe",
     "tests.engine.kernels.batch_factory",
 ]
 

@@ -124,7 +124,7 @@ def test_the_capacity_planner_counts_every_familys_parameters(
     from engine.config import ModelArchitecture
     from engine.model.hf_loader import architecture_from_config
     from engine.model.llama import LlamaForCausalLM
-    from engine.planning.capacity import count_parameters
+    from engine.planning.capacity import count_active_parameters, count_parameters
     from tests.utils.hf_families import family_config
 
     for name in FAMILY_NAMES:
@@ -135,3 +135,35 @@ def test_the_capacity_planner_counts_every_familys_parameters(
         )
         model = LlamaForCausalLM.empty(arch, dtype=torch.float32, device="meta")
         assert count_parameters(arch) == sum(p.numel() for p in model.parameters()), name
+        # A token runs through the router and k experts of each sparse layer (any k of
+        # them: they are all the same size), and through all of a dense model.
+        k = arch.num_experts_per_tok
+        active = sum(
+            p.numel()
+            for n, p in model.named_parameters()
+            if ".experts." not in n or int(n.split(".experts.")[1].split(".")[0]) < k
+        )
+        assert count_active_parameters(arch) == active, name
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+def test_transformers_fused_in_memory_experts_load_like_the_saved_checkpoint(
+    tmp_path: Path, family: str
+) -> None:
+    """transformers 5 holds experts fused ([E, 2I, H] and [E, H, I]) in memory and saves
+    them one tensor per expert; the family's mapping takes both."""
+    from engine.model.llama import LlamaForCausalLM
+    from engine.model.registry import family_named
+
+    folder = make_family_dir(tmp_path, family, seed=8)
+    saved = load_model(str(folder), dtype=torch.float32, device="cpu")
+    reference = load_reference(folder)
+    state = reference.state_dict()
+    assert any(name.endswith(".mlp.experts.gate_up_proj") for name in state)
+    mapper = family_named(family).hf_weights
+    model = LlamaForCausalLM.empty(saved.arch, dtype=torch.float32, device="cpu")
+    model.load_weights(pair for n, t in state.items() for pair in mapper(n, t, saved.arch))
+    ids = list(range(60, 75))
+    torch.testing.assert_close(
+        ModelStepper(model).step([ids]), ModelStepper(saved.model).step([ids]), atol=0, rtol=0
+    )
