@@ -312,6 +312,9 @@ class Settings(BaseSettings):
     # How tool calls are written and parsed: auto picks the format from the chat
     # template; none refuses requests with tools.
     tool_parser: Literal["auto", "hermes", "llama3_json", "smollm2", "none"] = "auto"
+    # A reasoning model's <think> block returned as reasoning_content, apart from the
+    # content (gateway.reasoning): auto when the chat template writes <think>.
+    reasoning_parser: Literal["auto", "qwen3", "none"] = "auto"
     # Traces (server.telemetry): "otlp" sends them to an OpenTelemetry collector's OTLP/HTTP
     # endpoint (spans go to <endpoint>/v1/traces), as protobuf (needs the package
     # opentelemetry-exporter-otlp-proto-http) or as OTLP JSON (built in). The gateway's

@@ -60,6 +60,10 @@ class Served:
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tmp = tmp_path_factory.mktemp("families")
     qwen3 = make_family_dir(tmp / "models", "qwen3", seed=1)
+    # A Qwen3 chat template writes thinking blocks; this one says so in a comment, which
+    # is what `reasoning_parser=auto` looks for (the rest stays SmolLM2's template).
+    template = qwen3 / "chat_template.jinja"
+    template.write_text("{#- thinking models: <think>...</think> #}" + template.read_text())
     phi3 = make_family_dir(tmp / "models", "phi3", seed=2)
     mistral = make_family_dir(tmp / "models", "mistral", seed=3, sliding_window=WINDOW)
     mixtral = make_family_dir(tmp / "models", "mixtral", seed=4)
@@ -190,3 +194,60 @@ def test_a_lora_upload_for_the_mixture_of_experts_is_a_clear_400(
     # The same adapter on the dense Mistral of the same server is accepted.
     accepted = upload("mis-lora", "mis")
     assert accepted.status_code == 201, accepted.text
+
+
+# The test forces a thinking block out of random weights with a regular expression.
+THINKING = {"guided_regex": "<think>[a-z ]{4,24}</think>\n\n[a-z ]{2,16}"}
+
+
+def test_qwen3_thinking_is_returned_apart_from_the_answer(served: Served) -> None:
+    done = served.client().chat.completions.create(
+        model="q3",
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=60,
+        temperature=0,
+        extra_body=THINKING,
+    )
+    message = done.choices[0].message
+    thought = message.model_extra["reasoning_content"] if message.model_extra else None
+    assert isinstance(thought, str) and 4 <= len(thought) <= 24
+    assert (
+        message.content and "<think>" not in message.content and "</think>" not in message.content
+    )
+    assert done.usage is not None and done.usage.completion_tokens > 0
+    # Streamed: the same split, thinking first, as deltas of their own.
+    stream = served.client().chat.completions.create(
+        model="q3",
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=60,
+        temperature=0,
+        stream=True,
+        extra_body=THINKING,
+    )
+    thinking, answer, order = [], [], []
+    for chunk in stream:
+        for choice in chunk.choices:
+            extra = choice.delta.model_extra or {}
+            if extra.get("reasoning_content"):
+                thinking.append(extra["reasoning_content"])
+                order.append("thinking")
+            if choice.delta.content:
+                answer.append(choice.delta.content)
+                order.append("answer")
+    assert "".join(thinking) == thought and "".join(answer) == message.content
+    assert order == sorted(order, key=lambda kind: kind != "thinking")
+
+
+def test_a_model_whose_template_does_not_think_keeps_its_text_as_content(
+    served: Served,
+) -> None:
+    done = served.client().chat.completions.create(
+        model="mis",
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=30,
+        temperature=0,
+        extra_body=THINKING,
+    )
+    message = done.choices[0].message
+    assert not (message.model_extra or {}).get("reasoning_content")
+    assert message.content is not None and message.content.startswith("<think>")

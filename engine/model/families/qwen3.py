@@ -26,5 +26,5 @@ FAMILY = Family(
     gguf_architectures=("qwen3",),
     traits=qwen3_traits,
     gguf_block_names={"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"},
-    notes="per-head q/k RMSNorm",
+    notes="per-head q/k RMSNorm; <think> comes back as reasoning_content",
 )

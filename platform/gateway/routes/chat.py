@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 
 from starlette.requests import Request
@@ -21,6 +22,12 @@ from gateway.generation import (
 )
 from gateway.lifecycle import RequestLifecycle
 from gateway.params import vet_extra_fields
+from gateway.reasoning import (
+    AnswerDelta,
+    ReasoningDelta,
+    StreamingReasoningSplitter,
+    reasoning_enabled,
+)
 from gateway.schemas.chat import (
     ChatChoice,
     ChatCompletion,
@@ -130,11 +137,16 @@ async def create_chat_completion(request: Request) -> Response:
             logprobs=_engine_logprobs(body),
             structured=None if grammar is None else (grammar, "tools"),
         )
+        reasoning = reasoning_enabled(
+            life.state.settings.reasoning_parser,
+            getattr(life.prompts.tokenizer, "chat_template", None),
+        )
         if body.stream:
-            return stream_response(life, _stream(life, body, submitted, tooling), submitted)
+            stream = _stream(life, body, submitted, tooling, reasoning=reasoning)
+            return stream_response(life, stream, submitted)
         choices = await collect(life, submitted, request)
     await life.close(200)
-    replies = [assistant_reply(c.text, tooling) for c in choices]
+    replies = [assistant_reply(c.text, tooling, reasoning=reasoning) for c in choices]
     response = ChatCompletion(
         id=life.request_id,
         created=life.created,
@@ -154,7 +166,12 @@ async def create_chat_completion(request: Request) -> Response:
 
 
 async def _stream(
-    life: RequestLifecycle, body: ChatCompletionRequest, submitted: Submitted, tooling: ChatTooling
+    life: RequestLifecycle,
+    body: ChatCompletionRequest,
+    submitted: Submitted,
+    tooling: ChatTooling,
+    *,
+    reasoning: bool,
 ) -> AsyncIterator[bytes]:
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     exclude = None if include_usage else {"usage"}
@@ -167,6 +184,7 @@ async def _stream(
 
     total = submitted.n * len(submitted.streams)
     parsers = [tooling.stream_parser() for _ in range(total)] if tooling.active else []
+    splitters = [StreamingReasoningSplitter() for _ in range(total)] if reasoning else []
     for index in range(total):
         # A turn that may be only calls has no content yet (null), as OpenAI sends it.
         first = ChunkDelta(role="assistant", content=None if tooling.active else "")
@@ -175,6 +193,12 @@ async def _stream(
         async for prompt_index, event in life.events(submitted.streams):
             for d in event.deltas:
                 index = choice_index(prompt_index, d.index, submitted.n)
+                if splitters:
+                    thinking, d = _split_thinking(d, splitters[index])
+                    for text in thinking:
+                        yield chunk(
+                            [ChunkChoice(index=index, delta=ChunkDelta(reasoning_content=text))]
+                        )
                 if parsers:
                     for choice in _parsed_choices(body, index, d, parsers[index], tooling):
                         yield chunk([choice])
@@ -207,6 +231,18 @@ async def _stream(
         yield sse_model(final)
     life.completed = True
     yield DONE
+
+
+def _split_thinking(
+    d: CompletionDelta, splitter: StreamingReasoningSplitter
+) -> tuple[list[str], CompletionDelta]:
+    """(the thinking texts of one engine delta, the delta with only its answer text)."""
+    items = splitter.feed(d.text)
+    if d.finish_reason is not None:
+        items += splitter.finish()
+    thinking = [i.text for i in items if isinstance(i, ReasoningDelta)]
+    answer = "".join(i.text for i in items if isinstance(i, AnswerDelta))
+    return thinking, dataclasses.replace(d, text=answer)
 
 
 def _parsed_choices(

@@ -128,6 +128,8 @@ class AssistantMessage(BaseModel):
 
     role: Literal["assistant"] = "assistant"
     content: str | None
+    # A reasoning model's thinking (gateway.reasoning), as vLLM returns it.
+    reasoning_content: str | None = _unset_omitted()
     tool_calls: list[ToolCall] | None = _unset_omitted()
     function_call: FunctionCall | None = _unset_omitted()  # the legacy `functions` API
 
@@ -174,6 +176,7 @@ class ChunkDelta(BaseModel):
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = _unset_omitted()
     tool_calls: list[ToolCallDelta] | None = _unset_omitted()
     function_call: FunctionCallDelta | None = _unset_omitted()  # the legacy `functions` API
 

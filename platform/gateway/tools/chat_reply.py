@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.errors import InvalidParameterError
+from gateway.reasoning import split_reasoning
 from gateway.schemas.chat import (
     AssistantMessage,
     ChatCompletionRequest,
@@ -76,19 +77,27 @@ def finish_reason(reason: str | None, calls: int, tooling: ChatTooling) -> str |
     return "function_call" if tooling.request.legacy else "tool_calls"
 
 
-def assistant_reply(text: str, tooling: ChatTooling) -> tuple[AssistantMessage, int]:
-    """The assistant message of one choice's text, and how many calls it holds."""
+def assistant_reply(
+    text: str, tooling: ChatTooling, *, reasoning: bool = False
+) -> tuple[AssistantMessage, int]:
+    """The assistant message of one choice's text, and how many calls it holds.
+
+    `reasoning`: a thinking block is returned apart (`reasoning_content`), and only the
+    answer is searched for calls.
+    """
+    thought, text = split_reasoning(text) if reasoning else (None, text)
     if not tooling.active:
-        return AssistantMessage(content=text), 0
+        return AssistantMessage(content=text, reasoning_content=thought), 0
     req = tooling.request
     parsed = parse_tool_calls(text, tooling.parser, names=req.names, parallel=req.parallel)
     calls = [FunctionCall(name=c.name, arguments=c.arguments) for c in parsed.calls]
+    message = AssistantMessage(content=parsed.content, reasoning_content=thought)
     if not calls:
-        return AssistantMessage(content=parsed.content), 0
+        return message, 0
     if req.legacy:
-        return AssistantMessage(content=parsed.content, function_call=calls[0]), 1
+        return message.model_copy(update={"function_call": calls[0]}), 1
     tool_calls = [ToolCall(id=new_call_id(), function=f) for f in calls]
-    return AssistantMessage(content=parsed.content, tool_calls=tool_calls), len(calls)
+    return message.model_copy(update={"tool_calls": tool_calls}), len(calls)
 
 
 def stream_deltas(items: list[StreamItem], *, legacy: bool) -> list[ChunkDelta]:
