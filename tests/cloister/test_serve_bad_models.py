@@ -133,3 +133,15 @@ def test_the_loader_names_the_file_and_holds_nothing(tmp_path: Path, case: str) 
         load_model(str(path), dtype=torch.float32, device="cpu")
     assert str(path) in str(refused.value)
     assert all(word in str(refused.value) for word in words)
+
+
+def test_a_bad_reasoning_parser_setting_is_refused_by_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import click
+
+    from cloister.commands.serve import load_settings
+
+    monkeypatch.setenv("CLOISTER_REASONING_PARSER", "deepseek")
+    with pytest.raises(click.ClickException, match="reasoning_parser"):
+        load_settings()
