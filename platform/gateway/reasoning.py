@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from gateway.tools.streaming import partial_suffix
+
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 
@@ -51,14 +53,6 @@ class AnswerDelta:
     text: str
 
 
-def _partial_suffix(text: str, marker: str) -> int:
-    """Length of the longest end of `text` that is a proper start of `marker`."""
-    for size in range(min(len(text), len(marker) - 1), 0, -1):
-        if marker.startswith(text[-size:]):
-            return size
-    return 0
-
-
 class StreamingReasoningSplitter:
     """`split_reasoning` over text deltas: thinking and answer deltas as they come.
 
@@ -91,7 +85,7 @@ class StreamingReasoningSplitter:
                         out.append(ReasoningDelta(before))
                     self._state, self._held = "after_close", after
                     continue
-                keep = _partial_suffix(self._held, THINK_CLOSE)
+                keep = partial_suffix(self._held, THINK_CLOSE)
                 ready = self._held[: len(self._held) - keep]
                 if ready:
                     out.append(ReasoningDelta(ready))

@@ -27,7 +27,7 @@ from transformers import (
 )
 
 from engine.model.registry import family_named
-from tests.utils.tiny_model import SMOLLM2_VOCAB, smollm2_tokenizer_dir
+from tests.utils.tiny_model import SMOLLM2_VOCAB, random_weight, smollm2_tokenizer_dir
 
 _CONFIGS: dict[str, type[PretrainedConfig]] = {
     "llama": LlamaConfig,
@@ -81,14 +81,7 @@ def randomize(model: PreTrainedModel, seed: int) -> None:
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                value = 1.0 + 0.1 * torch.randn(param.shape, generator=generator)
-            elif name.endswith(".bias"):
-                value = 0.1 * torch.randn(param.shape, generator=generator)
-            else:
-                fan_in = param.shape[-1] if "embed_tokens" not in name else 1
-                value = torch.randn(param.shape, generator=generator) / fan_in**0.5
-            param.copy_(value)
+            param.copy_(random_weight(name, param.shape, generator))
 
 
 def make_family_dir(tmp_path: Path, family: str, *, seed: int = 0, **overrides: Any) -> Path:

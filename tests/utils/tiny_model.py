@@ -79,17 +79,21 @@ def random_state_dict(arch: ModelArchitecture, seed: int) -> dict[str, torch.Ten
     """Seeded random weights in HF naming; norms and biases are perturbed so they matter."""
     generator = torch.Generator().manual_seed(seed)
     model = LlamaForCausalLM.empty(arch, dtype=torch.float32, device="cpu")
-    state: dict[str, torch.Tensor] = {}
-    for name, param in model.named_parameters():
-        if name.endswith("norm.weight"):
-            value = 1.0 + 0.1 * torch.randn(param.shape, generator=generator)
-        elif name.endswith(".bias"):
-            value = 0.1 * torch.randn(param.shape, generator=generator)
-        else:
-            fan_in = param.shape[-1] if "embed_tokens" not in name else 1
-            value = torch.randn(param.shape, generator=generator) / fan_in**0.5
-        state[name] = value.contiguous()
-    return state
+    return {
+        name: random_weight(name, param.shape, generator).contiguous()
+        for name, param in model.named_parameters()
+    }
+
+
+def random_weight(name: str, shape: torch.Size, generator: torch.Generator) -> torch.Tensor:
+    """One seeded weight, by its HF name: norms near 1 and biases of 0.1 (so they matter),
+    matrices of std 1/sqrt(fan_in), embeddings of std 1."""
+    if name.endswith("norm.weight"):
+        return 1.0 + 0.1 * torch.randn(shape, generator=generator)
+    if name.endswith(".bias"):
+        return 0.1 * torch.randn(shape, generator=generator)
+    fan_in = shape[-1] if "embed_tokens" not in name else 1
+    return torch.randn(shape, generator=generator) / fan_in**0.5
 
 
 def make_tiny_model_dir(

@@ -55,7 +55,7 @@ class ToolCallArguments:
 StreamItem = ContentDelta | ToolCallStart | ToolCallArguments
 
 
-def _partial_suffix(text: str, marker: str) -> int:
+def partial_suffix(text: str, marker: str) -> int:
     """Length of the longest end of `text` that is a proper start of `marker`."""
     for size in range(min(len(text), len(marker) - 1), 0, -1):
         if marker.startswith(text[-size:]):
@@ -131,7 +131,7 @@ class StreamingToolParser:
                 self._buffer = self._buffer[start + len(self._open) :]
                 self._in_call, self._opener = True, self._open
                 continue
-            keep = 0 if final else _partial_suffix(self._buffer, self._open)
+            keep = 0 if final else partial_suffix(self._buffer, self._open)
             out.extend(self._content(self._buffer[: len(self._buffer) - keep]))
             self._buffer = self._buffer[len(self._buffer) - keep :]
             return out
