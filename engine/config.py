@@ -49,8 +49,10 @@ class ModelArchitecture:
     architecture: str = "llama"  # the family's name (engine.model.registry)
     output_bias: bool = False  # a bias on o_proj (Llama's attention_bias covers it)
     qk_norm: bool = False  # per-head RMSNorm on q and k before rotary (Qwen3)
-    # Each token attends to at most this many tokens back (Mistral v0.1); None: all.
+    # Each token of a window layer attends to at most this many positions (its own
+    # included; Mistral v0.1, Gemma 3's local layers); None: no layer has a window.
     sliding_window: int | None = None
+    full_attention_layers: tuple[int, ...] = ()  # the layers without it, in a window model
     # Mixture of experts (engine/model/moe.py); num_experts 0: every layer is dense.
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -96,16 +98,11 @@ class ModelArchitecture:
                     f"[1, {_SHAPE_BOUNDS['intermediate_size']}], not {self.moe_intermediate_size}"
                 )
 
-    @property
-    def context_limit(self) -> int:
-        """The longest context the engine serves: the model's, bounded by its window.
-
-        The attention backends attend over the whole context, so a window model runs
-        only where its window never binds (the same function as windowed attention).
-        """
-        if self.sliding_window is None:
-            return self.max_position_embeddings
-        return min(self.max_position_embeddings, self.sliding_window)
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of `layer`'s attention, or None (it sees the whole context)."""
+        if self.sliding_window is None or layer in self.full_attention_layers:
+            return None
+        return self.sliding_window
 
     @property
     def kv_bytes_per_token(self) -> int:

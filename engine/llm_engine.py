@@ -127,7 +127,8 @@ class LLMEngine:
         self.arch = loaded.arch
         self.model_name = loaded.name
         self.max_model_len = min(
-            config.model.max_model_len or loaded.arch.context_limit, loaded.arch.context_limit
+            config.model.max_model_len or loaded.arch.max_position_embeddings,
+            loaded.arch.max_position_embeddings,
         )
         backend = get_attention_backend(config.attention_backend, device)
         # On CUDA: profiled against gpu_memory_utilization; elsewhere plan_kv_capacity.

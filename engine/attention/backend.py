@@ -18,7 +18,9 @@ KV cache layout, one tensor per layer::
             |<- context_len->|<-query_len--->|
                               rows query_start_loc[i]..query_start_loc[i+1]
 
-The new tokens attend causally to themselves and fully to the prefix.
+The new tokens attend causally to themselves and fully to the prefix; with a sliding
+window W (a layer's, from the model), each token sees only the last W positions up to
+its own.
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ class AttentionBackend(Protocol):
 
     Contract: `forward` must first store `k`/`v` at `meta.slot_mapping` (rows whose
     slot is negative are skipped), then return, for each new token, softmax-scaled
-    attention over its sequence's cached prefix and the causal part of the new tokens.
+    attention over its sequence's cached prefix and the causal part of the new tokens
+    (with `window`, over the last `window` positions up to its own only).
     GQA: query head h reads KV head h // (num_heads // num_kv_heads).
     """
 
@@ -75,6 +78,7 @@ class AttentionBackend(Protocol):
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
         meta: AttentionMetadata,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         """Stores the new K/V and returns the attention output for the new tokens."""
         ...

@@ -28,10 +28,13 @@ class CpuAttentionBackend(TorchAttentionBackend):
         scale: float,
         rows: list[int],
         out: torch.Tensor,
+        window: int | None,
     ) -> bool:
-        """Runs every one-token row on the kernel; other dtypes go to the reference."""
-        if not rows or q.dtype != torch.float32 or kv_cache.dtype != torch.float32:
-            return super()._decode(q, kv_cache, meta, scale, rows, out)
+        """Runs every one-token row on the kernel; other dtypes, and sliding windows
+        (which the kernel does not bound), go to the reference."""
+        plain = q.dtype == kv_cache.dtype == torch.float32 and window is None
+        if not rows or not plain:
+            return super()._decode(q, kv_cache, meta, scale, rows, out, window)
         cpu_kernels.paged_decode(
             q.contiguous(),
             kv_cache,

@@ -49,19 +49,19 @@ class TorchAttentionBackend:
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         """Stores the new K/V; decode rows attend in one batched call, prefill rows one by one."""
         write_kv(k, v, kv_cache, meta.slot_mapping)
         out = torch.empty_like(q)
         decode_rows = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
-        done = (
-            set(decode_rows) if self._decode(q, kv_cache, meta, scale, decode_rows, out) else set()
-        )
+        batched = self._decode(q, kv_cache, meta, scale, decode_rows, out, window)
+        done = set(decode_rows) if batched else set()
         start = 0
         for i, q_len in enumerate(meta.query_lens_cpu):
             if q_len and i not in done:
                 rows = slice(start, start + q_len)
-                out[rows] = _attend_one(q[rows], k[rows], v[rows], kv_cache, meta, i, scale)
+                out[rows] = _attend_one(q[rows], k[rows], v[rows], kv_cache, meta, i, scale, window)
             start += q_len
         return out
 
@@ -73,12 +73,13 @@ class TorchAttentionBackend:
         scale: float,
         rows: list[int],
         out: torch.Tensor,
+        window: int | None,
     ) -> bool:
         """Attends the one-token sequences `rows` into `out` in one batch; False leaves
         them to the per-sequence path (a single one is cheaper there)."""
         if len(rows) < 2:
             return False
-        _batched_decode(q, kv_cache, meta, scale, rows, out)
+        _batched_decode(q, kv_cache, meta, scale, rows, out, window)
         return True
 
 
@@ -90,6 +91,7 @@ def _attend_one(
     meta: AttentionMetadata,
     seq: int,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """One sequence's new tokens over its cached prefix (read back) and themselves.
 
@@ -106,7 +108,9 @@ def _attend_one(
         v_all = torch.cat([v_ctx.to(q.dtype), v_new])
     else:
         k_all, v_all = k_new, v_new
-    mask = _causal_mask(q_len, s_len, q.device, q.dtype) if ctx_len and q_len > 1 else None
+    windowed = window is not None and window < s_len
+    masked = windowed or (ctx_len and q_len > 1)
+    mask = _causal_mask(q_len, s_len, q.device, q.dtype, window) if masked else None
     # 4-D contiguous [1, heads, len, D] inputs keep SDPA on its fused CPU kernel; 3-D or
     # strided ones fall back to the much slower math path.
     o = F.scaled_dot_product_attention(
@@ -114,7 +118,7 @@ def _attend_one(
         k_all.transpose(0, 1).unsqueeze(0).contiguous(),
         v_all.transpose(0, 1).unsqueeze(0).contiguous(),
         attn_mask=mask,
-        is_causal=not ctx_len and q_len > 1,
+        is_causal=not masked and q_len > 1,
         scale=scale,
         enable_gqa=True,
     )
@@ -128,6 +132,7 @@ def _batched_decode(
     scale: float,
     rows: list[int],
     out: torch.Tensor,
+    window: int | None = None,
 ) -> None:
     """One-token queries of many sequences at once, over K/V gathered into a padded batch."""
     index = torch.tensor(token_rows(meta, rows), device=q.device)
@@ -143,7 +148,10 @@ def _batched_decode(
     # then [b, width, kv_heads, D] viewed as [b, kv_heads, width, D] without a copy.
     kv = kv_cache.index_select(1, tables.reshape(-1)).view(2, b, width, num_kv_heads, head_dim)
     keys, values = kv[0].transpose(1, 2), kv[1].transpose(1, 2)
-    valid = torch.arange(width, device=q.device).unsqueeze(0) < lens.unsqueeze(1)
+    positions = torch.arange(width, device=q.device).unsqueeze(0)
+    valid = positions < lens.unsqueeze(1)
+    if window is not None:  # only the last `window` positions (the token's included)
+        valid &= positions >= lens.unsqueeze(1) - window
     # The padding reads cells that are not the sequence's (a zero-padded table's block 0,
     # a reused block's stale tail): zeroed, as a masked NaN there would still give NaN.
     kv.masked_fill_(~valid[None, :, :, None, None], 0.0)
@@ -165,12 +173,22 @@ def token_rows(meta: AttentionMetadata, seqs: list[int]) -> list[int]:
     return [starts[i] for i in seqs]
 
 
-def _causal_mask(q_len: int, s_len: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """Additive mask: query row r (absolute position s_len - q_len + r) sees keys up to it.
+def _causal_mask(
+    q_len: int,
+    s_len: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    window: int | None = None,
+) -> torch.Tensor:
+    """Additive mask: query row r (absolute position s_len - q_len + r) sees keys up to it
+    (with a `window`, only the last `window` of them).
 
     A float mask, not a boolean one, keeps SDPA on its fused CPU kernel.
     """
     rows = torch.arange(q_len, device=device).unsqueeze(1) + (s_len - q_len)
     cols = torch.arange(s_len, device=device).unsqueeze(0)
+    hidden = cols > rows
+    if window is not None:
+        hidden |= cols <= rows - window
     mask = torch.zeros((q_len, s_len), dtype=dtype, device=device)
-    return mask.masked_fill_(cols > rows, float("-inf"))
+    return mask.masked_fill_(hidden, float("-inf"))

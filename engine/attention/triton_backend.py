@@ -31,6 +31,7 @@ class TritonAttentionBackend:
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         """Stores the new K/V, then returns attention for the new tokens ([T, H, D])."""
         kv_write(k, v, kv_cache, meta.slot_mapping)
@@ -50,6 +51,7 @@ class TritonAttentionBackend:
                 scale,
                 meta.max_seq_len,
                 out=out[:num_seqs],
+                window=window,
             )
         else:
             prefill_attention(
@@ -61,5 +63,6 @@ class TritonAttentionBackend:
                 scale,
                 meta.max_query_len,
                 out=out,
+                window=window,
             )
         return out

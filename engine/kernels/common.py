@@ -5,6 +5,9 @@ from __future__ import annotations
 import torch
 import triton
 
+# The window the attention kernels take for "no sliding window": longer than any context.
+NO_WINDOW = 1 << 30
+
 
 class KernelInputError(ValueError):
     """A kernel launcher got tensors whose shape, dtype or device it cannot handle."""

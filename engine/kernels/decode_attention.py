@@ -25,7 +25,13 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.common import KernelInputError, dot_precision, next_pow2, num_sms
+from engine.kernels.common import (
+    NO_WINDOW,
+    KernelInputError,
+    dot_precision,
+    next_pow2,
+    num_sms,
+)
 
 TILE_N = 32
 PARTITION = 512  # tokens per split in the split-K variant; a multiple of TILE_N
@@ -53,6 +59,7 @@ def _decode_kernel(
     stride_bt,
     head_dim,
     part,
+    window,
     GROUP: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -67,6 +74,9 @@ def _decode_kernel(
     seq_len = tl.load(seq_lens_ptr + seq)
     lo = split * part
     hi = tl.minimum(seq_len, lo + part)
+    # A sliding window: keys before its start are skipped (a split wholly before it
+    # does no work, as a split past the sequence does).
+    lo = tl.maximum(lo, seq_len - window)
 
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
@@ -180,8 +190,10 @@ def decode_attention(
     max_seq_len: int,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Attention of one query token per sequence over its paged context.
+    """Attention of one query token per sequence over its paged context (its last
+    `window` keys with a sliding window).
 
     q: [num_seqs, num_heads, head_dim] (row i belongs to sequence i); kv_cache:
     [2, blocks, block_size, kv_heads, head_dim]; block_tables: int32 [num_seqs, max_blocks];
@@ -232,6 +244,7 @@ def decode_attention(
         block_tables.stride(0),
         head_dim,
         part,
+        NO_WINDOW if window is None else window,
         GROUP=group,
         BLOCK_G=max(16, next_pow2(group)),
         BLOCK_D=block_d,

@@ -7,6 +7,7 @@ read from the paged cache through the block table:
     keys:    0 ............ context_len ............ seq_len
              |<- prefix: all visible ->|<- new: causal ->|
     query row r sits at position context_len + r and sees keys 0..context_len + r
+    (with a sliding window W, only the last W of them: context_len + r - W + 1 on)
 
 Grid: (sequence, query tile of BLOCK_M rows, query head). A program streams key tiles
 of BLOCK_N tokens with an online softmax and stops at the last key its tile can see,
@@ -25,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.common import KernelInputError, dot_precision, next_pow2
+from engine.kernels.common import NO_WINDOW, KernelInputError, dot_precision, next_pow2
 
 
 @triton.jit
@@ -47,6 +48,7 @@ def _prefill_kernel(
     stride_c_h,
     stride_bt,
     head_dim,
+    window,
     GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -77,6 +79,10 @@ def _prefill_kernel(
     # The last row of this tile sees keys up to its own position; later keys are skipped.
     kv_hi = tl.minimum(seq_len, ctx_len + (m_tile + 1) * BLOCK_M)
     kv_hi = tl.where(m_tile * BLOCK_M < q_len, kv_hi, 0)
+    # The first row of this tile sees keys from its window's start; earlier ones are
+    # skipped (window is 2**30 without one, so this is 0).
+    kv_lo = tl.maximum(ctx_len + m_tile * BLOCK_M - window + 1, 0)
+    kv_lo = (kv_lo // BLOCK_N) * BLOCK_N
     qk_scale = scale * 1.4426950408889634
 
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -84,9 +90,7 @@ def _prefill_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     k_base = cache_ptr + kvh * stride_c_h
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    # The first tile (keys from 0) gives every row a finite max, so later fully masked
-    # rows of a tile never produce exp(-inf - -inf).
-    for start in range(0, kv_hi, BLOCK_N):
+    for start in range(kv_lo, kv_hi, BLOCK_N):
         toks = start + tl.arange(0, BLOCK_N)
         t_mask = toks < kv_hi
         blk = tl.load(bt_row + toks // BLOCK_SIZE, mask=t_mask, other=0).to(tl.int64)
@@ -96,10 +100,14 @@ def _prefill_kernel(
         v = tl.load(k_base + stride_c_kv + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
         s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * qk_scale
         visible = t_mask[None, :] & (toks[None, :] <= q_pos[:, None])
+        visible = visible & (toks[None, :] > q_pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m - m_new)
+        # A row with no visible key yet (a window's rows start at different keys) keeps
+        # m = -inf: a 0 in its place avoids exp(-inf - -inf).
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m - m_safe)
         l_sum = l_sum * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PREC)
         m = m_new
@@ -131,8 +139,10 @@ def prefill_attention(
     scale: float,
     max_query_len: int,
     out: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Causal attention of every new token over its sequence's paged context.
+    """Causal attention of every new token over its sequence's paged context (its last
+    `window` keys with a sliding window).
 
     q: [num_tokens, num_heads, head_dim]; kv_cache: [2, blocks, block_size, kv_heads,
     head_dim] already holding the new tokens' K/V; block_tables int32 [num_seqs, max_blocks];
@@ -170,6 +180,7 @@ def prefill_attention(
         kv_cache.stride(3),
         block_tables.stride(0),
         head_dim,
+        NO_WINDOW if window is None else window,
         GROUP=num_heads // num_kv_heads,
         BLOCK_M=block_m,
         BLOCK_N=block_n,

@@ -98,6 +98,7 @@ class LlamaAttention(nn.Module):
         self.num_kv_heads = arch.num_kv_heads
         self.head_dim = arch.head_dim
         self.scale = arch.head_dim**-0.5
+        self.window = arch.layer_window(layer_idx)
         q_size, kv_size = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
         bias = arch.attention_bias
         self.q_proj = nn.Linear(arch.hidden_size, q_size, bias=bias)
@@ -177,7 +178,7 @@ class LlamaAttention(nn.Module):
             # kernel takes the row and head strides, so the split needs no copy).
             fused.rotary_(q, k, positions, rotary.cos_cache, rotary.sin_cache)
         kv_cache = ctx.kv_caches[self.layer_idx]
-        out = ctx.backend.forward(q, k, v, kv_cache, ctx.meta, self.scale)
+        out = ctx.backend.forward(q, k, v, kv_cache, ctx.meta, self.scale, self.window)
         flat = out.reshape(t, self.num_heads * self.head_dim)
         projected: torch.Tensor = (
             self.o_quant(flat)

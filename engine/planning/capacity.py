@@ -36,8 +36,7 @@ class ModelShape:
     num_params: int | None = None  # None: weights must be given as bytes
     # What one token runs through (a mixture of experts' top-k, not all experts).
     active_params: int | None = None
-    # The longest context served: the model's, bounded by a sliding window.
-    context_limit: int | None = None
+    context_limit: int | None = None  # the model's context length
 
     @classmethod
     def from_architecture(cls, arch: ModelArchitecture) -> ModelShape:
@@ -48,7 +47,7 @@ class ModelShape:
             arch.head_dim,
             count_parameters(arch),
             count_active_parameters(arch),
-            arch.context_limit,
+            arch.max_position_embeddings,
         )
 
     def kv_bytes_per_token(self, kv_dtype: str) -> int:
@@ -153,7 +152,7 @@ def plan_capacity(
     if context is not None and shape.context_limit is not None and context > shape.context_limit:
         raise CapacityInputError(
             f"context_tokens {context} exceed the model's longest context, "
-            f"{shape.context_limit} tokens (its window or its context length)"
+            f"{shape.context_limit} tokens"
         )
     return CapacityPlan(
         kv_bytes_per_token=per_token,

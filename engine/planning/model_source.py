@@ -41,7 +41,7 @@ class ModelFacts:
     family: str  # engine.model.registry's name for it
     quantization: str  # how its matrices are stored: "Q4_K+Q6_K", "BF16", "gptq", ...
     sliding_window: int | None
-    context_limit: int
+    window_layers: int  # how many layers use the window (0 without one)
     experts: tuple[int, int] | None = None  # (experts, per token) of an MoE model
 
 
@@ -53,7 +53,7 @@ def read_model_facts(path: str | Path) -> ModelFacts:
         family=arch.architecture,
         quantization=_quantization(path),
         sliding_window=arch.sliding_window,
-        context_limit=arch.context_limit,
+        window_layers=sum(arch.layer_window(i) is not None for i in range(arch.num_layers)),
         experts=(arch.num_experts, arch.num_experts_per_tok) if arch.num_experts else None,
     )
 

@@ -37,6 +37,7 @@ class ServedModel:
     family: str = ""  # engine.model.registry's name; "" when the caller built the engine
     quantization: str = ""  # how its matrices are stored (Q4_K+Q6_K, BF16, ...)
     sliding_window: int | None = None
+    window_layers: int = 0  # how many layers use the window
     experts: tuple[int, int] | None = None  # (experts, per token) of an MoE model
 
     @property
@@ -71,7 +72,7 @@ class StartupSummary:
             if m.experts is not None:
                 facts.append(f"{m.experts[0]} experts, {m.experts[1]} per token")
             if m.sliding_window is not None:
-                facts.append(f"window {m.sliding_window} bounds the context")
+                facts.append(f"sliding window {m.sliding_window} on {m.window_layers} layers")
             head = f"{', '.join(facts)}; " if facts else ""
             lines.append(f"  {'model':<10} {m.name}  ({head}context {m.context_tokens}; {kv})")
         lines.append(
@@ -112,6 +113,7 @@ def build_summary(
                 family=facts.family if facts else "",
                 quantization=facts.quantization if facts else "",
                 sliding_window=facts.sliding_window if facts else None,
+                window_layers=facts.window_layers if facts else 0,
                 experts=facts.experts if facts else None,
             )
         )

@@ -135,14 +135,14 @@ def test_a_mixture_of_experts_counts_all_weights_but_names_the_active_ones(
     assert f"({plan['active_params']:,} active per token)" in text
 
 
-def test_a_window_bounds_the_context_the_worksheet_accepts(tmp_path: Path) -> None:
+def test_the_worksheet_refuses_a_context_past_the_models(tmp_path: Path) -> None:
     from tests.utils.hf_families import make_family_dir
 
     folder = make_family_dir(tmp_path, "mistral", seed=1, sliding_window=512)
     args = ["capacity", "--model", str(folder), "--device-memory-gb", "8",
             "--mean-prompt", "100", "--mean-output", "50", "--itl-ms", "30"]  # fmt: skip
     plan = json.loads(CliRunner().invoke(main, [*args, "--json"]).output)
-    assert plan["context_limit"] == 512
+    assert plan["context_limit"] == 2048  # the model's, not its window
     refused = CliRunner().invoke(main, [*args, "--context-tokens", "4096"])
     assert refused.exit_code != 0 and "Traceback" not in refused.output
-    assert "4096 exceed the model's longest context, 512 tokens" in refused.output
+    assert "4096 exceed the model's longest context, 2048 tokens" in refused.output

@@ -65,20 +65,31 @@ class Family:
         }
 
 
-def window_of(config: Mapping[str, Any]) -> int | None:
-    """The sliding window a config turns on, or None.
+def window_of(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The sliding window a config turns on and the layers without it, as
+    ModelArchitecture fields (`sliding_window` None: no window anywhere).
 
-    Qwen configs carry a `sliding_window` they do not use unless `use_sliding_window`
-    is true; Mistral and Phi-3 use theirs whenever it is set.
+    transformers 5 lists each layer's kind in `layer_types`; older configs say it with
+    `max_window_layers` (Qwen: layers from there on use the window). Qwen configs carry
+    a `sliding_window` they do not use unless `use_sliding_window` is true; Mistral and
+    Phi-3 use theirs on every layer whenever it is set.
     """
-    if config.get("use_sliding_window") is False:
-        return None
     window = config.get("sliding_window")
-    if window is None:
-        return None
+    if config.get("use_sliding_window") is False or window is None:
+        return {"sliding_window": None}
     if not isinstance(window, int) or isinstance(window, bool) or window < 1:
         raise UnsupportedModelError(f"sliding_window must be a positive integer, not {window!r}")
-    return window
+    layers = int(config["num_hidden_layers"])
+    kinds = config.get("layer_types")
+    if kinds is not None:
+        if not isinstance(kinds, list) or len(kinds) != layers:
+            raise UnsupportedModelError(f"layer_types must list the {layers} layers' kinds")
+        full = tuple(i for i, kind in enumerate(kinds) if kind != "sliding_attention")
+    elif config.get("use_sliding_window"):
+        full = tuple(range(min(layers, int(config.get("max_window_layers") or 0))))
+    else:
+        full = ()
+    return {"sliding_window": window, "full_attention_layers": full}
 
 
 def refuse_mlp_bias(config: Mapping[str, Any]) -> None:

@@ -10,7 +10,7 @@ from engine.model.families.base import Family, window_of
 
 def mistral_traits(config: Mapping[str, Any]) -> dict[str, Any]:
     """No biases; `sliding_window` when the release sets one (v0.1: 4096)."""
-    return {"sliding_window": window_of(config)}
+    return window_of(config)
 
 
 FAMILY = Family(
@@ -20,5 +20,5 @@ FAMILY = Family(
     # llama.cpp's converter writes Mistral checkpoints as "llama" files.
     gguf_architectures=(),
     traits=mistral_traits,
-    notes="a sliding window bounds the served context to the window",
+    notes="sliding-window attention on the layers that have it",
 )

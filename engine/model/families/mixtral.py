@@ -23,7 +23,7 @@ _PROJ = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 def mixtral_traits(config: Mapping[str, Any]) -> dict[str, Any]:
     """Every layer sparse; the experts are as wide as `intermediate_size`."""
     return {
-        "sliding_window": window_of(config),
+        **window_of(config),
         "num_experts": int(config["num_local_experts"]),
         "num_experts_per_tok": int(config["num_experts_per_tok"]),
         "moe_intermediate_size": int(config["intermediate_size"]),

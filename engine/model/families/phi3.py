@@ -24,7 +24,8 @@ def phi3_traits(config: Mapping[str, Any]) -> dict[str, Any]:
         raise UnsupportedModelError(
             f"partial_rotary_factor={partial} is not supported (rotary over whole heads only)"
         )
-    return {"sliding_window": window_of(config)}
+    # transformers windows every Phi-3 layer when a window is set (no layer_types).
+    return window_of({k: v for k, v in config.items() if k != "layer_types"})
 
 
 def phi3_weights(

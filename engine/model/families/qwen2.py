@@ -10,7 +10,7 @@ from engine.model.families.base import Family, window_of
 
 def qwen2_traits(config: Mapping[str, Any]) -> dict[str, Any]:
     """Qwen2 always biases q/k/v; its window is used only with use_sliding_window."""
-    return {"attention_bias": True, "output_bias": False, "sliding_window": window_of(config)}
+    return {"attention_bias": True, "output_bias": False, **window_of(config)}
 
 
 FAMILY = Family(

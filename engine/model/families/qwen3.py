@@ -15,7 +15,7 @@ def qwen3_traits(config: Mapping[str, Any]) -> dict[str, Any]:
         "attention_bias": bias,
         "output_bias": bias,
         "qk_norm": True,
-        "sliding_window": window_of(config),
+        **window_of(config),
     }
 
 

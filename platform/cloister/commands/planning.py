@@ -150,7 +150,7 @@ def _capacity_rows(plan: Any, kv_dtype: str) -> list[tuple[str, str]]:
             )
         )
     if plan.context_limit is not None:
-        rows.append(("longest context (model or window)", f"{plan.context_limit:,} tokens"))
+        rows.append(("model context", f"{plan.context_limit:,} tokens"))
     rows += [
         ("KV budget per rank", f"{plan.kv_budget_bytes_per_rank / GB:,.2f} GB"),
         ("replica KV", f"{plan.replica_kv_bytes / GB:,.2f} GB"),

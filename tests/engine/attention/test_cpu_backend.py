@@ -100,3 +100,22 @@ def test_the_cpu_backend_refuses_another_device_and_a_missing_numba(
         get_attention_backend("cpu", torch.device("cpu"))
     # Without numba, auto falls back to the reference rather than failing.
     assert get_attention_backend("auto", torch.device("cpu")).name == "torch"
+
+
+@pytest.mark.parametrize("window", [1, 6, 40])
+@pytest.mark.parametrize("backend", [TorchAttentionBackend, CpuAttentionBackend])
+def test_a_sliding_window_matches_the_oracle(window: int, backend: type) -> None:
+    """Decode rows (one alone, several batched) and prefill chunks after a prefix, each
+    seeing only its last `window` positions."""
+    spec = [(20, 5), (40, 1), (0, 17), (63, 1), (33, 12), (5, 1)]
+    batch = make_batch(spec, block_size=16, num_heads=6, num_kv_heads=2, head_dim=32, seed=window)
+    expected, _ = reference_output(batch, SCALE, window=window)
+    out = backend().forward(
+        batch.q, batch.k, batch.v, batch.kv_cache.clone(), batch.meta, SCALE, window
+    )
+    torch.testing.assert_close(out, expected, atol=TOL, rtol=TOL)
+    lone = make_batch([(50, 1)], block_size=8, num_heads=4, num_kv_heads=4, head_dim=32)
+    out = backend().forward(lone.q, lone.k, lone.v, lone.kv_cache.clone(), lone.meta, SCALE, window)
+    torch.testing.assert_close(
+        out, reference_output(lone, SCALE, window=window)[0], atol=TOL, rtol=TOL
+    )

@@ -104,12 +104,15 @@ def dtype_id(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def reference_output(batch: PagedBatch, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def reference_output(
+    batch: PagedBatch, scale: float, window: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(attention output, cache after the write), computed naively in fp64, returned in fp32.
 
     Deliberately independent of the engine's torch backend (which may grow fast paths):
     token by token, position by position, straight from the definition. The inputs are
     the batch's own (possibly rounded) values, so only the kernel's arithmetic is judged.
+    With a `window`, each row sees only its last `window` keys.
     """
     m = batch.meta
     cache = batch.kv_cache.double().cpu().clone()
@@ -132,8 +135,10 @@ def reference_output(batch: PagedBatch, scale: float) -> tuple[torch.Tensor, tor
         values = cache[1, blocks, pos % block_size]
         for r in range(q_len):
             visible = s_len - q_len + r + 1  # causal: up to and including its own position
+            first = 0 if window is None else max(0, visible - window)  # a window's start
             for h in range(num_heads):
-                logits = keys[:visible, h // group] @ q[start + r, h] * scale
-                out[start + r, h] = torch.softmax(logits, 0) @ values[:visible, h // group]
+                logits = keys[first:visible, h // group] @ q[start + r, h] * scale
+                weights = torch.softmax(logits, 0)
+                out[start + r, h] = weights @ values[first:visible, h // group]
         start += q_len
     return out.float().to(batch.q.device), cache.float().to(batch.q.device)

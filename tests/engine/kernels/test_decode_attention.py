@@ -134,3 +134,20 @@ def test_decode_rejects_head_count_not_divisible_by_kv_heads() -> None:
     lens = torch.ones(1, dtype=torch.int32, device=DEVICE)
     with pytest.raises(KernelInputError):
         decode_attention(q, cache, tables, lens, SCALE, 1)
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+@pytest.mark.parametrize("window", [1, 7, 64, 300])
+def test_decode_with_a_sliding_window_matches_reference(num_splits: int, window: int) -> None:
+    """Windows shorter and longer than a split's part, so some splits lie wholly before
+    the window's start and do no work."""
+    spec = [(n - 1, 1) for n in (1, 9, 100, 257)]
+    batch = make_batch(spec, block_size=16, num_heads=8, num_kv_heads=2, head_dim=64,
+                       dtype=torch.float32, device=DEVICE, seed=window)  # fmt: skip
+    write_kv(batch.k, batch.v, batch.kv_cache, batch.meta.slot_mapping)
+    m = batch.meta
+    out = decode_attention(batch.q, batch.kv_cache, m.block_tables, m.seq_lens, SCALE,
+                           m.max_seq_len, num_splits=num_splits, window=window)  # fmt: skip
+    expected, _ = reference_output(batch, SCALE, window=window)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, expected, atol=2e-4, rtol=2e-4)

@@ -135,3 +135,22 @@ def test_prefill_is_causal_within_the_new_tokens() -> None:
     second = _run_prefill(batch)
     torch.testing.assert_close(second[:-1], first[:-1], atol=0, rtol=0)
     assert not torch.allclose(second[-1], first[-1])
+
+
+@pytest.mark.parametrize("window", [1, 5, 16, 37])
+@pytest.mark.parametrize("block_size", [8, 16])
+def test_prefill_with_a_sliding_window_matches_reference(block_size: int, window: int) -> None:
+    """Long chunks after long prefixes, so windows start inside tiles and tile rows start
+    at different keys (some rows of a key tile see nothing)."""
+    spec = [(0, 70), (45, 40), (90, 1), (7, 33)]
+    batch = make_batch(spec, block_size=block_size, num_heads=6, num_kv_heads=2, head_dim=64,
+                       dtype=torch.float32, device=DEVICE, seed=window)  # fmt: skip
+    write_kv(batch.k, batch.v, batch.kv_cache, batch.meta.slot_mapping)
+    m = batch.meta
+    out = prefill_attention(batch.q, batch.kv_cache, m.block_tables, m.query_start_loc,
+                            m.seq_lens, SCALE, m.max_query_len, window=window)  # fmt: skip
+    expected, _ = reference_output(batch, SCALE, window=window)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, expected, atol=2e-4, rtol=2e-4)
+    full, _ = reference_output(batch, SCALE)
+    assert (out - full).abs().max() > 1e-3  # the window really cut keys

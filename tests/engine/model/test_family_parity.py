@@ -95,26 +95,48 @@ def test_greedy_tokens_match_beside_other_requests_and_on_a_cache_hit(
             assert abs(c.chosen.logprob - w.chosen.logprob) <= 1e-4
 
 
-@pytest.mark.parametrize("family", ["mistral", "qwen3"])
-def test_a_window_bounds_the_served_context_to_the_window(tmp_path: Path, family: str) -> None:
-    """The backends attend over the whole context, so a window model is served only as
-    far as its window never binds; there it equals transformers' windowed attention."""
-    window = {"sliding_window": 24} | ({"use_sliding_window": True} if family == "qwen3" else {})
-    folder = make_family_dir(tmp_path, family, seed=2, **window)
-    llm = LLM(str(folder), kv_cache_bytes=8 * 2**20, block_size=4)
-    assert llm.engine.arch.sliding_window == 24
-    assert llm.engine.max_model_len == 24
-    ids = list(range(900, 910))
-    params = SamplingParams(temperature=0, max_tokens=14, ignore_eos=True)
-    out = llm.generate([ids], params)[0]
-    assert out.outputs[0].token_ids == hf_greedy(load_reference(folder), ids, steps=14)
+WINDOWS = {
+    "mistral": {"sliding_window": 8},
+    "qwen3": {"sliding_window": 8, "use_sliding_window": True, "max_window_layers": 1},
+    # transformers windows every Phi-3 layer, whatever layer_types says.
+    "phi3": {"sliding_window": 8, "layer_types": ["full_attention", "sliding_attention"]},
+}
+EXPECTED_WINDOWS = {"mistral": [8, 8], "qwen3": [None, 8], "phi3": [8, 8]}
+
+
+@pytest.mark.parametrize("family", list(WINDOWS))
+def test_sliding_window_layers_match_transformers_past_the_window(
+    tmp_path: Path, family: str
+) -> None:
+    """Prompts and outputs several windows long, chunked and batched, with the prefix
+    cache on: every layer with a window sees only its last 8 positions."""
+    folder = make_family_dir(tmp_path, family, seed=2, **WINDOWS[family])
+    reference = load_reference(folder)
+    loaded = load_model(str(folder), dtype=torch.float32, device="cpu")
+    windows = [loaded.arch.layer_window(i) for i in range(loaded.arch.num_layers)]
+    assert windows == EXPECTED_WINDOWS[family]
+    a, b = list(range(100, 130)), list(range(2000, 2011))
+    stepper = ModelStepper(loaded.model, num_seqs=2, block_size=4)
+    first = stepper.step([a[:13], b[:10]])
+    second = stepper.step([a[13:30], b[10:11]])
+    assert (torch.cat([first[:13], second[:17]]) - hf_logits(reference, a)).abs().max() <= 1e-3
+    assert (torch.cat([first[13:], second[17:]]) - hf_logits(reference, b)).abs().max() <= 1e-3
+    llm = LLM(str(folder), max_model_len=128, kv_cache_bytes=8 * 2**20, block_size=4)
+    assert llm.engine.max_model_len == 128  # the window does not bound the context
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompts = [list(range(900, 918)), list(range(40, 45))]
+    cold = llm.generate(prompts, params)
+    warm = llm.generate(prompts, params)  # a prefix-cache hit
+    for ids, c, w in zip(prompts, cold, warm, strict=True):
+        assert c.outputs[0].token_ids == hf_greedy(reference, ids, steps=24)
+        assert w.outputs[0].token_ids == c.outputs[0].token_ids and w.num_cached_tokens > 0
 
 
 def test_qwen_ignores_a_window_it_does_not_turn_on(tmp_path: Path) -> None:
     folder = make_family_dir(tmp_path, "qwen2", sliding_window=24, use_sliding_window=False)
     loaded = load_model(str(folder), dtype=torch.float32, device="cpu")
     assert loaded.arch.sliding_window is None
-    assert loaded.arch.context_limit == 2048
+    assert all(loaded.arch.layer_window(i) is None for i in range(loaded.arch.num_layers))
 
 
 @pytest.mark.parametrize("overrides", [{}, {"attention_bias": True}], ids=["plain", "biased"])
