@@ -19,6 +19,7 @@ import torch
 
 from engine.config import ModelArchitecture
 from engine.llm_engine import LLMEngine
+from engine.model.decoder_layer import LlamaDecoderLayer
 from engine.model.fused import (
     FusedOpsUnavailableError,
     kernels_interpreted,
@@ -26,7 +27,7 @@ from engine.model.fused import (
     resolve_fused_ops,
 )
 from engine.model.hf_loader import architecture_from_config
-from engine.model.llama import LlamaDecoderLayer, LlamaForCausalLM
+from engine.model.llama import LlamaForCausalLM
 from engine.sampling_params import SamplingParams
 from tests.engine.runner.factory import tiny_arch, tiny_engine, tiny_model
 from tests.utils.model_step import ModelStepper

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.model.llama import RMSNorm
+from engine.model.norm import RMSNorm
 
 
 def test_rms_norm_on_torchs_kernel_equals_the_reference_form() -> None:

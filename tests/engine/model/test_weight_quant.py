@@ -7,7 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from engine.model import quant
-from engine.model.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
+from engine.model.decoder_layer import LlamaDecoderLayer
+from engine.model.llama import LlamaForCausalLM
+from engine.model.mlp import LlamaMLP
 from engine.model.quant import (
     INT4_GROUP,
     QuantizedLinear,
