@@ -59,6 +59,13 @@ class ModelArchitecture:
     moe_intermediate_size: int = 0
     moe_renormalize: bool = True  # top-k weights rescaled to sum to 1 (Mixtral: always)
     dense_layers: tuple[int, ...] = ()  # layers of an MoE model with a dense MLP
+    # Gemma's parts (engine/model/families/gemma3.py).
+    mlp_activation: Literal["silu", "gelu_tanh"] = "silu"
+    sandwich_norms: bool = False  # norms after attention and around the MLP too
+    embedding_multiplier: float = 1.0  # the embeddings are scaled by this
+    attention_scale: float | None = None  # None: head_dim ** -0.5
+    local_rope_theta: float | None = None  # rotary base of the window layers; None: rope_theta
+    final_logit_softcap: float | None = None  # logits = cap * tanh(logits / cap)
 
     def is_moe_layer(self, layer: int) -> bool:
         """Whether `layer`'s feed-forward is the sparse one."""

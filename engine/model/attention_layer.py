@@ -24,7 +24,7 @@ class LlamaAttention(nn.Module):
         self.num_heads = arch.num_heads
         self.num_kv_heads = arch.num_kv_heads
         self.head_dim = arch.head_dim
-        self.scale = arch.head_dim**-0.5
+        self.scale = arch.attention_scale or arch.head_dim**-0.5
         self.window = arch.layer_window(layer_idx)
         q_size, kv_size = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
         bias = arch.attention_bias

@@ -17,7 +17,12 @@ from engine.model.rope import RotaryEmbedding
 
 
 class LlamaDecoderLayer(nn.Module):
-    """Pre-norm block: x + attn(norm(x)), then h + mlp(norm(h))."""
+    """Pre-norm block: x + attn(norm(x)), then h + mlp(norm(h)).
+
+    With `sandwich_norms` (Gemma) the outputs are normed too, and the norm names
+    follow Gemma's: h = x + post_attention_norm(attn(input_norm(x))), then
+    h + post_feedforward_norm(mlp(pre_feedforward_norm(h))).
+    """
 
     def __init__(self, arch: ModelArchitecture, layer_idx: int) -> None:
         super().__init__()
@@ -27,8 +32,12 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp: LlamaMLP | MoEBlock = (
             MoEBlock(arch, layer_idx)
             if arch.is_moe_layer(layer_idx)
-            else LlamaMLP(arch.hidden_size, arch.intermediate_size, layer_idx)
+            else LlamaMLP(arch.hidden_size, arch.intermediate_size, layer_idx, arch.mlp_activation)
         )
+        self.sandwich = arch.sandwich_norms
+        if self.sandwich:
+            self.pre_feedforward_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+            self.post_feedforward_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
 
     def forward(
         self,
@@ -38,8 +47,14 @@ class LlamaDecoderLayer(nn.Module):
         ctx: ForwardContext,
     ) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]."""
-        h: torch.Tensor = x + self.self_attn(self.input_layernorm(x), positions, rotary, ctx)
-        out: torch.Tensor = h + self.mlp(self.post_attention_layernorm(h), None, ctx.lora)
+        attn = self.self_attn(self.input_layernorm(x), positions, rotary, ctx)
+        if self.sandwich:
+            h = x + self.post_attention_layernorm(attn)
+            mlp = self.mlp(self.pre_feedforward_layernorm(h), None, ctx.lora)
+            out: torch.Tensor = h + self.post_feedforward_layernorm(mlp)
+            return out
+        h = x + attn
+        out = h + self.mlp(self.post_attention_layernorm(h), None, ctx.lora)
         return out
 
     def forward_fused(

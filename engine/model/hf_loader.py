@@ -21,6 +21,7 @@ from engine.errors import UnsupportedModelError
 from engine.model.families.base import Family
 from engine.model.llama import LlamaForCausalLM
 from engine.model.registry import family_named, family_of_config
+from engine.model.rope import rope_settings
 
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -59,8 +60,8 @@ def architecture_from_config(config: Mapping[str, Any]) -> ModelArchitecture:
 def _architecture(config: Mapping[str, Any], family: Family) -> ModelArchitecture:
     hidden = int(config["hidden_size"])
     num_heads = int(config["num_attention_heads"])
-    theta, scaling = _rope_settings(config)
-    return ModelArchitecture(
+    theta, scaling = rope_settings(config)
+    fields: dict[str, Any] = dict(
         vocab_size=int(config["vocab_size"]),
         hidden_size=hidden,
         intermediate_size=int(config["intermediate_size"]),
@@ -74,27 +75,10 @@ def _architecture(config: Mapping[str, Any], family: Family) -> ModelArchitectur
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         rope_scaling=scaling,
         architecture=family.name,
-        **family.traits(config),
     )
-
-
-def _rope_settings(
-    config: Mapping[str, Any],
-) -> tuple[float, tuple[tuple[str, float | str], ...] | None]:
-    """(theta, scaling pairs). transformers v5 folds both into `rope_parameters`."""
-    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-    theta = float(params.pop("rope_theta", config.get("rope_theta", 10000.0)))
-    if "type" in params and "rope_type" not in params:
-        params["rope_type"] = params.pop("type")
-    params.pop("type", None)
-    if params.get("rope_type", "default") == "default":
-        return theta, None
-    pairs = tuple(
-        (str(k), v if isinstance(v, str) else float(v))
-        for k, v in sorted(params.items())
-        if isinstance(v, str | int | float) and not isinstance(v, bool)
-    )
-    return theta, pairs
+    # A family's traits come last: they may override the generic reading (Gemma 3's
+    # rotary settings per layer kind).
+    return ModelArchitecture(**{**fields, **family.traits(config)})
 
 
 def safetensors_files(folder: str | Path) -> list[Path]:

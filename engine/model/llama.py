@@ -76,6 +76,12 @@ class LlamaForCausalLM(nn.Module):
             rope_scaling_dict(arch.rope_scaling),
             rope_freq_factors,
         )
+        # Gemma 3: the window layers' rotary has a base of its own (and no scaling).
+        self.local_rotary = (
+            None
+            if arch.local_rope_theta is None
+            else RotaryEmbedding(arch.head_dim, arch.max_position_embeddings, arch.local_rope_theta)
+        )
         self.tie_weights()
         self.fused_ops: FusedOps | None = None
         self.weight_quant: WeightQuant = "none"
@@ -106,6 +112,8 @@ class LlamaForCausalLM(nn.Module):
         model = model.to(dtype=dtype).to_empty(device=device)
         model.tie_weights()  # to_empty may replace the shared Parameter
         model.rotary.rebuild(device)
+        if model.local_rotary is not None:
+            model.local_rotary.rebuild(device)
         model.requires_grad_(False)
         return model.eval()
 
@@ -119,22 +127,32 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """input_ids, positions [T] -> final hidden states [T, hidden] (after the norm)."""
         x: torch.Tensor = self.model.embed_tokens(input_ids)
+        if self.arch.embedding_multiplier != 1.0:  # Gemma: in the embeddings' dtype, as HF
+            x = x * torch.tensor(self.arch.embedding_multiplier, dtype=x.dtype)
         fused = self.fused_ops
-        if fused is not None:
+        # The fused kernels add each norm's input to the residual; sandwich norms do not.
+        if fused is not None and not self.arch.sandwich_norms:
             return self._forward_fused(x, positions, ctx, fused)
-        for layer in self.model.layers:
-            x = layer(x, positions, self.rotary, ctx)
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, positions, self.rotary_of(i), ctx)
         hidden: torch.Tensor = self.model.norm(x)
         return hidden
+
+    def rotary_of(self, layer: int) -> RotaryEmbedding:
+        """The rotary table of `layer`: a window layer's own base where the model has one."""
+        if self.local_rotary is not None and self.arch.layer_window(layer) is not None:
+            return self.local_rotary
+        return self.rotary
 
     def _forward_fused(
         self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext, fused: FusedOps
     ) -> torch.Tensor:
         """The decoder stack on the fused kernels (same result as the torch path)."""
         residual: torch.Tensor | None = None
-        for layer in self.model.layers:
+        for i, layer in enumerate(self.model.layers):
             assert isinstance(layer, LlamaDecoderLayer)
-            x, residual = layer.forward_fused(x, residual, positions, self.rotary, ctx, fused)
+            rotary = self.rotary_of(i)
+            x, residual = layer.forward_fused(x, residual, positions, rotary, ctx, fused)
         norm = self.model.norm
         hidden, _ = fused.add_rms_norm(x, residual, norm.weight, norm.eps)
         return hidden
@@ -146,6 +164,9 @@ class LlamaForCausalLM(nn.Module):
             if self.lm_head_quant is not None
             else float_linear(hidden, self.lm_head.weight, None, self.lm_head_packed)
         )
+        cap = self.arch.final_logit_softcap
+        if cap is not None:  # Gemma 2: tanh keeps every logit within (-cap, cap)
+            return torch.tanh(logits.float() / cap) * cap
         return logits.float()
 
     @torch.no_grad()

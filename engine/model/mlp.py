@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -16,8 +20,19 @@ from engine.model.quant import QuantizedLinear, QuantPlan
 class LlamaMLP(nn.Module):
     """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, hidden: int, intermediate: int, layer_idx: int = 0) -> None:
+    def __init__(
+        self,
+        hidden: int,
+        intermediate: int,
+        layer_idx: int = 0,
+        activation: Literal["silu", "gelu_tanh"] = "silu",
+    ) -> None:
         super().__init__()
+        # SwiGLU (silu) or Gemma's GeGLU (tanh-approximated gelu).
+        self.act: Callable[[torch.Tensor], torch.Tensor] = (
+            F.silu if activation == "silu" else partial(F.gelu, approximate="tanh")
+        )
+        self._silu = activation == "silu"
         self.layer_idx = layer_idx
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
@@ -74,28 +89,28 @@ class LlamaMLP(nn.Module):
         """
         if lora is not None:
             return self._forward_lora(x, fused, lora)
-        if fused is not None:
+        if fused is not None and self._silu:
             return self._down(fused.silu_and_mul(self._gate_up(x)))
         if self.gate_up_quant is not None and self.down_quant is not None:
             # Between the two products the activations stay in their compute dtype
             # (bf16): a prefill's [T, 2I] casts cost a fifth of its MLP otherwise.
             mid = self.gate_up_quant.compute_dtype(x.shape[0])
             gate, up = torch.split(self.gate_up_quant(x, mid), self._intermediate, -1)
-            return self.down_quant(F.silu(gate) * up, x.dtype)
+            return self.down_quant(self.act(gate) * up, x.dtype)
         if self.gate_up_weight is not None:
             gate, up = torch.split(self._gate_up(x), self._intermediate, -1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
-        return self._down(F.silu(gate) * up)
+        return self._down(self.act(gate) * up)
 
     def _forward_lora(
         self, x: torch.Tensor, fused: FusedOps | None, lora: LoraBatch
     ) -> torch.Tensor:
         gate_up = self._gate_up(x)
         lora.add(self.layer_idx, "gate_up", x, gate_up)
-        if fused is not None:
+        if fused is not None and self._silu:
             act = fused.silu_and_mul(gate_up)
         else:
             gate, up = torch.split(gate_up, self._intermediate, -1)
-            act = F.silu(gate) * up
+            act = self.act(gate) * up
         return lora.add(self.layer_idx, "down", act, self._down(act))

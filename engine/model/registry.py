@@ -12,7 +12,16 @@ from types import MappingProxyType
 from typing import Any
 
 from engine.errors import UnsupportedModelError
-from engine.model.families import llama, mistral, mixtral, phi3, qwen2, qwen3, qwen3_moe
+from engine.model.families import (
+    gemma3,
+    llama,
+    mistral,
+    mixtral,
+    phi3,
+    qwen2,
+    qwen3,
+    qwen3_moe,
+)
 from engine.model.families.base import Family
 
 FAMILIES: tuple[Family, ...] = (
@@ -23,6 +32,7 @@ FAMILIES: tuple[Family, ...] = (
     phi3.FAMILY,
     mixtral.FAMILY,
     qwen3_moe.FAMILY,
+    gemma3.FAMILY,
 )
 
 # Hugging Face architecture class name -> family.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -135,3 +136,23 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     x32 = x.float()
     swapped = torch.cat((x32[..., half:], x32[..., :half]), dim=-1)
     return (x32 * cos + swapped * sin).to(x.dtype)
+
+
+def rope_settings(
+    config: Mapping[str, Any],
+) -> tuple[float, tuple[tuple[str, float | str], ...] | None]:
+    """(theta, scaling pairs) of a transformers config; v5 folds both into
+    `rope_parameters`, older configs spell them `rope_theta` and `rope_scaling`."""
+    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    theta = float(params.pop("rope_theta", config.get("rope_theta", 10000.0)))
+    if "type" in params and "rope_type" not in params:
+        params["rope_type"] = params.pop("type")
+    params.pop("type", None)
+    if params.get("rope_type", "default") == "default":
+        return theta, None
+    pairs = tuple(
+        (str(k), v if isinstance(v, str) else float(v))
+        for k, v in sorted(params.items())
+        if isinstance(v, str | int | float) and not isinstance(v, bool)
+    )
+    return theta, pairs

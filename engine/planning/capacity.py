@@ -192,7 +192,8 @@ def count_parameters(arch: ModelArchitecture) -> int:
     dense = 3 * hidden * arch.intermediate_size
     sparse = arch.num_experts * (hidden + 3 * hidden * arch.moe_intermediate_size)
     mlps = sum(sparse if arch.is_moe_layer(i) else dense for i in range(arch.num_layers))
-    per_layer = attention + 2 * hidden  # and two RMSNorms
+    norms = 4 if arch.sandwich_norms else 2  # Gemma norms both sides of each block
+    per_layer = attention + norms * hidden
     embeddings = arch.vocab_size * hidden
     head = 0 if arch.tie_word_embeddings else embeddings
     return embeddings + arch.num_layers * per_layer + mlps + hidden + head

@@ -105,21 +105,44 @@ class ModelPrompts:
         # The template loops over messages in Python: many empty ones cost as much as text.
         cost = chars + MESSAGE_COST_CHARS * len(messages)
 
+        def render(conversation: list[dict[str, Any]]) -> str:
+            if tools:
+                return self.tokenizer.apply_chat_template(
+                    conversation, add_generation_prompt=True, tools=tools
+                )
+            return self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True)
+
         def work() -> list[int]:
-            tokenizer = self.tokenizer
             try:
-                if tools:
-                    text = tokenizer.apply_chat_template(
-                        messages, add_generation_prompt=True, tools=tools
-                    )
-                else:
-                    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+                text = render(messages)
             except Exception as exc:  # a template may reject a conversation shape (role order)
-                raise InvalidParameterError(f"messages: {exc}", param="messages") from None
+                folded = fold_system_messages(messages)
+                if folded is None:
+                    raise InvalidParameterError(f"messages: {exc}", param="messages") from None
+                try:  # a template with no system role (Gemma): the system text goes first
+                    text = render(folded)
+                except Exception:
+                    raise InvalidParameterError(f"messages: {exc}", param="messages") from None
             self.check_size(len(text), param="messages")
-            return tokenizer.encode(text, add_special_tokens=False)
+            return self.tokenizer.encode(text, add_special_tokens=False)
 
         return await self._owner.run(tenant_id, cost, work)
+
+
+def fold_system_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """The conversation with its leading system (or developer) messages folded into the
+    first user message, as templates without a system role expect; None when there is
+    nothing to fold or no user message right after them to fold into."""
+    lead = 0
+    while lead < len(messages) and messages[lead].get("role") in ("system", "developer"):
+        lead += 1
+    if lead == 0 or lead == len(messages) or messages[lead].get("role") != "user":
+        return None
+    parts = [messages[i].get("content") for i in range(lead + 1)]
+    if not all(isinstance(part, str) for part in parts):
+        return None  # content parts: no plain text to join
+    user = {**messages[lead], "content": "\n\n".join(p for p in parts if p)}
+    return [user, *messages[lead + 1 :]]
 
 
 class PromptTokenizer:

@@ -36,6 +36,17 @@ from tests.utils.lora_adapters import make_peft_adapter
 pytestmark = pytest.mark.slow
 
 WINDOW = 64
+# Gemma's chat template has no system role: it raises on one, as Gemma 2's does.
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}"
+    "{{ raise_exception('System role not supported') }}{% endif %}"
+    "{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant') }}"
+    "{% endif %}{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
 PROMPT = "Tell me about the mountains near the lake, the river and the old town."
 
 
@@ -67,10 +78,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     phi3 = make_family_dir(tmp / "models", "phi3", seed=2)
     mistral = make_family_dir(tmp / "models", "mistral", seed=3, sliding_window=WINDOW)
     mixtral = make_family_dir(tmp / "models", "mixtral", seed=4)
+    gemma = make_family_dir(tmp / "models", "gemma3", seed=5)
+    (gemma / "chat_template.jinja").write_text(GEMMA_TEMPLATE)
     settings = Settings(
         data_dir=tmp,
         key_pepper=PEPPER,
-        models=[f"q3={qwen3}", f"phi={phi3}", f"mis={mistral}", f"mix={mixtral}"],
+        models=[f"q3={qwen3}", f"phi={phi3}", f"mis={mistral}", f"mix={mixtral}", f"gem={gemma}"],
         attention_backend="torch",
         max_model_len=256,
         kv_cache_bytes=8 * 1024 * 1024,
@@ -120,7 +133,7 @@ def _chat(served: Served, model: str, tenant: int = 0) -> tuple[str, int]:
     return done.choices[0].message.content or "", (details.cached_tokens or 0) if details else 0
 
 
-@pytest.mark.parametrize("model", ["q3", "phi", "mis", "mix"])
+@pytest.mark.parametrize("model", ["q3", "phi", "mis", "mix", "gem"])
 def test_each_family_answers_and_keeps_each_tenants_cache_its_own(
     served: Served, model: str
 ) -> None:
@@ -145,6 +158,7 @@ def test_the_registry_records_family_and_storage(served: Served) -> None:
         "phi": ("phi3", "F32"),
         "mis": ("mistral", "F32"),
         "mix": ("mixtral", "F32"),
+        "gem": ("gemma3", "F32"),
     }
     assert rows["mis"]["context_length"] == 256  # the served context, not the window
 
@@ -254,3 +268,28 @@ def test_a_model_whose_template_does_not_think_keeps_its_text_as_content(
     message = done.choices[0].message
     assert not (message.model_extra or {}).get("reasoning_content")
     assert message.content is not None and message.content.startswith("<think>")
+
+
+def test_gemma_takes_a_system_message_folded_into_the_first_turn(served: Served) -> None:
+    def prompt_tokens(messages: list[dict[str, str]]) -> int:
+        done = served.client().chat.completions.create(
+            model="gem",
+            messages=messages,
+            max_tokens=2,
+            temperature=0,  # type: ignore[arg-type]
+        )
+        assert done.usage is not None
+        return done.usage.prompt_tokens
+
+    plain = prompt_tokens([{"role": "user", "content": "Hi"}])
+    system = {"role": "system", "content": "You answer in one short sentence."}
+    folded = prompt_tokens([system, {"role": "user", "content": "Hi"}])
+    assert folded > plain + 5  # the system text is in the prompt, in the first turn
+    # A conversation the template refuses for another reason is still a clear 400.
+    with pytest.raises(openai.BadRequestError) as refused:
+        served.client().chat.completions.create(
+            model="gem",
+            messages=[{"role": "assistant", "content": "x"}, {"role": "assistant", "content": "y"}],
+            max_tokens=2,
+        )
+    assert "alternate" in str(refused.value)

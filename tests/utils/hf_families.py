@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     MistralConfig,
     MixtralConfig,
@@ -37,6 +38,7 @@ _CONFIGS: dict[str, type[PretrainedConfig]] = {
     "phi3": Phi3Config,
     "mixtral": MixtralConfig,
     "qwen3_moe": Qwen3MoeConfig,
+    "gemma3": Gemma3TextConfig,
 }
 # Each family's own fields at the tiny shape (experts: 4, top 2; Qwen3-MoE with its
 # released norm_topk_prob and one dense layer, as mlp_only_layers allows).
@@ -50,6 +52,8 @@ _EXTRAS: dict[str, dict[str, Any]] = {
         "num_hidden_layers": 3,
         "mlp_only_layers": [1],
     },
+    # Six layers: five with a window of 8, one global, as Gemma 3's pattern has them.
+    "gemma3": {"num_hidden_layers": 6, "sliding_window": 8, "tie_word_embeddings": True},
 }
 TINY_SHAPE: dict[str, Any] = {
     "vocab_size": SMOLLM2_VOCAB,

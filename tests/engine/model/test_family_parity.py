@@ -15,7 +15,7 @@ from transformers import PreTrainedModel
 from engine import LLM, SamplingParams
 from engine.model.loader import load_model
 from engine.model.registry import FAMILIES
-from tests.utils.hf_families import load_reference, make_family_dir
+from tests.utils.hf_families import family_config, load_reference, make_family_dir
 from tests.utils.model_step import ModelStepper
 
 FAMILY_NAMES = [f.name for f in FAMILIES]
@@ -189,3 +189,54 @@ def test_transformers_fused_in_memory_experts_load_like_the_saved_checkpoint(
     torch.testing.assert_close(
         ModelStepper(model).step([ids]), ModelStepper(saved.model).step([ids]), atol=0, rtol=0
     )
+
+
+def test_gemma3_final_logit_softcapping_matches_transformers(tmp_path: Path) -> None:
+    folder = make_family_dir(tmp_path, "gemma3", seed=3, final_logit_softcapping=2.0)
+    loaded = load_model(str(folder), dtype=torch.float32, device="cpu")
+    assert loaded.arch.final_logit_softcap == 2.0
+    ids = list(range(300, 320))
+    ours = ModelStepper(loaded.model).step([ids])
+    assert ours.abs().max() <= 2.0  # capped
+    assert (ours - hf_logits(load_reference(folder), ids)).abs().max() <= 1e-4
+
+
+def test_gemma3_reads_transformers_4_configs_the_same(tmp_path: Path) -> None:
+    """Older configs spell the rotary bases and the layer pattern differently."""
+    import json
+
+    from engine.model.hf_loader import architecture_from_config, read_config
+
+    folder = make_family_dir(tmp_path, "gemma3", seed=1, rope_parameters={
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    })  # fmt: skip
+    v5 = read_config(folder)
+    v4 = {k: v for k, v in v5.items() if k not in ("layer_types", "rope_parameters")}
+    v4 |= {
+        "rope_theta": 1e6,
+        "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+        "rope_local_base_freq": 10000.0,
+        "sliding_window_pattern": 6,
+    }
+    arch = architecture_from_config(v5)
+    assert architecture_from_config(json.loads(json.dumps(v4))) == arch
+    assert [arch.layer_window(i) for i in range(6)] == [8, 8, 8, 8, 8, None]
+    assert (arch.rope_theta, arch.local_rope_theta) == (1e6, 10000.0)
+    assert dict(arch.rope_scaling or ()) == {"rope_type": "linear", "factor": 8.0}
+    # And the scaled global rotary matches transformers too.
+    ids = list(range(40, 60))
+    ours = ModelStepper(load_model(str(folder), dtype=torch.float32, device="cpu").model)
+    assert (ours.step([ids]) - hf_logits(load_reference(folder), ids)).abs().max() <= 1e-3
+
+
+def test_gemma2_is_refused_by_name() -> None:
+    from engine.errors import UnsupportedModelError
+    from engine.model.hf_loader import architecture_from_config
+
+    config = {**family_config("gemma3").to_dict(), "attn_logit_softcapping": 50.0}
+    with pytest.raises(UnsupportedModelError, match="soft-capping \\(Gemma 2\\)"):
+        architecture_from_config(config)
+    config = {**family_config("gemma3").to_dict(), "architectures": ["Gemma2ForCausalLM"]}
+    with pytest.raises(UnsupportedModelError, match="Gemma3ForCausalLM"):
+        architecture_from_config(config)

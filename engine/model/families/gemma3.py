@@ -1,0 +1,85 @@
+"""Gemma 3 (text): GeGLU, norms before and after both attention and the MLP, RMSNorm
+weights stored as w - 1 (the norm scales by 1 + w), embeddings scaled by
+sqrt(hidden), q/k norms, `query_pre_attn_scalar` for the attention scale, and five
+sliding-window layers to each global one, the window layers on a rotary base of
+their own.
+
+Gemma 2 is refused by name: its attention soft-caps the logits (50), which the
+attention backends do not do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from engine.config import ModelArchitecture
+from engine.errors import UnsupportedModelError
+from engine.model.families.base import Family, window_of
+from engine.model.rope import rope_settings
+
+_GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh", "gelu_new")
+
+
+def gemma3_traits(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Gemma 3's parts, from transformers 5's config (rope per layer kind, layer_types)
+    or an older one (rope_local_base_freq, sliding_window_pattern)."""
+    if config.get("attn_logit_softcapping") is not None:
+        raise UnsupportedModelError(
+            "attention logit soft-capping (Gemma 2) is not supported; Gemma 3 is"
+        )
+    if config.get("use_bidirectional_attention"):
+        raise UnsupportedModelError("bidirectional attention (EmbeddingGemma) is not supported")
+    activation = config.get("hidden_activation") or config.get("hidden_act")
+    if activation not in _GELU_TANH:
+        raise UnsupportedModelError(f"Gemma's MLP activation {activation!r} is not supported")
+    layers = int(config["num_hidden_layers"])
+    kinds = config.get("layer_types")
+    if kinds is None and config.get("sliding_window_pattern"):
+        pattern = int(config["sliding_window_pattern"])
+        kinds = [
+            "full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+            for i in range(layers)
+        ]
+    per_kind = config.get("rope_parameters") or {}
+    if "full_attention" in per_kind:  # transformers 5: one rope setting per layer kind
+        theta, scaling = rope_settings({"rope_parameters": per_kind["full_attention"]})
+        local = per_kind.get("sliding_attention") or {}
+        local_theta = float(local.get("rope_theta", 10000.0))
+    else:
+        theta, scaling = rope_settings(config)
+        local_theta = float(config.get("rope_local_base_freq", 10000.0))
+    cap = config.get("final_logit_softcapping")
+    return {
+        **window_of({**config, "layer_types": kinds}),
+        "attention_bias": bool(config.get("attention_bias", False)),
+        "output_bias": bool(config.get("attention_bias", False)),
+        "qk_norm": True,
+        "sandwich_norms": True,
+        "mlp_activation": "gelu_tanh",
+        "embedding_multiplier": float(config["hidden_size"]) ** 0.5,
+        "attention_scale": float(config.get("query_pre_attn_scalar") or 256) ** -0.5,
+        "rope_theta": theta,
+        "rope_scaling": scaling,
+        "local_rope_theta": local_theta,
+        "final_logit_softcap": None if cap is None else float(cap),
+    }
+
+
+def gemma_weights(
+    name: str, tensor: torch.Tensor, arch: ModelArchitecture
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Gemma's norms scale by 1 + w: stored here as the plain weight 1 + w."""
+    yield name, tensor + 1.0 if name.endswith("norm.weight") else tensor
+
+
+FAMILY = Family(
+    name="gemma3",
+    title="Gemma 3 (text)",
+    hf_architectures=("Gemma3ForCausalLM",),
+    traits=gemma3_traits,
+    hf_weights=gemma_weights,
+    notes="5 window layers to 1 global; Gemma 2 (attention soft-capping) is refused",
+)
