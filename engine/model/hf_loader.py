@@ -8,7 +8,7 @@ sharded) safetensors files into the model; the rest are mapped by their family.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from tqdm import tqdm
 from engine.config import ModelArchitecture
 from engine.errors import UnsupportedModelError
 from engine.model.families.base import Family
+from engine.model.fp8_checkpoint import block_size_of, dequantize_fp8, fp8_method, read_scales
 from engine.model.llama import LlamaForCausalLM
 from engine.model.registry import family_named, family_of_config
 from engine.model.rope import rope_settings
@@ -42,13 +43,8 @@ def architecture_from_config(config: Mapping[str, Any]) -> ModelArchitecture:
     A missing or ill-typed field is refused by name (UnsupportedModelError).
     """
     family = family_of_config(config)
-    quantized = config.get("quantization_config")
-    if quantized:
-        method = quantized.get("quant_method") if isinstance(quantized, Mapping) else quantized
-        raise UnsupportedModelError(
-            f"quantized Hugging Face checkpoints ({method!r}) are not supported yet; "
-            "serve the unquantized folder, or a GGUF file of any common quantization"
-        )
+    fp8_method(config)  # refuses every quantization but FP8 by name
+    block_size_of(config)
     try:
         return _architecture(config, family)
     except KeyError as exc:
@@ -115,13 +111,15 @@ def load_hf_model(
     device: str | torch.device,
     progress: bool = False,
 ) -> tuple[LlamaForCausalLM, ModelArchitecture]:
-    """Reads config.json and the safetensors weights into a ready, eval-mode model."""
-    arch = architecture_from_config(read_config(folder))
+    """Reads config.json and the safetensors weights into a ready, eval-mode model
+    (an FP8 checkpoint dequantized on the way, see engine/model/fp8_checkpoint.py)."""
+    config = read_config(folder)
+    arch = architecture_from_config(config)
     model = LlamaForCausalLM.empty(arch, dtype=dtype, device=device)
     mapper = family_named(arch.architecture).hf_weights
-    model.load_weights(
-        pair
-        for name, tensor in iter_weights(folder, progress=progress)
-        for pair in mapper(name, tensor, arch)
-    )
+    weights: Iterable[tuple[str, torch.Tensor]] = iter_weights(folder, progress=progress)
+    if fp8_method(config) is not None:
+        scales = read_scales(safetensors_files(folder))
+        weights = dequantize_fp8(weights, scales, block_size_of(config))
+    model.load_weights(pair for name, tensor in weights for pair in mapper(name, tensor, arch))
     return model, arch

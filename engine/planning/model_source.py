@@ -69,7 +69,7 @@ def _quantization(path: Path) -> str:
         return "unknown"
     declared = read_config(path).get("quantization_config")
     if isinstance(declared, dict) and declared.get("quant_method"):
-        return str(declared["quant_method"])
+        return f"FP8 ({declared['quant_method']})"  # the only method a loaded model can have
     with safe_open(str(safetensors_files(path)[0]), framework="pt") as f:
         for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
             if name.endswith(".weight"):
