@@ -311,7 +311,7 @@ class Settings(BaseSettings):
     responses_max_bytes_per_tenant: int = Field(default=32 * 1024 * 1024, ge=1024)
     # How tool calls are written and parsed: auto picks the format from the chat
     # template; none refuses requests with tools.
-    tool_parser: Literal["auto", "hermes", "llama3_json", "smollm2", "none"] = "auto"
+    tool_parser: Literal["auto", "hermes", "llama3_json", "smollm2", "mistral", "none"] = "auto"
     # A reasoning model's <think> block returned as reasoning_content, apart from the
     # content (gateway.reasoning): auto when the chat template writes <think>.
     reasoning_parser: Literal["auto", "qwen3", "none"] = "auto"

@@ -9,6 +9,7 @@ summary names them, and the Mistral serves prompts longer than its window.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -36,6 +37,15 @@ from tests.utils.lora_adapters import make_peft_adapter
 pytestmark = pytest.mark.slow
 
 WINDOW = 64
+# A Mistral-style template: tools in [AVAILABLE_TOOLS], calls after [TOOL_CALLS].
+MISTRAL_TEMPLATE = (
+    "{{ bos_token }}{% if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]"
+    "{% endif %}{% for m in messages %}{% if m['role'] == 'user' %}[INST]{{ m['content'] }}"
+    "[/INST]{% elif m['role'] == 'assistant' %}{% if m.tool_calls %}[TOOL_CALLS]"
+    "{{ m.tool_calls | tojson }}{% else %}{{ m['content'] }}{% endif %}</s>"
+    "{% elif m['role'] == 'tool' %}[TOOL_RESULTS]{{ m['content'] }}[/TOOL_RESULTS]"
+    "{% else %}{{ m['content'] }}{% endif %}{% endfor %}"
+)
 # Gemma's chat template has no system role: it raises on one, as Gemma 2's does.
 GEMMA_TEMPLATE = (
     "{{ bos_token }}{% if messages[0]['role'] == 'system' %}"
@@ -77,6 +87,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     template.write_text("{#- thinking models: <think>...</think> #}" + template.read_text())
     phi3 = make_family_dir(tmp / "models", "phi3", seed=2)
     mistral = make_family_dir(tmp / "models", "mistral", seed=3, sliding_window=WINDOW)
+    (mistral / "chat_template.jinja").write_text(MISTRAL_TEMPLATE)
     mixtral = make_family_dir(tmp / "models", "mixtral", seed=4)
     gemma = make_family_dir(tmp / "models", "gemma3", seed=5)
     (gemma / "chat_template.jinja").write_text(GEMMA_TEMPLATE)
@@ -293,3 +304,56 @@ def test_gemma_takes_a_system_message_folded_into_the_first_turn(served: Served)
             max_tokens=2,
         )
     assert "alternate" in str(refused.value)
+
+
+TIME_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"tz": {"type": "string", "maxLength": 8}},
+            "required": ["tz"],
+        },
+    },
+}
+
+
+def test_mistral_tool_calls_come_back_as_tool_calls(served: Served) -> None:
+    """The template says [TOOL_CALLS]: the call is written and parsed in Mistral's format."""
+    from gateway.tools import detect_parser
+
+    assert detect_parser(MISTRAL_TEMPLATE) == "mistral"  # the format this server picked
+    done = served.client().chat.completions.create(
+        model="mis",
+        messages=[{"role": "user", "content": "What time is it in Paris?"}],
+        tools=[TIME_TOOL],  # type: ignore[list-item]
+        tool_choice="required",
+        max_tokens=40,
+        temperature=0,
+    )
+    choice = done.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls or []
+    assert call.function.name == "get_time"
+    assert set(json.loads(call.function.arguments)) == {"tz"}
+    assert not choice.message.content
+    # Streamed, the same call arrives as tool-call deltas.
+    stream = served.client().chat.completions.create(
+        model="mis",
+        messages=[{"role": "user", "content": "What time is it in Paris?"}],
+        tools=[TIME_TOOL],  # type: ignore[list-item]
+        tool_choice="required",
+        max_tokens=40,
+        temperature=0,
+        stream=True,
+    )
+    names, arguments = [], []
+    for chunk in stream:
+        for part in chunk.choices:
+            for delta in part.delta.tool_calls or []:
+                if delta.function and delta.function.name:
+                    names.append(delta.function.name)
+                if delta.function and delta.function.arguments:
+                    arguments.append(delta.function.arguments)
+    assert names == ["get_time"] and "".join(arguments) == call.function.arguments

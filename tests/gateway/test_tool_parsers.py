@@ -130,6 +130,8 @@ def test_detect_parser_from_templates() -> None:
     llama = "<|start_header_id|>ipython<|end_header_id|> <|python_tag|> <|eot_id|>"
     assert detect_parser(llama) == "llama3_json"
     assert detect_parser(None) == "none"
+    mistral = "{%- if tools %}[AVAILABLE_TOOLS]{{ tools }}[/AVAILABLE_TOOLS]{% endif %}[TOOL_CALLS]"
+    assert detect_parser(mistral) == "mistral"
 
 
 @functools.lru_cache(maxsize=1)
@@ -170,6 +172,13 @@ def _token_pieces(text: str) -> list[str]:
             '<tool_call>[{"name": "get_weather", "arguments": {"city": "Kyōto"}}]</tool_call>',
         ),
         ("llama3_json", '{"name": "get_time", "parameters": {"tz": "UTC"}}'),
+        (
+            "mistral",
+            'Checking. [TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Lyon"}}, '
+            '{"name": "get_time", "arguments": {"tz": "CET"}}]',
+        ),
+        ("mistral", '[TOOL_CALLS]get_time[ARGS]{"tz": "UTC"}[TOOL_CALLS]get_weather[ARGS]{}'),
+        ("mistral", "Arrays look like [1, 2] and [TOOL_ is not a marker."),
         ("hermes", "No tools needed: 3 < 4 and <tool_ is not a marker. 🌧️"),
         ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": '),
     ],
@@ -201,3 +210,52 @@ def test_streaming_holds_back_a_partial_marker_only() -> None:
     ]
     assert stream.finish() == []
     assert stream.calls == 1
+
+
+def test_mistral_json_list_and_newer_segments() -> None:
+    listed = parse_tool_calls(
+        '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Nice"}}]',
+        "mistral",
+        names=NAMES,
+    )
+    assert listed.content is None
+    assert [(c.name, _args(c.arguments)) for c in listed.calls] == [
+        ("get_weather", {"city": "Nice"})
+    ]
+    segments = parse_tool_calls(
+        'Sure.[TOOL_CALLS]get_time[ARGS]{"tz": "UTC"}[TOOL_CALLS]get_weather[ARGS]{"city": "Oslo"}',
+        "mistral",
+        names=NAMES,
+    )
+    assert segments.content == "Sure."
+    assert [c.name for c in segments.calls] == ["get_time", "get_weather"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '[TOOL_CALLS][{"name": "rm_rf", "arguments": {}}]',  # not a declared function
+        "[TOOL_CALLS]get_time[ARGS]{not json",
+        "[TOOL_CALLS]get_time{}",  # no [ARGS]
+        '[TOOL_CALLS][{"name": "get_time", "arguments": [1]}]',
+    ],
+)
+def test_malformed_mistral_calls_are_content(text: str) -> None:
+    parsed = parse_tool_calls(text, "mistral", names=NAMES)
+    assert parsed.calls == () and parsed.content == text
+
+
+def test_the_mistral_call_grammar_compiles_and_holds_its_format() -> None:
+    from gateway.tools.constraints import tool_call_grammar, validate
+    from gateway.tools.schemas import resolve_tools
+
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]}}}]  # fmt: skip
+    for choice in ("required", {"type": "function", "function": {"name": "get_time"}}):
+        request = resolve_tools(
+            tools=tools, tool_choice=choice, parallel_tool_calls=True, functions=None,
+            function_call=None,
+        )  # fmt: skip
+        spec = tool_call_grammar(request, "mistral")
+        assert spec is not None and validate(spec.value) == ""
+        assert '"[TOOL_CALLS]["' in spec.value

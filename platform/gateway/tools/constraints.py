@@ -24,7 +24,7 @@ import llguidance
 
 from engine.structured.spec import StructuredSpec, StructuredSpecError
 from gateway.errors import InvalidParameterError
-from gateway.tools.parsers import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ParserName
+from gateway.tools.parsers import MISTRAL_CALLS, TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ParserName
 from gateway.tools.schemas import FunctionTool, ToolRequest
 
 
@@ -69,6 +69,9 @@ def _calls_start(parser: ParserName, parallel: bool) -> str:
     if parser == "llama3_json":
         more = ' ("; " call)*' if parallel else ""
         return f"calls: call{more}"
+    if parser == "mistral":
+        more = ' (", " call)*' if parallel else ""
+        return f"calls: {_lit(MISTRAL_CALLS + '[')} call{more} {_lit(']')}"
     block = f"{_lit(TOOL_CALL_OPEN + chr(10))} call {_lit(chr(10) + TOOL_CALL_CLOSE)}"
     more = f' ("\\n" {block})*' if parallel else ""
     return f"calls: {block}{more}"
@@ -76,7 +79,7 @@ def _calls_start(parser: ParserName, parallel: bool) -> str:
 
 def _free_text(parser: ParserName) -> str:
     """Text whose first non-space character cannot open a call."""
-    first = "\\{" if parser == "llama3_json" else TOOL_CALL_OPEN[0]
+    first = {"llama3_json": "\\{", "mistral": "\\["}.get(parser, TOOL_CALL_OPEN[0])
     return f"TEXT: /\\s*[^{first}\\s][\\s\\S]*/"
 
 

@@ -3,6 +3,8 @@
     hermes       Qwen2.5, Hermes:  <tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>
     smollm2      SmolLM2:          <tool_call>[{"name": ..., "arguments": {...}}, ...]</tool_call>
     llama3_json  Llama 3.x:        [<|python_tag|>]{"name": ..., "parameters": {...}}[; {...}]
+    mistral      Mistral:          [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]
+                 (and the newer     [TOOL_CALLS]name[ARGS]{...}[TOOL_CALLS]name[ARGS]{...})
 
 The state machine that finds the calls is gateway.tools.streaming; its
 `parse_tool_calls` runs it over a whole text, so a streamed reply always reassembles
@@ -17,13 +19,15 @@ import secrets
 from dataclasses import dataclass
 from typing import Any, Literal
 
-ParserName = Literal["hermes", "llama3_json", "smollm2", "none"]
-ParserSetting = Literal["auto", "hermes", "llama3_json", "smollm2", "none"]
-PARSERS: tuple[ParserName, ...] = ("hermes", "llama3_json", "smollm2", "none")
+ParserName = Literal["hermes", "llama3_json", "smollm2", "mistral", "none"]
+ParserSetting = Literal["auto", "hermes", "llama3_json", "smollm2", "mistral", "none"]
+PARSERS: tuple[ParserName, ...] = ("hermes", "llama3_json", "smollm2", "mistral", "none")
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
+MISTRAL_CALLS = "[TOOL_CALLS]"
+MISTRAL_ARGS = "[ARGS]"
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,8 @@ def detect_parser(chat_template: str | None, model_type: str | None = None) -> P
     (SmolLM2's) is told apart by its turn markers and the model type.
     """
     template = chat_template or ""
+    if MISTRAL_CALLS in template:
+        return "mistral"
     if TOOL_CALL_OPEN in template:
         return "hermes"
     if PYTHON_TAG in template or "<|start_header_id|>" in template:
@@ -127,3 +133,27 @@ def calls_from_block(
     calls = [call_from_json(i, arguments_key=arguments_key, names=names) for i in items]
     # An empty list is SmolLM2's "no call is needed": a block of zero calls.
     return None if any(c is None for c in calls) else [c for c in calls if c is not None]
+
+
+def mistral_calls(text: str, *, names: frozenset[str] | None) -> list[ParsedCall] | None:
+    """The calls after Mistral's [TOOL_CALLS]: a JSON list (or object) of calls, or the
+    newer `name[ARGS]{...}` segments, each opened by [TOOL_CALLS]. None when any part
+    is not a call of `names`."""
+    body = text.strip()
+    if body.startswith(("[", "{")):
+        return calls_from_block(body, arguments_key="arguments", names=names)
+    calls: list[ParsedCall] = []
+    for segment in body.split(MISTRAL_CALLS):
+        name, marker, raw = segment.partition(MISTRAL_ARGS)
+        name = name.strip()
+        if not marker or not name or (names is not None and name not in names):
+            return None
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            return None
+        arguments = _arguments_text(value)
+        if arguments is None:
+            return None
+        calls.append(ParsedCall(name, arguments))
+    return calls

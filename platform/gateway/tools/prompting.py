@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.tools.parsers import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ParserName
+from gateway.tools.parsers import MISTRAL_CALLS, TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ParserName
 from gateway.tools.schemas import FunctionTool, ToolRequest
 
 _HERMES_INSTRUCTIONS = (
@@ -47,6 +47,13 @@ _LLAMA3_INSTRUCTIONS = (
     'Respond in the format {{"name": function name, "parameters": dictionary of argument '
     "name and its value}}. Do not use variables.\n\n{tools}"
 )
+# Mistral's templates declare tools themselves ([AVAILABLE_TOOLS]); for one that does
+# not, the same declaration and the [TOOL_CALLS] answer its models were trained on.
+_MISTRAL_INSTRUCTIONS = (
+    "[AVAILABLE_TOOLS]{tools}[/AVAILABLE_TOOLS]\n\n"
+    'To call functions, answer [TOOL_CALLS][{{"name": <function-name>, '
+    '"arguments": <args-json-object>}}, ...]'
+)
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,8 @@ def tools_instructions(tools: Sequence[FunctionTool], parser: ParserName) -> str
     lines = "\n".join(json.dumps(d, ensure_ascii=False) for d in defs)
     if parser == "llama3_json":
         return _LLAMA3_INSTRUCTIONS.format(tools=lines)
+    if parser == "mistral":
+        return _MISTRAL_INSTRUCTIONS.format(tools=json.dumps(defs, ensure_ascii=False))
     return _HERMES_INSTRUCTIONS.format(tools=lines)
 
 
@@ -91,6 +100,8 @@ def render_calls(calls: Sequence[Mapping[str, Any]], parser: ParserName) -> str:
     ]
     if parser == "smollm2":
         return TOOL_CALL_OPEN + json.dumps(items, ensure_ascii=False) + TOOL_CALL_CLOSE
+    if parser == "mistral":
+        return MISTRAL_CALLS + json.dumps(items, ensure_ascii=False)
     if parser == "llama3_json":
         return "; ".join(
             json.dumps({"name": i["name"], "parameters": i["arguments"]}, ensure_ascii=False)

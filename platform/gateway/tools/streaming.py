@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.tools.parsers import (
+    MISTRAL_CALLS,
     PYTHON_TAG,
     TOOL_CALL_CLOSE,
     TOOL_CALL_OPEN,
@@ -23,6 +24,7 @@ from gateway.tools.parsers import (
     ParsedOutput,
     ParserName,
     calls_from_block,
+    mistral_calls,
     new_call_id,
 )
 
@@ -72,9 +74,12 @@ class StreamingToolParser:
         self._parser = parser
         self._names = names
         self._parallel = parallel
-        # Hermes and SmolLM2 close each block; Llama's JSON runs to the end of output.
-        self._open = PYTHON_TAG if parser == "llama3_json" else TOOL_CALL_OPEN
-        self._close = None if parser == "llama3_json" else TOOL_CALL_CLOSE
+        # Hermes and SmolLM2 close each block; Llama's JSON and Mistral's calls run to the
+        # end of output.
+        self._open = {"llama3_json": PYTHON_TAG, "mistral": MISTRAL_CALLS}.get(
+            parser, TOOL_CALL_OPEN
+        )
+        self._close = None if parser in ("llama3_json", "mistral") else TOOL_CALL_CLOSE
         self._key = "parameters" if parser == "llama3_json" else "arguments"
         self._buffer = ""
         self._in_call = False
@@ -137,7 +142,11 @@ class StreamingToolParser:
             return out
 
     def _block(self, block: str, *, opener: str, closer: str) -> list[StreamItem]:
-        calls = calls_from_block(block, arguments_key=self._key, names=self._names)
+        calls = (
+            mistral_calls(block, names=self._names)
+            if self._parser == "mistral"
+            else calls_from_block(block, arguments_key=self._key, names=self._names)
+        )
         if calls is None:
             return self._content(opener + block + closer)
         self._held = ""  # whitespace between content and calls, or between calls
