@@ -69,14 +69,15 @@ def hf_model(family: str, shape: dict[str, int], seed: int) -> Any:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     hf_arch = family_named(family).hf_architectures[0]
-    model_type = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}.get(hf_arch, family)
+    model_type = {"gemma3": "gemma3_text"}.get(family, family)  # the text-only Gemma 3
     config = AutoConfig.for_model(
         model_type,
         architectures=[hf_arch],
         max_position_embeddings=2048,
         rms_norm_eps=1e-5,
         tie_word_embeddings=False,
-        sliding_window=None,
+        # No window binds at these lengths (Gemma 3's layer pattern needs one set).
+        sliding_window=4096 if family == "gemma3" else None,
         eos_token_id=shape["vocab_size"] - 1,
         pad_token_id=shape["vocab_size"] - 1,
         **shape,

@@ -30,10 +30,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
         out: torch.Tensor,
         window: int | None,
     ) -> bool:
-        """Runs every one-token row on the kernel; other dtypes, and sliding windows
-        (which the kernel does not bound), go to the reference."""
-        plain = q.dtype == kv_cache.dtype == torch.float32 and window is None
-        if not rows or not plain:
+        """Runs every one-token row on the kernel; other dtypes go to the reference."""
+        if not rows or not q.dtype == kv_cache.dtype == torch.float32:
             return super()._decode(q, kv_cache, meta, scale, rows, out, window)
         cpu_kernels.paged_decode(
             q.contiguous(),
@@ -44,5 +42,6 @@ class CpuAttentionBackend(TorchAttentionBackend):
             token_rows(meta, rows),
             scale,
             out,
+            window,
         )
         return True

@@ -57,8 +57,10 @@ def paged_decode(
     rows: list[int],
     scale: float,
     out: torch.Tensor,
+    window: int | None = None,
 ) -> None:
-    """Writes out[rows[n]] = attention of q[rows[n]] over sequence seqs[n]'s cached K/V.
+    """Writes out[rows[n]] = attention of q[rows[n]] over sequence seqs[n]'s cached K/V
+    (its last `window` keys with a sliding window).
 
     q and out: float32 [num_tokens, num_heads, head_dim]; kv_cache: float32 [2,
     num_blocks, block_size, num_kv_heads, head_dim]; block_tables int32 [num_seqs,
@@ -77,6 +79,7 @@ def paged_decode(
         np.asarray(rows, dtype=np.int64),
         np.float32(scale),
         out.numpy(),
+        np.int64(window or 0),
     )
 
 
@@ -106,19 +109,23 @@ def _decode_kernel(
     rows: np.ndarray,
     scale: np.float32,
     out: np.ndarray,
+    window: np.int64,
 ) -> None:
-    """The kernel's source (numba compiles it; see `paged_decode` for the arguments)."""
+    """The kernel's source (numba compiles it; see `paged_decode` for the arguments;
+    `window` 0: no sliding window)."""
     num_heads, head_dim = q.shape[1], q.shape[2]
     block_size, num_kv_heads = cache.shape[2], cache.shape[3]
     group = num_heads // num_kv_heads
     for task in prange(seqs.shape[0] * num_kv_heads):
         seq, row = seqs[task // num_kv_heads], rows[task // num_kv_heads]
         kv_head = task % num_kv_heads
-        length = lens[seq]
+        start = max(0, lens[seq] - window) if window > 0 else 0
+        length = lens[seq] - start  # the keys this token sees, from `start` on
         first = kv_head * group
         scores = np.empty((group, length), dtype=np.float32)
         for t in range(length):
-            block, offset = tables[seq, t // block_size], t % block_size
+            pos = start + t
+            block, offset = tables[seq, pos // block_size], pos % block_size
             for h in range(group):
                 dot = np.float32(0.0)
                 for d in range(head_dim):
@@ -140,7 +147,8 @@ def _decode_kernel(
         # One pass over the values serves the whole query group.
         acc = np.zeros((group, head_dim), dtype=np.float32)
         for t in range(length):
-            block, offset = tables[seq, t // block_size], t % block_size
+            pos = start + t
+            block, offset = tables[seq, pos // block_size], pos % block_size
             for h in range(group):
                 p = scores[h, t]
                 for d in range(head_dim):
