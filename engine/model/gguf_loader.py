@@ -103,11 +103,12 @@ def read_architecture(reader: GGUFReader) -> ModelArchitecture:
     hidden = int(get("embedding_length"))
     num_heads = int(get("attention.head_count"))
     names = {t.name for t in reader.tensors}
-    return ModelArchitecture(
+    layers = int(get("block_count"))
+    fields: dict[str, Any] = dict(
         vocab_size=_vocab_size(reader, arch),
         hidden_size=hidden,
         intermediate_size=int(get("feed_forward_length")),
-        num_layers=int(get("block_count")),
+        num_layers=layers,
         num_heads=num_heads,
         num_kv_heads=int(get("attention.head_count_kv", num_heads)),
         head_dim=int(get("attention.key_length", hidden // num_heads)),
@@ -122,6 +123,11 @@ def read_architecture(reader: GGUFReader) -> ModelArchitecture:
         sliding_window=_window(field_value(reader, f"{arch}.attention.sliding_window")),
         architecture=family.name,
     )
+
+    def optional(key: str, default: Any = None) -> Any:
+        return field_value(reader, f"{arch}.{key}", default)
+
+    return ModelArchitecture(**{**fields, **family.gguf_traits(optional, layers)})
 
 
 def _window(value: Any) -> int | None:
@@ -223,7 +229,7 @@ def iter_weights(
                 array = unpermute_qk(array, arch.num_heads)
             elif ".self_attn.k_proj." in name:
                 array = unpermute_qk(array, arch.num_kv_heads)
-        yield name, torch.from_numpy(array)
+        yield from family.gguf_weights(name, torch.from_numpy(array), arch)
 
 
 def rope_freq_factors(reader: GGUFReader) -> torch.Tensor | None:

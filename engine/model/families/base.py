@@ -32,6 +32,15 @@ def no_traits(config: Mapping[str, Any]) -> dict[str, Any]:
     return {}
 
 
+# A GGUF metadata reader: `{arch}.<key>`'s value, or the default.
+GgufField = Callable[[str, Any], Any]
+
+
+def no_gguf_traits(field: GgufField, layers: int) -> dict[str, Any]:
+    """The default: what the generic GGUF reader finds is the whole shape."""
+    return {}
+
+
 @dataclass(frozen=True)
 class Family:
     """One model family: its names in each format and the parts of the decoder it uses.
@@ -50,8 +59,12 @@ class Family:
     hf_weights: WeightMapper = same_weight
     # llama.cpp reorders Q/K rows for its interleaved rotary in these files only.
     gguf_permute_qk: bool = False
-    # Extra llama.cpp block tensor names -> ours (beyond the Llama set).
+    # Extra llama.cpp block tensor names -> ours (beyond the Llama set, or instead).
     gguf_block_names: Mapping[str, str] = field(default_factory=dict)
+    # The family's own fields from GGUF metadata (on top of the generic reading).
+    gguf_traits: Callable[[GgufField, int], dict[str, Any]] = no_gguf_traits
+    # Renamed GGUF tensors -> the decoder's (fused ones split, as for its HF files).
+    gguf_weights: WeightMapper = same_weight
     notes: str = ""
 
     def describe(self) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import torch
 
 from engine.config import ModelArchitecture
 from engine.errors import UnsupportedModelError
-from engine.model.families.base import Family, window_of
+from engine.model.families.base import Family, GgufField, window_of
 from engine.model.rope import rope_settings
 
 _GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh", "gelu_new")
@@ -68,6 +68,28 @@ def gemma3_traits(config: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def gemma3_gguf_traits(field: GgufField, layers: int) -> dict[str, Any]:
+    """Gemma 3's parts from a llama.cpp file: its converter stores the norms as 1 + w
+    already, and llama.cpp fixes what the file does not say: five window layers to each
+    global one, a rotary base of 10000 for the window layers, and the attention scale
+    (hidden / heads) ** -0.5 for the 27B (62 layers), head_dim ** -0.5 otherwise."""
+    hidden = int(field("embedding_length", 0))
+    heads = int(field("attention.head_count", 1))
+    window = field("attention.sliding_window", None)
+    cap = field("final_logit_softcapping", None)
+    return {
+        "sliding_window": int(window) if window else None,
+        "full_attention_layers": tuple(i for i in range(layers) if (i + 1) % 6 == 0),
+        "qk_norm": True,
+        "sandwich_norms": True,
+        "mlp_activation": "gelu_tanh",
+        "embedding_multiplier": float(hidden) ** 0.5,
+        "attention_scale": (hidden / heads) ** -0.5 if layers == 62 else None,
+        "local_rope_theta": 10000.0,
+        "final_logit_softcap": None if cap is None else float(cap),
+    }
+
+
 def gemma_weights(
     name: str, tensor: torch.Tensor, arch: ModelArchitecture
 ) -> Iterator[tuple[str, torch.Tensor]]:
@@ -79,7 +101,16 @@ FAMILY = Family(
     name="gemma3",
     title="Gemma 3 (text)",
     hf_architectures=("Gemma3ForCausalLM",),
+    gguf_architectures=("gemma3",),
     traits=gemma3_traits,
     hf_weights=gemma_weights,
+    gguf_traits=gemma3_gguf_traits,
+    gguf_block_names={
+        "post_attention_norm": "post_attention_layernorm",
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+        "attn_q_norm": "self_attn.q_norm",
+        "attn_k_norm": "self_attn.k_norm",
+    },
     notes="5 window layers to 1 global; Gemma 2 (attention soft-capping) is refused",
 )

@@ -54,7 +54,11 @@ FAMILY = Family(
     name="phi3",
     title="Phi-3 / Phi-4",
     hf_architectures=("Phi3ForCausalLM",),
+    gguf_architectures=("phi3",),
     traits=phi3_traits,
     hf_weights=phi3_weights,
+    # llama.cpp keeps Phi-3's fused tensors: split at load as the HF ones are.
+    gguf_block_names={"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+    gguf_weights=phi3_weights,
     notes="LongRoPE (the 128k releases) and partial rotary are refused",
 )

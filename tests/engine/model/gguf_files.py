@@ -194,3 +194,43 @@ def write_single_tensor_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+# Hugging Face module names -> llama.cpp's, where a family's converter differs.
+_FAMILY_BLOCKS: dict[str, dict[str, str]] = {
+    "phi3": {"self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"},
+    "gemma3": {
+        "post_attention_layernorm": "post_attention_norm",
+        "pre_feedforward_layernorm": "ffn_norm",
+        "post_feedforward_layernorm": "post_ffw_norm",
+    },
+}
+
+
+def write_family_gguf(path: Path, folder: Path) -> Path:
+    """The F32 GGUF llama.cpp's converter writes for a tiny HF folder of phi3 or gemma3:
+    its names, fused Phi-3 tensors kept, Gemma's norms stored as 1 + w."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from engine.model.hf_loader import architecture_from_config
+
+    arch = architecture_from_config(json.loads((folder / "config.json").read_text()))
+    blocks = {**_HF_TO_GGUF_BLOCK, **_FAMILY_BLOCKS.get(arch.architecture, {})}
+    writer = _model_writer(path, arch)
+    if arch.sliding_window is not None:
+        writer.add_sliding_window(arch.sliding_window)
+    for name, tensor in load_file(str(folder / "model.safetensors")).items():
+        array = tensor.float().numpy()
+        if arch.architecture == "gemma3" and name.endswith("norm.weight"):
+            array = array + 1.0
+        if name in _HF_TO_GGUF_TOP:
+            gguf = _HF_TO_GGUF_TOP[name]
+        else:
+            _, _, layer, rest = name.split(".", 3)
+            module, kind = rest.rsplit(".", 1)
+            gguf = f"blk.{layer}.{blocks[module]}.{kind}"
+        writer.add_tensor(gguf, np.ascontiguousarray(array))
+    _finish(writer)
+    return path
