@@ -21,6 +21,7 @@ from torch import nn
 
 from engine.config import ModelArchitecture
 from engine.errors import UnsupportedModelError
+from engine.model.cpu_linear import PackedLinear, float_linear, packed_linear
 
 if TYPE_CHECKING:  # the GPU image's kernel tests import this module without them
     from engine.lora.batch import LoraBatch
@@ -45,10 +46,12 @@ def moe_experts_ref(
     w2: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
+    packed: tuple[list[PackedLinear | None], list[PackedLinear | None]] | None = None,
 ) -> torch.Tensor:
     """The experts' weighted sum for each token, grouped by expert (the reference).
 
     x [T, H], w13 [E, 2I, H], w2 [E, H, I], topk_weights/topk_ids [T, k] -> [T, H].
+    `packed`: each expert's w13 and w2 packed for oneDNN (engine/model/cpu_linear.py).
     """
     t, k = topk_ids.shape
     inter = w2.shape[-1]
@@ -63,9 +66,10 @@ def moe_experts_ref(
         if not count:
             continue
         rows = tokens[start : start + count]
-        gate_up = F.linear(x.index_select(0, rows), w13[expert])
+        first, second = (None, None) if packed is None else (packed[0][expert], packed[1][expert])
+        gate_up = float_linear(x.index_select(0, rows), w13[expert], None, first)
         act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        y = F.linear(act, w2[expert]) * weights[start : start + count, None]
+        y = float_linear(act, w2[expert], None, second) * weights[start : start + count, None]
         out.index_add_(0, rows, y)
         start += count
     return out
@@ -97,6 +101,8 @@ class MoEBlock(nn.Module):
         self.w2: torch.Tensor | None
         self.register_buffer("w13", None, persistent=False)
         self.register_buffer("w2", None, persistent=False)
+        # Set by `pack_for_cpu`: each expert's w13 and w2 packed for oneDNN.
+        self.packed: tuple[list[PackedLinear | None], list[PackedLinear | None]] | None = None
 
     def fuse(self) -> None:
         """Stacks the experts' weights into w13 and w2; each expert's parameters become
@@ -120,7 +126,14 @@ class MoEBlock(nn.Module):
             )
 
     def pack_for_cpu(self, on: bool) -> None:
-        """The experts run grouped (moe_experts_ref); there is nothing to pack."""
+        """Runs each expert's products through oneDNN-packed weights where that applies
+        (float32 on the CPU, large enough); the copies double the experts' memory."""
+        self.packed = None
+        if on and self.w13 is not None and self.w2 is not None:
+            self.packed = (
+                [packed_linear(w) for w in self.w13],
+                [packed_linear(w) for w in self.w2],
+            )
 
     def forward(
         self, x: torch.Tensor, fused: FusedOps | None = None, lora: LoraBatch | None = None
@@ -134,4 +147,4 @@ class MoEBlock(nn.Module):
             from engine.kernels.fused_moe import fused_moe
 
             return fused_moe(x, self.w13, self.w2, weights, ids)
-        return moe_experts_ref(x, self.w13, self.w2, weights, ids)
+        return moe_experts_ref(x, self.w13, self.w2, weights, ids, self.packed)

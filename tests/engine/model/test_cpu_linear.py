@@ -110,3 +110,30 @@ def test_the_engine_config_switches_packing() -> None:
         model = _model(PACKED_ARCH)
         tiny_engine(PACKED_ARCH, model, cpu_packed_linears=on, kv_cache_bytes=1 << 22)
         assert (model.lm_head_packed is not None) is on
+
+
+def test_mixture_of_experts_products_run_packed_with_the_same_result() -> None:
+    import dataclasses
+
+    from engine.model.moe import MoEBlock
+    from tests.utils.model_step import TINY_ARCH
+
+    arch = dataclasses.replace(
+        TINY_ARCH,
+        hidden_size=512,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=384,  # [768, 512] and [512, 384]: large enough to pack
+    )
+    torch.manual_seed(0)
+    block = MoEBlock(arch)
+    block.fuse()
+    x = torch.randn(9, 512)
+    with torch.no_grad():
+        plain = block(x)
+        block.pack_for_cpu(True)
+        assert block.packed is not None and all(p is not None for p in block.packed[0])
+        packed = block(x)
+        block.pack_for_cpu(False)
+        assert block.packed is None
+    torch.testing.assert_close(packed, plain, atol=1e-4, rtol=1e-4)
