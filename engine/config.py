@@ -7,6 +7,8 @@ from typing import Literal
 
 import torch
 
+from engine.errors import UnsupportedModelError
+
 AttentionBackendName = Literal["torch", "cpu", "triton", "auto"]
 PrefixCacheMode = Literal["hash", "radix", "off"]
 SchedulingPolicy = Literal["fcfs", "lpm", "fair", "fair_lpm"]
@@ -74,8 +76,6 @@ class ModelArchitecture:
     def __post_init__(self) -> None:
         """Refuses shapes no checkpoint has (a hostile or corrupt config), by field,
         before anything is allocated for them."""
-        from engine.errors import UnsupportedModelError
-
         for name, most in _SHAPE_BOUNDS.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:

@@ -10,8 +10,6 @@ summary names them, and the Mistral serves prompts longer than its window.
 from __future__ import annotations
 
 import json
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +18,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import uvicorn
 from openai import OpenAI
 
 from admin.identity import create_admin_token
@@ -30,7 +27,8 @@ from server.wiring import build_app
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tests.admin.zip_archives import zip_of
-from tests.gateway.conftest import PEPPER, free_port
+from tests.gateway.conftest import PEPPER
+from tests.gateway.engine_servers import serve_in_thread
 from tests.utils.hf_families import make_family_dir
 from tests.utils.lora_adapters import make_peft_adapter
 
@@ -110,21 +108,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             keys.append(store.create_key(s, tenant_name=name, pepper=PEPPER).secret)
         admin = create_admin_token(s, pepper=PEPPER, role="admin").secret
     app = build_app(settings)
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 120
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.05)
+    url, stop = serve_in_thread(app)
     try:
-        yield Served(f"http://127.0.0.1:{port}", (keys[0], keys[1]), admin, app, settings)
+        yield Served(url, (keys[0], keys[1]), admin, app, settings)
     finally:
-        server.should_exit = True
-        thread.join(timeout=60)
+        stop()
         app.state.metering.close()
         for writer in app.state.background_writers:
             writer.close()
