@@ -10,41 +10,54 @@ Two layouts are read, the ones FP8 releases ship in:
     weight = float8_weight.float() * scale        (the scale broadcast per block/row)
 
 Layers a checkpoint leaves unquantized (its `ignore` list, typically lm_head) are
-ordinary tensors and pass through. Every other quantization method is refused by name.
+ordinary tensors and pass through.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 
 from engine.errors import UnsupportedModelError
+from engine.model.checkpoint_tensors import read_tensors_ending
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 _SCALES = ("weight_scale", "weight_scale_inv")
 _SKIPPED = ("input_scale", "weight_zero_point", "input_zero_point")
 
 
-def fp8_method(config: Mapping[str, Any]) -> str | None:
-    """The FP8 layout a config declares ("fp8" or "compressed-tensors"), None when it
-    declares no quantization; any other quantization is refused by name."""
-    quantized = config.get("quantization_config")
-    if not quantized:
-        return None
-    method = quantized.get("quant_method") if isinstance(quantized, Mapping) else quantized
+@dataclass(frozen=True)
+class Fp8Scheme:
+    """An FP8 checkpoint's layout: its method and, for fine-grained FP8, the scale block."""
+
+    method: str  # "fp8" or "compressed-tensors"
+    block: tuple[int, int] | None
+
+    @property
+    def label(self) -> str:
+        """How the startup summary and the registry name it ("FP8 (fp8)")."""
+        return f"FP8 ({self.method})"
+
+    def dequantized(
+        self, weights: Iterable[tuple[str, torch.Tensor]], files: Iterable[Path]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """The weight stream with each float8 weight as float32."""
+        return dequantize_fp8(weights, read_tensors_ending(files, _SCALES), self.block)
+
+
+def fp8_scheme(quantized: Mapping[str, Any]) -> Fp8Scheme | None:
+    """The FP8 layout a `quantization_config` declares; None for other methods."""
+    method = quantized.get("quant_method")
     if method == "fp8":
-        return "fp8"
+        return Fp8Scheme("fp8", block_size_of(quantized))
     if method == "compressed-tensors" and _float8_groups(quantized):
-        return "compressed-tensors"
-    raise UnsupportedModelError(
-        f"quantized Hugging Face checkpoints ({method!r}) are not supported yet beyond FP8; "
-        "serve the unquantized folder, or a GGUF file of any common quantization"
-    )
+        return Fp8Scheme("compressed-tensors", None)
+    return None
 
 
 def _float8_groups(quantized: Mapping[str, Any]) -> bool:
@@ -56,17 +69,6 @@ def _float8_groups(quantized: Mapping[str, Any]) -> bool:
     return bool(schemes) and all(
         s.get("type") == "float" and s.get("num_bits") == 8 for s in schemes
     )
-
-
-def read_scales(files: Iterable[Path]) -> dict[str, torch.Tensor]:
-    """Every weight scale of the checkpoint, by its tensor's name (they are small)."""
-    scales: dict[str, torch.Tensor] = {}
-    for path in files:
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                if name.endswith(_SCALES):
-                    scales[name] = f.get_tensor(name).float()
-    return scales
 
 
 def dequantize_fp8(
@@ -109,9 +111,9 @@ def _broadcast(
     )
 
 
-def block_size_of(config: Mapping[str, Any]) -> tuple[int, int] | None:
+def block_size_of(quantized: Mapping[str, Any]) -> tuple[int, int] | None:
     """The (rows, cols) block of a fine-grained FP8 config's scales, if it has one."""
-    block = (config.get("quantization_config") or {}).get("weight_block_size")
+    block = quantized.get("weight_block_size")
     if block is None:
         return None
     if not (

@@ -8,6 +8,7 @@ sharded) safetensors files into the model; the rest are mapped by their family.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -18,13 +19,14 @@ from tqdm import tqdm
 
 from engine.config import ModelArchitecture
 from engine.errors import UnsupportedModelError
+from engine.model.checkpoint_quantization import checkpoint_scheme
 from engine.model.families.base import Family
-from engine.model.fp8_checkpoint import block_size_of, dequantize_fp8, fp8_method, read_scales
 from engine.model.llama import LlamaForCausalLM
 from engine.model.registry import family_named, family_of_config
 from engine.model.rope import rope_settings
 
 INDEX_FILE = "model.safetensors.index.json"
+log = logging.getLogger("engine.model")
 
 
 def read_config(folder: str | Path) -> dict[str, Any]:
@@ -43,8 +45,7 @@ def architecture_from_config(config: Mapping[str, Any]) -> ModelArchitecture:
     A missing or ill-typed field is refused by name (UnsupportedModelError).
     """
     family = family_of_config(config)
-    fp8_method(config)  # refuses every quantization but FP8 by name
-    block_size_of(config)
+    checkpoint_scheme(config)  # refuses an unsupported quantization by name
     try:
         return _architecture(config, family)
     except KeyError as exc:
@@ -112,14 +113,19 @@ def load_hf_model(
     progress: bool = False,
 ) -> tuple[LlamaForCausalLM, ModelArchitecture]:
     """Reads config.json and the safetensors weights into a ready, eval-mode model
-    (an FP8 checkpoint dequantized on the way, see engine/model/fp8_checkpoint.py)."""
+    (a quantized checkpoint dequantized on the way: engine/model/checkpoint_quantization.py)."""
     config = read_config(folder)
     arch = architecture_from_config(config)
     model = LlamaForCausalLM.empty(arch, dtype=dtype, device=device)
     mapper = family_named(arch.architecture).hf_weights
     weights: Iterable[tuple[str, torch.Tensor]] = iter_weights(folder, progress=progress)
-    if fp8_method(config) is not None:
-        scales = read_scales(safetensors_files(folder))
-        weights = dequantize_fp8(weights, scales, block_size_of(config))
+    scheme = checkpoint_scheme(config)
+    if scheme is not None:
+        if torch.device(device).type == "cuda":
+            # No packed GEMM kernel here yet: the GPU holds the weights unpacked.
+            log.warning(
+                "%s weights are dequantized to %s at load (no packed kernel)", scheme.label, dtype
+            )
+        weights = scheme.dequantized(weights, safetensors_files(folder))
     model.load_weights(pair for name, tensor in weights for pair in mapper(name, tensor, arch))
     return model, arch

@@ -12,6 +12,7 @@ from safetensors import safe_open
 
 from engine.config import ModelArchitecture
 from engine.errors import UnsupportedModelError
+from engine.model.checkpoint_quantization import checkpoint_scheme
 from engine.model.gguf_loader import open_gguf, read_architecture
 from engine.model.hf_loader import architecture_from_config, read_config, safetensors_files
 
@@ -67,9 +68,9 @@ def _quantization(path: Path) -> str:
         return "+".join(name for name, _ in counts.most_common()) or "none"
     if not path.is_dir():
         return "unknown"
-    declared = read_config(path).get("quantization_config")
-    if isinstance(declared, dict) and declared.get("quant_method"):
-        return f"FP8 ({declared['quant_method']})"  # the only method a loaded model can have
+    scheme = checkpoint_scheme(read_config(path))
+    if scheme is not None:
+        return scheme.label
     with safe_open(str(safetensors_files(path)[0]), framework="pt") as f:
         for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
             if name.endswith(".weight"):

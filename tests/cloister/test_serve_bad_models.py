@@ -1,7 +1,7 @@
 """A model file that cannot be served stops `cloister serve` with one clear line.
 
 Hostile or corrupt inputs: absurd sizes in config.json, a missing field, an unknown
-architecture, a missing tensor, a truncated GGUF, a GGUF tensor of an unknown type.
+architecture, an unsupported or broken quantization, a missing tensor, a truncated GGUF, a GGUF tensor of an unknown type.
 Each is refused naming the file, with no traceback; those found in the metadata are
 refused before anything is made (no database).
 """
@@ -25,6 +25,7 @@ from engine.errors import UnsupportedModelError
 from engine.model.hf_loader import architecture_from_config
 from engine.model.loader import load_model
 from tests.engine.model.gguf_files import write_model_gguf
+from tests.utils.int_checkpoints import Layout, make_int_folder
 from tests.utils.tiny_model import make_tiny_model_dir, random_state_dict, tiny_config
 
 
@@ -58,7 +59,15 @@ def unknown_architecture(tmp: Path) -> Path:
 
 def gptq_folder(tmp: Path) -> Path:
     folder = make_tiny_model_dir(tmp)
-    _edit_config(folder, quantization_config={"quant_method": "gptq", "bits": 4})
+    _edit_config(folder, quantization_config={"quant_method": "gptq", "bits": 3})
+    return folder
+
+
+def awq_without_zeros(tmp: Path) -> Path:
+    folder, _ = make_int_folder(tmp, "llama", Layout("awq"))
+    state = load_file(str(folder / "model.safetensors"))
+    state.pop("model.layers.1.self_attn.o_proj.qzeros")
+    save_file(state, str(folder / "model.safetensors"))
     return folder
 
 
@@ -90,7 +99,8 @@ CASES: dict[str, tuple[Callable[[Path], Path], tuple[str, ...], bool]] = {
     "absurd-hidden": (absurd_hidden, ("hidden_size", "1000000000000"), True),
     "missing-field": (missing_field, ("config.json lacks", "num_hidden_layers"), True),
     "unknown-architecture": (unknown_architecture, ("GPT2LMHeadModel", "Qwen3ForCausalLM"), True),
-    "gptq-folder": (gptq_folder, ("'gptq'", "not supported yet", "GGUF"), True),
+    "gptq-3-bit": (gptq_folder, ("GPTQ", "bits=3", "not supported"), True),
+    "awq-without-zeros": (awq_without_zeros, ("o_proj' has no qzeros",), False),
     "missing-tensor": (missing_tensor, ("down_proj",), False),
     "truncated-gguf": (truncated_gguf, ("as GGUF",), True),
     "unknown-tensor-type": (

@@ -118,16 +118,17 @@ def test_fp8_decoding_is_close_to_the_original_weights(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("quantization", "words"),
     [
-        ({"quant_method": "gptq", "bits": 4}, "'gptq'"),
-        ({"quant_method": "awq", "bits": 4}, "'awq'"),
-        ({"quant_method": "compressed-tensors", "format": "pack-quantized",
-          "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int"}}}},
-         "'compressed-tensors'"),
+        ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "'bitsandbytes'"),
+        ({"quant_method": "hqq", "nbits": 4}, "'hqq'"),
+        ({"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
+          "config_groups": {"g": {"weights": {"num_bits": 4, "type": "float"}}}},
+         "'nvfp4-pack-quantized'"),
+        ("gptq", "must be an object"),
         ({"quant_method": "fp8", "weight_block_size": [128]}, "weight_block_size"),
     ],
 )  # fmt: skip
 def test_other_quantizations_are_refused_by_name(
-    tmp_path: Path, quantization: dict[str, Any], words: str
+    tmp_path: Path, quantization: Any, words: str
 ) -> None:
     folder = make_family_dir(tmp_path, "llama")
     config = json.loads((folder / "config.json").read_text())
