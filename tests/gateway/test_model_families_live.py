@@ -1,7 +1,8 @@
 """The new model families served by `cloister serve --model NAME=PATH`, live over HTTP.
 
-Four tiny random-weight folders saved by transformers itself (Qwen3, Phi-3, a Mistral
-with a sliding window and a Mixtral, a mixture of experts) run in one real `build_app`,
+Tiny random-weight folders saved by transformers itself (Qwen3, Phi-3, a Mistral
+with a sliding window, a Mixtral (a mixture of experts), a Gemma 3, and a Llama packed
+as a GPTQ checkpoint) run in one real `build_app`,
 served by uvicorn, and are used with the openai SDK: each answers, tenants keep their
 own caches, the registry records each one's family and storage type, the start-up
 summary names them, and the Mistral serves prompts longer than its window.
@@ -30,6 +31,7 @@ from tests.admin.zip_archives import zip_of
 from tests.gateway.conftest import PEPPER
 from tests.gateway.engine_servers import serve_in_thread
 from tests.utils.hf_families import make_family_dir
+from tests.utils.int_checkpoints import Layout, make_int_folder
 from tests.utils.lora_adapters import make_peft_adapter
 
 pytestmark = pytest.mark.slow
@@ -89,10 +91,18 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     mixtral = make_family_dir(tmp / "models", "mixtral", seed=4)
     gemma = make_family_dir(tmp / "models", "gemma3", seed=5)
     (gemma / "chat_template.jinja").write_text(GEMMA_TEMPLATE)
+    gptq, _ = make_int_folder(tmp / "models", "llama", Layout("gptq"))
     settings = Settings(
         data_dir=tmp,
         key_pepper=PEPPER,
-        models=[f"q3={qwen3}", f"phi={phi3}", f"mis={mistral}", f"mix={mixtral}", f"gem={gemma}"],
+        models=[
+            f"q3={qwen3}",
+            f"phi={phi3}",
+            f"mis={mistral}",
+            f"mix={mixtral}",
+            f"gem={gemma}",
+            f"gq={gptq}",
+        ],
         attention_backend="torch",
         max_model_len=256,
         kv_cache_bytes=8 * 1024 * 1024,
@@ -132,7 +142,7 @@ def _chat(served: Served, model: str, tenant: int = 0) -> tuple[str, int]:
     return done.choices[0].message.content or "", (details.cached_tokens or 0) if details else 0
 
 
-@pytest.mark.parametrize("model", ["q3", "phi", "mis", "mix", "gem"])
+@pytest.mark.parametrize("model", ["q3", "phi", "mis", "mix", "gem", "gq"])
 def test_each_family_answers_and_keeps_each_tenants_cache_its_own(
     served: Served, model: str
 ) -> None:
@@ -158,6 +168,7 @@ def test_the_registry_records_family_and_storage(served: Served) -> None:
         "mis": ("mistral", "F32"),
         "mix": ("mixtral", "F32"),
         "gem": ("gemma3", "F32"),
+        "gq": ("llama", "GPTQ 4-bit g32"),
     }
     assert rows["mis"]["context_length"] == 256  # the served context, not the window
 
@@ -169,6 +180,7 @@ def test_the_startup_summary_names_family_storage_and_window(served: Served) -> 
     assert "phi  (phi3, F32; context 256;" in text
     assert f"mis  (mistral, F32, sliding window {WINDOW} on 2 layers; context 256;" in text
     assert "mix  (mixtral, F32, 4 experts, 2 per token; context 256;" in text
+    assert "gq  (llama, GPTQ 4-bit g32; context 256;" in text
 
 
 def test_a_prompt_longer_than_the_window_is_served(served: Served) -> None:
