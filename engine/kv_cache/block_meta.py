@@ -49,3 +49,6 @@ class SeqCacheState:
     # never hashes a block again. A block's tokens never change once it is full.
     chunks: list[Chunk] = field(default_factory=list)
     keys: list[BlockKey] = field(default_factory=list)
+    # Digests of the token chain through each block (engine/kv_cache/in_flight.py),
+    # the same for any index kind: what a running sequence claims to be computing.
+    flight: list[tuple[bytes, int]] = field(default_factory=list)

@@ -28,6 +28,7 @@ from engine.kv_cache.cache_key import CacheKey
 from engine.kv_cache.cache_rules import CacheRules
 from engine.kv_cache.counters import IDLE_DOMAIN_COUNTERS, DomainActivity, DomainCacheStats
 from engine.kv_cache.eviction import PUBLIC, CachePolicy, EvictionLedger
+from engine.kv_cache.in_flight import InFlightPrefixes, flight_keys
 from engine.kv_cache.integrity import check_manager_integrity
 from engine.kv_cache.kv_events import KVEventLog
 from engine.kv_cache.prefix_index import PrefixIndex, make_prefix_index
@@ -80,6 +81,7 @@ class KVCacheManager:
         self._activity = DomainActivity(IDLE_DOMAIN_COUNTERS)
         self._to_scrub: list[int] = []
         self._tick = 0
+        self._in_flight = InFlightPrefixes(block_size)
         self.events: KVEventLog | None = None  # KV-cache events: None until asked for
 
     @classmethod
@@ -263,6 +265,16 @@ class KVCacheManager:
         st.pending = (seq.num_tokens, len(found) * self.block_size)
         return found, len(found) * self.block_size
 
+    def prefix_in_flight(self, seq: Sequence, num_computed: int) -> bool:
+        """Whether the first block of `seq` past its cached `num_computed` tokens is being
+        computed now by another running sequence of its domain (then it should wait for
+        that block rather than compute it again); after `get_computed_blocks`."""
+        st = self._seqs.get(seq.seq_id)
+        if st is None or self.index is None or not seq.use_cache:
+            return False
+        block = num_computed // self.block_size
+        return self._in_flight.computing(seq, flight_keys(st, len(st.chunks)), block)
+
     def match_length(self, seq: Sequence) -> int:
         """Tokens of `seq` the cache would serve now (for queue ordering).
 
@@ -303,6 +315,8 @@ class KVCacheManager:
             seq.block_ids.extend(self.pool.allocate(need))
         if fresh and self.index is not None and seq.use_cache:
             self._adopted(seq, len(computed))
+            st = self._state(seq)
+            self._in_flight.claim(seq, flight_keys(st, len(st.chunks)), len(computed))
         return True
 
     def _adopted(self, seq: Sequence, n: int) -> None:
@@ -504,6 +518,7 @@ class KVCacheManager:
         plan and block keys, and nothing else.
         """
         st = self._seqs.pop(seq.seq_id, None)
+        self._in_flight.release(seq.seq_id)
         kept = False
         if st is not None and self.index is not None:
             for b in st.locked.values():

@@ -263,6 +263,11 @@ class Scheduler:
             num_computed = 0
             if seq.use_cache and not seq.block_ids:
                 computed_blocks, num_computed = self.kv.get_computed_blocks(seq)
+                if self.kv.prefix_in_flight(seq, num_computed):
+                    # Its domain computes its next blocks this very step: it adopts
+                    # them once cached instead of computing them twice.
+                    skip.add(seq.seq_id)
+                    continue
             seq.num_computed_tokens = num_computed
             num_new = self._chunk(seq, budget)
             if num_new == 0:  # this step's prefill is spent

@@ -166,12 +166,14 @@ def test_tables_stay_right_through_preemption_abort_and_row_reuse(checked: _Chec
 
 
 def test_tables_follow_swapped_prefix_blocks(checked: _Checked) -> None:
-    # Identical prompts computed in the same step: the second registration finds the
-    # first's blocks cached and swaps its own for them (a new block_ids list).
+    # A published prefix computed by three tenants in the same step (a tenant waits for
+    # its own domain's blocks in flight, never another's): the second registration
+    # finds the first's public blocks cached and swaps its own for them (a new list).
     engine = fast_fake_llm_engine(num_blocks=64, block_size=4, max_num_seqs=4)
     prompt = list(range(200, 218))  # 4 full blocks and a partial one
+    engine.kv.publish_prefix(prompt[:16])
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
-    ids = [engine.add_request(prompt, params) for _ in range(3)]
+    ids = [engine.add_request(prompt, params, cache_domain=f"t{i}") for i in range(3)]
     engine.step()  # the prefill of all three
     seqs = [engine.requests[i].seqs[0] for i in ids]
     assert seqs[0].block_ids[:4] == seqs[1].block_ids[:4] == seqs[2].block_ids[:4]
