@@ -45,8 +45,10 @@ class ModelArchitecture:
     rope_theta: float
     max_position_embeddings: int
     tie_word_embeddings: bool
-    # HF-style rope scaling dict ({"rope_type": "llama3", "factor": ..., ...}) or None.
-    rope_scaling: tuple[tuple[str, float | str], ...] | None = None
+    # HF-style rope scaling dict ({"rope_type": "llama3", "factor": ..., ...}) or None;
+    # also partial rotary ("partial_rotary_factor") and LongRoPE's per-pair factor lists
+    # (tuples), read and bounded by engine/model/rope.py.
+    rope_scaling: tuple[tuple[str, float | str | tuple[float, ...]], ...] | None = None
     attention_bias: bool = False  # biases on q, k and v
     architecture: str = "llama"  # the family's name (engine.model.registry)
     output_bias: bool = False  # a bias on o_proj (Llama's attention_bias covers it)
@@ -68,6 +70,9 @@ class ModelArchitecture:
     attention_scale: float | None = None  # None: head_dim ** -0.5
     local_rope_theta: float | None = None  # rotary base of the window layers; None: rope_theta
     final_logit_softcap: float | None = None  # logits = cap * tanh(logits / cap)
+    # Gemma 2: every layer's attention scores (q.k * scale) become cap * tanh(s / cap)
+    # before the mask and the softmax; None: no cap.
+    attention_softcap: float | None = None
 
     def is_moe_layer(self, layer: int) -> bool:
         """Whether `layer`'s feed-forward is the sparse one."""
@@ -89,6 +94,20 @@ class ModelArchitecture:
             )
         if self.head_dim % 2:
             raise UnsupportedModelError(f"head_dim must be even for rotary, not {self.head_dim}")
+        # Rotary's own fields (partial rotary width, LongRoPE's factor lists); imported
+        # here because the model package imports this module.
+        from engine.model.rope import check_rope_scaling
+
+        check_rope_scaling(self.head_dim, dict(self.rope_scaling or ()))
+        cap = self.attention_softcap
+        # 0 would divide by zero and a negative cap reverse the scores' order; NaN and
+        # inf are no caps at all (released models use 50).
+        if cap is not None and (
+            isinstance(cap, bool) or not isinstance(cap, int | float) or not 0.0 < cap <= 1e6
+        ):
+            raise UnsupportedModelError(
+                f"attention_softcap must be a number in (0, 1e6], not {cap!r}"
+            )
         if self.num_experts:
             if not 1 <= self.num_experts <= 1024:
                 raise UnsupportedModelError(

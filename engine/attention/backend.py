@@ -20,7 +20,8 @@ KV cache layout, one tensor per layer::
 
 The new tokens attend causally to themselves and fully to the prefix; with a sliding
 window W (a layer's, from the model), each token sees only the last W positions up to
-its own.
+its own. With a soft cap C (Gemma 2), each score s = q.k * scale becomes C * tanh(s / C)
+before the mask and the softmax.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ class AttentionBackend(Protocol):
     Contract: `forward` must first store `k`/`v` at `meta.slot_mapping` (rows whose
     slot is negative are skipped), then return, for each new token, softmax-scaled
     attention over its sequence's cached prefix and the causal part of the new tokens
-    (with `window`, over the last `window` positions up to its own only).
+    (with `window`, over the last `window` positions up to its own only; with
+    `softcap`, each scaled score s is replaced by softcap * tanh(s / softcap) first).
     GQA: query head h reads KV head h // (num_heads // num_kv_heads).
     """
 
@@ -79,6 +81,7 @@ class AttentionBackend(Protocol):
         meta: AttentionMetadata,
         scale: float,
         window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         """Stores the new K/V and returns the attention output for the new tokens."""
         ...

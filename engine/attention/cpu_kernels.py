@@ -58,9 +58,11 @@ def paged_decode(
     scale: float,
     out: torch.Tensor,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> None:
     """Writes out[rows[n]] = attention of q[rows[n]] over sequence seqs[n]'s cached K/V
-    (its last `window` keys with a sliding window).
+    (its last `window` keys with a sliding window; with `softcap`, each scaled score s
+    becomes softcap * tanh(s / softcap) before the softmax).
 
     q and out: float32 [num_tokens, num_heads, head_dim]; kv_cache: float32 [2,
     num_blocks, block_size, num_kv_heads, head_dim]; block_tables int32 [num_seqs,
@@ -80,6 +82,7 @@ def paged_decode(
         np.float32(scale),
         out.numpy(),
         np.int64(window or 0),
+        np.float32(softcap or 0.0),
     )
 
 
@@ -110,9 +113,10 @@ def _decode_kernel(
     scale: np.float32,
     out: np.ndarray,
     window: np.int64,
+    softcap: np.float32,
 ) -> None:
     """The kernel's source (numba compiles it; see `paged_decode` for the arguments;
-    `window` 0: no sliding window)."""
+    `window` 0: no sliding window; `softcap` 0: no cap)."""
     num_heads, head_dim = q.shape[1], q.shape[2]
     block_size, num_kv_heads = cache.shape[2], cache.shape[3]
     group = num_heads // num_kv_heads
@@ -130,7 +134,10 @@ def _decode_kernel(
                 dot = np.float32(0.0)
                 for d in range(head_dim):
                     dot += q[row, first + h, d] * cache[0, block, offset, kv_head, d]
-                scores[h, t] = dot * scale
+                score = dot * scale
+                if softcap > 0:  # Gemma 2: bounded to (-softcap, softcap)
+                    score = softcap * np.tanh(score / softcap)
+                scores[h, t] = score
         # Softmax per query head; the weights are left normalized in `scores`.
         for h in range(group):
             top = scores[h, 0]

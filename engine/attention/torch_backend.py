@@ -50,18 +50,21 @@ class TorchAttentionBackend:
         meta: AttentionMetadata,
         scale: float,
         window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """Stores the new K/V; decode rows attend in one batched call, prefill rows one by one."""
         write_kv(k, v, kv_cache, meta.slot_mapping)
         out = torch.empty_like(q)
         decode_rows = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
-        batched = self._decode(q, kv_cache, meta, scale, decode_rows, out, window)
+        batched = self._decode(q, kv_cache, meta, scale, decode_rows, out, window, softcap)
         done = set(decode_rows) if batched else set()
         start = 0
         for i, q_len in enumerate(meta.query_lens_cpu):
             if q_len and i not in done:
                 rows = slice(start, start + q_len)
-                out[rows] = _attend_one(q[rows], k[rows], v[rows], kv_cache, meta, i, scale, window)
+                out[rows] = _attend_one(
+                    q[rows], k[rows], v[rows], kv_cache, meta, i, scale, window, softcap
+                )
             start += q_len
         return out
 
@@ -74,12 +77,13 @@ class TorchAttentionBackend:
         rows: list[int],
         out: torch.Tensor,
         window: int | None,
+        softcap: float | None = None,
     ) -> bool:
         """Attends the one-token sequences `rows` into `out` in one batch; False leaves
         them to the per-sequence path (a single one is cheaper there)."""
         if len(rows) < 2:
             return False
-        _batched_decode(q, kv_cache, meta, scale, rows, out, window)
+        _batched_decode(q, kv_cache, meta, scale, rows, out, window, softcap)
         return True
 
 
@@ -92,6 +96,7 @@ def _attend_one(
     seq: int,
     scale: float,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """One sequence's new tokens over its cached prefix (read back) and themselves.
 
@@ -109,20 +114,60 @@ def _attend_one(
     else:
         k_all, v_all = k_new, v_new
     windowed = window is not None and window < s_len
-    masked = windowed or (ctx_len and q_len > 1)
+    # The soft-capped path takes its causal part from the mask too (it has no is_causal).
+    masked = windowed or (ctx_len and q_len > 1) or (softcap is not None and q_len > 1)
     mask = _causal_mask(q_len, s_len, q.device, q.dtype, window) if masked else None
     # 4-D contiguous [1, heads, len, D] inputs keep SDPA on its fused CPU kernel; 3-D or
     # strided ones fall back to the much slower math path.
-    o = F.scaled_dot_product_attention(
-        q.transpose(0, 1).unsqueeze(0).contiguous(),
-        k_all.transpose(0, 1).unsqueeze(0).contiguous(),
-        v_all.transpose(0, 1).unsqueeze(0).contiguous(),
-        attn_mask=mask,
-        is_causal=not masked and q_len > 1,
-        scale=scale,
-        enable_gqa=True,
-    )
+    q4 = q.transpose(0, 1).unsqueeze(0).contiguous()
+    k4 = k_all.transpose(0, 1).unsqueeze(0).contiguous()
+    v4 = v_all.transpose(0, 1).unsqueeze(0).contiguous()
+    if softcap is not None:
+        o = softcapped_attention(q4, k4, v4, mask, scale, softcap)
+    else:
+        causal = not masked and q_len > 1
+        o = F.scaled_dot_product_attention(
+            q4, k4, v4, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True
+        )
     return o[0].transpose(0, 1)
+
+
+# Scores held at once by the soft-capped path (float32 elements, 256 MiB): longer
+# queries go through in chunks of rows, so a long prefill chunk never needs
+# heads x q_len x s_len floats.
+_SCORE_ELEMENTS = 1 << 26
+
+
+def softcapped_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    softcap: float,
+) -> torch.Tensor:
+    """Attention whose scaled scores s become softcap * tanh(s / softcap) before the
+    additive `mask` and the softmax (Gemma 2), in float32, returned in q's dtype.
+
+    SDPA has no such cap, so the math is spelt out. q: [b, heads, q_len, D]; k, v:
+    [b, kv_heads, s_len, D] (GQA: head h reads KV head h // group); mask broadcasts to
+    [b, heads, q_len, s_len] (or is None).
+    """
+    group = q.shape[1] // k.shape[1]
+    keys = k.float().repeat_interleave(group, 1).transpose(-1, -2)
+    values = v.float().repeat_interleave(group, 1)
+    q_len, s_len = q.shape[2], k.shape[2]
+    step = max(1, _SCORE_ELEMENTS // max(1, q.shape[0] * q.shape[1] * s_len))
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    for lo in range(0, q_len, step):
+        rows = slice(lo, min(q_len, lo + step))
+        scores = torch.matmul(q[:, :, rows].float(), keys) * scale
+        scores = torch.tanh(scores / softcap) * softcap
+        if mask is not None:
+            # The mask adds after the cap: a hidden key stays at -inf, not at -softcap.
+            scores += mask[..., rows, :] if mask.shape[-2] > 1 else mask
+        out[:, :, rows] = torch.matmul(torch.softmax(scores, -1), values).to(q.dtype)
+    return out
 
 
 def _batched_decode(
@@ -133,6 +178,7 @@ def _batched_decode(
     rows: list[int],
     out: torch.Tensor,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> None:
     """One-token queries of many sequences at once, over K/V gathered into a padded batch."""
     index = torch.tensor(token_rows(meta, rows), device=q.device)
@@ -158,9 +204,12 @@ def _batched_decode(
     mask = torch.zeros((b, 1, 1, width), dtype=q.dtype, device=q.device)
     mask.masked_fill_(~valid[:, None, None, :], float("-inf"))
     qb = q.index_select(0, index).unsqueeze(2)  # [b, heads, 1, D]
-    ob = F.scaled_dot_product_attention(
-        qb, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask, scale=scale, enable_gqa=True
-    )
+    if softcap is not None:
+        ob = softcapped_attention(qb, keys, values, mask, scale, softcap)
+    else:
+        ob = F.scaled_dot_product_attention(
+            qb, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask, scale=scale, enable_gqa=True
+        )
     out.index_copy_(0, index, ob.squeeze(2))
 
 

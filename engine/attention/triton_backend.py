@@ -32,6 +32,7 @@ class TritonAttentionBackend:
         meta: AttentionMetadata,
         scale: float,
         window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """Stores the new K/V, then returns attention for the new tokens ([T, H, D])."""
         kv_write(k, v, kv_cache, meta.slot_mapping)
@@ -52,6 +53,7 @@ class TritonAttentionBackend:
                 meta.max_seq_len,
                 out=out[:num_seqs],
                 window=window,
+                softcap=softcap,
             )
         else:
             prefill_attention(
@@ -64,5 +66,6 @@ class TritonAttentionBackend:
                 meta.max_query_len,
                 out=out,
                 window=window,
+                softcap=softcap,
             )
         return out

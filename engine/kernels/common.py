@@ -1,12 +1,28 @@
-"""Small host-side helpers shared by the kernel launchers (no triton code here)."""
+"""Small helpers shared by the kernels: host-side ones for the launchers, and the one
+piece of score math both attention kernels run (`softcap_scores`)."""
+
+# triton.jit is untyped (the jitted helper below); the host helpers are fully typed.
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
 
 from __future__ import annotations
 
 import torch
 import triton
+import triton.language as tl
 
 # The window the attention kernels take for "no sliding window": longer than any context.
 NO_WINDOW = 1 << 30
+# The soft cap the attention kernels take for "no cap" (their SOFTCAP flag is off then).
+NO_SOFTCAP = 0.0
+
+
+@triton.jit
+def softcap_scores(s, cap):
+    """cap * tanh(s / cap) (Gemma 2's attention scores). triton has no tanh: this is
+    1 - 2 / (exp(2x) + 1), which saturates to +-1 (exp overflowing to inf, or 0) rather
+    than giving NaN."""
+    e = tl.exp(2.0 * (s / cap))
+    return cap * (1.0 - 2.0 / (e + 1.0))
 
 
 class KernelInputError(ValueError):

@@ -26,11 +26,13 @@ import triton
 import triton.language as tl
 
 from engine.kernels.common import (
+    NO_SOFTCAP,
     NO_WINDOW,
     KernelInputError,
     dot_precision,
     next_pow2,
     num_sms,
+    softcap_scores,
 )
 
 TILE_N = 32
@@ -60,6 +62,7 @@ def _decode_kernel(
     head_dim,
     part,
     window,
+    softcap,
     GROUP: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -67,6 +70,7 @@ def _decode_kernel(
     TILE: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -104,7 +108,10 @@ def _decode_kernel(
         kv_mask = t_mask[:, None] & d_mask[None, :]
         k = tl.load(k_base + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(k_base + stride_c_kv + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * qk_scale
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC)
+        # Gemma 2 caps the scaled scores before the mask (a hidden key stays at -inf,
+        # not at -softcap); log2(e) then goes on separately.
+        s = softcap_scores(s * scale, softcap) * 1.4426950408889634 if SOFTCAP else s * qk_scale
         s = tl.where(t_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         p = tl.exp2(s - m_new[:, None])
@@ -191,9 +198,11 @@ def decode_attention(
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Attention of one query token per sequence over its paged context (its last
-    `window` keys with a sliding window).
+    `window` keys with a sliding window; with `softcap`, each scaled score s becomes
+    softcap * tanh(s / softcap) first).
 
     q: [num_seqs, num_heads, head_dim] (row i belongs to sequence i); kv_cache:
     [2, blocks, block_size, kv_heads, head_dim]; block_tables: int32 [num_seqs, max_blocks];
@@ -207,6 +216,8 @@ def decode_attention(
         raise KernelInputError(f"q {tuple(q.shape)} does not fit the cache {tuple(kv_cache.shape)}")
     if q.stride(-1) != 1 or kv_cache.stride(-1) != 1:
         raise KernelInputError("q and kv_cache must be contiguous in head_dim")
+    if softcap is not None and not softcap > 0:
+        raise KernelInputError(f"softcap must be positive, not {softcap}")
     if out is None:
         out = torch.empty_like(q)
     if num_seqs == 0:
@@ -245,6 +256,7 @@ def decode_attention(
         head_dim,
         part,
         NO_WINDOW if window is None else window,
+        NO_SOFTCAP if softcap is None else softcap,
         GROUP=group,
         BLOCK_G=max(16, next_pow2(group)),
         BLOCK_D=block_d,
@@ -252,6 +264,7 @@ def decode_attention(
         TILE=TILE_N,
         NUM_SPLITS=num_splits,
         DOT_PREC=dot_precision(q.dtype),
+        SOFTCAP=softcap is not None,
         num_warps=4,
     )
     if num_splits > 1:

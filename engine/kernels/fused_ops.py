@@ -186,6 +186,10 @@ def apply_rotary_(
     i + D/2; out = x * cos + rotate_half(x) * sin. cos/sin: [max_pos, D/2] with
     cos[p, i] = cos(p * inv_freq[i]); HF's [max_pos, D] tables (the half repeated) are
     accepted too and only their first half is read. positions: int [T].
+
+    Partial rotary (Phi-4-mini): pass the rotary slices `q[..., :R]` and `k[..., :R]`
+    (views: the kernel takes the token and head strides) with [max_pos, R/2] tables;
+    the dims past R are never read or written.
     """
     if q.dim() != 3 or k.dim() != 3 or q.shape[2] != k.shape[2] or q.shape[0] != k.shape[0]:
         raise KernelInputError(f"q {tuple(q.shape)} / k {tuple(k.shape)} must be [T, H, D]")

@@ -7,7 +7,8 @@ read from the paged cache through the block table:
     keys:    0 ............ context_len ............ seq_len
              |<- prefix: all visible ->|<- new: causal ->|
     query row r sits at position context_len + r and sees keys 0..context_len + r
-    (with a sliding window W, only the last W of them: context_len + r - W + 1 on)
+    (with a sliding window W, only the last W of them: context_len + r - W + 1 on;
+    with a soft cap C, each score s = q.k * scale is C * tanh(s / C) before the mask)
 
 Grid: (sequence, query tile of BLOCK_M rows, query head). A program streams key tiles
 of BLOCK_N tokens with an online softmax and stops at the last key its tile can see,
@@ -26,7 +27,14 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.common import NO_WINDOW, KernelInputError, dot_precision, next_pow2
+from engine.kernels.common import (
+    NO_SOFTCAP,
+    NO_WINDOW,
+    KernelInputError,
+    dot_precision,
+    next_pow2,
+    softcap_scores,
+)
 
 
 @triton.jit
@@ -49,12 +57,14 @@ def _prefill_kernel(
     stride_bt,
     head_dim,
     window,
+    softcap,
     GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     seq = tl.program_id(0)
     m_tile = tl.program_id(1)
@@ -98,7 +108,10 @@ def _prefill_kernel(
         kv_mask = t_mask[:, None] & d_mask[None, :]
         k = tl.load(k_base + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(k_base + stride_c_kv + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * qk_scale
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC)
+        # Gemma 2 caps the scaled scores before the mask (a hidden key stays at -inf,
+        # not at -softcap); log2(e) then goes on separately.
+        s = softcap_scores(s * scale, softcap) * 1.4426950408889634 if SOFTCAP else s * qk_scale
         visible = t_mask[None, :] & (toks[None, :] <= q_pos[:, None])
         visible = visible & (toks[None, :] > q_pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
@@ -140,9 +153,11 @@ def prefill_attention(
     max_query_len: int,
     out: torch.Tensor | None = None,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of every new token over its sequence's paged context (its last
-    `window` keys with a sliding window).
+    `window` keys with a sliding window; with `softcap`, each scaled score s becomes
+    softcap * tanh(s / softcap) before the mask).
 
     q: [num_tokens, num_heads, head_dim]; kv_cache: [2, blocks, block_size, kv_heads,
     head_dim] already holding the new tokens' K/V; block_tables int32 [num_seqs, max_blocks];
@@ -155,6 +170,8 @@ def prefill_attention(
         raise KernelInputError(f"q {tuple(q.shape)} does not fit the cache {tuple(kv_cache.shape)}")
     if q.stride(-1) != 1 or kv_cache.stride(-1) != 1:
         raise KernelInputError("q and kv_cache must be contiguous in head_dim")
+    if softcap is not None and not softcap > 0:
+        raise KernelInputError(f"softcap must be positive, not {softcap}")
     if out is None:
         out = torch.empty_like(q)
     num_seqs = seq_lens.shape[0]
@@ -181,12 +198,14 @@ def prefill_attention(
         block_tables.stride(0),
         head_dim,
         NO_WINDOW if window is None else window,
+        NO_SOFTCAP if softcap is None else softcap,
         GROUP=num_heads // num_kv_heads,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_D=next_pow2(head_dim),
         BLOCK_SIZE=block_size,
         DOT_PREC=dot_precision(q.dtype),
+        SOFTCAP=softcap is not None,
         num_warps=4 if block_m < 64 else 8,
     )
     return out

@@ -26,6 +26,7 @@ class LlamaAttention(nn.Module):
         self.head_dim = arch.head_dim
         self.scale = arch.attention_scale or arch.head_dim**-0.5
         self.window = arch.layer_window(layer_idx)
+        self.softcap = arch.attention_softcap  # Gemma 2: every layer caps its scores
         q_size, kv_size = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
         bias = arch.attention_bias
         self.q_proj = nn.Linear(arch.hidden_size, q_size, bias=bias)
@@ -102,10 +103,14 @@ class LlamaAttention(nn.Module):
             q, k = rotary(positions, q, k)
         else:
             # In place on the views into this step's fresh projection output (the
-            # kernel takes the row and head strides, so the split needs no copy).
-            fused.rotary_(q, k, positions, rotary.cos_cache, rotary.sin_cache)
+            # kernel takes the row and head strides, so the split needs no copy). With
+            # partial rotary it turns only the first rotary_dim dims (a view again).
+            r = rotary.rotary_dim
+            fused.rotary_(q[..., :r], k[..., :r], positions, rotary.cos_cache, rotary.sin_cache)
         kv_cache = ctx.kv_caches[self.layer_idx]
-        out = ctx.backend.forward(q, k, v, kv_cache, ctx.meta, self.scale, self.window)
+        out = ctx.backend.forward(
+            q, k, v, kv_cache, ctx.meta, self.scale, self.window, self.softcap
+        )
         flat = out.reshape(t, self.num_heads * self.head_dim)
         projected: torch.Tensor = (
             self.o_quant(flat)

@@ -24,6 +24,7 @@ from engine.errors import UnsupportedModelError
 from engine.model.families.base import Family
 from engine.model.llama import LlamaForCausalLM
 from engine.model.registry import family_named, family_of_gguf
+from engine.model.rope import RopePairs, rope_settings
 
 # Every type gguf's own dequantizers read that llama.cpp's quantize offers for whole
 # models: the legacy block types, the K-quants (Q4_K_M and Q5_K_M files mix Q4_K/Q5_K
@@ -66,6 +67,11 @@ _BLOCK_NAMES = {
 }
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
 ROPE_FREQS = "rope_freqs.weight"
+# Phi-3 LongRoPE's per-pair factors: rotary settings, read with the metadata.
+ROPE_FACTORS = ("rope_factors_long.weight", "rope_factors_short.weight")
+# llama.cpp writes some mixture-of-experts families under their dense sibling's name
+# (Mixtral as `llama`), telling them apart by `{arch}.expert_count`.
+_EXPERTS_UNDER = {"llama": "mixtral"}
 
 
 def open_gguf(path: str) -> GGUFReader:
@@ -85,7 +91,10 @@ def field_value(reader: GGUFReader, key: str, default: Any = None) -> Any:
 def gguf_family(reader: GGUFReader) -> tuple[str, Family]:
     """The `general.architecture` string and its family, refused if we cannot run it."""
     arch = field_value(reader, "general.architecture")
-    return str(arch), family_of_gguf(arch)
+    family = family_of_gguf(arch)
+    if arch in _EXPERTS_UNDER and field_value(reader, f"{arch}.expert_count"):
+        family = family_named(_EXPERTS_UNDER[arch])
+    return str(arch), family
 
 
 def read_architecture(reader: GGUFReader) -> ModelArchitecture:
@@ -156,8 +165,10 @@ def _vocab_size(reader: GGUFReader, arch: str) -> int:
     return int(vocab)
 
 
-def _rope_scaling(reader: GGUFReader, arch: str) -> tuple[tuple[str, float | str], ...] | None:
+def _rope_scaling(reader: GGUFReader, arch: str) -> RopePairs | None:
     """`{arch}.rope.scaling.*` -> HF-style pairs. Llama 3 instead ships a rope_freqs tensor."""
+    if arch == "phi3":
+        return _phi3_rope(reader)
     kind = field_value(reader, f"{arch}.rope.scaling.type")
     if kind is None or kind == "none":
         return None
@@ -169,6 +180,45 @@ def _rope_scaling(reader: GGUFReader, arch: str) -> tuple[tuple[str, float | str
     if original is not None:
         pairs.append(("original_max_position_embeddings", float(original)))
     return tuple(pairs)
+
+
+def _phi3_rope(reader: GGUFReader) -> RopePairs | None:
+    """Phi-3's rotary as llama.cpp's converter stores it: the rotated width in
+    `rope.dimension_count` (partial rotary, Phi-4-mini), LongRoPE's factors as the
+    `rope_factors_short`/`_long` tensors with `rope.scaling.original_context_length`.
+
+    The pairs are built by `rope_settings` from the HF-shaped settings they came from,
+    so the attention factor is transformers' (the file's `rope.scaling.attn_factor` is
+    the same number for LongRoPE configs).
+    """
+
+    def get(key: str) -> Any:
+        return field_value(reader, f"phi3.{key}")
+
+    heads = int(get("attention.head_count"))
+    head_dim = int(get("attention.key_length") or int(get("embedding_length")) // heads)
+    params: dict[str, Any] = {"rope_type": "default"}
+    dims = get("rope.dimension_count")
+    if dims is not None and int(dims) != head_dim:
+        params["partial_rotary_factor"] = int(dims) / head_dim
+        if int(head_dim * params["partial_rotary_factor"]) != int(dims):
+            raise UnsupportedModelError(f"phi3.rope.dimension_count {dims} of {head_dim} dims")
+    factors = {t.name: t for t in reader.tensors if t.name in ROPE_FACTORS}
+    if factors:
+        if len(factors) != len(ROPE_FACTORS) or get("rope.scaling.original_context_length") is None:
+            raise UnsupportedModelError(
+                "a Phi-3 GGUF with LongRoPE needs both rope_factors_long.weight and "
+                "rope_factors_short.weight and phi3.rope.scaling.original_context_length"
+            )
+        params["rope_type"] = "longrope"
+        for kind, name in zip(("long_factor", "short_factor"), ROPE_FACTORS, strict=True):
+            params[kind] = dequantize_tensor(factors[name]).reshape(-1).tolist()
+    config = {
+        "rope_parameters": params,
+        "max_position_embeddings": int(get("context_length")),
+        "original_max_position_embeddings": get("rope.scaling.original_context_length"),
+    }
+    return rope_settings(config)[1]
 
 
 def unpermute_qk(weight: np.ndarray, n_head: int) -> np.ndarray:
@@ -220,7 +270,7 @@ def iter_weights(
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yields (HF name, float32 tensor) for every weight, un-permuting Llama's Q and K."""
     family = family_named(arch.architecture)
-    tensors = [t for t in reader.tensors if t.name != ROPE_FREQS]
+    tensors = [t for t in reader.tensors if t.name not in (ROPE_FREQS, *ROPE_FACTORS)]
     for tensor in tqdm(tensors, desc="loading weights", unit="tensor", disable=not progress):
         name = hf_name(tensor.name, family)
         array = dequantize_tensor(tensor)

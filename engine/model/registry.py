@@ -13,6 +13,7 @@ from typing import Any
 
 from engine.errors import UnsupportedModelError
 from engine.model.families import (
+    gemma2,
     gemma3,
     llama,
     mistral,
@@ -32,6 +33,7 @@ FAMILIES: tuple[Family, ...] = (
     phi3.FAMILY,
     mixtral.FAMILY,
     qwen3_moe.FAMILY,
+    gemma2.FAMILY,
     gemma3.FAMILY,
 )
 

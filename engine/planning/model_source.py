@@ -64,7 +64,7 @@ def _quantization(path: Path) -> str:
     quantization method, else the dtype its weights are stored in."""
     if path.is_file() and path.suffix == ".gguf":
         reader = open_gguf(str(path))
-        counts = Counter(t.tensor_type.name for t in reader.tensors if len(t.shape) == 2)
+        counts = Counter(t.tensor_type.name for t in reader.tensors if len(t.shape) >= 2)
         return "+".join(name for name, _ in counts.most_common()) or "none"
     if not path.is_dir():
         return "unknown"

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    Gemma2Config,
     Gemma3TextConfig,
     LlamaConfig,
     MistralConfig,
@@ -38,6 +39,7 @@ _CONFIGS: dict[str, type[PretrainedConfig]] = {
     "phi3": Phi3Config,
     "mixtral": MixtralConfig,
     "qwen3_moe": Qwen3MoeConfig,
+    "gemma2": Gemma2Config,
     "gemma3": Gemma3TextConfig,
 }
 # Each family's own fields at the tiny shape (experts: 4, top 2; Qwen3-MoE with its
@@ -51,6 +53,17 @@ _EXTRAS: dict[str, dict[str, Any]] = {
         "norm_topk_prob": True,
         "num_hidden_layers": 3,
         "mlp_only_layers": [1],
+    },
+    # gemma-2-2b's shape, shrunk: window and global layers in turn (a window of 8), the
+    # released caps (50 on the attention scores, 30 on the logits), query_pre_attn_scalar
+    # equal to head_dim, tied embeddings.
+    "gemma2": {
+        "num_hidden_layers": 4,
+        "sliding_window": 8,
+        "query_pre_attn_scalar": 16,
+        "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0,
+        "tie_word_embeddings": True,
     },
     # Six layers: five with a window of 8, one global, as Gemma 3's pattern has them.
     "gemma3": {"num_hidden_layers": 6, "sliding_window": 8, "tie_word_embeddings": True},

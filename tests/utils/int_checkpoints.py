@@ -33,7 +33,9 @@ class Layout:
     @property
     def name(self) -> str:
         """A test id."""
-        return f"{self.method}-{self.bits}b-g{self.group}{'-' + self.variant if self.variant else ''}"
+        return (
+            f"{self.method}-{self.bits}b-g{self.group}{'-' + self.variant if self.variant else ''}"
+        )
 
 
 def quantize_groups(
@@ -57,7 +59,9 @@ def quantize_groups(
     return q, zero, scale
 
 
-def pack_words(values: torch.Tensor, bits: int, dim: int, order: tuple[int, ...] = ()) -> torch.Tensor:
+def pack_words(
+    values: torch.Tensor, bits: int, dim: int, order: tuple[int, ...] = ()
+) -> torch.Tensor:
     """Packs non-negative integers into int32 words along `dim`, value k of each word at
     bits * k; `order` says which of the word's columns goes to each slot."""
     per = 32 // bits
@@ -145,7 +149,9 @@ def _ct_weights(layout: Layout) -> dict[str, Any]:
     }
 
 
-def _pack_quantized(w: torch.Tensor, layout: Layout) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def _pack_quantized(
+    w: torch.Tensor, layout: Layout
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """compressed-tensors' compressor on w: its tensors and what they decode to."""
     from compressed_tensors.compressors import PackedQuantizationCompressor
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme

@@ -126,3 +126,47 @@ def split_fused_experts(name: str, tensor: torch.Tensor) -> Iterator[tuple[str, 
             yield f"{prefix}{e}.down_proj.weight", down
     else:
         yield name, tensor
+
+
+# llama.cpp's names for a sparse layer's router and its experts stacked in one 3-D
+# tensor each ([experts, rows, cols] once read), renamed so `split_gguf_experts` finds them.
+MOE_GGUF_BLOCKS: Mapping[str, str] = {
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_stack",
+    "ffn_up_exps": "mlp.experts.up_stack",
+    "ffn_down_exps": "mlp.experts.down_stack",
+}
+_STACKS = {"gate_stack": "gate_proj", "up_stack": "up_proj", "down_stack": "down_proj"}
+
+
+def split_gguf_experts(
+    name: str, tensor: torch.Tensor, arch: ModelArchitecture
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """A GGUF file's stacked experts as one tensor per expert, under the names the
+    decoder's experts take; the stack must hold `num_experts` of them."""
+    prefix, _, stack = name.removesuffix(".weight").rpartition(".")
+    if stack not in _STACKS or not prefix.endswith(".mlp.experts"):
+        yield name, tensor
+        return
+    if tensor.dim() != 3 or tensor.shape[0] != arch.num_experts:
+        raise UnsupportedModelError(
+            f"GGUF expert stack for {name!r} has shape {list(tensor.shape)}, "
+            f"expected [{arch.num_experts}, rows, cols]"
+        )
+    for expert, weight in enumerate(tensor):
+        yield f"{prefix}.{expert}.{_STACKS[stack]}.weight", weight
+
+
+def moe_gguf_traits(field: GgufField, layers: int) -> dict[str, Any]:
+    """The experts' count, top-k and width from llama.cpp's metadata; every layer is
+    sparse and the top-k weights renormalized, as llama.cpp runs these files."""
+    count, used = field("expert_count", None), field("expert_used_count", None)
+    if not count or not used:
+        raise UnsupportedModelError("GGUF metadata lacks expert_count or expert_used_count")
+    width = field("expert_feed_forward_length", None) or field("feed_forward_length", None)
+    return {
+        "num_experts": int(count),
+        "num_experts_per_tok": int(used),
+        "moe_intermediate_size": int(width),
+        "moe_renormalize": bool(field("expert_weights_norm", True)),
+    }

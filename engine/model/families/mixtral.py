@@ -2,7 +2,8 @@
 
 Its checkpoints name the router `block_sparse_moe.gate` and the experts' matrices
 w1 (gate), w3 (up) and w2 (down); they are renamed to the decoder's (HF's Qwen3-MoE
-names) at load.
+names) at load. Its GGUF files are `llama` files with `llama.expert_count` set and
+each layer's experts stacked in one tensor per projection.
 """
 
 from __future__ import annotations
@@ -14,7 +15,14 @@ from typing import Any
 import torch
 
 from engine.config import ModelArchitecture
-from engine.model.families.base import Family, split_fused_experts, window_of
+from engine.model.families.base import (
+    MOE_GGUF_BLOCKS,
+    Family,
+    moe_gguf_traits,
+    split_fused_experts,
+    split_gguf_experts,
+    window_of,
+)
 
 _EXPERT = re.compile(r"^(.*)\.block_sparse_moe\.experts\.(\d+)\.(w1|w2|w3)\.weight$")
 _PROJ = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
@@ -52,5 +60,13 @@ FAMILY = Family(
     hf_architectures=("MixtralForCausalLM",),
     traits=mixtral_traits,
     hf_weights=mixtral_weights,
-    notes="experts grouped on the CPU, a triton grouped GEMM on CUDA; no LoRA",
+    # llama.cpp writes Mixtral as a `llama` file with experts (gguf_loader finds it so).
+    gguf_permute_qk=True,
+    gguf_block_names=MOE_GGUF_BLOCKS,
+    gguf_traits=moe_gguf_traits,
+    gguf_weights=split_gguf_experts,
+    notes=(
+        "experts grouped on the CPU, a triton grouped GEMM on CUDA; no LoRA; "
+        "GGUF: llama.cpp's `llama` files with expert_count"
+    ),
 )

@@ -14,18 +14,29 @@ import torch
 from engine.config import ModelArchitecture
 from engine.errors import UnsupportedModelError
 from engine.model.families.base import Family, window_of
+from engine.model.rope import PHI3_ORIGINAL_CONTEXT, rope_settings
 
 
 def phi3_traits(config: Mapping[str, Any]) -> dict[str, Any]:
-    """Phi-3 has no biases; a partial rotary (Phi-4-mini) is refused by name."""
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    partial = float(config.get("partial_rotary_factor") or rope.get("partial_rotary_factor") or 1)
-    if partial != 1.0:
-        raise UnsupportedModelError(
-            f"partial_rotary_factor={partial} is not supported (rotary over whole heads only)"
-        )
+    """Phi-3 has no biases; its rotary may be partial (Phi-4-mini) and LongRoPE-scaled
+    (the 128k releases, Phi-3.5, Phi-4-mini), read as transformers' Phi3Config does."""
+    rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    # Phi3Config renames its older LongRoPE spellings ("su", "yarn"): the same factors.
+    if rope.get("rope_type", rope.get("type")) in ("su", "yarn"):
+        rope = {k: v for k, v in rope.items() if k != "type"} | {"rope_type": "longrope"}
+    # Phi3Config reads the pretraining context from its own field (4096 by default)
+    # and never from the rope dict.
+    original = config.get("original_max_position_embeddings") or PHI3_ORIGINAL_CONTEXT
+    phi3 = {
+        **config,
+        "rope_parameters": rope,
+        "rope_scaling": None,
+        "original_max_position_embeddings": original,
+    }
+    _, scaling = rope_settings(phi3)
     # transformers windows every Phi-3 layer when a window is set (no layer_types).
-    return window_of({k: v for k, v in config.items() if k != "layer_types"})
+    window = window_of({k: v for k, v in config.items() if k != "layer_types"})
+    return {"rope_scaling": scaling, **window}
 
 
 def phi3_weights(
@@ -60,5 +71,6 @@ FAMILY = Family(
     # llama.cpp keeps Phi-3's fused tensors: split at load as the HF ones are.
     gguf_block_names={"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
     gguf_weights=phi3_weights,
-    notes="LongRoPE (the 128k releases) and partial rotary are refused",
+    notes="LongRoPE (the 128k releases) switches to its long factors per position, "
+    "from original_max_position_embeddings on; partial rotary (Phi-4-mini) supported",
 )

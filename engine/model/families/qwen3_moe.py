@@ -1,6 +1,7 @@
 """Qwen3-MoE: Qwen3's attention (q/k norms) with a sparse feed-forward (128 experts,
 top 8, in the released sizes); layers in `mlp_only_layers`, or off the
-`decoder_sparse_step`, keep a dense MLP."""
+`decoder_sparse_step`, keep a dense MLP. llama.cpp's `qwen3moe` files have every
+layer sparse and renormalize the top-k weights."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ from typing import Any
 import torch
 
 from engine.config import ModelArchitecture
-from engine.model.families.base import Family, split_fused_experts
+from engine.model.families.base import (
+    MOE_GGUF_BLOCKS,
+    Family,
+    moe_gguf_traits,
+    split_fused_experts,
+    split_gguf_experts,
+)
+from engine.model.families.qwen3 import FAMILY as QWEN3
 from engine.model.families.qwen3 import qwen3_traits
 
 
@@ -43,5 +51,9 @@ FAMILY = Family(
     hf_architectures=("Qwen3MoeForCausalLM",),
     traits=qwen3_moe_traits,
     hf_weights=qwen3_moe_weights,
+    gguf_architectures=("qwen3moe",),
+    gguf_block_names={**QWEN3.gguf_block_names, **MOE_GGUF_BLOCKS},
+    gguf_traits=moe_gguf_traits,
+    gguf_weights=split_gguf_experts,
     notes="experts grouped on the CPU, a triton grouped GEMM on CUDA; no LoRA",
 )

@@ -119,3 +119,60 @@ def test_a_sliding_window_matches_the_oracle(window: int, backend: type) -> None
     torch.testing.assert_close(
         out, reference_output(lone, SCALE, window=window)[0], atol=TOL, rtol=TOL
     )
+
+
+@pytest.mark.parametrize(("softcap", "window"), [(1.0, None), (2.0, None), (2.0, 6)])
+@pytest.mark.parametrize("backend", [TorchAttentionBackend, CpuAttentionBackend])
+def test_a_softcap_matches_the_oracle(softcap: float, window: int | None, backend: type) -> None:
+    """Gemma 2's cap on the scaled scores, before the mask: decode rows alone and batched
+    (the numba kernel on the CPU backend, SDPA's stand-in on the reference), prefill
+    chunks after a prefix, with and without a window. Scores here are of order 1 to 3,
+    so a cap of 1 or 2 bends them: ignoring it is far outside the tolerance."""
+    spec = [(20, 5), (40, 1), (0, 17), (63, 1), (33, 12), (5, 1)]
+    batch = make_batch(spec, block_size=16, num_heads=6, num_kv_heads=2, head_dim=64, seed=3)
+    scale = 0.25  # q.k has std 8 at head_dim 64: scaled scores of std 2
+    expected, _ = reference_output(batch, scale, window=window, softcap=softcap)
+    uncapped, _ = reference_output(batch, scale, window=window)
+    cache = batch.kv_cache.clone()
+    out = backend().forward(batch.q, batch.k, batch.v, cache, batch.meta, scale, window, softcap)
+    torch.testing.assert_close(out, expected, atol=TOL, rtol=TOL)
+    assert (out - uncapped).abs().max() > 0.05
+    lone = make_batch([(50, 1)], block_size=8, num_heads=4, num_kv_heads=4, head_dim=64)
+    out = backend().forward(
+        lone.q, lone.k, lone.v, lone.kv_cache.clone(), lone.meta, scale, window, softcap
+    )
+    torch.testing.assert_close(
+        out, reference_output(lone, scale, window, softcap)[0], atol=TOL, rtol=TOL
+    )
+
+
+def test_a_softcap_in_bfloat16_keeps_the_reference_path() -> None:
+    # numba has no bf16: the reference's spelt-out capped math serves, within bf16's rounding.
+    spec = [(10, 1), (30, 1), (0, 9)]
+    batch = make_batch(spec, block_size=16, num_heads=4, num_kv_heads=2, head_dim=64,
+                       dtype=torch.bfloat16)  # fmt: skip
+    expected, _ = reference_output(batch, 0.25, softcap=1.0)
+    out = CpuAttentionBackend().forward(
+        batch.q, batch.k, batch.v, batch.kv_cache.clone(), batch.meta, 0.25, None, 1.0
+    )
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), expected, atol=3e-2, rtol=3e-2)
+    uncapped, _ = reference_output(batch, 0.25)
+    assert (out.float() - uncapped).abs().max() > 0.1
+
+
+def test_the_capped_reference_gives_the_same_answer_in_chunks_of_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Long queries go through the capped math a few rows at a time (bounded scores);
+    each chunk takes its own rows of the causal and window mask."""
+    from engine.attention import torch_backend
+
+    spec = [(20, 25), (40, 1), (0, 17), (63, 1)]
+    batch = make_batch(spec, block_size=16, num_heads=6, num_kv_heads=2, head_dim=32, seed=5)
+    expected, _ = reference_output(batch, 0.3, window=9, softcap=1.5)
+    monkeypatch.setattr(torch_backend, "_SCORE_ELEMENTS", 6 * 64 * 3)  # 3 to 6 rows a chunk
+    out = TorchAttentionBackend().forward(
+        batch.q, batch.k, batch.v, batch.kv_cache.clone(), batch.meta, 0.3, 9, 1.5
+    )
+    torch.testing.assert_close(out, expected, atol=TOL, rtol=TOL)

@@ -105,14 +105,15 @@ def dtype_id(dtype: torch.dtype) -> str:
 
 
 def reference_output(
-    batch: PagedBatch, scale: float, window: int | None = None
+    batch: PagedBatch, scale: float, window: int | None = None, softcap: float | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(attention output, cache after the write), computed naively in fp64, returned in fp32.
 
     Deliberately independent of the engine's torch backend (which may grow fast paths):
     token by token, position by position, straight from the definition. The inputs are
     the batch's own (possibly rounded) values, so only the kernel's arithmetic is judged.
-    With a `window`, each row sees only its last `window` keys.
+    With a `window`, each row sees only its last `window` keys; with a `softcap`, each
+    scaled score s is softcap * tanh(s / softcap) (Gemma 2).
     """
     m = batch.meta
     cache = batch.kv_cache.double().cpu().clone()
@@ -138,6 +139,8 @@ def reference_output(
             first = 0 if window is None else max(0, visible - window)  # a window's start
             for h in range(num_heads):
                 logits = keys[first:visible, h // group] @ q[start + r, h] * scale
+                if softcap is not None:
+                    logits = softcap * torch.tanh(logits / softcap)
                 weights = torch.softmax(logits, 0)
                 out[start + r, h] = weights @ values[first:visible, h // group]
         start += q_len

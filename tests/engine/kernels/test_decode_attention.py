@@ -151,3 +151,37 @@ def test_decode_with_a_sliding_window_matches_reference(num_splits: int, window:
     expected, _ = reference_output(batch, SCALE, window=window)
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out, expected, atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize(("softcap", "window"), [(1.0, None), (2.0, 40)])
+def test_decode_with_a_softcap_matches_reference(
+    num_splits: int, softcap: float, window: int | None
+) -> None:
+    """Gemma 2's cap on the scaled scores, on one split and several (their partial sums
+    merge the capped scores), with and without a window; padding keys past a split's end
+    must stay hidden, not become -softcap. At scale 0.25 the scores have std 2, so the cap
+    bends them and ignoring it fails by far."""
+    spec = [(n - 1, 1) for n in (1, 9, 100, 257)]
+    for dtype in DTYPES:
+        batch = make_batch(spec, block_size=16, num_heads=8, num_kv_heads=2, head_dim=64,
+                           dtype=dtype, device=DEVICE, seed=num_splits)  # fmt: skip
+        write_kv(batch.k, batch.v, batch.kv_cache, batch.meta.slot_mapping)
+        m = batch.meta
+        out = decode_attention(batch.q, batch.kv_cache, m.block_tables, m.seq_lens, 0.25,
+                               m.max_seq_len, num_splits=num_splits, window=window,
+                               softcap=softcap)  # fmt: skip
+        expected, _ = reference_output(batch, 0.25, window=window, softcap=softcap)
+        tol = max(2e-4, tolerance(dtype))
+        torch.testing.assert_close(out.float(), expected, atol=tol, rtol=tol)
+        uncapped, _ = reference_output(batch, 0.25, window=window)
+        assert (out.float() - uncapped).abs().max() > 0.1
+
+
+def test_decode_refuses_a_non_positive_softcap() -> None:
+    batch = make_batch([(3, 1)], block_size=8, num_heads=2, num_kv_heads=1, head_dim=64,
+                       device=DEVICE)  # fmt: skip
+    m = batch.meta
+    with pytest.raises(KernelInputError, match="softcap"):
+        decode_attention(batch.q, batch.kv_cache, m.block_tables, m.seq_lens, SCALE, 4,
+                         softcap=0.0)  # fmt: skip

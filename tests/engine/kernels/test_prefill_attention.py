@@ -154,3 +154,24 @@ def test_prefill_with_a_sliding_window_matches_reference(block_size: int, window
     torch.testing.assert_close(out, expected, atol=2e-4, rtol=2e-4)
     full, _ = reference_output(batch, SCALE)
     assert (out - full).abs().max() > 1e-3  # the window really cut keys
+
+
+@pytest.mark.parametrize(("softcap", "window"), [(1.0, None), (2.0, 16)])
+def test_prefill_with_a_softcap_matches_reference(softcap: float, window: int | None) -> None:
+    """Gemma 2's cap on the scaled scores, before the causal and window masks (a hidden
+    key must stay at -inf, not -softcap): long chunks after prefixes and a decode row.
+    At scale 0.25 the scores have std 2, so ignoring the cap fails by far."""
+    spec = [(0, 70), (45, 40), (90, 1), (7, 33)]
+    for dtype in MATRIX_DTYPES:
+        batch = make_batch(spec, block_size=16, num_heads=6, num_kv_heads=2, head_dim=64,
+                           dtype=dtype, device=DEVICE, seed=7)  # fmt: skip
+        write_kv(batch.k, batch.v, batch.kv_cache, batch.meta.slot_mapping)
+        m = batch.meta
+        out = prefill_attention(batch.q, batch.kv_cache, m.block_tables, m.query_start_loc,
+                                m.seq_lens, 0.25, m.max_query_len, window=window,
+                                softcap=softcap)  # fmt: skip
+        expected, _ = reference_output(batch, 0.25, window=window, softcap=softcap)
+        tol = max(2e-4, tolerance(dtype))
+        torch.testing.assert_close(out.float(), expected, atol=tol, rtol=tol)
+        uncapped, _ = reference_output(batch, 0.25, window=window)
+        assert (out.float() - uncapped).abs().max() > 0.1

@@ -107,3 +107,28 @@ def test_backend_is_selected_by_name() -> None:
     backend = get_attention_backend("triton", torch.device(DEVICE))
     assert isinstance(backend, TritonAttentionBackend)
     assert backend.name == "triton"
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [[(0, 1), (9, 1), (40, 1)], [(0, 13), (30, 1), (18, 7), (5, 1)]],
+    ids=["decode", "mixed"],
+)
+def test_a_softcap_reaches_both_kernels(spec: list[tuple[int, int]]) -> None:
+    """The backend hands the layer's cap (and window) to the decode kernel (pure decode)
+    and to the prefill kernel (mixed batch): the same answer as the torch backend and the
+    oracle, and not the uncapped one."""
+    batch = make_batch(spec, block_size=8, num_heads=4, num_kv_heads=2, head_dim=64,
+                       device=DEVICE, seed=11)  # fmt: skip
+    scale, softcap, window = 0.25, 1.5, 12
+    expected, _ = reference_output(batch, scale, window=window, softcap=softcap)
+    torch_out = TorchAttentionBackend().forward(
+        batch.q, batch.k, batch.v, batch.kv_cache.clone(), batch.meta, scale, window, softcap
+    )
+    out = TritonAttentionBackend().forward(
+        batch.q, batch.k, batch.v, batch.kv_cache, batch.meta, scale, window, softcap
+    )
+    torch.testing.assert_close(out, expected, atol=2e-4, rtol=2e-4)
+    torch.testing.assert_close(out, torch_out, atol=2e-4, rtol=2e-4)
+    uncapped, _ = reference_output(batch, scale, window=window)
+    assert (out - uncapped).abs().max() > 0.1

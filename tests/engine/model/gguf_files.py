@@ -197,19 +197,22 @@ def write_single_tensor_gguf(
 
 
 # Hugging Face module names -> llama.cpp's, where a family's converter differs.
+_GEMMA_BLOCKS = {
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
 _FAMILY_BLOCKS: dict[str, dict[str, str]] = {
     "phi3": {"self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"},
-    "gemma3": {
-        "post_attention_layernorm": "post_attention_norm",
-        "pre_feedforward_layernorm": "ffn_norm",
-        "post_feedforward_layernorm": "post_ffw_norm",
-    },
+    "gemma2": _GEMMA_BLOCKS,
+    "gemma3": _GEMMA_BLOCKS,
 }
 
 
-def write_family_gguf(path: Path, folder: Path) -> Path:
-    """The F32 GGUF llama.cpp's converter writes for a tiny HF folder of phi3 or gemma3:
-    its names, fused Phi-3 tensors kept, Gemma's norms stored as 1 + w."""
+def write_family_gguf(path: Path, folder: Path, *, caps: bool = True) -> Path:
+    """The F32 GGUF llama.cpp's converter writes for a tiny HF folder of phi3, gemma2 or
+    gemma3: its names, fused Phi-3 tensors kept, Gemma's norms stored as 1 + w, Gemma 2's
+    soft caps (left out with `caps=False`, as a file may leave them)."""
     import json
 
     from safetensors.torch import load_file
@@ -221,9 +224,14 @@ def write_family_gguf(path: Path, folder: Path) -> Path:
     writer = _model_writer(path, arch)
     if arch.sliding_window is not None:
         writer.add_sliding_window(arch.sliding_window)
+    if arch.architecture == "gemma2" and caps:
+        if arch.attention_softcap is not None:
+            writer.add_attn_logit_softcapping(arch.attention_softcap)
+        if arch.final_logit_softcap is not None:
+            writer.add_final_logit_softcapping(arch.final_logit_softcap)
     for name, tensor in load_file(str(folder / "model.safetensors")).items():
         array = tensor.float().numpy()
-        if arch.architecture == "gemma3" and name.endswith("norm.weight"):
+        if arch.architecture in ("gemma2", "gemma3") and name.endswith("norm.weight"):
             array = array + 1.0
         if name in _HF_TO_GGUF_TOP:
             gguf = _HF_TO_GGUF_TOP[name]

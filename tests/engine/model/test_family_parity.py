@@ -6,6 +6,7 @@ each family's own checkpoint layout is what our loader reads.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ import torch
 from transformers import PreTrainedModel
 
 from engine import LLM, SamplingParams
+from engine.attention.cpu_backend import CpuAttentionBackend
+from engine.attention.torch_backend import TorchAttentionBackend
 from engine.model.loader import load_model
 from engine.model.registry import FAMILIES
 from tests.utils.hf_families import family_config, load_reference, make_family_dir
@@ -230,13 +233,75 @@ def test_gemma3_reads_transformers_4_configs_the_same(tmp_path: Path) -> None:
     assert (ours.step([ids]) - hf_logits(load_reference(folder), ids)).abs().max() <= 1e-3
 
 
-def test_gemma2_is_refused_by_name() -> None:
-    from engine.errors import UnsupportedModelError
+def _uncapped(model: torch.nn.Module) -> None:
+    """Switches the attention soft cap off in every layer (what a backend ignoring it
+    would compute)."""
+    for layer in model.model.layers:
+        layer.self_attn.softcap = None
+
+
+@pytest.mark.parametrize("backend", [TorchAttentionBackend, CpuAttentionBackend])
+def test_gemma2_attention_softcap_matches_transformers(tmp_path: Path, backend: type) -> None:
+    """A cap of 3 bends most scores. Prefill chunks, a lone decode row beside a chunk,
+    then two decode rows together (the reference's batched path, the CPU kernel), all
+    past the window of 8; without the cap the same steps leave transformers' logits."""
+    folder = make_family_dir(
+        tmp_path, "gemma2", seed=4, attn_logit_softcapping=3.0, final_logit_softcapping=None
+    )
+    loaded = load_model(str(folder), dtype=torch.float32, device="cpu")
+    assert loaded.arch.attention_softcap == 3.0 and loaded.arch.final_logit_softcap is None
+    assert [loaded.arch.layer_window(i) for i in range(4)] == [8, None, 8, None]
+    reference = load_reference(folder)
+    a, b = list(range(100, 130)), list(range(2000, 2011))
+    expected_a, expected_b = hf_logits(reference, a), hf_logits(reference, b + [42])
+
+    def run() -> tuple[torch.Tensor, torch.Tensor]:
+        stepper = ModelStepper(loaded.model, num_seqs=2, block_size=4, backend=backend())
+        first = stepper.step([a[:13], b[:10]])
+        second = stepper.step([a[13:29], b[10:11]])
+        third = stepper.step([a[29:30], [42]])
+        ours_a = torch.cat([first[:13], second[:16], third[:1]])
+        ours_b = torch.cat([first[13:], second[16:], third[1:]])
+        return (ours_a - expected_a).abs().max(), (ours_b - expected_b).abs().max()
+
+    assert max(run()) <= 1e-3
+    _uncapped(loaded.model)
+    assert min(run()) > 1e-2
+
+
+def test_gemma3_ignores_an_attention_softcap_as_transformers_does(tmp_path: Path) -> None:
+    """transformers' Gemma 3 keeps attn_logit_softcapping in its config but never caps
+    its attention; neither do we, so the logits stay its own."""
+    folder = make_family_dir(tmp_path, "gemma3", seed=6, attn_logit_softcapping=2.0)
+    loaded = load_model(str(folder), dtype=torch.float32, device="cpu")
+    assert loaded.arch.attention_softcap is None
+    ids = list(range(300, 320))
+    expected = hf_logits(load_reference(folder), ids)
+    assert (ModelStepper(loaded.model).step([ids]) - expected).abs().max() <= 1e-3
+
+
+def test_gemma2_reads_transformers_4_configs_the_same() -> None:
+    """transformers 4 wrote neither layer_types (the even layers have the window) nor
+    rope_parameters (rope_theta instead)."""
     from engine.model.hf_loader import architecture_from_config
 
-    config = {**family_config("gemma3").to_dict(), "attn_logit_softcapping": 50.0}
-    with pytest.raises(UnsupportedModelError, match="soft-capping \\(Gemma 2\\)"):
-        architecture_from_config(config)
-    config = {**family_config("gemma3").to_dict(), "architectures": ["Gemma2ForCausalLM"]}
-    with pytest.raises(UnsupportedModelError, match="Gemma3ForCausalLM"):
-        architecture_from_config(config)
+    v5 = family_config("gemma2", num_hidden_layers=5).to_dict()
+    v4 = {k: v for k, v in v5.items() if k not in ("layer_types", "rope_parameters")}
+    v4 |= {"rope_theta": 10000.0, "hidden_act": "gelu_pytorch_tanh"}
+    arch = architecture_from_config(v5)
+    assert architecture_from_config(v4) == arch
+    assert [arch.layer_window(i) for i in range(5)] == [8, None, 8, None, 8]
+    assert (arch.attention_softcap, arch.final_logit_softcap) == (50.0, 30.0)
+    assert arch.attention_scale == 16**-0.5 and not arch.qk_norm and arch.sandwich_norms
+    assert arch.local_rope_theta is None  # one rotary base for every layer
+
+
+@pytest.mark.parametrize("cap", [0.0, -50.0, float("nan"), float("inf"), "50"])
+def test_a_bad_attention_softcap_is_refused_by_name(cap: object) -> None:
+    from engine.config import ModelArchitecture
+    from engine.errors import UnsupportedModelError
+    from tests.utils.model_step import TINY_ARCH
+
+    with pytest.raises(UnsupportedModelError, match="attention_softcap"):
+        dataclasses.replace(TINY_ARCH, attention_softcap=cap)
+    assert ModelArchitecture.__dataclass_fields__["attention_softcap"].default is None
