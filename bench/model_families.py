@@ -76,8 +76,8 @@ def hf_model(family: str, shape: dict[str, int], seed: int) -> Any:
         max_position_embeddings=2048,
         rms_norm_eps=1e-5,
         tie_word_embeddings=False,
-        # No window binds at these lengths (Gemma 3's layer pattern needs one set).
-        sliding_window=4096 if family == "gemma3" else None,
+        # No window binds at these lengths (the Gemmas' layer patterns need one set).
+        sliding_window=4096 if family in ("gemma2", "gemma3") else None,
         eos_token_id=shape["vocab_size"] - 1,
         pad_token_id=shape["vocab_size"] - 1,
         **shape,

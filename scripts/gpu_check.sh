@@ -167,7 +167,7 @@ run_tests() {
   local shards=(
     "tests/engine/kernels/test_decode_attention.py"
     "tests/engine/kernels/test_prefill_attention.py"
-    "tests/engine/kernels/test_kv_write.py tests/engine/kernels/test_fused_ops.py tests/engine/kernels/test_fused_moe.py tests/engine/kernels/test_triton_backend.py tests/engine/kernels/test_import_surface.py tests/engine/runner/test_cuda_device.py tests/engine/runner/test_cuda_graphs.py tests/engine/runner/test_memory.py"
+    "tests/engine/kernels/test_kv_write.py tests/engine/kernels/test_fused_ops.py tests/engine/kernels/test_fused_moe.py tests/engine/kernels/test_rotary_partial.py tests/engine/kernels/test_triton_backend.py tests/engine/kernels/test_import_surface.py tests/engine/runner/test_cuda_device.py tests/engine/runner/test_cuda_graphs.py tests/engine/runner/test_memory.py"
     "tests/engine/model/test_fused_ops_in_model.py"
   )
   limit=$(budget 170)

@@ -1,8 +1,9 @@
 """The new model families served by `cloister serve --model NAME=PATH`, live over HTTP.
 
 Tiny random-weight folders saved by transformers itself (Qwen3, Phi-3, a Mistral
-with a sliding window, a Mixtral (a mixture of experts), a Gemma 3, and a Llama packed
-as a GPTQ checkpoint) run in one real `build_app`,
+with a sliding window, a Mixtral (a mixture of experts), a Gemma 3, a Gemma 2 (soft-capped
+attention), a Phi-4-mini shape (partial rotary, LongRoPE) and a Llama packed as a GPTQ
+checkpoint) run in one real `build_app`,
 served by uvicorn, and are used with the openai SDK: each answers, tenants keep their
 own caches, the registry records each one's family and storage type, the start-up
 summary names them, and the Mistral serves prompts longer than its window.
@@ -57,6 +58,20 @@ GEMMA_TEMPLATE = (
     "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
 )
+# Phi-4-mini's rotary: over 3/4 of each head, LongRoPE past 32 positions (its own
+# boundary is 4096; the prompts here cross this one).
+PHI4_MINI: dict[str, Any] = {
+    "max_position_embeddings": 512,
+    "original_max_position_embeddings": 32,
+    "tie_word_embeddings": True,
+    "rope_parameters": {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.75,
+        "short_factor": [1.0, 1.2, 1.5, 1.7, 2.0, 2.5],
+        "long_factor": [4.0, 6.0, 9.0, 12.0, 16.0, 20.0],
+    },
+}
 PROMPT = "Tell me about the mountains near the lake, the river and the old town."
 
 
@@ -92,6 +107,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     gemma = make_family_dir(tmp / "models", "gemma3", seed=5)
     (gemma / "chat_template.jinja").write_text(GEMMA_TEMPLATE)
     gptq, _ = make_int_folder(tmp / "models", "llama", Layout("gptq"))
+    gemma2 = make_family_dir(tmp / "models", "gemma2", seed=6)
+    (gemma2 / "chat_template.jinja").write_text(GEMMA_TEMPLATE)
+    phi4 = make_family_dir(tmp / "models", "phi3", seed=7, **PHI4_MINI)
     settings = Settings(
         data_dir=tmp,
         key_pepper=PEPPER,
@@ -102,6 +120,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             f"mix={mixtral}",
             f"gem={gemma}",
             f"gq={gptq}",
+            f"g2={gemma2}",
+            f"p4={phi4}",
         ],
         attention_backend="torch",
         max_model_len=256,
@@ -142,7 +162,7 @@ def _chat(served: Served, model: str, tenant: int = 0) -> tuple[str, int]:
     return done.choices[0].message.content or "", (details.cached_tokens or 0) if details else 0
 
 
-@pytest.mark.parametrize("model", ["q3", "phi", "mis", "mix", "gem", "gq"])
+@pytest.mark.parametrize("model", ["q3", "phi", "mis", "mix", "gem", "gq", "g2", "p4"])
 def test_each_family_answers_and_keeps_each_tenants_cache_its_own(
     served: Served, model: str
 ) -> None:
@@ -169,6 +189,8 @@ def test_the_registry_records_family_and_storage(served: Served) -> None:
         "mix": ("mixtral", "F32"),
         "gem": ("gemma3", "F32"),
         "gq": ("llama", "GPTQ 4-bit g32"),
+        "g2": ("gemma2", "F32"),
+        "p4": ("phi3", "F32"),
     }
     assert rows["mis"]["context_length"] == 256  # the served context, not the window
 
@@ -281,10 +303,13 @@ def test_a_model_whose_template_does_not_think_keeps_its_text_as_content(
     assert message.content is not None and message.content.startswith("<think>")
 
 
-def test_gemma_takes_a_system_message_folded_into_the_first_turn(served: Served) -> None:
+@pytest.mark.parametrize("model", ["gem", "g2"])
+def test_gemma_takes_a_system_message_folded_into_the_first_turn(
+    served: Served, model: str
+) -> None:
     def prompt_tokens(messages: list[dict[str, str]]) -> int:
         done = served.client().chat.completions.create(
-            model="gem",
+            model=model,
             messages=messages,
             max_tokens=2,
             temperature=0,  # type: ignore[arg-type]
@@ -299,7 +324,7 @@ def test_gemma_takes_a_system_message_folded_into_the_first_turn(served: Served)
     # A conversation the template refuses for another reason is still a clear 400.
     with pytest.raises(openai.BadRequestError) as refused:
         served.client().chat.completions.create(
-            model="gem",
+            model=model,
             messages=[{"role": "assistant", "content": "x"}, {"role": "assistant", "content": "y"}],
             max_tokens=2,
         )
