@@ -355,6 +355,7 @@ class LLMEngine:
                 arrival_time=now,
                 fairness_key=key,
                 priority=request.priority,
+                batch=request.traffic_class == "batch",
             )
             for i in range(params.n)
         ]
@@ -612,6 +613,8 @@ class LLMEngine:
             lora_host=self.lora.registry.host_resident(),
             num_running=len(self.scheduler.running),
             num_waiting=self.scheduler.num_waiting,
+            num_batch_running=sum(s.batch for s in self.scheduler.running),
+            num_batch_waiting=sum(s.batch for s in self.scheduler.waiting),
             kv_cache_usage=self.kv.usage,
             prefix_cache_queries=self.kv.query_tokens,
             prefix_cache_hits=self.kv.hit_tokens,

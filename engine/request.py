@@ -21,6 +21,9 @@ from engine.sampling_params import SamplingParams
 # Bounds of `EngineRequest.priority` (a 32-bit signed integer, as vLLM's is used).
 MIN_PRIORITY = -(2**31)
 MAX_PRIORITY = 2**31 - 1
+# The request classes (issue 42): interactive work first; batch work runs only in the
+# capacity interactive work leaves, and is preempted first when interactive work waits.
+TRAFFIC_CLASSES = ("interactive", "batch")
 # Longest request id, cache domain, fairness key or adapter name taken.
 MAX_NAME_LENGTH = 512
 
@@ -40,7 +43,10 @@ class EngineRequest:
     fair policies (lower runs first; it never reorders keys); `prompt` is the text the
     ids came from, for outputs that echo it. `session` is a routing hint only (the
     hash of the client's `user` field, the conversation it continues): a replica
-    router may keep a session on one replica; no engine reads it.
+    router may keep a session on one replica; no engine reads it. `traffic_class`
+    "batch" marks offline work (OpenAI's `service_tier: "flex"`): admitted only while no
+    interactive request waits, its prompt chunks held back while one does, and its
+    sequences preempted first for interactive work, which it never preempts.
     """
 
     prompt_token_ids: tuple[int, ...]
@@ -54,6 +60,7 @@ class EngineRequest:
     priority: int = 0
     prompt: str | None = None
     session: str | None = None
+    traffic_class: str = "interactive"
 
     def __post_init__(self) -> None:
         # A copy the caller cannot change after the checks (a list would stay shared).
@@ -95,6 +102,11 @@ class EngineRequest:
             raise InvalidRequestError("prompt text must be a string", param="prompt")
         if self.session is not None:
             _check_name(self.session, "session")
+        if self.traffic_class not in TRAFFIC_CLASSES:
+            raise InvalidRequestError(
+                f"traffic_class must be one of {', '.join(TRAFFIC_CLASSES)}",
+                param="traffic_class",
+            )
 
 
 def _check_name(value: object, param: str) -> None:

@@ -55,6 +55,9 @@ class Sequence:
     # Order among the waiting sequences of one fairness key (lower first), under the
     # fair policies; never an order across keys.
     priority: int = 0
+    # Batch work (EngineRequest.traffic_class): runs in the capacity interactive work
+    # leaves and is preempted first (engine/scheduler/traffic.py).
+    batch: bool = False
     # The loaded LoRA adapter's content digest (None: `adapter` only names a cache key),
     # and the device slot it holds from admission to its end (None: not placed yet).
     adapter_digest: str | None = None

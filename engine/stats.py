@@ -48,3 +48,6 @@ class EngineStats:
     # Per fairness key (the tenant, "t:<tenant id>" from the gateway): KV blocks in use and
     # preemptions suffered and caused; keys with no live work and no preemption are left out.
     tenant_kv: dict[str, TenantKVStats] = field(default_factory=dict)
+    # Of num_running and num_waiting, the batch-class sequences (EngineRequest.traffic_class).
+    num_batch_running: int = 0
+    num_batch_waiting: int = 0

@@ -19,6 +19,7 @@ from engine.scheduler.prefill_shares import PrefillShares, PrefillSplit
 from engine.scheduler.queue import WaitingQueue
 from engine.scheduler.step_budget import StepBudget
 from engine.scheduler.tenants import TenantBook
+from engine.scheduler.traffic import interactive_waiting, newest_batch, same_class_or_below
 from engine.sequence import Sequence, SequenceStatus
 
 # Bounds the sequences one step passes over while they wait for an adapter slot.
@@ -62,6 +63,7 @@ class Scheduler:
         # Whether a running sequence can take part in the next step; the engine sets it to
         # its grammar matchers' (a sequence whose next mask is still being filled waits).
         self.seq_ready: Callable[[Sequence], bool] = _always_ready
+        self._interactive_waiting = 0  # this step's, while scheduling
 
     # -- queue ------------------------------------------------------------------
 
@@ -103,6 +105,7 @@ class Scheduler:
         preempted: list[Sequence] = []
 
         self._begin_adapter_step()
+        self._interactive_waiting = interactive_waiting(self.waiting)
         shares, held = self._prefill_shares()
         i = 0
         while i < len(self.running) and budget > 0:
@@ -111,6 +114,9 @@ class Scheduler:
                 i += 1
                 continue
             num_new = self._chunk(seq, budget)
+            if num_new > 1 and seq.batch and self._interactive_waiting:
+                i += 1  # a batch prompt chunk waits while interactive work queues
+                continue
             if num_new > 1:
                 num_new = shares.cap(seq.fairness_key, num_new)
             if num_new == 0:  # a prompt chunk, and this step's prefill is spent
@@ -137,9 +143,9 @@ class Scheduler:
         # attacker would otherwise wait one more step each time the attacker hits the
         # pool's end.)
         if not preempted:
-            budget = self._admit(budget, scheduled, shares)
+            budget = self._admit(budget, scheduled, shares, preempted)
         elif self.kv_shares.enabled:
-            budget = self._admit(budget, scheduled, shares, within_share=True)
+            budget = self._admit(budget, scheduled, shares, preempted, within_share=True)
 
         self._prompted = {i.seq.fairness_key for i in scheduled if i.num_new_tokens > 1}
         self._rows_held = held
@@ -205,8 +211,11 @@ class Scheduler:
         if not self._fits_quota(seq, num_new):
             own = self.kv_shares.own_victim(self.running, seq.fairness_key)
             if own is not None:
-                return own
-        return self.kv_shares.victim(self.running, seq)
+                return own if own.batch or not seq.batch else seq
+        batch = newest_batch(self.running)
+        if batch is not None and not seq.batch:
+            return batch  # interactive work never waits for batch work
+        return self.kv_shares.victim(same_class_or_below(self.running, seq), seq)
 
     def _preempt_running(
         self,
@@ -236,12 +245,14 @@ class Scheduler:
         budget: int,
         scheduled: list[ScheduledSequence],
         shares: PrefillShares,
+        preempted: list[Sequence],
         *,
         within_share: bool = False,
     ) -> int:
         """Admits waiting sequences in fair order while the step has room; returns what is
         left of the step's budget. `within_share`: only those whose tenants stay within
-        their KV shares."""
+        their KV shares. Batch sequences wait while interactive ones do; an interactive
+        one takes a seat or blocks from running batch work (`preempted` lists them)."""
         # Sequences whose adapter waits for a slot: passed over this step, still in the
         # queue at their place in fair order, so they are asked first again next step.
         held: set[str] = set()
@@ -250,9 +261,25 @@ class Scheduler:
         held_keys: set[str] = set()
         skip: set[str] = set()
         gate = self.kv_shares.admission_gate(self.running)
-        while budget > 0 and len(self.running) < self.config.max_num_seqs:
+        # Batch blocks are no interactive tenant's share: they give way (traffic.py).
+        interactive = [s for s in self.running if not s.batch]
+        first = (
+            gate
+            if len(interactive) == len(self.running)
+            else (self.kv_shares.admission_gate(interactive))
+        )
+        interactive_left = self._interactive_waiting
+        while budget > 0:
+            full = len(self.running) >= self.config.max_num_seqs
+            if full and newest_batch(self.running) is None:
+                break  # (a full engine peeks at nobody: a peek may plan a lookup)
             seq = self.waiting.peek(skip | held if held else skip)
             if seq is None:
+                break
+            if seq.batch and interactive_left:
+                skip.add(seq.seq_id)
+                continue
+            if full and seq.batch:
                 break
             if not self._place_adapter(seq):
                 held.add(seq.seq_id)
@@ -281,16 +308,28 @@ class Scheduler:
             # Its part of the step's prompt tokens spent (it still waits for KV), or over
             # its KV share: the tenant is passed over this step.
             spent = num_new == 0
-            over = within_share and not gate.within_share(seq, total)
-            if spent or over or not gate.allows(seq, total, waiting_keys):
+            seq_gate = gate if seq.batch else first
+            over = within_share and not seq_gate.within_share(seq, total)
+            if spent or over or not seq_gate.allows(seq, total, waiting_keys):
                 seq.num_computed_tokens = 0
                 if not spent:
                     held_keys.add(key)
                 skip.update(s.seq_id for s in self.waiting if s.fairness_key == key)
                 continue
-            if not self.kv.allocate_slots(seq, num_new, computed_blocks):
+            seat = newest_batch(self.running) if full else None
+            if seat is not None:  # interactive work takes a seat from batch work
+                budget += self._preempt_running(seat, seq, scheduled, preempted)
+            given_back = self._allocate_admitted(
+                seq, num_new, computed_blocks, scheduled, preempted
+            )
+            if given_back is None:
                 seq.num_computed_tokens = 0
                 break
+            budget += given_back
+            if not seq.batch:
+                interactive_left -= 1
+                if first is not gate:
+                    first.admitted(seq, total)
             gate.admitted(seq, total)
             self.waiting.pop(seq)
             self.tenants.admitted(seq)
@@ -306,6 +345,25 @@ class Scheduler:
             if num_new > 1:
                 shares.spend(key, num_new)
         return budget
+
+    def _allocate_admitted(
+        self,
+        seq: Sequence,
+        num_new: int,
+        computed_blocks: list[int],
+        scheduled: list[ScheduledSequence],
+        preempted: list[Sequence],
+    ) -> int | None:
+        """KV slots for a sequence being admitted; an interactive one preempts running
+        batch sequences, newest first, until they fit. Returns the step budget the
+        preempted ones give back, or None when the slots cannot be had."""
+        given_back = 0
+        while not self.kv.allocate_slots(seq, num_new, computed_blocks):
+            victim = None if seq.batch else newest_batch(self.running)
+            if victim is None:
+                return None
+            given_back += self._preempt_running(victim, seq, scheduled, preempted)
+        return given_back
 
     def _place_adapter(self, seq: Sequence) -> bool:
         """Gives a LoRA sequence its adapter's slot and pins the adapter for it; False while

@@ -435,6 +435,8 @@ class EngineServer:
             {
                 "num_running": s.num_running,
                 "num_waiting": s.num_waiting,
+                "num_batch_running": int(getattr(s, "num_batch_running", 0)),
+                "num_batch_waiting": int(getattr(s, "num_batch_waiting", 0)),
                 "kv_cache_usage": s.kv_cache_usage,
                 "prefix_cache_queries": s.prefix_cache_queries,
                 "prefix_cache_hits": s.prefix_cache_hits,

@@ -51,6 +51,16 @@ class EngineMetrics:
 
         yield gauge("vllm:num_requests_running", "Requests running.", s.num_running)
         yield gauge("vllm:num_requests_waiting", "Requests waiting.", s.num_waiting)
+        yield gauge(
+            "cloister:num_batch_requests_running",
+            "Of the running requests, batch-class ones (service_tier flex).",
+            int(getattr(s, "num_batch_running", 0)),
+        )
+        yield gauge(
+            "cloister:num_batch_requests_waiting",
+            "Of the waiting requests, batch-class ones (service_tier flex).",
+            int(getattr(s, "num_batch_waiting", 0)),
+        )
         yield gauge("vllm:kv_cache_usage_perc", "KV cache usage (0..1).", s.kv_cache_usage)
         yield counter(
             "vllm:prefix_cache_queries",

@@ -91,6 +91,7 @@ def request_to_wire(request: EngineRequest, model: str) -> tuple[dict[str, Any],
             "adapter": request.adapter,
             "prompt_text": request.prompt,
             "structured": None if structured is None else dataclasses.asdict(structured),
+            "traffic_class": request.traffic_class,
         },
     )
     headers = {REQUEST_ID_HEADER: request.request_id, FAIRNESS_HEADER: request.fairness_key}
@@ -130,6 +131,7 @@ def request_from_wire(body: Mapping[str, Any], headers: Mapping[str, str]) -> En
             cache=extra.get("cache", True),
             priority=body.get("priority", 0),
             prompt=extra.get("prompt_text"),
+            traffic_class=extra.get("traffic_class") or "interactive",
         )
     except InvalidRequestError:
         raise

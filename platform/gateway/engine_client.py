@@ -71,6 +71,10 @@ class EngineSnapshot:
     # Per fairness key ("t:<tenant id>"): KV blocks in use, preemptions suffered and caused
     # (engine.stats.EngineStats.tenant_kv; empty where the engine reports none).
     tenant_kv: Mapping[str, TenantKVStats] = field(default_factory=dict)
+    # Of num_running and num_waiting, the batch-class requests' sequences (service_tier
+    # "flex"; engine.stats.EngineStats.num_batch_*).
+    num_batch_running: int = 0
+    num_batch_waiting: int = 0
 
 
 class EngineClient(Protocol):
@@ -236,6 +240,8 @@ class InProcessEngineClient:
             prefill_token_cap=getattr(s, "prefill_token_cap", None),
             kv_events_dropped=getattr(s, "kv_events_dropped", None),
             tenant_kv=dict(getattr(s, "tenant_kv", None) or {}),
+            num_batch_running=int(getattr(s, "num_batch_running", 0)),
+            num_batch_waiting=int(getattr(s, "num_batch_waiting", 0)),
         )
 
     def public_prefix_blocks(self) -> int:

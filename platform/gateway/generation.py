@@ -141,6 +141,7 @@ async def admit_and_submit(
             cache=body.cache and not principal.never_cache,
             session=session_hint(body.user),
             adapter=life.adapter,
+            traffic_class="batch" if body.service_tier == "flex" else "interactive",
         )
         for i, prompt in enumerate(prompts)
     ]

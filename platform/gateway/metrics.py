@@ -90,6 +90,14 @@ class GatewayMetrics:
         )  # fmt: skip
         self.running = Gauge("vllm:num_requests_running", "Requests running.", m, registry=r)
         self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting.", m, registry=r)
+        self.batch_running = Gauge(
+            "cloister:num_batch_requests_running",
+            "Of the running requests, batch-class ones (service_tier flex).", m, registry=r,
+        )  # fmt: skip
+        self.batch_waiting = Gauge(
+            "cloister:num_batch_requests_waiting",
+            "Of the waiting requests, batch-class ones (service_tier flex).", m, registry=r,
+        )  # fmt: skip
         self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV cache usage (0..1).", m, registry=r)
         # Prefix-cache hits summed over every tenant: an anonymous scraper could watch
         # them move with its own probes, so operators only (issue 46), like the tenant series.
@@ -302,6 +310,8 @@ class GatewayMetrics:
         with self._lock:
             self.running.labels(name).set(snap.num_running)
             self.waiting.labels(name).set(snap.num_waiting)
+            self.batch_running.labels(name).set(snap.num_batch_running)
+            self.batch_waiting.labels(name).set(snap.num_batch_waiting)
             self.kv_usage.labels(name).set(snap.kv_cache_usage)
             if snap.prefill_token_cap is not None:
                 self.prefill_cap.labels(name).set(snap.prefill_token_cap)

@@ -447,6 +447,8 @@ class RemoteEngineClient:
                 waiting_adapters=_adapter_names(s.get("lora_waiting")),
                 prefill_token_cap=_optional_int(s.get("prefill_token_cap")),
                 tenant_kv=tenant_kv_from_json(s.get("tenant_kv")),
+                num_batch_running=int(s.get("num_batch_running") or 0),
+                num_batch_waiting=int(s.get("num_batch_waiting") or 0),
             )
             adapters = adapters_from_stats(s)
             if adapters is not None and changes == self._adapter_changes:

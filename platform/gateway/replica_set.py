@@ -294,6 +294,8 @@ class ReplicaSetClient:
             prefix_cache_hits=sum(s.prefix_cache_hits for s in snaps),
             num_preemptions=sum(s.num_preemptions for s in snaps),
             tenant_kv=sum_tenant_kv(s.tenant_kv for s in snaps),
+            num_batch_running=sum(s.num_batch_running for s in snaps),
+            num_batch_waiting=sum(s.num_batch_waiting for s in snaps),
         )
 
     @property

@@ -92,7 +92,7 @@ def test_the_request_object_survives_the_hop() -> None:
             repetition_penalty=1.1, structured=StructuredSpec("regex", "[a-z]+"),
         ),
         request_id="r-1", cache_domain="t:a/k:b", fairness_key="t:a", weight=2.5,
-        adapter="lora-x", cache=False, priority=-3, prompt="hi",
+        adapter="lora-x", cache=False, priority=-3, prompt="hi", traffic_class="batch",
     )  # fmt: skip
     body, headers = request_to_wire(request, "tiny")
     assert body["cache_salt"] == "t:a/k:b" and headers["x-llm-d-inference-fairness-id"] == "t:a"

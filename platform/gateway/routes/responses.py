@@ -93,6 +93,7 @@ def _sampling(body: ResponseCreateRequest) -> SamplingFields:
         top_p=body.top_p,
         user=body.user,
         cache=body.cache,
+        service_tier=body.service_tier,
         stream=body.stream,
     )
 

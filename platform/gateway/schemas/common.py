@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
@@ -52,6 +52,9 @@ class SamplingFields(BaseModel):
     user: str | None = Field(default=None, max_length=256)
     # SECURITY.md: `cache: false` neither reads nor writes the prefix cache.
     cache: StrictBool = True
+    # OpenAI's service tier: "flex" is batch work (engine/scheduler/traffic.py), run in
+    # the capacity interactive requests leave; the others are interactive.
+    service_tier: Literal["auto", "default", "flex", "priority"] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
 

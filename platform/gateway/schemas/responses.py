@@ -36,6 +36,9 @@ class ResponseCreateRequest(BaseModel):
     user: str | None = Field(default=None, max_length=256)
     # SECURITY.md: `cache: false` neither reads nor writes the prefix cache.
     cache: StrictBool = True
+    # OpenAI's service tier: "flex" is batch work (engine/scheduler/traffic.py), run in
+    # the capacity interactive requests leave; the others are interactive.
+    service_tier: Literal["auto", "default", "flex", "priority"] | None = None
     # Function tools (gateway.tools, in the Responses API's flat shape); other tool types
     # and the options below are refused by name (gateway/responses_input.py).
     tools: list[Any] | None = None
