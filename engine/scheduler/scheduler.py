@@ -19,7 +19,15 @@ from engine.scheduler.prefill_shares import PrefillShares, PrefillSplit
 from engine.scheduler.queue import WaitingQueue
 from engine.scheduler.step_budget import StepBudget
 from engine.scheduler.tenants import TenantBook
-from engine.scheduler.traffic import interactive_waiting, newest_batch, same_class_or_below
+from engine.scheduler.traffic import (
+    BATCH_SLACK,
+    BatchPace,
+    batch_pace,
+    interactive_view,
+    interactive_waiting,
+    newest_batch,
+    same_class_or_below,
+)
 from engine.sequence import Sequence, SequenceStatus
 
 # Bounds the sequences one step passes over while they wait for an adapter slot.
@@ -64,6 +72,9 @@ class Scheduler:
         # its grammar matchers' (a sequence whose next mask is still being filled waits).
         self.seq_ready: Callable[[Sequence], bool] = _always_ready
         self._interactive_waiting = 0  # this step's, while scheduling
+        self._pace: BatchPace | None = None  # this step's allowance for batch work
+        self._batch_tokens_left = 0  # of the allowance's prompt tokens, while scheduling
+        self._batch_turn = 0  # rotates which batch rows a paced step carries
 
     # -- queue ------------------------------------------------------------------
 
@@ -106,6 +117,8 @@ class Scheduler:
 
         self._begin_adapter_step()
         self._interactive_waiting = interactive_waiting(self.waiting)
+        self._pace = self._batch_pace()
+        self._batch_tokens_left = 0 if self._pace is None else self._pace.prompt_tokens
         shares, held = self._prefill_shares()
         i = 0
         while i < len(self.running) and budget > 0:
@@ -114,9 +127,14 @@ class Scheduler:
                 i += 1
                 continue
             num_new = self._chunk(seq, budget)
-            if num_new > 1 and seq.batch and self._interactive_waiting:
-                i += 1  # a batch prompt chunk waits while interactive work queues
+            if seq.batch and (num_new > 1 and self._interactive_waiting or self._paced(seq)):
+                i += 1  # batch work waits while interactive work queues, or sits its turn out
                 continue
+            if seq.batch and self._pace is not None and num_new > 1:
+                num_new = min(num_new, self._batch_tokens_left)
+                if num_new == 0:
+                    i += 1
+                    continue
             if num_new > 1:
                 num_new = shares.cap(seq.fairness_key, num_new)
             if num_new == 0:  # a prompt chunk, and this step's prefill is spent
@@ -132,6 +150,8 @@ class Scheduler:
             else:
                 scheduled.append(ScheduledSequence(seq, seq.num_computed_tokens, num_new))
                 budget -= num_new
+                if seq.batch and num_new > 1:
+                    self._batch_tokens_left = max(0, self._batch_tokens_left - num_new)
                 self._spend_prefill(num_new)
                 if num_new > 1:
                     shares.spend(seq.fairness_key, num_new)
@@ -155,17 +175,38 @@ class Scheduler:
             preempted=tuple(preempted),
         )
 
+    def _batch_pace(self) -> BatchPace | None:
+        """This step's allowance for batch work beside interactive work (traffic.py)."""
+        if newest_batch(self.running) is None:
+            return None
+        rows = sum(1 for s in self.running if not s.batch)
+        pace = batch_pace(
+            self.running, self._batch_turn, self.step_budget.extra_within(rows, BATCH_SLACK)
+        )
+        if pace is not None:
+            self._batch_turn += len(pace.rows)
+        return pace
+
+    def _paced(self, seq: Sequence) -> bool:
+        """Whether running batch `seq` sits this step out (not its turn)."""
+        return self._pace is not None and seq.seq_id not in self._pace.rows
+
     def _prefill_shares(self) -> tuple[PrefillShares, set[str]]:
         """This step's contended prompt-token cap split among the tenants with work
         (shares off: one part for all, the whole cap), and the tenants whose running
         sequences sit this step out for a newcomer's first chunk."""
         if not self.kv_shares.enabled:
             return PrefillShares(self._prefill_left, (), self.tenants.weight), set()
-        decoding = sum(1 for s in self.running if s.num_tokens - s.num_computed_tokens == 1)
+        running: list[Sequence] = self.running
+        keys: Iterable[str] = self.tenants.waiting
+        batch_waiting = len(self.waiting) - self._interactive_waiting
+        if self._interactive_waiting and (batch_waiting or newest_batch(running)):
+            # Batch work yields: its decodes' pace is not guarded, and its tenants take no
+            # part of the prompt tokens while interactive work waits (traffic.py).
+            running, keys = interactive_view(running, self.waiting, keys)
+        decoding = sum(1 for s in running if s.num_tokens - s.num_computed_tokens == 1)
         cap = min(self._prefill_left, self.step_budget.contended_cap(decoding))
-        shares = self.prefill_split.shares(
-            cap, self.running, self.tenants.waiting, self.tenants.weight
-        )
+        shares = self.prefill_split.shares(cap, running, keys, self.tenants.weight)
         newcomers = self._newcomers()
         if not newcomers:
             return shares, set()
@@ -281,6 +322,9 @@ class Scheduler:
                 continue
             if full and seq.batch:
                 break
+            if seq.batch and self._pace is not None and self._batch_tokens_left == 0:
+                skip.add(seq.seq_id)  # the step has no room for more batch prompt
+                continue
             if not self._place_adapter(seq):
                 held.add(seq.seq_id)
                 if len(held) >= MAX_HELD:
@@ -297,6 +341,8 @@ class Scheduler:
                     continue
             seq.num_computed_tokens = num_computed
             num_new = self._chunk(seq, budget)
+            if seq.batch and self._pace is not None:
+                num_new = min(num_new, self._batch_tokens_left)
             if num_new == 0:  # this step's prefill is spent
                 seq.num_computed_tokens = 0
                 break
@@ -341,6 +387,8 @@ class Scheduler:
             self.running.append(seq)
             scheduled.append(ScheduledSequence(seq, seq.num_computed_tokens, num_new))
             budget -= num_new
+            if seq.batch and self._pace is not None:
+                self._batch_tokens_left = 0  # one batch admission a paced step
             self._spend_prefill(num_new)
             if num_new > 1:
                 shares.spend(key, num_new)

@@ -112,6 +112,27 @@ class StepBudget:
             return statistics.median(self._decode_by_rows[_nearest(self._decode_by_rows, rows)])
         return statistics.median(self._decode_s) if self._decode_s else 0.0
 
+    def extra_within(self, rows: int, slack: float) -> tuple[int, int] | None:
+        """(decode rows, prompt tokens) a step may add beside `rows` decode rows and stay
+        within (1 + slack) times their cost: from a line through the medians measured
+        per number of rows, and the cost per prompt token. None until two row counts
+        are measured; rows that cost nothing measurable are not limited."""
+        points = [(r, statistics.median(ts)) for r, ts in self._decode_by_rows.items() if ts]
+        if len(points) < 2:
+            return None
+        mean_r = statistics.fmean(r for r, _ in points)
+        mean_t = statistics.fmean(t for _, t in points)
+        spread = sum((r - mean_r) ** 2 for r, _ in points)
+        slope = sum((r - mean_r) * (t - mean_t) for r, t in points) / spread
+        base = mean_t + slope * (rows - mean_r)
+        room = slack * base
+        if base <= 0 or room <= 0:
+            return None
+        per_token = statistics.median(self._per_token_s) if self._per_token_s else 0.0
+        extra_rows = self.max_tokens if slope <= 0 else int(room / slope)
+        extra_tokens = self.max_tokens if per_token <= 0 else int(room / per_token)
+        return extra_rows, extra_tokens
+
     def _compute_cap(self) -> int:
         assert self.itl_budget_s is not None
         if not self._per_token_s:

@@ -5,7 +5,13 @@ The rules (issue 42), each a few lines in engine/scheduler/scheduler.py:
 - running: a batch prompt chunk sits the step out while an interactive sequence waits
   (batch decodes go on, one token each), so a newcomer's chunk finds the budget free;
 - preemption: interactive work takes seats and KV blocks from the newest running batch
-  sequence first; batch work preempts only batch work (itself, when no other runs).
+  sequence first; batch work preempts only batch work (itself, when no other runs);
+- prompt tokens: while interactive work waits, the contended prompt cap guards only
+  interactive decodes and is split among interactive tenants alone;
+- pace: while interactive sequences run, a step carries only as many batch decode
+  rows and batch prompt tokens as keep it within BATCH_SLACK of its interactive cost
+  (learned by the step budget; at least one row, taken in turns), so the interactive
+  inter-token time barely moves while batch work uses what the step has to spare.
 Within each class the tenants' fair order, KV shares and quotas are as before, and a
 scheduler that never sees a batch sequence schedules exactly as it did without them.
 """
@@ -14,8 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass
 
 from engine.sequence import Sequence
+
+# How much longer batch work may make a step that carries interactive work.
+BATCH_SLACK = 0.1
 
 
 def interactive_waiting(waiting: Iterable[Sequence]) -> int:
@@ -32,3 +42,36 @@ def same_class_or_below(running: list[Sequence], requester: Sequence) -> list[Se
     """The running sequences `requester` may preempt: any, for interactive work; only
     batch sequences (itself included) for batch work."""
     return [seq for seq in running if seq.batch] if requester.batch else running
+
+
+def interactive_view(
+    running: list[Sequence], waiting: Iterable[Sequence], waiting_keys: Iterable[str]
+) -> tuple[list[Sequence], list[str]]:
+    """The running interactive sequences, and the waiting keys with interactive work."""
+    keys = {seq.fairness_key for seq in waiting if not seq.batch}
+    return [seq for seq in running if not seq.batch], [k for k in waiting_keys if k in keys]
+
+
+@dataclass(frozen=True)
+class BatchPace:
+    """This step's allowance for batch work beside running interactive work."""
+
+    rows: frozenset[str]  # the batch sequences whose decode rows run this step
+    prompt_tokens: int  # batch prompt tokens the step may carry
+
+
+def batch_pace(
+    running: list[Sequence], turn: int, extra: tuple[int, int] | None
+) -> BatchPace | None:
+    """The allowance, or None when no interactive sequence runs (batch work is then
+    free); `extra` is the step budget's estimate of what fits in the slack (None:
+    not yet measured, then half as many rows as interactive ones, and no prompt cap
+    beyond the usual), `turn` rotates which batch rows go."""
+    interactive = sum(1 for seq in running if not seq.batch)
+    batch = [seq for seq in running if seq.batch]
+    if not interactive or not batch:
+        return None
+    rows, tokens = extra if extra is not None else (max(1, interactive // 2), 1 << 30)
+    rows = min(max(1, rows), len(batch))
+    chosen = frozenset(batch[(turn + j) % len(batch)].seq_id for j in range(rows))
+    return BatchPace(chosen, max(1, tokens))

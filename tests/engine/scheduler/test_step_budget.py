@@ -212,3 +212,17 @@ def test_decode_costs_are_kept_by_rows_so_a_busy_spell_does_not_set_a_quiet_ones
     assert budget.contended_cap(2) == 64  # the nearest measured: one row
     assert budget.contended_cap(5) == 128
     assert budget.contended_cap() == 128  # any number of rows: the median of all
+
+
+def test_the_batch_slack_is_read_off_a_line_through_the_costs_per_row() -> None:
+    budget = StepBudget(0.2, 2048)
+    assert budget.extra_within(4, 0.1) is None  # nothing measured yet
+    for _ in range(4):
+        budget.observe(0, 2, 0.050)  # 50 ms with 2 rows, 90 ms with 6: 10 ms a row
+        budget.observe(0, 6, 0.090)
+        budget.observe(64, 2, 0.050 + 64 * 0.002)  # 2 ms a prompt token
+    rows, tokens = budget.extra_within(4, 0.1) or (0, 0)
+    # 4 rows cost 70 ms: 10% is 7 ms, no whole row (10 ms) and 3 prompt tokens.
+    assert (rows, tokens) == (0, 3)
+    rows, tokens = budget.extra_within(10, 0.5) or (0, 0)
+    assert (rows, tokens) == (6, 32)  # 130 ms: 65 ms of slack

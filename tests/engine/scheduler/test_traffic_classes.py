@@ -123,3 +123,23 @@ def test_growing_interactive_work_preempts_batch_work_not_the_newest(kv_shares: 
     assert preempted and all(s is batch for s in preempted)
     assert all(u.is_finished and u.num_preemptions == 0 for u in users)
     d.assert_clean()
+
+
+def test_beside_interactive_work_batch_rows_take_turns() -> None:
+    # Without measured step costs, a step carries half as many batch rows as
+    # interactive ones (here one), in turns, so every batch sequence moves.
+    d = CacheDriver.make("hash", num_blocks=256, max_num_seqs=8)
+    batch = [add(d, 10 + i, 60, batch=True) for i in range(4)]
+    for _ in range(3):
+        d.step()
+    assert all(s in d.scheduler.running for s in batch)
+    users = [add(d, 20 + i, 40, batch=False) for i in range(2)]
+    d.step()  # the users' prompts
+    before = {s.seq_id: s.num_computed_tokens for s in batch}
+    for _ in range(8):
+        out = d.step()
+        assert {u.seq_id for u in users} <= ids(out)
+        assert sum(item.seq.batch for item in out.scheduled) == 1
+    assert all(s.num_computed_tokens > before[s.seq_id] for s in batch)  # each had a turn
+    d.run()
+    d.assert_clean()

@@ -1,0 +1,37 @@
+"""bench/traffic_classes.py: bad arguments are refused before a model loads, and a tiny
+run of its four phases prints them and ends with one JSON line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.traffic_classes import main
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--seconds", "0"], ["--concurrency", "-1"], ["--batch-lines", "0"], ["--new-tokens", "0"]],
+)
+def test_bad_arguments_are_refused_with_a_clear_message(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert f"{argv[0]} must be positive" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_tiny_run_reports_every_phase(capsys: pytest.CaptureFixture[str]) -> None:
+    returned = main(
+        ["--seconds", "1.5", "--batch-lines", "8", "--prompt-tokens", "8", "--new-tokens", "4"]
+    )
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report == json.loads(json.dumps(returned))
+    phases = report["phases"]
+    assert phases["interactive alone"]["batch_tok_s"] == 0
+    assert phases["batch alone"]["interactive_tok_s"] == 0 < phases["batch alone"]["batch_tok_s"]
+    assert phases["interactive alone"]["requests"] > 0
+    assert set(report["goals_met"]) == {"interactive_within_10pct", "batch_60pct_of_left"}
