@@ -15,14 +15,10 @@ from pathlib import Path
 import pytest
 from openai import AsyncOpenAI
 
-from engine.async_engine import AsyncEngine
-from server.settings import Settings
-from server.wiring import serve_engine_options
 from tenancy import store
-from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import PEPPER, LiveGateway, start_gateway
-from tests.utils.fast_fake_model import GatedFakeModel, fast_fake_llm_engine
-from tests.utils.tiny_model import SMOLLM2_VOCAB
+from tests.gateway.conftest import PEPPER, LiveGateway
+from tests.gateway.gated import start_gated_gateway
+from tests.utils.fast_fake_model import GatedFakeModel
 
 pytestmark = pytest.mark.slow
 
@@ -32,13 +28,10 @@ PROMPT = "Summarise the quarterly report of the northern mills, section by secti
 @pytest.fixture
 def gated(tmp_path: Path) -> Iterator[tuple[LiveGateway, GatedFakeModel]]:
     """A live gateway over the gated fake model, with the service's engine options."""
-    model = GatedFakeModel(SMOLLM2_VOCAB)
-    options = serve_engine_options(Settings(data_dir=tmp_path, device="cpu"))
-    options.update(max_model_len=512, num_blocks=1024, kv_cache_bytes=None, itl_budget_ms=None)
-    engine = AsyncEngine(fast_fake_llm_engine(model=model, **options))
-    gw, stop = start_gateway(tmp_path, engine=engine, limiter=MemoryLimiter())
+    gw, model, stop = start_gated_gateway(
+        tmp_path, max_model_len=512, num_blocks=1024, kv_cache_bytes=None, itl_budget_ms=None
+    )
     yield gw, model
-    model.gate.set()
     stop()
 
 

@@ -18,14 +18,10 @@ import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
-from engine.async_engine import AsyncEngine
-from server.settings import Settings
-from server.wiring import serve_engine_options
 from tenancy import store
-from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import OPERATOR_HEADERS, PEPPER, LiveGateway, start_gateway
-from tests.utils.fast_fake_model import GatedFakeModel, fast_fake_llm_engine
-from tests.utils.tiny_model import SMOLLM2_VOCAB
+from tests.gateway.conftest import OPERATOR_HEADERS, PEPPER, LiveGateway
+from tests.gateway.gated import start_gated_gateway
+from tests.utils.fast_fake_model import GatedFakeModel
 
 pytestmark = pytest.mark.slow
 
@@ -33,17 +29,14 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def gated(tmp_path: Path) -> Iterator[tuple[LiveGateway, GatedFakeModel, str]]:
     """A live gateway over the gated fake model, and one tenant's key."""
-    model = GatedFakeModel(SMOLLM2_VOCAB)
-    options = serve_engine_options(Settings(data_dir=tmp_path, device="cpu"))
-    options.update(max_model_len=256, num_blocks=512, kv_cache_bytes=None, itl_budget_ms=None)
-    engine = AsyncEngine(fast_fake_llm_engine(model=model, **options))
-    gw, stop = start_gateway(tmp_path, engine=engine, limiter=MemoryLimiter())
+    gw, model, stop = start_gated_gateway(
+        tmp_path, max_model_len=256, num_blocks=512, kv_cache_bytes=None, itl_budget_ms=None
+    )
     with gw.sessions() as s:
         store.create_tenant(s, name="acme")
     with gw.sessions() as s:
         key = store.create_key(s, tenant_name="acme", pepper=PEPPER).secret
     yield gw, model, key
-    model.gate.set()
     stop()
 
 

@@ -21,15 +21,11 @@ import pytest
 from openai import AsyncOpenAI
 from sqlalchemy import select
 
-from engine.async_engine import AsyncEngine
-from server.settings import Settings
-from server.wiring import serve_engine_options
 from tenancy import store
-from tenancy.limiter.memory import MemoryLimiter
 from tenancy.models import Tenant
-from tests.gateway.conftest import PEPPER, LiveGateway, start_gateway
-from tests.utils.fast_fake_model import GatedFakeModel, fast_fake_llm_engine
-from tests.utils.tiny_model import SMOLLM2_VOCAB
+from tests.gateway.conftest import PEPPER, LiveGateway
+from tests.gateway.gated import start_gated_gateway
+from tests.utils.fast_fake_model import GatedFakeModel
 
 pytestmark = pytest.mark.slow
 
@@ -40,16 +36,13 @@ MAX_TOKENS = 4
 @pytest.fixture
 def gated(tmp_path: Path) -> Iterator[tuple[LiveGateway, GatedFakeModel]]:
     """A live gateway over the gated fake model, with the service's engine options."""
-    model = GatedFakeModel(SMOLLM2_VOCAB)
-    options = serve_engine_options(Settings(data_dir=tmp_path, device="cpu"))
     # No ITL budget: it would learn a prompt token's cost from the gated step, which lasts
     # as long as the test holds the gate, and cap every later step at its 16-token floor;
     # the order measured here would then follow whose prompt was cached first.
-    options.update(max_model_len=256, num_blocks=4096, kv_cache_bytes=None, itl_budget_ms=None)
-    engine = AsyncEngine(fast_fake_llm_engine(model=model, **options))
-    gw, stop = start_gateway(tmp_path, engine=engine, limiter=MemoryLimiter())
+    gw, model, stop = start_gated_gateway(
+        tmp_path, max_model_len=256, num_blocks=4096, kv_cache_bytes=None, itl_budget_ms=None
+    )
     yield gw, model
-    model.gate.set()
     stop()
 
 

@@ -108,7 +108,7 @@ def write_model_gguf(
 ) -> Path:
     """A full model file: metadata from `arch`, 2-D weights stored as `qtype`, norms F32;
     the tensors named in `raw` are written as those bytes of that type instead."""
-    writer = _model_writer(path, arch)
+    writer = model_writer(path, arch)
     for name, tensor in state.items():
         if raw and name in raw:
             writer.add_tensor(gguf_name(name), raw[name][0], raw_dtype=raw[name][1])
@@ -121,7 +121,7 @@ def write_model_gguf(
         add_tensor(
             writer, gguf_name(name), array, qtype if array.ndim == 2 else GGMLQuantizationType.F32
         )
-    _finish(writer)
+    finish_gguf(writer)
     return path
 
 
@@ -136,7 +136,7 @@ def write_random_blocks_gguf(
     blocks and whose 1-D ones are F32 near 1; returns the weights the blocks decode to,
     by gguf's own dequantizer, in HF naming."""
     rng = np.random.default_rng(seed)
-    writer = _model_writer(path, arch)
+    writer = model_writer(path, arch)
     decoded: dict[str, torch.Tensor] = {}
     for name, shape in names.items():
         if len(shape) == 2:
@@ -148,13 +148,14 @@ def write_random_blocks_gguf(
             array = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
             writer.add_tensor(gguf_name(name), array)
         decoded[name] = torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
-    _finish(writer)
+    finish_gguf(writer)
     return decoded
 
 
-def _model_writer(path: Path, arch: ModelArchitecture) -> GGUFWriter:
-    """A writer with `arch`'s metadata set, tensors still to add."""
-    writer = GGUFWriter(str(path), arch.architecture)
+def model_writer(path: Path, arch: ModelArchitecture, name: str | None = None) -> GGUFWriter:
+    """A writer with `arch`'s metadata set (under llama.cpp's architecture `name`,
+    default our family's), tensors still to add."""
+    writer = GGUFWriter(str(path), name or arch.architecture)
     writer.add_block_count(arch.num_layers)
     writer.add_context_length(arch.max_position_embeddings)
     writer.add_embedding_length(arch.hidden_size)
@@ -168,7 +169,8 @@ def _model_writer(path: Path, arch: ModelArchitecture) -> GGUFWriter:
     return writer
 
 
-def _finish(writer: GGUFWriter) -> None:
+def finish_gguf(writer: GGUFWriter) -> None:
+    """Writes the header, the metadata and the tensors, and closes the file."""
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -221,7 +223,7 @@ def write_family_gguf(path: Path, folder: Path, *, caps: bool = True) -> Path:
 
     arch = architecture_from_config(json.loads((folder / "config.json").read_text()))
     blocks = {**_HF_TO_GGUF_BLOCK, **_FAMILY_BLOCKS.get(arch.architecture, {})}
-    writer = _model_writer(path, arch)
+    writer = model_writer(path, arch)
     if arch.sliding_window is not None:
         writer.add_sliding_window(arch.sliding_window)
     if arch.architecture == "gemma2" and caps:
@@ -240,5 +242,5 @@ def write_family_gguf(path: Path, folder: Path, *, caps: bool = True) -> Path:
             module, kind = rest.rsplit(".", 1)
             gguf = f"blk.{layer}.{blocks[module]}.{kind}"
         writer.add_tensor(gguf, np.ascontiguousarray(array))
-    _finish(writer)
+    finish_gguf(writer)
     return path

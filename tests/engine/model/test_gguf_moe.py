@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import quantize
 from safetensors.torch import load_file
 
@@ -20,7 +20,12 @@ from engine.model.hf_loader import architecture_from_config
 from engine.model.loader import load_model
 from engine.model.registry import family_named
 from engine.planning.model_source import read_model_facts
-from tests.engine.model.gguf_files import gguf_name, llama_cpp_permute
+from tests.engine.model.gguf_files import (
+    finish_gguf,
+    gguf_name,
+    llama_cpp_permute,
+    model_writer,
+)
 from tests.utils.hf_families import make_family_dir
 from tests.utils.model_step import ModelStepper
 
@@ -41,17 +46,7 @@ def write_moe_gguf(
     config = json.loads((folder / "config.json").read_text())
     arch = architecture_from_config(config)
     family = family_named(arch.architecture)
-    writer = GGUFWriter(str(path), _GGUF_ARCH[arch.architecture])
-    writer.add_block_count(arch.num_layers)
-    writer.add_context_length(arch.max_position_embeddings)
-    writer.add_embedding_length(arch.hidden_size)
-    writer.add_feed_forward_length(arch.intermediate_size)
-    writer.add_head_count(arch.num_heads)
-    writer.add_head_count_kv(arch.num_kv_heads)
-    writer.add_key_length(arch.head_dim)
-    writer.add_value_length(arch.head_dim)
-    writer.add_layer_norm_rms_eps(arch.rms_norm_eps)
-    writer.add_rope_freq_base(arch.rope_theta)
+    writer = model_writer(path, arch, _GGUF_ARCH[arch.architecture])
     writer.add_expert_count(arch.num_experts)
     writer.add_expert_used_count(arch.num_experts_per_tok)
     if arch.architecture == "qwen3_moe":
@@ -81,10 +76,7 @@ def write_moe_gguf(
             writer.add_tensor(name, stack)
         else:
             writer.add_tensor(name, quantize(stack, qtype), raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish_gguf(writer)
     return path
 
 

@@ -1,0 +1,35 @@
+"""A live gateway over the real engine with `cloister serve`'s engine options and the
+gated fake model: closed, the engine stops inside its next step and its inbox fills,
+so a test can build a backlog exactly, then open the gate and watch what happens."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from engine.async_engine import AsyncEngine
+from server.settings import Settings
+from server.wiring import serve_engine_options
+from tenancy.limiter.memory import MemoryLimiter
+from tests.gateway.conftest import LiveGateway, start_gateway
+from tests.utils.fast_fake_model import GatedFakeModel, fast_fake_llm_engine
+from tests.utils.tiny_model import SMOLLM2_VOCAB
+
+
+def start_gated_gateway(
+    tmp_path: Path, **options: Any
+) -> tuple[LiveGateway, GatedFakeModel, Callable[[], None]]:
+    """The gateway, its gated model (gate closed) and a stop function that opens the
+    gate first; `options` override the service's engine options."""
+    model = GatedFakeModel(SMOLLM2_VOCAB)
+    engine_options = serve_engine_options(Settings(data_dir=tmp_path, device="cpu"))
+    engine_options.update(options)
+    engine = AsyncEngine(fast_fake_llm_engine(model=model, **engine_options))
+    gw, stop = start_gateway(tmp_path, engine=engine, limiter=MemoryLimiter())
+
+    def stop_all() -> None:
+        model.gate.set()
+        stop()
+
+    return gw, model, stop_all
