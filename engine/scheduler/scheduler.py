@@ -23,7 +23,6 @@ from engine.scheduler.traffic import (
     BATCH_SLACK,
     BatchPace,
     batch_pace,
-    interactive_view,
     interactive_waiting,
     newest_batch,
     same_class_or_below,
@@ -197,16 +196,11 @@ class Scheduler:
         sequences sit this step out for a newcomer's first chunk."""
         if not self.kv_shares.enabled:
             return PrefillShares(self._prefill_left, (), self.tenants.weight), set()
-        running: list[Sequence] = self.running
-        keys: Iterable[str] = self.tenants.waiting
-        batch_waiting = len(self.waiting) - self._interactive_waiting
-        if self._interactive_waiting and (batch_waiting or newest_batch(running)):
-            # Batch work yields: its decodes' pace is not guarded, and its tenants take no
-            # part of the prompt tokens while interactive work waits (traffic.py).
-            running, keys = interactive_view(running, self.waiting, keys)
-        decoding = sum(1 for s in running if s.num_tokens - s.num_computed_tokens == 1)
+        decoding = sum(1 for s in self.running if s.num_tokens - s.num_computed_tokens == 1)
         cap = min(self._prefill_left, self.step_budget.contended_cap(decoding))
-        shares = self.prefill_split.shares(cap, running, keys, self.tenants.weight)
+        shares = self.prefill_split.shares(
+            cap, self.running, self.tenants.waiting, self.tenants.weight
+        )
         newcomers = self._newcomers()
         if not newcomers:
             return shares, set()

@@ -6,8 +6,6 @@ The rules (issue 42), each a few lines in engine/scheduler/scheduler.py:
   (batch decodes go on, one token each), so a newcomer's chunk finds the budget free;
 - preemption: interactive work takes seats and KV blocks from the newest running batch
   sequence first; batch work preempts only batch work (itself, when no other runs);
-- prompt tokens: while interactive work waits, the contended prompt cap guards only
-  interactive decodes and is split among interactive tenants alone;
 - pace: while interactive sequences run, a step carries only as many batch decode
   rows and batch prompt tokens as keep it within BATCH_SLACK of its interactive cost
   (learned by the step budget; at least one row, taken in turns), so the interactive
@@ -42,14 +40,6 @@ def same_class_or_below(running: list[Sequence], requester: Sequence) -> list[Se
     """The running sequences `requester` may preempt: any, for interactive work; only
     batch sequences (itself included) for batch work."""
     return [seq for seq in running if seq.batch] if requester.batch else running
-
-
-def interactive_view(
-    running: list[Sequence], waiting: Iterable[Sequence], waiting_keys: Iterable[str]
-) -> tuple[list[Sequence], list[str]]:
-    """The running interactive sequences, and the waiting keys with interactive work."""
-    keys = {seq.fairness_key for seq in waiting if not seq.batch}
-    return [seq for seq in running if not seq.batch], [k for k in waiting_keys if k in keys]
 
 
 @dataclass(frozen=True)
