@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -72,7 +73,9 @@ class Bystander:
 
     def __init__(self, gw: LiveGateway, expected: str) -> None:
         self.gw, self.expected = gw, expected
-        self.key = gw.tenant(f"bystander-{id(self)}")
+        # A fresh name each time: id(self) is reused once an earlier bystander is freed,
+        # and the gateway (module-scoped) still holds that tenant.
+        self.key = gw.tenant(f"bystander-{uuid.uuid4().hex}")
         self.started = threading.Event()
         self.text = ""
         self.reason: str | None = None
