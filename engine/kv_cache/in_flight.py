@@ -68,6 +68,3 @@ class InFlightPrefixes:
             and owner.status == SequenceStatus.RUNNING
             and owner.num_computed_tokens < (block + 1) * self.block_size
         )
-
-    def __len__(self) -> int:
-        return len(self._owner)
