@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 
-import admin.models  # noqa: F401  (registers the admin tables on Base.metadata)
 from alembic import context
 
+import admin.models  # noqa: F401  (registers the admin tables on Base.metadata)
+import gateway.batch_api.tables  # noqa: F401  (the Batch API's tables)
 from tenancy.db import make_engine
 from tenancy.models import Base
 

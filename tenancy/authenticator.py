@@ -23,7 +23,7 @@ from tenancy.errors import AuthenticationError, PermissionDeniedError
 from tenancy.key_usage import LastUsedWriter
 from tenancy.keys import find_key, hash_secret
 from tenancy.limits import EffectiveLimits, LimitValues, merge_limits
-from tenancy.models import Limit, Tenant
+from tenancy.models import ApiKey, Limit, Tenant
 from tenancy.principal import IsolationLevel, Principal
 
 MAX_CACHED_KEYS = 10_000  # bounds memory under a flood of random bearer tokens
@@ -107,13 +107,7 @@ class Authenticator:
         state = self._state(token)
         if state is None:
             raise AuthenticationError("invalid", "invalid API key")
-        if state.revoked:
-            raise AuthenticationError("revoked", "API key has been revoked")
-        if state.expires_at is not None and state.expires_at <= dt.datetime.now(dt.UTC):
-            raise AuthenticationError("expired", "API key has expired")
-        if not state.tenant_active:
-            raise AuthenticationError("suspended", "tenant is suspended")
-        return state.principal
+        return self._checked(state)
 
     def invalidate(self) -> None:
         """Forget every cached row (the next call per key reads the database)."""
@@ -138,36 +132,59 @@ class Authenticator:
                 self._cache.popitem(last=False)
         return state
 
+    def principal_of_key(self, key_id: str) -> Principal:
+        """The principal of the key `key_id`, read now (no cache), for work the key queued
+        earlier (a batch): the same refusals as `authenticate` if it was revoked, expired,
+        or its tenant suspended since."""
+        with self._sessions() as session:
+            key = session.get(ApiKey, key_id)
+            state = None if key is None else self._key_state(session, key)
+        if state is None:
+            raise AuthenticationError("invalid", "the API key no longer exists")
+        return self._checked(state)
+
+    def _checked(self, state: _KeyState) -> Principal:
+        if state.revoked:
+            raise AuthenticationError("revoked", "API key has been revoked")
+        if state.expires_at is not None and state.expires_at <= dt.datetime.now(dt.UTC):
+            raise AuthenticationError("expired", "API key has expired")
+        if not state.tenant_active:
+            raise AuthenticationError("suspended", "tenant is suspended")
+        return state.principal
+
     def _load(self, token: str) -> _KeyState | None:
         with self._sessions() as session:
             key = find_key(session, self._pepper, token)
             if key is None:
                 return None
-            tenant = session.get(Tenant, key.tenant_id)
-            if tenant is None:
-                return None
-            limits = load_effective_limits(session, tenant.id, key.id)
-            key_models = frozenset(key.allowed_models) if key.allowed_models is not None else None
-            principal = Principal(
-                tenant_id=tenant.id,
-                tenant_name=tenant.name,
-                key_id=key.id,
-                isolation_level=_isolation(tenant.isolation_level),
-                weight=tenant.weight,
-                limits=limits,
-                allowed_models=_intersect(key_models, limits.allowed_models),
-                never_cache=bool(tenant.never_cache),
-            )
-            state = _KeyState(
-                principal=principal,
-                tenant_active=tenant.status == "active",
-                expires_at=key.expires_at,
-                revoked=key.revoked_at is not None,
-            )
-        if self._last_used is not None:
+            state = self._key_state(session, key)
+        if state is not None and self._last_used is not None:
             # Noted once per read (per refresh), written in the background.
-            self._last_used.touch(key.id)
+            self._last_used.touch(state.principal.key_id)
         return state
+
+    def _key_state(self, session: Session, key: ApiKey) -> _KeyState | None:
+        tenant = session.get(Tenant, key.tenant_id)
+        if tenant is None:
+            return None
+        limits = load_effective_limits(session, tenant.id, key.id)
+        key_models = frozenset(key.allowed_models) if key.allowed_models is not None else None
+        principal = Principal(
+            tenant_id=tenant.id,
+            tenant_name=tenant.name,
+            key_id=key.id,
+            isolation_level=_isolation(tenant.isolation_level),
+            weight=tenant.weight,
+            limits=limits,
+            allowed_models=_intersect(key_models, limits.allowed_models),
+            never_cache=bool(tenant.never_cache),
+        )
+        return _KeyState(
+            principal=principal,
+            tenant_active=tenant.status == "active",
+            expires_at=key.expires_at,
+            revoked=key.revoked_at is not None,
+        )
 
 
 def _isolation(value: str) -> IsolationLevel:

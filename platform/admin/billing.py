@@ -52,6 +52,7 @@ class UsageBucket:
     model: str
     adapter: str
     status: int  # the HTTP status; refused requests carry zero tokens and cost
+    batch: bool  # batch lines (the Batch API), at their batch price, apart from interactive
     requests: int
     prompt_tokens: int
     cached_tokens: int
@@ -76,8 +77,10 @@ def query_usage(
     model: str | None = None,
     adapter: str | None = None,
     by_key: bool = False,
+    batch: bool | None = None,
 ) -> list[UsageBucket]:
-    """Usage in [start, end) per hour or UTC day, per tenant x model x adapter (x key)."""
+    """Usage in [start, end) per hour or UTC day, per tenant x model x adapter (x key),
+    batch lines apart from interactive ones (`batch` True or False: only those)."""
     if granularity not in ("hour", "day"):
         raise InvalidValueError("granularity must be hour or day")
     h = UsageHourly
@@ -87,10 +90,11 @@ def query_usage(
         (h.key_id, key_id),
         (h.model, model),
         (h.adapter, adapter),
+        (h.batch, batch),
     ):
         if value is not None:
             query = query.where(column == value)
-    sums: dict[tuple[str, str, str | None, str, str, int], list[int]] = {}
+    sums: dict[tuple[str, str, str | None, str, str, int, bool], list[int]] = {}
     for row in session.scalars(query):
         stamp = row.hour if granularity == "hour" else row.hour.replace(hour=0)
         label = stamp.isoformat() if granularity == "hour" else stamp.date().isoformat()
@@ -101,6 +105,7 @@ def query_usage(
             row.model,
             row.adapter,
             int(row.status),
+            bool(row.batch),
         )
         acc = sums.setdefault(group, [0, 0, 0, 0, 0, 0])
         for i, v in enumerate(

@@ -1,12 +1,18 @@
 """The billing statement of a period: what finance invoices, and what it must not.
 
     period       one record: the period, its [start, end) in UTC, the currency
-    line         tenant x model x adapter x status x unit prices, in one of three sections:
+    line         tenant x model x adapter x status x batch x unit prices, in one of three
+                 sections:
                    billable    status < 400 with a price in force: total = tokens x prices
                    unpriced    status < 400 with no price in force: total 0, listed apart
                    not_billed  status >= 400 (refused or failed): never billed, total 0
     tenant_total one per tenant with billable lines: what that tenant is invoiced
     total        one per section; the billable one is the grand total
+
+`batch` lines are the Batch API's, apart from the interactive lines (batch False) of the
+same model: billed at the unit prices less `batch_discount_pct` percent, each request's
+cost rounded down to the pico-USD, so their total may be under tokens x prices x
+(100 - discount) / 100 by less than a pico-USD per request.
 
 CSV and JSON lines carry the same records with the same fields. Money is a decimal
 string: totals in USD with 12 places (pico-USD exactly, so a spreadsheet's sums are
@@ -49,10 +55,12 @@ FIELDS = (
     "model",
     "adapter",
     "status",
+    "batch",
     "currency",
     "input_usd_per_1m",
     "cached_input_usd_per_1m",
     "output_usd_per_1m",
+    "batch_discount_pct",
     "requests",
     "input_tokens",
     "cached_input_tokens",
@@ -65,7 +73,8 @@ _MICRO = Decimal(10) ** 6
 
 @dataclass(frozen=True)
 class StatementLine:
-    """Summed usage of one tenant, model, adapter and status at one set of unit prices."""
+    """Summed usage of one tenant, model, adapter, status and kind (batch or interactive)
+    at one set of unit prices."""
 
     section: Section
     tenant_name: str
@@ -73,6 +82,7 @@ class StatementLine:
     model: str
     adapter: str
     status: int
+    batch: bool  # the Batch API's lines, at the batch discount of `prices`
     prices: Prices | None  # None outside the billable section
     requests: int
     input_tokens: int
@@ -83,7 +93,7 @@ class StatementLine:
 
 @dataclass(frozen=True)
 class Statement:
-    """A period's billing lines, in section, tenant, model, adapter, status order."""
+    """A period's billing lines, in section, tenant, model, adapter, status, batch order."""
 
     period: str
     start: dt.datetime
@@ -129,6 +139,7 @@ def _priced_parts(
             u.model == row.model,
             u.adapter == row.adapter,
             u.status == row.status,
+            u.batch == row.batch,
         )
     ).all()
     if len(raw) != row.requests:
@@ -153,14 +164,22 @@ def build_statement(session: Session, *, period: str, tenant_id: str | None = No
     book = PriceBook(session, {r.model for r in rows})
     ids = sorted({r.tenant_id for r in rows})
     names = dict(session.execute(select(Tenant.id, Tenant.name).where(Tenant.id.in_(ids))).all())
-    sums: dict[tuple[Section, str, str, str, int, Prices | None], list[int]] = {}
+    sums: dict[tuple[Section, str, str, str, int, bool, Prices | None], list[int]] = {}
     for row in rows:
         for prices, counts in _priced_parts(session, book, row):
             section: Section = (
                 "not_billed" if row.status >= 400 else "unpriced" if prices is None else "billable"
             )
             kept = prices if section == "billable" else None  # unit prices of billed lines
-            key = (section, row.tenant_id, row.model, row.adapter, int(row.status), kept)
+            key = (
+                section,
+                row.tenant_id,
+                row.model,
+                row.adapter,
+                int(row.status),
+                bool(row.batch),
+                kept,
+            )
             acc = sums.setdefault(key, [0, 0, 0, 0, 0])
             for i, v in enumerate(counts):
                 acc[i] += v
@@ -172,6 +191,7 @@ def build_statement(session: Session, *, period: str, tenant_id: str | None = No
             model=model,
             adapter=adapter,
             status=status,
+            batch=batch,
             prices=prices,
             requests=a[0],
             input_tokens=a[1],
@@ -179,7 +199,7 @@ def build_statement(session: Session, *, period: str, tenant_id: str | None = No
             output_tokens=a[3],
             total_pico_usd=a[4] if sec == "billable" else 0,
         )
-        for (sec, tid, model, adapter, status, prices), a in sums.items()
+        for (sec, tid, model, adapter, status, batch, prices), a in sums.items()
     ]
     lines.sort(
         key=lambda x: (
@@ -189,7 +209,17 @@ def build_statement(session: Session, *, period: str, tenant_id: str | None = No
             x.model,
             x.adapter,
             x.status,
-            (x.prices.input, x.prices.cached_input, x.prices.output) if x.prices else (),
+            x.batch,
+            (
+                (
+                    x.prices.input,
+                    x.prices.cached_input,
+                    x.prices.output,
+                    x.prices.batch_discount_pct,
+                )
+                if x.prices
+                else ()
+            ),
         )
     )
     return Statement(period=period, start=start, end=end, lines=tuple(lines))
@@ -232,10 +262,15 @@ def statement_records(statement: Statement) -> list[dict[str, Any]]:
                 "model": x.model,
                 "adapter": x.adapter,
                 "status": x.status,
+                "batch": x.batch,
                 "currency": CURRENCY,
                 "input_usd_per_1m": _per_1m(x.prices.input) if x.prices else None,
                 "cached_input_usd_per_1m": _per_1m(x.prices.cached_input) if x.prices else None,
                 "output_usd_per_1m": _per_1m(x.prices.output) if x.prices else None,
+                # Only where it was taken off: a billable batch line.
+                "batch_discount_pct": (
+                    x.prices.batch_discount_pct if x.prices and x.batch else None
+                ),
                 "requests": x.requests,
                 "input_tokens": x.input_tokens,
                 "cached_input_tokens": x.cached_input_tokens,

@@ -37,6 +37,8 @@ def _replica(state: ReplicaState, model: RegisteredModel | None) -> EngineReplic
         kv_capacity_tokens=s.num_blocks * s.block_size,
         num_running=s.num_running,
         num_waiting=s.num_waiting,
+        num_batch_running=s.num_batch_running,
+        num_batch_waiting=s.num_batch_waiting,
         kv_cache_usage=s.kv_cache_usage,
         prefix_cache_queries=s.prefix_cache_queries,
         prefix_cache_hits=s.prefix_cache_hits,

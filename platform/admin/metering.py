@@ -36,8 +36,8 @@ Done = Callable[[BaseException | None], None]
 
 
 class UsageLike(Protocol):
-    """The fields of gateway.usage.UsageRecord that metering reads (adapter and
-    client_request_id optional).
+    """The fields of gateway.usage.UsageRecord that metering reads (adapter,
+    client_request_id and batch optional).
 
     Read-only members, so that frozen records satisfy it.
     """
@@ -97,6 +97,7 @@ def usage_row(usage: UsageLike, occurred_at: dt.datetime) -> dict[str, Any]:
         "finish_reason": usage.finish_reason,
         "client_disconnected": bool(usage.client_disconnected),
         "client_request_id": getattr(usage, "client_request_id", None),
+        "batch": bool(getattr(usage, "batch", False)),
     }
 
 

@@ -30,6 +30,9 @@ from tenancy.models import Base, UTCDateTime, utcnow
 
 MODEL_STATUSES = ("registered", "loaded", "retired")
 ADAPTER_STATUSES = ("registered", "loaded", "retired")
+# The percent taken off a batch line's cost (the Batch API) unless its price says
+# otherwise: batch work only fills what interactive work leaves, so it costs less.
+DEFAULT_BATCH_DISCOUNT_PCT = 50
 
 
 class RegisteredModel(Base):
@@ -60,6 +63,9 @@ class RegisteredModel(Base):
     # server that loaded it read them; None if unknown (migration 0013).
     family: Mapped[str | None] = mapped_column(String(32), default=None)
     quantization: Mapped[str | None] = mapped_column(String(64), default=None)
+    # The model an interactive request moves to, once, when this one's engine queue
+    # refuses it (None: none); a registered model's name, never a cycle (migration 0015).
+    fallback_model: Mapped[str | None] = mapped_column(String(128), default=None)
 
 
 class ModelPrice(Base):
@@ -68,6 +74,9 @@ class ModelPrice(Base):
     __tablename__ = "model_prices"
     __table_args__ = (
         UniqueConstraint("model_name", "adapter", "effective_from", name="uq_model_prices"),
+        CheckConstraint(
+            "batch_discount_pct BETWEEN 0 AND 100", name="ck_model_prices_batch_discount_pct"
+        ),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -79,6 +88,11 @@ class ModelPrice(Base):
     input_micros_per_m: Mapped[int] = mapped_column(BigInteger)
     cached_input_micros_per_m: Mapped[int] = mapped_column(BigInteger)
     output_micros_per_m: Mapped[int] = mapped_column(BigInteger)
+    # Percent taken off a batch line's cost at this price (migration 0014); part of the
+    # price, so a change of discount is a new price row like any other.
+    batch_discount_pct: Mapped[int] = mapped_column(
+        Integer, default=DEFAULT_BATCH_DISCOUNT_PCT, server_default=str(DEFAULT_BATCH_DISCOUNT_PCT)
+    )
 
 
 class LoraAdapter(Base):
@@ -167,6 +181,9 @@ class UsageRow(Base):
     # The client's x-request-id (migration 0006): not unique, since retries and other
     # tenants reuse ids; looked up per tenant.
     client_request_id: Mapped[str | None] = mapped_column(String(128), default=None)
+    # A line of a tenant's batch (the Batch API), billed at its price's batch discount
+    # (migration 0014).
+    batch: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class UsageHourly(Base):
@@ -181,6 +198,11 @@ class UsageHourly(Base):
     adapter: Mapped[str] = mapped_column(String(128), primary_key=True)
     # The HTTP status: refused requests (429, 503, ...) are counted apart, with zero tokens.
     status: Mapped[int] = mapped_column(Integer, primary_key=True, default=200)
+    # Batch lines (UsageRow.batch) are summed apart from interactive ones, since they are
+    # billed at another price (migration 0014).
+    batch: Mapped[bool] = mapped_column(
+        Boolean, primary_key=True, default=False, server_default=false()
+    )
     requests: Mapped[int] = mapped_column(BigInteger, default=0)
     prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0)

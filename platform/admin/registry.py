@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from admin.models import (
     ADAPTER_STATUSES,
+    DEFAULT_BATCH_DISCOUNT_PCT,
     MODEL_STATUSES,
     LoraAdapter,
     ModelPrice,
@@ -37,20 +38,36 @@ KEEP: Any = object()  # "leave this setting as it is" (None clears it)
 
 @dataclass(frozen=True)
 class Prices:
-    """Micro-USD per million tokens; cost in pico-USD is tokens x price, exactly."""
+    """Micro-USD per million tokens; cost in pico-USD is tokens x price, exactly.
+
+    `batch_discount_pct` (0 to 100) is taken off the cost of a batch line.
+    """
 
     input: int
     cached_input: int
     output: int
+    batch_discount_pct: int = DEFAULT_BATCH_DISCOUNT_PCT
 
     def cost_pico_usd(
-        self, *, prompt_tokens: int, cached_tokens: int, completion_tokens: int
+        self,
+        *,
+        prompt_tokens: int,
+        cached_tokens: int,
+        completion_tokens: int,
+        batch: bool = False,
     ) -> int:
-        """Cost of one request; cached prompt tokens are billed at the cached price."""
+        """Cost of one request; cached prompt tokens are billed at the cached price.
+
+        A batch line costs (100 - batch_discount_pct)% of that, rounded down to the
+        pico-USD (integer arithmetic, like the rest, so no float ever rounds a bill).
+        """
         fresh = max(prompt_tokens - cached_tokens, 0)
-        return (
+        full = (
             fresh * self.input + cached_tokens * self.cached_input + completion_tokens * self.output
         )
+        if not batch:
+            return full
+        return full * (100 - self.batch_discount_pct) // 100
 
 
 FREE = Prices(0, 0, 0)
@@ -59,6 +76,13 @@ FREE = Prices(0, 0, 0)
 def _check_price(value: int, what: str) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise InvalidValueError(f"{what} must be a non-negative integer (micro-USD per M tokens)")
+
+
+def check_batch_discount(value: Any) -> int:
+    """`value` as a batch discount: an integer percent from 0 to 100, else InvalidValueError."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 100:
+        raise InvalidValueError("batch_discount_pct must be an integer from 0 to 100 (percent)")
+    return value
 
 
 def get_model(session: Session, name: str) -> RegisteredModel:
@@ -80,12 +104,14 @@ def register_model(
     prices: Prices | None = None,
     allowed_tenants: Sequence[str] | None = None,
     now: dt.datetime | None = None,
+    fallback_model: str | None = None,
 ) -> RegisteredModel:
     """Register a model with its first price (effective now).
 
     `prices` None registers it without a price: its usage is billed $0 and marked
     unpriced until one is set (FREE is a deliberate price of $0, not unpriced).
-    `allowed_tenants` are tenant ids (None: every tenant).
+    `allowed_tenants` are tenant ids (None: every tenant). `fallback_model`: a
+    registered model its overloaded requests move to (see `check_fallback`).
     """
     if format not in MODEL_FORMATS:
         raise InvalidValueError(f"format must be one of {', '.join(MODEL_FORMATS)}")
@@ -97,6 +123,8 @@ def register_model(
         raise ConflictError(f"a model named {name!r} already exists")
     if allowed_tenants is not None:
         check_tenant_ids(session, allowed_tenants)
+    if fallback_model is not None:
+        check_fallback(session, name, fallback_model)
     row = RegisteredModel(
         id=new_id("mdl"),
         name=name,
@@ -106,6 +134,7 @@ def register_model(
         context_length=context_length,
         status="registered",
         allowed_tenants=sorted(set(allowed_tenants)) if allowed_tenants is not None else None,
+        fallback_model=fallback_model,
     )
     session.add(row)
     session.flush()
@@ -165,6 +194,39 @@ def output_caps(session: Session) -> dict[str, int]:
     return {name: cap for name, cap in rows if cap is not None}
 
 
+def check_fallback(session: Session, model: str, fallback: Any) -> None:
+    """InvalidValueError unless `fallback` may be `model`'s fallback: another registered
+    model whose own fallbacks never lead back to `model` (A -> B -> A would let each
+    overload bounce to the other)."""
+    if not isinstance(fallback, str) or not fallback:
+        raise InvalidValueError("fallback_model must be a registered model's name (null: none)")
+    if fallback == model:
+        raise InvalidValueError(f"fallback_model: model {model!r} cannot be its own fallback")
+    known = select(RegisteredModel.id).where(RegisteredModel.name == fallback)
+    if session.scalars(known).first() is None:
+        raise InvalidValueError(f"fallback_model: no model named {fallback!r}")
+    chain = fallbacks(session)
+    seen = {model}
+    step: str | None = fallback
+    while step is not None:
+        if step in seen:
+            raise InvalidValueError(
+                f"fallback_model: {fallback!r} falls back to {model!r} in turn (a cycle)"
+            )
+        seen.add(step)
+        step = chain.get(step)
+
+
+def fallbacks(session: Session) -> dict[str, str]:
+    """Model name -> its fallback model's name, for the models that have one."""
+    rows = session.execute(
+        select(RegisteredModel.name, RegisteredModel.fallback_model).where(
+            RegisteredModel.fallback_model.is_not(None)
+        )
+    ).all()
+    return {name: fallback for name, fallback in rows if fallback is not None}
+
+
 def allow_lists(session: Session) -> dict[str, frozenset[str] | None]:
     """Model name -> the tenant ids that may use it (None: every tenant); every model."""
     rows = session.execute(select(RegisteredModel.name, RegisteredModel.allowed_tenants)).all()
@@ -179,11 +241,15 @@ def update_model(
     allowed_tenants: Sequence[str] | None = None,
     clear_allowed_tenants: bool = False,
     max_output_tokens: Any = KEEP,
+    fallback_model: Any = KEEP,
 ) -> RegisteredModel:
     """Change a model's status, tenant allow-list (tenant ids; None keeps it; clear:
-    every tenant) or output cap (`max_output_tokens`; KEEP keeps it, None: the model's
-    context). Every value is checked before anything changes."""
+    every tenant), output cap (`max_output_tokens`; KEEP keeps it, None: the model's
+    context) or overload fallback (`fallback_model`; KEEP keeps it, None clears it).
+    Every value is checked before anything changes."""
     row = get_model(session, name)
+    if fallback_model is not KEEP and fallback_model is not None:
+        check_fallback(session, name, fallback_model)
     if max_output_tokens is not KEEP:
         max_output_tokens = check_model_output_cap(
             max_output_tokens, context_length=row.context_length
@@ -200,6 +266,8 @@ def update_model(
         row.allowed_tenants = sorted(set(allowed_tenants))
     if max_output_tokens is not KEEP:
         row.max_output_tokens = max_output_tokens
+    if fallback_model is not KEEP:
+        row.fallback_model = fallback_model
     session.commit()
     return row
 
@@ -218,6 +286,7 @@ def _add_price(
     _check_price(prices.input, "input price")
     _check_price(prices.cached_input, "cached input price")
     _check_price(prices.output, "output price")
+    check_batch_discount(prices.batch_discount_pct)
     row = ModelPrice(
         model_name=model,
         adapter=adapter,
@@ -225,6 +294,7 @@ def _add_price(
         input_micros_per_m=prices.input,
         cached_input_micros_per_m=prices.cached_input,
         output_micros_per_m=prices.output,
+        batch_discount_pct=prices.batch_discount_pct,
     )
     session.add(row)
     return row
@@ -289,7 +359,10 @@ def price_in_force(
         ).first()
         if row is not None:
             return Prices(
-                row.input_micros_per_m, row.cached_input_micros_per_m, row.output_micros_per_m
+                row.input_micros_per_m,
+                row.cached_input_micros_per_m,
+                row.output_micros_per_m,
+                row.batch_discount_pct,
             )
     return None
 

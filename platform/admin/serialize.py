@@ -113,6 +113,7 @@ def price_public(p: ModelPrice) -> PricePublic:
         input_price=p.input_micros_per_m,
         cached_input_price=p.cached_input_micros_per_m,
         output_price=p.output_micros_per_m,
+        batch_discount_pct=p.batch_discount_pct,
         adapter=p.adapter or None,
     )
 
@@ -136,6 +137,7 @@ def _model_fields(m: RegisteredModel) -> dict[str, Any]:
         "max_output_tokens": m.max_output_tokens,
         "family": m.family,
         "quantization": m.quantization,
+        "fallback_model": m.fallback_model,
         "created_at": m.created_at,
     }
 
@@ -210,4 +212,5 @@ def usage_record_public(u: UsageRow) -> UsageRecordPublic:
         status=u.status,
         finish_reason=u.finish_reason,
         client_disconnected=u.client_disconnected,
+        batch=u.batch,
     )

@@ -42,7 +42,8 @@ from admin.models import ModelPrice, UsageHourly, UsageRow
 from admin.registry import FREE, Prices
 
 ROLLUP_SUMS = ("prompt_tokens", "cached_tokens", "completion_tokens", "cost_pico_usd")
-_ROLLUP_KEY = ("hour", "tenant_id", "key_id", "model", "adapter", "status")
+# Batch lines roll up apart from interactive ones: they are billed at another price.
+_ROLLUP_KEY = ("hour", "tenant_id", "key_id", "model", "adapter", "status", "batch")
 # Summed per rollup row: the request count, ROLLUP_SUMS and how many were unpriced.
 _COUNTED = ("requests", *ROLLUP_SUMS, "unpriced_requests")
 _ROLLUP_COLUMNS = (*_ROLLUP_KEY, *_COUNTED)
@@ -63,6 +64,7 @@ _PRICE_SELECT: Select[Any] = (
         _PRICES.c.input_micros_per_m,
         _PRICES.c.cached_input_micros_per_m,
         _PRICES.c.output_micros_per_m,
+        _PRICES.c.batch_discount_pct,
     )
     .where(_PRICES.c.model_name.in_(bindparam("models", expanding=True)))
     .order_by(_PRICES.c.effective_from)
@@ -143,9 +145,9 @@ class PriceBook:
     def __init__(self, session: Session | Connection, models: set[str]) -> None:
         rows = session.execute(_PRICE_SELECT, {"models": sorted(models)}).all()
         self._history: dict[tuple[str, str], list[tuple[dt.datetime, Prices]]] = {}
-        for name, adapter, start, fresh, cached, output in rows:
+        for name, adapter, start, fresh, cached, output, discount in rows:
             history = self._history.setdefault((name, adapter or ""), [])
-            history.append((start, Prices(fresh, cached, output)))
+            history.append((start, Prices(fresh, cached, output, discount)))
 
     def at(self, model: str, when: dt.datetime, adapter: str = "") -> Prices:
         """The latest price effective at or before `when` (FREE if none)."""
@@ -194,6 +196,8 @@ def _usage_params(
         "unpriced": unpriced,
         # Absent from rows spooled before migration 0006.
         "client_request_id": r.get("client_request_id"),
+        # Absent from rows spooled before migration 0014 (all of them interactive).
+        "batch": bool(r.get("batch", False)),
     }
 
 
@@ -225,6 +229,7 @@ def write_usage(session: Session, rows: Sequence[Mapping[str, Any]]) -> int:
             prompt_tokens=r["prompt_tokens"],
             cached_tokens=r["cached_tokens"],
             completion_tokens=r["completion_tokens"],
+            batch=bool(r.get("batch", False)),
         )
         # Unpriced: tokens used with no price in force. A request that used none (a
         # refusal) costs nothing whatever the price, so it is not marked.
@@ -232,7 +237,7 @@ def write_usage(session: Session, rows: Sequence[Mapping[str, Any]]) -> int:
         values.append(_usage_params(r, when, cost, prices is None and used))
     result = conn.execute(statements.insert_usage, statements.params(values))
     inserted = set(result.scalars().all())
-    buckets: dict[tuple[dt.datetime, str, str, str, str, int], list[int]] = {}
+    buckets: dict[tuple[dt.datetime, str, str, str, str, int, bool], list[int]] = {}
     for v in values:
         if v["request_id"] not in inserted:
             continue
@@ -243,6 +248,7 @@ def write_usage(session: Session, rows: Sequence[Mapping[str, Any]]) -> int:
             v["model"],
             v["adapter"],
             int(v["status"]),
+            bool(v["batch"]),
         )
         sums = buckets.get(key)
         if sums is None:

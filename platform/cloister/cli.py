@@ -22,6 +22,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "cloister.commands.tenants",
     "cloister.commands.keys",
     "cloister.commands.prefixes",
+    "cloister.commands.batches",
     "cloister.commands.models",
     "cloister.commands.admin",
     "cloister.commands.billing",

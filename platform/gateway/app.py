@@ -14,6 +14,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from gateway.admission import AsyncLimiter
 from gateway.auth_cache import CachingAuthenticator
+from gateway.batch_api.service import BatchApi
 from gateway.engine_client import EngineClient
 from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
@@ -21,7 +22,7 @@ from gateway.model_access import ModelAccess
 from gateway.openapi import install_openapi
 from gateway.response_store import InMemoryResponses, ResponseRepository, ResponseStore
 from gateway.response_store_redis import RedisResponses
-from gateway.routes import chat, completions, metrics, models, responses
+from gateway.routes import batches, chat, completions, files, metrics, models, responses
 from gateway.state import AppState, AuthenticatorLike, OperatorAuth
 from gateway.tokenize import PromptTokenizer
 from gateway.tracing import gateway_tracer
@@ -74,6 +75,7 @@ def create_app(
     manage_engine: bool = True,
     operator_auth: OperatorAuth | None = None,
     model_access: ModelAccess | None = None,
+    batch_api: BatchApi | None = None,
 ) -> FastAPI:
     """An app serving the OpenAI-compatible API over its engines.
 
@@ -84,7 +86,8 @@ def create_app(
     process (tests, benchmarks) share nothing. `operator_auth` decides who sees the
     tenant-labelled series on /metrics (None: nobody); `model_access` holds the
     registry's per-model tenant allow-lists (None: only keys and tenant limits restrict
-    models). `authenticator` is wrapped in the gateway's key cache unless it already is
+    models). `batch_api` serves /v1/files and /v1/batches, its runner running while the
+    app serves (None: those routes answer 404). `authenticator` is wrapped in the gateway's key cache unless it already is
     one (then it is used as it is).
     """
     served = _served_engines(engine_client, engines)
@@ -111,6 +114,7 @@ def create_app(
         responses=response_repository(settings),
         operator_auth=operator_auth,
         model_access=model_access,
+        batch_api=batch_api,
     )
 
     @asynccontextmanager
@@ -121,8 +125,12 @@ def create_app(
                 for client in served.values():
                     await client.start()
                     started.append(client)
+            if batch_api is not None:  # after the engines: it resumes unfinished batches
+                await batch_api.runner.start()
             yield
         finally:
+            if batch_api is not None:
+                await batch_api.runner.stop()
             await state.limits.close()
             await state.responses.close()
             await state.auth.drain()
@@ -146,8 +154,10 @@ def create_app(
     app = FastAPI(title="Cloister", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.cloister = state
     install_error_handlers(app)
-    for module in (chat, completions, responses, models, metrics):
+    for module in (chat, completions, responses, models, metrics, files, batches):
         app.router.routes.extend(module.routes)
+    if batch_api is not None:
+        batch_api.runner.attach(app)
     install_openapi(app)
     # Every response names its request (x-request-id), 500s and the admin routes included.
     install_request_ids(app, lambda: state.request_ids.next("req"))

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from fastapi import Response
 from starlette.requests import Request
 
+from engine.errors import EngineOverloadedError
 from engine.outputs import PositionLogprobs, StreamEvent
 from engine.request import EngineRequest
 from engine.structured.spec import StructuredSpec, StructuredSpecError
@@ -34,6 +36,7 @@ from gateway.tenant_kv import tenant_key
 from tenancy.principal import derive_cache_domain
 
 CLIENT_CLOSED = 499  # nginx's "client closed request": no response was sent
+T = TypeVar("T")
 
 
 class ClientDisconnectedError(GatewayError):
@@ -99,6 +102,13 @@ async def admit_and_submit(
         sequences=body.n * len(prompts),
         limit=principal.limits.max_tokens_in_flight,
     )
+    held = life.held_tokens
+    if held is not None:
+        # A retry on the fallback model runs under the first admission, which reserved
+        # the first try's prompt plus its max_tokens per sequence: no more output than
+        # that. A prompt of another length is settled at release, like any request.
+        first_try = (held - life.prompt_tokens) // (body.n * len(prompts))
+        max_tokens = max(1, min(max_tokens, first_try))
     constraint = structured_spec(body.extra_fields())
     if structured is not None:
         if constraint is not None:
@@ -141,12 +151,41 @@ async def admit_and_submit(
             cache=body.cache and not principal.never_cache,
             session=session_hint(body.user),
             adapter=life.adapter,
-            traffic_class="batch" if body.service_tier == "flex" else "interactive",
+            traffic_class="batch" if life.batch or body.service_tier == "flex" else "interactive",
         )
         for i, prompt in enumerate(prompts)
     ]
     streams = life.submit(requests)
     return Submitted(streams=streams, headers=headers, n=body.n)
+
+
+async def submit_with_fallback(life: RequestLifecycle, prepare: Callable[[], Awaitable[T]]) -> T:
+    """Runs `prepare`, a route's steps that depend on the resolved model (its tokenizer and
+    chat template, then `admit_and_submit`), and returns its result.
+
+    When the engine's queue refuses the request as overloaded and its model has a
+    fallback the request may use (`RequestLifecycle.overload_fallback`), `prepare` runs
+    once more on the fallback: tokenized again by its tokenizer, inside the admission
+    already held, so limits are charged once. The response then names the fallback and
+    the usage is metered as the fallback's. Should the fallback fail too, for whatever
+    reason, the client gets the first refusal (503), as without a fallback.
+    """
+    try:
+        return await prepare()
+    except EngineOverloadedError as refused:
+        fallback = life.overload_fallback()
+        if fallback is None:
+            raise
+        model = life.base_model
+        try:
+            await life.move_to(fallback)
+            result = await prepare()
+        except Exception:
+            await life.move_to(model)  # the refusal and its record name the model asked for
+            raise refused from None
+    life.span.set_attribute("cloister.fallback_from", model)
+    life.state.metrics.observe_fallback(model=model, fallback=fallback)
+    return result
 
 
 def choice_index(prompt_index: int, sample_index: int, n: int) -> int:

@@ -17,18 +17,21 @@ import time
 from collections.abc import AsyncIterator, Mapping
 
 import anyio
+from fastapi import Request
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, use_span
 
+from engine.errors import EngineOverloadedError
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest
 from gateway.access_log import log_access
 from gateway.adapters import split_model
+from gateway.batch_api.line_call import BATCH_LINE_SCOPE_KEY, BatchLineIdentity
 from gateway.engine_client import EngineClient
 from gateway.errors import ModelNotFoundError, status_of
 from gateway.model_access import AccessSnapshot
 from gateway.ratelimit_headers import rate_limit_headers
 from gateway.request_outcomes import OutcomeTracker
-from gateway.state import AppState
+from gateway.state import AppState, client_host
 from gateway.tokenize import ModelPrompts
 from gateway.tracing import extract_context
 from gateway.usage import UsageGuard, UsageRecord
@@ -85,6 +88,7 @@ class RequestLifecycle:
         self.model: str = ""  # as the request named it (echoed in the response)
         self.base_model: str = ""  # the served model (`model` less any ":adapter")
         self.adapter: str | None = None  # the LoRA adapter the request selected
+        self.batch = False  # a line of a tenant's batch (the Batch API), metered as such
         self._engine: EngineClient | None = None  # the engine of `model`, once resolved
         self.prompt_tokens = 0
         self.completion_tokens = 0
@@ -95,6 +99,8 @@ class RequestLifecycle:
         self.failure_status: int | None = None
         self._admission: Admission | None = None
         self._access: AccessSnapshot | None = None  # the registry's allow-lists, if any
+        # The engine's queue refused an interactive request of it at submit (overload).
+        self._queue_refused = False
         self._engine_ids: list[str] = []
         self._prompt_lens: dict[str, int] = {}  # engine id -> prompt tokens submitted
         self._processed: set[str] = set()  # engine ids the engine produced a token for
@@ -116,6 +122,9 @@ class RequestLifecycle:
         `source` is the client address: bad credentials are counted and audited by it."""
         self.source = source
         principal = await self.state.auth.authenticate(authorization, source=source)
+        return await self._authenticated(principal)
+
+    async def _authenticated(self, principal: Principal) -> Principal:
         self.principal = principal
         # The engine reports KV use by tenant id: metrics label it with this name.
         self.state.metrics.name_tenant(principal.tenant_id, principal.tenant_name)
@@ -123,6 +132,20 @@ class RequestLifecycle:
             self._access = await self.state.model_access.current()
         self.span.set_attribute("cloister.tenant_id", principal.tenant_id)
         return principal
+
+    async def authenticate_request(self, request: Request) -> Principal:
+        """The caller of `request`: its bearer key's principal; or, for a line of a tenant's
+        batch that the batch runner sends in-process, the principal the runner resolved
+        from the batch's key (an ASGI scope entry, which no client can set). A batch line
+        is metered as one and runs in the engine's batch traffic class."""
+        line = request.scope.get(BATCH_LINE_SCOPE_KEY)
+        if isinstance(line, BatchLineIdentity):
+            self.batch = True
+            self.span.set_attribute("cloister.batch_id", line.batch_id)
+            return await self._authenticated(line.principal)
+        return await self.authenticate(
+            request.headers.get("authorization"), source=client_host(request)
+        )
 
     def resolve_model(self, name: str) -> str:
         """404 for a model not served here, 403 for one this key, its tenant's limits or
@@ -223,6 +246,13 @@ class RequestLifecycle:
         assert self.principal is not None, "authenticate first"
         principal = self.principal
         self.prompt_tokens = prompt_tokens
+        if self.batch:
+            # A batch line never counts against the interactive RPM/TPM: its tokens were
+            # charged to the tenant's batch token budget when the batch was created.
+            return {}
+        if self._admission is not None:
+            # Moved to a fallback model: the first admission stands (limits charged once).
+            return rate_limit_headers(self._admission.requests, self._admission.tokens)
         metrics = self.state.metrics
         try:
             admission = await self.state.limits.acquire(
@@ -235,6 +265,46 @@ class RequestLifecycle:
         # limiter itself and exported at scrape time; see routes/metrics.py.
         self._admission = admission
         return rate_limit_headers(admission.requests, admission.tokens)
+
+    @property
+    def held_tokens(self) -> int | None:
+        """Tokens the limiter admission holds for this request (None: none held)."""
+        return None if self._admission is None else self._admission.reserved_tokens
+
+    def overload_fallback(self) -> str | None:
+        """The model to run this request on instead, once the engine's queue refused it as
+        overloaded: its model's registry fallback, when this gateway serves that, this key
+        and tenant may use it (as `resolve_model` checks, though unaudited: the caller never
+        asked for it), and the refused request was interactive, not a batch line and not
+        an adapter's. None otherwise."""
+        access, principal = self._access, self.principal
+        if not self._queue_refused or self.batch or self.adapter is not None:
+            return None
+        if access is None or principal is None:
+            return None
+        fallback = access.fallbacks.get(self.base_model)
+        if fallback is None or fallback not in self.state.engines:
+            return None
+        try:
+            check_model(principal, fallback)
+        except PermissionDeniedError:
+            return None
+        return fallback if access.allows(fallback, principal.tenant_id) else None
+
+    async def move_to(self, model: str) -> None:
+        """Points this request at served base model `model`, checked by the caller, after
+        aborting what the previous engine had queued of it (so engine ids start afresh);
+        the limiter admission stays held."""
+        for engine_id in self._engine_ids:
+            try:
+                await self.engine.abort(engine_id)
+            except Exception:
+                logger.exception("abort failed", extra={"request_id": engine_id})
+        self._engine_ids.clear()
+        self._prompt_lens.clear()
+        self._outcomes = OutcomeTracker()
+        self._queue_refused = False
+        self._resolved(model, model, self.state.engine_for(model))
 
     def engine_request_id(self, index: int, count: int) -> str:
         """The engine's id for prompt `index` of `count`: the request's id, suffixed if many."""
@@ -254,7 +324,11 @@ class RequestLifecycle:
             for request in requests:
                 # Raises InvalidRequestError / EngineOverloadedError with nothing queued for
                 # it; `close` aborts the earlier prompts' requests.
-                streams.append(self.engine.submit(request))
+                try:
+                    streams.append(self.engine.submit(request))
+                except EngineOverloadedError:
+                    self._queue_refused = request.traffic_class == "interactive"
+                    raise
                 self._engine_ids.append(request.request_id)
                 self._prompt_lens[request.request_id] = len(request.prompt_token_ids)
                 self._outcomes.submitted(request)
@@ -410,6 +484,10 @@ class RequestLifecycle:
             latency_s=latency,
             finish_reason=self.finish_reason,
         )
+        if self.batch and status == 499:
+            # The batch runner stopped this line (shutdown): the tenant received nothing,
+            # and the line runs again, under the same request id, after a restart.
+            return
         if principal is not None:
             record = UsageRecord(
                 request_id=self.request_id,
@@ -426,6 +504,7 @@ class RequestLifecycle:
                 status=status,
                 finish_reason=self.finish_reason,
                 client_disconnected=disconnected,
+                batch=self.batch,
             )
             if self.completed and status == 200:
                 # A complete response: durable (fsynced) before its last byte is sent.

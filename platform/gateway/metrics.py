@@ -170,6 +170,12 @@ class GatewayMetrics:
             "cloister_limiter_backend_errors", "Limiter backend failures.", registry=r
         )
         self.adapters = AdapterMetrics(r)  # adapter names are bounded: public labels
+        # Model names are bounded (the registry's): public labels, like the vllm series.
+        self.fallbacks = Counter(
+            "cloister:fallback_requests",
+            "Interactive requests refused by an overloaded model's engine, taken by its fallback.",
+            ["model_name", "fallback"], registry=r,
+        )  # fmt: skip
         # Engine replicas are named by their internal addresses: operators only.
         t, replica = self.tenant_registry, ["model_name", "replica"]
         self.replica_up = Gauge(
@@ -262,6 +268,10 @@ class GatewayMetrics:
     def observe_request(self, *, tenant: str, status: int, model: str) -> None:
         """Counts one finished request under its bounded tenant label."""
         self.requests.labels(self.tenants.label(tenant), str(status), model).inc()
+
+    def observe_fallback(self, *, model: str, fallback: str) -> None:
+        """Counts one request `model`'s overloaded engine refused and `fallback` took."""
+        self.fallbacks.labels(model, fallback).inc()
 
     def observe_rejection(self, *, tenant: str, reason: str) -> None:
         """Counts one limiter denial."""

@@ -11,7 +11,8 @@ like the key cache does:
 
 so a change made through the admin API is seen within `refresh_s` plus one read.
 The reader may answer a `RegistryView` instead, which adds each model's own
-`max_output_tokens` (the gateway applies it beside the key's; see gateway.params).
+`max_output_tokens` (the gateway applies it beside the key's; see gateway.params) and
+its overload fallback (see gateway.generation.submit_with_fallback).
 When the read fails (or takes longer than `read_timeout_s`) the last answer is kept
 and the failure logged; for `retry_s` no request waits on the registry again. A
 request is never answered 5xx for the registry's sake.
@@ -36,11 +37,13 @@ AccessMap = Mapping[str, frozenset[str] | None]
 
 @dataclass(frozen=True)
 class RegistryView:
-    """What the registry says per model: who may use it, and its output cap (model name ->
-    `max_output_tokens`; a model without one is capped by its context alone)."""
+    """What the registry says per model: who may use it, its output cap (model name ->
+    `max_output_tokens`; a model without one is capped by its context alone) and its
+    fallback under overload (model name -> the fallback model's name)."""
 
     allowed: AccessMap
     output_caps: Mapping[str, int] = field(default_factory=dict)
+    fallbacks: Mapping[str, str] = field(default_factory=dict)
 
 
 # Blocking (reads the database): run only in ModelAccess's own thread.
@@ -54,6 +57,7 @@ class AccessSnapshot:
     loaded_at: float
     allowed: AccessMap
     output_caps: Mapping[str, int] = field(default_factory=dict)
+    fallbacks: Mapping[str, str] = field(default_factory=dict)
 
     def allows(self, model: str, tenant_id: str) -> bool:
         """Whether the registry lets `tenant_id` use `model`."""
@@ -157,7 +161,8 @@ class ModelAccess:
 def _snapshot(at: float, answer: AccessMap | RegistryView) -> AccessSnapshot:
     if isinstance(answer, RegistryView):
         caps = MappingProxyType(dict(answer.output_caps))
-        return AccessSnapshot(at, _frozen(answer.allowed), caps)
+        fallbacks = MappingProxyType(dict(answer.fallbacks))
+        return AccessSnapshot(at, _frozen(answer.allowed), caps, fallbacks)
     return AccessSnapshot(at, _frozen(answer))
 
 

@@ -19,6 +19,8 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse
 from starlette.routing import Route
 
+from gateway.batch_api.openapi import MODELS as BATCH_MODELS
+from gateway.batch_api.openapi import batch_paths
 from gateway.schemas.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest
 from gateway.schemas.common import ErrorBody
 from gateway.schemas.completions import Completion, CompletionRequest
@@ -41,6 +43,7 @@ MODELS: tuple[type[BaseModel], ...] = (
     ResponseCreateRequest,
     ResponseObject,
     DeletedResponse,
+    *BATCH_MODELS,
 )
 # Statuses each kind of route can answer with an OpenAI error body.
 AUTHED_ERRORS = {"401": "No, invalid, expired or revoked key", "429": "A limit was reached"}
@@ -150,6 +153,7 @@ def gateway_paths() -> dict[str, Any]:
             "Create a text completion", CompletionRequest, Completion, Completion
         ),
         **_responses_paths(),
+        **batch_paths([{BEARER: []}], error_responses, AUTHED_ERRORS),
         "/v1/models": {
             "get": {
                 "summary": "List the models this key may use",

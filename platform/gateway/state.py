@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fastapi import Request
 from opentelemetry.trace import Tracer
@@ -19,6 +20,9 @@ from gateway.tokenize import PromptTokenizer
 from gateway.usage import UsageSink
 from server.settings import Settings
 from tenancy.unique_ids import UniqueIds
+
+if TYPE_CHECKING:
+    from gateway.batch_api.service import BatchApi
 
 __all__ = ["AppState", "AuthenticatorLike", "OperatorAuth", "app_state", "client_host"]
 
@@ -44,6 +48,7 @@ class AppState:
     responses: ResponseRepository  # stored /v1/responses, per tenant, expiring
     operator_auth: OperatorAuth | None = None  # None: tenant metrics are never served
     model_access: ModelAccess | None = None  # the registry's allow-lists; None: none apply
+    batch_api: BatchApi | None = None  # files and batches; None: no database, no Batch API
 
     @property
     def served_models(self) -> tuple[str, ...]:

@@ -35,6 +35,8 @@ class UsageRecord:
     # The client's x-request-id, if it sent a valid one: not unique (retries, other
     # tenants), so stored beside `request_id`, never as a key.
     client_request_id: str | None = None
+    # A line of a tenant's batch (the Batch API): billed at the model's batch price.
+    batch: bool = False
 
 
 class UsageSink(Protocol):

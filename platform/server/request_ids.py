@@ -38,6 +38,10 @@ MAX_CLIENT_ID_CHARS = 128
 _REQUEST_ID_BYTES = REQUEST_ID_HEADER.encode()
 _OWN_ID_BYTES = OWN_ID_HEADER.encode()
 STATE_KEY = "request_ids"  # in scope["state"], i.e. request.state.request_ids
+# An in-process caller (the batch runner) may fix the server's id of a request it sends
+# through the app, so that a retried call keeps its usage record's key. Only code in
+# this process can put a key in the ASGI scope; no client header reaches it.
+PINNED_ID_SCOPE_KEY = "cloister.pinned_request_id"
 _CLIENT_ID = re.compile(rf"[\x21-\x7e]{{1,{MAX_CLIENT_ID_CHARS}}}")
 _HTTP_METHODS = frozenset({"get", "put", "post", "delete", "patch", "head", "options", "trace"})
 _CURRENT: ContextVar[RequestIds | None] = ContextVar("cloister_request_ids", default=None)
@@ -57,10 +61,13 @@ class RequestIds:
     request (the gateway's lifecycle gives it a kind prefix such as `chatcmpl-`).
     """
 
-    def __init__(self, client: str | None, draw: Callable[[], str]) -> None:
+    def __init__(
+        self, client: str | None, draw: Callable[[], str], *, pinned: str | None = None
+    ) -> None:
         self.client = client
         self._draw = draw
-        self._own: str | None = None
+        self._own: str | None = pinned
+        self._pinned = pinned is not None
 
     @property
     def own(self) -> str:
@@ -70,7 +77,11 @@ class RequestIds:
         return self._own
 
     def assign(self, own: str) -> str:
-        """Makes `own` this request's id (before any response went out); returns it."""
+        """Makes `own` this request's id (before any response went out); returns it.
+
+        A pinned id (PINNED_ID_SCOPE_KEY) stays: it is returned instead."""
+        if self._pinned and self._own is not None:
+            return self._own
         self._own = own
         return own
 
@@ -112,7 +123,8 @@ class RequestIdMiddleware:
             if name == _REQUEST_ID_BYTES:
                 client = valid_client_id(value.decode("latin-1"))
                 break
-        ids = RequestIds(client, self._draw)
+        pinned = scope.get(PINNED_ID_SCOPE_KEY)
+        ids = RequestIds(client, self._draw, pinned=pinned if isinstance(pinned, str) else None)
         scope.setdefault("state", {})[STATE_KEY] = ids
 
         async def send_with_ids(message: Message) -> None:

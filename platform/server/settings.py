@@ -309,6 +309,19 @@ class Settings(BaseSettings):
     responses_max_chars: int = Field(default=200_000_000, ge=1)  # store-wide bytes (memory)
     responses_max_record_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     responses_max_bytes_per_tenant: int = Field(default=32 * 1024 * 1024, ge=1024)
+    # The Batch API (/v1/files, /v1/batches). Files live under <data_dir>/files. OpenAI's
+    # own caps are 200 MB and 50,000 lines per input file.
+    batch_max_file_bytes: int = Field(default=200 * 1024 * 1024, ge=1024)
+    batch_max_file_lines: int = Field(default=50_000, ge=1)
+    batch_max_files_per_tenant: int = Field(default=500, ge=1)
+    batch_max_bytes_per_tenant: int = Field(default=2 * 1024 * 1024 * 1024, ge=1024)
+    # A tenant's batch token budget: the estimated tokens (prompt bytes / 4 plus each
+    # line's output cap) of its batches not yet finished; a batch over it is refused.
+    batch_max_queued_tokens: int = Field(default=50_000_000, ge=1)
+    batch_concurrency: int = Field(default=8, ge=1, le=1024)  # lines in flight, all tenants
+    # How long a gateway's claim on a batch lasts unrenewed: after a crash, another gateway
+    # (or this one, restarted) takes the batch up once it lapses.
+    batch_lease_s: float = Field(default=30.0, ge=5.0, le=3600.0, allow_inf_nan=False)
     # How tool calls are written and parsed: auto picks the format from the chat
     # template; none refuses requests with tools.
     tool_parser: Literal["auto", "hermes", "llama3_json", "smollm2", "mistral", "none"] = "auto"

@@ -296,6 +296,7 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
     """
     from gateway.app import create_app
     from gateway.auth_cache import READ_THREADS, CachingAuthenticator
+    from gateway.batch_api.service import BatchApi
     from gateway.engine_client import InProcessEngineClient
     from tenancy.auth_throttle import FailureThrottle
     from tenancy.authenticator import Authenticator
@@ -350,6 +351,9 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
             statement_timeout_ms=timeout_ms,
         )
     )
+    # The Batch API's files, batches and line results: its own pool, so a batch's
+    # bookkeeping never waits on (or holds up) key reads or the admin API.
+    batch_sessions = make_session_factory(make_engine(url, pool_size=4, max_overflow=4))
     pepper = settings.key_pepper.get_secret_value()
     last_used = LastUsedWriter(writer_sessions, interval_s=max(1.0, settings.config_refresh_s))
     from admin.app import make_services
@@ -381,8 +385,9 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
     )
     # One cache (the gateway's): the inner Authenticator keeps none, so the revocation
     # window is config_refresh_s.
+    keys = Authenticator(gateway_sessions, pepper, refresh_s=0.0, last_used=last_used.start())
     authenticator = CachingAuthenticator(
-        Authenticator(gateway_sessions, pepper, refresh_s=0.0, last_used=last_used.start()),
+        keys,
         refresh_s=settings.config_refresh_s,
         max_stale_s=settings.auth_max_stale_s,
         read_timeout_s=settings.auth_read_timeout_s,
@@ -409,6 +414,9 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
         usage_sink=metering,
         operator_auth=operator_auth(services),  # who sees the tenant series on /metrics
         model_access=registry_model_access(settings, access_sessions),
+        # A batch's lines run as the key that created it, re-read (revoked? suspended?)
+        # each time the runner takes the batch up.
+        batch_api=BatchApi.from_settings(settings, batch_sessions, keys.principal_of_key),
     )
     # One process serves the admin API and its console next to the gateway.
     app.include_router(create_admin_router(services))
@@ -485,9 +493,9 @@ def with_server_logs(
 
 
 def registry_model_access(settings: Settings, sessions: sessionmaker[Session]) -> ModelAccess:
-    """The gateway's view of the registry's per-model tenant allow-lists and output caps,
-    read once now and then every `config_refresh_s` on its own thread (and `sessions`'
-    connection)."""
+    """The gateway's view of the registry's per-model tenant allow-lists, output caps and
+    overload fallbacks, read once now and then every `config_refresh_s` on its own thread
+    (and `sessions`' connection)."""
     from admin import registry
     from gateway.model_access import ModelAccess, RegistryView
 
@@ -495,7 +503,7 @@ def registry_model_access(settings: Settings, sessions: sessionmaker[Session]) -
         with sessions() as session:
             # Adapters as "base:adapter" entries: their owner (None: public).
             allowed = {**registry.allow_lists(session), **registry.adapter_allow_lists(session)}
-            return RegistryView(allowed, registry.output_caps(session))
+            return RegistryView(allowed, registry.output_caps(session), registry.fallbacks(session))
 
     return ModelAccess.load(
         read, refresh_s=settings.config_refresh_s, read_timeout_s=settings.auth_read_timeout_s

@@ -67,6 +67,14 @@ def _cells() -> list[Cell]:
         ),
         Cell(
             "GET",
+            "/tenants/{name}/batches",
+            lambda f, t: (f"{P}/tenants/{t}/batches", {}),
+            "aov",
+            OK,
+            HIDDEN,
+        ),
+        Cell(
+            "GET",
             "/tenants/{name}/spend",
             lambda f, t: (f"{P}/tenants/{t}/spend", {}),
             "aovf",

@@ -106,6 +106,8 @@ def test_engines_lists_in_process_and_each_remote_replica(env: AdminEnv) -> None
         "kv_capacity_tokens": 640,
         "num_running": 2,
         "num_waiting": 1,
+        "num_batch_running": 0,
+        "num_batch_waiting": 0,
         "kv_cache_usage": 0.25,
         "prefix_cache_queries": 8,
         "prefix_cache_hits": 3,
@@ -119,3 +121,21 @@ def test_engines_lists_in_process_and_each_remote_replica(env: AdminEnv) -> None
         assert (x["kv_capacity_tokens"], x["num_waiting"], x["alive"]) == (800, 4, True)
         # A remote engine's device is not known here, and no lookup means no hit rate.
         assert (x["device"], x["prefix_hit_rate"], x["public_cached_blocks"]) == (None, None, None)
+
+
+def test_the_engines_view_shows_the_batch_share_of_running_and_waiting(
+    env: AdminEnv,
+) -> None:
+    """GET /engines: of the running and waiting requests, the batch class's (Batch API
+    lines, service_tier flex), as the engine counts them."""
+    e = env
+    stats = idle_stats(num_running=3, num_waiting=5, num_batch_running=2, num_batch_waiting=4)
+    local = InProcessEngineClient(FixedStatsEngine(stats))
+    e.client.app.state.admin_engine_replicas = gateway_engine_replicas(  # type: ignore[attr-defined]
+        SimpleNamespace(engines={"local": local})
+    )
+    r = e.client.get(f"{P}/engines", headers=e.token("viewer"))
+    assert r.status_code == 200, r.text
+    [replica] = r.json()["models"][0]["replicas"]
+    assert (replica["num_running"], replica["num_batch_running"]) == (3, 2)
+    assert (replica["num_waiting"], replica["num_batch_waiting"]) == (5, 4)

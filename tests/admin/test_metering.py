@@ -203,13 +203,16 @@ DATABASES = ["sqlite", pytest.param("postgresql", marks=pytest.mark.services)]
 
 def _row(i: int, *, when: dt.datetime, **changes: Any) -> dict[str, Any]:
     record = _usage(i, i % 13)
-    return {**usage_row(record, when), "tenant_id": f"ten_{i % 3}", **changes}
+    # Every fifth row a batch line: rolled up apart from the interactive rows of its hour.
+    row = {**usage_row(record, when), "tenant_id": f"ten_{i % 3}", "batch": i % 5 == 0}
+    return {**row, **changes}
 
 
 def _hourly(engine: sa.Engine) -> dict[tuple[Any, ...], tuple[int, ...]]:
     with engine.connect() as c:
         rows = c.execute(sa.select(UsageHourly.__table__)).all()
-    return {tuple(r[:6]): tuple(r[6:]) for r in rows}  # (hour, tenant, key, model, adapter, status)
+    # (hour, tenant, key, model, adapter, status, batch)
+    return {tuple(r[:7]): tuple(r[7:]) for r in rows}
 
 
 def _hourly_from_raw(engine: sa.Engine) -> dict[tuple[Any, ...], tuple[int, ...]]:
@@ -224,6 +227,7 @@ def _hourly_from_raw(engine: sa.Engine) -> dict[tuple[Any, ...], tuple[int, ...]
                 r["model"],
                 r["adapter"],
                 r["status"],
+                r["batch"],
             )
             sums = out.setdefault(key, [0, 0, 0, 0, 0, 0])
             sums[0] += 1
@@ -243,10 +247,12 @@ def test_write_usage_counts_only_new_rows_and_keeps_rollups_exact(
         batch = [_row(i, when=hours[i % 6]) for i in range(40)]
         batch[5] = {**batch[5], "adapter": "lora-x", "ttft_s": None, "finish_reason": None}
         del batch[6]["adapter"]  # a spool row written before adapters existed
+        del batch[8]["batch"]  # one written before batch lines existed
         with sessions() as s:
             assert write_usage(s, batch) == 40
         after_first = _hourly(engine)
         assert after_first == _hourly_from_raw(engine)
+        assert {key[6] for key in after_first} == {False, True}  # batch rolled up apart
         assert sum(v[0] for v in after_first.values()) == 40
         # A replay, a batch that repeats an id, and a batch that mixes old and new rows.
         with sessions() as s:
@@ -267,6 +273,15 @@ def test_write_usage_counts_only_new_rows_and_keeps_rollups_exact(
         assert stored["req-7"].occurred_at == hours[1]
         assert stored["req-7"].cost_pico_usd == P.cost_pico_usd(
             prompt_tokens=10, cached_tokens=2, completion_tokens=7
+        )
+        assert not stored["req-7"].batch and not stored["req-8"].batch
+        # A batch line: half (the default discount) of what it would cost interactively.
+        assert stored["req-10"].batch
+        assert stored["req-10"].cost_pico_usd == P.cost_pico_usd(
+            prompt_tokens=10, cached_tokens=2, completion_tokens=10, batch=True
+        )
+        assert stored["req-10"].cost_pico_usd * 2 == P.cost_pico_usd(
+            prompt_tokens=10, cached_tokens=2, completion_tokens=10
         )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -427,6 +428,48 @@ def test_models_page_shows_each_adapters_engine_state_owner_and_traffic(
     wrap = page.locator(".table-wrap", has=adapters)
     overflow = wrap.evaluate("(w) => w.scrollWidth - w.clientWidth")
     assert overflow <= 0, f"the Adapters table is {overflow} px wider than its card"
+    admin.assert_no_errors()
+
+
+def test_tenant_page_shows_its_batches_progress(admin: Console) -> None:
+    """A batch sent with the openai SDK appears on the tenant page's "Batches" card with
+    its lines done against the total, as GET /tenants/{name}/batches reports it."""
+    server = admin.server
+    client = _client(server, server.state["key"])
+    lines = "".join(
+        json.dumps(
+            {
+                "custom_id": f"c{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {
+                    "model": "tiny",
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 2,
+                },
+            }
+        )
+        + "\n"
+        for i in range(3)
+    )
+    upload = client.files.create(file=("b.jsonl", lines.encode()), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    deadline = time.monotonic() + 60
+    while client.batches.retrieve(batch.id).status != "completed":
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    [row] = server.api("GET", f"/tenants/{TENANT}/batches").json()["items"]
+    assert row["id"] == batch.id and row["completed_lines"] == 3 and row["total_lines"] == 3
+    admin.go(f"/tenants/{TENANT}")
+    panel = admin.page.locator("#tenant-batches")
+    expect(panel.get_by_role("table", name="Batches")).to_contain_text(batch.id)
+    meter = panel.get_by_role("meter", name=f"Lines done of batch {batch.id}")
+    expect(meter).to_have_attribute("aria-valuenow", "3")
+    expect(meter).to_have_attribute("aria-valuemax", "3")
+    panel.scroll_into_view_if_needed()
+    admin.shot("05c-batches")
     admin.assert_no_errors()
 
 

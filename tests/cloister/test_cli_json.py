@@ -59,6 +59,7 @@ JSON_COMMANDS: dict[str, list[str]] = {
     "prefixes publish": ["p1", "--model", "m", "--token-ids", "1,2,3"],
     "prefixes list": [],
     "prefixes withdraw": ["old"],
+    "batches list": ["acme"],
     "models list": [],
     "models set": ["m", "--max-output-tokens", "32"],
     "admin create-token": ["--role", "viewer"],

@@ -8,6 +8,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 import admin.models  # noqa: F401  (registers the admin tables on the shared metadata)
+import gateway.batch_api.tables  # noqa: F401  (and the Batch API's)
 from tenancy.db import downgrade_database, make_engine, upgrade_database
 from tenancy.models import Base
 from tests.utils.schema import table_names

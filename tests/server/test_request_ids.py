@@ -16,6 +16,7 @@ from server.logging_setup import configure_logging
 from server.request_ids import (
     OWN_ID_HEADER,
     REQUEST_ID_HEADER,
+    RequestIds,
     current_request_ids,
     install_request_ids,
     valid_client_id,
@@ -95,3 +96,12 @@ def test_no_client_id_echoes_the_servers(client: TestClient) -> None:
     r = client.get("/ok", headers={REQUEST_ID_HEADER: "x" * 200})
     assert r.json()["client"] is None
     assert r.headers[REQUEST_ID_HEADER] == r.headers[OWN_ID_HEADER] == r.json()["own"]
+
+
+def test_a_pinned_id_survives_the_routes_assignment() -> None:
+    """An in-process caller (the batch runner) fixes the id through the ASGI scope; the
+    route's own `assign` then keeps it, so a retried line keeps its usage record's key."""
+    ids = RequestIds(None, lambda: "drawn", pinned="batch_req_abc_3")
+    assert ids.assign("chatcmpl-new") == "batch_req_abc_3" == ids.own
+    free = RequestIds(None, lambda: "drawn")
+    assert free.assign("chatcmpl-new") == "chatcmpl-new" == free.own

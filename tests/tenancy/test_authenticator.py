@@ -97,3 +97,27 @@ def test_limit_changes_picked_up(session_factory: sessionmaker[Session], acme: s
         store.set_limits(s, tenant_name="acme", rpm=3)
     clock.t += 2.0
     assert auth.authenticate(acme).limits.rpm == 3
+
+
+def test_principal_of_key_reads_the_key_now_and_refuses_it_once_unusable(
+    session_factory: sessionmaker[Session], acme: str
+) -> None:
+    """The batch runner's lookup by key id: the same principal as the bearer's, and the
+    same refusals once the key is revoked or its tenant suspended (no cache to outlive)."""
+    auth = Authenticator(session_factory, PEPPER, refresh_s=60.0)
+    principal = auth.authenticate(acme)
+    assert auth.principal_of_key(principal.key_id) == principal
+    with pytest.raises(AuthenticationError) as missing:
+        auth.principal_of_key("key_nope")
+    assert missing.value.reason == "invalid"
+    with session_factory() as s:
+        store.set_tenant_status(s, name="acme", status="suspended")
+    with pytest.raises(AuthenticationError) as suspended:
+        auth.principal_of_key(principal.key_id)
+    assert suspended.value.reason == "suspended"
+    with session_factory() as s:
+        store.set_tenant_status(s, name="acme", status="active")
+        store.revoke_key(s, key_id=principal.key_id)
+    with pytest.raises(AuthenticationError) as revoked:
+        auth.principal_of_key(principal.key_id)
+    assert revoked.value.reason == "revoked"

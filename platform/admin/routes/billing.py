@@ -26,7 +26,8 @@ def billing_export(
     ctx: Ctx, period: str, format: str = "csv", tenant_id: str | None = None
 ) -> PlainTextResponse:
     """A period's statement (YYYY-MM or YYYY-MM-DD) as CSV or JSON lines: a period row,
-    billable, unpriced and not-billed lines, per-tenant and grand totals."""
+    billable, unpriced and not-billed lines (batch lines apart, at their batch discount),
+    per-tenant and grand totals."""
     tenant = ctx.scoped_tenant(tenant_id)
     if format not in MEDIA:
         raise HTTPException(400, "format must be csv or jsonl")

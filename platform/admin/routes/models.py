@@ -57,6 +57,7 @@ def register_model(ctx: Ctx, body: ModelCreate) -> ModelPublic:
             revision=body.revision,
             prices=prices,
             allowed_tenants=body.allowed_tenants,
+            fallback_model=body.fallback_model,
         ),
         detail=lambda m: {"after": model_public(ctx.session, m).model_dump(mode="json")},
     )
@@ -71,8 +72,9 @@ def get_model(ctx: Ctx, name: str) -> ModelDetail:
 
 @router.patch("/{name}", dependencies=[allow(PLATFORM_WRITE)])
 def update_model(ctx: Ctx, name: str, body: ModelUpdate) -> ModelPublic:
-    """Changes status (registered, loaded, retired), the tenant allow-list or the model's
-    `max_output_tokens` (null: its context length)."""
+    """Changes status (registered, loaded, retired), the tenant allow-list, the model's
+    `max_output_tokens` (null: its context length) or its `fallback_model` (null: none;
+    a 400 for an unknown model, the model itself or a cycle)."""
     try:
         before: ModelPublic | None = model_public(
             ctx.session, registry.get_model(ctx.session, name)
@@ -93,6 +95,9 @@ def update_model(ctx: Ctx, name: str, body: ModelUpdate) -> ModelPublic:
                 if "max_output_tokens" in body.model_fields_set
                 else registry.KEEP
             ),
+            fallback_model=(
+                body.fallback_model if "fallback_model" in body.model_fields_set else registry.KEEP
+            ),
         ),
         detail=lambda m: changed(before, model_public(ctx.session, m)) if before else {},
     )
@@ -102,7 +107,9 @@ def update_model(ctx: Ctx, name: str, body: ModelUpdate) -> ModelPublic:
 @router.post("/{name}/prices", status_code=201, dependencies=[allow(PLATFORM_WRITE)])
 def set_price(ctx: Ctx, name: str, body: PriceCreate) -> ModelDetail:
     """Adds a price from `effective_from`; usage before it keeps the old price."""
-    prices = registry.Prices(body.input_price, body.cached_input_price, body.output_price)
+    prices = registry.Prices(
+        body.input_price, body.cached_input_price, body.output_price, body.batch_discount_pct
+    )
     try:
         old = model_public(ctx.session, registry.get_model(ctx.session, name)).price
     except NotFoundError as exc:  # audited like any refused write

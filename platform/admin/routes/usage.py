@@ -32,8 +32,10 @@ def usage(
     model: str | None = None,
     adapter: str | None = None,
     by_key: bool = False,
+    batch: bool | None = None,
 ) -> UsagePublic:
-    """Usage per hour or day, by tenant, key, model or adapter (a tenant-admin: its own)."""
+    """Usage per hour or day, by tenant, key, model or adapter (a tenant-admin: its own);
+    batch lines (the Batch API) apart from interactive ones, or only one kind (`batch`)."""
     tenant = ctx.scoped_tenant(tenant_id)
     if start.tzinfo is None or end.tzinfo is None:
         raise HTTPException(400, "start and end need a time zone")
@@ -47,6 +49,7 @@ def usage(
         model=model,
         adapter=adapter,
         by_key=by_key,
+        batch=batch,
     )
     return UsagePublic(
         items=[UsageBucketPublic(**dataclasses.asdict(b), unpriced=b.unpriced) for b in buckets]

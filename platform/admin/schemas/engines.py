@@ -17,6 +17,9 @@ class EngineReplica(BaseModel):
     kv_capacity_tokens: int  # num_blocks * block_size
     num_running: int
     num_waiting: int
+    # Of num_running and num_waiting, the batch class's (Batch API lines, service_tier flex).
+    num_batch_running: int = 0
+    num_batch_waiting: int = 0
     kv_cache_usage: float  # 0..1
     prefix_cache_queries: int  # prompt tokens looked up in the prefix cache, cumulative
     prefix_cache_hits: int  # of those, tokens served from it

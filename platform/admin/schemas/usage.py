@@ -16,6 +16,7 @@ class UsageBucketPublic(BaseModel):
     model: str
     adapter: str
     status: int  # the HTTP status; refused requests carry zero tokens and cost
+    batch: bool  # batch lines (the Batch API), at the batch price; interactive apart
     requests: int
     prompt_tokens: int
     cached_tokens: int
@@ -48,3 +49,4 @@ class UsageRecordPublic(BaseModel):
     status: int
     finish_reason: str | None
     client_disconnected: bool
+    batch: bool  # a line of a batch (the Batch API), billed at the batch price

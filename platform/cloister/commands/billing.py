@@ -37,8 +37,9 @@ def _period(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @json_option
 @storage_options
 def export(period: str, fmt: str, tenant: str | None, output: Path | None, as_json: bool) -> None:
-    """A period header, lines per tenant x model x adapter x status x unit prices (billable,
-    unpriced and not-billed sections), per-tenant and grand totals; see admin/billing_export.py.
+    """A period header, lines per tenant x model x adapter x status x batch x unit prices
+    (billable, unpriced and not-billed sections; batch lines at the price's batch discount),
+    per-tenant and grand totals; see admin/billing_export.py.
 
     With --json: one document, {"period", "tenant", "records": [the JSON lines' objects]}.
     """

@@ -1,8 +1,8 @@
-"""`cloister models ...`: list registered models, set a model's output cap, and list
-the model families the engine runs.
+"""`cloister models ...`: list registered models, set a model's output cap or its
+fallback under overload, and list the model families the engine runs.
 
 A running server applies a changed cap within its refresh interval, beside each key's
-own `max_output_tokens` (the smaller one wins).
+own `max_output_tokens` (the smaller one wins); a changed fallback likewise.
 """
 
 from __future__ import annotations
@@ -11,7 +11,14 @@ from typing import Any
 
 import click
 
-from cloister.cli_context import Cleared, NoneOr, echo_result, json_option, storage_options
+from cloister.cli_context import (
+    Cleared,
+    InvalidArgument,
+    NoneOr,
+    echo_result,
+    json_option,
+    storage_options,
+)
 from cloister.cli_db import open_session
 from cloister.commands.cli_audit import audit_change
 
@@ -26,12 +33,13 @@ def model_dict(row: Any) -> dict[str, Any]:
         "status": row.status,
         "max_output_tokens": row.max_output_tokens,
         "allowed_tenants": row.allowed_tenants,
+        "fallback_model": row.fallback_model,
     }
 
 
 @click.group("models")
 def models() -> None:
-    """Registered models and their output caps."""
+    """Registered models, their output caps and fallbacks."""
 
 
 @models.command("list")
@@ -45,10 +53,11 @@ def list_(as_json: bool) -> None:
         rows = [model_dict(m) for m in registry.list_models(session)]
 
     def text() -> str:
-        lines = [f"{'NAME':<32} {'STATUS':<11} {'CONTEXT':>8} MAX OUTPUT"]
+        lines = [f"{'NAME':<32} {'STATUS':<11} {'CONTEXT':>8} {'MAX OUTPUT':<10} FALLBACK"]
         lines += [
             f"{r['name']:<32} {r['status']:<11} {r['context_length']:>8} "
-            + ("context" if r["max_output_tokens"] is None else str(r["max_output_tokens"]))
+            + f"{'context' if r['max_output_tokens'] is None else r['max_output_tokens']:<10} "
+            + (r["fallback_model"] or "-")
             for r in rows
         ]
         return "\n".join(lines)
@@ -61,28 +70,47 @@ def list_(as_json: bool) -> None:
 @click.option(
     "--max-output-tokens",
     type=NoneOr(click.INT),
-    required=True,
     help="Most output tokens one request may ask of the model (none: its context length).",
+)
+@click.option(
+    "--fallback-model",
+    type=NoneOr(click.STRING),
+    help="A registered model that answers, once, an interactive request this model's engine "
+    "refuses as overloaded (none: no fallback).",
 )
 @json_option
 @storage_options
-def set_(name: str, max_output_tokens: int | Cleared, as_json: bool) -> None:
-    """Set a registered model's output cap (1 to 10**7, at most its context length)."""
+def set_(
+    name: str,
+    max_output_tokens: int | Cleared | None,
+    fallback_model: str | Cleared | None,
+    as_json: bool,
+) -> None:
+    """Set a registered model's output cap (1 to 10**7, at most its context length) or its
+    fallback under overload (another registered model, never a cycle)."""
     from admin import registry
 
-    value = None if isinstance(max_output_tokens, Cleared) else max_output_tokens
+    given = {"max_output_tokens": max_output_tokens, "fallback_model": fallback_model}
+    changed: dict[str, Any] = {
+        k: None if isinstance(v, Cleared) else v for k, v in given.items() if v is not None
+    }
+    if not changed:
+        raise InvalidArgument("nothing to change: give --max-output-tokens or --fallback-model")
     with open_session() as (settings, session):
-        row = registry.update_model(session, name=name, max_output_tokens=value)
-        audit_change(session, settings, "model.update", f"models/{name}", max_output_tokens=value)
+        row = registry.update_model(session, name=name, **changed)
+        audit_change(session, settings, "model.update", f"models/{name}", **changed)
         data = model_dict(row)
-    echo_result(
-        data,
-        as_json,
-        lambda: (
-            f"model {name}: max output tokens "
-            + ("the context length" if value is None else str(value))
-        ),
-    )
+
+    def text() -> str:
+        parts = []
+        if "max_output_tokens" in changed:
+            cap = changed["max_output_tokens"]
+            parts.append("max output tokens " + ("the context length" if cap is None else str(cap)))
+        if "fallback_model" in changed:
+            parts.append(f"fallback {changed['fallback_model'] or 'none'}")
+        return f"model {name}: " + ", ".join(parts)
+
+    echo_result(data, as_json, text)
 
 
 commands: list[click.Command] = [models]

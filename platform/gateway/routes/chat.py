@@ -19,6 +19,7 @@ from gateway.generation import (
     collect,
     settled_on_error,
     stream_response,
+    submit_with_fallback,
 )
 from gateway.lifecycle import RequestLifecycle
 from gateway.params import vet_extra_fields
@@ -46,7 +47,7 @@ from gateway.sse import (
     sse_event,
     sse_model,
 )
-from gateway.state import app_state, client_host
+from gateway.state import app_state
 from gateway.tools import StreamingToolParser, render_chat, tool_call_grammar
 from gateway.tools.chat_reply import (
     ChatTooling,
@@ -103,6 +104,35 @@ async def _prompt_ids(
     )
 
 
+async def _submit(
+    life: RequestLifecycle, body: ChatCompletionRequest
+) -> tuple[ChatTooling, Submitted]:
+    """The steps that depend on the resolved model (its chat template and tokenizer):
+    run again on a fallback model (gateway.generation.submit_with_fallback)."""
+    tooling = chat_tooling(
+        body,
+        setting=life.state.settings.tool_parser,
+        chat_template=getattr(life.prompts.tokenizer, "chat_template", None),
+    )
+    if body.max_tokens is not None and body.max_completion_tokens is not None:
+        raise InvalidParameterError(
+            "give max_tokens or max_completion_tokens, not both", param="max_tokens"
+        )
+    requested = body.max_completion_tokens or body.max_tokens
+    param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+    grammar = tool_call_grammar(tooling.request, tooling.parser)
+    submitted = await admit_and_submit(
+        life,
+        body,
+        [await _prompt_ids(life, body, tooling)],
+        requested_max_tokens=requested,
+        max_tokens_param=param,
+        logprobs=_engine_logprobs(body),
+        structured=None if grammar is None else (grammar, "tools"),
+    )
+    return tooling, submitted
+
+
 async def create_chat_completion(request: Request) -> Response:
     """Creates a model response for a conversation; streamed as SSE with stream=true."""
     life = RequestLifecycle(
@@ -112,31 +142,11 @@ async def create_chat_completion(request: Request) -> Response:
         ids=request_ids_of(request),
     )
     async with settled_on_error(life):
-        await life.authenticate(request.headers.get("authorization"), source=client_host(request))
+        await life.authenticate_request(request)
         body = await parse_body(request, ChatCompletionRequest)
         life.resolve_model(body.model)
         vet_extra_fields(body.extra_fields())
-        tooling = chat_tooling(
-            body,
-            setting=life.state.settings.tool_parser,
-            chat_template=getattr(life.prompts.tokenizer, "chat_template", None),
-        )
-        if body.max_tokens is not None and body.max_completion_tokens is not None:
-            raise InvalidParameterError(
-                "give max_tokens or max_completion_tokens, not both", param="max_tokens"
-            )
-        requested = body.max_completion_tokens or body.max_tokens
-        param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
-        grammar = tool_call_grammar(tooling.request, tooling.parser)
-        submitted = await admit_and_submit(
-            life,
-            body,
-            [await _prompt_ids(life, body, tooling)],
-            requested_max_tokens=requested,
-            max_tokens_param=param,
-            logprobs=_engine_logprobs(body),
-            structured=None if grammar is None else (grammar, "tools"),
-        )
+        tooling, submitted = await submit_with_fallback(life, lambda: _submit(life, body))
         reasoning = reasoning_enabled(
             life.state.settings.reasoning_parser,
             getattr(life.prompts.tokenizer, "chat_template", None),

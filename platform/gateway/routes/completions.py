@@ -19,6 +19,7 @@ from gateway.generation import (
     collect,
     settled_on_error,
     stream_response,
+    submit_with_fallback,
 )
 from gateway.lifecycle import RequestLifecycle
 from gateway.params import vet_extra_fields
@@ -35,7 +36,7 @@ from gateway.sse import (
     sse_event,
     sse_model,
 )
-from gateway.state import app_state, client_host
+from gateway.state import app_state
 from server.request_ids import request_ids_of
 
 MAX_PROMPTS = 64
@@ -93,6 +94,19 @@ async def _prompts(life: RequestLifecycle, body: CompletionRequest) -> list[list
     return prompts
 
 
+async def _submit(life: RequestLifecycle, body: CompletionRequest) -> Submitted:
+    """Tokenizes with the resolved model's tokenizer and submits: run again on a fallback
+    model (gateway.generation.submit_with_fallback)."""
+    return await admit_and_submit(
+        life,
+        body,
+        await _prompts(life, body),
+        requested_max_tokens=body.max_tokens,
+        max_tokens_param="max_tokens",
+        logprobs=body.logprobs,
+    )
+
+
 def _vet_legacy(body: CompletionRequest) -> None:
     if body.echo:
         raise InvalidParameterError("echo is not supported", param="echo", code="unsupported")
@@ -111,19 +125,12 @@ async def create_completion(request: Request) -> Response:
         ids=request_ids_of(request),
     )
     async with settled_on_error(life):
-        await life.authenticate(request.headers.get("authorization"), source=client_host(request))
+        await life.authenticate_request(request)
         body = await parse_body(request, CompletionRequest)
         life.resolve_model(body.model)
         vet_extra_fields(body.extra_fields())
         _vet_legacy(body)
-        submitted = await admit_and_submit(
-            life,
-            body,
-            await _prompts(life, body),
-            requested_max_tokens=body.max_tokens,
-            max_tokens_param="max_tokens",
-            logprobs=body.logprobs,
-        )
+        submitted = await submit_with_fallback(life, lambda: _submit(life, body))
         if body.stream:
             return stream_response(life, _stream(life, body, submitted), submitted)
         choices = await collect(life, submitted, request)

@@ -32,7 +32,13 @@ from starlette.routing import Route
 from engine.errors import InvalidRequestError
 from gateway.body import parse_body
 from gateway.errors import GatewayError, InvalidParameterError, stream_error_body
-from gateway.generation import Submitted, admit_and_submit, collect, settled_on_error
+from gateway.generation import (
+    Submitted,
+    admit_and_submit,
+    collect,
+    settled_on_error,
+    submit_with_fallback,
+)
 from gateway.generation import stream_response as settling_stream
 from gateway.lifecycle import RequestLifecycle
 from gateway.response_render import ResponseDraft, ResponseEvents
@@ -257,6 +263,43 @@ async def _store(
     return final if stored else final.model_copy(update={"store": False})
 
 
+async def _submit(
+    life: RequestLifecycle,
+    body: ResponseCreateRequest,
+    previous: Sequence[Turn],
+    turns: Sequence[Turn],
+) -> tuple[ChatTooling, ResponseDraft, Submitted]:
+    """The steps that depend on the resolved model (its name in the response, its chat
+    template and tokenizer): run again on a fallback model
+    (gateway.generation.submit_with_fallback)."""
+    assert life.principal is not None, "authenticate first"
+    tooling = _tooling(life, body)
+    draft = _draft(life, body)
+    if draft.store:
+        _check_record_size(life, body, previous, turns, draft)
+    with _prompt_errors_name_input():
+        rendered = render_chat(
+            [dict(t) for t in with_instructions(body.instructions, [*previous, *turns])],
+            tooling.request,
+            tooling.parser,
+            chat_template=_template(life),
+        )
+        prompt = await life.prompts.encode_chat(
+            life.principal.tenant_id, rendered.messages, tools=rendered.tools
+        )
+        grammar = tool_call_grammar(tooling.request, tooling.parser)
+        submitted = await admit_and_submit(
+            life,
+            _sampling(body),
+            [prompt],
+            requested_max_tokens=body.max_output_tokens,
+            max_tokens_param="max_output_tokens",
+            logprobs=None,
+            structured=None if grammar is None else (grammar, "tools"),
+        )
+    return tooling, draft, submitted
+
+
 async def create_response(request: Request) -> Response:
     """Creates a model response; streamed as typed server-sent events with stream=true."""
     state = app_state(request)
@@ -267,39 +310,17 @@ async def create_response(request: Request) -> Response:
         request_id=f"resp_{state.request_ids.next()}",
     )
     async with settled_on_error(life):
-        principal = await life.authenticate(
-            request.headers.get("authorization"), source=client_host(request)
-        )
+        principal = await life.authenticate_request(request)
         body = await parse_body(request, ResponseCreateRequest)
         life.resolve_model(body.model)
         vet_response_request(body)
-        tooling = _tooling(life, body)
+        _tooling(life, body)  # tools the model cannot call are refused before the input
         turns = input_turns(body.input)
         previous = await _previous(state, principal.tenant_id, body.previous_response_id)
         history = [*previous, *turns]
-        draft = _draft(life, body)
-        if draft.store:
-            _check_record_size(life, body, previous, turns, draft)
-        with _prompt_errors_name_input():
-            rendered = render_chat(
-                [dict(t) for t in with_instructions(body.instructions, history)],
-                tooling.request,
-                tooling.parser,
-                chat_template=_template(life),
-            )
-            prompt = await life.prompts.encode_chat(
-                principal.tenant_id, rendered.messages, tools=rendered.tools
-            )
-            grammar = tool_call_grammar(tooling.request, tooling.parser)
-            submitted = await admit_and_submit(
-                life,
-                _sampling(body),
-                [prompt],
-                requested_max_tokens=body.max_output_tokens,
-                max_tokens_param="max_output_tokens",
-                logprobs=None,
-                structured=None if grammar is None else (grammar, "tools"),
-            )
+        tooling, draft, submitted = await submit_with_fallback(
+            life, lambda: _submit(life, body, previous, turns)
+        )
         if body.stream:
             chunks = _stream(life, history, draft, submitted, tooling)
             return settling_stream(life, chunks, submitted)

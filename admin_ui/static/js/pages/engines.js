@@ -10,13 +10,16 @@ function capacity(r) {
   return `${fmtNum(r.num_blocks)} × ${fmtNum(r.block_size)} = ${fmtNum(r.kv_capacity_tokens)} tokens`;
 }
 
+// A count with its batch-class part (Batch API lines, service_tier flex), when there is one.
+const withBatch = (all, batch) => (batch ? `${fmtNum(all)} (${fmtNum(batch)} batch)` : fmtNum(all));
+
 const columns = [
   { title: "Replica", key: "replica", wrap: true },
   { title: "State", render: (r) => statusPill(r.alive ? "serving" : "down") },
   { title: "Device · dtype", render: (r) => [r.device, r.dtype].filter(Boolean).join(" · ") || "—" },
   { title: "KV capacity (blocks × size)", render: capacity },
-  { title: "Running", key: "num_running", num: true },
-  { title: "Waiting", key: "num_waiting", num: true },
+  { title: "Running", render: (r) => withBatch(r.num_running, r.num_batch_running), num: true },
+  { title: "Waiting", render: (r) => withBatch(r.num_waiting, r.num_batch_waiting), num: true },
   { title: "KV used", render: (r) => pct(r.kv_cache_usage), num: true },
   { title: "Prefix-cache hits", render: (r) => pct(r.prefix_hit_rate), num: true },
 ];

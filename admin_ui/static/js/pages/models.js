@@ -5,19 +5,30 @@ import { attempt, card, confirmAction, el, field, fmtNum, fmtTime, isoField, par
 const usdPerM = (micros) => (micros === null || micros === undefined ? "—" : `$${(micros / 1e6).toFixed(4)}`);
 const toMicros = (usd) => Math.round(Number(usd || 0) * 1e6);
 
-// A model's prices in force, or the unpriced pill (its usage is billed $0 and marked).
+// A model's prices in force and its batch discount, or the unpriced pill (its usage is
+// billed $0 and marked).
 function priceCell(m) {
   if (!m.price) return el("span", { class: "status unpriced", title: "usage is billed $0 and marked unpriced until a price is set" }, "unpriced");
-  return [m.price.input_price, m.price.cached_input_price, m.price.output_price].map(usdPerM).join(" · ");
+  const unit = [m.price.input_price, m.price.cached_input_price, m.price.output_price].map(usdPerM).join(" · ");
+  // The discount on a line of its own: a wider cell would push actions out of 1280 px.
+  return el("span", {}, unit, el("br"), el("span", { class: "muted" }, `batch lines −${m.price.batch_discount_pct}%`));
 }
 
+// The three unit prices and the batch discount (the Batch API's lines cost that much less).
 function priceFields(prefix) {
+  const discount = field("Batch discount, %", { name: `${prefix}_batch_discount`, type: "number", min: "0", step: "1", value: "50",
+    help: "Taken off batch lines' cost; 0 to 100." });
+  discount.input.max = "100";
   return [
     field("Input, USD per 1M tokens", { name: `${prefix}_input`, type: "number", min: "0", step: "0.000001", value: "0" }),
     field("Cached input, USD per 1M", { name: `${prefix}_cached`, type: "number", min: "0", step: "0.000001", value: "0" }),
     field("Output, USD per 1M tokens", { name: `${prefix}_output`, type: "number", min: "0", step: "0.000001", value: "0" }),
+    discount,
   ];
 }
+
+// The discount as typed: a whole number the API checks (0 to 100), sent as it is.
+const toPct = (text) => (text === "" ? 50 : Number(text));
 
 function registerForm(reload) {
   const name = field("Model name", { name: "model_name", required: true });
@@ -32,6 +43,7 @@ function registerForm(reload) {
       name: name.input.value.trim(), source: source.input.value.trim(), format: format.input.value,
       context_length: Number(ctxLen.input.value), input_price: toMicros(prices[0].input.value),
       cached_input_price: toMicros(prices[1].input.value), output_price: toMicros(prices[2].input.value),
+      batch_discount_pct: toPct(prices[3].input.value),
     }), (err) => name.setError(err.message));
     if (m) reload(`Model ${m.name} is registered.`);
   } }, el("div", { class: "row" }, name, source, format, ctxLen, prices, el("button", { type: "submit" }, "Register model")));
@@ -57,18 +69,29 @@ function accessAndPriceForms(models, reload) {
 
   const pmodel = field("Model", { name: "price_model", options: names });
   const prices = priceFields("set");
+  // A new price starts from the chosen model's discount in force, so that changing its
+  // token prices does not reset the discount by accident.
+  const fillDiscount = () => {
+    const m = models.find((x) => x.name === pmodel.input.value);
+    prices[3].input.value = m && m.price ? String(m.price.batch_discount_pct) : "50";
+  };
+  pmodel.input.addEventListener("change", fillDiscount);
+  fillDiscount();
   const from = isoField("Effective from (UTC)", { name: "effective_from", withTime: true, help: "yyyy-mm-dd hh:mm; empty: now." });
   const price = el("form", { "aria-label": "Set prices", onsubmit: async (e) => {
     e.preventDefault();
     from.setError("");
     const when = parseIsoMinute(from.input.value);
     if (when === undefined) { from.setError("Give a UTC time as yyyy-mm-dd hh:mm."); return; }
-    const body = { input_price: toMicros(prices[0].input.value), cached_input_price: toMicros(prices[1].input.value), output_price: toMicros(prices[2].input.value) };
+    const body = { input_price: toMicros(prices[0].input.value), cached_input_price: toMicros(prices[1].input.value), output_price: toMicros(prices[2].input.value),
+      batch_discount_pct: toPct(prices[3].input.value) };
     if (when) body.effective_from = when;
-    const ok = await attempt(() => api.post(`/models/${encodeURIComponent(pmodel.input.value)}/prices`, body), (err) => from.setError(err.message));
+    const ok = await attempt(() => api.post(`/models/${encodeURIComponent(pmodel.input.value)}/prices`, body),
+      (err) => (err.message.includes("batch_discount_pct") ? prices[3] : from).setError(err.message));
     if (ok) reload(`New prices for ${ok.name} are saved.`);
   } }, el("div", { class: "row" }, pmodel, prices, from, el("button", { type: "submit" }, "Set prices")));
-  return [card("Private or public", access), card("Prices", price), card("Output cap", outputCapForm(models, reload))];
+  return [card("Private or public", access), card("Prices", price), card("Output cap", outputCapForm(models, reload)),
+    card("Fallback under overload", fallbackForm(models, reload))];
 }
 
 // A model's own max_output_tokens: requests get the smaller of it and their key's cap.
@@ -90,6 +113,28 @@ function outputCapForm(models, reload) {
     const ok = await attempt(() => api.patch(`/models/${encodeURIComponent(which.input.value)}`, body), (err) => cap.setError(err.message));
     if (ok) reload(`${ok.name}: max output tokens ${ok.max_output_tokens ?? "= context length"}.`);
   } }, el("div", { class: "row" }, which, cap, el("button", { type: "submit" }, "Save output cap")));
+}
+
+// A model's fallback: the gateway retries an interactive request there, once, when this
+// model's engine queue refuses it; the API refuses the model itself and cycles.
+function fallbackForm(models, reload) {
+  const names = models.map((m) => m.name);
+  const which = field("Model", { name: "fallback_of", options: names });
+  const fallback = field("Fallback model", { name: "fallback_model", options: [["", "none"], ...names],
+    help: "Answers this model's requests when its engine is overloaded, if the tenant may use it." });
+  const fill = () => {
+    const m = models.find((x) => x.name === which.input.value);
+    fallback.input.value = (m && m.fallback_model) || "";
+  };
+  which.input.addEventListener("change", fill);
+  fill();
+  return el("form", { "aria-label": "Model fallback", onsubmit: async (e) => {
+    e.preventDefault();
+    fallback.setError("");
+    const body = { fallback_model: fallback.input.value || null };
+    const ok = await attempt(() => api.patch(`/models/${encodeURIComponent(which.input.value)}`, body), (err) => fallback.setError(err.message));
+    if (ok) reload(`${ok.name}: fallback ${ok.fallback_model ?? "none"}.`);
+  } }, el("div", { class: "row" }, which, fallback, el("button", { type: "submit" }, "Save fallback")));
 }
 
 function uploadForm(models, tenants, reload) {
@@ -175,7 +220,9 @@ export async function render(ctx) {
   // Thirteen columns overflowed 1280 px: the source wraps, device and dtype share a
   // column and so do the three prices, so prices and actions stay in view.
   const modelCols = [
-    { title: "Name", key: "name" }, { title: "Format", key: "format" },
+    // The fallback under the name, wrapping: a column more overflowed 1280 px.
+    { title: "Name", render: (m) => (m.fallback_model ? el("span", {}, m.name, el("br"), el("span", { class: "muted cell-note" }, `fallback: ${m.fallback_model}`)) : m.name) },
+    { title: "Format", key: "format" },
     { title: "Source", key: "source", wrap: true },
     // The output cap shares the context's column (a column more overflowed 1280 px).
     { title: "Context · max output", num: true, render: (m) => `${m.context_length} · ${m.max_output_tokens ?? "context"}` },

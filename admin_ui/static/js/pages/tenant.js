@@ -5,6 +5,7 @@ import { barConfig, chartBox, tokenSeries } from "../charts.js";
 import { dayLabels, daysBack, pivot, totals } from "../usage_data.js";
 import { keyUsageCard, spendCard } from "./tenant_spend.js";
 import { kvCard } from "./tenant_kv.js";
+import { batchesCard } from "./tenant_batches.js";
 
 const LIMITS = [
   ["rpm", "Requests per minute"], ["tpm", "Tokens per minute"], ["max_concurrent", "Concurrent requests"],
@@ -139,6 +140,7 @@ export async function render(ctx) {
   // nothing may be awaited after the usage section's charts are made.
   const [spend, keyUsage] = [await spendCard(t), await keyUsageCard(t)];
   const kvUse = await kvCard(t);
+  const batches = await batchesCard(t);
   return el("div", {},
     el("h1", {}, `Tenant ${t.name} `, statusPill(t.status)),
     card("Settings", ctx.me.role === "tenant-admin" ? null : el("p", { class: "muted" }, `id ${t.id}`), settingsForm(ctx, t, rerender),
@@ -146,6 +148,7 @@ export async function render(ctx) {
     spend,
     card("Limits", limitsForm(ctx, t.name, limits)),
     kvUse,
+    batches,
     await usageSection(t),
     keyUsage);
 }

@@ -12,7 +12,12 @@ function unpricedNotice(items) {
     ...rows.map(([m, n]) => el("div", {}, `${fmtNum(n)} request${n === 1 ? "" : "s"} of model ${m} ${n === 1 ? "has" : "have"} no price (billed $0 until one is set).`)));
 }
 
-const unpricedBadge = (b) => (b.unpriced ? el("span", { class: "status unpriced" }, "unpriced") : "");
+// Batch lines (the Batch API) are listed apart from the same model's interactive ones and
+// billed at its batch discount: marked in the price column (a column more is wider).
+const priceBadges = (b) => el("span", {},
+  b.batch ? el("span", { class: "status batch", title: "a batch line: billed at the model's batch discount" }, "batch") : null,
+  b.batch && b.unpriced ? " " : null,
+  b.unpriced ? el("span", { class: "status unpriced" }, "unpriced") : null);
 
 export async function render(ctx) {
   const pinned = ctx.me.role === "tenant-admin";
@@ -66,7 +71,7 @@ export async function render(ctx) {
         { title: "Cached", num: true, render: (b) => fmtNum(b.cached_tokens) },
         { title: "Completion", num: true, render: (b) => fmtNum(b.completion_tokens) },
         { title: "Cost", num: true, render: (b) => usd(b.cost_pico_usd) },
-        { title: "Price", render: unpricedBadge },
+        { title: "Price", render: priceBadges },
       ], items, { empty: "No usage in this period.", label: "Usage" })));
   }
 
@@ -85,5 +90,5 @@ export async function render(ctx) {
     card("Billing export", el("div", { class: "row" }, period,
       el("button", { type: "button", id: "export-csv", onclick: exportAs("csv") }, "Download CSV"),
       el("button", { type: "button", id: "export-jsonl", class: "secondary", onclick: exportAs("jsonl") }, "Download JSON lines")),
-    el("p", { class: "muted" }, "A period header, then one line per tenant, model, adapter, status and unit prices, in three sections: billable, unpriced (no price in force: $0, listed apart) and not billed (refused or failed, status 400 and up). Then a total per tenant and per section; the billable total is the grand total. Money in USD: totals with 12 decimals, unit prices per million tokens.")));
+    el("p", { class: "muted" }, "A period header, then one line per tenant, model, adapter, status, kind (batch lines, at the model's batch discount, apart from interactive ones) and unit prices, in three sections: billable, unpriced (no price in force: $0, listed apart) and not billed (refused or failed, status 400 and up). Then a total per tenant and per section; the billable total is the grand total. Money in USD: totals with 12 decimals, unit prices per million tokens.")));
 }

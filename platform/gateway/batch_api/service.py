@@ -1,0 +1,58 @@
+"""The Batch API's objects, built once per app: stores, caps and the runner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from gateway.batch_api.batch_store import BatchStore
+from gateway.batch_api.file_store import FileLimits, FileStore
+from gateway.batch_api.runner import BatchRunner, PrincipalOfKey
+from server.settings import Settings
+
+
+@dataclass(frozen=True)
+class BatchApi:
+    """What the files and batches routes use; `runner` runs in the app's lifespan."""
+
+    files: FileStore
+    batches: BatchStore
+    runner: BatchRunner
+    max_queued_tokens: int
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: Settings,
+        sessions: sessionmaker[Session],
+        principal_of_key: PrincipalOfKey,
+        *,
+        files_root: Path | None = None,
+    ) -> BatchApi:
+        """The Batch API over `sessions`, with files under <data_dir>/files."""
+        files = FileStore(
+            sessions,
+            files_root or settings.data_dir / "files",
+            FileLimits(
+                max_file_bytes=settings.batch_max_file_bytes,
+                max_file_lines=settings.batch_max_file_lines,
+                max_files_per_tenant=settings.batch_max_files_per_tenant,
+                max_bytes_per_tenant=settings.batch_max_bytes_per_tenant,
+            ),
+        )
+        batches = BatchStore(sessions)
+        runner = BatchRunner(
+            batches,
+            files,
+            principal_of_key,
+            concurrency=settings.batch_concurrency,
+            lease_s=settings.batch_lease_s,
+        )
+        return cls(
+            files=files,
+            batches=batches,
+            runner=runner,
+            max_queued_tokens=settings.batch_max_queued_tokens,
+        )

@@ -1,0 +1,296 @@
+"""Deliberate degradation (issue 42 item 3): an interactive request that the engine's
+queue refuses as overloaded is retried once on the model's registry fallback, when the
+tenant and key may use it; the response names the fallback, the usage is metered at the
+fallback's price, and the limits are charged once. Otherwise the client gets the 503.
+
+Fake engines (tests/gateway/fakes.py): `max_waiting=0` refuses every request at submit
+with `EngineOverloadedError`, as a full waiting queue does. The fallback's tokenizer
+counts two tokens a byte, so a re-tokenized prompt is told from a reused one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from admin import registry
+from admin.metering import MeteringSink
+from admin.models import UsageRow
+from engine.request import EngineRequest
+from gateway.adapters import AdapterInfo
+from gateway.app import create_app
+from gateway.engine_client import InProcessEngineClient
+from server.settings import Settings
+from server.wiring import registry_model_access
+from tenancy import store
+from tenancy.authenticator import Authenticator
+from tenancy.db import make_engine, make_session_factory, upgrade_database
+from tenancy.limiter.memory import MemoryLimiter
+from tests.gateway.conftest import OPERATOR_HEADERS, PEPPER, operator_auth
+from tests.gateway.fakes import ByteTokenizer, FakeEngine
+
+REPLY = "fallback says hi"
+MESSAGES = [{"role": "user", "content": "hello"}]
+# Micro-USD per million tokens: the fallback's price is what its usage must cost.
+SMALL_PRICE = registry.Prices(input=7, cached_input=7, output=11)
+BIG_PRICE = registry.Prices(input=1_000, cached_input=1_000, output=3_000)
+
+
+class DoubleByteTokenizer(ByteTokenizer):
+    """Two tokens per byte: the fallback's own tokenizer, unlike the primary's."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Every byte twice."""
+        return [t for b in super().encode(text, add_special_tokens) for t in (b, b)]
+
+
+class Served:
+    """One gateway serving "big" (always overloaded, falls back to "small"), "small",
+    "lone" (overloaded, no fallback) and "orphan" (overloaded, falls back to a registered
+    model this gateway does not serve), over the real registry reader and metering."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        url = f"sqlite:///{tmp_path / 'cloister.db'}"
+        upgrade_database(url)
+        self.sessions: sessionmaker[Session] = make_session_factory(make_engine(url))
+        self.big = FakeEngine(max_waiting=0)
+        self.lone = FakeEngine(max_waiting=0)
+        self.orphan = FakeEngine(max_waiting=0)
+        self.small = FakeEngine(reply=REPLY)
+        self.small.tokenizer = DoubleByteTokenizer()
+        with self.sessions() as s:
+            self.acme = store.create_tenant(s, name="acme").id
+            store.create_tenant(s, name="other")
+            store.set_limits(s, tenant_name="acme", rpm=5)
+            for name in ("big", "small", "lone", "orphan", "unserved"):
+                registry.register_model(
+                    s, name=name, source="/m", format="gguf", context_length=512
+                )
+            registry.set_price(s, model="big", prices=BIG_PRICE)
+            registry.set_price(s, model="small", prices=SMALL_PRICE)
+            registry.update_model(s, name="big", fallback_model="small")
+            registry.update_model(s, name="orphan", fallback_model="unserved")
+            # "other" may use big but not its fallback.
+            registry.update_model(s, name="small", allowed_tenants=[self.acme])
+        settings = Settings(data_dir=tmp_path, key_pepper=PEPPER, config_refresh_s=0.0)
+        self.metering = MeteringSink(self.sessions, tmp_path / "spool.jsonl", fsync=False).start()
+        self.access = registry_model_access(settings, self.sessions)
+        engines = {"big": self.big, "small": self.small, "lone": self.lone, "orphan": self.orphan}
+        self.app = create_app(
+            settings,
+            engines={n: InProcessEngineClient(e, model_name=n) for n, e in engines.items()},
+            authenticator=Authenticator(self.sessions, PEPPER, refresh_s=0.0),
+            limiter=MemoryLimiter(),
+            usage_sink=self.metering,
+            operator_auth=operator_auth,
+            model_access=self.access,
+        )
+        self.key = self.new_key("acme")
+
+    def new_key(self, tenant: str, **kwargs: Any) -> str:
+        """A new key of `tenant`."""
+        with self.sessions() as s:
+            return store.create_key(s, tenant_name=tenant, pepper=PEPPER, **kwargs).secret
+
+    def usage(self) -> list[UsageRow]:
+        """Every usage row, once metering wrote what it was given."""
+        assert self.metering.flush()
+        with self.sessions() as s:
+            return list(s.scalars(select(UsageRow).order_by(UsageRow.occurred_at)).all())
+
+    def close(self) -> None:
+        """Stops the metering thread and the registry reader."""
+        self.metering.close()
+        self.access.close()
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[Served, TestClient]]:
+    s = Served(tmp_path)
+    try:
+        with TestClient(s.app) as client:
+            yield s, client
+    finally:
+        s.close()
+
+
+def _post(
+    client: TestClient, path: str, body: dict[str, Any], key: str, **kw: Any
+) -> httpx.Response:
+    return client.post(path, json=body, headers={"Authorization": f"Bearer {key}"}, **kw)
+
+
+# Each API's body for model "big" and where its answer's text lies.
+CALLS: dict[str, tuple[str, dict[str, Any]]] = {
+    "chat": ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 32}),
+    "completions": ("/v1/completions", {"prompt": "hello", "max_tokens": 32}),
+    "responses": ("/v1/responses", {"input": "hello", "max_output_tokens": 32, "store": False}),
+}
+
+
+def _text(api: str, body: dict[str, Any]) -> str:
+    if api == "chat":
+        return str(body["choices"][0]["message"]["content"])
+    if api == "completions":
+        return str(body["choices"][0]["text"])
+    return str(body["output"][0]["content"][0]["text"])
+
+
+def _fallback_count(client: TestClient) -> float:
+    text = client.get("/metrics", headers=OPERATOR_HEADERS).text
+    for line in text.splitlines():
+        if line.startswith('cloister:fallback_requests_total{fallback="small",model_name="big"}'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+@pytest.mark.parametrize("api", sorted(CALLS))
+def test_an_overloaded_model_answers_from_its_fallback(
+    served: tuple[Served, TestClient], api: str
+) -> None:
+    s, client = served
+    path, body = CALLS[api]
+    r = _post(client, path, {"model": "big", "temperature": 0, **body}, s.key)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert answer["model"] == "small"
+    assert _text(api, answer) == REPLY
+    assert s.big.domains == [] and len(s.small.domains) == 1
+    # One admission: rpm 5 was charged once, not once per model tried.
+    assert r.headers["x-ratelimit-remaining-requests"] == "4"
+    (row,) = s.usage()
+    assert (row.model, row.status) == ("small", 200)
+    # The fallback's own tokenizer counted the prompt (two tokens a byte), and the
+    # response reports the same count.
+    usage = answer["usage"]
+    prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+    assert row.prompt_tokens == prompt and prompt % 2 == 0 and prompt > 0
+    assert row.completion_tokens == len(REPLY)
+    # Metered at the fallback's price, not the model the client asked for.
+    assert row.cost_pico_usd == SMALL_PRICE.cost_pico_usd(
+        prompt_tokens=row.prompt_tokens, cached_tokens=0, completion_tokens=len(REPLY)
+    )
+    assert _fallback_count(client) == 1.0
+
+
+@pytest.mark.parametrize("api", ["chat", "completions", "responses"])
+def test_a_streamed_request_answers_from_the_fallback(
+    served: tuple[Served, TestClient], api: str
+) -> None:
+    s, client = served
+    path, body = CALLS[api]
+    stream = {"model": "big", "temperature": 0, "stream": True, **body}
+    if api != "responses":
+        stream["stream_options"] = {"include_usage": True}
+    r = _post(client, path, stream, s.key)
+    assert r.status_code == 200, r.text
+    events = [
+        json.loads(line.removeprefix("data: "))
+        for line in r.text.splitlines()
+        if line.startswith("data: {")
+    ]
+    if api == "responses":
+        models = {e["response"]["model"] for e in events if "response" in e}
+        text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    else:
+        models = {e["model"] for e in events}
+        text = "".join(
+            c["delta"].get("content") or "" if api == "chat" else c["text"]
+            for e in events
+            for c in e["choices"]
+        )
+    assert models == {"small"} and text == REPLY
+    (row,) = s.usage()
+    assert (row.model, row.status, row.completion_tokens) == ("small", 200, len(REPLY))
+    assert _fallback_count(client) == 1.0
+
+
+def _refused(r: httpx.Response) -> None:
+    assert r.status_code == 503, r.text
+    assert r.json()["error"]["code"] == "engine_overloaded"
+    assert "retry-after" in r.headers
+
+
+@pytest.mark.parametrize(
+    ("case", "model", "extra"),
+    [
+        ("no fallback", "lone", {}),
+        ("fallback not served here", "orphan", {}),
+        ("batch traffic class", "big", {"service_tier": "flex"}),
+    ],
+)
+def test_no_usable_fallback_is_the_503(
+    served: tuple[Served, TestClient], case: str, model: str, extra: dict[str, Any]
+) -> None:
+    s, client = served
+    body = {"model": model, "messages": MESSAGES, "max_tokens": 4, **extra}
+    _refused(_post(client, "/v1/chat/completions", body, s.key))
+    assert s.small.domains == [], case
+    (row,) = s.usage()
+    assert (row.model, row.status, row.prompt_tokens) == (model, 503, 0)
+    assert _fallback_count(client) == 0.0
+
+
+def test_a_fallback_the_tenant_may_not_use_is_the_503(served: tuple[Served, TestClient]) -> None:
+    s, client = served
+    body = {"model": "big", "messages": MESSAGES, "max_tokens": 4}
+    # The registry lists only acme for "small" ...
+    _refused(_post(client, "/v1/chat/completions", body, s.new_key("other")))
+    # ... and this key of acme may use "big" alone.
+    only_big = s.new_key("acme", allowed_models=["big"])
+    _refused(_post(client, "/v1/chat/completions", body, only_big))
+    assert s.small.domains == []
+    assert [(u.model, u.status) for u in s.usage()] == [("big", 503), ("big", 503)]
+    # An acme key that may use both gets the fallback.
+    assert _post(client, "/v1/chat/completions", body, s.key).json()["model"] == "small"
+
+
+def test_an_overloaded_fallback_is_the_first_503_and_keeps_nothing_queued(
+    served: tuple[Served, TestClient],
+) -> None:
+    s, client = served
+    s.small.max_waiting = 1  # the fallback queues the first prompt, then refuses the second
+    body = {"model": "big", "prompt": ["one", "two"], "max_tokens": 4}
+    _refused(_post(client, "/v1/completions", body, s.key))
+    assert len(s.small.domains) == 1 and len(s.small.aborted) == 1
+    assert s.small.running == set() and s.big.running == set()
+    (row,) = s.usage()
+    assert (row.model, row.status) == ("big", 503)
+    assert _fallback_count(client) == 0.0
+
+
+def test_a_fallback_that_cannot_fit_is_the_503(served: tuple[Served, TestClient]) -> None:
+    s, client = served
+    s.app.state.cloister.engines["small"].max_model_len = 16  # too short for this prompt
+    body = {"model": "big", "prompt": "a prompt of some length", "max_tokens": 4}
+    _refused(_post(client, "/v1/completions", body, s.key))
+    assert s.small.domains == []
+
+
+def test_an_adapter_request_is_never_moved(served: tuple[Served, TestClient]) -> None:
+    s, client = served
+    with s.sessions() as session:
+        registry.register_adapter(session, name="ad", base_model="big", rank=8, source_path="/a")
+    s.big.loaded_adapters["ad"] = AdapterInfo(name="ad", rank=8, alpha=8.0, digest="0")
+    tried: list[str] = []
+    submit = s.small.submit
+
+    def counted(request: EngineRequest) -> Any:
+        tried.append(request.request_id)
+        return submit(request)
+
+    s.small.submit = counted  # type: ignore[method-assign]
+    body = {"model": "big:ad", "messages": MESSAGES, "max_tokens": 4}
+    _refused(_post(client, "/v1/chat/completions", body, s.key))
+    # The fallback serves the base model only: the adapter's request never reaches it.
+    assert tried == []
+    (row,) = s.usage()
+    assert (row.model, row.adapter, row.status) == ("big", "ad", 503)
