@@ -35,6 +35,11 @@ class FileList(BaseModel):
     has_more: bool = False
 
 
+def page_ends(data: list[FileObject] | list[BatchObject]) -> tuple[str | None, str | None]:
+    """A page's `first_id` and `last_id` (None on an empty page), as OpenAI's lists give."""
+    return (data[0].id, data[-1].id) if data else (None, None)
+
+
 class FileDeleted(BaseModel):
     """The answer to a file deletion."""
 

@@ -10,7 +10,7 @@ from starlette.routing import Route
 from gateway.batch_api.access import caller, int_query, owned
 from gateway.batch_api.batch_lines import survey
 from gateway.batch_api.file_store import UPLOAD_PURPOSE
-from gateway.batch_api.schemas import BatchCreateRequest, BatchList
+from gateway.batch_api.schemas import BatchCreateRequest, BatchList, page_ends
 from gateway.batch_api.serialize import batch_object
 from gateway.body import parse_body
 from gateway.errors import InvalidParameterError
@@ -69,14 +69,8 @@ async def list_batches(request: Request) -> Response:
         lambda: api.batches.page(principal.tenant_id, limit=limit, after=after)
     )
     data = [batch_object(b) for b in page]
-    return json_model_response(
-        BatchList(
-            data=data,
-            first_id=data[0].id if data else None,
-            last_id=data[-1].id if data else None,
-            has_more=more,
-        )
-    )
+    first, last = page_ends(data)
+    return json_model_response(BatchList(data=data, first_id=first, last_id=last, has_more=more))
 
 
 async def retrieve_batch(request: Request) -> Response:

@@ -11,7 +11,7 @@ from gateway.batch_api.access import caller, int_query, owned
 from gateway.batch_api.errors import well_formed_id
 from gateway.batch_api.file_store import UPLOAD_PURPOSE
 from gateway.batch_api.file_upload import receive_upload
-from gateway.batch_api.schemas import FileDeleted, FileList
+from gateway.batch_api.schemas import FileDeleted, FileList, page_ends
 from gateway.batch_api.serialize import file_object
 from gateway.errors import InvalidParameterError
 from gateway.sse import json_model_response
@@ -72,14 +72,8 @@ async def list_files(request: Request) -> Response:
         )
     )
     data = [file_object(f) for f in page]
-    return json_model_response(
-        FileList(
-            data=data,
-            first_id=data[0].id if data else None,
-            last_id=data[-1].id if data else None,
-            has_more=more,
-        )
-    )
+    first, last = page_ends(data)
+    return json_model_response(FileList(data=data, first_id=first, last_id=last, has_more=more))
 
 
 async def retrieve_file(request: Request) -> Response:
