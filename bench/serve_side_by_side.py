@@ -1,7 +1,8 @@
 """`cloister serve` against llama.cpp's `llama-server`, side by side on one machine.
 
 Both serve the bundled SmolLM2-135M-Instruct: Cloister its GGUF's weights through its
-own engine (fp32, or `--weight-quant int4`, which re-finds the stored Q4_1 weights),
+own engine (by default `--weight-quant auto`, which runs its Q4_1 weights on the int4
+path and re-finds them; `--weight-quant none` for fp32),
 llama-server the same GGUF file (8 slots, continuous batching, as many threads as
 cores). The same client (cloister.serve_bench, closed loop, fixed duration after a
 warm-up, greedy, `ignore_eos` so that both generate every requested token) sends the
@@ -17,7 +18,7 @@ the random workload once against each server, and its output throughput is print
 beside ours (the benchmark client's agreement check).
 
     python bench/serve_side_by_side.py [--peers /tmp/peers] [--engine-mode thread]
-        [--weight-quant int4] [--itl-budget-ms MS] [--rounds 2] [--duration-s 40] [--warmup-s 8] [--sglang DIR]
+        [--weight-quant auto|none|int8|int4] [--itl-budget-ms MS] [--rounds 2] [--duration-s 40] [--warmup-s 8] [--sglang DIR]
 
 It needs `../shared/tools/peers-setup` (llama-server built into /tmp/peers). The last
 line is JSON: per workload each server's figures (mean over rounds), the ratios and
@@ -241,7 +242,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peers", type=Path, default=Path("/tmp/peers"))
     parser.add_argument("--engine-mode", choices=("thread", "process"), default="thread")
-    parser.add_argument("--weight-quant", choices=("none", "int8", "int4"), default="none")
+    parser.add_argument(
+        "--weight-quant", choices=("auto", "none", "int8", "int4"), default="auto"
+    )  # auto: `cloister serve`'s own default
     parser.add_argument(
         "--itl-budget-ms", type=float, help="Cloister's ITL budget (default: serve's own)"
     )

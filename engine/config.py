@@ -149,8 +149,9 @@ class ModelConfig:
     cuda_graph_max_batch: int | None = None  # largest captured decode batch; None: max_num_seqs
     # RMSNorm(+residual), rotary and SiLU-and-mul as triton kernels; "auto": on CUDA only.
     fused_ops: FusedOpsMode = "auto"
-    # Weight-only int8/int4 linears on the CPU (engine/model/quant.py); "none": the dtype's.
-    weight_quant: Literal["none", "int8", "int4"] = "none"
+    # Weight-only int8/int4 linears on the CPU (engine/model/quant.py); "none": the dtype's;
+    # "auto": chosen at load from the model file and the device (`choose_weight_quant`).
+    weight_quant: Literal["auto", "none", "int8", "int4"] = "none"
     # Float linears through weights packed for oneDNN (float32 on the CPU; see
     # engine/model/cpu_linear.py). The packed copies double the weights' memory.
     cpu_packed_linears: bool = False

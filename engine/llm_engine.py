@@ -28,8 +28,8 @@ from engine.lora.manager import LoraManager
 from engine.lora.peft import AdapterInfo
 from engine.lora.registry import located
 from engine.model.fused import load_fused_ops, resolve_fused_ops
-from engine.model.loader import LoadedModel, load_model
-from engine.model.quant import check_weight_quant
+from engine.model.loader import LoadedModel, default_model_path, load_model
+from engine.model.quant import resolve_weight_quant
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest, check_adapter_name
 from engine.request_state import RequestState
@@ -115,7 +115,10 @@ class LLMEngine:
         # Before the memory profile and graph capture, which must run the same kernels.
         fused = resolve_fused_ops(config.model.fused_ops, device)
         loaded.model.use_fused_ops(load_fused_ops() if fused else None)
-        quant = check_weight_quant(config.model.weight_quant, device)
+        # "auto" reads the model file's storage type (the bundled model when no path).
+        setting = config.model.weight_quant
+        path = (config.model.path or default_model_path()) if setting == "auto" else ""
+        quant, auto = resolve_weight_quant(setting, path, device)
         # A model loaded elsewhere may be quantized already (or a test double with no
         # such method, which stays as it is when no quantization is asked for).
         if quant != "none" or getattr(loaded.model, "weight_quant", "none") != "none":
@@ -187,7 +190,7 @@ class LLMEngine:
             "cuda graphs %s",
             device,
             str(config.model.dtype).removeprefix("torch."),
-            config.model.weight_quant,
+            auto.describe() if auto else quant,
             backend.name,
             "on" if fused else "off",
             f"for batch sizes {list(graphs)}" if graphs else "off",

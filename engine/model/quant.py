@@ -11,6 +11,9 @@ int4/int8 kernels read 8x/4x fewer bytes and measured 2-3x faster there.
           int8. The bundled SmolLM2 GGUF stores its decoder as Q4_1 (exactly this
           grid: min + d*q, q in 0..15, per 32 weights) and its embeddings as Q8_0, so
           on it int4 re-finds the stored weights up to the bf16 rounding of the scales.
+  "auto"  one of those, from the model file and the device (`choose_weight_quant`):
+          a quantized GGUF's own fast path on the CPU, "none" for float checkpoints
+          and on any other device. `cloister serve`'s default.
 
 The kernels win only at decode sizes: from about 32 rows up torch's float GEMM is
 faster (measured per 16 of SmolLM2's products, 1 thread: 8 rows fp32 116 ms, int4
@@ -31,6 +34,8 @@ LoRA read them, and `quantize_weights("none")` goes back to them).
 
 from __future__ import annotations
 
+import math
+import struct
 import warnings
 from dataclasses import dataclass
 from functools import cache
@@ -42,6 +47,19 @@ import torch.nn.functional as F
 
 WeightQuant = Literal["none", "int8", "int4"]
 WEIGHT_QUANT_MODES: tuple[WeightQuant, ...] = ("none", "int8", "int4")
+# The setting: a mode, or "auto" (`choose_weight_quant` picks one from the model file).
+WeightQuantSetting = Literal["auto", "none", "int8", "int4"]
+WEIGHT_QUANT_SETTINGS: tuple[WeightQuantSetting, ...] = ("auto", *WEIGHT_QUANT_MODES)
+# The CPU path `auto` picks for a GGUF whose decoder is mostly stored in this type.
+# 4-bit grids in blocks of 32 (or sub-blocks of 32: Q4_K, IQ4_XS) go to int4, whose own
+# grid (min + d*q per 32 inputs) holds them (Q4_1 exactly; the others re-rounded within
+# half a step). Wider grids (5, 6, 8 bits) and the 2-3 bit K-quants go to int8, one
+# scale per row: int4 would add an error as large as their own grid's, int8 keeps them
+# within about 1/127 of a row's range. Float types (and any other) stay "none".
+GGUF_AUTO_QUANT: dict[str, WeightQuant] = {
+    **dict.fromkeys(("Q4_0", "Q4_1", "Q4_K", "IQ4_NL", "IQ4_XS"), "int4"),
+    **dict.fromkeys(("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Q2_K", "Q3_K"), "int8"),
+}
 INT4_GROUP = 32  # inputs per int4 scale/zero pair (the Q4_0/Q4_1 block size)
 QUANT_MAX_ROWS = 24  # larger products (prefill) use the float weights: faster there
 # With a bf16 copy on a CPU with native bf16 the crossover comes sooner (SmolLM2's
@@ -281,6 +299,129 @@ def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.view(n, k), 1)
     scale_zero = torch.stack((step, low + 8.0 * step), dim=-1).transpose(0, 1).contiguous()
     return packed, scale_zero.to(torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class WeightQuantChoice:
+    """The mode `weight_quant=auto` resolved to, and why (for logs and the summary)."""
+
+    mode: WeightQuant
+    reason: str  # "from Q4_1 GGUF", "from F16 GGUF", "Hugging Face folder", "on cuda", ...
+
+    def describe(self) -> str:
+        """For example "int4 (auto, from Q4_1 GGUF)"."""
+        return f"{self.mode} (auto, {self.reason})"
+
+
+def choose_weight_quant(path: str | Path, device: str | torch.device) -> WeightQuantChoice:
+    """What `weight_quant=auto` runs for the model at `path` (a .gguf or a folder) on
+    `device`: on the CPU, a quantized GGUF's own fast path (see GGUF_AUTO_QUANT: the type
+    that stores most of its decoder's weights decides); "none" for a float checkpoint (a
+    float GGUF, any Hugging Face folder, whose quantized formats run their own kernels),
+    a mixture-of-experts model (the quantized linears are dense only) and any device but
+    the CPU (the kernels are the CPU's). Reads only the GGUF's header."""
+    device_type = torch.device(device).type
+    if device_type != "cpu":
+        return WeightQuantChoice("none", f"on {device_type}")
+    path = Path(path)
+    if not (path.is_file() and path.suffix == ".gguf"):
+        return WeightQuantChoice("none", "Hugging Face folder")
+    stored = gguf_decoder_storage(path)
+    if any("_exps." in name for name in stored.names):
+        return WeightQuantChoice("none", "mixture of experts")
+    main = max(stored.weights, key=stored.weights.__getitem__, default="F32")
+    mode = GGUF_AUTO_QUANT.get(main, "none")
+    return WeightQuantChoice(mode, f"from {main} GGUF")
+
+
+@dataclass(frozen=True)
+class GGUFStorage:
+    """A GGUF's decoder matrices (tensors "blk.*" of 2 or more dimensions): their names,
+    and how many weights each tensor type stores."""
+
+    names: tuple[str, ...]
+    weights: dict[str, int]
+
+
+_GGUF_SCALARS = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+
+
+def gguf_decoder_storage(path: str | Path) -> GGUFStorage:
+    """The decoder's storage types from the GGUF header alone (v2/v3, little-endian).
+
+    Why not gguf.GGUFReader: it parses every metadata value, the tokenizer's ~100k
+    strings included, which takes ~3 s for SmolLM2; this skips them (tens of ms)."""
+    from gguf import GGMLQuantizationType
+
+    with open(path, "rb") as f:
+        data = f.read(1 << 16)
+        pos = 0
+
+        def take(n: int) -> bytes:
+            nonlocal data, pos
+            while len(data) - pos < n:  # the header spans more than was read
+                more = f.read(max(1 << 20, n))
+                if not more:
+                    raise ValueError(f"{path}: the GGUF header is truncated")
+                data, pos = data[pos:] + more, 0
+            pos += n
+            return data[pos - n : pos]
+
+        def u32() -> int:
+            return int(struct.unpack("<I", take(4))[0])
+
+        def u64() -> int:
+            return int(struct.unpack("<Q", take(8))[0])
+
+        def skip_value(kind: int) -> None:
+            if kind == _GGUF_STRING:
+                take(u64())
+            elif kind == _GGUF_ARRAY:
+                item, count = u32(), u64()
+                if item in _GGUF_SCALARS:
+                    take(_GGUF_SCALARS[item] * count)
+                else:
+                    for _ in range(count):
+                        skip_value(item)
+            elif kind in _GGUF_SCALARS:
+                take(_GGUF_SCALARS[kind])
+            else:
+                raise ValueError(f"{path}: unknown GGUF value type {kind}")
+
+        if take(4) != b"GGUF" or u32() not in (2, 3):
+            raise ValueError(f"{path} is not a little-endian GGUF v2/v3 file")
+        tensors, fields = u64(), u64()
+        for _ in range(fields):
+            take(u64())  # the key
+            skip_value(u32())
+        names: list[str] = []
+        weights: dict[str, int] = {}
+        for _ in range(tensors):
+            name = take(u64()).decode()
+            dims = [u64() for _ in range(u32())]
+            kind = GGMLQuantizationType(u32()).name
+            u64()  # the data offset
+            if name.startswith("blk.") and len(dims) >= 2:
+                names.append(name)
+                weights[kind] = weights.get(kind, 0) + math.prod(dims)
+    return GGUFStorage(tuple(names), weights)
+
+
+def resolve_weight_quant(
+    setting: str, path: str | Path, device: str | torch.device
+) -> tuple[WeightQuant, WeightQuantChoice | None]:
+    """The mode `setting` runs for the model at `path` on `device`, and the choice when
+    `setting` is "auto" (None otherwise); WeightQuantUnavailableError for a bad setting
+    or a mode that cannot run on `device`."""
+    if setting not in WEIGHT_QUANT_SETTINGS:
+        raise WeightQuantUnavailableError(
+            f"weight_quant must be auto, none, int8 or int4, not {setting!r}"
+        )
+    if setting == "auto":
+        choice = choose_weight_quant(path, device)
+        return check_weight_quant(choice.mode, torch.device(device)), choice
+    return check_weight_quant(setting, torch.device(device)), None
 
 
 def check_weight_quant(mode: str, device: torch.device) -> WeightQuant:

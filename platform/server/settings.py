@@ -198,8 +198,10 @@ class Settings(BaseSettings):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     # Weight-only int8/int4 linears, CPU only: "int4" is the fast path for the bundled
-    # (Q4_1) SmolLM2, whose stored weights it re-finds (engine/model/quant.py).
-    weight_quant: Literal["none", "int8", "int4"] = "none"
+    # (Q4_1) SmolLM2, whose stored weights it re-finds (engine/model/quant.py). "auto"
+    # (fast by default): each model file's own path on the CPU (int4 for Q4 GGUFs, int8
+    # for Q5/Q6/Q8), float for float checkpoints and on CUDA (choose_weight_quant).
+    weight_quant: Literal["auto", "none", "int8", "int4"] = "auto"
     # Float32 linears on the CPU through weights packed once for oneDNN: a step of a few
     # rows costs about what one row does (twice as fast here), for as much memory again
     # as the weights. Off by default for now (see the README's engine options). No

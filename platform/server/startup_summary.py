@@ -2,7 +2,7 @@
 
 Cloister is serving
   model      smollm2-135m-instruct  (llama, Q4_1+Q8_0; context 8192; KV 2048 blocks x 16 = ...)
-  engine     device cpu, dtype float32, attention torch, thread mode
+  engine     device cpu, dtype float32, weights int4 (auto, from Q4_1 GGUF), attention cpu, thread mode
   isolation  cache per tenant unless a tenant narrows it; prefix cache hash; ...
   fairness   fair_lpm scheduling; concurrency reject; limiter in-memory
   API        http://127.0.0.1:8000/v1
@@ -39,6 +39,8 @@ class ServedModel:
     sliding_window: int | None = None
     window_layers: int = 0  # how many layers use the window
     experts: tuple[int, int] | None = None  # (experts, per token) of an MoE model
+    # Which linears run: "int4 (auto, from Q4_1 GGUF)", "none", ...; "" when not known.
+    weights: str = ""
 
     @property
     def kv_tokens(self) -> int:
@@ -77,12 +79,21 @@ class StartupSummary:
             lines.append(f"  {'model':<10} {m.name}  ({head}context {m.context_tokens}; {kv})")
         lines.append(
             f"  {'engine':<10} device {self.device}, dtype {self.dtype}, "
-            f"attention {self.attention}, {self.engine_mode} mode"
+            f"{self._weights()}attention {self.attention}, {self.engine_mode} mode"
         )
         lines.append(f"  {'isolation':<10} {self.isolation}")
         lines.append(f"  {'fairness':<10} {self.fairness}")
         lines.extend(f"  {name:<10} {url}" for name, url in self.urls.items())
         return "\n".join(lines)
+
+    def _weights(self) -> str:
+        """ "weights X, " when every model runs X, else each model's; "" when unknown."""
+        known = [m for m in self.models if m.weights]
+        if not known:
+            return ""
+        if len({m.weights for m in known}) == 1:
+            return f"weights {known[0].weights}, "
+        return f"weights {'; '.join(f'{m.name}: {m.weights}' for m in known)}, "
 
     def fields(self) -> dict[str, Any]:
         """The same, as plain data for a JSON log line."""
@@ -115,6 +126,7 @@ def build_summary(
                 sliding_window=facts.sliding_window if facts else None,
                 window_layers=facts.window_layers if facts else 0,
                 experts=facts.experts if facts else None,
+                weights=_weights(engine_options, paths.get(name)) if name in paths else "",
             )
         )
     floors = []
@@ -164,6 +176,27 @@ def _facts(path: str | None) -> ModelFacts | None:
     except Exception:  # noqa: BLE001 (any reader error only leaves the facts out)
         logger.warning("could not read the family of %s", path, exc_info=True)
         return None
+
+
+def _weights(engine_options: Mapping[str, Any], path: str | None) -> str:
+    """Which linears the model at `path` (None: the bundled one) runs under the resolved
+    `weight_quant` option: "auto" is resolved again as its engine did (same file, same
+    device), with why; "" when the caller built the engine or the file is unreadable."""
+    setting = engine_options.get("weight_quant")
+    if setting is None:
+        return ""
+    if setting != "auto":
+        return str(setting)
+    from engine.model.loader import default_model_path
+    from engine.model.quant import choose_weight_quant
+
+    try:
+        return choose_weight_quant(
+            path or default_model_path(), engine_options["device"]
+        ).describe()
+    except Exception:  # noqa: BLE001 (the summary never stops a server that loaded the model)
+        logger.warning("could not read the storage type of %s", path, exc_info=True)
+        return "auto"
 
 
 def log_summary(summary: StartupSummary) -> None:

@@ -82,7 +82,12 @@ def resolve_fused_ops_setting(requested: str, device: str) -> str:
 
 
 def resolve_weight_quant_setting(requested: str, device: str) -> str:
-    """The `weight_quant` setting on `device`; int8/int4 kernels are the CPU's only."""
+    """The `weight_quant` setting on `device`; int8/int4 kernels are the CPU's only.
+
+    "auto" is "none" off the CPU; on it, each engine resolves it from its own model file
+    (engine.model.quant.choose_weight_quant), since served models may differ."""
+    if requested == "auto":
+        return "auto" if device == "cpu" else "none"
     if requested != "none" and device != "cpu":
         raise DeviceUnavailableError(
             f"weight_quant is {requested!r} but the device is {device!r}: it runs on the CPU only"

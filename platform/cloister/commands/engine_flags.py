@@ -25,9 +25,10 @@ ENGINE_OPTIONS: tuple[Callable[[Any], Any], ...] = (
     ),
     click.option(
         "--weight-quant",
-        type=click.Choice(["none", "int8", "int4"]),
+        type=click.Choice(["auto", "none", "int8", "int4"]),
         default=None,
-        help="Weight-only int8/int4 linears (CPU only; int4 suits the bundled Q4_1 model).",
+        help="Weight-only int8/int4 linears, CPU only (default auto: int4 for a Q4 GGUF, "
+        "int8 for Q5/Q6/Q8, none for float checkpoints and on CUDA).",
     ),
     click.option(
         "--attention-backend", type=click.Choice(["auto", "torch", "cpu", "triton"]), default=None

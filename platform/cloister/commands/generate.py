@@ -27,6 +27,13 @@ from cloister.cli_context import json_option
     default="auto",
     show_default=True,
 )
+@click.option(
+    "--weight-quant",
+    type=click.Choice(["auto", "none", "int8", "int4"]),
+    default="auto",
+    show_default=True,
+    help="Weight-only int8/int4 linears (auto: the model file's own, e.g. int4 for Q4_1).",
+)
 @json_option
 def generate(
     prompt: str,
@@ -37,6 +44,7 @@ def generate(
     seed: int | None,
     chat: bool,
     attention_backend: str,
+    weight_quant: str,
     as_json: bool,
 ) -> None:
     """Streams a completion for PROMPT to standard output (with --json: prints one
@@ -45,6 +53,7 @@ def generate(
     from engine.errors import EngineError, RequestFailedError
     from engine.llm_engine import LLMEngine
     from engine.model.loader import load_model
+    from engine.model.quant import WeightQuantSetting
     from engine.sampling_params import SamplingParams
 
     try:
@@ -53,7 +62,9 @@ def generate(
         )
         loaded = load_model(model, dtype=ModelConfig.dtype, device="cpu", progress=True)
         config = EngineConfig(
-            model=ModelConfig(path=model or ""),
+            model=ModelConfig(
+                path=model or "", weight_quant=cast(WeightQuantSetting, weight_quant)
+            ),
             attention_backend=cast(AttentionBackendName, attention_backend),
         )
         engine = LLMEngine(config, loaded)
