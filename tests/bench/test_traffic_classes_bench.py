@@ -35,3 +35,12 @@ def test_a_tiny_run_reports_every_phase(capsys: pytest.CaptureFixture[str]) -> N
     assert phases["batch alone"]["interactive_tok_s"] == 0 < phases["batch alone"]["batch_tok_s"]
     assert phases["interactive alone"]["requests"] > 0
     assert set(report["goals_met"]) == {"interactive_within_10pct", "batch_60pct_of_left"}
+
+
+def test_a_phase_without_samples_has_no_ratio_and_misses_its_goal() -> None:
+    """On a loaded machine a short phase may end before a second token: no ITL, so no
+    ratio (null in the JSON), never a crash."""
+    from bench.traffic_classes import _ratio
+
+    assert _ratio(None, 10.0) is None and _ratio(12.0, None) is None
+    assert _ratio(11.0, 10.0) == 1.1
