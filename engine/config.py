@@ -188,6 +188,15 @@ class CacheConfig:
     # Where late subscribers ask for batches again (a ROUTER, bound); None: no replay.
     kv_events_replay_endpoint: str | None = None
     kv_events_buffer_steps: int = 10_000  # batches kept for replay
+    # The host-memory tier (L2) under the pool, in bytes (0: off): blocks the pool evicts
+    # are written down there and loaded back when that is cheaper than recomputing them
+    # (engine/kv_cache/host_tier.py). Pinned memory on CUDA, process memory on the CPU.
+    kv_host_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        kv_host = self.kv_host_bytes
+        if isinstance(kv_host, bool) or not isinstance(kv_host, int) or kv_host < 0:
+            raise ValueError(f"kv_host_bytes must be a non-negative integer, not {kv_host!r}")
 
 
 @dataclass(frozen=True)

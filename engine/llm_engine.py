@@ -22,7 +22,10 @@ from engine.config import (
 )
 from engine.errors import EngineError, EngineOverloadedError, InvalidRequestError
 from engine.kv_cache.cache_rules import CacheRules
+from engine.kv_cache.host_buffer import HostKVBuffer
+from engine.kv_cache.host_setup import attach_host_tier
 from engine.kv_cache.manager import KVCacheManager
+from engine.kv_cache.tier_cost import LoadCostRule
 from engine.kv_events_publisher import KVEventPublisher
 from engine.lora.manager import LoraManager
 from engine.lora.peft import AdapterInfo
@@ -178,6 +181,12 @@ class LLMEngine:
         )
         self.runner.lora = self.lora
         self.scheduler.seq_ready = self.runner.matchers.ready
+        tier = attach_host_tier(
+            config.cache, self.kv, self.runner.kv_caches, self.capacity.bytes_per_block
+        )
+        # The host tier's copies and its load-or-recompute rule; None: no tier.
+        self.host_kv: HostKVBuffer | None = None if tier is None else tier.buffer
+        self.tier_cost: LoadCostRule | None = None if tier is None else tier.cost
         if not config.model.enforce_eager:  # a no-op on the CPU
             self.runner.capture_decode_graphs(
                 config.model.cuda_graph_max_batch or config.scheduler.max_num_seqs,
@@ -470,7 +479,12 @@ class LLMEngine:
                 self.runner.matchers.wait_ahead(EMPTY_STEP_WAIT_S)
                 return []
             events = self._run_step(output)
-            self.scheduler.observe_step(output, time.perf_counter() - started)
+            elapsed = time.perf_counter() - started
+            self.scheduler.observe_step(output, elapsed)
+            if self.tier_cost is not None and any(i.num_new_tokens > 1 for i in output.scheduled):
+                # What recomputing a token costs, for the host tier's load-or-recompute rule.
+                tokens = sum(i.num_new_tokens for i in output.scheduled)
+                self.tier_cost.observe_prefill(tokens, elapsed)
             return events
         finally:
             self._publish_kv_events()
@@ -501,6 +515,10 @@ class LLMEngine:
             output = self._fail_unreadable_adapters(output, unreadable)
             if output.is_empty:
                 return []
+        if self.host_kv is not None and self.kv.tier is not None:
+            # Before the scrub and the forward pass: write-backs read blocks about to be
+            # reused, and loads fill blocks this very step reads.
+            self.host_kv.execute(self.kv.tier.take_ops(), self.tier_cost)
         scrub = self.kv.take_blocks_to_scrub()
         if scrub:
             self.runner.scrub_blocks(scrub)
@@ -631,4 +649,5 @@ class LLMEngine:
             prefill_token_cap=budget.prefill_cap() if budget.enabled else None,
             kv_events_dropped=None if self.kv_events is None else self.kv_events.dropped,
             tenant_kv=self.scheduler.kv_shares.stats(self.scheduler.running),
+            kv_tiers=() if self.kv.tier is None else (self.kv.tier.stats(),),
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.kv_cache.counters import DomainCacheStats
+from engine.kv_cache.host_tier import TierStats
 
 
 @dataclass(frozen=True)
@@ -51,3 +52,6 @@ class EngineStats:
     # Of num_running and num_waiting, the batch-class sequences (EngineRequest.traffic_class).
     num_batch_running: int = 0
     num_batch_waiting: int = 0
+    # The KV tiers under the device pool (the host tier, L2), each with its blocks, bytes,
+    # hits, loads, write-backs and hits recomputed instead of loaded; () where none is on.
+    kv_tiers: tuple[TierStats, ...] = ()

@@ -20,6 +20,10 @@ class BlockMeta:
     # depth in blocks (what decides whether the block stays pinned after a push).
     prefix: tuple[int, ...] = ()
     depth: int = 0
+    # With a host tier: the block's chained hash on its domain's root and its tokens,
+    # what it is written down under when the device pool evicts it (b"": never).
+    tier_key: bytes = b""
+    chunk: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -52,3 +56,6 @@ class SeqCacheState:
     # Digests of the token chain through each block (engine/kv_cache/in_flight.py),
     # the same for any index kind: what a running sequence claims to be computing.
     flight: list[tuple[bytes, int]] = field(default_factory=list)
+    # Chained block hashes of the blocks (a host tier's keys): `keys` itself for the hash
+    # index; for the radix index, whose keys are the chunks, computed when first needed.
+    tier_keys: list[bytes] = field(default_factory=list)

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 def check_manager_integrity(manager: KVCacheManager) -> None:
-    """Pool, index and ledger agree about every cached block."""
+    """Pool, index, ledger and the host tier (if any) agree about every cached block."""
     manager.pool.check_integrity()
     if manager.index is None:
         return
@@ -54,6 +54,14 @@ def check_manager_integrity(manager: KVCacheManager) -> None:
             raise AssertionError(f"public block {b} is pinned against the published set")
         if b not in manager._pinned and manager.ledger.is_candidate(b):
             raise AssertionError(f"withdrawn block {b} is idle but still cached")
+    if manager.tier is not None:
+        manager.tier.check_integrity()
+        for b, meta in manager._meta.items():
+            # Every block of a tenant's chain can be written down, under its own key.
+            if meta.domain != PUBLIC and (
+                not meta.tier_key or len(meta.chunk) != manager.block_size
+            ):
+                raise AssertionError(f"cached block {b} has no host tier key")
     live = Counter(st.domain for st in manager._seqs.values())
     if live != manager._activity.live:
         raise AssertionError("live sequence counts are off")

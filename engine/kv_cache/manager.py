@@ -24,15 +24,17 @@ from collections.abc import Sequence as Seq
 from engine.config import CacheConfig
 from engine.kv_cache.block_meta import BlockMeta, ChainSegment, SeqCacheState
 from engine.kv_cache.block_pool import BlockPool
-from engine.kv_cache.cache_key import CacheKey
+from engine.kv_cache.cache_key import CacheKey, block_hash
 from engine.kv_cache.cache_rules import CacheRules
 from engine.kv_cache.counters import IDLE_DOMAIN_COUNTERS, DomainActivity, DomainCacheStats
 from engine.kv_cache.eviction import PUBLIC, CachePolicy, EvictionLedger
+from engine.kv_cache.host_tier import KVTier
 from engine.kv_cache.in_flight import InFlightPrefixes, flight_keys
 from engine.kv_cache.integrity import check_manager_integrity
 from engine.kv_cache.kv_events import KVEventLog
 from engine.kv_cache.prefix_index import PrefixIndex, make_prefix_index
 from engine.kv_cache.published import PublishedPrefixes
+from engine.kv_cache.tier_cost import LoadCostRule
 from engine.sequence import Sequence
 
 
@@ -83,6 +85,10 @@ class KVCacheManager:
         self._tick = 0
         self._in_flight = InFlightPrefixes(block_size)
         self.events: KVEventLog | None = None  # KV-cache events: None until asked for
+        # The host tier (L2) under the pool and the rule that decides whether its hits
+        # are loaded (`attach_tier`); None: evicted blocks are simply forgotten.
+        self.tier: KVTier | None = None
+        self.tier_cost: LoadCostRule | None = None
 
     @classmethod
     def from_config(cls, cache: CacheConfig, num_blocks: int, revision: str) -> KVCacheManager:
@@ -113,6 +119,15 @@ class KVCacheManager:
             self.events = KVEventLog(self.block_size, medium)
             self.events.cleared()
         return self.events
+
+    def attach_tier(self, tier: KVTier, cost: LoadCostRule | None = None) -> None:
+        """Puts `tier` under the pool: evicted cached blocks are written down to it, and
+        a lookup that misses the pool continues the same chain in it. `cost` decides
+        whether a hit there is loaded or recomputed (None: always loaded)."""
+        if self.index is None:
+            raise ValueError("a KV tier needs the prefix cache (prefix_cache='off')")
+        self.tier = tier
+        self.tier_cost = cost
 
     @property
     def num_blocks(self) -> int:
@@ -262,8 +277,87 @@ class KVCacheManager:
         self._expire()
         st = self._state(seq)
         found = self._match(seq, st)
+        if self.tier is not None:
+            found.extend(self._load_from_tier(seq, st, found))
         st.pending = (seq.num_tokens, len(found) * self.block_size)
         return found, len(found) * self.block_size
+
+    def _tier_keys(self, st: SeqCacheState, n: int) -> list[bytes]:
+        """The chained block hashes of the state's first `n` blocks (chunks cut already)."""
+        assert self.index is not None
+        if self.index.name == "hash":
+            return st.keys[:n]  # type: ignore[return-value]  # this index's keys are hashes
+        while len(st.tier_keys) < n:
+            i = len(st.tier_keys)
+            seg = next(s for s in st.segments if s.end is None or i < s.end)
+            parent = seg.root if i == seg.start else st.tier_keys[i - 1]
+            st.tier_keys.append(block_hash(parent, st.chunks[i]))
+        return st.tier_keys[:n]
+
+    def _load_from_tier(self, seq: Sequence, st: SeqCacheState, found: list[int]) -> list[int]:
+        """Continues the device lookup of `seq` in the tier: each further block held
+        there gets a device block, registered as cached, with a load queued into it.
+
+        Only the sequence's own segment (its domain's root) continues: published
+        blocks are pinned in the pool and never written down. Returns the loaded blocks,
+        which follow `found` and are idle cached blocks like any device hit.
+        """
+        assert self.index is not None and self.tier is not None
+        n = len(found)
+        max_blocks = (seq.num_tokens - 1) // self.block_size
+        if n >= max_blocks:
+            return []
+        seg = next(s for s in st.segments if s.end is None or n < s.end)
+        if seg.domain == PUBLIC:
+            return []
+        keys = self._tier_keys(st, max_blocks)
+        tier = self.tier
+        tier.counters.lookups += 1
+        now = self.clock()
+        slots = tier.match(keys[n:max_blocks], st.chunks[n:max_blocks], now)
+        if not slots:
+            return []
+        tier.counters.hits += 1
+        tier.counters.hit_blocks += len(slots)
+        if self.tier_cost is not None and not self.tier_cost.worth_loading(len(slots)):
+            tier.counters.recomputed_instead += len(slots)
+            return []
+        # Held while loading, so that making room never evicts the chain being extended.
+        if found:
+            self._acquire(found)
+        loaded: list[int] = []
+        try:
+            for i in range(n, n + len(slots)):
+                own = len(found) + len(loaded)
+                if not self._partition_room(seg.domain):
+                    break
+                if self.pool.num_uncached_free == 0 and not self._make_room(1, seg.domain, own):
+                    break
+                (block,) = self.pool.allocate(1)
+                # Making room wrote other blocks down, which may have displaced this one.
+                if not tier.load(keys[i], st.chunks[i], block, now):
+                    self.pool.free([block])
+                    break
+                parent = None if i == seg.start else (found + loaded)[i - 1]
+                (canon,) = self.index.insert_keys(
+                    seg.root, parent, st.chunks[i : i + 1], st.keys[i : i + 1], [block]
+                )
+                assert canon == block, "a tier hit was already in the device index"
+                self._register(block, seg.domain, parent, seg.prefix, i)
+                meta = self._meta[block]
+                meta.tier_key, meta.chunk = keys[i], st.chunks[i]
+                if block in self._to_scrub:
+                    self._to_scrub.remove(block)  # the load overwrites all of it
+                if self.events is not None:
+                    self.events.stored(
+                        block, parent, seg.root, st.chunks[i], st.keys[i], seg.domain,
+                        seq.cache_adapter,
+                    )  # fmt: skip
+                loaded.append(block)
+        finally:
+            if found or loaded:
+                self._release(found + loaded, seg.domain)
+        return loaded
 
     def prefix_in_flight(self, seq: Sequence, num_computed: int) -> bool:
         """Whether the first block of `seq` past its cached `num_computed` tokens is being
@@ -358,7 +452,7 @@ class KVCacheManager:
             victim = self.ledger.victim(domain, ignore_floors=ignore_floors)
             if victim is None:
                 return False
-            self._evict(victim)
+            self._evict(victim, write_down=True)
         return True
 
     def _acquire(self, blocks: list[int]) -> None:
@@ -400,9 +494,13 @@ class KVCacheManager:
             if meta.parent is not None:
                 work.append(meta.parent)
 
-    def _evict(self, block_id: int) -> None:
+    def _evict(self, block_id: int, *, write_down: bool = False) -> None:
+        """Forgets an idle cached block; `write_down` (evicted for room, not expired or
+        withdrawn) keeps it in the tier under its own key first."""
         assert self.index is not None
         meta = self._meta.pop(block_id)
+        if write_down and self.tier is not None and meta.tier_key:
+            self.tier.store(meta.tier_key, meta.chunk, meta.domain, meta.last_used, block_id)
         self.index.remove(block_id)
         self.pool.evict(block_id)
         self.ledger.drop_candidate(block_id)
@@ -428,6 +526,8 @@ class KVCacheManager:
         while expired := self.ledger.expired(now):
             for b in expired:
                 self._evict(b)
+        if self.tier is not None:
+            self.tier.expire(now)
 
     # -- after a step -------------------------------------------------------------------
 
@@ -464,6 +564,9 @@ class KVCacheManager:
                 self._release([block], seq.cache_domain)
             else:
                 self._register(block, seg.domain, parent, seg.prefix, i)
+                if self.tier is not None and seg.domain != PUBLIC:
+                    meta = self._meta[block]
+                    meta.tier_key, meta.chunk = self._tier_keys(st, i + 1)[i], st.chunks[i]
                 if self.events is not None:
                     chunk, key = st.chunks[i], st.keys[i]
                     self.events.stored(
@@ -490,7 +593,7 @@ class KVCacheManager:
         victim = self.ledger.own_victim(domain)
         if victim is None:
             return False
-        self._evict(victim)
+        self._evict(victim, write_down=True)
         return True
 
     def _register(
@@ -526,7 +629,7 @@ class KVCacheManager:
             if keep_keys:
                 # Still live (it waits to run again): its domain keeps counting it.
                 self._seqs[seq.seq_id] = SeqCacheState(
-                    st.domain, st.segments, chunks=st.chunks, keys=st.keys
+                    st.domain, st.segments, chunks=st.chunks, keys=st.keys, tier_keys=st.tier_keys
                 )
                 kept = True
         if seq.block_ids:

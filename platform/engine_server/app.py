@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from pathlib import Path
@@ -451,5 +452,7 @@ class EngineServer:
                 "prefill_token_cap": getattr(s, "prefill_token_cap", None),
                 # Per fairness key (tenant): KV blocks in use, preemptions suffered, caused.
                 "tenant_kv": tenant_kv_to_json(getattr(s, "tenant_kv", None) or {}),
+                # The KV tiers under the device pool (engine.kv_cache.host_tier.TierStats).
+                "kv_tiers": [dataclasses.asdict(t) for t in getattr(s, "kv_tiers", ())],
             }
         )

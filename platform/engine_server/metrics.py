@@ -73,6 +73,7 @@ class EngineMetrics:
             s.prefix_cache_hits,
         )
         yield counter("vllm:num_preemptions", "Requests preempted.", s.num_preemptions)
+        yield from _tier_series(self._model, getattr(s, "kv_tiers", ()))
         dropped = getattr(s, "kv_events_dropped", None)
         if dropped is not None:  # only an engine that publishes KV-cache events
             yield counter(
@@ -96,3 +97,42 @@ class EngineMetrics:
         """The text exposition and its content type."""
         self.adapters.update(self._model, lora_snapshot(self._front.stats()))
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+# The gauges and counters of each KV tier under the device pool, by TierStats field
+# (the gateway's /metrics exports the same names, gateway.metrics._TIER_COUNTERS).
+_TIER_GAUGES = {"blocks": "KV blocks held", "bytes": "Bytes of KV held"}
+_TIER_COUNTERS = (
+    "lookups",
+    "hits",
+    "hit_blocks",
+    "loads",
+    "write_backs",
+    "recomputed_instead",
+    "evictions",
+    "expirations",
+)
+
+
+def _tier_series(model: str, tiers: Any) -> Iterator[Metric]:
+    """cloister:kv_tier_* per tier (label `tier`: its medium), where the engine has any."""
+    tiers = tuple(tiers or ())
+    if not tiers:
+        return
+    labels = ["model_name", "tier"]
+    for field, doc in _TIER_GAUGES.items():
+        g = GaugeMetricFamily(f"cloister:kv_tier_{field}", f"{doc} in a KV tier.", labels=labels)
+        for t in tiers:
+            g.add_metric([model, t.medium], float(getattr(t, field)))
+        yield g
+    cap = GaugeMetricFamily("cloister:kv_tier_capacity_bytes", "Bytes of a KV tier.", labels=labels)
+    for t in tiers:
+        cap.add_metric([model, t.medium], float(t.capacity_bytes))
+    yield cap
+    for field in _TIER_COUNTERS:
+        c = CounterMetricFamily(
+            f"cloister:kv_tier_{field}", f"KV tier {field.replace('_', ' ')}.", labels=labels
+        )
+        for t in tiers:
+            c.add_metric([model, t.medium], float(getattr(t, field)))
+        yield c

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engine.kv_cache.cache_rules import CacheRules
+from engine.kv_cache.host_tier import TierStats
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest
 from engine.stats import TenantKVStats
@@ -75,6 +76,9 @@ class EngineSnapshot:
     # "flex"; engine.stats.EngineStats.num_batch_*).
     num_batch_running: int = 0
     num_batch_waiting: int = 0
+    # The KV tiers under the device pool (engine.stats.EngineStats.kv_tiers; () where
+    # none is on, or the engine does not report them).
+    kv_tiers: tuple[TierStats, ...] = ()
 
 
 class EngineClient(Protocol):
@@ -242,6 +246,7 @@ class InProcessEngineClient:
             tenant_kv=dict(getattr(s, "tenant_kv", None) or {}),
             num_batch_running=int(getattr(s, "num_batch_running", 0)),
             num_batch_waiting=int(getattr(s, "num_batch_waiting", 0)),
+            kv_tiers=tuple(getattr(s, "kv_tiers", ())),
         )
 
     def public_prefix_blocks(self) -> int:

@@ -39,6 +39,20 @@ CACHE_DTYPE = "auto"
 TENANT_NAMES_KEPT = 4096
 
 
+# The counters of each KV tier (engine.kv_cache.host_tier.TierStats fields), exported as
+# cloister:kv_tier_<field>_total.
+_TIER_COUNTERS = {
+    "lookups": "Lookups that went on into a KV tier after a device-pool miss.",
+    "hits": "Of those, lookups that found at least one block in the tier.",
+    "hit_blocks": "KV blocks found in a tier (loaded or recomputed).",
+    "loads": "KV blocks loaded back from a tier into the device pool.",
+    "write_backs": "KV blocks written down to a tier when the device pool evicted them.",
+    "recomputed_instead": "KV blocks found in a tier but recomputed, being cheaper to.",
+    "evictions": "KV blocks a tier dropped to make room.",
+    "expirations": "KV blocks a tier dropped at their cache domain's retention TTL.",
+}
+
+
 class TenantLabeler:
     """Maps tenant names to a bounded label set (first come, first kept)."""
 
@@ -112,6 +126,26 @@ class GatewayMetrics:
         self.preemptions = Counter(
             "vllm:num_preemptions", "Requests preempted by the engine.", m, registry=r
         )
+        # The KV tiers under the device pool (label `tier`: the medium, "CPU_HOST" for
+        # L2). Their hits and write-backs move with every tenant's traffic, so, like the
+        # prefix-cache hits, operators only.
+        tm = [*m, "tier"]
+        self.kv_tier_blocks = Gauge(
+            "cloister:kv_tier_blocks", "KV blocks held in a tier below the device pool.", tm,
+            registry=self.tenant_registry,
+        )  # fmt: skip
+        self.kv_tier_bytes = Gauge(
+            "cloister:kv_tier_bytes", "Bytes of KV held in a tier below the device pool.", tm,
+            registry=self.tenant_registry,
+        )  # fmt: skip
+        self.kv_tier_capacity_bytes = Gauge(
+            "cloister:kv_tier_capacity_bytes", "Bytes of a KV tier below the device pool.", tm,
+            registry=self.tenant_registry,
+        )  # fmt: skip
+        self.kv_tier_counters = {
+            field: Counter(f"cloister:kv_tier_{field}", text, tm, registry=self.tenant_registry)
+            for field, text in _TIER_COUNTERS.items()
+        }
         self.kv_events_dropped = Counter(
             "cloister_kv_events_dropped",
             "KV-cache event batches dropped because the publisher's queue was full.", m,
@@ -265,6 +299,25 @@ class GatewayMetrics:
             self.tenant_kv_blocks.labels(label, name).set(count)
         self._tenant_kv_labels[name] = set(blocks)
 
+    def _update_kv_tiers(
+        self, name: str, snap: EngineSnapshot, last: EngineSnapshot | None
+    ) -> None:
+        """Sets `name`'s KV tier gauges and advances their counters (the caller holds the
+        lock); a smaller value than the last one means the engine restarted."""
+        before = {t.medium: t for t in last.kv_tiers} if last is not None else {}
+        for tier in snap.kv_tiers:
+            self.kv_tier_blocks.labels(name, tier.medium).set(tier.blocks)
+            self.kv_tier_bytes.labels(name, tier.medium).set(tier.bytes)
+            self.kv_tier_capacity_bytes.labels(name, tier.medium).set(tier.capacity_bytes)
+            prev = before.get(tier.medium)
+            for field, counter in self.kv_tier_counters.items():
+                now = int(getattr(tier, field))
+                old = None if prev is None else int(getattr(prev, field))
+                delta = now - old if old is not None and now >= old else now
+                child = counter.labels(name, tier.medium)
+                if delta > 0:
+                    child.inc(delta)
+
     def observe_request(self, *, tenant: str, status: int, model: str) -> None:
         """Counts one finished request under its bounded tenant label."""
         self.requests.labels(self.tenants.label(tenant), str(status), model).inc()
@@ -363,6 +416,7 @@ class GatewayMetrics:
                     name, str(snap.block_size), str(snap.num_blocks), CACHE_DTYPE
                 ).set(1)
             self._update_tenant_kv(name, snap, last)
+            self._update_kv_tiers(name, snap, last)
             self._last[name] = snap
         self.adapters.update(name, snap)
 

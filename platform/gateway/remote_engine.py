@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -35,6 +36,7 @@ from engine.errors import (
     EngineDeadError,
 )
 from engine.kv_cache.cache_rules import CacheRules
+from engine.kv_cache.host_tier import TierStats
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest
 from engine.structured.compiler import GrammarCompiler
@@ -449,6 +451,7 @@ class RemoteEngineClient:
                 tenant_kv=tenant_kv_from_json(s.get("tenant_kv")),
                 num_batch_running=int(s.get("num_batch_running") or 0),
                 num_batch_waiting=int(s.get("num_batch_waiting") or 0),
+                kv_tiers=_tiers_from_json(s.get("kv_tiers")),
             )
             adapters = adapters_from_stats(s)
             if adapters is not None and changes == self._adapter_changes:
@@ -485,3 +488,20 @@ def _adapter_names(value: Any) -> tuple[str, ...] | None:
 def _optional_int(value: Any) -> int | None:
     """An integer a stats poll may leave out or send as null."""
     return None if value is None else int(value)
+
+
+def _tiers_from_json(raw: object) -> tuple[TierStats, ...]:
+    """The KV tiers of an engine's /internal/stats; an entry this gateway cannot read (an
+    engine of another version) is left out rather than failing the whole poll."""
+    if not isinstance(raw, list):
+        return ()
+    names = {f.name for f in dataclasses.fields(TierStats)}
+    tiers: list[TierStats] = []
+    for entry in raw:
+        if not isinstance(entry, dict) or not names <= entry.keys():
+            continue
+        try:
+            tiers.append(TierStats(**{k: entry[k] for k in names}))
+        except (TypeError, ValueError):
+            continue
+    return tuple(tiers)

@@ -256,6 +256,11 @@ class Settings(BaseSettings):
     # the engine never wait for each other's GIL; the better choice under load).
     engine_mode: Literal["thread", "process"] = "thread"
     kv_cache_bytes: int | None = Field(default=None, ge=1)
+    # The host-memory KV tier (L2) under the pool, in bytes (0: off): blocks the pool
+    # evicts are kept there under the same tenant-rooted key and loaded back when that is
+    # cheaper than recomputing them. Negative is refused; more than the host has is
+    # clamped with a warning.
+    kv_host_bytes: int = Field(default=0, ge=0)
     # Engine servers (`cloister engine serve`) the gateway uses instead of an in-process
     # engine, comma-separated: http://host:port, or dns+http://name:port for a headless
     # Service whose addresses are re-resolved. Empty: the engine runs in this process.

@@ -131,6 +131,7 @@ def serve_engine_options(
         "max_model_len": settings.max_model_len,
         "enforce_eager": settings.enforce_eager,
         "kv_cache_bytes": settings.kv_cache_bytes,
+        "kv_host_bytes": settings.kv_host_bytes,
         "gpu_memory_utilization": settings.gpu_memory_utilization,
         "block_size": settings.block_size,
         "prefix_cache": settings.prefix_cache,

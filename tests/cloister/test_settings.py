@@ -84,6 +84,7 @@ ENGINE_SETTINGS = {
     "max_n": 5,
     "max_model_len": 1000,
     "kv_cache_bytes": 12345678,
+    "kv_host_bytes": 87654321,
     "gpu_memory_utilization": 0.5,
     "block_size": 32,
     "retention_ttl_s": 42.0,
@@ -293,6 +294,7 @@ def test_fused_ops_on_needs_cuda() -> None:
         ["--itl-budget-ms", "fast"],
         ["--prefill-chunk-size", "0"],
         ["--gpu-memory-utilization", "1.5"],
+        ["--kv-host-bytes", "-1"],
         ["--dtype", "int8"],
         ["--fused-ops", "fast"],
         ["--fused-ops", "on", "--device", "cpu"],  # the kernels need CUDA

@@ -14,6 +14,12 @@ ENGINE_OPTIONS: tuple[Callable[[Any], Any], ...] = (
     click.option("--max-model-len", type=int, default=None, help="Context length cap."),
     click.option("--kv-cache-bytes", type=int, default=None, help="KV pool size in bytes."),
     click.option(
+        "--kv-host-bytes",
+        type=int,
+        default=None,
+        help="Host-memory KV tier under the pool, in bytes (default 0: off).",
+    ),
+    click.option(
         "--engine-mode",
         type=click.Choice(["thread", "process"]),
         default=None,

@@ -1,0 +1,102 @@
+"""The bytes of the host KV tier: block-shaped slots in host memory, and the copies.
+
+One tensor per layer shaped like the device cache's but with `num_slots` in place of
+the pool's blocks: (2, num_slots, block_size, kv_heads, head_dim). Pinned on CUDA, so
+that copies both ways can run asynchronously on the current stream; in process
+memory on the CPU, where this is simply a second pool.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from engine.kv_cache.host_tier import TierOp
+from engine.kv_cache.tier_cost import LoadCostRule
+
+
+class HostKVBuffer:
+    """Host slots for `num_slots` blocks of every layer, and the executor of `TierOp`s."""
+
+    def __init__(self, device_caches: Sequence[torch.Tensor], num_slots: int) -> None:
+        if not device_caches:
+            raise ValueError("a host KV buffer needs the device cache tensors")
+        first = device_caches[0]
+        shape = (first.shape[0], num_slots, *first.shape[2:])
+        self.device = first.device
+        self.pinned = first.device.type == "cuda"
+        self.num_slots = num_slots
+        self.device_caches = list(device_caches)
+        self.slots = [
+            torch.zeros(shape, dtype=first.dtype, device="cpu", pin_memory=self.pinned)
+            for _ in device_caches
+        ]
+        per_layer = first[:, 0].numel() * first.element_size()
+        self.bytes_per_block = per_layer * len(device_caches)
+
+    @torch.inference_mode()
+    def execute(self, ops: Sequence[TierOp], cost: LoadCostRule | None = None) -> None:
+        """Runs the ops in order; the copies' measured bandwidth goes to `cost`.
+
+        Consecutive ops of one kind are batched into one indexed copy per layer (their
+        order within such a run does not matter: a run never names a slot or block twice
+        in a way that depends on order, see `_runs`).
+        """
+        if not ops:
+            return
+        started = time.perf_counter()
+        moved = 0
+        for kind, pairs in _runs(ops):
+            if kind == "zero":
+                if self.pinned:
+                    # An asynchronous write-back into this slot may still be in flight.
+                    torch.cuda.current_stream(self.device).synchronize()
+                idx = torch.tensor([s for _, s in pairs], dtype=torch.long)
+                for host in self.slots:
+                    host.index_fill_(1, idx, 0)
+                continue
+            blocks = torch.tensor([b for b, _ in pairs], dtype=torch.long, device=self.device)
+            slots = torch.tensor([s for _, s in pairs], dtype=torch.long)
+            for dev, host in zip(self.device_caches, self.slots, strict=True):
+                if kind == "save":
+                    host.index_copy_(1, slots, dev.index_select(1, blocks).to("cpu"))
+                else:
+                    picked = host.index_select(1, slots)
+                    if self.pinned:
+                        picked = picked.pin_memory()
+                    dev.index_copy_(1, blocks, picked.to(self.device, non_blocking=self.pinned))
+            moved += len(pairs) * self.bytes_per_block
+        if cost is not None and moved:
+            if self.pinned:
+                torch.cuda.current_stream(self.device).synchronize()  # measure real copies
+            cost.observe_copy(moved, time.perf_counter() - started)
+
+    def probe_bandwidth(self, cost: LoadCostRule, repeats: int = 3) -> None:
+        """Measures a copy of one block down and back (slot 0, block 0), before any
+        request runs, so that the cost rule has a bandwidth from the first lookup."""
+        for _ in range(repeats):
+            self.execute([TierOp("save", 0, 0), TierOp("load", 0, 0)], cost)
+        self.execute([TierOp("zero", -1, 0)])
+
+
+def _runs(ops: Sequence[TierOp]) -> list[tuple[str, list[tuple[int, int]]]]:
+    """Splits ops into runs of one kind that can each run as one batched copy.
+
+    A run ends where an op touches a slot or block the run already touched, so a
+    batched copy never has to order two writes to one place.
+    """
+    runs: list[tuple[str, list[tuple[int, int]]]] = []
+    seen_slots: set[int] = set()
+    seen_blocks: set[int] = set()
+    for op in ops:
+        clash = op.slot in seen_slots or (op.block >= 0 and op.block in seen_blocks)
+        if not runs or runs[-1][0] != op.kind or clash:
+            runs.append((op.kind, []))
+            seen_slots, seen_blocks = set(), set()
+        runs[-1][1].append((op.block, op.slot))
+        seen_slots.add(op.slot)
+        if op.block >= 0:
+            seen_blocks.add(op.block)
+    return runs

@@ -1,0 +1,349 @@
+"""The host-memory KV tier (L2): blocks the device pool evicts, kept under the same key.
+
+Bookkeeping only, like the rest of `engine/kv_cache`: slots, keys, per-domain LRU,
+shares and TTLs. The bytes live in `HostKVBuffer` (engine/kv_cache/host_buffer.py);
+what this tier decides reaches them as an ordered list of `TierOp`s that the engine
+executes before each step's forward pass, in the order they were issued (so a load
+into a block always lands before a later write-back of that block reads it, and a
+slot is zeroed before a later write-back reuses it).
+
+Isolation: an entry is stored under the engine's own chained block hash, rooted at
+the sequence's `CacheKey` (domain, adapter, revision), and a lookup continues the
+caller's own chain: a key from another domain can never be asked for. Token ids are
+compared on every hit, as in the device index, so even a hash collision could not
+serve a wrong block.
+
+Shares: when the tier is full, a tenant (a domain's root, see `eviction.tenant_root`)
+at or over its fair share (slots / tenants holding entries) can only displace its own
+least recently used entries; a tenant under its share displaces the LRU entry of the
+tenant most over its share. A flood from one tenant therefore recycles its own slots
+and leaves the others' share in place.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from engine.kv_cache.eviction import tenant_root
+from engine.kv_cache.prefix_index import Chunk
+
+TierOpKind = Literal["save", "load", "zero"]
+# Seconds between two scans that free the slots of expired entries. A lookup never
+# serves an expired entry whatever the scan's period (`match` checks each hit's age).
+EXPIRY_SCAN_S = 1.0
+
+
+@dataclass(frozen=True)
+class TierOp:
+    """One copy the engine executes: save (device block -> slot), load (slot -> device
+    block) or zero (scrub a slot that left its domain; `block` is -1)."""
+
+    kind: TierOpKind
+    block: int
+    slot: int
+
+
+@dataclass
+class TierEntry:
+    """One block kept in the tier."""
+
+    slot: int
+    chunk: Chunk
+    domain: str
+    last_used: float  # the clock of its last use on the device, or of its last load
+    tick: int  # recency among all entries (larger: more recent)
+
+
+@dataclass
+class TierCounters:
+    """Monotonic counters of one tier, plus its size."""
+
+    lookups: int = 0  # lookups that went on into this tier after a device miss
+    hits: int = 0  # of those, lookups that found at least one block here
+    hit_blocks: int = 0  # blocks found here (loaded or not)
+    loads: int = 0  # blocks copied back to the device
+    write_backs: int = 0  # blocks copied down into this tier
+    recomputed_instead: int = 0  # blocks found here but recomputed (cheaper than loading)
+    evictions: int = 0  # entries dropped for room
+    expirations: int = 0  # entries dropped by their domain's TTL
+    refused: int = 0  # write-downs refused (no slot the writer's share allows)
+
+
+@dataclass(frozen=True)
+class TierStats:
+    """A frozen snapshot of one tier for `EngineStats` and metrics."""
+
+    medium: str
+    capacity_blocks: int
+    blocks: int
+    bytes_per_block: int
+    lookups: int
+    hits: int
+    hit_blocks: int
+    loads: int
+    write_backs: int
+    recomputed_instead: int
+    evictions: int
+    expirations: int
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of the blocks held now."""
+        return self.blocks * self.bytes_per_block
+
+    @property
+    def capacity_bytes(self) -> int:
+        """Bytes of the whole tier."""
+        return self.capacity_blocks * self.bytes_per_block
+
+
+class KVTier(Protocol):
+    """A place below the device pool where evicted blocks live on under their own key.
+
+    Contract: `match` is read-only and returns the slots of the longest run of `keys`
+    held with the same chunks; `store` keeps a block under its key (False when the
+    writer's share allows no slot); `load` queues a copy of a held block into a device
+    block (False if it is gone); `expire` drops entries past their domain's TTL.
+    Copies are queued as `TierOp`s for the engine (`take_ops`).
+    """
+
+    medium: str
+    counters: TierCounters
+
+    def match(self, keys: Sequence[bytes], chunks: Sequence[Chunk], now: float) -> list[int]:
+        """Slots of the leading `keys` this tier holds, unexpired, with the same token ids."""
+        ...
+
+    def store(self, key: bytes, chunk: Chunk, domain: str, last_used: float, block: int) -> bool:
+        """Writes device `block` down under `key` (a no-op when already held)."""
+        ...
+
+    def load(self, key: bytes, chunk: Chunk, block: int, now: float) -> bool:
+        """Queues a copy of the entry `key` into device `block`; False if not held."""
+        ...
+
+    def expire(self, now: float) -> None:
+        """Drops entries idle past their domain's retention."""
+        ...
+
+    def take_ops(self) -> list[TierOp]:
+        """The copies queued since the last call, in order."""
+        ...
+
+    def stats(self) -> TierStats:
+        """Counters and size now."""
+        ...
+
+    def check_integrity(self) -> None:
+        """Raises if the tier's bookkeeping is inconsistent."""
+        ...
+
+
+class HostTier:
+    """`KVTier` over `num_slots` block-shaped slots in host memory."""
+
+    def __init__(
+        self,
+        num_slots: int,
+        bytes_per_block: int,
+        *,
+        ttl_of: Callable[[str], float | None] = lambda _d: None,
+        scrub_of: Callable[[str], bool] = lambda _d: False,
+        medium: str = "CPU_HOST",
+    ) -> None:
+        if num_slots < 1:
+            raise ValueError(f"a host KV tier needs at least one slot, got {num_slots}")
+        self.medium = medium
+        self.num_slots = num_slots
+        self.bytes_per_block = bytes_per_block
+        self._ttl_of = ttl_of
+        self._scrub_of = scrub_of
+        self._free: list[int] = list(range(num_slots - 1, -1, -1))
+        self._by_key: dict[bytes, TierEntry] = {}
+        # Per domain, keys oldest first (moved to the end on every use).
+        self._lru: dict[str, OrderedDict[bytes, None]] = {}
+        self._per_tenant: dict[str, int] = {}
+        self._ops: list[TierOp] = []
+        self._tick = 0
+        self._next_scan = float("-inf")
+        self.counters = TierCounters()
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    # -- lookup and load -----------------------------------------------------------
+
+    def match(self, keys: Sequence[bytes], chunks: Sequence[Chunk], now: float) -> list[int]:
+        """Slots of the leading blocks held here, compared by token ids too; an entry past
+        its domain's TTL is a miss even before a scan frees it."""
+        slots: list[int] = []
+        for key, chunk in zip(keys, chunks, strict=True):
+            entry = self._by_key.get(key)
+            if entry is None or entry.chunk != chunk or self._expired(entry, now):
+                break
+            slots.append(entry.slot)
+        return slots
+
+    def _expired(self, entry: TierEntry, now: float) -> bool:
+        ttl = self._ttl_of(entry.domain)
+        return ttl is not None and entry.last_used + ttl <= now
+
+    def load(self, key: bytes, chunk: Chunk, block: int, now: float) -> bool:
+        """Queues slot -> `block`; the entry stays (the tier is inclusive), now the newest."""
+        entry = self._by_key.get(key)
+        if entry is None or entry.chunk != chunk or self._expired(entry, now):
+            return False
+        self._ops.append(TierOp("load", block, entry.slot))
+        self._touch(key, entry, now)
+        self.counters.loads += 1
+        return True
+
+    def _touch(self, key: bytes, entry: TierEntry, now: float) -> None:
+        self._tick += 1
+        entry.tick = self._tick
+        entry.last_used = max(entry.last_used, now)
+        self._lru[entry.domain].move_to_end(key)
+
+    # -- write-down ----------------------------------------------------------------
+
+    def store(self, key: bytes, chunk: Chunk, domain: str, last_used: float, block: int) -> bool:
+        """Writes `block` down under `key`, displacing an entry as the shares allow."""
+        entry = self._by_key.get(key)
+        if entry is not None:
+            # The same key holds the same tokens under the same root: same KV, no copy.
+            self._touch(key, entry, last_used)
+            return True
+        if not self._free and not self._make_room(tenant_root(domain)):
+            self.counters.refused += 1
+            return False
+        slot = self._free.pop()
+        self._tick += 1
+        self._by_key[key] = TierEntry(slot, chunk, domain, last_used, self._tick)
+        self._lru.setdefault(domain, OrderedDict())[key] = None
+        root = tenant_root(domain)
+        self._per_tenant[root] = self._per_tenant.get(root, 0) + 1
+        self._ops.append(TierOp("save", block, slot))
+        self.counters.write_backs += 1
+        return True
+
+    def fair_share(self, writer_root: str) -> int:
+        """Slots each tenant may hold against the others: the tier over the tenants
+        holding entries (the writer counted among them)."""
+        tenants = set(self._per_tenant) | {writer_root}
+        return max(1, self.num_slots // len(tenants))
+
+    def _make_room(self, writer_root: str) -> bool:
+        share = self.fair_share(writer_root)
+        if self._per_tenant.get(writer_root, 0) >= share:
+            victim_root = writer_root
+        else:
+            over = [
+                (n - share, root)
+                for root, n in self._per_tenant.items()
+                if root != writer_root and n > share
+            ]
+            if not over:
+                return False
+            victim_root = max(over)[1]
+        victim = self._lru_of_tenant(victim_root)
+        if victim is None:
+            return False
+        self._drop(victim)
+        self.counters.evictions += 1
+        return True
+
+    def _lru_of_tenant(self, root: str) -> bytes | None:
+        best: tuple[int, bytes] | None = None
+        for domain, keys in self._lru.items():
+            if not keys or tenant_root(domain) != root:
+                continue
+            key = next(iter(keys))
+            tick = self._by_key[key].tick
+            if best is None or tick < best[0]:
+                best = (tick, key)
+        return None if best is None else best[1]
+
+    def _drop(self, key: bytes) -> None:
+        """Forgets an entry; its slot is zeroed first where its domain scrubs."""
+        entry = self._by_key.pop(key)
+        keys = self._lru[entry.domain]
+        del keys[key]
+        if not keys:
+            del self._lru[entry.domain]
+        root = tenant_root(entry.domain)
+        self._per_tenant[root] -= 1
+        if not self._per_tenant[root]:
+            del self._per_tenant[root]
+        if self._scrub_of(entry.domain):
+            self._ops.append(TierOp("zero", -1, entry.slot))
+        self._free.append(entry.slot)
+
+    # -- retention -----------------------------------------------------------------
+
+    def expire(self, now: float) -> None:
+        """Drops entries idle for longer than their domain's TTL (a full scan, at most
+        once every `EXPIRY_SCAN_S`: lookups call this, and `match` already refuses
+        expired entries)."""
+        if now < self._next_scan:
+            return
+        self._next_scan = now + EXPIRY_SCAN_S
+        for domain in list(self._lru):
+            ttl = self._ttl_of(domain)
+            if ttl is None:
+                continue
+            # Write-downs carry their device age, so the order is only roughly by age.
+            old = [k for k in self._lru[domain] if self._by_key[k].last_used + ttl <= now]
+            for key in old:
+                self._drop(key)
+                self.counters.expirations += 1
+
+    # -- for the engine ------------------------------------------------------------
+
+    def take_ops(self) -> list[TierOp]:
+        """The copies queued since the last call, in the order they must run."""
+        ops, self._ops = self._ops, []
+        return ops
+
+    def domain_blocks(self) -> dict[str, int]:
+        """Entries per domain (for tests and the console)."""
+        return {d: len(keys) for d, keys in self._lru.items()}
+
+    def stats(self) -> TierStats:
+        """Counters and size now."""
+        c = self.counters
+        return TierStats(
+            medium=self.medium,
+            capacity_blocks=self.num_slots,
+            blocks=len(self._by_key),
+            bytes_per_block=self.bytes_per_block,
+            lookups=c.lookups,
+            hits=c.hits,
+            hit_blocks=c.hit_blocks,
+            loads=c.loads,
+            write_backs=c.write_backs,
+            recomputed_instead=c.recomputed_instead,
+            evictions=c.evictions,
+            expirations=c.expirations,
+        )
+
+    def check_integrity(self) -> None:
+        """Every slot is free or held once; the LRU lists and tenant counts add up."""
+        held = [e.slot for e in self._by_key.values()]
+        if len(set(held)) != len(held) or set(held) & set(self._free):
+            raise AssertionError("a host tier slot is held twice, or held and free")
+        if len(held) + len(self._free) != self.num_slots or len(set(self._free)) != len(self._free):
+            raise AssertionError("host tier slots are lost or duplicated")
+        listed = {k: d for d, keys in self._lru.items() for k in keys}
+        if listed.keys() != self._by_key.keys() or any(
+            self._by_key[k].domain != d for k, d in listed.items()
+        ):
+            raise AssertionError("host tier LRU lists disagree with its entries")
+        tenants: dict[str, int] = {}
+        for e in self._by_key.values():
+            root = tenant_root(e.domain)
+            tenants[root] = tenants.get(root, 0) + 1
+        if tenants != self._per_tenant:
+            raise AssertionError("host tier tenant counts are off")
