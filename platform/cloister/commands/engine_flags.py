@@ -33,8 +33,8 @@ ENGINE_OPTIONS: tuple[Callable[[Any], Any], ...] = (
         "--weight-quant",
         type=click.Choice(["auto", "none", "int8", "int4"]),
         default=None,
-        help="Weight-only int8/int4 linears, CPU only (default auto: int4 for a Q4 GGUF, "
-        "int8 for Q5/Q6/Q8, none for float checkpoints and on CUDA).",
+        help="Weight-only int8/int4 linears, CPU only (default none; auto: int4 for a Q4 "
+        "GGUF, int8 for Q5/Q6/Q8, none for float checkpoints and on CUDA).",
     ),
     click.option(
         "--attention-backend", type=click.Choice(["auto", "torch", "cpu", "triton"]), default=None

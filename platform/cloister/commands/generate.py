@@ -30,7 +30,7 @@ from cloister.cli_context import json_option
 @click.option(
     "--weight-quant",
     type=click.Choice(["auto", "none", "int8", "int4"]),
-    default="auto",
+    default="none",
     show_default=True,
     help="Weight-only int8/int4 linears (auto: the model file's own, e.g. int4 for Q4_1).",
 )
