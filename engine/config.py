@@ -14,6 +14,12 @@ PrefixCacheMode = Literal["hash", "radix", "off"]
 SchedulingPolicy = Literal["fcfs", "lpm", "fair", "fair_lpm"]
 # The fused triton kernels in the model (engine/model/fused.py): auto = on CUDA with triton.
 FusedOpsMode = Literal["auto", "on", "off"]
+# How next tokens are proposed for one-pass verification (engine/speculative/); "off": none.
+SpeculativeMethod = Literal["off", "ngram", "draft"]
+SPECULATIVE_METHODS: tuple[str, ...] = ("off", "ngram", "draft")
+# Draft tokens one verify row may carry at most (a bound on hostile settings: the verify
+# pass's rows grow with it, and acceptance of a long draft falls off geometrically).
+MAX_SPECULATIVE_TOKENS = 16
 
 
 # The largest value of each shape field that a model may declare: well past every
@@ -265,6 +271,55 @@ class LoraConfig:
 
 
 @dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding: who proposes draft tokens, how many, and up to which batch.
+
+    Every value is checked here, so a bad setting fails at start with its name.
+    """
+
+    speculative_method: SpeculativeMethod = "off"
+    # Draft tokens proposed per sequence and step at most (adaptive k lowers it per sequence).
+    num_speculative_tokens: int = 4
+    # The draft model (a folder or GGUF file with the served model's tokenizer): for
+    # "draft" only, which needs it.
+    speculative_model: str | None = None
+    # Running sequences above which no step speculates (None: decided from measured step
+    # costs, engine/speculative/batch_gate.py).
+    speculative_max_batch: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.speculative_method not in SPECULATIVE_METHODS:
+            raise ValueError(
+                f"speculative_method must be one of {', '.join(SPECULATIVE_METHODS)}, "
+                f"not {self.speculative_method!r}"
+            )
+        k = self.num_speculative_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(
+                f"num_speculative_tokens must be an integer from 1 to {MAX_SPECULATIVE_TOKENS}, "
+                f"not {k!r}"
+            )
+        batch = self.speculative_max_batch
+        if batch is not None and (
+            isinstance(batch, bool) or not isinstance(batch, int) or batch < 1
+        ):
+            raise ValueError(f"speculative_max_batch must be a positive integer, not {batch!r}")
+        draft = self.speculative_method == "draft"
+        if draft and not self.speculative_model:
+            raise ValueError('speculative_method "draft" needs speculative_model (its path)')
+        if not draft and self.speculative_model is not None:
+            raise ValueError(
+                'speculative_model is set, but speculative_method is not "draft" '
+                f"({self.speculative_method!r}): say which method should use it"
+            )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any step may speculate."""
+        return self.speculative_method != "off"
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine needs, frozen after construction."""
 
@@ -273,5 +328,6 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     structured: StructuredConfig = field(default_factory=StructuredConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     attention_backend: AttentionBackendName = "auto"
     seed: int = 0

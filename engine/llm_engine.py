@@ -11,13 +11,14 @@ from typing import Any, overload
 
 import torch
 
-from engine.attention.backend import get_attention_backend
+from engine.attention.backend import AttentionBackend, get_attention_backend
 from engine.config import (
     CacheConfig,
     EngineConfig,
     LoraConfig,
     ModelConfig,
     SchedulerConfig,
+    SpeculativeConfig,
     StructuredConfig,
 )
 from engine.errors import EngineError, EngineOverloadedError, InvalidRequestError
@@ -42,6 +43,8 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler.output import ScheduledSequence, SchedulerOutput
 from engine.scheduler.scheduler import Scheduler
 from engine.sequence import Sequence
+from engine.speculative.draft import DraftProposer, check_draft_fits
+from engine.speculative.speculator import Speculator
 from engine.stats import EngineStats
 from engine.step_isolation import execute_isolated
 from engine.structured.compiler import GrammarCompiler
@@ -62,6 +65,7 @@ def build_config(model: str | None = None, **options: Any) -> EngineConfig:
         SchedulerConfig: {},
         StructuredConfig: {},
         LoraConfig: {},
+        SpeculativeConfig: {},
     }
     top: dict[str, Any] = {}
     top_fields = {f.name for f in dataclasses.fields(EngineConfig)} - {
@@ -70,6 +74,7 @@ def build_config(model: str | None = None, **options: Any) -> EngineConfig:
         "scheduler",
         "structured",
         "lora",
+        "speculative",
     }
     for key, value in options.items():
         for cls, bucket in groups.items():
@@ -88,6 +93,7 @@ def build_config(model: str | None = None, **options: Any) -> EngineConfig:
         scheduler=SchedulerConfig(**groups[SchedulerConfig]),
         structured=StructuredConfig(**groups[StructuredConfig]),
         lora=LoraConfig(**groups[LoraConfig]),
+        speculative=SpeculativeConfig(**groups[SpeculativeConfig]),
         **top,
     )
 
@@ -204,6 +210,15 @@ class LLMEngine:
             "on" if fused else "off",
             f"for batch sizes {list(graphs)}" if graphs else "off",
         )
+        # Drafts and their verification (None: speculative decoding is off).
+        self.speculator: Speculator | None = None
+        if config.speculative.enabled:
+            proposer = (
+                self._draft_proposer(backend, device)
+                if config.speculative.speculative_method == "draft"
+                else None
+            )
+            self.speculator = Speculator(config.speculative, self.max_model_len, proposer)
         self.requests: dict[str, RequestState] = {}
         # Requests refused after they were queued, to make room for a tenant under its
         # share of the waiting slots; the caller reports them (`take_refused`).
@@ -222,6 +237,26 @@ class LLMEngine:
                 buffer_steps=config.cache.kv_events_buffer_steps,
             )
             self._publish_kv_events()  # AllBlocksCleared: this engine holds no block yet
+
+    def _draft_proposer(self, backend: AttentionBackend, device: torch.device) -> DraftProposer:
+        """Loads `speculative_model` and checks it shares the served model's tokenizer.
+
+        Its KV pool has as many blocks as the target's: a draft model is smaller, so
+        its blocks are too, and every running sequence can keep its draft KV.
+        """
+        path = self.config.speculative.speculative_model
+        assert path is not None  # SpeculativeConfig checked it
+        draft = load_model(path, dtype=self.config.model.dtype, device=device, progress=False)
+        check_draft_fits(self.loaded, draft)
+        log.info("speculative decoding: draft model %s", draft.name)
+        return DraftProposer(
+            draft,
+            backend,
+            num_blocks=self.capacity.num_blocks,
+            block_size=self.config.cache.block_size,
+            dtype=self.config.model.dtype,
+            device=device,
+        )
 
     @classmethod
     def from_options(cls, model: str | None = None, **options: Any) -> LLMEngine:
@@ -383,7 +418,7 @@ class LLMEngine:
         state = self.requests.pop(request_id)
         self.scheduler.finish_all(state.seqs, "abort")
         for seq in state.seqs:
-            self.runner.release(seq.seq_id)
+            self._release(seq.seq_id)
         self._refused.append(
             (
                 request_id,
@@ -455,7 +490,13 @@ class LLMEngine:
             if state is not None:
                 self.scheduler.finish_all(state.seqs, "error")
                 for seq in state.seqs:
-                    self.runner.release(seq.seq_id)
+                    self._release(seq.seq_id)
+
+    def _release(self, seq_id: str) -> None:
+        """Forgets what the runner and the speculator kept for a sequence that ended."""
+        self.runner.release(seq_id)
+        if self.speculator is not None:
+            self.speculator.release(seq_id)
 
     def has_unfinished(self) -> bool:
         """True while any request is live."""
@@ -472,16 +513,21 @@ class LLMEngine:
         """
         started = time.perf_counter()
         try:
+            if self.speculator is not None:
+                self.speculator.prepare(self.scheduler.running)
             output = self.scheduler.schedule()
             if output.is_empty:
                 # Every running sequence waits for its next grammar mask: wait for one
                 # rather than spin (the loop steps again at once).
                 self.runner.matchers.wait_ahead(EMPTY_STEP_WAIT_S)
                 return []
+            generated = self._num_generated
             events = self._run_step(output)
             elapsed = time.perf_counter() - started
             self.scheduler.observe_step(output, elapsed)
-            if self.tier_cost is not None and any(i.num_new_tokens > 1 for i in output.scheduled):
+            if self.speculator is not None:
+                self.speculator.observe_step(output, self._num_generated - generated, elapsed)
+            if self.tier_cost is not None and any(i.num_prompt_tokens for i in output.scheduled):
                 # What recomputing a token costs, for the host tier's load-or-recompute rule.
                 tokens = sum(i.num_new_tokens for i in output.scheduled)
                 self.tier_cost.observe_prefill(tokens, elapsed)
@@ -533,20 +579,10 @@ class LLMEngine:
             try:
                 if token is not None and token.constraint_ended is not None:
                     touched[seq.request_id] = self._end_constrained(item, token, now)
-                    continue
-                if not self.scheduler.update_one(item, None if token is None else token.token_id):
-                    continue
-                assert token is not None
-                state = self.requests[seq.request_id]
-                touched[seq.request_id] = state
-                self._num_generated += 1
-                if state.first_token_time is None:  # its prompt is done: counted once
-                    self._num_prompt += len(state.prompt_token_ids)
-                stop = state.add_token(seq, token, now)
-                if stop is not None and not seq.is_finished:
-                    self.scheduler.finish(seq, "stop", stop)
-                elif token.grammar_complete and not seq.is_finished:
-                    self.scheduler.finish(seq, "stop")
+                elif item.spec and token is not None:
+                    self._take_verified(item, token, now, touched)
+                else:
+                    self._take_token(item, token, now, touched)
             except Exception as exc:
                 self._fail(seq.request_id, exc)
         events: list[StreamEvent] = []
@@ -561,6 +597,51 @@ class LLMEngine:
             if event is not None:
                 events.append(event)
         return events
+
+    def _take_token(
+        self,
+        item: ScheduledSequence,
+        token: SampledToken | None,
+        now: float,
+        touched: dict[str, RequestState],
+    ) -> None:
+        """Advances one scheduled row and hands its sampled token, if any, to its request."""
+        seq = item.seq
+        if not self.scheduler.update_one(item, None if token is None else token.token_id):
+            return
+        assert token is not None
+        state = self.requests[seq.request_id]
+        touched[seq.request_id] = state
+        self._num_generated += 1
+        if state.first_token_time is None:  # its prompt is done: counted once
+            self._num_prompt += len(state.prompt_token_ids)
+        stop = state.add_token(seq, token, now)
+        if stop is not None and not seq.is_finished:
+            self.scheduler.finish(seq, "stop", stop)
+        elif token.grammar_complete and not seq.is_finished:
+            self.scheduler.finish(seq, "stop")
+
+    def _take_verified(
+        self,
+        item: ScheduledSequence,
+        token: SampledToken,
+        now: float,
+        touched: dict[str, RequestState],
+    ) -> None:
+        """A verify row's tokens, taken one at a time as if each were its own decode step
+        (so stops, stop strings and lengths apply after every token, and the prefix
+        cache registers a block only once it is full of accepted tokens); then the
+        blocks held for rejected drafts are given back."""
+        seq = item.seq
+        assert self.speculator is not None
+        self.speculator.observe_verify(seq.seq_id, len(item.spec), len(token.accepted))
+        for j, token_id in enumerate((*token.accepted, token.token_id)):
+            if seq.is_finished:
+                break
+            single = ScheduledSequence(seq, item.start + j, 1)
+            self._take_token(single, SampledToken(token_id), now, touched)
+        if not seq.is_finished:
+            self.kv.trim(seq)
 
     def _end_constrained(
         self, item: ScheduledSequence, token: SampledToken, now: float
@@ -611,7 +692,7 @@ class LLMEngine:
         del self.requests[state.request_id]
         self._num_finished += 1
         for seq in state.seqs:
-            self.runner.release(seq.seq_id)
+            self._release(seq.seq_id)
         if self.keep_finished:
             self.finished[state.request_id] = state
         return event
@@ -650,4 +731,5 @@ class LLMEngine:
             kv_events_dropped=None if self.kv_events is None else self.kv_events.dropped,
             tenant_kv=self.scheduler.kv_shares.stats(self.scheduler.running),
             kv_tiers=() if self.kv.tier is None else (self.kv.tier.stats(),),
+            spec_decode=None if self.speculator is None else self.speculator.stats(),
         )

@@ -62,6 +62,9 @@ class Sequence:
     # and the device slot it holds from admission to its end (None: not placed yet).
     adapter_digest: str | None = None
     lora_slot: int | None = None
+    # Draft tokens proposed for the positions after the last known token, to be verified
+    # by the next step (engine/speculative/); empty when this sequence does not speculate.
+    spec_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.fairness_key:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from engine.kv_cache.counters import DomainCacheStats
 from engine.kv_cache.host_tier import TierStats
+from engine.speculative.stats import SpecDecodeStats
 
 
 @dataclass(frozen=True)
@@ -55,3 +56,5 @@ class EngineStats:
     # The KV tiers under the device pool (the host tier, L2), each with its blocks, bytes,
     # hits, loads, write-backs and hits recomputed instead of loaded; () where none is on.
     kv_tiers: tuple[TierStats, ...] = ()
+    # Speculative decoding's drafts, draft tokens and accepted tokens (None: it is off).
+    spec_decode: SpecDecodeStats | None = None

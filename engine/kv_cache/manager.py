@@ -614,6 +614,19 @@ class KVCacheManager:
                 self.pool.incref([block])
                 self._pinned.add(block)
 
+    def trim(self, seq: Sequence) -> None:
+        """Gives back the blocks past a sequence's known tokens: those a verify step
+        allocated for draft tokens it then rejected. They were never registered (only
+        blocks full of computed, hence accepted, tokens are), so no rejected token
+        reaches the prefix cache; the list is replaced, not shrunk in place, so the
+        runner's block table notices."""
+        keep = self.blocks_needed(seq.num_tokens)
+        if len(seq.block_ids) <= keep:
+            return
+        tail = seq.block_ids[keep:]
+        seq.block_ids = seq.block_ids[:keep]
+        self._release(tail, seq.cache_domain)
+
     def free(self, seq: Sequence, *, keep_keys: bool = False) -> None:
         """Releases the sequence's blocks; cached ones stay (idle) until evicted.
 

@@ -4,7 +4,8 @@ scheduled:  seq A (prefill chunk, 5 tokens) | seq B (decode, 1) | seq C (decode,
 input_ids:  a5 a6 a7 a8 a9                  | b12              | c3
 positions:   5  6  7  8  9                  | 12               |  3
 query_start_loc: [0, 5, 6, 7]      seq_lens: [10, 13, 4]
-logits rows: the last row of every sequence that samples this step.
+logits rows: the last row of every sequence that samples this step; a verify row
+(speculative decoding: the last known token then k draft tokens) has k + 1 of them.
 """
 
 from __future__ import annotations
@@ -28,8 +29,11 @@ class StepInputs:
     input_ids: torch.Tensor  # int64 [num_tokens]
     positions: torch.Tensor  # int64 [num_tokens]
     meta: AttentionMetadata
-    logits_indices: torch.Tensor  # int64 [num_sampling_seqs]
-    sampling_positions: tuple[int, ...]  # index into output.scheduled of each logits row
+    logits_indices: torch.Tensor  # int64 [num logits rows]
+    sampling_positions: tuple[int, ...]  # index into output.scheduled of each sampling seq
+    # Logits rows of each sampling sequence, in the order of `sampling_positions`: 1, or
+    # 1 + its draft tokens for a verify row. () when every sequence has one row.
+    rows_per_seq: tuple[int, ...] = ()
 
 
 def build_step_inputs(
@@ -56,10 +60,12 @@ def build_step_inputs(
     query_lens: list[int] = []
     logits_rows: list[int] = []
     sampling_positions: list[int] = []
+    rows_per_seq: list[int] = []
     max_blocks = 1
     for idx, item in enumerate(output.scheduled):
         seq = item.seq
-        input_ids.extend(seq.token_ids(item.start, item.end))
+        input_ids.extend(seq.token_ids(item.start, item.known_end))
+        input_ids.extend(item.spec)
         positions.extend(range(item.start, item.end))
         table = seq.block_ids
         _extend_slots(slots, table, item.start, item.end, block_size)
@@ -69,8 +75,10 @@ def build_step_inputs(
         max_blocks = max(max_blocks, len(table))
         rows.append(table_rows.sync(seq))
         if item.samples:
-            logits_rows.append(query_start[-1] - 1)
+            last = query_start[-1] - 1
+            logits_rows.extend(range(last - len(item.spec), last + 1))
             sampling_positions.append(idx)
+            rows_per_seq.append(1 + len(item.spec))
 
     tables = table_rows.gather(rows, max_blocks)
     ids_t, positions_t, slots_t, logits_t = _pack(
@@ -95,6 +103,7 @@ def build_step_inputs(
         meta=meta,
         logits_indices=logits_t,
         sampling_positions=tuple(sampling_positions),
+        rows_per_seq=tuple(rows_per_seq) if len(logits_rows) > len(rows_per_seq) else (),
     )
 
 

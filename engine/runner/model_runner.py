@@ -26,8 +26,9 @@ from engine.sampling import Sampler, SamplingRow, make_generator
 from engine.sampling.penalties import needs_adjustment
 from engine.scheduler.output import ScheduledSequence, SchedulerOutput
 from engine.sequence import Sequence
+from engine.speculative.verify import verify_greedy, verify_sampled
 from engine.structured.compiler import GrammarCompiler
-from engine.structured.matchers import MatcherTable
+from engine.structured.matchers import MatcherTable, PendingMasks
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,9 @@ class SampledToken:
     # Why the sequence's constraint can go no further (a dead end, a parser limit, its mask
     # budget): `token_id` is then meaningless, and the sequence ends without it.
     constraint_ended: str | None = None
+    # A verify row's accepted draft tokens, which come before `token_id` (speculative
+    # decoding); () for every other row.
+    accepted: tuple[int, ...] = ()
 
 
 class ModelRunner:
@@ -75,6 +79,10 @@ class ModelRunner:
         ]
         self.sampler = Sampler()
         self._generators: dict[str, torch.Generator] = {}
+        # Uniforms each sampled sequence has drawn in its finished steps: a plain row
+        # draws one per token, a verify row one per draft scored plus one.
+        self._draws: dict[str, int] = {}
+        self._step_draws: dict[str, int] = {}  # the running step's, until it ends
         # Matchers of the structured sequences; batches without one never look at it.
         self.matchers = MatcherTable(grammars, pin_memory=device.type == "cuda")
         # Host copy of the live sequences' block tables, updated by diffs each step.
@@ -108,9 +116,19 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> dict[str, SampledToken]:
         """Runs one step; returns the sampled token of every sequence that samples."""
+        self._step_draws = {}
+        sampled = self._execute(output)
+        # Counted only once the step went through: a failed one is retried after `rewind`.
+        for key, count in self._step_draws.items():
+            self._draws[key] = self._draws.get(key, 0) + count
+        return sampled
+
+    def _execute(self, output: SchedulerOutput) -> dict[str, SampledToken]:
         inputs = build_step_inputs(output, self.block_size, self.device, self.block_table)
         lora = self.lora.batch(output) if self.lora is not None else None
-        seqs = [output.scheduled[i].seq for i in inputs.sampling_positions]
+        items = [output.scheduled[i] for i in inputs.sampling_positions]
+        # Verify rows (drafts) never have a grammar: only the others take masks.
+        seqs = [item.seq for item in items if not item.spec]
         # Grammar masks are filled on the host while the forward runs (on any device).
         pending = self.matchers.start_masks(seqs)
         try:
@@ -122,6 +140,47 @@ class ModelRunner:
         if not inputs.sampling_positions:
             return {}
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        if not inputs.rows_per_seq:
+            return self._sample(seqs, logits, pending)
+        # Each sequence's first logits row; a verify row's k + 1 rows follow it.
+        first = [0]
+        for count in inputs.rows_per_seq[:-1]:
+            first.append(first[-1] + count)
+        plain = [f for f, item in zip(first, items, strict=True) if not item.spec]
+        sampled = self._sample(seqs, logits[plain], pending) if seqs else {}
+        verify = [(item, f) for f, item in zip(first, items, strict=True) if item.spec]
+        sampled.update(self._verify(verify, logits))
+        return sampled
+
+    def _verify(
+        self, rows: list[tuple[ScheduledSequence, int]], logits: torch.Tensor
+    ) -> dict[str, SampledToken]:
+        """The verdicts of the verify rows, each given with its first logits row."""
+        out: dict[str, SampledToken] = {}
+        greedy = [(item, f) for item, f in rows if item.seq.params.greedy]
+        if greedy:
+            index = [f + j for item, f in greedy for j in range(len(item.spec) + 1)]
+            targets = logits[index].argmax(dim=-1).tolist()
+            at = 0
+            for item, _ in greedy:
+                width = len(item.spec) + 1
+                verdict = verify_greedy(targets[at : at + width], item.spec)
+                at += width
+                out[item.seq.seq_id] = SampledToken(verdict.token, accepted=verdict.accepted)
+        for item, f in rows:
+            seq = item.seq
+            if seq.params.greedy:
+                continue
+            row = self._row(seq)
+            verdict = verify_sampled(logits[f : f + len(item.spec) + 1], item.spec, row)
+            self._step_draws[seq.seq_id] = verdict.draws
+            out[seq.seq_id] = SampledToken(verdict.token, accepted=verdict.accepted)
+        return out
+
+    def _sample(
+        self, seqs: list[Sequence], logits: torch.Tensor, pending: PendingMasks | None
+    ) -> dict[str, SampledToken]:
+        """Samples one token per sequence from its logits row (no drafts)."""
         rows = [self._row(seq) for seq in seqs]
         mask = None if pending is None else self.matchers.finish_masks(pending)
         if mask is None and _plain_greedy(rows):
@@ -140,6 +199,9 @@ class ModelRunner:
             (set(), {}) if mask is None else self.matchers.consume(seqs, result.token_ids, mask)
         )
         sampled: dict[str, SampledToken] = {}
+        for row in rows:
+            if not row.params.greedy:  # one uniform each (see `rewind`)
+                self._step_draws[row.state_key or ""] = 1
         for seq, token, lp in zip(seqs, result.token_ids, result.logprobs, strict=True):
             done = seq.seq_id in complete
             why = ended.get(seq.seq_id)
@@ -186,9 +248,10 @@ class ModelRunner:
         """Puts the random state of these rows back where it was before the step ran.
 
         For a retry of part of a failed step (engine.step_isolation). A sampled row
-        (temperature > 0) draws exactly one uniform per output token, so its
-        generator is rebuilt from its seed and advanced by that many draws; greedy
-        rows never draw. Costs O(output tokens) per sampled row, on retries only.
+        (temperature > 0) counts the uniforms its finished steps drew (one per
+        token, or per draft scored plus one on a verify row), so its generator is
+        rebuilt from its seed and advanced by that many draws; greedy rows never
+        draw. Costs O(output tokens) per sampled row, on retries only.
         A structured row's matcher is rolled back to the row's output tokens.
         """
         for item in items:
@@ -199,7 +262,7 @@ class ModelRunner:
                 continue
             fresh = torch.Generator(device=old.device)
             fresh.manual_seed(old.initial_seed())
-            for _ in range(seq.num_output_tokens):
+            for _ in range(self._draws.get(seq.seq_id, 0)):
                 torch.rand((), generator=fresh, dtype=torch.float64, device=fresh.device)
             self._generators[seq.seq_id] = fresh
 
@@ -217,6 +280,7 @@ class ModelRunner:
         matcher) and block-table row. A preempted sequence keeps them all: its history
         is unchanged."""
         self._generators.pop(seq_id, None)
+        self._draws.pop(seq_id, None)
         self.matchers.release(seq_id)
         self.sampler.release(seq_id)
         self.block_table.release(seq_id)

@@ -13,17 +13,31 @@ class ScheduledSequence:
 
     seq: Sequence
     start: int  # num_computed_tokens when scheduled
-    num_new_tokens: int
+    num_new_tokens: int  # the draft tokens included
+    # Draft tokens after the last known one, scored in the same pass (speculative
+    # decoding); `num_new_tokens` counts them. Empty for every other row.
+    spec: tuple[int, ...] = ()
 
     @property
     def end(self) -> int:
-        """Token index one past the last token computed this step."""
+        """Token index one past the last token computed this step (drafts included)."""
         return self.start + self.num_new_tokens
+
+    @property
+    def known_end(self) -> int:
+        """One past the last known (not draft) token this step computes."""
+        return self.end - len(self.spec)
 
     @property
     def samples(self) -> bool:
         """True when this step reaches the sequence's last known token, so a new one is sampled."""
-        return self.end == self.seq.num_tokens
+        return self.known_end == self.seq.num_tokens
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Tokens of a prompt chunk this row computes (0 for a decode or verify row)."""
+        known = self.num_new_tokens - len(self.spec)
+        return known if known > 1 else 0
 
 
 @dataclass(frozen=True)

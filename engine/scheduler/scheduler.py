@@ -139,6 +139,14 @@ class Scheduler:
             if num_new == 0:  # a prompt chunk, and this step's prefill is spent
                 i += 1
                 continue
+            draft = self._draft(seq, num_new, budget)
+            if draft:
+                scheduled.append(
+                    ScheduledSequence(seq, seq.num_computed_tokens, 1 + len(draft), draft)
+                )
+                budget -= 1 + len(draft)
+                i += 1
+                continue
             while not self._fits_quota(seq, num_new) or not self.kv.allocate_slots(seq, num_new):
                 victim = self._victim(seq, num_new)
                 budget += self._preempt_running(victim, seq, scheduled, preempted)
@@ -166,7 +174,7 @@ class Scheduler:
         elif self.kv_shares.enabled:
             budget = self._admit(budget, scheduled, shares, preempted, within_share=True)
 
-        self._prompted = {i.seq.fairness_key for i in scheduled if i.num_new_tokens > 1}
+        self._prompted = {i.seq.fairness_key for i in scheduled if i.num_prompt_tokens}
         self._rows_held = held
         return SchedulerOutput(
             scheduled=tuple(scheduled),
@@ -266,8 +274,7 @@ class Scheduler:
             if item.seq is victim:
                 del scheduled[j]
                 given_back = item.num_new_tokens
-                if given_back > 1:
-                    self._prefill_left += given_back
+                self._prefill_left += item.num_prompt_tokens
                 break
         self.running.remove(victim)
         self._preempt(victim)
@@ -406,6 +413,27 @@ class Scheduler:
                 return None
             given_back += self._preempt_running(victim, seq, scheduled, preempted)
         return given_back
+
+    def _draft(self, seq: Sequence, num_new: int, budget: int) -> tuple[int, ...]:
+        """The draft tokens a decoding `seq` carries this step, with their KV slots
+        allocated (the known token's too); () for a plain row.
+
+        Drafts are a bet: they take only the step's spare budget and free blocks,
+        never another tenant's cached blocks nor a preemption, and stay within the
+        tenant's KV quota; whatever does not fit is cut from the draft's end.
+        """
+        if num_new != 1 or not seq.spec_token_ids:
+            return ()
+        if seq.num_tokens - seq.num_computed_tokens != 1:
+            return ()
+        held = len(seq.block_ids) + self.kv.pool.num_uncached_free
+        room = held * self.kv.block_size - seq.num_computed_tokens - 1
+        count = min(len(seq.spec_token_ids), budget - 1, room)
+        while count > 0 and not self._fits_quota(seq, 1 + count):
+            count -= 1
+        if count <= 0 or not self.kv.allocate_slots(seq, 1 + count):
+            return ()
+        return tuple(seq.spec_token_ids[:count])
 
     def _place_adapter(self, seq: Sequence) -> bool:
         """Gives a LoRA sequence its adapter's slot and pins the adapter for it; False while

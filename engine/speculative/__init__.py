@@ -1,0 +1,1 @@
+"""Speculative decoding: draft tokens proposed per sequence, verified in one forward pass."""
