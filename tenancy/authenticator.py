@@ -25,6 +25,7 @@ from tenancy.keys import find_key, hash_secret
 from tenancy.limits import EffectiveLimits, LimitValues, merge_limits
 from tenancy.models import ApiKey, Limit, Tenant
 from tenancy.principal import IsolationLevel, Principal
+from tenancy.validation import stream_cadence_tokens
 
 MAX_CACHED_KEYS = 10_000  # bounds memory under a flood of random bearer tokens
 
@@ -178,6 +179,7 @@ class Authenticator:
             limits=limits,
             allowed_models=_intersect(key_models, limits.allowed_models),
             never_cache=bool(tenant.never_cache),
+            stream_chunk_tokens=stream_cadence_tokens(tenant.stream_cadence),
         )
         return _KeyState(
             principal=principal,

@@ -95,6 +95,11 @@ class Tenant(Base):
     never_cache: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
     # Hard cap on the KV blocks the tenant's running sequences may hold (None: no cap).
     kv_quota_blocks: Mapped[int | None] = mapped_column(Integer, default=None)
+    # How the gateway chunks this tenant's streamed text: "token" or "fixed:N" (see
+    # gateway/stream_cadence.py); checked by the store, not by the database.
+    stream_cadence: Mapped[str] = mapped_column(
+        String(16), default="token", server_default=text("'token'")
+    )
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
     # Set by a delete: the tenant stays (suspended, its keys revoked) so that its usage,
     # billing and audit records keep their owner; its name stays taken.

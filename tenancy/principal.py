@@ -28,6 +28,9 @@ class Principal:
     limits: EffectiveLimits
     allowed_models: frozenset[str] | None  # None: every model in the registry
     never_cache: bool = False  # the tenant's policy: no request of it reads or writes the cache
+    # Streamed text in chunks of this many tokens (None: as the engine emits it), so that
+    # chunk sizes and timing do not show how many tokens each engine step produced.
+    stream_chunk_tokens: int | None = None
 
 
 def _checked_id(value: str, what: str) -> str:

@@ -31,6 +31,7 @@ from tenancy.validation import (
     check_limit_int,
     check_optional_flag,
     check_retention_ttl,
+    check_stream_cadence,
     check_tenant_name,
     check_weight,
 )
@@ -59,6 +60,7 @@ TENANT_POLICY_FIELDS: dict[str, Callable[[Any], Any]] = {
     "scrub_on_free": lambda v: check_optional_flag("scrub_on_free", v),
     "never_cache": lambda v: check_flag("never_cache", v),
     "kv_quota_blocks": check_kv_quota_blocks,
+    "stream_cadence": check_stream_cadence,
 }
 
 
@@ -81,17 +83,28 @@ def get_tenant(session: Session, name: str) -> Tenant:
 
 
 def create_tenant(
-    session: Session, *, name: str, isolation_level: str = "tenant", weight: float = 1.0
+    session: Session,
+    *,
+    name: str,
+    isolation_level: str = "tenant",
+    weight: float = 1.0,
+    stream_cadence: str = "token",
 ) -> Tenant:
     """Create an active tenant; ConflictError when the name is taken."""
     name = check_tenant_name(name.strip() if isinstance(name, str) else name)
     if isolation_level not in ISOLATION_LEVELS:
         raise InvalidValueError(f"isolation must be one of {', '.join(ISOLATION_LEVELS)}")
     weight = check_weight(weight)
+    stream_cadence = check_stream_cadence(stream_cadence)
     if session.scalars(select(Tenant.id).where(Tenant.name == name)).first() is not None:
         raise ConflictError(f"a tenant named {name!r} already exists")
     tenant = Tenant(
-        id=new_id("ten"), name=name, status="active", isolation_level=isolation_level, weight=weight
+        id=new_id("ten"),
+        name=name,
+        status="active",
+        isolation_level=isolation_level,
+        weight=weight,
+        stream_cadence=stream_cadence,
     )
     session.add(tenant)
     try:

@@ -187,3 +187,39 @@ def check_flag(field: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise InvalidValueError(f"{field} must be true or false")
     return value
+
+
+# A tenant's stream cadence: "token" (each engine event's text as it comes) or "fixed:N"
+# (streamed text in chunks of exactly N tokens). Bounded so that a typo cannot make a
+# stream a single chunk at its end; 64 tokens is a few lines of text.
+STREAM_CADENCE_TOKEN = "token"
+MAX_STREAM_CADENCE_TOKENS = 64
+_FIXED_CADENCE = re.compile(r"fixed:([1-9][0-9]{0,2})")
+
+
+def check_stream_cadence(value: Any) -> str:
+    """A stream cadence: "token", or "fixed:N" with N an integer from 1 to
+    MAX_STREAM_CADENCE_TOKENS; else InvalidValueError naming the field."""
+    if value == STREAM_CADENCE_TOKEN:
+        return STREAM_CADENCE_TOKEN
+    match = _FIXED_CADENCE.fullmatch(value) if isinstance(value, str) else None
+    if match is None or not 1 <= int(match.group(1)) <= MAX_STREAM_CADENCE_TOKENS:
+        raise InvalidValueError(
+            f'stream_cadence must be "token" or "fixed:N" with N an integer from 1 to '
+            f"{MAX_STREAM_CADENCE_TOKENS}"
+        )
+    return match.group(0)
+
+
+def stream_cadence_tokens(value: str) -> int | None:
+    """The chunk size in tokens of a checked cadence; None for "token" (no re-chunking).
+
+    A stored value that no longer parses (edited by hand) reads as the default: the
+    gateway must keep streaming, and the store refuses such values on every write."""
+    try:
+        checked = check_stream_cadence(value)
+    except InvalidValueError:
+        return None
+    if checked == STREAM_CADENCE_TOKEN:
+        return None
+    return int(checked.removeprefix("fixed:"))

@@ -71,6 +71,7 @@ def tenant_public(t: Tenant) -> TenantPublic:
         scrub_on_free=t.scrub_on_free,
         never_cache=bool(t.never_cache),
         kv_quota_blocks=t.kv_quota_blocks,
+        stream_cadence=t.stream_cadence,
         created_at=t.created_at,
     )
 

@@ -31,6 +31,7 @@ from gateway.params import (
 from gateway.routing import session_hint
 from gateway.schemas.common import SamplingFields
 from gateway.sse import DONE, SettlingStreamingResponse
+from gateway.stream_cadence import Cadence, paced_events
 from gateway.structured_output import structured_spec
 from gateway.tenant_kv import tenant_key
 from tenancy.principal import derive_cache_domain
@@ -53,6 +54,7 @@ class Submitted:
     streams: list[AsyncIterator[StreamEvent]]
     headers: dict[str, str]
     n: int
+    cadence: Cadence | None = None  # the tenant's fixed stream cadence; None: per event
 
 
 @dataclass
@@ -155,8 +157,29 @@ async def admit_and_submit(
         )
         for i, prompt in enumerate(prompts)
     ]
+    cadence = None
+    if principal.stream_chunk_tokens is not None:
+        # Built before anything is queued: nothing may fail between submit and return.
+        cadence = Cadence(
+            tokens=principal.stream_chunk_tokens,
+            tokenizer=life.prompts.tokenizer,
+            stop=params.stop,
+            skip_special_tokens=params.skip_special_tokens,
+        )
     streams = life.submit(requests)
-    return Submitted(streams=streams, headers=headers, n=body.n)
+    return Submitted(streams=streams, headers=headers, n=body.n, cadence=cadence)
+
+
+def stream_events(
+    life: RequestLifecycle, submitted: Submitted
+) -> AsyncIterator[tuple[int, StreamEvent]]:
+    """The (prompt index, event) pairs a streaming route renders: the engine's events,
+    re-chunked to the tenant's stream cadence when it has a fixed one
+    (gateway.stream_cadence). Usage is counted on the engine's events, before this."""
+    events = life.events(submitted.streams)
+    if submitted.cadence is None:
+        return events
+    return paced_events(events, submitted.cadence)
 
 
 async def submit_with_fallback(life: RequestLifecycle, prepare: Callable[[], Awaitable[T]]) -> T:

@@ -77,7 +77,11 @@ def create_tenant(ctx: Ctx, body: TenantCreate) -> TenantPublic:
         "tenant.create",
         f"tenants/{body.name}",
         lambda: store.create_tenant(
-            ctx.session, name=body.name, isolation_level=body.isolation_level, weight=body.weight
+            ctx.session,
+            name=body.name,
+            isolation_level=body.isolation_level,
+            weight=body.weight,
+            stream_cadence=body.stream_cadence,
         ),
         detail=lambda t: {"after": tenant_public(t).model_dump(mode="json")},
     )

@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt
 
 from admin.schemas.common import IsoTime
 from admin.schemas.overview import SpendPeriod
 from tenancy import store
+from tenancy.errors import InvalidValueError
+from tenancy.validation import check_stream_cadence
 
 POLICY_FIELDS = frozenset(store.TENANT_POLICY_FIELDS)
+
+
+def _cadence(value: str) -> str:
+    """The store's check, run while the body is parsed, so that a bad value is a 400
+    whose `param` is stream_cadence (the store checks again on write)."""
+    try:
+        return check_stream_cadence(value)
+    except InvalidValueError as exc:
+        raise ValueError(str(exc)) from None
+
+
+StreamCadence = Annotated[str, AfterValidator(_cadence)]
 
 
 class TenantCreate(BaseModel):
@@ -17,6 +33,7 @@ class TenantCreate(BaseModel):
     name: str
     isolation_level: str = "tenant"
     weight: float = 1.0
+    stream_cadence: StreamCadence = "token"
 
 
 class TenantPolicy(BaseModel):
@@ -32,8 +49,10 @@ class TenantPolicy(BaseModel):
     scrub_on_free: StrictBool | None = None
     never_cache: StrictBool | None = None
     kv_quota_blocks: StrictInt | None = None
+    # null is refused by the store: a cadence always has a value ("token" is the default).
+    stream_cadence: StreamCadence | None = None
 
-    def changes(self) -> dict[str, float | int | bool | None]:
+    def changes(self) -> dict[str, float | int | bool | str | None]:
         """The policy fields the caller sent, with their values."""
         return {f: getattr(self, f) for f in sorted(self.model_fields_set & POLICY_FIELDS)}
 
@@ -65,6 +84,7 @@ class TenantPublic(BaseModel):
     scrub_on_free: bool | None
     never_cache: bool
     kv_quota_blocks: int | None
+    stream_cadence: str
     created_at: IsoTime | None
 
 

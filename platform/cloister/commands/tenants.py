@@ -52,6 +52,7 @@ def tenant_dict(tenant: Tenant) -> dict[str, Any]:
         "scrub_on_free": tenant.scrub_on_free,
         "never_cache": bool(tenant.never_cache),
         "kv_quota_blocks": tenant.kv_quota_blocks,
+        "stream_cadence": tenant.stream_cadence,
         "created_at": tenant.created_at.isoformat(),
     }
 
@@ -64,6 +65,12 @@ def limits_dict(limits: EffectiveLimits) -> dict[str, Any]:
     return out
 
 
+STREAM_CADENCE_HELP = (
+    'How streamed text is chunked: "token" (as the engine emits it) or "fixed:N" '
+    "(N tokens a chunk, 1 to 64), which hides how many tokens each engine step produced."
+)
+
+
 @click.group("tenants")
 def tenants() -> None:
     """Manage tenants and their limits."""
@@ -73,12 +80,24 @@ def tenants() -> None:
 @click.argument("name")
 @click.option("--isolation", type=click.Choice(["tenant", "key", "user"]), default="tenant")
 @click.option("--weight", type=float, default=1.0, show_default=True)
+@click.option(
+    "--stream-cadence",
+    default="token",
+    show_default=True,
+    help=STREAM_CADENCE_HELP,
+)
 @json_option
 @storage_options
-def create(name: str, isolation: str, weight: float, as_json: bool) -> None:
+def create(name: str, isolation: str, weight: float, stream_cadence: str, as_json: bool) -> None:
     """Create a tenant."""
     with open_session() as (settings, session):
-        tenant = store.create_tenant(session, name=name, isolation_level=isolation, weight=weight)
+        tenant = store.create_tenant(
+            session,
+            name=name,
+            isolation_level=isolation,
+            weight=weight,
+            stream_cadence=stream_cadence,
+        )
         audit_change(
             session,
             settings,
@@ -87,6 +106,7 @@ def create(name: str, isolation: str, weight: float, as_json: bool) -> None:
             tenant_id=tenant.id,
             isolation_level=isolation,
             weight=weight,
+            stream_cadence=tenant.stream_cadence,
         )
         echo_result(
             tenant_dict(tenant), as_json, lambda: f"created tenant {tenant.name} ({tenant.id})"
@@ -206,6 +226,7 @@ def set_limits(name: str, as_json: bool, **options: Any) -> None:
     help="Most KV blocks this tenant's running sequences may hold (none: no quota).",
 )
 @click.option("--no-kv-quota", is_flag=True, help="Remove the KV quota.")
+@click.option("--stream-cadence", help=STREAM_CADENCE_HELP)
 @json_option
 @storage_options
 def update(
@@ -221,11 +242,12 @@ def update(
     never_cache: bool | None,
     kv_quota_blocks: int | Cleared | None,
     no_kv_quota: bool,
+    stream_cadence: str | None,
     as_json: bool,
 ) -> None:
-    """Change a tenant's weight, cache policy and KV quota (only the options given change;
-    `none` clears a floor, TTL or quota); the running server applies it within its refresh
-    interval."""
+    """Change a tenant's weight, cache policy, KV quota and stream cadence (only the
+    options given change; `none` clears a floor, TTL or quota); the running server applies
+    it within its refresh interval."""
     _exclusive(
         ("--no-cache-floor", no_cache_floor),
         ("--cache-floor-blocks", cache_floor_blocks is not None),
@@ -245,6 +267,7 @@ def update(
         "scrub_on_free": scrub_on_free,
         "never_cache": never_cache,
         "kv_quota_blocks": kv_quota_blocks,
+        "stream_cadence": stream_cadence,
     }
     changed: dict[str, Any] = {
         k: None if v is CLEAR else v for k, v in given.items() if v is not None

@@ -18,6 +18,7 @@ from gateway.generation import (
     choice_index,
     collect,
     settled_on_error,
+    stream_events,
     stream_response,
     submit_with_fallback,
 )
@@ -200,7 +201,7 @@ async def _stream(
         first = ChunkDelta(role="assistant", content=None if tooling.active else "")
         yield chunk([ChunkChoice(index=index, delta=first)])
     try:
-        async for prompt_index, event in life.events(submitted.streams):
+        async for prompt_index, event in stream_events(life, submitted):
             for d in event.deltas:
                 index = choice_index(prompt_index, d.index, submitted.n)
                 if splitters:

@@ -18,6 +18,7 @@ from gateway.generation import (
     choice_index,
     collect,
     settled_on_error,
+    stream_events,
     stream_response,
     submit_with_fallback,
 )
@@ -160,7 +161,7 @@ async def _stream(
     exclude = None if include_usage else {"usage"}
     offsets = [0] * (submitted.n * len(submitted.streams))
     try:
-        async for prompt_index, event in life.events(submitted.streams):
+        async for prompt_index, event in stream_events(life, submitted):
             for d in event.deltas:
                 index = choice_index(prompt_index, d.index, submitted.n)
                 logprobs = None

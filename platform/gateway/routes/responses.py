@@ -37,6 +37,7 @@ from gateway.generation import (
     admit_and_submit,
     collect,
     settled_on_error,
+    stream_events,
     submit_with_fallback,
 )
 from gateway.generation import stream_response as settling_stream
@@ -344,7 +345,7 @@ async def _stream(
     for chunk in events.opening(message=parser is None):
         yield chunk
     try:
-        async for _, event in life.events(submitted.streams):
+        async for _, event in stream_events(life, submitted):
             for d in event.deltas:
                 if not d.text and d.finish_reason is None:
                     continue

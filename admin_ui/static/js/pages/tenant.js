@@ -53,7 +53,8 @@ const numberOrNull = (input) => (input.value === "" ? null : Number(input.value)
 function settingsForm(ctx, t, rerender) {
   const policy = `cache floor: ${floorText(t)} · retention TTL: ${t.retention_ttl_s === null ? "engine default" : `${fmtNum(t.retention_ttl_s, 1)} s`}` +
     ` · scrub freed blocks: ${t.scrub_on_free === null ? "engine default" : (t.scrub_on_free ? "yes" : "no")} · never cache: ${t.never_cache ? "yes" : "no"}` +
-    ` · KV quota: ${t.kv_quota_blocks === null ? "none" : `${t.kv_quota_blocks} blocks`}`;
+    ` · KV quota: ${t.kv_quota_blocks === null ? "none" : `${t.kv_quota_blocks} blocks`}` +
+    ` · stream cadence: ${t.stream_cadence}`;
   if (!ctx.canWrite) {
     return el("div", {},
       el("p", {}, `Cache isolation: ${t.isolation_level} · scheduling weight: ${fmtNum(t.weight, 2)}`),
@@ -70,6 +71,9 @@ function settingsForm(ctx, t, rerender) {
   const never = field("Never cache", { name: "never_cache", value: String(t.never_cache), options: [["false", "no"], ["true", "yes"]] });
   const quota = field("KV quota (blocks)", { name: "kv_quota_blocks", type: "number", min: "1", step: "1", placeholder: "none",
     value: t.kv_quota_blocks ?? "", help: "Most KV blocks this tenant's running requests may hold; empty: no quota." });
+  // Free text, checked by the server ("token" or "fixed:N"), whose message shows below.
+  const cadence = field("Stream cadence", { name: "stream_cadence", value: t.stream_cadence, placeholder: "token",
+    help: "token: text as the engine emits it; fixed:N: N tokens a chunk (1-64), hiding how many tokens each step produced." });
   const error = el("span", { class: "error", role: "alert", id: "tenant-settings-error" });
   return el("form", { "aria-label": "Tenant settings", onsubmit: async (e) => {
     e.preventDefault();
@@ -86,12 +90,13 @@ function settingsForm(ctx, t, rerender) {
       scrub_on_free: scrub.input.value === "" ? null : scrub.input.value === "true",
       never_cache: never.input.value === "true",
       kv_quota_blocks: numberOrNull(quota.input),
+      stream_cadence: cadence.input.value.trim() || "token",
     };
     const ok = await attempt(() => api.patch(`/tenants/${encodeURIComponent(t.name)}/settings`, body),
       (err) => { error.textContent = err.message; });
     if (ok) { rerender(); showBanner("Settings saved.", "info"); }
   } }, el("div", { class: "row" }, isolation, weight),
-  el("div", { class: "row" }, floor, floorUnit, ttl, scrub, never, quota),
+  el("div", { class: "row" }, floor, floorUnit, ttl, scrub, never, quota, cadence),
   el("div", { class: "row" }, el("button", { type: "submit" }, "Save settings"), error));
 }
 

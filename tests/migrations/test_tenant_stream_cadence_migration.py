@@ -1,0 +1,63 @@
+"""Migration 0017 (tenants.stream_cadence) keeps data both ways; an existing tenant
+streams as before ("token")."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from tenancy.db import downgrade_database, make_engine, upgrade_database
+
+
+def _columns(engine: sa.Engine) -> set[str]:
+    return {c["name"] for c in sa.inspect(engine).get_columns("tenants")}
+
+
+def _round_trip(url: str) -> None:
+    upgrade_database(url, "0016")
+    engine = make_engine(url)
+    with engine.begin() as c:
+        c.execute(
+            sa.text(
+                "INSERT INTO tenants (id, name, status, isolation_level, weight, created_at,"
+                " never_cache) VALUES ('ten_1', 'acme', 'active', 'tenant', 1.0, :n, true)"
+            ),
+            {"n": dt.datetime.now(dt.UTC)},
+        )
+    upgrade_database(url, "0017")
+    assert "stream_cadence" in _columns(engine)
+    with engine.connect() as c:  # an existing tenant: today's behaviour, its policy kept
+        row = c.execute(sa.text("SELECT stream_cadence, never_cache FROM tenants")).one()
+        assert tuple(row) == ("token", True)
+    with engine.begin() as c:
+        c.execute(sa.text("UPDATE tenants SET stream_cadence = 'fixed:4'"))
+        # A row inserted without the column (an older writer) gets the default too.
+        c.execute(
+            sa.text(
+                "INSERT INTO tenants (id, name, status, isolation_level, weight, created_at)"
+                " VALUES ('ten_2', 'beta', 'active', 'tenant', 1.0, :n)"
+            ),
+            {"n": dt.datetime.now(dt.UTC)},
+        )
+    with engine.connect() as c:
+        rows = c.execute(sa.text("SELECT name, stream_cadence FROM tenants ORDER BY name"))
+        assert [tuple(r) for r in rows] == [("acme", "fixed:4"), ("beta", "token")]
+    downgrade_database(url, "0016")
+    assert "stream_cadence" not in _columns(engine)
+    with engine.connect() as c:
+        assert c.execute(sa.text("SELECT count(*) FROM tenants")).scalar_one() == 2
+    upgrade_database(url)
+    with engine.connect() as c:
+        values = c.execute(sa.text("SELECT stream_cadence FROM tenants")).scalars().all()
+        assert list(values) == ["token", "token"]
+    engine.dispose()
+
+
+def test_sqlite_0017_round_trip(tmp_path: Path) -> None:
+    _round_trip(f"sqlite:///{tmp_path / 'm.db'}")
+
+
+def test_postgres_0017_round_trip(postgres_url: str) -> None:
+    _round_trip(postgres_url)
