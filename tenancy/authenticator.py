@@ -110,11 +110,6 @@ class Authenticator:
             raise AuthenticationError("invalid", "invalid API key")
         return self._checked(state)
 
-    def invalidate(self) -> None:
-        """Forget every cached row (the next call per key reads the database)."""
-        with self._lock:
-            self._cache.clear()
-
     def _state(self, token: str) -> _KeyState | None:
         digest = hash_secret(self._pepper, token)
         now = self._clock()

@@ -60,10 +60,6 @@ class BlockPool:
         """Fraction of blocks in use, 0..1."""
         return 1.0 - self.num_free / self.num_blocks
 
-    def can_allocate(self, n: int) -> bool:
-        """True when `n` blocks can be allocated now without evicting."""
-        return n <= len(self._free)
-
     def allocate(self, n: int) -> list[int]:
         """Takes `n` free blocks, each with a reference count of 1."""
         if n > len(self._free):

@@ -56,11 +56,6 @@ class CacheKey:
         """The key of published prefixes, which any domain may read."""
         return cls(None, adapter, revision, _sha256(encode_key_fields(None, adapter, revision)))
 
-    @property
-    def is_public(self) -> bool:
-        """True for the published-prefix domain."""
-        return self.domain is None
-
     def continuation(self, published_digest: bytes) -> bytes:
         """The chain root of this key's blocks that follow a published prefix."""
         return _sha256(b"continuation" + self.digest + struct.pack(">Q", 32) + published_digest)

@@ -197,10 +197,6 @@ class KVCacheManager:
         rule = self.ledger.rule(fairness_key)
         return None if rule is None else rule.kv_quota_blocks
 
-    def set_domain_floor(self, domain: str, blocks: int) -> None:
-        """Overrides the cached blocks of `domain` that other domains cannot evict."""
-        self.ledger.set_floor(domain, blocks)
-
     def set_domain_retention(self, domain: str, ttl_s: float | None) -> None:
         """Overrides how long idle cached blocks of `domain` are kept."""
         self.ledger.set_ttl(domain, ttl_s)

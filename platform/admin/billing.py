@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Literal
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from admin.models import UsageHourly
@@ -123,12 +123,3 @@ def query_usage(
         UsageBucket(*group, *acc) for group, acc in sorted(sums.items(), key=lambda kv: str(kv[0]))
     ]
 
-
-def total_pico_usd(session: Session, *, start: dt.datetime, end: dt.datetime) -> int:
-    """Sum of rolled-up cost in [start, end) (for reconciliation checks)."""
-    value = session.scalar(
-        select(func.coalesce(func.sum(UsageHourly.cost_pico_usd), 0)).where(
-            UsageHourly.hour >= start, UsageHourly.hour < end
-        )
-    )
-    return int(value or 0)

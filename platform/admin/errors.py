@@ -11,13 +11,6 @@ class Unauthenticated(AdminError):
     """No valid admin credential (HTTP 401)."""
 
 
-class Forbidden(AdminError):
-    """The caller's role may not do this (HTTP 403)."""
-
-
 class AdapterValidationError(AdminError, ValueError):
     """An uploaded adapter is malformed or does not fit its base model (HTTP 400)."""
 
-
-class AuditSigningKeyMissing(AdminError):
-    """Checkpoints need `audit_signing_key` in the admin settings."""

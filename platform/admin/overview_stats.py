@@ -24,7 +24,6 @@ from admin.models import UsageRow
 
 # Cumulative counters a stats callable may report; anything else is read as a gauge.
 COUNTERS = ("prefix_cache_queries", "prefix_cache_hits", "rate_limit_rejections")
-GAUGES = ("kv_cache_usage",)
 MAX_ROWS = 200_000  # the overview reads at most this many raw records (newest first)
 
 EngineStats = Callable[[], Mapping[str, float]]

@@ -16,8 +16,6 @@ from gateway.errors import InvalidParameterError
 from gateway.schemas.common import SamplingFields
 from tenancy.limits import EffectiveLimits
 
-# Accepted but ignored because they never change the generated tokens.
-_HARMLESS_EXTRAS = frozenset({"metadata", "store", "parallel_tool_calls", "stream_options"})
 # Unknown fields that would change the output: refused rather than silently dropped.
 _OUTPUT_CHANGING = frozenset(
     {
