@@ -16,9 +16,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from admin.models import RegisteredModel
-from admin.schemas.engines import EngineModel, EngineReplica, EnginesView
+from admin.schemas.engines import EngineModel, EngineReplica, EnginesView, SpeculativeDecoding
 
 if TYPE_CHECKING:  # the admin service also runs without a gateway in its process
+    from engine.speculative.stats import SpecDecodeStats
     from gateway.engine_replicas import ReplicaState
 
 EngineReplicas = Callable[[], Mapping[str, Sequence["ReplicaState"]]]
@@ -46,6 +47,21 @@ def _replica(state: ReplicaState, model: RegisteredModel | None) -> EngineReplic
             s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else None
         ),
         public_cached_blocks=state.public_cached_blocks,
+        speculative=_speculative(s.spec_decode),
+    )
+
+
+def _speculative(stats: SpecDecodeStats | None) -> SpeculativeDecoding | None:
+    """The page's speculative decoding figures; None where the engine does not speculate."""
+    if stats is None:
+        return None
+    return SpeculativeDecoding(
+        num_drafts=stats.num_drafts,
+        num_draft_tokens=stats.num_draft_tokens,
+        num_accepted_tokens=stats.num_accepted_tokens,
+        accepted_per_pos=list(stats.accepted_per_pos),
+        acceptance_rate=stats.acceptance_rate,
+        mean_accepted_length=stats.mean_accepted_length,
     )
 
 

@@ -46,6 +46,7 @@ from engine_server.auth import ServiceAuth
 from engine_server.link import LINK_PATH, EngineLink
 from engine_server.metrics import EngineMetrics
 from engine_server.refusals import REFUSED_ERRORS, Refusal, Refused, refusal_of, refused
+from engine_server.spec_decode import spec_decode_to_json
 from engine_server.sse import EventStream
 from engine_server.tenant_kv import tenant_kv_to_json
 from engine_server.tracing import GenerateSpan
@@ -454,5 +455,8 @@ class EngineServer:
                 "tenant_kv": tenant_kv_to_json(getattr(s, "tenant_kv", None) or {}),
                 # The KV tiers under the device pool (engine.kv_cache.host_tier.TierStats).
                 "kv_tiers": [dataclasses.asdict(t) for t in getattr(s, "kv_tiers", ())],
+                # Speculative decoding's counters (engine.speculative.stats.SpecDecodeStats;
+                # null where it is off).
+                "spec_decode": spec_decode_to_json(getattr(s, "spec_decode", None)),
             }
         )

@@ -74,6 +74,7 @@ class EngineMetrics:
         )
         yield counter("vllm:num_preemptions", "Requests preempted.", s.num_preemptions)
         yield from _tier_series(self._model, getattr(s, "kv_tiers", ()))
+        yield from _spec_decode_series(self._model, getattr(s, "spec_decode", None))
         dropped = getattr(s, "kv_events_dropped", None)
         if dropped is not None:  # only an engine that publishes KV-cache events
             yield counter(
@@ -136,3 +137,30 @@ def _tier_series(model: str, tiers: Any) -> Iterator[Metric]:
         for t in tiers:
             c.add_metric([model, t.medium], float(getattr(t, field)))
         yield c
+
+
+# Speculative decoding's counters by SpecDecodeStats field, under vLLM's names (the
+# gateway's /metrics exports the same, gateway.metrics._SPEC_DECODE_COUNTERS).
+_SPEC_DECODE_COUNTERS = {
+    "num_drafts": "Verify rows that carried at least one draft token.",
+    "num_draft_tokens": "Draft tokens proposed and scored.",
+    "num_accepted_tokens": "Draft tokens accepted.",
+}
+
+
+def _spec_decode_series(model: str, stats: Any) -> Iterator[Metric]:
+    """vllm:spec_decode_* where the engine speculates (none while it is off, as vLLM)."""
+    if stats is None:
+        return
+    for field, doc in _SPEC_DECODE_COUNTERS.items():
+        c = CounterMetricFamily(f"vllm:spec_decode_{field}", doc, labels=["model_name"])
+        c.add_metric([model], float(getattr(stats, field)))
+        yield c
+    per_pos = CounterMetricFamily(
+        "vllm:spec_decode_num_accepted_tokens_per_pos",
+        "Draft tokens accepted, by their position in the draft (0: the first).",
+        labels=["model_name", "position"],
+    )
+    for pos, count in enumerate(stats.accepted_per_pos):
+        per_pos.add_metric([model, str(pos)], float(count))
+    yield per_pos

@@ -6,7 +6,7 @@ Protocol, so nothing above this module knows where the engine runs.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -14,6 +14,7 @@ from engine.kv_cache.cache_rules import CacheRules
 from engine.kv_cache.host_tier import TierStats
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest
+from engine.speculative.stats import SpecDecodeStats
 from engine.stats import TenantKVStats
 from engine.structured.spec import StructuredSpec
 from gateway.adapters import (
@@ -79,6 +80,27 @@ class EngineSnapshot:
     # The KV tiers under the device pool (engine.stats.EngineStats.kv_tiers; () where
     # none is on, or the engine does not report them).
     kv_tiers: tuple[TierStats, ...] = ()
+    # Speculative decoding's cumulative drafts, draft tokens and accepted tokens
+    # (engine.stats.EngineStats.spec_decode; None where it is off or not reported).
+    spec_decode: SpecDecodeStats | None = None
+
+
+def sum_spec_decode(stats: Iterable[SpecDecodeStats | None]) -> SpecDecodeStats | None:
+    """Several engines' speculation counters summed (position by position for the accepted
+    tokens per draft position); None when none of them speculates."""
+    present = [s for s in stats if s is not None]
+    if not present:
+        return None
+    positions = max(len(s.accepted_per_pos) for s in present)
+    return SpecDecodeStats(
+        num_drafts=sum(s.num_drafts for s in present),
+        num_draft_tokens=sum(s.num_draft_tokens for s in present),
+        num_accepted_tokens=sum(s.num_accepted_tokens for s in present),
+        accepted_per_pos=tuple(
+            sum(s.accepted_per_pos[i] for s in present if i < len(s.accepted_per_pos))
+            for i in range(positions)
+        ),
+    )
 
 
 class EngineClient(Protocol):
@@ -247,6 +269,7 @@ class InProcessEngineClient:
             num_batch_running=int(getattr(s, "num_batch_running", 0)),
             num_batch_waiting=int(getattr(s, "num_batch_waiting", 0)),
             kv_tiers=tuple(getattr(s, "kv_tiers", ())),
+            spec_decode=getattr(s, "spec_decode", None),
         )
 
     def public_prefix_blocks(self) -> int:

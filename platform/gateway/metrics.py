@@ -52,6 +52,14 @@ _TIER_COUNTERS = {
     "expirations": "KV blocks a tier dropped at their cache domain's retention TTL.",
 }
 
+# Speculative decoding's counters (engine.speculative.stats.SpecDecodeStats fields), under
+# vLLM's names (vllm:spec_decode_<field>_total), so its dashboards' acceptance panels work.
+_SPEC_DECODE_COUNTERS = {
+    "num_drafts": "Verify rows that carried at least one draft token.",
+    "num_draft_tokens": "Draft tokens proposed and scored.",
+    "num_accepted_tokens": "Draft tokens accepted.",
+}
+
 
 class TenantLabeler:
     """Maps tenant names to a bounded label set (first come, first kept)."""
@@ -146,6 +154,18 @@ class GatewayMetrics:
             field: Counter(f"cloister:kv_tier_{field}", text, tm, registry=self.tenant_registry)
             for field, text in _TIER_COUNTERS.items()
         }
+        # Speculative decoding, vLLM's series. Acceptance depends on what the requests
+        # generate, so the sums over tenants move with other tenants' traffic: operators
+        # only, like the prefix-cache hits.
+        self.spec_decode_counters = {
+            field: Counter(f"vllm:spec_decode_{field}", text, m, registry=self.tenant_registry)
+            for field, text in _SPEC_DECODE_COUNTERS.items()
+        }
+        self.spec_decode_per_pos = Counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted, by their position in the draft (0: the first).",
+            [*m, "position"], registry=self.tenant_registry,
+        )  # fmt: skip
         self.kv_events_dropped = Counter(
             "cloister_kv_events_dropped",
             "KV-cache event batches dropped because the publisher's queue was full.", m,
@@ -318,6 +338,30 @@ class GatewayMetrics:
                 if delta > 0:
                     child.inc(delta)
 
+    def _update_spec_decode(
+        self, name: str, snap: EngineSnapshot, last: EngineSnapshot | None
+    ) -> None:
+        """Advances `name`'s speculative decoding counters (the caller holds the lock); a
+        smaller value than the last one means the engine restarted. Nothing while the
+        engine does not speculate (no series at all, as vLLM without a speculative config)."""
+        now = snap.spec_decode
+        if now is None:
+            return
+        prev = last.spec_decode if last is not None else None
+
+        def advance(child: Counter, value: int, old: int | None) -> None:
+            delta = value - old if old is not None and value >= old else value
+            if delta > 0:
+                child.inc(delta)
+
+        for field, counter in self.spec_decode_counters.items():
+            old = None if prev is None else int(getattr(prev, field))
+            advance(counter.labels(name), int(getattr(now, field)), old)
+        before = prev.accepted_per_pos if prev is not None else ()
+        for pos, value in enumerate(now.accepted_per_pos):
+            old_pos = before[pos] if pos < len(before) else None
+            advance(self.spec_decode_per_pos.labels(name, str(pos)), int(value), old_pos)
+
     def observe_request(self, *, tenant: str, status: int, model: str) -> None:
         """Counts one finished request under its bounded tenant label."""
         self.requests.labels(self.tenants.label(tenant), str(status), model).inc()
@@ -417,6 +461,7 @@ class GatewayMetrics:
                 ).set(1)
             self._update_tenant_kv(name, snap, last)
             self._update_kv_tiers(name, snap, last)
+            self._update_spec_decode(name, snap, last)
             self._last[name] = snap
         self.adapters.update(name, snap)
 

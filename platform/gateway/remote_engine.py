@@ -41,6 +41,7 @@ from engine.outputs import StreamEvent
 from engine.request import EngineRequest
 from engine.structured.compiler import GrammarCompiler
 from engine.structured.spec import StructuredSpec
+from engine_server.spec_decode import spec_decode_from_json
 from engine_server.tenant_kv import tenant_kv_from_json
 from engine_server.wire import (
     EVENTS_WIRE,
@@ -452,6 +453,7 @@ class RemoteEngineClient:
                 num_batch_running=int(s.get("num_batch_running") or 0),
                 num_batch_waiting=int(s.get("num_batch_waiting") or 0),
                 kv_tiers=_tiers_from_json(s.get("kv_tiers")),
+                spec_decode=spec_decode_from_json(s.get("spec_decode")),
             )
             adapters = adapters_from_stats(s)
             if adapters is not None and changes == self._adapter_changes:

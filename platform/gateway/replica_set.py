@@ -26,7 +26,7 @@ from engine.outputs import StreamEvent
 from engine.request import EngineRequest
 from engine.structured.spec import StructuredSpec
 from gateway.adapters import AdapterInfo
-from gateway.engine_client import EngineSnapshot, TokenizerLike
+from gateway.engine_client import EngineSnapshot, TokenizerLike, sum_spec_decode
 from gateway.engine_link import READ_TIMEOUT_S
 from gateway.remote_engine import (
     EngineServerInfo,
@@ -296,6 +296,7 @@ class ReplicaSetClient:
             tenant_kv=sum_tenant_kv(s.tenant_kv for s in snaps),
             num_batch_running=sum(s.num_batch_running for s in snaps),
             num_batch_waiting=sum(s.num_batch_waiting for s in snaps),
+            spec_decode=sum_spec_decode(s.spec_decode for s in snaps),
         )
 
     @property

@@ -263,6 +263,19 @@ class Settings(BaseSettings):
     # cheaper than recomputing them. Negative is refused; more than the host has is
     # clamped with a warning.
     kv_host_bytes: int = Field(default=0, ge=0)
+    # Speculative decoding (engine/speculative/): "ngram" proposes up to
+    # num_speculative_tokens draft tokens from the request's own tokens (never another
+    # request's) and verifies them in one pass, so greedy output is unchanged; "off":
+    # none. speculative_max_batch: running sequences above which no step speculates
+    # (unset: the engine decides from its measured step costs). "draft" runs a small
+    # draft model, speculative_model (a folder or GGUF with the served model's
+    # tokenizer), which only "draft" takes. The choices and the bound repeat
+    # engine.config's (SPECULATIVE_METHODS, MAX_SPECULATIVE_TOKENS), which this module
+    # does not import (it would load torch for every CLI command); a test keeps them equal.
+    speculative_method: Literal["off", "ngram", "draft"] = "off"
+    num_speculative_tokens: int = Field(default=4, ge=1, le=16)
+    speculative_model: str | None = None
+    speculative_max_batch: int | None = Field(default=None, ge=1)
     # Engine servers (`cloister engine serve`) the gateway uses instead of an in-process
     # engine, comma-separated: http://host:port, or dns+http://name:port for a headless
     # Service whose addresses are re-resolved. Empty: the engine runs in this process.
@@ -478,6 +491,29 @@ class Settings(BaseSettings):
             raise ValueError("give models (NAME=PATH entries) or model (one path), not both")
         if self.models and "model_name" in self.model_fields_set:
             raise ValueError("model_name names the single model; with models, name each there")
+        return self
+
+    @field_validator("speculative_model", mode="before")
+    @classmethod
+    def _parse_speculative_model(cls, value: Any) -> Any:
+        """An empty value (CLOISTER_SPECULATIVE_MODEL=) is unset."""
+        if isinstance(value, str) and not value.strip():
+            return None
+        return value
+
+    @model_validator(mode="after")
+    def _draft_model_exactly_with_the_draft_method(self) -> Settings:
+        # The engine refuses these too (engine.config.SpeculativeConfig), but only once the
+        # model is loading; here they stop `cloister serve` before anything starts.
+        draft = self.speculative_method == "draft"
+        if draft and self.speculative_model is None:
+            raise ValueError('speculative_method "draft" needs speculative_model (its path)')
+        if not draft and self.speculative_model is not None:
+            raise ValueError(
+                f"speculative_model is set ({self.speculative_model!r}), but "
+                f'speculative_method is {self.speculative_method!r}, not "draft": only the '
+                "draft method runs a draft model"
+            )
         return self
 
     @model_validator(mode="after")

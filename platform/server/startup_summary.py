@@ -3,6 +3,7 @@
 Cloister is serving
   model      smollm2-135m-instruct  (llama, Q4_1+Q8_0; context 8192; KV 2048 blocks x 16 = ...)
   engine     device cpu, dtype float32, weights int4 (auto, from Q4_1 GGUF), attention cpu, thread mode
+  decoding   speculative decoding off
   isolation  cache per tenant unless a tenant narrows it; prefix cache hash; ...
   fairness   fair_lpm scheduling; concurrency reject; limiter in-memory
   API        http://127.0.0.1:8000/v1
@@ -60,6 +61,8 @@ class StartupSummary:
     isolation: str
     fairness: str
     urls: dict[str, str]
+    # "speculative decoding off", or its method, draft length and batch limit.
+    decoding: str = "speculative decoding off"
 
     def text(self) -> str:
         """The block, one line per item, for a person."""
@@ -81,6 +84,7 @@ class StartupSummary:
             f"  {'engine':<10} device {self.device}, dtype {self.dtype}, "
             f"{self._weights()}attention {self.attention}, {self.engine_mode} mode"
         )
+        lines.append(f"  {'decoding':<10} {self.decoding}")
         lines.append(f"  {'isolation':<10} {self.isolation}")
         lines.append(f"  {'fairness':<10} {self.fairness}")
         lines.extend(f"  {name:<10} {url}" for name, url in self.urls.items())
@@ -156,6 +160,7 @@ def build_summary(
         engine_mode=settings.engine_mode,
         isolation=isolation,
         fairness=fairness,
+        decoding=describe_speculation(engine_options),
         urls={
             "API": f"{base}/v1",
             "console": f"{base}/admin",
@@ -163,6 +168,26 @@ def build_summary(
             "metrics": f"{base}/metrics",
         },
     )
+
+
+def describe_speculation(engine_options: Mapping[str, Any]) -> str:
+    """Whether the engines speculate, and how, from the resolved engine options ("given"
+    when the caller built the engine, as for the device)."""
+    method = engine_options.get("speculative_method")
+    if method is None:
+        return "speculative decoding as the given engine was built"
+    if method == "off":
+        return "speculative decoding off"
+    limit = engine_options.get("speculative_max_batch")
+    batch = (
+        f"none above {limit} running sequences"
+        if limit is not None
+        else "batch limit from measured step costs"
+    )
+    tokens = engine_options.get("num_speculative_tokens")
+    model = engine_options.get("speculative_model")
+    how = f"{method} with {model}" if model else str(method)
+    return f"speculative decoding on ({how}, up to {tokens} draft tokens a step; {batch})"
 
 
 def _facts(path: str | None) -> ModelFacts | None:

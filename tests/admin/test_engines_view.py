@@ -113,6 +113,7 @@ def test_engines_lists_in_process_and_each_remote_replica(env: AdminEnv) -> None
         "prefix_cache_hits": 3,
         "prefix_hit_rate": 0.375,
         "public_cached_blocks": 2,
+        "speculative": None,  # the engine does not speculate
     }
     replicas = body["models"][1]["replicas"]
     assert sorted(x["replica"] for x in replicas) == sorted(url for _, url in servers)
@@ -121,6 +122,7 @@ def test_engines_lists_in_process_and_each_remote_replica(env: AdminEnv) -> None
         assert (x["kv_capacity_tokens"], x["num_waiting"], x["alive"]) == (800, 4, True)
         # A remote engine's device is not known here, and no lookup means no hit rate.
         assert (x["device"], x["prefix_hit_rate"], x["public_cached_blocks"]) == (None, None, None)
+        assert x["speculative"] is None  # its stats carry no speculation
 
 
 def test_the_engines_view_shows_the_batch_share_of_running_and_waiting(
@@ -139,3 +141,36 @@ def test_the_engines_view_shows_the_batch_share_of_running_and_waiting(
     [replica] = r.json()["models"][0]["replicas"]
     assert (replica["num_running"], replica["num_batch_running"]) == (3, 2)
     assert (replica["num_waiting"], replica["num_batch_waiting"]) == (5, 4)
+
+
+def test_the_engines_view_shows_speculative_decoding_acceptance(env: AdminEnv) -> None:
+    """GET /engines: a speculating engine's drafts, acceptance rate and mean accepted
+    length (accepted drafts per verify row, plus the token the model adds); one that
+    has not drafted yet has no rate rather than a zero."""
+    from engine.speculative.stats import SpecDecodeStats
+
+    e = env
+    spec = SpecDecodeStats(
+        num_drafts=8, num_draft_tokens=32, num_accepted_tokens=20, accepted_per_pos=(8, 6, 4, 2)
+    )
+    engines = {
+        "local": InProcessEngineClient(FixedStatsEngine(idle_stats(spec_decode=spec))),
+        "fresh": InProcessEngineClient(FixedStatsEngine(idle_stats(spec_decode=SpecDecodeStats()))),
+    }
+    e.client.app.state.admin_engine_replicas = gateway_engine_replicas(  # type: ignore[attr-defined]
+        SimpleNamespace(engines=engines)
+    )
+    r = e.client.get(f"{P}/engines", headers=e.token("viewer"))
+    assert r.status_code == 200, r.text
+    models = {m["model"]: m["replicas"][0] for m in r.json()["models"]}
+    assert models["local"]["speculative"] == {
+        "num_drafts": 8,
+        "num_draft_tokens": 32,
+        "num_accepted_tokens": 20,
+        "accepted_per_pos": [8, 6, 4, 2],
+        "acceptance_rate": 0.625,
+        "mean_accepted_length": 3.5,
+    }
+    fresh = models["fresh"]["speculative"]
+    assert fresh["num_drafts"] == 0
+    assert (fresh["acceptance_rate"], fresh["mean_accepted_length"]) == (None, None)

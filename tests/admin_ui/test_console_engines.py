@@ -15,6 +15,7 @@ from tests.admin_ui.conftest import Console, Server, serve_console
 from tests.gateway.conftest import free_port
 
 CLIENT_ID = "cloister-console"
+SPECULATIVE = "Speculative decoding"
 
 
 @pytest.fixture(scope="module")
@@ -98,8 +99,52 @@ def test_engines_page_shows_the_model_capacity_and_load(admin: Console, server: 
     assert (cells["Running"], cells["Waiting"]) == ("0", "0")
     assert cells["KV used"].endswith("%")
     assert cells["Prefix-cache hits"] == f"{r['prefix_hit_rate'] * 100:.1f} %"
+    assert r["speculative"] is None and cells[SPECULATIVE] == "off"
     admin.shot("engines")
     admin.assert_no_errors()
+
+
+def test_engines_page_shows_the_speculative_acceptance(admin: Console, server: Server) -> None:
+    """A speculating engine's row shows its acceptance rate and mean accepted length, one
+    that has not drafted yet says so; the page is the real one, the API answer made up
+    (this server's tiny engine does not speculate)."""
+    import json
+
+    spec = {
+        "num_drafts": 8,
+        "num_draft_tokens": 32,
+        "num_accepted_tokens": 20,
+        "accepted_per_pos": [8, 6, 4, 2],
+        "acceptance_rate": 0.625,
+        "mean_accepted_length": 3.5,
+    }
+    fresh = {**spec, "num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
+    fresh.update(accepted_per_pos=[0, 0, 0, 0], acceptance_rate=None, mean_accepted_length=None)
+    base = server.state["engine"]
+    body = {
+        "connected": True,
+        "models": [
+            {"model": "tiny", "replicas": [{**base, "speculative": spec}]},
+            {"model": "fresh", "replicas": [{**base, "speculative": fresh}]},
+        ],
+    }
+    page = admin.page
+    page.route(
+        "**/admin/api/v1/engines",
+        lambda route: route.fulfill(
+            status=200, content_type="application/json", body=json.dumps(body)
+        ),
+    )
+    try:
+        admin.go("/engines")
+        cells = _cells(page.get_by_role("table", name="Engines of tiny"), "in-process")
+        assert cells[SPECULATIVE] == "62.5 % · 3.50 tok/step"
+        cells = _cells(page.get_by_role("table", name="Engines of fresh"), "in-process")
+        assert cells[SPECULATIVE] == "on, no draft yet"
+        admin.shot("engines-speculative")
+        admin.assert_no_errors()
+    finally:
+        page.unroute("**/admin/api/v1/engines")
 
 
 def test_published_prefix_is_listed_and_withdraw_removes_it(admin: Console, server: Server) -> None:

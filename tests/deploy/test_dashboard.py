@@ -27,6 +27,10 @@ ENGINE_SERIES = {
     "vllm:prefix_cache_hits_total",
     "vllm:prefix_cache_queries_total",
     "vllm:num_preemptions_total",
+    "vllm:spec_decode_num_drafts_total",
+    "vllm:spec_decode_num_draft_tokens_total",
+    "vllm:spec_decode_num_accepted_tokens_total",
+    "vllm:spec_decode_num_accepted_tokens_per_pos_total",
 }
 
 
@@ -49,6 +53,24 @@ def gateway_registry_series() -> set[str]:
         for family in registry.collect()
         for suffix in suffixes[family.type]
     }
+
+
+def engine_server_series() -> set[str]:
+    """The sample names an engine server's /metrics exposes (engine_server.metrics), for an
+    engine that speculates and serves a KV tier (so that every optional family shows)."""
+    from types import SimpleNamespace
+
+    from engine.speculative.stats import SpecDecodeStats
+    from engine.stats import EngineStats
+    from engine_server.metrics import EngineMetrics
+
+    stats = EngineStats(0, 0, 0.0, 0, 0, 0, 8, 16, spec_decode=SpecDecodeStats(1, 2, 1, (1, 0)))
+    text = EngineMetrics(SimpleNamespace(stats=lambda: stats), "m").render()[0].decode()
+    return {ln.split("{")[0].split(" ")[0] for ln in text.splitlines() if not ln.startswith("#")}
+
+
+def test_the_engine_series_are_what_an_engine_server_exports() -> None:
+    assert engine_server_series() >= ENGINE_SERIES
 
 
 def test_dashboard_names_only_existing_metrics() -> None:
@@ -77,6 +99,8 @@ def test_dashboard_names_only_existing_metrics() -> None:
         "vllm:kv_cache_usage_perc",
         "vllm:prefix_cache_hits_total",
         "vllm:prefix_cache_queries_total",
+        "vllm:spec_decode_num_accepted_tokens_total",
+        "vllm:spec_decode_num_draft_tokens_total",
         "cloister_engine_replica_up",
     ):
         assert wanted in used

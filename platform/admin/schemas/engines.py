@@ -5,6 +5,18 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 
+class SpeculativeDecoding(BaseModel):
+    """An engine's speculative decoding since it started (engine.speculative.stats)."""
+
+    num_drafts: int  # verify rows that carried at least one draft token
+    num_draft_tokens: int  # draft tokens proposed
+    num_accepted_tokens: int  # of those, accepted
+    accepted_per_pos: list[int]  # accepted drafts by position in the draft (0: the first)
+    acceptance_rate: float | None  # accepted / proposed; None before the first draft
+    # Tokens one verify row emits on average (accepted drafts + the bonus token).
+    mean_accepted_length: float | None
+
+
 class EngineReplica(BaseModel):
     """One engine (in this process, or one engine server) and its state now."""
 
@@ -26,6 +38,8 @@ class EngineReplica(BaseModel):
     prefix_hit_rate: float | None  # hits / queries; None before the first lookup
     # Blocks of published prefixes (the public cache domain) cached now; None: not reported.
     public_cached_blocks: int | None
+    # Speculative decoding's figures; None: it is off (or the engine does not report it).
+    speculative: SpeculativeDecoding | None = None
 
 
 class EngineModel(BaseModel):

@@ -20,6 +20,33 @@ ENGINE_OPTIONS: tuple[Callable[[Any], Any], ...] = (
         help="Host-memory KV tier under the pool, in bytes (default 0: off).",
     ),
     click.option(
+        "--speculative-method",
+        type=click.Choice(["off", "ngram", "draft"]),
+        default=None,
+        help="Speculative decoding: off (default), ngram (draft tokens looked up in the "
+        "request's own tokens) or draft (a small draft model, --speculative-model); drafts "
+        "are verified in one pass, so greedy output is unchanged.",
+    ),
+    click.option(
+        "--num-speculative-tokens",
+        type=int,
+        default=None,
+        help="Draft tokens proposed per sequence and step at most, 1 to 16 (default 4).",
+    ),
+    click.option(
+        "--speculative-model",
+        default=None,
+        help="The draft model of --speculative-method draft (a folder or GGUF file with "
+        "the served model's tokenizer).",
+    ),
+    click.option(
+        "--speculative-max-batch",
+        type=int,
+        default=None,
+        help="Running sequences above which no step speculates (default: from measured "
+        "step costs).",
+    ),
+    click.option(
         "--engine-mode",
         type=click.Choice(["thread", "process"]),
         default=None,

@@ -13,6 +13,16 @@ function capacity(r) {
 // A count with its batch-class part (Batch API lines, service_tier flex), when there is one.
 const withBatch = (all, batch) => (batch ? `${fmtNum(all)} (${fmtNum(batch)} batch)` : fmtNum(all));
 
+// Speculative decoding: "off", or the share of draft tokens accepted and the tokens one
+// verify step emits on average (accepted drafts + the one the model adds).
+function speculative(r) {
+  const s = r.speculative;
+  if (!s) return "off";
+  if (s.acceptance_rate === null || s.acceptance_rate === undefined) return "on, no draft yet";
+  const mean = s.mean_accepted_length === null ? "—" : s.mean_accepted_length.toFixed(2);
+  return `${pct(s.acceptance_rate)} · ${mean} tok/step`;
+}
+
 const columns = [
   { title: "Replica", key: "replica", wrap: true },
   { title: "State", render: (r) => statusPill(r.alive ? "serving" : "down") },
@@ -22,6 +32,7 @@ const columns = [
   { title: "Waiting", render: (r) => withBatch(r.num_waiting, r.num_batch_waiting), num: true },
   { title: "KV used", render: (r) => pct(r.kv_cache_usage), num: true },
   { title: "Prefix-cache hits", render: (r) => pct(r.prefix_hit_rate), num: true },
+  { title: "Speculative decoding", render: speculative },
 ];
 
 // Each cell names its column, so the phone layout (table.stack in console.css) can label it.
@@ -39,7 +50,7 @@ function stacked(wrap) {
 export async function render() {
   const data = await api.get("/engines");
   const intro = el("p", { class: "muted" },
-    "The engines serving each model, as the gateway last saw them. Prefix-cache hits are the share of looked-up prompt tokens served from the cache since the engine started.");
+    "The engines serving each model, as the gateway last saw them. Prefix-cache hits are the share of looked-up prompt tokens served from the cache since the engine started; speculative decoding shows the share of draft tokens accepted, then the tokens a verify step emits on average (tok/step).");
   if (!data.connected) {
     return el("div", {}, el("h1", {}, "Engines"),
       el("p", { class: "muted" }, "This admin service runs apart from the gateway, so it cannot see the engines. Open the console of cloister serve (or the gateway) to see them."));
