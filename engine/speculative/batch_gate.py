@@ -60,7 +60,7 @@ class BatchGate:
         return not better if bucket.steps % EXPLORE_EVERY == 0 else better
 
     def observe(self, rows: int, drafted: bool, tokens: int, elapsed_s: float) -> None:
-        """One finished decode-only step: its rows, whether any carried drafts, the
+        """One finished decode-only step: its rows, whether the gate let it draft, the
         tokens it emitted and its wall time."""
         if self.max_batch is not None or rows <= 0 or elapsed_s <= 0:
             return

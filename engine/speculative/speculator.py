@@ -53,6 +53,11 @@ class Speculator:
         self.adaptive = AdaptiveK(config.num_speculative_tokens)
         self.gate = BatchGate(config.speculative_max_batch)
         self._step = 0
+        # Whether the gate let this step draft: the step is measured as the gate's arm,
+        # drafts or not (a drafting step whose sequences found no draft still counts as
+        # drafting; attributing it to the plain arm would credit drafting only with the
+        # steps where text repeats).
+        self._allowed = False
         self._drafts = 0
         self._draft_tokens = 0
         self._accepted = 0
@@ -66,7 +71,8 @@ class Speculator:
             seq.spec_token_ids = []
             if seq.num_tokens - seq.num_computed_tokens == 1:
                 decoding.append(seq)
-        if not decoding or not self.gate.allows(len(decoding)):
+        self._allowed = bool(decoding) and self.gate.allows(len(decoding))
+        if not self._allowed:
             return
         asks: list[tuple[Sequence, int]] = []
         for seq in decoding:
@@ -102,8 +108,7 @@ class Speculator:
         """A finished step: decode-only steps teach the batch gate what drafts earn."""
         if any(item.num_prompt_tokens for item in output.scheduled):
             return  # a prompt chunk's cost would drown the comparison
-        drafted = any(item.spec for item in output.scheduled)
-        self.gate.observe(len(output.scheduled), drafted, emitted, elapsed_s)
+        self.gate.observe(len(output.scheduled), self._allowed, emitted, elapsed_s)
 
     def release(self, seq_id: str) -> None:
         """Forgets a finished sequence's record."""
