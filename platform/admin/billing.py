@@ -122,4 +122,3 @@ def query_usage(
     return [
         UsageBucket(*group, *acc) for group, acc in sorted(sums.items(), key=lambda kv: str(kv[0]))
     ]
-

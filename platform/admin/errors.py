@@ -13,4 +13,3 @@ class Unauthenticated(AdminError):
 
 class AdapterValidationError(AdminError, ValueError):
     """An uploaded adapter is malformed or does not fit its base model (HTTP 400)."""
-
