@@ -198,11 +198,29 @@ class CacheConfig:
     # are written down there and loaded back when that is cheaper than recomputing them
     # (engine/kv_cache/host_tier.py). Pinned memory on CUDA, process memory on the CPU.
     kv_host_bytes: int = 0
+    # The local-disk tier (L3) under the host tier: a directory (None: off) and its budget
+    # in bytes (0: off). Blocks the host tier evicts are written there by a background
+    # thread, found again after a restart of the same model, and loaded back through the
+    # host tier when that is cheaper than recomputing them (engine/kv_cache/disk_tier.py).
+    # It needs the host tier (kv_host_bytes > 0).
+    kv_disk_path: str | None = None
+    kv_disk_bytes: int = 0
 
     def __post_init__(self) -> None:
         kv_host = self.kv_host_bytes
         if isinstance(kv_host, bool) or not isinstance(kv_host, int) or kv_host < 0:
             raise ValueError(f"kv_host_bytes must be a non-negative integer, not {kv_host!r}")
+        kv_disk = self.kv_disk_bytes
+        if isinstance(kv_disk, bool) or not isinstance(kv_disk, int) or kv_disk < 0:
+            raise ValueError(f"kv_disk_bytes must be a non-negative integer, not {kv_disk!r}")
+        path = self.kv_disk_path
+        if path is not None and (not isinstance(path, str) or not path.strip()):
+            raise ValueError(f"kv_disk_path must be a directory path or None, not {path!r}")
+        if path is not None and kv_disk > 0 and kv_host == 0:
+            raise ValueError(
+                "kv_disk_path needs the host tier under the pool: set kv_host_bytes > 0 "
+                "(the disk tier keeps the blocks the host tier evicts)"
+            )
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from engine.errors import EngineError, EngineOverloadedError, InvalidRequestErro
 from engine.kv_cache.cache_rules import CacheRules
 from engine.kv_cache.host_buffer import HostKVBuffer
 from engine.kv_cache.host_setup import attach_host_tier
+from engine.kv_cache.host_tier import HostTier
 from engine.kv_cache.manager import KVCacheManager
 from engine.kv_cache.tier_cost import LoadCostRule
 from engine.kv_events_publisher import KVEventPublisher
@@ -543,7 +544,10 @@ class LLMEngine:
                 self.kv_events.publish(batch)
 
     def close(self) -> None:
-        """Releases what outlives a step: the KV events publisher's socket and thread."""
+        """Releases what outlives a step: the KV events publisher's socket and thread, and
+        the disk tier's writer (its queued writes finish first)."""
+        if isinstance(self.kv.tier, HostTier):
+            self.kv.tier.close()
         if self.kv_events is not None:
             self._publish_kv_events()
             self.kv_events.close()
@@ -730,6 +734,6 @@ class LLMEngine:
             prefill_token_cap=budget.prefill_cap() if budget.enabled else None,
             kv_events_dropped=None if self.kv_events is None else self.kv_events.dropped,
             tenant_kv=self.scheduler.kv_shares.stats(self.scheduler.running),
-            kv_tiers=() if self.kv.tier is None else (self.kv.tier.stats(),),
+            kv_tiers=() if self.kv.tier is None else self.kv.tier.tier_stats(),
             spec_decode=None if self.speculator is None else self.speculator.stats(),
         )

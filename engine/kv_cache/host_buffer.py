@@ -13,8 +13,12 @@ from collections.abc import Sequence
 
 import torch
 
+from engine.kv_cache.disk_store import DiskStore
 from engine.kv_cache.host_tier import TierOp
 from engine.kv_cache.tier_cost import LoadCostRule
+
+# Ops that touch the disk tier's files: each runs alone, in its place in the order.
+_DISK_OPS = ("spill", "fetch", "delete")
 
 
 class HostKVBuffer:
@@ -34,7 +38,10 @@ class HostKVBuffer:
             for _ in device_caches
         ]
         per_layer = first[:, 0].numel() * first.element_size()
+        self.bytes_per_layer = per_layer
         self.bytes_per_block = per_layer * len(device_caches)
+        # The disk tier's files (`host_setup.attach_disk_tier`); None: no disk tier.
+        self.disk: DiskStore | None = None
 
     @torch.inference_mode()
     def execute(self, ops: Sequence[TierOp], cost: LoadCostRule | None = None) -> None:
@@ -48,7 +55,14 @@ class HostKVBuffer:
             return
         started = time.perf_counter()
         moved = 0
-        for kind, pairs in _runs(ops):
+        for kind, run in _op_runs(ops):
+            if kind in _DISK_OPS:
+                # Not host copy bandwidth: the disk tier measures its own reads.
+                t0 = time.perf_counter()
+                self._disk_op(run[0])
+                started += time.perf_counter() - t0
+                continue
+            pairs = [(op.block, op.slot) for op in run]
             if kind == "zero":
                 if self.pinned:
                     # An asynchronous write-back into this slot may still be in flight.
@@ -73,6 +87,33 @@ class HostKVBuffer:
                 torch.cuda.current_stream(self.device).synchronize()  # measure real copies
             cost.observe_copy(moved, time.perf_counter() - started)
 
+    def _disk_op(self, op: TierOp) -> None:
+        """Runs one disk tier op: a spill hands a copy of the slot's bytes to the writer
+        thread (the step never waits for the file), a fetch fills a device block from a
+        payload the tier already read and verified, a delete queues the file's removal."""
+        if self.disk is None:
+            return
+        if op.kind == "delete":
+            assert op.record is not None
+            self.disk.delete(op.record.key)
+        elif op.kind == "spill":
+            assert op.record is not None
+            if self.pinned:
+                torch.cuda.current_stream(self.device).synchronize()
+            parts = [
+                host[:, op.slot].contiguous().view(torch.uint8).numpy().tobytes()
+                for host in self.slots
+            ]
+            self.disk.write(op.record, b"".join(parts))
+        else:
+            assert op.payload is not None and len(op.payload) == self.bytes_per_block
+            raw = torch.frombuffer(op.payload, dtype=torch.uint8)
+            n = self.bytes_per_layer
+            for i, dev in enumerate(self.device_caches):
+                dst = dev[:, op.block]
+                src = raw[i * n : (i + 1) * n].view(dev.dtype).view(dst.shape)
+                dst.copy_(src.to(self.device))
+
     def probe_bandwidth(self, cost: LoadCostRule, repeats: int = 3) -> None:
         """Measures a copy of one block down and back (slot 0, block 0), before any
         request runs, so that the cost rule has a bandwidth from the first lookup."""
@@ -82,20 +123,25 @@ class HostKVBuffer:
 
 
 def _runs(ops: Sequence[TierOp]) -> list[tuple[str, list[tuple[int, int]]]]:
+    """`_op_runs` as (block, slot) pairs."""
+    return [(kind, [(op.block, op.slot) for op in run]) for kind, run in _op_runs(ops)]
+
+
+def _op_runs(ops: Sequence[TierOp]) -> list[tuple[str, list[TierOp]]]:
     """Splits ops into runs of one kind that can each run as one batched copy.
 
     A run ends where an op touches a slot or block the run already touched, so a
-    batched copy never has to order two writes to one place.
+    batched copy never has to order two writes to one place; a disk op is a run alone.
     """
-    runs: list[tuple[str, list[tuple[int, int]]]] = []
+    runs: list[tuple[str, list[TierOp]]] = []
     seen_slots: set[int] = set()
     seen_blocks: set[int] = set()
     for op in ops:
         clash = op.slot in seen_slots or (op.block >= 0 and op.block in seen_blocks)
-        if not runs or runs[-1][0] != op.kind or clash:
+        if not runs or runs[-1][0] != op.kind or clash or op.kind in _DISK_OPS:
             runs.append((op.kind, []))
             seen_slots, seen_blocks = set(), set()
-        runs[-1][1].append((op.block, op.slot))
+        runs[-1][1].append(op)
         seen_slots.add(op.slot)
         if op.block >= 0:
             seen_blocks.add(op.block)

@@ -18,6 +18,13 @@ at or over its fair share (slots / tenants holding entries) can only displace it
 least recently used entries; a tenant under its share displaces the LRU entry of the
 tenant most over its share. A flood from one tenant therefore recycles its own slots
 and leaves the others' share in place.
+
+The disk tier (L3, engine/kv_cache/disk_tier.py) chains under this one
+(`attach_lower`): what this tier evicts for room is spilled there, a miss here
+continues the same chain there, and its ops share this tier's queue. Counting: the
+manager counts lookups, hits and hit blocks on this tier for the whole stack below the
+device (the disk tier's blocks included), while this tier's loads count host slot
+copies only; the disk tier counts its own lookups, hits, loads and write-backs.
 """
 
 from __future__ import annotations
@@ -25,12 +32,19 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
+from engine.kv_cache.disk_format import BlockRecord
 from engine.kv_cache.eviction import tenant_root
 from engine.kv_cache.prefix_index import Chunk
 
-TierOpKind = Literal["save", "load", "zero"]
+if TYPE_CHECKING:
+    from engine.kv_cache.disk_tier import DiskTier
+
+# save: device block -> slot; load: slot -> device block; zero: scrub a slot. With a
+# disk tier (L3) below: spill (slot -> a new block file), fetch (a verified file's
+# payload -> device block) and delete (a block file).
+TierOpKind = Literal["save", "load", "zero", "spill", "fetch", "delete"]
 # Seconds between two scans that free the slots of expired entries. A lookup never
 # serves an expired entry whatever the scan's period (`match` checks each hit's age).
 EXPIRY_SCAN_S = 1.0
@@ -39,11 +53,15 @@ EXPIRY_SCAN_S = 1.0
 @dataclass(frozen=True)
 class TierOp:
     """One copy the engine executes: save (device block -> slot), load (slot -> device
-    block) or zero (scrub a slot that left its domain; `block` is -1)."""
+    block) or zero (scrub a slot that left its domain; `block` is -1); for the disk
+    tier, spill (host `slot` -> the file of `record`), fetch (`payload`, read from
+    disk and verified -> device `block`) and delete (the file of `record`)."""
 
     kind: TierOpKind
     block: int
     slot: int
+    record: BlockRecord | None = None
+    payload: bytes | bytearray | memoryview | None = None
 
 
 @dataclass
@@ -70,6 +88,7 @@ class TierCounters:
     evictions: int = 0  # entries dropped for room
     expirations: int = 0  # entries dropped by their domain's TTL
     refused: int = 0  # write-downs refused (no slot the writer's share allows)
+    bad_files: int = 0  # disk tier: files found torn, corrupt or missing on a read
 
 
 @dataclass(frozen=True)
@@ -141,6 +160,10 @@ class KVTier(Protocol):
         """Raises if the tier's bookkeeping is inconsistent."""
         ...
 
+    def tier_stats(self) -> tuple[TierStats, ...]:
+        """`stats()` of this tier, then of each tier below it (for `EngineStats.kv_tiers`)."""
+        ...
+
 
 class HostTier:
     """`KVTier` over `num_slots` block-shaped slots in host memory."""
@@ -170,6 +193,20 @@ class HostTier:
         self._tick = 0
         self._next_scan = float("-inf")
         self.counters = TierCounters()
+        # The disk tier (L3) below, if any (`attach_lower`): entries this tier evicts
+        # for room are written down there, and a miss here continues there.
+        self.lower: DiskTier | None = None
+
+    def close(self) -> None:
+        """Lets the tier below finish its queued writes and stop (engine shutdown)."""
+        if self.lower is not None:
+            self.lower.files.close()
+
+    def attach_lower(self, lower: DiskTier) -> None:
+        """Puts `lower` under this tier. Both queue their ops in this tier's one list,
+        so that a spill of a slot always runs before a later op reuses that slot."""
+        self.lower = lower
+        lower._ops = self._ops
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -185,6 +222,12 @@ class HostTier:
             if entry is None or entry.chunk != chunk or self._expired(entry, now):
                 break
             slots.append(entry.slot)
+        n = len(slots)
+        if self.lower is not None and n < len(keys):
+            # The same chain goes on in the disk tier: its verified blocks follow, with
+            # no host slot (-1: `load` fetches them to the device from their payloads).
+            # So this tier's hit counts include the blocks the disk tier supplies.
+            slots.extend([-1] * len(self.lower.match(keys[n:], chunks[n:], now)))
         return slots
 
     def _expired(self, entry: TierEntry, now: float) -> bool:
@@ -195,10 +238,25 @@ class HostTier:
         """Queues slot -> `block`; the entry stays (the tier is inclusive), now the newest."""
         entry = self._by_key.get(key)
         if entry is None or entry.chunk != chunk or self._expired(entry, now):
-            return False
+            return self._promote(key, chunk, block, now)
         self._ops.append(TierOp("load", block, entry.slot))
         self._touch(key, entry, now)
         self.counters.loads += 1
+        return True
+
+    def _promote(self, key: bytes, chunk: Chunk, block: int, now: float) -> bool:
+        """Loads a block the disk tier matched: its payload, read and verified into host
+        memory at the match, is copied to device `block` (a fetch). It takes no host
+        slot: were it to, a promotion could be refused by the host tier's shares, or
+        push other tenants' entries down; when the device evicts it later, it comes
+        down through this tier like any block (the disk tier still holds it)."""
+        if self.lower is None:
+            return False
+        staged = self.lower.take_staged(key, chunk)
+        if staged is None:
+            return False
+        self._ops.append(TierOp("fetch", block, -1, payload=staged[1]))
+        self.lower.promoted(key, now)
         return True
 
     def _touch(self, key: bytes, entry: TierEntry, now: float) -> None:
@@ -221,13 +279,17 @@ class HostTier:
             return False
         slot = self._free.pop()
         self._tick += 1
-        self._by_key[key] = TierEntry(slot, chunk, domain, last_used, self._tick)
+        entry = self._by_key[key] = TierEntry(slot, chunk, domain, last_used, self._tick)
         self._lru.setdefault(domain, OrderedDict())[key] = None
         root = tenant_root(domain)
         self._per_tenant[root] = self._per_tenant.get(root, 0) + 1
-        self._ops.append(TierOp("save", block, slot))
+        self._queue_write(key, entry, block)
         self.counters.write_backs += 1
         return True
+
+    def _queue_write(self, key: bytes, entry: TierEntry, source: int) -> None:
+        """Queues the copy of a new entry from `source` (here a device block)."""
+        self._ops.append(TierOp("save", source, entry.slot))
 
     def fair_share(self, writer_root: str) -> int:
         """Slots each tenant may hold against the others: the tier over the tenants
@@ -251,7 +313,7 @@ class HostTier:
         victim = self._lru_of_tenant(victim_root)
         if victim is None:
             return False
-        self._drop(victim)
+        self._drop(victim, spill=True)
         self.counters.evictions += 1
         return True
 
@@ -266,9 +328,13 @@ class HostTier:
                 best = (tick, key)
         return None if best is None else best[1]
 
-    def _drop(self, key: bytes) -> None:
-        """Forgets an entry; its slot is zeroed first where its domain scrubs."""
+    def _drop(self, key: bytes, *, spill: bool = False) -> None:
+        """Forgets an entry; its slot is zeroed first where its domain scrubs. `spill`
+        (evicted for room, not expired) writes it down to the tier below first."""
         entry = self._by_key.pop(key)
+        if spill and self.lower is not None:
+            # Queued before the zero op and before the save that reuses the slot.
+            self.lower.store(key, entry.chunk, entry.domain, entry.last_used, entry.slot)
         keys = self._lru[entry.domain]
         del keys[key]
         if not keys:
@@ -277,9 +343,13 @@ class HostTier:
         self._per_tenant[root] -= 1
         if not self._per_tenant[root]:
             del self._per_tenant[root]
+        self._queue_drop(key, entry)
+        self._free.append(entry.slot)
+
+    def _queue_drop(self, key: bytes, entry: TierEntry) -> None:
+        """Queues what a dropped entry's bytes need: a zeroed slot where its domain scrubs."""
         if self._scrub_of(entry.domain):
             self._ops.append(TierOp("zero", -1, entry.slot))
-        self._free.append(entry.slot)
 
     # -- retention -----------------------------------------------------------------
 
@@ -287,6 +357,8 @@ class HostTier:
         """Drops entries idle for longer than their domain's TTL (a full scan, at most
         once every `EXPIRY_SCAN_S`: lookups call this, and `match` already refuses
         expired entries)."""
+        if self.lower is not None:
+            self.lower.expire(now)
         if now < self._next_scan:
             return
         self._next_scan = now + EXPIRY_SCAN_S
@@ -304,7 +376,9 @@ class HostTier:
 
     def take_ops(self) -> list[TierOp]:
         """The copies queued since the last call, in the order they must run."""
-        ops, self._ops = self._ops, []
+        # Cleared in place: a disk tier below queues into this same list.
+        ops = list(self._ops)
+        self._ops.clear()
         return ops
 
     def domain_blocks(self) -> dict[str, int]:
@@ -329,6 +403,10 @@ class HostTier:
             expirations=c.expirations,
         )
 
+    def tier_stats(self) -> tuple[TierStats, ...]:
+        """This tier's stats, then the disk tier's if there is one."""
+        return (self.stats(),) + (() if self.lower is None else self.lower.tier_stats())
+
     def check_integrity(self) -> None:
         """Every slot is free or held once; the LRU lists and tenant counts add up."""
         held = [e.slot for e in self._by_key.values()]
@@ -347,3 +425,5 @@ class HostTier:
             tenants[root] = tenants.get(root, 0) + 1
         if tenants != self._per_tenant:
             raise AssertionError("host tier tenant counts are off")
+        if self.lower is not None:
+            self.lower.check_integrity()

@@ -66,3 +66,37 @@ class LoadCostRule:
         if load is None or recompute is None:
             return True
         return load < recompute
+
+
+class DiskLoadCost:
+    """The same decision for the disk tier (L3): a block read from disk then goes up
+    through a host slot, so its load costs the measured disk read (file read and
+    digest check) plus the host tier's copy, against the host rule's prefill cost."""
+
+    def __init__(self, host: LoadCostRule, payload_bytes: int) -> None:
+        self.host = host
+        self.payload_bytes = payload_bytes
+        self._read_bw: deque[float] = deque(maxlen=WINDOW)  # bytes per second
+
+    def observe_read(self, num_bytes: int, seconds: float) -> None:
+        """One block file of `num_bytes` was read and checked in `seconds`."""
+        if num_bytes > 0 and seconds > 0:
+            self._read_bw.append(num_bytes / seconds)
+
+    def read_bandwidth(self) -> float | None:
+        """Median disk read bytes per second (None until measured)."""
+        return statistics.median(self._read_bw) if self._read_bw else None
+
+    def load_s(self, num_blocks: int) -> float | None:
+        """Predicted seconds to bring `num_blocks` blocks from disk to the device."""
+        bw = self.read_bandwidth()
+        if bw is None:
+            return None
+        return num_blocks * self.payload_bytes / bw + (self.host.load_s(num_blocks) or 0.0)
+
+    def worth_loading(self, num_blocks: int) -> bool:
+        """True when reading `num_blocks` blocks is predicted cheaper than recomputing."""
+        load, recompute = self.load_s(num_blocks), self.host.recompute_s(num_blocks)
+        if load is None or recompute is None:
+            return True
+        return load < recompute

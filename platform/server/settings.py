@@ -263,6 +263,12 @@ class Settings(BaseSettings):
     # cheaper than recomputing them. Negative is refused; more than the host has is
     # clamped with a warning.
     kv_host_bytes: int = Field(default=0, ge=0)
+    # The local-disk KV tier (L3) under the host tier: a directory and its budget in bytes
+    # (unset or 0: off; it needs kv_host_bytes). Blocks the host tier evicts are written
+    # there off the step path, under the same tenant-rooted keys, and found again after a
+    # restart of the same model; a path that is a file or unwritable is refused at start.
+    kv_disk_path: str | None = None
+    kv_disk_bytes: int = Field(default=0, ge=0)
     # Speculative decoding (engine/speculative/): "ngram" proposes up to
     # num_speculative_tokens draft tokens from the request's own tokens (never another
     # request's) and verifies them in one pass, so greedy output is unchanged; "off":
@@ -493,10 +499,10 @@ class Settings(BaseSettings):
             raise ValueError("model_name names the single model; with models, name each there")
         return self
 
-    @field_validator("speculative_model", mode="before")
+    @field_validator("speculative_model", "kv_disk_path", mode="before")
     @classmethod
-    def _parse_speculative_model(cls, value: Any) -> Any:
-        """An empty value (CLOISTER_SPECULATIVE_MODEL=) is unset."""
+    def _empty_path_is_unset(cls, value: Any) -> Any:
+        """An empty value (CLOISTER_SPECULATIVE_MODEL=, CLOISTER_KV_DISK_PATH=) is unset."""
         if isinstance(value, str) and not value.strip():
             return None
         return value

@@ -132,6 +132,8 @@ def serve_engine_options(
         "enforce_eager": settings.enforce_eager,
         "kv_cache_bytes": settings.kv_cache_bytes,
         "kv_host_bytes": settings.kv_host_bytes,
+        "kv_disk_path": settings.kv_disk_path,
+        "kv_disk_bytes": settings.kv_disk_bytes,
         "speculative_method": settings.speculative_method,
         "num_speculative_tokens": settings.num_speculative_tokens,
         "speculative_model": settings.speculative_model,

@@ -85,6 +85,8 @@ ENGINE_SETTINGS = {
     "max_model_len": 1000,
     "kv_cache_bytes": 12345678,
     "kv_host_bytes": 87654321,
+    "kv_disk_path": "/var/cache/cloister-kv",
+    "kv_disk_bytes": 1 << 30,
     "speculative_method": "ngram",
     "num_speculative_tokens": 6,
     "speculative_max_batch": 8,
@@ -611,3 +613,33 @@ def test_bad_kv_events_replay_settings_are_refused(
 ) -> None:
     with pytest.raises(ValidationError, match=message):
         Settings(data_dir=tmp_path, **settings)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"CLOISTER_KV_DISK_BYTES": "-1"}, "kv_disk_bytes"),
+        ({"CLOISTER_KV_DISK_BYTES": "lots"}, "kv_disk_bytes"),
+    ],
+)
+def test_bad_disk_tier_settings_are_refused(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], message: str
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValidationError, match=message):
+        Settings()
+
+
+def test_disk_tier_settings_reach_the_engine_and_an_empty_path_is_off(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from server.wiring import serve_engine_options
+
+    monkeypatch.setenv("CLOISTER_KV_DISK_PATH", "")
+    assert Settings().kv_disk_path is None
+    monkeypatch.setenv("CLOISTER_KV_DISK_PATH", str(tmp_path / "kv"))
+    monkeypatch.setenv("CLOISTER_KV_DISK_BYTES", str(1 << 28))
+    options = serve_engine_options(Settings())
+    assert options["kv_disk_path"] == str(tmp_path / "kv")
+    assert options["kv_disk_bytes"] == 1 << 28

@@ -20,6 +20,17 @@ ENGINE_OPTIONS: tuple[Callable[[Any], Any], ...] = (
         help="Host-memory KV tier under the pool, in bytes (default 0: off).",
     ),
     click.option(
+        "--kv-disk-path",
+        default=None,
+        help="Directory of the local-disk KV tier (L3) under the host tier (default: off).",
+    ),
+    click.option(
+        "--kv-disk-bytes",
+        type=int,
+        default=None,
+        help="Budget of the disk KV tier in bytes (default 0: off; needs --kv-host-bytes).",
+    ),
+    click.option(
         "--speculative-method",
         type=click.Choice(["off", "ngram", "draft"]),
         default=None,
