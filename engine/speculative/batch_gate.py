@@ -23,11 +23,24 @@ EMA_WEIGHT = 0.2
 
 @dataclass
 class _Arm:
-    rate: float = 0.0  # tokens emitted per second, averaged
+    # Averaged tokens and seconds per step: their ratio is the arm's throughput. (An
+    # average of per-step rates would favour drafting: its short steps without drafts
+    # and its long ones with many tokens both look fast one by one.)
+    tokens: float = 0.0
+    seconds: float = 0.0
     samples: int = 0
 
-    def add(self, rate: float) -> None:
-        self.rate = rate if self.samples == 0 else (1 - EMA_WEIGHT) * self.rate + EMA_WEIGHT * rate
+    @property
+    def rate(self) -> float:
+        """Tokens per second."""
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        if self.samples == 0:
+            self.tokens, self.seconds = float(tokens), seconds
+        else:
+            self.tokens += EMA_WEIGHT * (tokens - self.tokens)
+            self.seconds += EMA_WEIGHT * (seconds - self.seconds)
         self.samples += 1
 
 
@@ -65,7 +78,7 @@ class BatchGate:
         if self.max_batch is not None or rows <= 0 or elapsed_s <= 0:
             return
         bucket = self._bucket(rows)
-        (bucket.spec if drafted else bucket.plain).add(tokens / elapsed_s)
+        (bucket.spec if drafted else bucket.plain).add(tokens, elapsed_s)
 
     def pays(self, rows: int) -> bool | None:
         """Whether drafts measured faster at this batch size (None: not measured yet)."""

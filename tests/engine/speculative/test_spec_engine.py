@@ -230,3 +230,31 @@ def test_speculation_off_reports_no_counters(tiny_model: pathlib.Path) -> None:
     engine = LLMEngine.from_options(str(tiny_model), num_blocks=16, block_size=BLOCK)
     assert engine.speculator is None
     assert engine.stats().spec_decode is None
+
+
+def test_a_stop_string_inside_an_accepted_draft_ends_the_text_there(
+    tiny_model: pathlib.Path,
+) -> None:
+    prompt = _prompts()[3]
+    plain, engine = _run(tiny_model, [prompt], GREEDY, num_blocks=128)
+    text = engine.tokenizer.decode(plain["r0"][0][:20])
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    assert stop.strip(), text
+    params = SamplingParams(temperature=0.0, max_tokens=40, stop=(stop,), ignore_eos=True)
+
+    def finished(**options: Any) -> tuple[str, list[int], str | None]:
+        engine = LLMEngine.from_options(
+            str(tiny_model), block_size=BLOCK, num_blocks=128, **options
+        )
+        engine.keep_finished = True
+        engine.add_request(prompt, params, request_id="s")
+        while engine.has_unfinished():
+            engine.step()
+        state = engine.finished["s"]
+        seq = state.seqs[0]
+        return state.samples[0].detok.text, seq.output_token_ids, seq.finish_reason
+
+    expect = finished()
+    got = finished(**SPEC)
+    assert got == expect
+    assert expect[2] == "stop" and stop not in expect[0]
