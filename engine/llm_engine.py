@@ -639,6 +639,7 @@ class LLMEngine:
         seq = item.seq
         assert self.speculator is not None
         self.speculator.observe_verify(seq.seq_id, len(item.spec), len(token.accepted))
+        seq.spec_extra_draws += token.extra_draws
         for j, token_id in enumerate((*token.accepted, token.token_id)):
             if seq.is_finished:
                 break

@@ -65,6 +65,9 @@ class Sequence:
     # Draft tokens proposed for the positions after the last known token, to be verified
     # by the next step (engine/speculative/); empty when this sequence does not speculate.
     spec_token_ids: list[int] = field(default_factory=list)
+    # Uniforms drawn beyond one per output token: one per sampled verify row that rejected
+    # a draft (the runner replays the draws when a failed step is retried).
+    spec_extra_draws: int = 0
 
     def __post_init__(self) -> None:
         if not self.fairness_key:

@@ -45,6 +45,8 @@ class SampledToken:
     # A verify row's accepted draft tokens, which come before `token_id` (speculative
     # decoding); () for every other row.
     accepted: tuple[int, ...] = ()
+    # Uniforms a sampled verify row drew beyond one per emitted token (1 after a rejection).
+    extra_draws: int = 0
 
 
 class ModelRunner:
@@ -79,10 +81,6 @@ class ModelRunner:
         ]
         self.sampler = Sampler()
         self._generators: dict[str, torch.Generator] = {}
-        # Uniforms each sampled sequence has drawn in its finished steps: a plain row
-        # draws one per token, a verify row one per draft scored plus one.
-        self._draws: dict[str, int] = {}
-        self._step_draws: dict[str, int] = {}  # the running step's, until it ends
         # Matchers of the structured sequences; batches without one never look at it.
         self.matchers = MatcherTable(grammars, pin_memory=device.type == "cuda")
         # Host copy of the live sequences' block tables, updated by diffs each step.
@@ -116,14 +114,6 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> dict[str, SampledToken]:
         """Runs one step; returns the sampled token of every sequence that samples."""
-        self._step_draws = {}
-        sampled = self._execute(output)
-        # Counted only once the step went through: a failed one is retried after `rewind`.
-        for key, count in self._step_draws.items():
-            self._draws[key] = self._draws.get(key, 0) + count
-        return sampled
-
-    def _execute(self, output: SchedulerOutput) -> dict[str, SampledToken]:
         inputs = build_step_inputs(output, self.block_size, self.device, self.block_table)
         lora = self.lora.batch(output) if self.lora is not None else None
         items = [output.scheduled[i] for i in inputs.sampling_positions]
@@ -173,8 +163,11 @@ class ModelRunner:
                 continue
             row = self._row(seq)
             verdict = verify_sampled(logits[f : f + len(item.spec) + 1], item.spec, row)
-            self._step_draws[seq.seq_id] = verdict.draws
-            out[seq.seq_id] = SampledToken(verdict.token, accepted=verdict.accepted)
+            # A rejection costs one uniform more than the tokens it emits (see `rewind`).
+            extra = verdict.draws - len(verdict.emitted)
+            out[seq.seq_id] = SampledToken(
+                verdict.token, accepted=verdict.accepted, extra_draws=extra
+            )
         return out
 
     def _sample(
@@ -199,9 +192,6 @@ class ModelRunner:
             (set(), {}) if mask is None else self.matchers.consume(seqs, result.token_ids, mask)
         )
         sampled: dict[str, SampledToken] = {}
-        for row in rows:
-            if not row.params.greedy:  # one uniform each (see `rewind`)
-                self._step_draws[row.state_key or ""] = 1
         for seq, token, lp in zip(seqs, result.token_ids, result.logprobs, strict=True):
             done = seq.seq_id in complete
             why = ended.get(seq.seq_id)
@@ -248,10 +238,10 @@ class ModelRunner:
         """Puts the random state of these rows back where it was before the step ran.
 
         For a retry of part of a failed step (engine.step_isolation). A sampled row
-        (temperature > 0) counts the uniforms its finished steps drew (one per
-        token, or per draft scored plus one on a verify row), so its generator is
-        rebuilt from its seed and advanced by that many draws; greedy rows never
-        draw. Costs O(output tokens) per sampled row, on retries only.
+        (temperature > 0) draws one uniform per output token, and one more for each
+        verify row that rejected a draft (`Sequence.spec_extra_draws`), so its
+        generator is rebuilt from its seed and advanced by that many draws; greedy
+        rows never draw. Costs O(output tokens) per sampled row, on retries only.
         A structured row's matcher is rolled back to the row's output tokens.
         """
         for item in items:
@@ -262,7 +252,7 @@ class ModelRunner:
                 continue
             fresh = torch.Generator(device=old.device)
             fresh.manual_seed(old.initial_seed())
-            for _ in range(self._draws.get(seq.seq_id, 0)):
+            for _ in range(seq.num_output_tokens + seq.spec_extra_draws):
                 torch.rand((), generator=fresh, dtype=torch.float64, device=fresh.device)
             self._generators[seq.seq_id] = fresh
 
@@ -280,7 +270,6 @@ class ModelRunner:
         matcher) and block-table row. A preempted sequence keeps them all: its history
         is unchanged."""
         self._generators.pop(seq_id, None)
-        self._draws.pop(seq_id, None)
         self.matchers.release(seq_id)
         self.sampler.release(seq_id)
         self.block_table.release(seq_id)

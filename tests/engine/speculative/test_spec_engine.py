@@ -258,3 +258,37 @@ def test_a_stop_string_inside_an_accepted_draft_ends_the_text_there(
     got = finished(**SPEC)
     assert got == expect
     assert expect[2] == "stop" and stop not in expect[0]
+
+
+def test_a_retried_verify_step_draws_the_same_tokens(tiny_model: pathlib.Path) -> None:
+    """A step that fails after sampling is retried with the generators rewound: a sampled
+    verify row that rejected a draft drew one uniform more than it emitted, and the
+    retry must replay that too."""
+    prompts = _prompts()[:3]
+    seeded = SamplingParams(temperature=1.5, max_tokens=24, ignore_eos=True, seed=9)
+    expected, _ = _run(tiny_model, prompts, seeded, num_blocks=128, **SPEC)
+    engine = LLMEngine.from_options(str(tiny_model), block_size=BLOCK, num_blocks=128, **SPEC)
+    assert engine.speculator is not None
+    engine.speculator.proposer = SometimesWrong()
+    engine.keep_finished = True
+    real = engine.runner.execute
+    raised = 0
+
+    def execute_then_fail(output: Any) -> Any:
+        nonlocal raised
+        result = real(output)
+        if raised < 4 and any(item.spec for item in output.scheduled) and len(output.scheduled) > 1:
+            raised += 1
+            raise RuntimeError("transient device fault")
+        return result
+
+    engine.runner.execute = execute_then_fail  # type: ignore[method-assign]
+    for i, prompt in enumerate(prompts):
+        engine.add_request(prompt, seeded, request_id=f"r{i}")
+    while engine.has_unfinished():
+        engine.step()
+    got = {rid: [s.output_token_ids for s in st.seqs] for rid, st in engine.finished.items()}
+    assert raised >= 2
+    assert got == expected
+    assert not engine.take_failures()
+    assert any(s.spec_extra_draws for st in engine.finished.values() for s in st.seqs)
