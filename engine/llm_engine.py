@@ -11,7 +11,7 @@ from typing import Any, overload
 
 import torch
 
-from engine.attention.backend import AttentionBackend, get_attention_backend
+from engine.attention.backend import get_attention_backend
 from engine.config import (
     CacheConfig,
     EngineConfig,
@@ -44,7 +44,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler.output import ScheduledSequence, SchedulerOutput
 from engine.scheduler.scheduler import Scheduler
 from engine.sequence import Sequence
-from engine.speculative.draft import DraftProposer, check_draft_fits
+from engine.speculative.draft import build_draft_proposer
 from engine.speculative.speculator import Speculator
 from engine.stats import EngineStats
 from engine.step_isolation import execute_isolated
@@ -215,7 +215,9 @@ class LLMEngine:
         self.speculator: Speculator | None = None
         if config.speculative.enabled:
             proposer = (
-                self._draft_proposer(backend, device)
+                build_draft_proposer(
+                    config, loaded, backend, num_blocks=self.capacity.num_blocks, device=device
+                )
                 if config.speculative.speculative_method == "draft"
                 else None
             )
@@ -238,26 +240,6 @@ class LLMEngine:
                 buffer_steps=config.cache.kv_events_buffer_steps,
             )
             self._publish_kv_events()  # AllBlocksCleared: this engine holds no block yet
-
-    def _draft_proposer(self, backend: AttentionBackend, device: torch.device) -> DraftProposer:
-        """Loads `speculative_model` and checks it shares the served model's tokenizer.
-
-        Its KV pool has as many blocks as the target's: a draft model is smaller, so
-        its blocks are too, and every running sequence can keep its draft KV.
-        """
-        path = self.config.speculative.speculative_model
-        assert path is not None  # SpeculativeConfig checked it
-        draft = load_model(path, dtype=self.config.model.dtype, device=device, progress=False)
-        check_draft_fits(self.loaded, draft)
-        log.info("speculative decoding: draft model %s", draft.name)
-        return DraftProposer(
-            draft,
-            backend,
-            num_blocks=self.capacity.num_blocks,
-            block_size=self.config.cache.block_size,
-            dtype=self.config.model.dtype,
-            device=device,
-        )
 
     @classmethod
     def from_options(cls, model: str | None = None, **options: Any) -> LLMEngine:

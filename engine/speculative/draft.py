@@ -13,18 +13,22 @@ takes blocks from the target pool, and no draft block is shared between sequence
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import torch
 
 from engine.attention.backend import AttentionBackend
+from engine.config import EngineConfig
 from engine.kv_cache.block_pool import BlockPool
-from engine.model.loader import LoadedModel
+from engine.model.loader import LoadedModel, load_model
 from engine.runner.model_runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from engine.scheduler.output import ScheduledSequence, SchedulerOutput
 from engine.sequence import Sequence
 
 _GREEDY = SamplingParams(temperature=0.0, max_tokens=None)
+
+log = logging.getLogger("engine")
 
 
 class DraftMismatchError(ValueError):
@@ -139,3 +143,31 @@ class DraftProposer:
         if shadow.block_ids:
             self.pool.free(shadow.block_ids)
         self.runner.release(seq_id)
+
+
+def build_draft_proposer(
+    config: EngineConfig,
+    target: LoadedModel,
+    backend: AttentionBackend,
+    *,
+    num_blocks: int,
+    device: torch.device,
+) -> DraftProposer:
+    """Loads `speculative_model` and checks it shares the served model's tokenizer.
+
+    Its KV pool has as many blocks as the target's: a draft model is smaller, so its
+    blocks are too, and every running sequence can keep its draft KV.
+    """
+    path = config.speculative.speculative_model
+    assert path is not None  # SpeculativeConfig checked it
+    draft = load_model(path, dtype=config.model.dtype, device=device, progress=False)
+    check_draft_fits(target, draft)
+    log.info("speculative decoding: draft model %s", draft.name)
+    return DraftProposer(
+        draft,
+        backend,
+        num_blocks=num_blocks,
+        block_size=config.cache.block_size,
+        dtype=config.model.dtype,
+        device=device,
+    )
