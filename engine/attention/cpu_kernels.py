@@ -7,7 +7,7 @@ models this project serves on CPUs (SmolLM2, batch 8, ~270 tokens of context: ga
 + SDPA ~450 us a layer, this kernel ~210 us on 2 cores). The kernel walks each
 sequence's block table itself, so nothing is copied and no mask is built.
 
-One task per (sequence, KV head): scores of the head's query group against every
+One task per (query token, KV head): scores of the head's query group against every
 cached key, a softmax, then the weighted sum of the values. It runs in parallel over
 the tasks on numba's threads and releases the GIL, so an event loop in the same
 process keeps running meanwhile.
@@ -52,22 +52,27 @@ def paged_decode(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
     block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
     seqs: list[int],
     rows: list[int],
+    ends: list[int],
     scale: float,
     out: torch.Tensor,
     window: int | None = None,
     softcap: float | None = None,
 ) -> None:
-    """Writes out[rows[n]] = attention of q[rows[n]] over sequence seqs[n]'s cached K/V
-    (its last `window` keys with a sliding window; with `softcap`, each scaled score s
-    becomes softcap * tanh(s / softcap) before the softmax).
+    """Writes out[rows[n]] = attention of q[rows[n]] over the first ends[n] cached keys
+    of sequence seqs[n] (the last `window` of them with a sliding window; with
+    `softcap`, each scaled score s becomes softcap * tanh(s / softcap) before the
+    softmax).
+
+    A decode token sees its whole sequence (ends[n] = its length); the tokens of a
+    short multi-token query (a speculative verify row) are items of their own, each
+    seeing the keys up to its own position, so causality is in `ends` alone.
 
     q and out: float32 [num_tokens, num_heads, head_dim]; kv_cache: float32 [2,
     num_blocks, block_size, num_kv_heads, head_dim]; block_tables int32 [num_seqs,
-    max_blocks]; seq_lens int32 [num_seqs] (each sequence's keys, its new one included,
-    already written). GQA: query head h reads KV head h // (num_heads // num_kv_heads).
+    max_blocks] (every key up to each ends[n] already written). GQA: query head h reads
+    KV head h // (num_heads // num_kv_heads).
     """
     assert numba is not None, "paged_decode needs numba (see available())"
     # numba's pool would otherwise use every core, beside torch's own threads.
@@ -76,9 +81,9 @@ def paged_decode(
         q.numpy(),
         kv_cache.numpy(),
         block_tables.numpy(),
-        seq_lens.numpy(),
         np.asarray(seqs, dtype=np.int64),
         np.asarray(rows, dtype=np.int64),
+        np.asarray(ends, dtype=np.int64),
         np.float32(scale),
         out.numpy(),
         np.int64(window or 0),
@@ -107,9 +112,9 @@ def _decode_kernel(
     q: np.ndarray,
     cache: np.ndarray,
     tables: np.ndarray,
-    lens: np.ndarray,
     seqs: np.ndarray,
     rows: np.ndarray,
+    ends: np.ndarray,
     scale: np.float32,
     out: np.ndarray,
     window: np.int64,
@@ -121,10 +126,11 @@ def _decode_kernel(
     block_size, num_kv_heads = cache.shape[2], cache.shape[3]
     group = num_heads // num_kv_heads
     for task in prange(seqs.shape[0] * num_kv_heads):
-        seq, row = seqs[task // num_kv_heads], rows[task // num_kv_heads]
+        item = task // num_kv_heads
+        seq, row, end = seqs[item], rows[item], ends[item]
         kv_head = task % num_kv_heads
-        start = max(0, lens[seq] - window) if window > 0 else 0
-        length = lens[seq] - start  # the keys this token sees, from `start` on
+        start = max(0, end - window) if window > 0 else 0
+        length = end - start  # the keys this token sees, from `start` on
         first = kv_head * group
         scores = np.empty((group, length), dtype=np.float32)
         for t in range(length):

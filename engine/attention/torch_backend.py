@@ -55,9 +55,7 @@ class TorchAttentionBackend:
         """Stores the new K/V; decode rows attend in one batched call, prefill rows one by one."""
         write_kv(k, v, kv_cache, meta.slot_mapping)
         out = torch.empty_like(q)
-        decode_rows = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
-        batched = self._decode(q, kv_cache, meta, scale, decode_rows, out, window, softcap)
-        done = set(decode_rows) if batched else set()
+        done = set(self._decode(q, kv_cache, meta, scale, out, window, softcap))
         start = 0
         for i, q_len in enumerate(meta.query_lens_cpu):
             if q_len and i not in done:
@@ -74,17 +72,17 @@ class TorchAttentionBackend:
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
-        rows: list[int],
         out: torch.Tensor,
         window: int | None,
         softcap: float | None = None,
-    ) -> bool:
-        """Attends the one-token sequences `rows` into `out` in one batch; False leaves
-        them to the per-sequence path (a single one is cheaper there)."""
+    ) -> list[int]:
+        """Attends the one-token sequences into `out` in one batch and returns them; an
+        empty list leaves them to the per-sequence path (a single one is cheaper there)."""
+        rows = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
         if len(rows) < 2:
-            return False
+            return []
         _batched_decode(q, kv_cache, meta, scale, rows, out, window, softcap)
-        return True
+        return rows
 
 
 def _attend_one(

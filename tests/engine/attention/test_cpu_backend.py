@@ -58,6 +58,41 @@ def test_mixed_prefill_and_decode_rows() -> None:
     torch.testing.assert_close(out[:real], expected[:real], atol=TOL, rtol=TOL)
 
 
+def test_verify_rows_run_on_the_kernel_one_item_per_query_token(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A speculative verify row (k drafts + 1 after a long context) is a short query: each
+    of its tokens is a kernel item seeing the keys up to its own position, so it matches
+    the oracle's causal answer; a long prefill row stays on SDPA."""
+    from engine.attention.cpu_backend import KERNEL_MAX_QUERY_LEN
+
+    items: list[tuple[list[int], list[int], list[int]]] = []
+    kernel = cpu_kernels.paged_decode
+
+    def recording(*args: object, **kwargs: object) -> None:
+        items.append((list(args[3]), list(args[4]), list(args[5])))  # type: ignore[call-overload]
+        kernel(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cpu_kernels, "paged_decode", recording)
+    long = KERNEL_MAX_QUERY_LEN + 1
+    spec = [(300, 5), (40, 1), (70, KERNEL_MAX_QUERY_LEN), (0, long), (17, 3)]
+    batch = make_batch(spec, block_size=16, num_heads=9, num_kv_heads=3, head_dim=64, seed=7)
+    expected, _ = reference_output(batch, SCALE)
+    out, _ = _run(batch)
+    torch.testing.assert_close(out, expected, atol=TOL, rtol=TOL)
+    ((seqs, rows, ends),) = items
+    assert seqs == [0] * 5 + [1] + [2] * KERNEL_MAX_QUERY_LEN + [4] * 3
+    starts = [0, 5, 6, 6 + KERNEL_MAX_QUERY_LEN + long]
+    assert rows[:6] == list(range(6))
+    assert rows[6 : 6 + KERNEL_MAX_QUERY_LEN] == list(range(6, 6 + KERNEL_MAX_QUERY_LEN))
+    assert rows[-3:] == [starts[3] + r for r in range(3)]
+    # Causal lengths: the r-th new token of a row sees its context and r + 1 new keys.
+    assert ends[:5] == [301, 302, 303, 304, 305]
+    assert ends[5] == 41
+    assert ends[6 : 6 + KERNEL_MAX_QUERY_LEN] == [71 + r for r in range(KERNEL_MAX_QUERY_LEN)]
+    assert ends[-3:] == [18, 19, 20]
+
+
 def test_a_non_contiguous_query_is_read_correctly() -> None:
     batch = make_batch([(5, 1), (50, 1)], block_size=8, num_heads=4, num_kv_heads=2, head_dim=16)
     wide = torch.randn(batch.q.shape[0], batch.q.shape[1], 2 * batch.q.shape[2])
