@@ -520,6 +520,13 @@ class Settings(BaseSettings):
                 f'speculative_method is {self.speculative_method!r}, not "draft": only the '
                 "draft method runs a draft model"
             )
+        # A missing draft would otherwise surface only after the served model has loaded
+        # (minutes on a CPU); its vocabulary is checked by the engine as it loads it.
+        if draft and not Path(str(self.speculative_model)).expanduser().exists():
+            raise ValueError(
+                f"speculative_model {self.speculative_model!r}: no such file or folder "
+                "(a GGUF file or a Hugging Face model folder on this machine)"
+            )
         return self
 
     @model_validator(mode="after")

@@ -33,13 +33,22 @@ def test_bad_speculative_settings_are_refused_by_name(name: str, value: object) 
         Settings(**{name: value})
 
 
-def test_the_draft_method_needs_its_model_and_only_it_takes_one() -> None:
+def test_the_draft_method_needs_its_model_and_only_it_takes_one(tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match="speculative_model"):
         Settings(speculative_method="draft")
     with pytest.raises(ValidationError, match="speculative_model"):
         Settings(speculative_method="ngram", speculative_model="/models/draft")
-    ok = Settings(speculative_method="draft", speculative_model="/models/draft")
-    assert ok.speculative_model == "/models/draft"
+    ok = Settings(speculative_method="draft", speculative_model=str(tmp_path))
+    assert ok.speculative_model == str(tmp_path)
+
+
+def test_a_missing_draft_model_is_refused_before_anything_loads(tmp_path: Path) -> None:
+    """The served model takes minutes to load on a CPU; a draft path that is not there
+    stops the settings, by name, instead of the engine after that load (both commands:
+    SPEC_FLAGS)."""
+    missing = tmp_path / "no-such-draft.gguf"
+    with pytest.raises(ValidationError, match="speculative_model .*no such file or folder"):
+        Settings(speculative_method="draft", speculative_model=str(missing))
 
 
 @pytest.mark.parametrize(("name", "value"), BAD_SETTINGS)
@@ -85,9 +94,11 @@ def test_speculation_is_off_by_default_and_reaches_the_engine_config(tmp_path: P
     assert config.enabled
     assert (config.num_speculative_tokens, config.speculative_max_batch) == (3, 12)
     assert config.speculative_model is None
-    draft = Settings(data_dir=tmp_path, speculative_method="draft", speculative_model="/m/d")
+    model = tmp_path / "draft.gguf"
+    model.write_bytes(b"GGUF")
+    draft = Settings(data_dir=tmp_path, speculative_method="draft", speculative_model=str(model))
     config = build_config("m", **serve_engine_options(draft)).speculative
-    assert (config.speculative_method, config.speculative_model) == ("draft", "/m/d")
+    assert (config.speculative_method, config.speculative_model) == ("draft", str(model))
 
 
 SPEC_FLAGS = [
@@ -97,6 +108,7 @@ SPEC_FLAGS = [
     ["--num-speculative-tokens", "four"],
     ["--speculative-method", "eagle"],
     ["--speculative-model", "/models/draft"],  # without --speculative-method draft
+    ["--speculative-model", "/nonexistent/draft.gguf", "--speculative-method", "draft"],
     ["--speculative-max-batch", "0"],
 ]
 
@@ -199,7 +211,9 @@ def test_the_startup_summary_says_whether_speculation_is_on(tmp_path: Path) -> N
         Settings(data_dir=tmp_path, speculative_method="ngram", speculative_max_batch=6)
     )
     assert "none above 6 running sequences" in capped
+    model = tmp_path / "d.gguf"
+    model.write_bytes(b"GGUF")
     draft = _summary(
-        Settings(data_dir=tmp_path, speculative_method="draft", speculative_model="/m/d.gguf")
+        Settings(data_dir=tmp_path, speculative_method="draft", speculative_model=str(model))
     )
-    assert "speculative decoding on (draft with /m/d.gguf, up to 4 draft tokens" in draft
+    assert f"speculative decoding on (draft with {model}, up to 4 draft tokens" in draft
