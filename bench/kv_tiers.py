@@ -9,11 +9,15 @@ pool of 1/--pool-fraction of the working set, a tenant's previous turn is evicte
 from the pool by then.
 
 Each configuration serves the same workload on a fresh engine (the bundled SmolLM2
-on the CPU unless --model): the device pool alone, then with a host tier (L2) as
-large as the whole working set. Prints the prefix hit rate (cached prompt tokens
-over prompt tokens), TTFT p50/p95, and the requests whose cached tokens exceed what
-their own tenant's history allows (cross-tenant hits: must be 0). The last line is
-JSON.
+on the CPU unless --model): the device pool alone; with a host tier (L2) as large
+as the whole working set; and with a host tier the size of the device pool over a
+disk tier (L3, in a temporary directory) as large as the working set, so that most
+tiered hits come from disk. (A disk tier with no host tier is not a configuration
+the engine has: the disk tier needs the host tier, `host_setup.attach_disk_tier`.)
+Prints the prefix hit rate (cached prompt tokens over prompt tokens) and, per tier,
+the share of prompt tokens it served (device hits, host slots loaded, disk blocks
+loaded), TTFT p50/p95, and the requests whose cached tokens exceed what their own
+tenant's history allows (cross-tenant hits: must be 0). The last line is JSON.
 
     python bench/kv_tiers.py --scale 0.5
 """
@@ -24,6 +28,7 @@ import argparse
 import json
 import random
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -45,6 +50,14 @@ class Result:
     l2_loads: int
     l2_write_backs: int
     l2_recomputed_instead: int
+    # Shares of the prompt tokens served by each place (they add up to hit_rate): the
+    # device pool's own hits, and the blocks each tier below loaded to the device.
+    device_hit_rate: float = 0.0
+    l2_hit_rate: float = 0.0
+    l3_hit_rate: float = 0.0
+    l3_loads: int = 0
+    l3_write_backs: int = 0
+    l3_recomputed_instead: int = 0
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -69,20 +82,41 @@ def own_bound(previous: list[int] | None, prompt: list[int], block: int) -> int:
 def working_set_tokens(args: argparse.Namespace) -> int:
     """Tokens of every conversation's full history (what an infinite cache holds)."""
     per_turn = args.user_tokens + args.answer_tokens
-    return args.tenants * (args.system_tokens + args.turns * per_turn)
+    return int(args.tenants * (args.system_tokens + args.turns * per_turn))
 
 
-def run(args: argparse.Namespace, name: str, host_bytes: int) -> Result:
-    """Serves the whole workload once on a fresh engine."""
-    rng = random.Random(args.seed)
-    pool_blocks = max(8, working_set_tokens(args) // args.pool_fraction // args.block_size)
+def pool_blocks(args: argparse.Namespace) -> int:
+    """Blocks of the device pool: 1/--pool-fraction of the working set."""
+    return max(8, working_set_tokens(args) // int(args.pool_fraction) // int(args.block_size))
+
+
+def run(
+    args: argparse.Namespace,
+    name: str,
+    host_bytes: int,
+    disk_bytes: int = 0,
+    disk_path: str | None = None,
+) -> Result:
+    """Serves the whole workload once on a fresh engine (closed at the end, so that its
+    disk tier's writes finish and its directory's lock is released)."""
     engine = LLMEngine.from_options(
         args.model,
-        num_blocks=pool_blocks,
+        num_blocks=pool_blocks(args),
         block_size=args.block_size,
         kv_host_bytes=host_bytes,
+        kv_disk_path=disk_path,
+        kv_disk_bytes=disk_bytes,
         max_num_batched_tokens=4096,
     )
+    try:
+        return serve(args, name, engine)
+    finally:
+        engine.close()
+
+
+def serve(args: argparse.Namespace, name: str, engine: LLMEngine) -> Result:
+    """Serves the workload on `engine` and takes its figures."""
+    rng = random.Random(args.seed)
     vocab = list(range(300, 5000))
     systems = [
         [rng.choice(vocab) for _ in range(args.system_tokens)] for _ in range(args.tenants // 2 + 1)
@@ -117,9 +151,16 @@ def run(args: argparse.Namespace, name: str, host_bytes: int) -> Result:
             histories[t] = ids + answer
     stats = engine.stats()
     tier = stats.kv_tiers[0] if stats.kv_tiers else None
+    disk = stats.kv_tiers[1] if len(stats.kv_tiers) > 1 else None
+    prompts = max(1, prompt_tokens)
+    l2_served = (tier.loads if tier else 0) * args.block_size
+    l3_served = (disk.loads if disk else 0) * args.block_size
     return Result(
         name=name,
-        hit_rate=cached / max(1, prompt_tokens),
+        hit_rate=cached / prompts,
+        device_hit_rate=max(0, cached - l2_served - l3_served) / prompts,
+        l2_hit_rate=l2_served / prompts,
+        l3_hit_rate=l3_served / prompts,
         ttft_p50=percentile(ttfts, 0.5),
         ttft_p95=percentile(ttfts, 0.95),
         ttft_mean=statistics.fmean(ttfts),
@@ -128,11 +169,14 @@ def run(args: argparse.Namespace, name: str, host_bytes: int) -> Result:
         l2_loads=tier.loads if tier else 0,
         l2_write_backs=tier.write_backs if tier else 0,
         l2_recomputed_instead=tier.recomputed_instead if tier else 0,
+        l3_loads=disk.loads if disk else 0,
+        l3_write_backs=disk.write_backs if disk else 0,
+        l3_recomputed_instead=disk.recomputed_instead if disk else 0,
     )
 
 
 def main() -> None:
-    """Parses options, runs both configurations, prints a table and a JSON line."""
+    """Parses options, runs the configurations, prints a table and a JSON line."""
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--model", default=None, help="GGUF or HF folder (default: SmolLM2)")
     ap.add_argument("--tenants", type=int, default=16)
@@ -144,27 +188,43 @@ def main() -> None:
     ap.add_argument("--pool-fraction", type=int, default=4, help="working set / device pool")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-l3", action="store_true", help="skip the disk tier configuration")
     args = ap.parse_args()
     args.system_tokens = int(args.system_tokens * args.scale)
     args.user_tokens = int(args.user_tokens * args.scale)
     # Bytes per token of SmolLM2-135M in fp32 (30 layers, 3 KV heads of 64): a host tier
     # twice the working set, so that it never has to evict.
-    host_bytes = 2 * working_set_tokens(args) * 2 * 30 * 3 * 64 * 4
+    token_bytes = 2 * 30 * 3 * 64 * 4
+    host_bytes = 2 * working_set_tokens(args) * token_bytes
     results = [run(args, "device-only", 0), run(args, "device+L2", host_bytes)]
-    print(f"{'config':12} {'hit rate':>8} {'p50 s':>8} {'p95 s':>8} {'cross':>6} {'loads':>6}")
+    if not args.no_l3:
+        # A host tier the size of the device pool, over a disk tier that never has to
+        # evict: 2.5 working sets' bytes (a file adds a header and the block's token ids).
+        small_host = pool_blocks(args) * args.block_size * token_bytes
+        disk_bytes = host_bytes * 5 // 4
+        with tempfile.TemporaryDirectory(prefix="kv-tiers-l3-") as path:
+            results.append(run(args, "device+L2+L3", small_host, disk_bytes, path))
+    print(
+        f"{'config':13} {'hit rate':>8} {'device':>7} {'L2':>6} {'L3':>6} {'p50 s':>8} "
+        f"{'p95 s':>8} {'cross':>6} {'L2 ld':>6} {'L3 ld':>6}"
+    )
     for r in results:
         print(
-            f"{r.name:12} {r.hit_rate:8.3f} {r.ttft_p50:8.3f} {r.ttft_p95:8.3f} "
-            f"{r.cross_tenant_hits:6d} {r.l2_loads:6d}"
+            f"{r.name:13} {r.hit_rate:8.3f} {r.device_hit_rate:7.3f} {r.l2_hit_rate:6.3f} "
+            f"{r.l3_hit_rate:6.3f} {r.ttft_p50:8.3f} {r.ttft_p95:8.3f} "
+            f"{r.cross_tenant_hits:6d} {r.l2_loads:6d} {r.l3_loads:6d}"
         )
-    base, tiered = results
-    summary = {
+    base, tiered = results[0], results[1]
+    summary: dict[str, object] = {
         "configs": {r.name: r.__dict__ for r in results},
         "ttft_p50_ratio": tiered.ttft_p50 / max(1e-9, base.ttft_p50),
         "ttft_p95_ratio": tiered.ttft_p95 / max(1e-9, base.ttft_p95),
-        "cross_tenant_hits": base.cross_tenant_hits + tiered.cross_tenant_hits,
+        "cross_tenant_hits": sum(r.cross_tenant_hits for r in results),
         "working_set_tokens": working_set_tokens(args),
     }
+    if len(results) > 2:
+        summary["l3_ttft_p50_ratio"] = results[2].ttft_p50 / max(1e-9, base.ttft_p50)
+        summary["l3_ttft_p95_ratio"] = results[2].ttft_p95 / max(1e-9, base.ttft_p95)
     print(json.dumps(summary))
 
 

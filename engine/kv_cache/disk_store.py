@@ -9,11 +9,19 @@ a block is read from memory (`_pending`), so a lookup right after a spill still 
 A write that fails (a full disk, a directory made read-only under us) marks the store
 failed with one warning; the tier then writes nothing more and keeps serving what is
 on disk. A read that fails is a miss. Nothing here raises into a step.
+
+One engine per directory: the tier takes an exclusive `flock` on `LOCK_NAME` in it
+(`lock`) before it scans or writes anything, and holds it until `close`. Two engines
+on one directory would delete each other's files (every engine deletes what its own
+budget drops, and a start scan deletes what it cannot read), and adopt blocks the
+other one counts in its own budget. The lock is tied to the open file: a crashed
+engine's lock goes with its process, so a stale lock file never keeps a restart out.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import queue
@@ -39,6 +47,8 @@ from engine.kv_cache.disk_format import (
 log = logging.getLogger("engine")
 
 TMP = ".tmp"
+# The lock file in the directory (not a block file's name, so the start scan skips it).
+LOCK_NAME = ".cloister-kv.lock"
 # Bytes of queued writes at most: past this the disk cannot keep up, and a spilled
 # block is skipped (a miss later) rather than held in memory without bound.
 MAX_PENDING_BYTES = 256 << 20
@@ -58,10 +68,19 @@ class DiskStore:
         self.skipped = 0  # writes dropped because the backlog was full
         self._pending_bytes = 0
         self._lock = threading.Lock()
+        # Signalled when queued bytes leave the backlog (a write waits on it while
+        # draining, `drain_until`).
+        self._room = threading.Condition(self._lock)
+        # While draining at shutdown: a full backlog makes `write` wait (up to this
+        # time.monotonic()) instead of skipping; None in normal serving.
+        self._drain_deadline: float | None = None
+        self._abandon = False  # past the drain's deadline: queued writes are dropped
         self._seq = 0
         # Writes queued and not yet on disk: key -> (sequence number, header, payload).
         self._pending: dict[bytes, tuple[int, bytes, bytes]] = {}
         self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self._lock_fd: int | None = None  # the open lock file while `lock` holds it
+        self._closed = False
         self._thread = threading.Thread(target=self._run, name="kv-disk-writer", daemon=True)
         self._thread.start()
 
@@ -72,6 +91,13 @@ class DiskStore:
         False when the backlog is full and the block is skipped (a miss when looked up)."""
         header = encode_header(record, self.fingerprint, len(payload))
         with self._lock:
+            if self._drain_deadline is not None:
+                # At shutdown nothing waits on a step: wait for room, up to the deadline.
+                while self._pending_bytes + len(payload) > MAX_PENDING_BYTES:
+                    left = self._drain_deadline - time.monotonic()
+                    if left <= 0 or not self._thread.is_alive():
+                        break
+                    self._room.wait(left)
             if self._pending_bytes + len(payload) > MAX_PENDING_BYTES:
                 self.skipped += 1
                 if self.skipped == 1:
@@ -123,10 +149,62 @@ class DiskStore:
         """Waits until every queued write and delete is done (tests, shutdown)."""
         self._queue.join()
 
-    def close(self) -> None:
-        """Finishes the queue and stops the writer thread."""
+    def drain_until(self, deadline: float) -> None:
+        """From now on (shutdown), a write that finds the backlog full waits for room
+        until `deadline` (time.monotonic()) rather than skipping its block."""
+        with self._lock:
+            self._drain_deadline = deadline
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Finishes the queue, stops the writer thread and releases the directory's lock
+        (last: another engine may start on the directory only once our writes are done).
+
+        With `timeout_s`, writes still queued after that long are dropped (each a miss
+        for the next engine, never a torn block: files are renamed into place) and the
+        wait ends once the file being written is done; deletes always run, so what a
+        scrub or a budget dropped never outlives us. A second call does nothing."""
+        if self._closed:
+            return
+        self._closed = True
         self._queue.put(None)
-        self._thread.join()
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            with self._lock:
+                self._abandon = True
+                dropped = len(self._pending)
+            log.warning(
+                "disk KV tier: kv_disk_path=%s did not take its last writes within %.1f s; "
+                "%d queued blocks are dropped",
+                self.root,
+                timeout_s,
+                dropped,
+            )
+            self._thread.join()
+        if self._lock_fd is not None:
+            # Closing the descriptor drops the flock; the file stays (unlinking it would
+            # let a third engine lock a new file while a second holds the old one).
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # -- the directory's lock ---------------------------------------------------------
+
+    def lock(self) -> bool:
+        """Takes the directory's exclusive lock without waiting; False when another open
+        lock file holds it (another engine, in this process or another). Raises OSError
+        when the lock file cannot be opened."""
+        if self._lock_fd is not None:
+            return True
+        fd = os.open(self.root / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        except OSError:
+            os.close(fd)
+            raise
+        self._lock_fd = fd
+        return True
 
     # -- the writer thread ------------------------------------------------------------
 
@@ -150,11 +228,12 @@ class DiskStore:
             return
         with self._lock:
             pending = self._pending.get(key)
+            abandon = self._abandon
         if pending is None or pending[0] != seq:
             return  # deleted or written again since: a later job has the last word
         _, header, payload = pending
         try:
-            if not self.failed:
+            if not self.failed and not abandon:
                 self._write_file(key, header, payload)
                 self.written += 1
         except OSError as exc:
@@ -165,6 +244,7 @@ class DiskStore:
                     # Written, or failed (then the block is a miss from now on).
                     del self._pending[key]
                     self._pending_bytes -= len(payload)
+                    self._room.notify_all()
 
     def _write_file(self, key: bytes, header: bytes, payload: bytes) -> None:
         """Writes one block file through a temporary name (patched by tests to fail)."""

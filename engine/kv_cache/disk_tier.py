@@ -131,7 +131,7 @@ class DiskTier(HostTier):
         them only when loading that run is predicted cheaper than recomputing it."""
         self._staged.clear()
         self.counters.lookups += 1
-        run = super().match(keys, chunks, now)
+        run = self._held_run(keys, chunks, now)
         if not run:
             return []
         self.counters.hits += 1

@@ -11,7 +11,7 @@ import torch
 
 from engine.config import CacheConfig
 from engine.kv_cache.disk_format import DIGEST_BYTES, FIXED_BYTES, model_fingerprint
-from engine.kv_cache.disk_store import DiskStore
+from engine.kv_cache.disk_store import LOCK_NAME, DiskStore
 from engine.kv_cache.disk_tier import DiskTier
 from engine.kv_cache.host_buffer import HostKVBuffer
 from engine.kv_cache.host_tier import HostTier
@@ -74,6 +74,8 @@ def attach_host_tier(
     buffer = HostKVBuffer(kv_caches, slots)
     cost = LoadCostRule(bytes_per_block, cache.block_size)
     buffer.probe_bandwidth(cost)
+    # At shutdown the tier spills to disk outside a step: it runs its ops itself.
+    tier.executor = lambda ops: buffer.execute(ops, cost)
     kv.attach_tier(tier, cost)
     log.info(
         "host KV tier: %d blocks = %d tokens (%.1f MiB)%s",
@@ -106,9 +108,10 @@ def attach_disk_tier(
     """Puts the disk tier (L3) of `kv_disk_bytes` in `kv_disk_path` under the host tier,
     if asked for, with the blocks a previous engine of the same model left there.
 
-    A path that is not a writable directory, or a budget that holds no block, leaves
-    the tier off; a budget larger than the free space is clamped to 80% of it (the
-    space our own files take counted as free): each with one warning, never an error.
+    A path that is not a writable directory, one another live engine holds (its lock
+    file, see `DiskStore.lock`), or a budget that holds no block, leaves the tier off; a
+    budget larger than the free space is clamped to 80% of it (the space our own files
+    take counted as free): each with one warning, never an error.
     """
     path, budget = cache.kv_disk_path, cache.kv_disk_bytes
     if path is None and budget <= 0:
@@ -135,6 +138,17 @@ def attach_disk_tier(
     layout = (len(buffer.device_caches), tuple(first.shape[2:]), str(first.dtype), cache.block_size)
     store = DiskStore(root, model_fingerprint(kv.revision, layout), payload)
     try:
+        # Before anything reads or deletes a file: the directory may be another live
+        # engine's, whose files are not ours to scan, adopt or delete.
+        locked = store.lock()
+        if not locked:
+            store.close()
+            log.warning(
+                "kv_disk_path=%s is in use by another engine (%s is locked): the disk tier is off",
+                path,
+                root / LOCK_NAME,
+            )
+            return None
         probes = store.probe_read()
         records = store.scan()
         free = shutil.disk_usage(root).free

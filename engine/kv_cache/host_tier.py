@@ -21,14 +21,19 @@ and leaves the others' share in place.
 
 The disk tier (L3, engine/kv_cache/disk_tier.py) chains under this one
 (`attach_lower`): what this tier evicts for room is spilled there, a miss here
-continues the same chain there, and its ops share this tier's queue. Counting: the
-manager counts lookups, hits and hit blocks on this tier for the whole stack below the
-device (the disk tier's blocks included), while this tier's loads count host slot
-copies only; the disk tier counts its own lookups, hits, loads and write-backs.
+continues the same chain there, and its ops share this tier's queue.
+
+Counting: each tier counts only what it served itself. A lookup that misses the
+device counts in this tier (`match`); its hits and hit blocks are the blocks found in
+host memory. The part of the chain this tier lacks goes on to the disk tier, which
+counts that lookup, and the blocks it finds on disk, in its own counters. Loads,
+write-backs and "recomputed instead" are likewise per tier: a block fetched from disk
+is a disk tier load, a host slot copied back a host tier load (`recomputed`).
 """
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -36,6 +41,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 from engine.kv_cache.disk_format import BlockRecord
 from engine.kv_cache.eviction import tenant_root
+from engine.kv_cache.kv_events import KVEventLog
 from engine.kv_cache.prefix_index import Chunk
 
 if TYPE_CHECKING:
@@ -48,6 +54,11 @@ TierOpKind = Literal["save", "load", "zero", "spill", "fetch", "delete"]
 # Seconds between two scans that free the slots of expired entries. A lookup never
 # serves an expired entry whatever the scan's period (`match` checks each hit's age).
 EXPIRY_SCAN_S = 1.0
+# Seconds a shutdown waits at most for the disk tier to take what the host tier holds
+# (`HostTier.close`); what is left then is dropped, a miss for the next engine. Well
+# under the 10 s a process engine's parent waits before it kills the child
+# (engine/process_engine.py STOP_TIMEOUT_S).
+CLOSE_DRAIN_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -122,11 +133,13 @@ class TierStats:
 class KVTier(Protocol):
     """A place below the device pool where evicted blocks live on under their own key.
 
-    Contract: `match` is read-only and returns the slots of the longest run of `keys`
-    held with the same chunks; `store` keeps a block under its key (False when the
-    writer's share allows no slot); `load` queues a copy of a held block into a device
-    block (False if it is gone); `expire` drops entries past their domain's TTL.
-    Copies are queued as `TierOp`s for the engine (`take_ops`).
+    Contract: `match` returns the slots of the longest run of `keys` held with the
+    same chunks, and counts the lookup and what it found (nothing else changes);
+    `recomputed` counts a matched run the caller recomputes instead; `store` keeps a
+    block under its key (False when the writer's share allows no slot); `load` queues
+    a copy of a held block into a device block (False if it is gone); `expire` drops
+    entries past their domain's TTL. Copies are queued as `TierOp`s for the engine
+    (`take_ops`).
     """
 
     medium: str
@@ -134,6 +147,10 @@ class KVTier(Protocol):
 
     def match(self, keys: Sequence[bytes], chunks: Sequence[Chunk], now: float) -> list[int]:
         """Slots of the leading `keys` this tier holds, unexpired, with the same token ids."""
+        ...
+
+    def recomputed(self, slots: Sequence[int]) -> None:
+        """Counts the run `match` returned as recomputed instead of loaded."""
         ...
 
     def store(self, key: bytes, chunk: Chunk, domain: str, last_used: float, block: int) -> bool:
@@ -162,6 +179,11 @@ class KVTier(Protocol):
 
     def tier_stats(self) -> tuple[TierStats, ...]:
         """`stats()` of this tier, then of each tier below it (for `EngineStats.kv_tiers`)."""
+        ...
+
+    def record_events(self, events: KVEventLog) -> None:
+        """Announces this tier's (and the tiers below's) blocks in `events` from now on,
+        each with its tier's medium, starting with those held now."""
         ...
 
 
@@ -196,17 +218,71 @@ class HostTier:
         # The disk tier (L3) below, if any (`attach_lower`): entries this tier evicts
         # for room are written down there, and a miss here continues there.
         self.lower: DiskTier | None = None
+        # The manager's KV event log (`record_events`); None: no events asked for.
+        self.events: KVEventLog | None = None
+        # Runs queued ops outside a step (`close`); set where the host copies live
+        # (host_setup.attach_host_tier). None: nothing can be spilled at close.
+        self.executor: Callable[[list[TierOp]], None] | None = None
+        self._closed = False
 
-    def close(self) -> None:
-        """Lets the tier below finish its queued writes and stop (engine shutdown)."""
+    def record_events(self, events: KVEventLog) -> None:
+        """Announces entries stored and dropped here, and in the tier below, in `events`
+        (with this tier's medium); the entries held now first (a disk tier's adopted
+        blocks, found before the engine asked for events)."""
+        self.events = events
+        for key, entry in self._by_key.items():
+            events.tier_stored(key, entry.chunk, entry.domain, self.medium)
         if self.lower is not None:
-            self.lower.files.close()
+            self.lower.record_events(events)
+
+    def close(self, drain_s: float = CLOSE_DRAIN_S) -> None:
+        """Engine shutdown: spills what this tier holds to the disk tier below, so that a
+        restarted engine finds it, then lets the disk tier finish its writes and stop.
+
+        Bounded: the disk tier takes only what its budget and the tenants' shares allow
+        (as for any spill), and the writes wait `drain_s` at most; what is left is
+        dropped. The ops the last step left are run first, in order: a write-back
+        queued then is what fills the slot a spill copies. A second call does nothing.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        if self.lower is None:
+            return
+        deadline = time.monotonic() + drain_s
+        try:
+            if self.executor is not None and not self.lower.store_failed():
+                self.executor(self.take_ops())
+                self.lower.files.drain_until(deadline)
+                self.spill_all()
+                self.executor(self.take_ops())
+        finally:
+            # Whatever happened above, the writer stops and the directory's lock goes.
+            self.lower.files.close(max(0.0, deadline - time.monotonic()))
+
+    def spill_all(self) -> int:
+        """Queues a spill to the disk tier of every unexpired entry it lacks, least
+        recently used first (so the newest end up newest there too); returns how many
+        it took. The entries stay here."""
+        lower = self.lower
+        if lower is None:
+            return 0
+        now = lower._clock()
+        taken = 0
+        for key, entry in sorted(self._by_key.items(), key=lambda item: item[1].tick):
+            if self._expired(entry, now) or key in lower._by_key:
+                continue
+            if lower.store(key, entry.chunk, entry.domain, entry.last_used, entry.slot):
+                taken += 1
+        return taken
 
     def attach_lower(self, lower: DiskTier) -> None:
         """Puts `lower` under this tier. Both queue their ops in this tier's one list,
         so that a spill of a slot always runs before a later op reuses that slot."""
         self.lower = lower
         lower._ops = self._ops
+        if self.events is not None:
+            lower.record_events(self.events)
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -215,20 +291,38 @@ class HostTier:
 
     def match(self, keys: Sequence[bytes], chunks: Sequence[Chunk], now: float) -> list[int]:
         """Slots of the leading blocks held here, compared by token ids too; an entry past
-        its domain's TTL is a miss even before a scan frees it."""
+        its domain's TTL is a miss even before a scan frees it. Counts the lookup, and
+        the blocks found in host memory only."""
+        self.counters.lookups += 1
+        slots = self._held_run(keys, chunks, now)
+        n = len(slots)
+        if n:
+            self.counters.hits += 1
+            self.counters.hit_blocks += n
+        if self.lower is not None and n < len(keys):
+            # The same chain goes on in the disk tier: its verified blocks follow, with
+            # no host slot (-1: `load` fetches them to the device from their payloads).
+            # The disk tier counts that lookup and its hits itself.
+            slots.extend([-1] * len(self.lower.match(keys[n:], chunks[n:], now)))
+        return slots
+
+    def _held_run(self, keys: Sequence[bytes], chunks: Sequence[Chunk], now: float) -> list[int]:
+        """Slots of the leading `keys` held here, unexpired, with the same chunks (no count)."""
         slots: list[int] = []
         for key, chunk in zip(keys, chunks, strict=True):
             entry = self._by_key.get(key)
             if entry is None or entry.chunk != chunk or self._expired(entry, now):
                 break
             slots.append(entry.slot)
-        n = len(slots)
-        if self.lower is not None and n < len(keys):
-            # The same chain goes on in the disk tier: its verified blocks follow, with
-            # no host slot (-1: `load` fetches them to the device from their payloads).
-            # So this tier's hit counts include the blocks the disk tier supplies.
-            slots.extend([-1] * len(self.lower.match(keys[n:], chunks[n:], now)))
         return slots
+
+    def recomputed(self, slots: Sequence[int]) -> None:
+        """The caller recomputes the run `match` returned: each tier counts its own blocks
+        (host slots here, the disk tier's -1 entries there)."""
+        own = sum(1 for s in slots if s >= 0)
+        self.counters.recomputed_instead += own
+        if self.lower is not None and len(slots) > own:
+            self.lower.counters.recomputed_instead += len(slots) - own
 
     def _expired(self, entry: TierEntry, now: float) -> bool:
         ttl = self._ttl_of(entry.domain)
@@ -285,6 +379,8 @@ class HostTier:
         self._per_tenant[root] = self._per_tenant.get(root, 0) + 1
         self._queue_write(key, entry, block)
         self.counters.write_backs += 1
+        if self.events is not None:
+            self.events.tier_stored(key, chunk, domain, self.medium)
         return True
 
     def _queue_write(self, key: bytes, entry: TierEntry, source: int) -> None:
@@ -345,6 +441,8 @@ class HostTier:
             del self._per_tenant[root]
         self._queue_drop(key, entry)
         self._free.append(entry.slot)
+        if self.events is not None:
+            self.events.tier_removed(key, self.medium)
 
     def _queue_drop(self, key: bytes, entry: TierEntry) -> None:
         """Queues what a dropped entry's bytes need: a zeroed slot where its domain scrubs."""

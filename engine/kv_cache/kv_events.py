@@ -11,6 +11,14 @@ structs reads our events and ignores them.
 Block hashes are the engine's own chained block hashes (blake2b, 32 bytes), rooted
 at the domain's cache key: the same tokens in two domains never share a hash, so a
 subscriber's index keeps tenants apart as the engine's does.
+
+`medium` says where a block is, as in vLLM: the device pool's "GPU" (or "CPU" for an
+engine that runs on the CPU), the host tier's "CPU_HOST", the disk tier's "DISK". A
+block written down to a tier below the device is announced stored there, and removed
+there when the tier drops it (`tier_stored`, `tier_removed`), with the same hash as
+on the device, so a tier-aware indexer (llm-d's) can weigh where each block is. Like
+vLLM's offloading connector's, a tier's `BlockStored` names no parent (a tier keeps
+blocks, not chains) and no adapter; it carries the block's tokens and domain.
 """
 
 from __future__ import annotations
@@ -108,6 +116,7 @@ class KVEventLog:
         last = self._events[-1] if self._events else None
         if (
             isinstance(last, BlockStored)
+            and last.medium == self.medium
             and last.block_hashes[-1] == parent_hash
             and last.cache_domain == domain
             and last.lora_name == adapter
@@ -133,11 +142,34 @@ class KVEventLog:
         announced = self._hashes.pop(block, None)
         if announced is None:
             return
+        self._append_removed(announced, self.medium)
+
+    def _append_removed(self, block_hash: bytes, medium: str) -> None:
+        """Removals of one medium in a row go in one event (a set, in no order)."""
         last = self._events[-1] if self._events else None
-        if isinstance(last, BlockRemoved):
-            last.block_hashes.append(announced)
+        if isinstance(last, BlockRemoved) and last.medium == medium:
+            last.block_hashes.append(block_hash)
             return
-        self._events.append(BlockRemoved(block_hashes=[announced], medium=self.medium))
+        self._events.append(BlockRemoved(block_hashes=[block_hash], medium=medium))
+
+    def tier_stored(self, key: bytes, token_ids: tuple[int, ...], domain: str, medium: str) -> None:
+        """A block was written down to the tier of `medium` under its chained hash `key`.
+        One event per block: a tier's write-downs in a row are not one chain."""
+        self._events.append(
+            BlockStored(
+                block_hashes=[key],
+                parent_block_hash=None,
+                token_ids=list(token_ids),
+                block_size=self.block_size,
+                lora_id=None,
+                medium=medium,
+                cache_domain=domain,
+            )
+        )
+
+    def tier_removed(self, key: bytes, medium: str) -> None:
+        """The tier of `medium` dropped the block of chained hash `key`."""
+        self._append_removed(key, medium)
 
     def cleared(self) -> None:
         """The whole cache is empty."""

@@ -118,6 +118,8 @@ class KVCacheManager:
         if self.events is None:
             self.events = KVEventLog(self.block_size, medium)
             self.events.cleared()
+            if self.tier is not None:
+                self.tier.record_events(self.events)  # the tiers' blocks, their medium
         return self.events
 
     def attach_tier(self, tier: KVTier, cost: LoadCostRule | None = None) -> None:
@@ -128,6 +130,8 @@ class KVCacheManager:
             raise ValueError("a KV tier needs the prefix cache (prefix_cache='off')")
         self.tier = tier
         self.tier_cost = cost
+        if self.events is not None:
+            tier.record_events(self.events)
 
     @property
     def num_blocks(self) -> int:
@@ -308,15 +312,13 @@ class KVCacheManager:
             return []
         keys = self._tier_keys(st, max_blocks)
         tier = self.tier
-        tier.counters.lookups += 1
         now = self.clock()
+        # Counts the lookup, and each tier's own hits, in that tier.
         slots = tier.match(keys[n:max_blocks], st.chunks[n:max_blocks], now)
         if not slots:
             return []
-        tier.counters.hits += 1
-        tier.counters.hit_blocks += len(slots)
         if self.tier_cost is not None and not self.tier_cost.worth_loading(len(slots)):
-            tier.counters.recomputed_instead += len(slots)
+            tier.recomputed(slots)
             return []
         # Held while loading, so that making room never evicts the chain being extended.
         if found:

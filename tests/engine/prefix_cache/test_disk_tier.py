@@ -205,6 +205,7 @@ def test_two_tenants_never_find_each_others_blocks_on_disk_also_after_restart(
     assert c.num_cached_tokens == 0 and k.num_cached_tokens == 0
     assert disk.stats().hit_blocks == hits
     settle(llm)
+    llm.engine.close()  # a restart: the directory's lock goes with the old engine
     # A new engine over the same directory: only a finds a's blocks. (t:c and t:a/k:1
     # cached the prompt under their own keys above, and may find those: two domains
     # that never ran it ask here.)
@@ -224,6 +225,7 @@ def test_a_restarted_engine_finds_its_blocks_with_identical_logits(
     device_hit = run(roomy, PROMPT_A, "t:a")
     llm = with_l3(tiny_model, tmp_path, block_bytes)
     bury_a(llm)
+    llm.engine.close()  # which also spills the host tier's block
     on_disk = len(block_files(tmp_path))
     restarted = with_l3(tiny_model, tmp_path, block_bytes)
     disk = disk_of(restarted)
@@ -247,6 +249,7 @@ def test_another_models_files_are_ignored_and_deleted(
     ours = block_files(path)
     assert len(ours) >= 5
     (path / "notes.txt").write_text("not a block file")  # not ours: left alone
+    llm.engine.close()
     other = make_tiny_model_dir(tmp_path_factory.mktemp("other_model"), seed=1)
     with caplog.at_level(logging.WARNING, logger="engine"):
         second = with_l3(other, path, block_bytes)
@@ -268,6 +271,7 @@ def test_a_corrupt_or_truncated_file_is_a_miss(
     data[-100] ^= 0x01
     files[3].write_bytes(bytes(data))
     files[5].write_bytes(files[5].read_bytes()[:-7])
+    llm.engine.close()
     restarted = with_l3(tiny_model, tmp_path, block_bytes)
     disk = disk_of(restarted)
     assert not files[5].exists()  # deleted at start
@@ -324,6 +328,7 @@ def test_a_disk_file_past_its_ttl_is_a_miss_after_a_restart(
 ) -> None:
     llm = with_l3(tiny_model, tmp_path, block_bytes, retention_ttl_s=60.0)
     bury_a(llm)
+    llm.engine.close()
     import time
 
     later = time.time() + 120.0  # the files were last used two minutes ago
