@@ -93,7 +93,7 @@ def _warn_disk_without_host(cache: CacheConfig) -> None:
         log.warning("kv_disk_path is ignored: the disk tier needs the host tier, which is off")
 
 
-def _file_bytes(payload: int, block_size: int) -> int:
+def disk_file_bytes(payload: int, block_size: int) -> int:
     """What one block file takes on disk, for the budget (a domain of up to 64 bytes)."""
     return FIXED_BYTES + 8 * block_size + 64 + payload + DIGEST_BYTES
 
@@ -156,7 +156,7 @@ def attach_disk_tier(
         store.close()
         log.warning("kv_disk_path=%s cannot be written (%s): the disk tier is off", path, exc)
         return None
-    per_file = _file_bytes(payload, cache.block_size)
+    per_file = disk_file_bytes(payload, cache.block_size)
     room = free + len(records) * per_file  # our own files' space is ours to reuse
     if budget > room:
         clamped = int(room * 0.8)

@@ -16,9 +16,16 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from admin.models import RegisteredModel
-from admin.schemas.engines import EngineModel, EngineReplica, EnginesView, SpeculativeDecoding
+from admin.schemas.engines import (
+    EngineModel,
+    EngineReplica,
+    EnginesView,
+    KVTier,
+    SpeculativeDecoding,
+)
 
 if TYPE_CHECKING:  # the admin service also runs without a gateway in its process
+    from engine.kv_cache.host_tier import TierStats
     from engine.speculative.stats import SpecDecodeStats
     from gateway.engine_replicas import ReplicaState
 
@@ -48,6 +55,27 @@ def _replica(state: ReplicaState, model: RegisteredModel | None) -> EngineReplic
         ),
         public_cached_blocks=state.public_cached_blocks,
         speculative=_speculative(s.spec_decode),
+        kv_tiers=[_tier(t) for t in s.kv_tiers],
+    )
+
+
+def _tier(t: TierStats) -> KVTier:
+    """The page's figures of one KV tier under the device pool."""
+    return KVTier(
+        medium=t.medium,
+        blocks=t.blocks,
+        capacity_blocks=t.capacity_blocks,
+        bytes=t.bytes,
+        capacity_bytes=t.capacity_bytes,
+        lookups=t.lookups,
+        hits=t.hits,
+        hit_rate=t.hits / t.lookups if t.lookups else None,
+        hit_blocks=t.hit_blocks,
+        loads=t.loads,
+        write_backs=t.write_backs,
+        recomputed_instead=t.recomputed_instead,
+        evictions=t.evictions,
+        expirations=t.expirations,
     )
 
 

@@ -103,6 +103,35 @@ def sum_spec_decode(stats: Iterable[SpecDecodeStats | None]) -> SpecDecodeStats 
     )
 
 
+def sum_kv_tiers(tiers: Iterable[tuple[TierStats, ...]]) -> tuple[TierStats, ...]:
+    """Several engines' KV tiers summed medium by medium, top-down in the order the
+    media first appear (replicas of one model run the same tiers, so the same order)."""
+    by_medium: dict[str, TierStats] = {}
+    for stack in tiers:
+        for t in stack:
+            seen = by_medium.get(t.medium)
+            by_medium[t.medium] = t if seen is None else _add_tiers(seen, t)
+    return tuple(by_medium.values())
+
+
+def _add_tiers(a: TierStats, b: TierStats) -> TierStats:
+    """Two engines' figures of one medium, added (their block sizes agree: one model)."""
+    return TierStats(
+        medium=a.medium,
+        capacity_blocks=a.capacity_blocks + b.capacity_blocks,
+        blocks=a.blocks + b.blocks,
+        bytes_per_block=max(a.bytes_per_block, b.bytes_per_block),
+        lookups=a.lookups + b.lookups,
+        hits=a.hits + b.hits,
+        hit_blocks=a.hit_blocks + b.hit_blocks,
+        loads=a.loads + b.loads,
+        write_backs=a.write_backs + b.write_backs,
+        recomputed_instead=a.recomputed_instead + b.recomputed_instead,
+        evictions=a.evictions + b.evictions,
+        expirations=a.expirations + b.expirations,
+    )
+
+
 class EngineClient(Protocol):
     """What the gateway needs from an engine.
 

@@ -46,7 +46,10 @@ _TIER_COUNTERS = {
     "hits": "Of those, lookups that found at least one block in the tier.",
     "hit_blocks": "KV blocks found in a tier (loaded or recomputed).",
     "loads": "KV blocks loaded back from a tier into the device pool.",
-    "write_backs": "KV blocks written down to a tier when the device pool evicted them.",
+    "write_backs": (
+        "KV blocks written down to a tier when the tier above it evicted them (the device "
+        "pool, or for the disk the host tier)."
+    ),
     "recomputed_instead": "KV blocks found in a tier but recomputed, being cheaper to.",
     "evictions": "KV blocks a tier dropped to make room.",
     "expirations": "KV blocks a tier dropped at their cache domain's retention TTL.",
@@ -59,6 +62,60 @@ _SPEC_DECODE_COUNTERS = {
     "num_draft_tokens": "Draft tokens proposed and scored.",
     "num_accepted_tokens": "Draft tokens accepted.",
 }
+
+
+def tier_totals(snap: EngineSnapshot) -> dict[str, int]:
+    """The KV tiers' cumulative figures under vLLM's names (its KV connector's and its
+    offloading connector's), from one snapshot; empty where no tier is on (no series, as
+    vLLM without a connector).
+
+    - external_prefix_cache_hits: prompt tokens loaded from a tier instead of computed
+      (the tiers' loads, in blocks of the pool's block size);
+    - external_prefix_cache_queries: prompt tokens the device pool did not hold, which
+      the tiers were asked for: as vLLM counts them (request tokens minus local hits),
+      the looked-up tokens less the device pool's own hits, the tokens the tiers gave
+      counted as asked (the engine's prefix-cache hits include them);
+    - kv_offload_load_bytes: bytes copied from a tier into the device pool;
+    - kv_offload_store_bytes: bytes the device pool wrote down to the tier under it
+      (the first of `kv_tiers`, which run top-down; a disk tier's writes come from the
+      host tier, not from the device).
+    The token figures need the pool's block size; an engine that did not report it gets
+    the byte figures only.
+    """
+    tiers = snap.kv_tiers
+    if not tiers:
+        return {}
+    totals = {
+        "kv_offload_load_bytes": sum(t.loads * t.bytes_per_block for t in tiers),
+        "kv_offload_store_bytes": tiers[0].write_backs * tiers[0].bytes_per_block,
+    }
+    if snap.block_size > 0:
+        hits = sum(t.loads for t in tiers) * snap.block_size
+        totals["external_prefix_cache_hits"] = hits
+        # Looked-up tokens less the pool's own hits (its hits less the tiers' tokens).
+        # Never below `hits` (queries >= hits always), and it only grows, as a counter
+        # must: queries and hits grow together, by at least as much as the hits.
+        totals["external_prefix_cache_queries"] = (
+            snap.prefix_cache_queries - snap.prefix_cache_hits + hits
+        )
+    return totals
+
+
+# vLLM's help texts, in the units its series use.
+_TIER_ALIASES = {
+    "external_prefix_cache_queries": (
+        "Prompt tokens looked up in the KV tiers below the device pool (vLLM's KV "
+        "connector queries), in tokens."
+    ),
+    "external_prefix_cache_hits": (
+        "Prompt tokens loaded from the KV tiers below the device pool (vLLM's KV "
+        "connector hits), in tokens."
+    ),
+    "kv_offload_load_bytes": "Bytes of KV loaded from the tiers into the device pool.",
+    "kv_offload_store_bytes": "Bytes of KV the device pool wrote down to the tier under it.",
+}
+# vLLM's older labelled form of the last two (transfer_type), which dashboards still read.
+_TRANSFER_TYPES = {"kv_offload_load_bytes": "CPU_to_GPU", "kv_offload_store_bytes": "GPU_to_CPU"}
 
 
 class TenantLabeler:
@@ -154,6 +211,17 @@ class GatewayMetrics:
             field: Counter(f"cloister:kv_tier_{field}", text, tm, registry=self.tenant_registry)
             for field, text in _TIER_COUNTERS.items()
         }
+        # The same tiers under vLLM's names (tier_totals), so its dashboards' external
+        # cache and offload panels work; as their source, operators only.
+        self.tier_aliases = {
+            name: Counter(f"vllm:{name}", text, m, registry=self.tenant_registry)
+            for name, text in _TIER_ALIASES.items()
+        }
+        self.offload_total_bytes = Counter(
+            "vllm:kv_offload_total_bytes", "Bytes of KV moved between the device pool and "
+            "the tiers under it, by direction (vLLM's older series).",
+            [*m, "transfer_type"], registry=self.tenant_registry,
+        )  # fmt: skip
         # Speculative decoding, vLLM's series. Acceptance depends on what the requests
         # generate, so the sums over tenants move with other tenants' traffic: operators
         # only, like the prefix-cache hits.
@@ -335,6 +403,17 @@ class GatewayMetrics:
                 old = None if prev is None else int(getattr(prev, field))
                 delta = now - old if old is not None and now >= old else now
                 child = counter.labels(name, tier.medium)
+                if delta > 0:
+                    child.inc(delta)
+        now_totals = tier_totals(snap)
+        old_totals = tier_totals(last) if last is not None else {}
+        for key, value in now_totals.items():
+            old = old_totals.get(key)
+            delta = value - old if old is not None and value >= old else value
+            children = [self.tier_aliases[key].labels(name)]
+            if key in _TRANSFER_TYPES:
+                children.append(self.offload_total_bytes.labels(name, _TRANSFER_TYPES[key]))
+            for child in children:  # created at 0: a tier with no traffic yet still shows
                 if delta > 0:
                     child.inc(delta)
 

@@ -26,7 +26,7 @@ from engine.outputs import StreamEvent
 from engine.request import EngineRequest
 from engine.structured.spec import StructuredSpec
 from gateway.adapters import AdapterInfo
-from gateway.engine_client import EngineSnapshot, TokenizerLike, sum_spec_decode
+from gateway.engine_client import EngineSnapshot, TokenizerLike, sum_kv_tiers, sum_spec_decode
 from gateway.engine_link import READ_TIMEOUT_S
 from gateway.remote_engine import (
     EngineServerInfo,
@@ -283,7 +283,8 @@ class ReplicaSetClient:
 
     def stats(self) -> EngineSnapshot:
         """The replicas' figures summed (KV usage: their mean)."""
-        snaps = [r.client.stats() for r in self._replicas.values() if r.client.alive]
+        live = [r.client for r in self._replicas.values() if r.client.alive]
+        snaps = [c.stats() for c in live]
         if not snaps:
             return EngineSnapshot(0, 0, 0.0, 0, 0, 0)
         return EngineSnapshot(
@@ -297,6 +298,9 @@ class ReplicaSetClient:
             num_batch_running=sum(s.num_batch_running for s in snaps),
             num_batch_waiting=sum(s.num_batch_waiting for s in snaps),
             spec_decode=sum_spec_decode(s.spec_decode for s in snaps),
+            # The stats poll carries load only; the pool's shape came with /internal/info.
+            block_size=max(c.info.block_size for c in live),
+            kv_tiers=sum_kv_tiers(s.kv_tiers for s in snaps),
         )
 
     @property

@@ -16,6 +16,8 @@ from tests.gateway.conftest import free_port
 
 CLIENT_ID = "cloister-console"
 SPECULATIVE = "Speculative decoding"
+# A host-memory KV tier (L2) under the engine's pool, so the Engines page has a real one.
+HOST_TIER_BYTES = 1024 * 1024
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +36,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, provider: Provider) -> Iter
         "CLOISTER_ADMIN_OIDC_ISSUER": provider.issuer,
         "CLOISTER_ADMIN_OIDC_CLIENT_ID": CLIENT_ID,
         "CLOISTER_ADMIN_OIDC_REDIRECT_URI": f"http://127.0.0.1:{port}/admin/oidc",
+        "CLOISTER_KV_HOST_BYTES": str(HOST_TIER_BYTES),
     }
     yield from serve_console(tmp_path_factory, port, oidc)
 
@@ -142,6 +145,97 @@ def test_engines_page_shows_the_speculative_acceptance(admin: Console, server: S
         cells = _cells(page.get_by_role("table", name="Engines of fresh"), "in-process")
         assert cells[SPECULATIVE] == "on, no draft yet"
         admin.shot("engines-speculative")
+        admin.assert_no_errors()
+    finally:
+        page.unroute("**/admin/api/v1/engines")
+
+
+TIER_COLUMNS = [
+    "Replica", "Tier", "Blocks (held / capacity)", "Bytes (held / capacity)",
+    "Hit rate (lookups)", "Loads", "Write-backs", "Recomputed instead",
+]  # fmt: skip
+
+
+def test_engines_page_shows_the_real_host_tier(admin: Console, server: Server) -> None:
+    """The live engine's host tier (L2): GET /engines reports it with the capacity its
+    budget holds, and the page's tier table shows the same figures."""
+    [model] = server.api("GET", "/engines").json()["models"]
+    [replica] = model["replicas"]
+    [host] = replica["kv_tiers"]
+    assert host["medium"] == "CPU_HOST"
+    assert 0 < host["capacity_bytes"] <= HOST_TIER_BYTES
+    per_block = host["capacity_bytes"] // host["capacity_blocks"]
+    assert host["capacity_blocks"] == HOST_TIER_BYTES // per_block
+    admin.go("/engines")
+    table = admin.page.get_by_role("table", name="KV tiers of tiny")
+    headers = [h.strip() for h in table.locator("thead th").all_inner_texts()]
+    assert headers == TIER_COLUMNS
+    cells = _cells(table, "in-process")
+    assert cells["Tier"] == "L2 host memory (CPU_HOST)"
+    capacity = f"{host['blocks']:,} / {host['capacity_blocks']:,}"
+    assert cells["Blocks (held / capacity)"] == capacity
+    assert cells["Bytes (held / capacity)"].endswith(" / 1.0 MiB")
+    assert (cells["Loads"], cells["Write-backs"]) == (str(host["loads"]), str(host["write_backs"]))
+    admin.shot("engines-tiers")
+    admin.assert_no_errors()
+
+
+def test_engines_page_shows_each_tiers_figures(admin: Console, server: Server) -> None:
+    """Host memory and disk tiers with made-up figures (the page is the real one): held
+    and capacity in blocks and bytes, the hit rate over the lookups that went on into the
+    tier (a dash before the first), loads, write-backs and blocks recomputed instead; a
+    model whose engine has no tier shows no tier table."""
+    import json
+
+    host = {
+        "medium": "CPU_HOST", "blocks": 10, "capacity_blocks": 100, "bytes": 40960,
+        "capacity_bytes": 409600, "lookups": 8, "hits": 6, "hit_rate": 0.75, "hit_blocks": 12,
+        "loads": 9, "write_backs": 2000, "recomputed_instead": 3, "evictions": 1,
+        "expirations": 0,
+    }  # fmt: skip
+    disk = {
+        **host, "medium": "DISK", "blocks": 1, "capacity_blocks": 3000,
+        "bytes": 4096 * 1, "capacity_bytes": 3 * 1024**3, "lookups": 0, "hits": 0,
+        "hit_rate": None, "loads": 0, "write_backs": 5, "recomputed_instead": 0,
+    }  # fmt: skip
+    base = {k: v for k, v in server.state["engine"].items() if k != "kv_tiers"}
+    body = {
+        "connected": True,
+        "models": [
+            {"model": "tiny", "replicas": [{**base, "kv_tiers": [host, disk]}]},
+            {"model": "plain", "replicas": [base]},
+        ],
+    }
+    page = admin.page
+    page.route(
+        "**/admin/api/v1/engines",
+        lambda route: route.fulfill(
+            status=200, content_type="application/json", body=json.dumps(body)
+        ),
+    )
+    try:
+        admin.go("/engines")
+        table = page.get_by_role("table", name="KV tiers of tiny")
+        rows = table.locator("tbody tr")
+        assert rows.count() == 2
+        cells = _cells(table, "L2 host memory (CPU_HOST)")
+        assert cells == {
+            "Replica": "in-process",
+            "Tier": "L2 host memory (CPU_HOST)",
+            "Blocks (held / capacity)": "10 / 100",
+            "Bytes (held / capacity)": "40.0 KiB / 400.0 KiB",
+            "Hit rate (lookups)": "75.0 % (6 of 8)",
+            "Loads": "9",
+            "Write-backs": "2,000",
+            "Recomputed instead": "3",
+        }
+        cells = _cells(table, "L3 disk (DISK)")
+        assert cells["Blocks (held / capacity)"] == "1 / 3,000"
+        assert cells["Bytes (held / capacity)"] == "4.0 KiB / 3.0 GiB"
+        assert cells["Hit rate (lookups)"] == "—"
+        assert page.get_by_role("table", name="Engines of plain").is_visible()
+        assert page.get_by_role("table", name="KV tiers of plain").count() == 0
+        admin.shot("engines-tiers-figures")
         admin.assert_no_errors()
     finally:
         page.unroute("**/admin/api/v1/engines")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 
 class SpeculativeDecoding(BaseModel):
@@ -15,6 +15,26 @@ class SpeculativeDecoding(BaseModel):
     acceptance_rate: float | None  # accepted / proposed; None before the first draft
     # Tokens one verify row emits on average (accepted drafts + the bonus token).
     mean_accepted_length: float | None
+
+
+class KVTier(BaseModel):
+    """One KV tier under an engine's device pool, since the engine started
+    (engine.kv_cache.host_tier.TierStats, as the gateway's snapshot carries it)."""
+
+    medium: str  # "CPU_HOST": host memory (L2); "DISK": local disk (L3)
+    blocks: int  # blocks held now
+    capacity_blocks: int
+    bytes: int  # bytes held now
+    capacity_bytes: int
+    lookups: int  # lookups that went on into this tier after a device-pool miss
+    hits: int  # of those, lookups that found at least one block here
+    hit_rate: float | None  # hits / lookups; None before the first lookup
+    hit_blocks: int  # blocks found here (loaded or recomputed)
+    loads: int  # blocks loaded back into the device pool
+    write_backs: int  # blocks written down to this tier
+    recomputed_instead: int  # blocks found here but recomputed, that being cheaper
+    evictions: int
+    expirations: int
 
 
 class EngineReplica(BaseModel):
@@ -40,6 +60,9 @@ class EngineReplica(BaseModel):
     public_cached_blocks: int | None
     # Speculative decoding's figures; None: it is off (or the engine does not report it).
     speculative: SpeculativeDecoding | None = None
+    # The KV tiers under the device pool, top-down; left out of the answer where no tier
+    # is on (or the engine does not report them), as an engine without tiers answered.
+    kv_tiers: list[KVTier] = Field(default_factory=list, exclude_if=lambda tiers: not tiers)
 
 
 class EngineModel(BaseModel):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,83 @@ POSITIVE = FiniteFloat()
 NON_NEGATIVE = FiniteFloat(strict=False)
 
 
+class ByteCount(click.ParamType[int]):
+    """A whole number of bytes, 0 or more (as `serve`'s kv_*_bytes settings take them)."""
+
+    name = "bytes"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        """The integer, or a usage error naming the option (exit code 2)."""
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        else:
+            try:
+                number = int(str(value).strip())
+            except ValueError:
+                self.fail(f"{value!r} is not a whole number of bytes", param, ctx)
+        if number < 0:
+            self.fail(f"{value!r} must be 0 or more bytes", param, ctx)
+        return number
+
+
+BYTES = ByteCount()
+
+
+@dataclass(frozen=True)
+class TierCapacity:
+    """What one KV tier under the device pool holds, sized as the engine sizes it
+    (engine/kv_cache/host_setup.py): whole blocks of `block_size` tokens in the budget."""
+
+    medium: str  # the tier's medium, as on /metrics ("CPU_HOST" for L2, "DISK" for L3)
+    budget_bytes: int
+    bytes_per_block: int  # what one block takes in this tier (a disk file has a header)
+    block_size: int
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks the budget holds (0: the engine leaves the tier off, with a warning)."""
+        return self.budget_bytes // self.bytes_per_block
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens those blocks hold."""
+        return self.num_blocks * self.block_size
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready values, the derived ones included."""
+        return {
+            "medium": self.medium,
+            "budget_bytes": self.budget_bytes,
+            "bytes_per_block": self.bytes_per_block,
+            "block_size": self.block_size,
+            "num_blocks": self.num_blocks,
+            "token_capacity": self.num_tokens,
+        }
+
+
+def tier_capacities(
+    kv_bytes_per_token: int, block_size: int, host_bytes: int, disk_bytes: int
+) -> list[TierCapacity]:
+    """The L2 (host memory) and L3 (disk) tiers a replica with these budgets gets; a
+    budget of 0 is a tier that is off (left out).
+
+    A block in host memory is the device block's bytes (K and V of `block_size` tokens
+    over every layer, `engine.kv_cache.sizing.bytes_per_block`); a block on disk is a
+    file of those bytes plus its header and digest, as the engine counts it against
+    kv_disk_bytes.
+    """
+    from engine.kv_cache.host_setup import disk_file_bytes  # the engine's own rule, not a copy
+
+    per_block = kv_bytes_per_token * block_size
+    tiers: list[TierCapacity] = []
+    if host_bytes > 0:
+        tiers.append(TierCapacity("CPU_HOST", host_bytes, per_block, block_size))
+    if disk_bytes > 0:
+        per_file = disk_file_bytes(per_block, block_size)
+        tiers.append(TierCapacity("DISK", disk_bytes, per_file, block_size))
+    return tiers
+
+
 def _fail(exc: Exception) -> click.ClickException:
     return click.ClickException(str(getattr(exc, "message", exc)))
 
@@ -66,6 +144,31 @@ def _fail(exc: Exception) -> click.ClickException:
 @click.option("--itl-ms", type=POSITIVE, required=True, help="Measured mean inter-token latency.")
 @click.option("--peak-rps", type=POSITIVE, help="Peak arrival rate, requests per second.")
 @click.option("--context-tokens", type=int, help="Also give concurrency at this length.")
+# The tiers' inputs also come from the environment variables `cloister serve` reads, so
+# that the worksheet of a configured host shows the tiers it would get without repeating
+# them; a flag wins over the environment.
+@click.option(
+    "--block-size",
+    type=click.IntRange(min=1, max=1024),
+    default=16,
+    show_default=True,
+    envvar="CLOISTER_BLOCK_SIZE",
+    help="KV block size in tokens (serve's block_size), for the tiers' whole blocks.",
+)
+@click.option(
+    "--kv-host-bytes",
+    type=BYTES,
+    default=0,
+    envvar="CLOISTER_KV_HOST_BYTES",
+    help="Host-memory KV tier (L2) budget per replica, bytes (0: off).",
+)
+@click.option(
+    "--kv-disk-bytes",
+    type=BYTES,
+    default=0,
+    envvar="CLOISTER_KV_DISK_BYTES",
+    help="Local-disk KV tier (L3) budget per replica, bytes (0: off; needs L2).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def capacity(
     model_path: str | None,
@@ -84,9 +187,14 @@ def capacity(
     itl_ms: float,
     peak_rps: float | None,
     context_tokens: int | None,
+    block_size: int,
+    kv_host_bytes: int,
+    kv_disk_bytes: int,
     as_json: bool,
 ) -> None:
-    """The KV capacity worksheet: bytes per token, budget, concurrency, replicas."""
+    """The KV capacity worksheet: bytes per token, budget, concurrency, replicas, and
+    the token capacity of the KV tiers under the device pool (--kv-host-bytes,
+    --kv-disk-bytes)."""
     from engine.errors import EngineError
     from engine.planning.capacity import Hardware, ModelShape, Workload, plan_capacity
     from engine.planning.model_source import read_model_architecture
@@ -127,13 +235,47 @@ def capacity(
         )
     except EngineError as exc:
         raise _fail(exc) from None
+    if kv_disk_bytes > 0 and kv_host_bytes == 0:
+        # The engine refuses this too (CacheConfig): the disk tier sits under the host tier.
+        raise click.UsageError("--kv-disk-bytes needs --kv-host-bytes: L3 sits under L2")
+    tiers = tier_capacities(plan.kv_bytes_per_token, block_size, kv_host_bytes, kv_disk_bytes)
     if as_json:
-        click.echo(json.dumps(plan.to_dict(), sort_keys=True))
+        result = plan.to_dict()
+        if tiers:
+            result["block_size"] = block_size
+            result["kv_tiers"] = [t.to_dict() for t in tiers]
+        click.echo(json.dumps(result, sort_keys=True))
         return
-    click.echo(_table(_capacity_rows(plan, kv_dtype)))
+    click.echo(_table(_capacity_rows(plan, kv_dtype, tiers)))
 
 
-def _capacity_rows(plan: Any, kv_dtype: str) -> list[tuple[str, str]]:
+_TIER_NAMES = {"CPU_HOST": "L2 host memory", "DISK": "L3 disk"}
+
+
+def _tier_rows(plan: Any, tiers: list[TierCapacity]) -> list[tuple[str, str]]:
+    """One row per tier, after the device pool's figures it is compared with."""
+    rows: list[tuple[str, str]] = []
+    for t in tiers:
+        name = f"{_TIER_NAMES.get(t.medium, t.medium)} token capacity"
+        if t.num_blocks == 0:
+            rows.append(
+                (name, f"0 tokens: {t.budget_bytes:,} B holds no {t.bytes_per_block:,}-byte block")
+            )
+            continue
+        vs_device = t.num_tokens / plan.token_capacity if plan.token_capacity else 0.0
+        rows.append(
+            (
+                name,
+                f"{t.num_tokens:,} tokens ({t.num_blocks:,} blocks x {t.block_size} tokens, "
+                f"{t.bytes_per_block:,} B each; {vs_device:,.2f}x the device pool)",
+            )
+        )
+    return rows
+
+
+def _capacity_rows(
+    plan: Any, kv_dtype: str, tiers: list[TierCapacity] | None = None
+) -> list[tuple[str, str]]:
     by_dtype = ", ".join(f"{d} {b:,}" for d, b in plan.kv_bytes_per_token_by_dtype.items())
     rows = [
         (f"KV bytes per token ({kv_dtype})", f"{plan.kv_bytes_per_token:,} B"),
@@ -155,6 +297,7 @@ def _capacity_rows(plan: Any, kv_dtype: str) -> list[tuple[str, str]]:
         ("KV budget per rank", f"{plan.kv_budget_bytes_per_rank / GB:,.2f} GB"),
         ("replica KV", f"{plan.replica_kv_bytes / GB:,.2f} GB"),
         ("resident token capacity", f"{plan.token_capacity:,} tokens"),
+        *_tier_rows(plan, tiers or []),  # next to the device pool's figure they extend
         ("mean resident tokens per request", f"{plan.mean_resident_tokens:,.0f}"),
         ("concurrency at the mean", f"{plan.concurrency_at_mean:,} requests"),
     ]

@@ -17,7 +17,7 @@ import pytest
 from engine import LLM, SamplingParams
 from engine.kv_cache.disk_format import parse_header
 from engine.kv_cache.disk_tier import DiskTier
-from engine.kv_cache.host_setup import _file_bytes
+from engine.kv_cache.host_setup import disk_file_bytes
 from engine.kv_cache.host_tier import HostTier
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
@@ -56,7 +56,7 @@ def with_l3(
         # One host slot by default: evictions go on down to disk at once.
         "kv_host_bytes": host_blocks * block_bytes,
         "kv_disk_path": str(path),
-        "kv_disk_bytes": disk_blocks * _file_bytes(block_bytes, BLOCK),
+        "kv_disk_bytes": disk_blocks * disk_file_bytes(block_bytes, BLOCK),
     }
     opts.update(options)
     return LLM(str(model), **opts)
@@ -445,7 +445,7 @@ def test_disk_settings_are_checked_at_start(
 
     # Larger than the free space: clamped, with one warning.
     class Usage:
-        free = 40 * _file_bytes(block_bytes, BLOCK)
+        free = 40 * disk_file_bytes(block_bytes, BLOCK)
 
     monkeypatch.setattr("engine.kv_cache.host_setup.shutil.disk_usage", lambda _p: Usage)
     engine, warned = started(
