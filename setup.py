@@ -14,6 +14,7 @@ ROOTS = {
     "admin": "platform/admin",
     "server": "platform/server",
     "engine_server": "platform/engine_server",
+    "engine_hop": "platform/engine_hop",
 }
 
 packages: list[str] = []

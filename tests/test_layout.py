@@ -24,7 +24,16 @@ def test_stdlib_platform_still_works_from_repo_root() -> None:
 
 
 def test_platform_packages_import_by_their_own_names() -> None:
-    for name in ("engine", "tenancy", "cloister", "server", "gateway", "admin", "engine_server"):
+    for name in (
+        "engine",
+        "tenancy",
+        "cloister",
+        "server",
+        "gateway",
+        "admin",
+        "engine_server",
+        "engine_hop",
+    ):
         assert importlib.import_module(name) is not None
 
 
@@ -42,13 +51,17 @@ def imported_roots(package: pathlib.Path) -> set[str]:
 
 def test_imports_go_one_way() -> None:
     """The services never import the CLI; tenancy never imports the services; the engine
-    imports none of them (it runs alone on a GPU image)."""
-    services = {"cloister", "server", "gateway", "admin", "engine_server"}
+    imports none of them (it runs alone on a GPU image); the hop's shared part imports
+    only the engine, so that both ends of the hop may import it."""
+    services = {"cloister", "server", "gateway", "admin", "engine_server", "engine_hop"}
     assert "cloister" not in imported_roots(ROOT / "platform" / "gateway")
     assert "cloister" not in imported_roots(ROOT / "platform" / "admin")
     assert "cloister" not in imported_roots(ROOT / "platform" / "server")
     # The engine server knows nothing of tenants: it gets an opaque domain and fairness key.
     engine_side = imported_roots(ROOT / "platform" / "engine_server")
     assert not engine_side & {"cloister", "server", "gateway", "admin", "tenancy"}
+    # The hop's shared part (the refusal table) stands under both ends of the hop.
+    hop = imported_roots(ROOT / "platform" / "engine_hop")
+    assert not hop & {"cloister", "server", "gateway", "admin", "engine_server", "tenancy"}
     assert not imported_roots(ROOT / "tenancy") & services
     assert not imported_roots(ROOT / "engine") & (services | {"tenancy"})

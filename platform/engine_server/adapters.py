@@ -45,6 +45,7 @@ from engine.lora.peft import CONFIG_FILE, WEIGHTS_FILE, content_digest
 from engine.request import EngineRequest, check_adapter_name
 from engine_server.adapter_metrics import AdapterMetrics
 from engine_server.auth import ServiceAuth
+from engine_server.refusals import TOO_LARGE, UNAUTHORIZED, refusal, refusal_of, response_of
 
 MAX_ADAPTER_BYTES = 256 * 1024 * 1024  # a zip of a rank-64 adapter of an 8B model is ~170 MiB
 # Unpacked: the two files, each at most 4x the cap (safetensors barely compress).
@@ -56,7 +57,7 @@ ADAPTER_LIMITS = ArchiveLimits(
 
 
 def error(status: int, message: str, *, type_: str, code: str | None = None) -> JSONResponse:
-    """An OpenAI error body."""
+    """An OpenAI error body of a status the adapter routes use alone (404, 409, 501)."""
     body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
     return JSONResponse(body, status_code=status)
 
@@ -116,7 +117,7 @@ class AdapterRoutes:
         reason = self.auth.check(request.headers.get("authorization"))
         if reason is None:
             return None
-        return error(401, reason, type_="authentication_error", code="invalid_token")
+        return response_of(refusal(UNAUTHORIZED, reason))
 
     def _named(self, request: Request) -> str | Response:
         """The path's adapter name, or the 401/400 that refuses the request."""
@@ -127,7 +128,7 @@ class AdapterRoutes:
         try:
             check_adapter_name(name)
         except InvalidRequestError as exc:
-            return error(400, exc.message, type_="invalid_request_error", code=exc.code)
+            return response_of(refusal_of(exc))
         return name
 
     def listing(self) -> list[dict[str, Any]]:
@@ -173,7 +174,7 @@ class AdapterRoutes:
         except _BodyTooLarge:
             return _too_large(self.max_bytes)
         except InvalidRequestError as exc:  # the engine's InvalidAdapterError, among others
-            return error(400, exc.message, type_="invalid_request_error", code=exc.code)
+            return response_of(refusal_of(exc))
         except Exception as exc:
             return _engine_refusal(exc)
         finally:
@@ -194,7 +195,7 @@ class AdapterRoutes:
         except AdapterNotFoundError as exc:
             return error(404, exc.message, type_="invalid_request_error", code=exc.code)
         except InvalidRequestError as exc:
-            return error(400, exc.message, type_="invalid_request_error", code=exc.code)
+            return response_of(refusal_of(exc))
         except Exception as exc:
             return _engine_refusal(exc)
         if folder is not None:
@@ -203,17 +204,18 @@ class AdapterRoutes:
 
 
 def _too_large(cap: int) -> JSONResponse:
-    return error(413, f"the adapter archive is over {cap} bytes", type_="invalid_request_error")
+    return response_of(refusal(TOO_LARGE, f"the adapter archive is over {cap} bytes"))
 
 
 def _engine_refusal(exc: Exception) -> JSONResponse:
-    """The engine's refusals other than bad input: in use (409), dead (503)."""
+    """The engine's refusals other than bad input: in use (409, the adapter routes' own),
+    dead (503, engine_hop.refusals)."""
     # Matched by name too: a front may raise its own class of that name (as the gateway's
     # clients do; see gateway.adapters.is_in_use_error).
     if isinstance(exc, AdapterInUseError) or type(exc).__name__ == "AdapterInUseError":
         return error(409, str(exc), type_="invalid_request_error", code="adapter_in_use")
     if isinstance(exc, EngineDeadError):
-        return error(503, str(exc), type_="unavailable", code="engine_dead")
+        return response_of(refusal_of(exc))
     raise exc
 
 

@@ -45,7 +45,19 @@ from engine_server.adapters import AdapterRoutes, CountingFront
 from engine_server.auth import ServiceAuth
 from engine_server.link import LINK_PATH, EngineLink
 from engine_server.metrics import EngineMetrics
-from engine_server.refusals import REFUSED_ERRORS, Refusal, Refused, refusal_of, refused
+from engine_server.refusals import (
+    BAD_REQUEST,
+    NOT_FOUND,
+    REFUSED_ERRORS,
+    TOO_LARGE,
+    UNAUTHORIZED,
+    UNAVAILABLE,
+    Refused,
+    refusal,
+    refusal_of,
+    refused,
+    response_of,
+)
 from engine_server.spec_decode import spec_decode_to_json
 from engine_server.sse import EventStream
 from engine_server.tenant_kv import tenant_kv_to_json
@@ -66,8 +78,9 @@ MAX_BODY_BYTES = 16 * 1024 * 1024  # a 128k-token prompt of ids is about 1 MiB
 
 
 def error(status: int, message: str, *, type_: str, code: str | None = None) -> JSONResponse:
-    """An OpenAI error body."""
-    return Refusal(status, message, type_, code).response()
+    """An OpenAI error body of a status outside the refusal table (a routing error)."""
+    body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
+    return JSONResponse(body, status_code=status)
 
 
 async def _routing_error(_request: Request, exc: Exception) -> Response:
@@ -149,7 +162,7 @@ class EngineServer:
     async def health(self, _request: Request) -> Response:
         """Ready: the engine runs and takes requests."""
         if self.draining or not self.front.alive:
-            return error(503, "the engine is not serving", type_="unavailable")
+            return response_of(refusal(UNAVAILABLE, "the engine is not serving"))
         return JSONResponse({"status": "ok", "model": self.model_name})
 
     async def metrics_endpoint(self, _request: Request) -> Response:
@@ -160,17 +173,17 @@ class EngineServer:
     async def _json(self, request: Request) -> Any:
         denied = self.auth.check(request.headers.get("authorization"))
         if denied is not None:
-            raise refused(401, denied, "authentication_error", "invalid_token")
+            raise refused(UNAUTHORIZED, denied)
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
-            raise refused(413, "the body is over the size cap", "invalid_request_error")
+            raise refused(TOO_LARGE, "the body is over the size cap")
         raw = await request.body()
         if len(raw) > MAX_BODY_BYTES:
-            raise refused(413, "the body is over the size cap", "invalid_request_error")
+            raise refused(TOO_LARGE, "the body is over the size cap")
         try:
             return orjson.loads(raw or b"{}")
         except orjson.JSONDecodeError:
-            raise refused(400, "the body is not JSON", "invalid_request_error") from None
+            raise refused(BAD_REQUEST, "the body is not JSON") from None
 
     async def completions(self, request: Request) -> Response:
         """Submits one request and streams its events as OpenAI completion chunks.
@@ -183,15 +196,15 @@ class EngineServer:
         try:
             body = await self._json(request)
             engine_request = await self.engine_request(body, request.headers)
-        except Refused as refusal:
-            return refusal.response
+        except Refused as exc:
+            return exc.response
         span = self.span(engine_request, request.headers)
         request_id = engine_request.request_id
         if not body.get("stream", False):  # OpenAI's default is a whole response
             try:
                 stream = self.submit(engine_request, span)
-            except Refused as refusal:
-                return refusal.response
+            except Refused as exc:
+                return exc.response
             events = self.events(request_id, stream, span)
             return await self._whole(request_id, engine_request.prompt_token_ids, events)
         compact = request.headers.get(WIRE_HEADER) == EVENTS_WIRE
@@ -208,17 +221,17 @@ class EngineServer:
         cannot take (another model, a malformed body, draining) raises `Refused`."""
         try:
             if not isinstance(body, dict):
-                raise refused(400, "the body must be an object", "invalid_request_error")
+                raise refused(BAD_REQUEST, "the body must be an object")
             if "model" not in body:  # as OpenAI answers a body without one
                 message = (
                     f"you must provide a model parameter (this engine serves {self.model_name!r})"
                 )
-                raise refused(400, message, "invalid_request_error")
+                raise refused(BAD_REQUEST, message)
             if body["model"] != self.model_name:
                 message = f"this engine serves {self.model_name!r}, not {body['model']!r}"
-                raise refused(404, message, "invalid_request_error", "model_not_found")
+                raise refused(NOT_FOUND, message)
             if self.draining:
-                raise refused(503, "the engine is draining", "unavailable")
+                raise refused(UNAVAILABLE, "the engine is draining")
             body = await self._with_token_ids(body)
             return request_from_wire(body, headers)
         except InvalidRequestError as exc:
@@ -251,7 +264,7 @@ class EngineServer:
         if not isinstance(prompt, str):
             return body
         if not prompt:
-            raise refused(400, "the prompt must not be empty", "invalid_request_error")
+            raise refused(BAD_REQUEST, "the prompt must not be empty", param="prompt")
         ids = await asyncio.to_thread(self.front.tokenizer.encode, prompt)
         extra = dict(body.get("cloister") or {})
         extra.setdefault("prompt_text", prompt)
@@ -273,7 +286,7 @@ class EngineServer:
                     if d.finish_reason is not None:
                         finish[d.index] = d.finish_reason
         except Exception as exc:  # the request failed in the engine
-            return error(503, str(exc), type_="engine_error")
+            return response_of(refusal_of(exc))
         body = {
             "id": request_id,
             "object": "text_completion",
@@ -355,8 +368,7 @@ class EngineServer:
                 yield chunk + DONE_CHUNK if ended else chunk
         except Exception as exc:  # the request failed in the engine: say so in-band
             ended = True
-            failure = {"error": {"message": str(exc), "type": type(exc).__name__, "code": None}}
-            yield sse_chunk(failure) + DONE_CHUNK
+            yield sse_chunk(refusal_of(exc).body()) + DONE_CHUNK
         finally:
             await events.aclose()  # closed here on a hang-up, not whenever it is collected
         if not ended:
@@ -366,13 +378,12 @@ class EngineServer:
         """Stops a request; unknown ids are a no-op."""
         try:
             body = await self._json(request)
-        except Refused as refusal:
-            return refusal.response
+        except Refused as exc:
+            return exc.response
         request_id = body.get("request_id") if isinstance(body, dict) else None
         if not isinstance(request_id, str) or not request_id:
-            return error(
-                400, "request_id must be a non-empty string", type_="invalid_request_error"
-            )
+            message = "request_id must be a non-empty string"
+            return response_of(refusal(BAD_REQUEST, message, param="request_id"))
         await self.front.abort(request_id)
         return JSONResponse({"aborted": request_id})
 
@@ -381,16 +392,16 @@ class EngineServer:
         try:
             body = await self._json(request)
             if not isinstance(body, dict):
-                raise refused(400, "the body must be an object", "invalid_request_error")
+                raise refused(BAD_REQUEST, "the body must be an object")
             rules = rules_from_wire(body)
-        except Refused as refusal:
-            return refusal.response
+        except Refused as exc:
+            return exc.response
         except InvalidRequestError as exc:
-            return error(400, exc.message, type_="invalid_request_error", code=exc.code)
+            return response_of(refusal_of(exc))
         try:
             await self.front.update_cache_rules(rules)
         except EngineDeadError as exc:
-            return error(503, str(exc), type_="unavailable", code="engine_dead")
+            return response_of(refusal_of(exc))
         return JSONResponse({"domains": len(rules.domains), "published": len(rules.published)})
 
     async def models(self, request: Request) -> Response:
@@ -398,7 +409,7 @@ class EngineServer:
         benchmarks ask an endpoint first."""
         denied = self.auth.check(request.headers.get("authorization"))
         if denied is not None:
-            return error(401, denied, type_="authentication_error", code="invalid_token")
+            return response_of(refusal(UNAUTHORIZED, denied))
         model = {
             "id": self.model_name,
             "object": "model",
@@ -412,7 +423,7 @@ class EngineServer:
         """The figures a gateway validates requests against."""
         denied = self.auth.check(request.headers.get("authorization"))
         if denied is not None:
-            return error(401, denied, type_="authentication_error", code="invalid_token")
+            return response_of(refusal(UNAUTHORIZED, denied))
         stats = self.front.stats()
         return JSONResponse(
             {
@@ -431,7 +442,7 @@ class EngineServer:
         """Load and cumulative counters (what `EngineClient.stats` returns)."""
         denied = self.auth.check(request.headers.get("authorization"))
         if denied is not None:
-            return error(401, denied, type_="authentication_error", code="invalid_token")
+            return response_of(refusal(UNAUTHORIZED, denied))
         s = self.front.stats()
         return JSONResponse(
             {

@@ -11,7 +11,8 @@ messages over it, in binary frames of JSON (orjson):
     engine -> gateway   {"id": ID, "e": EVENT}       one event, in the compact form
                         [MESSAGE, MESSAGE, ...]      the events of one engine step
                         {"id": ID, "x": REFUSAL}     refused: status, message, type,
-                                                     code, retry_after_s
+                                                     code, param, retry_after_s
+                                                     (engine_hop.refusals)
                         {"id": ID, "f": MESSAGE}     failed in the engine mid-stream
                         {"op": "draining"}           this engine admits nothing new
 
@@ -38,7 +39,16 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from engine.outputs import StreamEvent
 from engine_server.eager import start_now
-from engine_server.refusals import Refusal, Refused
+from engine_server.refusals import (
+    BAD_REQUEST,
+    FAILED,
+    UNAUTHORIZED,
+    UNAVAILABLE,
+    Refusal,
+    Refused,
+    refusal,
+    response_of,
+)
 from engine_server.tracing import GenerateSpan
 from engine_server.wire import REQUEST_ID_HEADER, event_to_compact
 
@@ -136,12 +146,11 @@ class EngineLink:
         server = self.server
         denied = server.auth.check(websocket.headers.get("authorization"))
         if denied is not None:
-            refusal = Refusal(401, denied, "authentication_error", "invalid_token")
-            await websocket.send_denial_response(refusal.response())
+            await websocket.send_denial_response(response_of(refusal(UNAUTHORIZED, denied)))
             return
         if server.draining:
-            refusal = Refusal(503, "the engine is draining", "unavailable")
-            await websocket.send_denial_response(refusal.response())
+            draining = refusal(UNAVAILABLE, "the engine is draining")
+            await websocket.send_denial_response(response_of(draining))
             return
         await websocket.accept()
         connection = _Connection(self, websocket)
@@ -246,8 +255,8 @@ class _Connection:
                 op, request_id, body, headers = parse_message(raw)
             except LinkProtocolError as exc:
                 logger.warning("a malformed link frame: %s", exc)
-                refusal = Refusal(400, str(exc), "invalid_request_error", "invalid_link_frame")
-                self.post({"id": None, "x": refusal.fields()})
+                malformed = refusal(BAD_REQUEST, str(exc), code="invalid_link_frame")
+                self.post({"id": None, "x": malformed.fields()})
                 continue
             if op == "abort":
                 request = self.requests.get(request_id)
@@ -255,10 +264,8 @@ class _Connection:
                     request.leave()
                 continue
             if request_id in self.requests:
-                refusal = Refusal(
-                    400, "a request with this id is in flight", "invalid_request_error"
-                )
-                self.post({"id": request_id, "x": refusal.fields()})
+                twice = refusal(BAD_REQUEST, "a request with this id is in flight")
+                self.post({"id": request_id, "x": twice.fields()})
                 continue
             headers[REQUEST_ID_HEADER] = request_id
             request = _LinkRequest(self, request_id)
@@ -313,7 +320,7 @@ class _LinkRequest:
             return
         except Exception:  # a bug: refuse this request, keep the link
             logger.exception("submitting a link request failed")
-            self._refuse(Refusal(500, "the engine server failed", "server_error"))
+            self._refuse(refusal(FAILED, "the engine server failed"))
             return
         listen = getattr(stream, "listen", None)
         if listen is not None:  # the engine's own fronts

@@ -26,6 +26,7 @@ from engine.errors import (
     InvalidRequestError,
     RequestFailedError,
 )
+from engine_hop.refusals import BAD_REQUEST, FAILED, OVERLOADED, UNAVAILABLE, RefusalKind
 from gateway.ratelimit_headers import rate_limit_headers
 from server.request_ids import current_request_ids
 from tenancy.errors import (
@@ -128,39 +129,52 @@ async def _gateway(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+# An engine's refusal is told from the hop's one table (engine_hop.refusals), as an
+# engine server tells it, so that a tenant hears the same of an in-process engine and
+# of a remote one. The words of the server-side kinds are the gateway's own: the
+# engine's may name its internals.
+OVERLOADED_MESSAGE = "the engine is at capacity; retry later"
+UNAVAILABLE_MESSAGE = "the engine is not serving"
+
+
+def engine_error_response(
+    kind: RefusalKind,
+    message: str,
+    *,
+    param: str | None = None,
+    code: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
+    """The OpenAI error response of an engine refusal of `kind`."""
+    return error_response(
+        kind.status,
+        message,
+        type_=kind.type,
+        param=param,
+        code=kind.code or code,
+        headers=headers,
+    )
+
+
 async def _engine_invalid(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, InvalidRequestError)
-    return error_response(
-        400, exc.message, type_="invalid_request_error", param=exc.param, code=exc.code
-    )
+    return engine_error_response(BAD_REQUEST, exc.message, param=exc.param, code=exc.code)
 
 
 async def _engine_overloaded(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, EngineOverloadedError)
-    return error_response(
-        503,
-        "the engine is at capacity; retry later",
-        type_="server_error",
-        code="engine_overloaded",
-        headers=retry_after_header(exc.retry_after_s),
-    )
+    headers = retry_after_header(exc.retry_after_s)
+    return engine_error_response(OVERLOADED, OVERLOADED_MESSAGE, headers=headers)
 
 
 async def _engine_dead(request: Request, exc: Exception) -> JSONResponse:
-    return error_response(
-        503,
-        "the engine is not serving",
-        type_="server_error",
-        code="engine_unavailable",
-        headers=retry_after_header(5.0),
-    )
+    headers = retry_after_header(5.0)
+    return engine_error_response(UNAVAILABLE, UNAVAILABLE_MESSAGE, headers=headers)
 
 
 async def _engine_failed(request: Request, exc: Exception) -> JSONResponse:
     # The engine logged the cause with the request id; its text never reaches a tenant.
-    return error_response(
-        500, RequestFailedError.MESSAGE, type_="server_error", code=RequestFailedError.code
-    )
+    return engine_error_response(FAILED, RequestFailedError.MESSAGE)
 
 
 def stream_error_body(exc: BaseException, request_id: str) -> dict[str, Any]:
@@ -170,17 +184,17 @@ def stream_error_body(exc: BaseException, request_id: str) -> dict[str, Any]:
     other failure gets a fixed one with a stable code, and its detail goes to the log.
     """
     if isinstance(exc, InvalidRequestError):
-        detail = {"message": exc.message, "type": "invalid_request_error", "param": exc.param}
+        detail = {"message": exc.message, "type": BAD_REQUEST.type, "param": exc.param}
         return {"error": {**detail, "code": exc.code}}
     if isinstance(exc, EngineOverloadedError):
-        message, code = "the engine is at capacity; retry later", "engine_overloaded"
+        kind, message = OVERLOADED, OVERLOADED_MESSAGE
     elif isinstance(exc, EngineDeadError):
-        message, code = "the engine is not serving", "engine_unavailable"
+        kind, message = UNAVAILABLE, UNAVAILABLE_MESSAGE
     else:
-        message, code = RequestFailedError.MESSAGE, RequestFailedError.code
+        kind, message = FAILED, RequestFailedError.MESSAGE
         if not isinstance(exc, RequestFailedError):  # the engine logs its own failures
             logger.error("stream failed", exc_info=exc, extra={"request_id": request_id})
-    return {"error": {"message": message, "type": "server_error", "param": None, "code": code}}
+    return {"error": {"message": message, "type": kind.type, "param": None, "code": kind.code}}
 
 
 async def _auth(request: Request, exc: Exception) -> JSONResponse:

@@ -1,0 +1,266 @@
+"""An engine's refusal reads the same to a tenant whichever way the engine is reached.
+
+The in-process engine is the reference: what the gateway answers a tenant for an engine
+error raised in its own process is what it must answer when an engine server refused
+the same request over HTTP or over the link. And the engine server itself speaks the
+same OpenAI `type`, `code` and `param` on both transports (engine_hop.refusals).
+
+Two layers: every refusal the engine server sends, encoded by the server and read
+back by the gateway on each transport (fast, no sockets); then live, a real engine (the
+fast fake model) behind an in-thread engine server and three gateways, in-process,
+remote over HTTP and remote over the link.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import httpx
+import orjson
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from engine.async_engine import AsyncEngine
+from engine.errors import (
+    AdapterNotFoundError,
+    ContextLengthExceededError,
+    EngineDeadError,
+    EngineOverloadedError,
+    InvalidRequestError,
+    KVQuotaExceededError,
+    RequestTooLargeError,
+)
+from engine_server.app import EngineServer
+from engine_server.auth import ServiceAuth
+from engine_server.refusals import refusal_of, response_of
+from gateway.errors import install_error_handlers
+from gateway.remote_engine import RemoteEngineClient, fetch_info
+from gateway.remote_errors import error_of_frame, error_of_response
+from tenancy.limiter.memory import MemoryLimiter
+from tests.gateway.conftest import LiveGateway, start_gateway
+from tests.gateway.engine_servers import gateway_over, serve_in_thread
+from tests.utils.fast_fake_model import fast_fake_engine
+
+TOKEN = "svc-" + "refusals-token-for-tests-only"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+TRANSPORTS = ("http", "link")
+
+# Every refusal an engine server sends for a request it will not run.
+REFUSED = [
+    InvalidRequestError("temperature must be in [0, 2], got 9", param="temperature"),
+    InvalidRequestError("the body is not JSON"),  # no param, no code of its own
+    ContextLengthExceededError("the prompt and max_tokens overflow", param="max_tokens"),
+    RequestTooLargeError("more KV than the whole cache", param="max_tokens"),
+    KVQuotaExceededError("over the tenant's KV quota", param="max_tokens"),
+    AdapterNotFoundError("adapter 'x' is not loaded", param="adapter"),
+    EngineOverloadedError("the waiting queue is full (4 requests)", retry_after_s=2.0),
+    EngineDeadError("the engine loop stopped"),
+]
+
+
+def tenant_answer(exc: BaseException) -> tuple[int, dict[str, Any], str | None]:
+    """(status, error body, Retry-After) the gateway's handlers give a tenant for `exc`."""
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.get("/raise")
+    async def _raise() -> None:
+        raise exc
+
+    response = TestClient(app, raise_server_exceptions=False).get("/raise")
+    return response.status_code, response.json()["error"], response.headers.get("retry-after")
+
+
+def over_http(exc: InvalidRequestError | EngineOverloadedError | EngineDeadError) -> Exception:
+    """What the gateway reads from the engine server's HTTP refusal of `exc`."""
+    response = response_of(refusal_of(exc))
+    return error_of_response(response.status_code, bytes(response.body), response.headers)
+
+
+def over_link(exc: InvalidRequestError | EngineOverloadedError | EngineDeadError) -> Exception:
+    """What the gateway reads from the engine server's link refusal frame of `exc`."""
+    frame = orjson.loads(orjson.dumps({"id": "r", "x": refusal_of(exc).fields()}))
+    return error_of_frame(frame["x"])
+
+
+@pytest.mark.parametrize("exc", REFUSED, ids=lambda e: type(e).__name__)
+@pytest.mark.parametrize("read", [over_http, over_link], ids=TRANSPORTS)
+def test_every_refusal_reads_back_as_the_in_process_error(
+    exc: Any, read: Callable[[Any], Exception]
+) -> None:
+    assert tenant_answer(read(exc)) == tenant_answer(exc)
+
+
+@pytest.mark.parametrize("exc", REFUSED, ids=lambda e: type(e).__name__)
+def test_the_engine_server_says_one_type_code_and_param_on_both_transports(exc: Any) -> None:
+    status, tenant, _ = tenant_answer(exc)
+    refusal = refusal_of(exc)
+    response = response_of(refusal)
+    http = orjson.loads(response.body)["error"]
+    frame = refusal.fields()
+    assert response.status_code == frame["status"] == status
+    for field in ("type", "code", "param"):
+        assert http[field] == frame[field] == tenant[field], field
+
+
+# Live: a real engine behind each transport.
+
+# 16 blocks of 16 tokens: a request for 300 tokens can never fit the whole pool, which
+# only the engine knows (the gateway checks the 512-token context, not the pool).
+ENGINE_OPTIONS: dict[str, Any] = {"num_blocks": 16, "max_model_len": 512}
+TOO_LARGE = {"prompt": "hello", "max_tokens": 300}
+
+
+@dataclass
+class Deployment:
+    """One engine reached by a gateway in one way."""
+
+    name: str
+    gateway: LiveGateway
+    engine: AsyncEngine
+    server_url: str | None  # the engine server's URL (None: the engine is in-process)
+
+
+@pytest.fixture(scope="module")
+def deployments(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Deployment]]:
+    with contextlib.ExitStack() as stack:
+        local = fast_fake_engine(**ENGINE_OPTIONS)
+        gw, stop = start_gateway(
+            tmp_path_factory.mktemp("in-process"), engine=local, limiter=MemoryLimiter()
+        )
+        stack.callback(stop)
+        found = {"in-process": Deployment("in-process", gw, local, None)}
+        served = fast_fake_engine(**ENGINE_OPTIONS)
+        server = EngineServer(served, model_name="tiny", auth=ServiceAuth(TOKEN))
+        url, stop = serve_in_thread(server.app())
+        stack.callback(stop)
+        for transport in TRANSPORTS:
+
+            def client(transport: str = transport) -> RemoteEngineClient:
+                return RemoteEngineClient(
+                    url,
+                    token=TOKEN,
+                    tokenizer=served.tokenizer,
+                    info=fetch_info(url, TOKEN),
+                    poll_s=60,
+                    transport=transport,  # type: ignore[arg-type]
+                )
+
+            gw = stack.enter_context(gateway_over(tmp_path_factory.mktemp(transport), client))
+            found[transport] = Deployment(transport, gw, served, url)
+        yield found
+
+
+_TENANTS = itertools.count()
+
+
+def ask(deployment: Deployment, body: dict[str, Any], tenant: str) -> httpx.Response:
+    """`body` sent to the deployment's gateway by a new tenant."""
+    key = deployment.gateway.tenant(f"{tenant}-{deployment.name}-{next(_TENANTS)}")
+    return httpx.post(
+        deployment.gateway.base_url + "/v1/completions",
+        json={"model": "tiny", **body},
+        headers={"authorization": f"Bearer {key}"},
+        timeout=60,
+    )
+
+
+def answer(response: httpx.Response, stream: bool) -> tuple[Any, ...]:
+    """What the tenant was told: the error object and, for a whole response, the status
+    and Retry-After. A remote engine's refusal of a stream reaches the gateway after its
+    200 went out (the remote stream is opened lazily), so a stream's refusal is compared
+    by its error object alone, the body or the stream's in-band error event."""
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        first = next(line for line in response.text.splitlines() if line.startswith("data: "))
+        error = orjson.loads(first.removeprefix("data: "))["error"]
+    else:
+        error = response.json()["error"]
+    if stream:
+        return (error,)
+    return error, response.status_code, response.headers.get("retry-after")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_remote_400_keeps_its_param(
+    deployments: dict[str, Deployment], transport: str, stream: bool
+) -> None:
+    body = {**TOO_LARGE, "stream": stream}
+    reference = ask(deployments["in-process"], body, "reference")
+    assert reference.status_code == 400
+    error = reference.json()["error"]
+    assert (error["param"], error["code"]) == ("max_tokens", "request_too_large")
+    remote = ask(deployments[transport], body, "remote")
+    assert answer(remote, stream) == answer(reference, stream)
+
+
+@pytest.fixture
+def overloaded(
+    deployments: dict[str, Deployment], monkeypatch: pytest.MonkeyPatch
+) -> dict[str, Deployment]:
+    """Both engines refuse every request as overloaded (patched on the real fronts)."""
+
+    def full(request: Any) -> Any:
+        raise EngineOverloadedError("the waiting queue is full (4 requests)", retry_after_s=2.0)
+
+    for deployment in deployments.values():
+        monkeypatch.setattr(deployment.engine, "submit", full)
+    return deployments
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_an_overload_has_one_type_in_process_and_on_both_transports(
+    overloaded: dict[str, Deployment], transport: str, stream: bool
+) -> None:
+    body = {"prompt": "hello", "max_tokens": 4, "stream": stream}
+    reference = ask(overloaded["in-process"], body, "reference")
+    assert reference.status_code == 503 and reference.headers["retry-after"] == "2"
+    error = reference.json()["error"]
+    assert (error["type"], error["code"]) == ("server_error", "engine_overloaded")
+    remote = ask(overloaded[transport], body, "remote")
+    assert answer(remote, stream) == answer(reference, stream)
+    # And the engine server's own refusal, as a router or the gateway reads it.
+    url = overloaded[transport].server_url
+    assert url is not None
+    wire = {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 4, "stream": stream}
+    if transport == "http":
+        refusal = httpx.post(url + "/v1/completions", json=wire, headers=AUTH).json()["error"]
+    else:
+        refusal = asyncio.run(link_refusal(url, wire))
+    assert (refusal["type"], refusal["code"]) == (error["type"], error["code"])
+
+
+async def link_refusal(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The error frame the engine server's link answers `body` with."""
+    async with aiohttp.ClientSession() as session:
+        ws = await session.ws_connect(url + "/internal/link", headers=AUTH)
+        try:
+            await ws.send_bytes(orjson.dumps({"op": "submit", "id": "over-1", "body": body}))
+            frame = orjson.loads((await asyncio.wait_for(ws.receive(), 30)).data)
+        finally:
+            await ws.close()
+    assert frame["id"] == "over-1"
+    refusal: dict[str, Any] = frame["x"]
+    return refusal
+
+
+def test_the_engine_server_keeps_param_on_both_transports(
+    deployments: dict[str, Deployment],
+) -> None:
+    url = deployments["http"].server_url
+    assert url is not None
+    wire = {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 300}
+    http = httpx.post(url + "/v1/completions", json=wire, headers=AUTH)
+    assert http.status_code == 400
+    frame = asyncio.run(link_refusal(url, {**wire, "stream": True}))
+    for error in (http.json()["error"], frame):
+        assert (error["param"], error["code"]) == ("max_tokens", "request_too_large")
+        assert error["type"] == "invalid_request_error"
