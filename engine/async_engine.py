@@ -154,13 +154,18 @@ class EngineFront(abc.ABC):
         self._stopping = False
         self._dead: BaseException | None = None
         # The engine's own compiler when it shares this process; else one of the front's,
-        # so that a bad grammar is refused before anything is sent.
-        self.grammars = grammars or GrammarCompiler(
-            tokenizer,
-            vocab_size=info.vocab_size,
-            eos_token_ids=sorted(tokenizer.eos_token_ids),
-            config=info.structured,
-        )
+        # so that a bad grammar is refused before anything is sent. `is None`, not `or`:
+        # a compiler with an empty cache is falsy (it has a length), and a second one
+        # would compile every grammar twice, on threads of its own, and never see the
+        # engine's refusals of grammars too slow to mask.
+        if grammars is None:
+            grammars = GrammarCompiler(
+                tokenizer,
+                vocab_size=info.vocab_size,
+                eos_token_ids=sorted(tokenizer.eos_token_ids),
+                config=info.structured,
+            )
+        self.grammars = grammars
 
     # -- the caller's side ------------------------------------------------------------
 

@@ -234,8 +234,13 @@ class MatcherTable:
             self._sync(seq, state)
 
     def release(self, seq_id: str) -> None:
-        """Forgets a finished sequence's matcher."""
-        self._states.pop(seq_id, None)
+        """Forgets a finished sequence's matcher, and drops the mask of its next token if
+        that is still queued: an aborted request's fill (up to a second a mask for an
+        ambiguous grammar) would otherwise run for nobody, ahead of live sequences'."""
+        state = self._states.pop(seq_id, None)
+        if state is not None and state.ahead is not None:
+            state.ahead.cancel()  # a fill already running cannot be stopped: it ends alone
+            state.ahead, state.ahead_at = None, -1
 
     def consumed(self, seq_id: str) -> int | None:
         """How many tokens the sequence's matcher has consumed (None: no matcher)."""

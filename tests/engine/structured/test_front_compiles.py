@@ -125,3 +125,19 @@ def test_a_request_aborted_while_its_grammar_compiles_never_runs(folder: pathlib
     assert isinstance(error, RequestAbortedError)
     assert grammars.lookup(spec, "default") is not None  # compiled, then dropped unrun
     assert engine.engine.stats().num_requests_finished == 1  # only the free one ran
+
+
+def test_an_in_process_front_compiles_into_the_engines_cache(folder: pathlib.Path) -> None:
+    """The front shares the engine's compiler, even while its cache is empty (a compiler
+    has a length, so an empty one is falsy): a grammar the gateway prepared is a hit when
+    the engine takes the request, compiled once, on one set of threads."""
+    engine = LLMEngine.from_options(str(folder), num_blocks=64, attention_backend="torch")
+    try:
+        assert len(engine.grammars) == 0
+        front = AsyncEngine(engine)
+        spec = StructuredSpec("regex", "[a-c]{3}-[0-9]{2}")
+        asyncio.run(front.prepare_structured(spec, "tenant-a"))
+        assert engine.grammars.lookup(spec, "tenant-a") is not None
+        assert engine.grammars.num_compiles == 1
+    finally:
+        engine.grammars.shutdown()
