@@ -11,7 +11,9 @@ the same settings: the peer without speculation and one with
 - open: open-ended chat prompts, where the answer has little to look up.
 
 Each workload runs at each --concurrency (a closed loop: that many requests in flight,
-the next sent as one ends; --requests per concurrency level, at least one per slot),
+the next sent as one ends; --requests per slot, so concurrency x --requests requests a
+level: with a single wave, the level would measure its slowest request, the batch
+shrinking as the others end, rather than tokens/s at that concurrency),
 peer and speculation alternating --rounds times (the order flips every round, so that a
 drift of the machine falls on both). Printed per workload and concurrency: output
 tokens/s, ITL p50/p95 (ms per token: a step that emits several tokens counts each at
@@ -267,7 +269,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     p.add_argument("--max-batch", type=int, default=None, help="speculative_max_batch")
     p.add_argument("--concurrency", default="1,8", help="comma-separated levels")
-    p.add_argument("--requests", type=int, default=4, help="per concurrency level and round")
+    p.add_argument("--requests", type=int, default=3, help="per concurrency slot, level and round")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--text-tokens", type=int, default=500, help="grounded text length")
     p.add_argument("--new-tokens", type=int, default=256, help="max_tokens of each answer")
@@ -289,7 +291,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if not workloads or set(workloads) - {"grounded", "open"}:
         p.error("--workloads are grounded and/or open")
     engines = build_engines(args)
-    count = max(args.requests, max(levels))
+    count = args.requests * max(levels)
     batches = {w: prompts(engines["peer"], w, count, args) for w in workloads}
     for engine in engines.values():  # warm-up: first steps, and the batch gate's figures
         for w in workloads:
@@ -298,7 +300,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cells: dict[tuple[str, int, str], Cell] = {}
     for w in workloads:
         for c in levels:
-            batch = batches[w][: max(args.requests, c)]
+            batch = batches[w][: args.requests * c]
             for r in range(args.rounds):
                 order = list(engines) if r % 2 == 0 else list(reversed(engines))
                 for name in order:
