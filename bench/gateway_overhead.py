@@ -53,6 +53,9 @@ import aiohttp
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# The platform's packages ahead of this folder: run as a script, bench/ comes first on
+# the path, and its engine_hop.py (a benchmark) would shadow the engine_hop package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "platform"))
 
 from bench.floor_gateway import serve_floor  # noqa: E402
 from bench.litellm_peer import litellm_proxy  # noqa: E402

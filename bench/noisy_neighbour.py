@@ -43,6 +43,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# The platform's packages ahead of this folder: run as a script, bench/ comes first on
+# the path, and its engine_hop.py (a benchmark) would shadow the engine_hop package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "platform"))
 
 from tests.reliability.noisy import ATTACKS, SCENARIOS, Scenario, Workload, ratios  # noqa: E402
 from tests.reliability.noisy_server import (  # noqa: E402

@@ -43,7 +43,7 @@ from engine.errors import (
 from engine.lora.archive import AdapterArchiveError, ArchiveLimits, extract_members
 from engine.lora.peft import CONFIG_FILE, WEIGHTS_FILE, content_digest
 from engine.request import EngineRequest, check_adapter_name
-from engine_server.adapter_metrics import AdapterMetrics
+from engine_hop.adapter_metrics import AdapterMetrics
 from engine_server.auth import ServiceAuth
 from engine_server.refusals import TOO_LARGE, UNAUTHORIZED, refusal, refusal_of, response_of
 

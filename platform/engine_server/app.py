@@ -41,9 +41,22 @@ from starlette.routing import Route, WebSocketRoute
 from engine.errors import EngineDeadError, InvalidRequestError
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest
+from engine_hop.stats_json import spec_decode_to_json, tenant_kv_to_json
+from engine_hop.wire import (
+    DONE_CHUNK,
+    EVENTS_WIRE,
+    LINK_PATH,
+    REQUEST_ID_HEADER,
+    WIRE_HEADER,
+    event_to_compact,
+    event_to_wire,
+    request_from_wire,
+    rules_from_wire,
+    sse_chunk,
+)
 from engine_server.adapters import AdapterRoutes, CountingFront
 from engine_server.auth import ServiceAuth
-from engine_server.link import LINK_PATH, EngineLink
+from engine_server.link import EngineLink
 from engine_server.metrics import EngineMetrics
 from engine_server.refusals import (
     BAD_REQUEST,
@@ -58,21 +71,8 @@ from engine_server.refusals import (
     refused,
     response_of,
 )
-from engine_server.spec_decode import spec_decode_to_json
 from engine_server.sse import EventStream
-from engine_server.tenant_kv import tenant_kv_to_json
 from engine_server.tracing import GenerateSpan
-from engine_server.wire import (
-    DONE_CHUNK,
-    EVENTS_WIRE,
-    REQUEST_ID_HEADER,
-    WIRE_HEADER,
-    event_to_compact,
-    event_to_wire,
-    request_from_wire,
-    rules_from_wire,
-    sse_chunk,
-)
 
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a 128k-token prompt of ids is about 1 MiB
 

@@ -3,8 +3,8 @@
 Over HTTP each request costs a request line, headers, a route and a chunked response
 on both sides, about half a millisecond of the hop's time in Python's HTTP stacks
 (bench/engine_hop.py). A gateway that talks to its own engines opens one WebSocket
-at `/internal/link` instead (service credential on the handshake) and sends framed
-messages over it, in binary frames of JSON (orjson):
+at `/internal/link` (engine_hop.wire.LINK_PATH) instead (service credential on the
+handshake) and sends framed messages over it, in binary frames of JSON (orjson):
 
     gateway -> engine   {"op": "submit", "id": ID, "body": BODY, "headers": HEADERS}
                         {"op": "abort", "id": ID}
@@ -16,7 +16,7 @@ messages over it, in binary frames of JSON (orjson):
                         {"id": ID, "f": MESSAGE}     failed in the engine mid-stream
                         {"op": "draining"}           this engine admits nothing new
 
-BODY and HEADERS are what the HTTP route takes (engine_server.wire), so a request
+BODY and HEADERS are what the HTTP route takes (engine_hop.wire), so a request
 means the same on both transports, and is checked by the same code. The events one
 engine step makes for a gateway's requests go in one frame, sent once the step's report
 has been routed (`EngineFront.after_each_report`): with many requests in flight, one
@@ -38,7 +38,8 @@ import orjson
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from engine.outputs import StreamEvent
-from engine_server.eager import start_now
+from engine_hop.eager import start_now
+from engine_hop.wire import REQUEST_ID_HEADER, event_to_compact
 from engine_server.refusals import (
     BAD_REQUEST,
     FAILED,
@@ -50,12 +51,10 @@ from engine_server.refusals import (
     response_of,
 )
 from engine_server.tracing import GenerateSpan
-from engine_server.wire import REQUEST_ID_HEADER, event_to_compact
 
 if TYPE_CHECKING:
     from engine_server.app import EngineServer
 
-LINK_PATH = "/internal/link"
 # uvicorn's WebSocket implementation for the link: the websockets library's sans-I/O
 # protocol (its legacy one is deprecated).
 UVICORN_WS = "websockets-sansio"

@@ -3,9 +3,11 @@
 Read from the engine front at scrape time (a custom collector): nothing is counted on
 the request path but the requests that name a LoRA adapter. The series carry
 `model_name` (and an adapter's name) only, never a tenant. The adapter series are the
-gateway's own (engine_server.adapter_metrics): `vllm:lora_requests_info` from the engine's
+gateway's own (engine_hop.adapter_metrics): `vllm:lora_requests_info` from the engine's
 per-adapter counts, and `cloister_adapter_requests_total` per adapter (counted as
-requests are submitted, by engine_server.adapters.CountingFront).
+requests are submitted, by engine_server.adapters.CountingFront). The KV tiers' series are
+the gateway's too: `cloister:kv_tier_*` per tier, and under vLLM's names the figures of
+engine_hop.tier_metrics.tier_totals, the one function both ends compute them with.
 """
 
 from __future__ import annotations
@@ -22,7 +24,14 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from engine_server.adapter_metrics import AdapterMetrics, lora_snapshot
+from engine_hop.adapter_metrics import AdapterMetrics, lora_snapshot
+from engine_hop.tier_metrics import (
+    OFFLOAD_TOTAL_BYTES,
+    OFFLOAD_TOTAL_BYTES_HELP,
+    TIER_ALIASES,
+    TRANSFER_TYPES,
+    tier_totals,
+)
 
 
 class EngineMetrics:
@@ -74,6 +83,7 @@ class EngineMetrics:
         )
         yield counter("vllm:num_preemptions", "Requests preempted.", s.num_preemptions)
         yield from _tier_series(self._model, getattr(s, "kv_tiers", ()))
+        yield from _tier_alias_series(self._model, s)
         yield from _spec_decode_series(self._model, getattr(s, "spec_decode", None))
         dropped = getattr(s, "kv_events_dropped", None)
         if dropped is not None:  # only an engine that publishes KV-cache events
@@ -137,6 +147,28 @@ def _tier_series(model: str, tiers: Any) -> Iterator[Metric]:
         for t in tiers:
             c.add_metric([model, t.medium], float(getattr(t, field)))
         yield c
+
+
+def _tier_alias_series(model: str, stats: Any) -> Iterator[Metric]:
+    """The KV tiers under vLLM's names: `vllm:external_prefix_cache_{queries,hits}`,
+    `vllm:kv_offload_{load,store}_bytes` and the older
+    `vllm:kv_offload_total_bytes{transfer_type}`, from the gateway's own arithmetic
+    (engine_hop.tier_metrics.tier_totals). None while no tier is on, as vLLM without a KV
+    connector. Open like the rest of this /metrics: the engine server is reached only by
+    gateways and Prometheus, and its series name no tenant."""
+    if not tuple(getattr(stats, "kv_tiers", ()) or ()):
+        return
+    totals = tier_totals(stats)
+    for key, value in totals.items():
+        c = CounterMetricFamily(f"vllm:{key}", TIER_ALIASES[key], labels=["model_name"])
+        c.add_metric([model], float(value))
+        yield c
+    older = CounterMetricFamily(
+        OFFLOAD_TOTAL_BYTES, OFFLOAD_TOTAL_BYTES_HELP, labels=["model_name", "transfer_type"]
+    )
+    for key, transfer in TRANSFER_TYPES.items():
+        older.add_metric([model, transfer], float(totals[key]))
+    yield older
 
 
 # Speculative decoding's counters by SpecDecodeStats field, under vLLM's names (the

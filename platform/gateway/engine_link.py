@@ -1,7 +1,9 @@
 """The gateway's side of the link: one WebSocket to an engine server for all requests.
 
-See engine_server.link for the frames. `EngineLink` keeps one connection per engine
-server, opened on first use and again after it drops. A submit returns its
+See engine_server.link for the frames; what they carry (the request's body and headers,
+the compact events, the link's path) is engine_hop.wire, shared by both ends.
+`EngineLink` keeps one connection per engine server, opened on first use and again
+after it drops. A submit returns its
 `LinkStream` at once; while the link is not open its frame waits on an outbox, and
 one writer task connects and sends what the outbox holds. One reader task hands
 each incoming frame to its stream.
@@ -11,7 +13,7 @@ with `EngineUnavailableError`, as a broken HTTP stream does, and counts as a fai
 poll of the replica; a stream that had no first token yet may then be retried
 elsewhere by the replica set. Closing a stream early sends an abort frame; the
 engine also aborts everything in flight when the link closes. Once the link is open,
-a frame is written in the caller while the socket takes it (engine_server.eager), as
+a frame is written in the caller while the socket takes it (engine_hop.eager), as
 the engine's side does: a writer task's wake-up cost about 0.07 ms of TTFT p50 in
 bench/engine_hop.py.
 
@@ -37,9 +39,8 @@ import orjson
 from engine.errors import EngineDeadError
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest
-from engine_server.eager import start_now
-from engine_server.link import LINK_PATH
-from engine_server.wire import event_from_compact, request_to_wire
+from engine_hop.eager import start_now
+from engine_hop.wire import LINK_PATH, event_from_compact, request_to_wire
 from gateway.remote_errors import EngineUnavailableError, error_of_frame
 
 logger = logging.getLogger("cloister.gateway.link")

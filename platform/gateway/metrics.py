@@ -21,7 +21,14 @@ from collections.abc import Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from engine_server.adapter_metrics import AdapterMetrics
+from engine_hop.adapter_metrics import AdapterMetrics
+from engine_hop.tier_metrics import (
+    OFFLOAD_TOTAL_BYTES,
+    OFFLOAD_TOTAL_BYTES_HELP,
+    TIER_ALIASES,
+    TRANSFER_TYPES,
+    tier_totals,
+)
 from gateway.engine_client import EngineSnapshot
 from gateway.engine_replicas import ReplicaState
 from gateway.request_outcomes import EngineRequestOutcome
@@ -62,60 +69,6 @@ _SPEC_DECODE_COUNTERS = {
     "num_draft_tokens": "Draft tokens proposed and scored.",
     "num_accepted_tokens": "Draft tokens accepted.",
 }
-
-
-def tier_totals(snap: EngineSnapshot) -> dict[str, int]:
-    """The KV tiers' cumulative figures under vLLM's names (its KV connector's and its
-    offloading connector's), from one snapshot; empty where no tier is on (no series, as
-    vLLM without a connector).
-
-    - external_prefix_cache_hits: prompt tokens loaded from a tier instead of computed
-      (the tiers' loads, in blocks of the pool's block size);
-    - external_prefix_cache_queries: prompt tokens the device pool did not hold, which
-      the tiers were asked for: as vLLM counts them (request tokens minus local hits),
-      the looked-up tokens less the device pool's own hits, the tokens the tiers gave
-      counted as asked (the engine's prefix-cache hits include them);
-    - kv_offload_load_bytes: bytes copied from a tier into the device pool;
-    - kv_offload_store_bytes: bytes the device pool wrote down to the tier under it
-      (the first of `kv_tiers`, which run top-down; a disk tier's writes come from the
-      host tier, not from the device).
-    The token figures need the pool's block size; an engine that did not report it gets
-    the byte figures only.
-    """
-    tiers = snap.kv_tiers
-    if not tiers:
-        return {}
-    totals = {
-        "kv_offload_load_bytes": sum(t.loads * t.bytes_per_block for t in tiers),
-        "kv_offload_store_bytes": tiers[0].write_backs * tiers[0].bytes_per_block,
-    }
-    if snap.block_size > 0:
-        hits = sum(t.loads for t in tiers) * snap.block_size
-        totals["external_prefix_cache_hits"] = hits
-        # Looked-up tokens less the pool's own hits (its hits less the tiers' tokens).
-        # Never below `hits` (queries >= hits always), and it only grows, as a counter
-        # must: queries and hits grow together, by at least as much as the hits.
-        totals["external_prefix_cache_queries"] = (
-            snap.prefix_cache_queries - snap.prefix_cache_hits + hits
-        )
-    return totals
-
-
-# vLLM's help texts, in the units its series use.
-_TIER_ALIASES = {
-    "external_prefix_cache_queries": (
-        "Prompt tokens looked up in the KV tiers below the device pool (vLLM's KV "
-        "connector queries), in tokens."
-    ),
-    "external_prefix_cache_hits": (
-        "Prompt tokens loaded from the KV tiers below the device pool (vLLM's KV "
-        "connector hits), in tokens."
-    ),
-    "kv_offload_load_bytes": "Bytes of KV loaded from the tiers into the device pool.",
-    "kv_offload_store_bytes": "Bytes of KV the device pool wrote down to the tier under it.",
-}
-# vLLM's older labelled form of the last two (transfer_type), which dashboards still read.
-_TRANSFER_TYPES = {"kv_offload_load_bytes": "CPU_to_GPU", "kv_offload_store_bytes": "GPU_to_CPU"}
 
 
 class TenantLabeler:
@@ -215,12 +168,11 @@ class GatewayMetrics:
         # cache and offload panels work; as their source, operators only.
         self.tier_aliases = {
             name: Counter(f"vllm:{name}", text, m, registry=self.tenant_registry)
-            for name, text in _TIER_ALIASES.items()
+            for name, text in TIER_ALIASES.items()
         }
         self.offload_total_bytes = Counter(
-            "vllm:kv_offload_total_bytes", "Bytes of KV moved between the device pool and "
-            "the tiers under it, by direction (vLLM's older series).",
-            [*m, "transfer_type"], registry=self.tenant_registry,
+            OFFLOAD_TOTAL_BYTES, OFFLOAD_TOTAL_BYTES_HELP, [*m, "transfer_type"],
+            registry=self.tenant_registry,
         )  # fmt: skip
         # Speculative decoding, vLLM's series. Acceptance depends on what the requests
         # generate, so the sums over tenants move with other tenants' traffic: operators
@@ -411,8 +363,8 @@ class GatewayMetrics:
             old = old_totals.get(key)
             delta = value - old if old is not None and value >= old else value
             children = [self.tier_aliases[key].labels(name)]
-            if key in _TRANSFER_TYPES:
-                children.append(self.offload_total_bytes.labels(name, _TRANSFER_TYPES[key]))
+            if key in TRANSFER_TYPES:
+                children.append(self.offload_total_bytes.labels(name, TRANSFER_TYPES[key]))
             for child in children:  # created at 0: a tier with no traffic yet still shows
                 if delta > 0:
                     child.inc(delta)

@@ -3,9 +3,12 @@
 The gateway's registry holds each adapter's PEFT folder; `push_adapter` zips it (its
 regular files, stored: safetensors barely compress) and PUTs it to the engine server,
 `remove_adapter` DELETEs it. The server's answers map back to the errors an in-process
-engine raises: a rejected adapter is an `InvalidRequestError` with the engine's
-message, an adapter in use an `AdapterInUseError`, an unknown one an
-`AdapterNotFoundError`; anything else (unreachable, a 5xx) is `EngineUnavailableError`.
+engine raises: a rejected adapter (400, or 413 for an archive over the server's cap) is
+the engine's own `InvalidRequestError` (`InvalidAdapterError` and the like) with its
+message, code and param, read by the hop's refusal table (engine_hop.refusals, as
+gateway.remote_errors reads a request's refusal); an adapter in use is an
+`AdapterInUseError`, an unknown one an `AdapterNotFoundError`; anything else
+(unreachable, a 5xx) is an `AdapterPushError` (an `EngineDeadError`).
 """
 
 from __future__ import annotations
@@ -15,13 +18,16 @@ import io
 import json
 import urllib.parse
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from engine.errors import AdapterNotFoundError, EngineDeadError, InvalidRequestError
+from engine_hop.refusals import BAD_REQUEST, TOO_LARGE, error_of
 from gateway.adapters import AdapterInfo, AdapterInUseError
+from gateway.remote_errors import refusal_of_response
 
 # The engine server's cap (engine_server.adapters.MAX_ADAPTER_BYTES) is checked there;
 # a folder over it is refused here before anything is sent.
@@ -77,14 +83,18 @@ def _message(response: httpx.Response) -> str:
 
 
 def _refusal(base_url: str, response: httpx.Response) -> Exception:
+    status = response.status_code
+    if status in (BAD_REQUEST.status, TOO_LARGE.status):
+        # The caller's: a bad adapter (400) or archive (413), read by the hop's table as
+        # the engine's own bad request, with its code and param.
+        refused = refusal_of_response(status, response.content, response.headers)
+        return error_of(replace(refused, status=BAD_REQUEST.status))
     message = _message(response)
-    if response.status_code in (400, 413):
-        return InvalidRequestError(message)
-    if response.status_code == 409:
+    if status == 409:
         return AdapterInUseError(message)
-    if response.status_code == 404:
+    if status == 404:
         return AdapterNotFoundError(message)
-    return AdapterPushError(f"engine server {base_url} answered {response.status_code}: {message}")
+    return AdapterPushError(f"engine server {base_url} answered {status}: {message}")
 
 
 async def push_adapter(

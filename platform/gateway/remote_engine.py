@@ -1,6 +1,6 @@
 """`RemoteEngineClient`: the `EngineClient` of an engine server (`cloister engine serve`).
 
-Requests go out as the wire format of engine_server.wire, with the service token,
+Requests go out as the wire format of engine_hop.wire, with the service token,
 and their chunks come back as the `StreamEvent`s an in-process engine would give.
 They travel over the link (one WebSocket for all of them, gateway.engine_link) or,
 with `transport="http"`, as one HTTP request each. A request is sent as soon as it is
@@ -41,9 +41,8 @@ from engine.outputs import StreamEvent
 from engine.request import EngineRequest
 from engine.structured.compiler import GrammarCompiler
 from engine.structured.spec import StructuredSpec
-from engine_server.spec_decode import spec_decode_from_json
-from engine_server.tenant_kv import tenant_kv_from_json
-from engine_server.wire import (
+from engine_hop.stats_json import spec_decode_from_json, tenant_kv_from_json
+from engine_hop.wire import (
     EVENTS_WIRE,
     WIRE_HEADER,
     event_from_compact,
@@ -243,7 +242,7 @@ class _MalformedChunkError(Exception):
     """A chunk that is not what an engine server sends."""
 
 
-# The compact chunks (engine_server.wire); the body is JSON, encoded here by orjson.
+# The compact chunks (engine_hop.wire); the body is JSON, encoded here by orjson.
 _STREAM_HEADERS = {WIRE_HEADER: EVENTS_WIRE, "content-type": "application/json"}
 
 

@@ -6,6 +6,7 @@ Both are read here into the engine's own errors by the hop's one table
 (engine_hop.refusals), `param` and `code` included, so the gateway and its replica set
 treat a remote refusal as they treat an in-process one: a 400 is the tenant's, an
 overload is retried on another replica, anything else means the replica is unavailable.
+The adapter calls' bad requests (gateway.remote_adapters) are read the same way.
 """
 
 from __future__ import annotations
@@ -18,11 +19,18 @@ import orjson
 
 from engine_hop.refusals import EngineUnavailableError, Refusal, error_of, refusal_from_fields
 
-__all__ = ["EngineUnavailableError", "error_of_frame", "error_of_response"]
+__all__ = [
+    "EngineUnavailableError",
+    "error_of_frame",
+    "error_of_response",
+    "refusal_of_response",
+]
 
 
-def error_of_response(status: int, raw: bytes, headers: Mapping[str, str]) -> Exception:
-    """The engine error of an HTTP error response."""
+def refusal_of_response(status: int, raw: bytes, headers: Mapping[str, str]) -> Refusal:
+    """The refusal an HTTP error response carries: its OpenAI error body's fields (a body
+    of another shape reads as a `server_error` with its first bytes as the message) and
+    its `retry-after`."""
     retry = headers.get("retry-after")
     try:
         err = orjson.loads(raw)["error"]
@@ -38,7 +46,12 @@ def error_of_response(status: int, raw: bytes, headers: Mapping[str, str]) -> Ex
         refused = Refusal(status, raw[:200].decode(errors="replace"), "server_error")
     if retry is not None and retry.isdigit():
         refused = replace(refused, retry_after_s=max(1, int(retry)))
-    return error_of(refused)
+    return refused
+
+
+def error_of_response(status: int, raw: bytes, headers: Mapping[str, str]) -> Exception:
+    """The engine error of an HTTP error response."""
+    return error_of(refusal_of_response(status, raw, headers))
 
 
 def error_of_frame(fields: Mapping[str, Any]) -> Exception:

@@ -1,6 +1,6 @@
 """Per-tenant KV use as the engines report it (`engine.stats.TenantKVStats`, keyed by
 fairness key, "t:<tenant id>" from the gateway): summed over replicas, and the tenant id
-behind a key. The engine server's JSON form is engine_server/tenant_kv.py."""
+behind a key. The engine server's JSON form is engine_hop/stats_json.py."""
 
 from __future__ import annotations
 

@@ -27,9 +27,9 @@ from engine.outputs import (
 )
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
+from engine_hop.wire import event_from_compact, event_to_compact, sse_chunk
 from engine_server.app import EngineServer
 from engine_server.auth import ServiceAuth
-from engine_server.wire import event_from_compact, event_to_compact, sse_chunk
 from gateway.remote_engine import RemoteEngineClient, fetch_info
 from tests.gateway.engine_servers import serve_in_thread
 from tests.gateway.fakes import ByteTokenizer, FakeEngine

@@ -31,7 +31,7 @@ from engine.outputs import (
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 from engine.structured.spec import StructuredSpec
-from engine_server.wire import (
+from engine_hop.wire import (
     event_from_wire,
     event_to_wire,
     request_from_wire,

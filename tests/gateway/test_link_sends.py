@@ -1,5 +1,5 @@
 """The link's sends: written in the caller while the socket takes them, queued in order
-behind one that has to wait (engine_server.eager, engine_server.link, and the
+behind one that has to wait (engine_hop.eager, engine_server.link, and the
 gateway's side, gateway.engine_link)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from engine.async_engine import RequestStream
 from engine.outputs import StreamEvent
-from engine_server.eager import start_now
+from engine_hop.eager import start_now
 from engine_server.link import _Connection
 from gateway.engine_link import EngineLink, LinkStream
 from gateway.remote_errors import EngineUnavailableError

@@ -8,7 +8,8 @@ same OpenAI `type`, `code` and `param` on both transports (engine_hop.refusals).
 Two layers: every refusal the engine server sends, encoded by the server and read
 back by the gateway on each transport (fast, no sockets); then live, a real engine (the
 fast fake model) behind an in-thread engine server and three gateways, in-process,
-remote over HTTP and remote over the link.
+remote over HTTP and remote over the link. An adapter push the engine server refuses
+(gateway.remote_adapters) keeps its code and param the same way, in both layers.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import contextlib
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -33,20 +35,24 @@ from engine.errors import (
     ContextLengthExceededError,
     EngineDeadError,
     EngineOverloadedError,
+    InvalidAdapterError,
     InvalidRequestError,
     KVQuotaExceededError,
     RequestTooLargeError,
 )
+from engine.lora.archive import AdapterArchiveError
+from engine_hop import refusals as hop
 from engine_server.app import EngineServer
 from engine_server.auth import ServiceAuth
 from engine_server.refusals import refusal_of, response_of
 from gateway.errors import install_error_handlers
+from gateway.remote_adapters import push_adapter
 from gateway.remote_engine import RemoteEngineClient, fetch_info
 from gateway.remote_errors import error_of_frame, error_of_response
 from tenancy.limiter.memory import MemoryLimiter
 from tests.gateway.conftest import LiveGateway, start_gateway
 from tests.gateway.engine_servers import gateway_over, serve_in_thread
-from tests.utils.fast_fake_model import fast_fake_engine
+from tests.utils.fast_fake_model import fast_fake_engine, fast_fake_llm_engine
 
 TOKEN = "svc-" + "refusals-token-for-tests-only"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
@@ -108,6 +114,72 @@ def test_the_engine_server_says_one_type_code_and_param_on_both_transports(exc: 
     assert response.status_code == frame["status"] == status
     for field in ("type", "code", "param"):
         assert http[field] == frame[field] == tenant[field], field
+
+
+# An adapter push the engine server turns away (engine_server.adapters answers the
+# engine's bad-adapter errors from the same table): read back with code and param.
+ADAPTER_REFUSED = [
+    InvalidAdapterError("adapter_config.json is not JSON", param="path"),
+    InvalidAdapterError("only plain LoRA adapters run here, not IA3"),  # no param
+    AdapterArchiveError("unsafe path in archive: '../evil'"),
+    InvalidRequestError("adapter names are at most 64 characters", param="name"),
+]
+
+
+def adapter_folder(root: Path, config: bytes = b"{}") -> str:
+    """A folder of the two PEFT files, `config` as adapter_config.json."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "adapter_config.json").write_bytes(config)
+    (root / "adapter_model.safetensors").write_bytes(b"\0" * 16)
+    return str(root)
+
+
+def answering(status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> httpx.AsyncClient:
+    """A client whose engine server answers every call with one response."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(status, content=body, headers=headers)
+
+    return httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://engine")
+
+
+def refused_push(http: httpx.AsyncClient, folder: str) -> Exception:
+    """What the gateway raises when the engine server behind `http` refuses the push of
+    the adapter folder `folder` (as `RemoteEngineClient.load_adapter` pushes it)."""
+
+    async def push() -> None:
+        async with http:
+            await push_adapter(http, str(http.base_url), AUTH, "bad", folder)
+
+    try:
+        asyncio.run(push())
+    except Exception as exc:
+        return exc
+    raise AssertionError("the engine server took the adapter")
+
+
+@pytest.mark.parametrize("exc", ADAPTER_REFUSED, ids=lambda e: f"{type(e).__name__}-{e.param}")
+def test_a_refused_adapter_push_reads_back_as_the_engines_error(
+    exc: InvalidRequestError, tmp_path: Path
+) -> None:
+    response = response_of(refusal_of(exc))  # what engine_server.adapters answers
+    assert response.status_code == 400
+    read = refused_push(
+        answering(400, bytes(response.body), response.raw_headers), adapter_folder(tmp_path)
+    )
+    assert isinstance(read, InvalidRequestError)
+    assert (read.message, read.code, read.param) == (exc.message, exc.code, exc.param)
+    assert tenant_answer(read) == tenant_answer(exc)
+
+
+def test_an_adapter_archive_over_the_servers_cap_is_still_a_bad_request(tmp_path: Path) -> None:
+    response = response_of(hop.refusal(hop.TOO_LARGE, "the adapter archive is over 1024 bytes"))
+    assert response.status_code == 413
+    read = refused_push(
+        answering(413, bytes(response.body), response.raw_headers), adapter_folder(tmp_path)
+    )
+    assert isinstance(read, InvalidRequestError) and type(read) is InvalidRequestError
+    assert (read.message, read.param) == ("the adapter archive is over 1024 bytes", None)
 
 
 # Live: a real engine behind each transport.
@@ -264,3 +336,29 @@ def test_the_engine_server_keeps_param_on_both_transports(
     for error in (http.json()["error"], frame):
         assert (error["param"], error["code"]) == ("max_tokens", "request_too_large")
         assert error["type"] == "invalid_request_error"
+
+
+def test_a_real_engine_servers_adapter_refusal_keeps_its_code_and_param(
+    deployments: dict[str, Deployment], tmp_path: Path
+) -> None:
+    """A folder the engine cannot read, pushed to the real engine behind an engine server,
+    reads as the error the same engine raises for it in-process."""
+    folder = adapter_folder(tmp_path / "bad", config=b"not json")
+    engine = fast_fake_llm_engine(**ENGINE_OPTIONS)
+    try:
+        with pytest.raises(InvalidAdapterError) as raised:
+            engine.load_adapter("bad", folder)
+    finally:
+        engine.close()
+    reference = raised.value
+    assert (reference.code, reference.param) == ("invalid_adapter", "path")
+    url = deployments["http"].server_url
+    assert url is not None
+    read = refused_push(httpx.AsyncClient(base_url=url), folder)
+    assert isinstance(read, InvalidAdapterError)
+    assert (read.message, read.code, read.param) == (
+        reference.message,
+        reference.code,
+        reference.param,
+    )
+    assert tenant_answer(read) == tenant_answer(reference)

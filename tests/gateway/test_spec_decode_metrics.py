@@ -13,7 +13,7 @@ from starlette.testclient import TestClient
 
 from engine.speculative.stats import SpecDecodeStats
 from engine.stats import EngineStats
-from engine_server.spec_decode import spec_decode_from_json, spec_decode_to_json
+from engine_hop.stats_json import spec_decode_from_json, spec_decode_to_json
 from gateway.engine_client import EngineSnapshot, InProcessEngineClient, sum_spec_decode
 from gateway.metrics import GatewayMetrics
 from tests.admin.engine_stand_ins import FixedStatsEngine, idle_stats, remote_engine_server

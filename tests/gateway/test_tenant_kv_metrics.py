@@ -18,9 +18,9 @@ from fastapi.testclient import TestClient
 from admin.identity import create_admin_token
 from engine.async_engine import AsyncEngine
 from engine.stats import EngineStats, TenantKVStats
+from engine_hop.stats_json import tenant_kv_from_json, tenant_kv_to_json
 from engine_server.app import EngineServer
 from engine_server.auth import ServiceAuth
-from engine_server.tenant_kv import tenant_kv_from_json, tenant_kv_to_json
 from gateway.engine_client import EngineSnapshot, InProcessEngineClient
 from gateway.metrics import OTHER_TENANT, GatewayMetrics
 from gateway.tenant_kv import sum_tenant_kv

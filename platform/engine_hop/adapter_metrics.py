@@ -10,8 +10,10 @@ gateway's own count of in-flight requests per adapter and waiting is empty (the 
 cannot see the engine's queue). `max_lora` is the engine's slot count, 0 when unknown.
 Adapter names are a bounded set (the registry's), so they may be labels.
 
-Both the gateway's /metrics and an engine server's use this class (the engine server
-counts requests as they are submitted, the gateway as they finish).
+Both ends of the hop export these series from this class, so they never disagree: the
+gateway's /metrics (gateway.metrics) and an engine server's (engine_server.metrics,
+engine_server.adapters). The engine server counts requests as they are submitted, the
+gateway as they finish.
 """
 
 from __future__ import annotations

@@ -1,11 +1,19 @@
-"""Speculative decoding's counters (`engine.stats.EngineStats.spec_decode`) in the JSON of
-the engine server's GET /internal/stats, and back in the gateway's remote client."""
+"""The engine's figures in the JSON of the engine server's GET /internal/stats, and back.
+
+The engine server writes them (`*_to_json`); the gateway's remote client reads them back
+from its stats poll (`*_from_json`):
+
+- speculative decoding's counters (`engine.stats.EngineStats.spec_decode`);
+- per-tenant KV use (`engine.stats.EngineStats.tenant_kv`).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from engine.speculative.stats import SpecDecodeStats
+from engine.stats import TenantKVStats
 
 _COUNTS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 
@@ -42,3 +50,33 @@ def spec_decode_from_json(value: Any) -> SpecDecodeStats | None:
         num_accepted_tokens=accepted,
         accepted_per_pos=tuple(per_pos),
     )
+
+
+def tenant_kv_to_json(report: Mapping[str, TenantKVStats]) -> dict[str, dict[str, int]]:
+    """The engine server's form of a per-tenant KV report: key -> the three figures by name."""
+    return {
+        key: {
+            "blocks_in_use": s.blocks_in_use,
+            "preemptions_suffered": s.preemptions_suffered,
+            "preemptions_caused": s.preemptions_caused,
+        }
+        for key, s in report.items()
+    }
+
+
+def tenant_kv_from_json(value: Any) -> dict[str, TenantKVStats]:
+    """A per-tenant KV report from a stats poll; an older server sends none ({}).
+
+    A malformed one raises ValueError, KeyError or TypeError (a failed poll)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TypeError("tenant_kv must be an object")
+    return {
+        str(key): TenantKVStats(
+            blocks_in_use=int(s["blocks_in_use"]),
+            preemptions_suffered=int(s["preemptions_suffered"]),
+            preemptions_caused=int(s["preemptions_caused"]),
+        )
+        for key, s in value.items()
+    }

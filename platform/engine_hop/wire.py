@@ -17,6 +17,13 @@ the compact form instead (`x-cloister-wire: events`): each chunk is then the eve
 alone, in short keys (`event_to_compact`), about a third of the bytes and of the
 encode and decode time; a plain OpenAI client (a router, curl) never sees that form.
 Chunks are encoded and decoded with orjson.
+
+The same body and headers travel over the link (`LINK_PATH`, one WebSocket per gateway;
+its frames are described in engine_server.link, its gateway end is gateway.engine_link).
+The gateway writes requests and cache rules (`request_to_wire`, `rules_to_wire`) and
+reads events back (`event_from_compact`; `event_from_wire` reads the full form); the
+engine server reads them (`request_from_wire`, `rules_from_wire`) and writes events
+(`event_to_compact`, `event_to_wire`).
 """
 
 from __future__ import annotations
@@ -46,6 +53,8 @@ REQUEST_ID_HEADER = "x-request-id"
 WIRE_HEADER = "x-cloister-wire"
 EVENTS_WIRE = "events"
 DONE_CHUNK = b"data: [DONE]\n\n"
+# The link's WebSocket route on an engine server (service credential on the handshake).
+LINK_PATH = "/internal/link"
 # SamplingParams fields sent under their own (vLLM) names; the rest are special-cased.
 _PLAIN_PARAMS = (
     "n",
