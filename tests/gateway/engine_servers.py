@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -117,8 +118,18 @@ def gateway_over(
         stop()
 
 
-def serve_in_thread(app: Any) -> tuple[str, Callable[[], None]]:
-    """uvicorn on a free loopback port in a daemon thread; returns its URL and stop."""
+@dataclass(frozen=True)
+class ThreadServer:
+    """uvicorn serving an app in a daemon thread: its URL, its stop, and its event loop
+    (what the server's own tasks, a drain among them, must run on)."""
+
+    url: str
+    stop: Callable[[], None]
+    loop: asyncio.AbstractEventLoop
+
+
+def start_in_thread(app: Any) -> ThreadServer:
+    """uvicorn on a free loopback port in a daemon thread, started."""
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(
@@ -136,4 +147,10 @@ def serve_in_thread(app: Any) -> tuple[str, Callable[[], None]]:
         server.should_exit = True
         thread.join(timeout=30)
 
-    return f"http://127.0.0.1:{port}", stop
+    return ThreadServer(f"http://127.0.0.1:{port}", stop, server.servers[0].get_loop())
+
+
+def serve_in_thread(app: Any) -> tuple[str, Callable[[], None]]:
+    """uvicorn on a free loopback port in a daemon thread; returns its URL and stop."""
+    started = start_in_thread(app)
+    return started.url, started.stop

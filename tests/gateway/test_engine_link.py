@@ -23,7 +23,7 @@ from engine_server.app import EngineServer
 from engine_server.auth import ServiceAuth
 from gateway.remote_engine import RemoteEngineClient, fetch_info
 from gateway.remote_errors import EngineUnavailableError
-from tests.gateway.engine_servers import serve_in_thread
+from tests.gateway.engine_servers import serve_in_thread, start_in_thread
 from tests.gateway.fakes import ByteTokenizer
 from tests.gateway.test_engine_hop_wire import TOKEN, ScriptedEngine, collect, request
 
@@ -37,7 +37,8 @@ class Served:
     def __init__(self) -> None:
         self.engine = ScriptedEngine()
         self.server = EngineServer(self.engine, model_name="tiny", auth=ServiceAuth(TOKEN))
-        self.url, self.stop = serve_in_thread(self.server.app())
+        started = start_in_thread(self.server.app())
+        self.url, self.stop, self.loop = started.url, started.stop, started.loop
 
 
 @pytest.fixture(scope="module")
@@ -243,7 +244,11 @@ def test_a_drain_finishes_the_links_streams_and_admits_nothing_new() -> None:
             stream = client.submit(request((70, 1), 30, "draining-1"))
             first = await stream.__anext__()
             assert client.alive and s.server.link.in_flight() == 1
-            drained = asyncio.get_running_loop().create_task(s.server.drain(10.0))
+            # On the server's loop, as `cloister engine serve` drains: its link's sockets
+            # live there (started from this loop, the "draining" frame could wait unsent).
+            drained = asyncio.wrap_future(
+                asyncio.run_coroutine_threadsafe(s.server.drain(10.0), s.loop)
+            )
             events = [first] + [e async for e in stream]
             await until(lambda: not client.alive)  # told over the link, not by a poll
             await drained
