@@ -13,26 +13,13 @@ from types import SimpleNamespace
 import pytest
 
 from admin.ui import gateway_engine_replicas
-from engine.kv_cache.host_tier import TierStats
 from gateway.engine_client import InProcessEngineClient
 from tests.admin.conftest import AdminEnv, make_env
 from tests.admin.engine_stand_ins import FixedStatsEngine, idle_stats
+from tests.utils.tier_samples import HOST_TIER
 
 P = "/admin/api/v1"
-HOST = TierStats(
-    medium="CPU_HOST",
-    capacity_blocks=100,
-    blocks=10,
-    bytes_per_block=4096,
-    lookups=8,
-    hits=6,
-    hit_blocks=12,
-    loads=9,
-    write_backs=20,
-    recomputed_instead=3,
-    evictions=1,
-    expirations=2,
-)
+HOST = replace(HOST_TIER, lookups=8, hits=6, expirations=2)
 DISK = replace(HOST, medium="DISK", capacity_blocks=400, blocks=30, lookups=0, hits=0)
 
 

@@ -6,6 +6,7 @@ import json
 import re
 
 from tests.deploy.render import DEPLOY
+from tests.utils.tier_samples import HOST_TIER
 
 # Every series the dashboard may name: the gateway's (checked against its registry below)
 # and the engine's (the vLLM names `cloister engine serve` exports).
@@ -77,25 +78,11 @@ def engine_server_series() -> set[str]:
     engine that speculates and serves a KV tier (so that every optional family shows)."""
     from types import SimpleNamespace
 
-    from engine.kv_cache.host_tier import TierStats
     from engine.speculative.stats import SpecDecodeStats
     from engine.stats import EngineStats
     from engine_server.metrics import EngineMetrics
 
-    tier = TierStats(
-        medium="CPU_HOST",
-        capacity_blocks=100,
-        blocks=10,
-        bytes_per_block=4096,
-        lookups=5,
-        hits=3,
-        hit_blocks=12,
-        loads=9,
-        write_backs=20,
-        recomputed_instead=3,
-        evictions=1,
-        expirations=0,
-    )
+    tier = HOST_TIER
     spec = SpecDecodeStats(1, 2, 1, (1, 0))
     stats = EngineStats(0, 0, 0.0, 0, 0, 0, 8, 16, spec_decode=spec, kv_tiers=(tier,))
     text = EngineMetrics(SimpleNamespace(stats=lambda: stats), "m").render()[0].decode()

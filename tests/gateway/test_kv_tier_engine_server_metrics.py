@@ -11,28 +11,15 @@ from dataclasses import replace
 from prometheus_client import generate_latest
 from starlette.testclient import TestClient
 
-from engine.kv_cache.host_tier import TierStats
 from engine.stats import EngineStats
 from gateway.engine_client import InProcessEngineClient
 from gateway.metrics import GatewayMetrics
 from tests.admin.engine_stand_ins import FixedStatsEngine, idle_stats
+from tests.utils.tier_samples import HOST_TIER
 
 TOKEN = "svc-token-for-the-kv-tier-metrics-test"
 BLOCK = 16  # idle_stats' pool: 40 blocks of 16 tokens
-HOST = TierStats(
-    medium="CPU_HOST",
-    capacity_blocks=100,
-    blocks=10,
-    bytes_per_block=4096,
-    lookups=5,
-    hits=3,
-    hit_blocks=12,
-    loads=9,
-    write_backs=20,
-    recomputed_instead=3,
-    evictions=1,
-    expirations=0,
-)
+HOST = HOST_TIER
 DISK = replace(HOST, medium="DISK", bytes_per_block=8192, loads=2, write_backs=7, hit_blocks=2)
 MODEL = 'model_name="remote"'
 ALIASES = (

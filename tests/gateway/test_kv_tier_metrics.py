@@ -10,21 +10,9 @@ from prometheus_client import generate_latest
 from engine.kv_cache.host_tier import TierStats
 from gateway.engine_client import EngineSnapshot
 from gateway.metrics import GatewayMetrics
+from tests.utils.tier_samples import HOST_TIER
 
-TIER = TierStats(
-    medium="CPU_HOST",
-    capacity_blocks=100,
-    blocks=10,
-    bytes_per_block=4096,
-    lookups=5,
-    hits=3,
-    hit_blocks=12,
-    loads=9,
-    write_backs=20,
-    recomputed_instead=3,
-    evictions=1,
-    expirations=2,
-)
+TIER = replace(HOST_TIER, expirations=2)
 
 
 def _snap(tier: TierStats) -> EngineSnapshot:

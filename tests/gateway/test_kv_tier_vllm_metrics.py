@@ -22,22 +22,10 @@ from tenancy.db import make_engine, make_session_factory
 from tests.admin.engine_stand_ins import idle_stats
 from tests.gateway.conftest import PEPPER
 from tests.gateway.fakes import FakeEngine
+from tests.utils.tier_samples import HOST_TIER
 
 BLOCK = 16  # idle_stats' pool: 40 blocks of 16 tokens
-HOST = TierStats(
-    medium="CPU_HOST",
-    capacity_blocks=100,
-    blocks=10,
-    bytes_per_block=4096,
-    lookups=5,
-    hits=3,
-    hit_blocks=12,
-    loads=9,
-    write_backs=20,
-    recomputed_instead=3,
-    evictions=1,
-    expirations=0,
-)
+HOST = HOST_TIER
 DISK = replace(HOST, medium="DISK", bytes_per_block=4096, loads=2, write_backs=7, hit_blocks=2)
 MODEL = 'model_name="fake-model"'
 
