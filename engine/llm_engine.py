@@ -11,7 +11,7 @@ from typing import Any, overload
 
 import torch
 
-from engine.attention.backend import get_attention_backend
+from engine.attention.select import get_attention_backend
 from engine.config import (
     CacheConfig,
     EngineConfig,

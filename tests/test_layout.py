@@ -91,3 +91,59 @@ def test_the_hop_imports_no_service() -> None:
     service, nor tenancy (the engine server knows nothing of tenants)."""
     services = {"gateway", "server", "admin", "cloister", "tenancy", "engine_server"}
     assert not imported_roots(ROOT / "platform" / "engine_hop") & services
+
+
+def _engine_module_imports(path: pathlib.Path) -> set[str]:
+    """The `engine.*` modules one engine module imports, lazy imports included and
+    `if TYPE_CHECKING:` blocks left out (those never run)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names if a.name.startswith("engine."))
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            if node.module.startswith("engine"):
+                # `from engine.x import y` may name a submodule y; count both.
+                names.add(node.module)
+                names.update(f"{node.module}.{a.name}" for a in node.names)
+    return names
+
+
+def test_the_engine_has_no_import_circles() -> None:
+    """No engine module reaches itself through its imports. A protocol module that also
+    held the factory for its implementations (which import the protocol) made a circle,
+    bridged only by a lazy import; factories live in modules of their own."""
+    modules = {
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in (ROOT / "engine").rglob("*.py")
+    }
+    graph = {
+        name: {m for m in _engine_module_imports(path) if m in modules and m != name}
+        for name, path in modules.items()
+    }
+    # A package's __init__ re-exporting its modules is not a circle of the modules'
+    # making: leave the edge from a module to its own parent package out.
+    for name in graph:
+        graph[name] = {m for m in graph[name] if not name.startswith(m + ".")}
+    circles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                circles.append(path[path.index(nxt) :] + [nxt])
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not circles, circles

@@ -31,8 +31,6 @@ from typing import Protocol
 
 import torch
 
-from engine.config import AttentionBackendName
-
 
 @dataclass(frozen=True)
 class AttentionMetadata:
@@ -85,32 +83,3 @@ class AttentionBackend(Protocol):
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         """Stores the new K/V and returns the attention output for the new tokens."""
         ...
-
-
-def get_attention_backend(name: AttentionBackendName, device: torch.device) -> AttentionBackend:
-    """Picks a backend: `auto` means triton on CUDA, elsewhere the CPU kernels where numba
-    is installed and the torch reference otherwise."""
-    from engine.attention import cpu_kernels
-
-    if name == "auto":
-        if device.type == "cuda":
-            name = "triton"
-        else:
-            name = "cpu" if device.type == "cpu" and cpu_kernels.available() else "torch"
-    if name == "torch":
-        from engine.attention.torch_backend import TorchAttentionBackend
-
-        return TorchAttentionBackend()
-    if name == "cpu":
-        if device.type != "cpu":
-            raise ValueError(f"the cpu attention backend runs on the CPU, not on {device.type!r}")
-        if not cpu_kernels.available():
-            raise ValueError("the cpu attention backend needs numba: pip install numba")
-        from engine.attention.cpu_backend import CpuAttentionBackend
-
-        return CpuAttentionBackend()
-    if name == "triton":
-        from engine.attention.triton_backend import TritonAttentionBackend
-
-        return TritonAttentionBackend()
-    raise ValueError(f"unknown attention backend {name!r}; choose torch, cpu, triton or auto")

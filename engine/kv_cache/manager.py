@@ -30,9 +30,10 @@ from engine.kv_cache.counters import IDLE_DOMAIN_COUNTERS, DomainActivity, Domai
 from engine.kv_cache.eviction import PUBLIC, CachePolicy, EvictionLedger
 from engine.kv_cache.host_tier import KVTier
 from engine.kv_cache.in_flight import InFlightPrefixes, flight_keys
+from engine.kv_cache.index_factory import make_prefix_index
 from engine.kv_cache.integrity import check_manager_integrity
 from engine.kv_cache.kv_events import KVEventLog
-from engine.kv_cache.prefix_index import PrefixIndex, make_prefix_index
+from engine.kv_cache.prefix_index import PrefixIndex
 from engine.kv_cache.published import PublishedPrefixes
 from engine.kv_cache.tier_cost import LoadCostRule
 from engine.sequence import Sequence

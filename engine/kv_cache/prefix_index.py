@@ -101,17 +101,3 @@ class PrefixIndex(Protocol):
 
 class PrefixIndexError(Exception):
     """An index invariant was broken (a bug, never a user error)."""
-
-
-def make_prefix_index(mode: str, block_size: int) -> PrefixIndex | None:
-    """The index for `prefix_cache="hash" | "radix" | "off"` (None for off)."""
-    from engine.kv_cache.hash_index import HashIndex
-    from engine.kv_cache.radix_index import RadixIndex
-
-    if mode == "off":
-        return None
-    if mode == "hash":
-        return HashIndex(block_size)
-    if mode == "radix":
-        return RadixIndex(block_size)
-    raise ValueError(f"unknown prefix_cache mode {mode!r}; use 'hash', 'radix' or 'off'")

@@ -254,7 +254,7 @@ def test_on_a_gpu_serve_picks_bf16_triton_fused_kernels_and_cuda_graphs() -> Non
     """The GPU path by default: what the engine makes of the options `cloister serve` passes."""
     import torch
 
-    from engine.attention.backend import get_attention_backend
+    from engine.attention.select import get_attention_backend
     from engine.llm_engine import build_config
     from engine.model.fused import resolve_fused_ops
     from server.wiring import serve_engine_options

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from engine.attention import cpu_kernels
-from engine.attention.backend import get_attention_backend
 from engine.attention.cpu_backend import CpuAttentionBackend
+from engine.attention.select import get_attention_backend
 from engine.attention.torch_backend import TorchAttentionBackend
 from tests.engine.kernels.batch_factory import PagedBatch, make_batch, reference_output
 

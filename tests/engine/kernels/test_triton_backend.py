@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.attention.backend import get_attention_backend
+from engine.attention.select import get_attention_backend
 from engine.attention.torch_backend import TorchAttentionBackend
 from engine.attention.triton_backend import TritonAttentionBackend
 from tests.engine.kernels.batch_factory import (

@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention import cpu_kernels
-from engine.attention.backend import AttentionMetadata, get_attention_backend
+from engine.attention.backend import AttentionMetadata
+from engine.attention.select import get_attention_backend
 from engine.attention.torch_backend import TorchAttentionBackend
 from engine.config import ModelArchitecture
 from engine.lora.batch import LoraBatch

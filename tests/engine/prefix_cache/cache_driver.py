@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from engine.config import SchedulerConfig
 from engine.kv_cache.block_pool import BlockPool
 from engine.kv_cache.eviction import PUBLIC, CachePolicy
+from engine.kv_cache.index_factory import make_prefix_index
 from engine.kv_cache.manager import KVCacheManager
-from engine.kv_cache.prefix_index import make_prefix_index
 from engine.sampling_params import SamplingParams
 from engine.scheduler.output import SchedulerOutput
 from engine.scheduler.scheduler import Scheduler

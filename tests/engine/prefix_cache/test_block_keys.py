@@ -14,8 +14,8 @@ import pytest
 import engine.kv_cache.hash_index as hash_index_module
 from engine.config import SchedulerConfig
 from engine.kv_cache.block_pool import BlockPool
+from engine.kv_cache.index_factory import make_prefix_index
 from engine.kv_cache.manager import KVCacheManager
-from engine.kv_cache.prefix_index import make_prefix_index
 from engine.sampling_params import SamplingParams
 from engine.scheduler.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus

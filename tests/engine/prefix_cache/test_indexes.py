@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from engine.kv_cache.cache_key import CacheKey
-from engine.kv_cache.prefix_index import PrefixIndex, PrefixIndexError, make_prefix_index
+from engine.kv_cache.index_factory import make_prefix_index
+from engine.kv_cache.prefix_index import PrefixIndex, PrefixIndexError
 from engine.kv_cache.radix_index import RadixIndex
 from tests.engine.prefix_cache.cache_driver import CacheDriver
 
