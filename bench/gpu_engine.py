@@ -27,6 +27,7 @@ from engine.llm_engine import LLMEngine, build_config
 from engine.model.llama import LlamaForCausalLM
 from engine.model.loader import LoadedModel
 from engine.model.tokenizer import Tokenizer
+from engine.request import EngineRequest
 from engine.runner.cuda_graphs import pick_bucket
 from engine.sampling_params import SamplingParams
 
@@ -232,7 +233,9 @@ def decode_sweep(
     max_tokens = engine.max_model_len - prompt_len
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     prompts = random_prompts(sizes[0], prompt_len, arch.vocab_size, seed)
-    ids = [engine.add_request(p, params) for p in prompts]
+    ids = [
+        engine.add_request(EngineRequest(prompt_token_ids=tuple(p), params=params)) for p in prompts
+    ]
     t0 = time.perf_counter()
     while any(not engine.requests[i].seqs[0].output_token_ids for i in ids):
         engine.step()
@@ -293,7 +296,7 @@ def prefill_throughput(engine: LLMEngine, tokens: int, *, seed: int) -> dict[str
     times = []
     for attempt in range(2):  # the first compiles the prefill kernels at this size
         (prompt,) = random_prompts(1, tokens, engine.arch.vocab_size, seed + attempt)
-        engine.add_request(prompt, params)
+        engine.add_request(EngineRequest(prompt_token_ids=tuple(prompt), params=params))
         _sync(device)
         t0 = time.perf_counter()
         steps = 0
@@ -315,7 +318,10 @@ def greedy_run(
 ) -> list[tuple[list[int], list[dict[int, float]]]]:
     """Per prompt: greedy tokens and, per step, {token id: logprob} of the top 5."""
     params = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True, logprobs=5)
-    ids = [engine.add_request(list(p), params) for p in prompts]
+    ids = [
+        engine.add_request(EngineRequest(prompt_token_ids=tuple(list(p)), params=params))
+        for p in prompts
+    ]
     done: dict[str, Any] = {}
     while engine.has_unfinished():
         engine.step()

@@ -40,6 +40,7 @@ from bench import gpu_engine  # noqa: E402
 from engine.config import ModelArchitecture  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.model.llama import LlamaForCausalLM  # noqa: E402
+from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams  # noqa: E402
 
 Greedy = list[tuple[list[int], list[dict[int, float]]]]
@@ -309,7 +310,10 @@ def ours_generate_seconds(
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
     _sync(device)
     t0 = time.perf_counter()
-    ids = [engine.add_request(list(p), params) for p in prompts]
+    ids = [
+        engine.add_request(EngineRequest(prompt_token_ids=tuple(list(p)), params=params))
+        for p in prompts
+    ]
     while any(
         i in engine.requests and not engine.requests[i].seqs[0].output_token_ids for i in ids
     ):

@@ -52,6 +52,7 @@ from bench.isolation_workload import (  # noqa: E402
 )
 from engine.llm_engine import LLMEngine, build_config  # noqa: E402
 from engine.model.loader import LoadedModel, load_model  # noqa: E402
+from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams  # noqa: E402
 
 CONFIGS = ("shared", "isolated", "published")
@@ -111,7 +112,9 @@ def warm_up(engine: LLMEngine, length: int, max_tokens: int) -> None:
     rng = random.Random(12345)
     ids = [rng.randrange(300, 5000) for _ in range(length)]
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-    engine.add_request(ids, params, cache_domain="bench:warmup")
+    engine.add_request(
+        EngineRequest(prompt_token_ids=tuple(ids), params=params, cache_domain="bench:warmup")
+    )
     while engine.has_unfinished():
         engine.step()
 
@@ -149,10 +152,12 @@ def run_config(
             else:
                 sent = t.arrival_s if t.previous is None else max(t.arrival_s, done[t.previous])
                 rid = engine.add_request(
-                    list(t.prompt_ids),
-                    params,
-                    request_id=f"r{t.index}",
-                    cache_domain=domain_of(config, t.tenant),
+                    EngineRequest(
+                        prompt_token_ids=tuple(list(t.prompt_ids)),
+                        params=params,
+                        request_id=f"r{t.index}",
+                        cache_domain=domain_of(config, t.tenant),
+                    ),
                     arrival_time=time.time() - (now - sent),
                 )
                 live[rid] = (t, sent, sent > t.arrival_s + 1e-3, submitted)

@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass
 
 from engine.llm_engine import LLMEngine
+from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 
 
@@ -130,7 +131,9 @@ def serve(args: argparse.Namespace, name: str, engine: LLMEngine) -> Result:
         for t in range(args.tenants):
             ids = histories[t] + [rng.choice(vocab) for _ in range(args.user_tokens)]
             sent = time.perf_counter()
-            rid = engine.add_request(ids, params, cache_domain=f"t:{t}")
+            rid = engine.add_request(
+                EngineRequest(prompt_token_ids=tuple(ids), params=params, cache_domain=f"t:{t}")
+            )
             first: float | None = None
             answer: list[int] = []
             hit = 0

@@ -50,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.config import ModelArchitecture  # noqa: E402
 from engine.llm_engine import LLMEngine, build_config  # noqa: E402
 from engine.model.loader import LoadedModel, default_model_path, load_model  # noqa: E402
+from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams  # noqa: E402
 from tests.utils.lora_adapters import make_peft_adapter  # noqa: E402
 from tests.utils.tiny_model import make_tiny_model_dir  # noqa: E402
@@ -103,7 +104,14 @@ def throughput(
     params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
     start = time.perf_counter()
     for i, prompt in enumerate(batch):
-        engine.add_request(prompt, params, adapter=names[i % len(names)], use_cache=False)
+        engine.add_request(
+            EngineRequest(
+                prompt_token_ids=tuple(prompt),
+                params=params,
+                adapter=names[i % len(names)],
+                cache=False,
+            )
+        )
     while engine.has_unfinished():
         engine.step()
     return len(batch) * tokens / (time.perf_counter() - start)
@@ -131,7 +139,14 @@ def ttft_stream(
             if next_req == len(batch):
                 break
             name = names[next_req % len(names)]
-            rid = engine.add_request(batch[next_req], params, adapter=name, use_cache=False)
+            rid = engine.add_request(
+                EngineRequest(
+                    prompt_token_ids=tuple(batch[next_req]),
+                    params=params,
+                    adapter=name,
+                    cache=False,
+                )
+            )
             added[rid] = time.perf_counter()
             next_req += 1
         events = engine.step()

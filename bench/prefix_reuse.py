@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 
 from engine.llm_engine import LLMEngine
+from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 
 
@@ -114,7 +115,9 @@ def run(args: argparse.Namespace, mode: str, isolated: bool) -> Result:
             if c.turns_left and c.ready_at <= now and all(v[0] is not c for v in live.values()):
                 ids = c.history + c.user_turns[args.turns - c.turns_left]
                 domain = f"t:{c.tenant}" if isolated else "t:shared"
-                rid = engine.add_request(ids, params, cache_domain=domain)
+                rid = engine.add_request(
+                    EngineRequest(prompt_token_ids=tuple(ids), params=params, cache_domain=domain)
+                )
                 live[rid] = (c, time.perf_counter(), ids)
                 prompts.append((c.tenant if isolated else 0, ids))
                 c.turns_left -= 1

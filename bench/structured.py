@@ -43,6 +43,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from engine.llm_engine import LLMEngine, build_config  # noqa: E402
 from engine.model.loader import load_model  # noqa: E402
+from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams  # noqa: E402
 from engine.structured.spec import StructuredSpec  # noqa: E402
 
@@ -104,7 +105,7 @@ def run_mode(engine: LLMEngine, prompts: list[list[int]], mode: str, max_tokens:
         params = SamplingParams(
             temperature=0.8, seed=i, max_tokens=max_tokens, ignore_eos=True, structured=spec
         )
-        ids.append(engine.add_request(prompt, params))
+        ids.append(engine.add_request(EngineRequest(prompt_token_ids=tuple(prompt), params=params)))
     times: dict[str, list[float]] = {r: [] for r in ids}
     counts: dict[str, int] = dict.fromkeys(ids, 0)
     start = time.perf_counter()

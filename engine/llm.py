@@ -10,6 +10,7 @@ from tqdm import tqdm
 from engine.errors import InvalidRequestError
 from engine.llm_engine import LLMEngine, build_config
 from engine.outputs import RequestOutput
+from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 
 Prompt = str | Sequence[int]
@@ -50,12 +51,14 @@ class LLM:
                     token_ids, text = list(prompt), None
                 ids.append(
                     self.engine.add_request(
-                        token_ids,
-                        sp,
-                        cache_domain=cache_domain,
-                        adapter=adapter,
-                        use_cache=use_cache,
-                        prompt=text,
+                        EngineRequest(
+                            prompt_token_ids=tuple(token_ids),
+                            params=sp,
+                            cache_domain=cache_domain,
+                            adapter=adapter,
+                            cache=use_cache,
+                            prompt=text,
+                        )
                     )
                 )
             self._run(len(ids), use_tqdm)

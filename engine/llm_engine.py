@@ -5,9 +5,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-import uuid
 from collections.abc import Sequence as Seq
-from typing import Any, overload
+from typing import Any
 
 import torch
 
@@ -267,78 +266,25 @@ class LLMEngine:
             max_waiting=cfg.max_waiting,
         )
 
-    @overload
     def add_request(
         self,
         request: EngineRequest,
         *,
         arrival_time: float | None = None,
         validated_max_tokens: int | None = None,
-    ) -> str: ...
-
-    @overload
-    def add_request(
-        self,
-        request: Seq[int],
-        params: SamplingParams,
-        *,
-        request_id: str | None = None,
-        cache_domain: str = "default",
-        adapter: str | None = None,
-        use_cache: bool = True,
-        prompt: str | None = None,
-        arrival_time: float | None = None,
-        weight: float | None = None,
-        validated_max_tokens: int | None = None,
-        fairness_key: str | None = None,
-        priority: int = 0,
-    ) -> str: ...
-
-    def add_request(
-        self,
-        request: EngineRequest | Seq[int],
-        params: SamplingParams | None = None,
-        *,
-        request_id: str | None = None,
-        cache_domain: str = "default",
-        adapter: str | None = None,
-        use_cache: bool = True,
-        prompt: str | None = None,
-        arrival_time: float | None = None,
-        weight: float | None = None,
-        validated_max_tokens: int | None = None,
-        fairness_key: str | None = None,
-        priority: int = 0,
     ) -> str:
         """Queues a request; raises at once if it is bad or the queue is full.
 
-        Takes an `EngineRequest`, or (a convenience for offline callers and tests) a
-        prompt's ids, its params and the request's fields as keywords, from which one
-        is built: its constructor is the one place the fields are checked. The
-        request's fairness key (the tenant) is whose share of the scheduler it uses,
-        its weight that share. When the waiting queue is full, a tenant under its
-        share of the slots takes one back from the tenant most over its share, whose
-        newest requests are refused (see `take_refused`).
-        `validated_max_tokens` is for a caller that already ran `validate` on this
-        very request (the fronts, on their caller's thread): pass what it returned
-        and the checks against the engine's limits are not repeated. The limits they
-        read are fixed for the engine's life, so the earlier answer still holds.
+        The request's constructor is the one place its fields are checked. Its fairness
+        key (the tenant) is whose share of the scheduler it uses, its weight that share.
+        When the waiting queue is full, a tenant under its share of the slots takes one
+        back from the tenant most over its share, whose newest requests are refused (see
+        `take_refused`). `validated_max_tokens` is for a caller that already ran
+        `validate` on this very request (the fronts, on their caller's thread): pass what
+        it returned and the checks against the engine's limits are not repeated. The
+        limits they read are fixed for the engine's life, so the earlier answer still
+        holds.
         """
-        if not isinstance(request, EngineRequest):
-            if params is None:
-                raise TypeError("add_request takes an EngineRequest, or prompt ids and params")
-            request = EngineRequest(
-                prompt_token_ids=tuple(request),
-                params=params,
-                request_id=request_id or uuid.uuid4().hex,
-                cache_domain=cache_domain,
-                fairness_key=fairness_key or "",
-                weight=weight,
-                adapter=adapter,
-                cache=use_cache,
-                priority=priority,
-                prompt=prompt,
-            )
         params = request.params
         digest = None if request.adapter is None else self.adapter(request.adapter).digest
         if validated_max_tokens is None:

@@ -9,6 +9,7 @@ import redis
 from starlette.testclient import TestClient
 
 from bench.floor_gateway import FloorApp
+from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 from server.settings import Settings
 from tests.utils.fast_fake_model import fast_fake_llm_engine
@@ -22,7 +23,14 @@ def _offline_text(settings: Settings, prompt_ids: list[int], max_tokens: int) ->
 
     engine = fast_fake_llm_engine(**serve_engine_options(settings))
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-    engine.add_request(prompt_ids, params, request_id="offline", cache_domain="t:offline")
+    engine.add_request(
+        EngineRequest(
+            prompt_token_ids=tuple(prompt_ids),
+            params=params,
+            request_id="offline",
+            cache_domain="t:offline",
+        )
+    )
     text = []
     while engine.has_unfinished():
         for event in engine.step():

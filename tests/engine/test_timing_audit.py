@@ -25,6 +25,7 @@ import pytest
 from scipy.stats import ks_2samp
 
 from engine.llm_engine import LLMEngine
+from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 
 TOKENS = int(os.environ.get("CLOISTER_AUDIT_TOKENS", "1000"))
@@ -46,7 +47,9 @@ def letter_ids(engine: LLMEngine) -> list[int]:
 def timed(engine: LLMEngine, ids: list[int], domain: str) -> tuple[float, int]:
     """Time to first token, and the cached tokens the request reported."""
     start = time.perf_counter()
-    rid = engine.add_request(ids, ONE, cache_domain=domain)
+    rid = engine.add_request(
+        EngineRequest(prompt_token_ids=tuple(ids), params=ONE, cache_domain=domain)
+    )
     while True:
         for event in engine.step():
             if event.request_id == rid:

@@ -9,6 +9,7 @@ from typing import cast
 import click
 
 from cloister.cli_context import json_option
+from engine.request import EngineRequest
 
 
 @click.command()
@@ -75,7 +76,7 @@ def generate(
             ids = tokenizer.encode(text, add_special_tokens=False)
         else:
             ids = tokenizer.encode(prompt)
-        engine.add_request(ids, params, prompt=prompt)
+        engine.add_request(EngineRequest(prompt_token_ids=tuple(ids), params=params, prompt=prompt))
         finish = None
         pieces: list[str] = []
         completion_tokens = 0

@@ -129,11 +129,15 @@ def test_llm_engine_takes_the_request_and_does_not_recheck(checks: list[str]) ->
     assert checks.count("cache_domain") == 1
     (seq,) = engine.requests[request.request_id].seqs
     assert (seq.cache_domain, seq.fairness_key, seq.priority) == ("t:a", "t:a", 3)
-    # The keyword convenience builds one request, checked once, and no more.
-    engine.add_request([1, 2], PARAMS, cache_domain="t:b", request_id="kw")
+    # Another request is checked once too, and a bad one queues nothing.
+    engine.add_request(
+        EngineRequest(prompt_token_ids=(1, 2), params=PARAMS, cache_domain="t:b", request_id="kw")
+    )
     assert checks.count("cache_domain") == 2
     with pytest.raises(InvalidRequestError) as caught:
-        engine.add_request([1, 2], PARAMS, cache_domain="t:\nb")
+        engine.add_request(
+            EngineRequest(prompt_token_ids=(1, 2), params=PARAMS, cache_domain="t:\nb")
+        )
     assert caught.value.param == "cache_domain"
     assert set(engine.requests) == {request.request_id, "kw"}
 

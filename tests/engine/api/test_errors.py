@@ -14,6 +14,7 @@ from engine.errors import (
     RequestTooLargeError,
 )
 from engine.llm_engine import LLMEngine, build_config
+from engine.request import EngineRequest
 
 OK = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
 
@@ -89,21 +90,25 @@ def test_request_larger_than_the_whole_pool_is_refused_not_queued(tiny_model: pa
 
 def test_full_waiting_queue_refuses_at_once(tiny_model: pathlib.Path) -> None:
     engine = LLMEngine(build_config(str(tiny_model), num_blocks=64, max_waiting=2))
-    engine.add_request([1, 2, 3], OK)
-    engine.add_request([1, 2, 3], OK)
+    engine.add_request(EngineRequest(prompt_token_ids=(1, 2, 3), params=OK))
+    engine.add_request(EngineRequest(prompt_token_ids=(1, 2, 3), params=OK))
     with pytest.raises(EngineOverloadedError):
-        engine.add_request([1, 2, 3], OK)
+        engine.add_request(EngineRequest(prompt_token_ids=(1, 2, 3), params=OK))
     while engine.has_unfinished():
         engine.step()
-    engine.add_request([1, 2, 3], OK)  # room again
+    engine.add_request(EngineRequest(prompt_token_ids=(1, 2, 3), params=OK))  # room again
 
 
 def test_more_samples_than_the_waiting_queue_holds_never_fit(tiny_model: pathlib.Path) -> None:
     engine = LLMEngine(build_config(str(tiny_model), num_blocks=64, max_waiting=2))
     with pytest.raises(RequestTooLargeError) as info:
-        engine.add_request([1, 2, 3], SamplingParams(n=3, max_tokens=2))
+        engine.add_request(
+            EngineRequest(prompt_token_ids=(1, 2, 3), params=SamplingParams(n=3, max_tokens=2))
+        )
     assert info.value.param == "n"
-    engine.add_request([1, 2, 3], SamplingParams(n=2, max_tokens=2))  # exactly fits
+    engine.add_request(
+        EngineRequest(prompt_token_ids=(1, 2, 3), params=SamplingParams(n=2, max_tokens=2))
+    )  # exactly fits
 
 
 def test_a_failing_request_frees_its_blocks_and_the_engine_goes_on(llm: LLM, monkeypatch) -> None:
@@ -129,7 +134,10 @@ def test_a_failing_request_frees_its_blocks_and_the_engine_goes_on(llm: LLM, mon
 def test_abort_frees_blocks_at_once(llm: LLM) -> None:
     engine = llm.engine
     rid = engine.add_request(
-        [5] * 40, SamplingParams(temperature=0, max_tokens=50, ignore_eos=True)
+        EngineRequest(
+            prompt_token_ids=tuple([5] * 40),
+            params=SamplingParams(temperature=0, max_tokens=50, ignore_eos=True),
+        )
     )
     engine.step()
     engine.step()

@@ -23,6 +23,7 @@ from engine.errors import EngineDeadError, RequestFailedError
 from engine.llm import LLM
 from engine.llm_engine import LLMEngine
 from engine.process_engine import ProcessEngine
+from engine.request import EngineRequest
 from engine.request_state import RequestState
 from engine.scheduler.output import SchedulerOutput
 from tests.utils.engine_requests import make_request
@@ -96,9 +97,17 @@ def test_the_poisoned_request_fails_alone(
     tiny_model: pathlib.Path, alone: list[list[list[int]]], where: str, temperature: float
 ) -> None:
     engine = faulty_engine(str(tiny_model), where)
-    ids = [engine.add_request(p, sp, cache_domain="t1") for p, sp in GOOD[:2]]
-    bad = engine.add_request([7, 8, 9], poison(temperature), cache_domain="t2")
-    ids += [engine.add_request(p, sp, cache_domain="t3") for p, sp in GOOD[2:]]
+    ids = [
+        engine.add_request(EngineRequest(prompt_token_ids=tuple(p), params=sp, cache_domain="t1"))
+        for p, sp in GOOD[:2]
+    ]
+    bad = engine.add_request(
+        EngineRequest(prompt_token_ids=(7, 8, 9), params=poison(temperature), cache_domain="t2")
+    )
+    ids += [
+        engine.add_request(EngineRequest(prompt_token_ids=tuple(p), params=sp, cache_domain="t3"))
+        for p, sp in GOOD[2:]
+    ]
     tokens = _run_to_end(engine, [*ids, bad])
     failures = engine.take_failures()
     assert [rid for rid, _ in failures] == [bad]
@@ -107,7 +116,9 @@ def test_the_poisoned_request_fails_alone(
     assert len(tokens[bad].get(0, [])) == 2  # it ran until the fault hit it
     _assert_clean(engine)
     # And the engine serves on, from the cache the others left behind.
-    again = engine.add_request(*GOOD[0], cache_domain="t1")
+    again = engine.add_request(
+        EngineRequest(prompt_token_ids=tuple(GOOD[0][0]), params=GOOD[0][1], cache_domain="t1")
+    )
     assert _as_lists(_run_to_end(engine, [again])[again]) == alone[0]
     _assert_clean(engine)
 
@@ -124,8 +135,13 @@ def test_a_fault_in_post_processing_fails_only_its_request(
         return real(self, seq, token, now)
 
     monkeypatch.setattr(RequestState, "add_token", add_token)
-    bad = engine.add_request([7, 8, 9], poison(), cache_domain="t2")
-    ids = [engine.add_request(p, sp, cache_domain="t1") for p, sp in GOOD]
+    bad = engine.add_request(
+        EngineRequest(prompt_token_ids=(7, 8, 9), params=poison(), cache_domain="t2")
+    )
+    ids = [
+        engine.add_request(EngineRequest(prompt_token_ids=tuple(p), params=sp, cache_domain="t1"))
+        for p, sp in GOOD
+    ]
     tokens = _run_to_end(engine, [*ids, bad])
     assert [rid for rid, _ in engine.take_failures()] == [bad]
     assert [_as_lists(tokens[i]) for i in ids] == alone
@@ -146,7 +162,9 @@ def test_a_fault_that_needs_the_whole_batch_fails_nobody(
         return real(output)
 
     engine.runner.execute = flaky  # type: ignore[method-assign]
-    ids = [engine.add_request(p, sp) for p, sp in GOOD]
+    ids = [
+        engine.add_request(EngineRequest(prompt_token_ids=tuple(p), params=sp)) for p, sp in GOOD
+    ]
     tokens = _run_to_end(engine, ids)
     assert engine.take_failures() == []
     assert [_as_lists(tokens[i]) for i in ids] == alone

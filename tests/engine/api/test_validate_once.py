@@ -13,6 +13,7 @@ import engine.llm_engine as llm_engine_module
 from engine import AsyncEngine, SamplingParams
 from engine.errors import InvalidRequestError
 from engine.llm_engine import LLMEngine, build_config
+from engine.request import EngineRequest
 from tests.utils.engine_requests import make_request
 
 
@@ -60,9 +61,11 @@ def test_direct_add_request_still_validates(tiny_model: pathlib.Path, counted: l
     engine = LLMEngine(build_config(str(tiny_model), num_blocks=64))
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     with pytest.raises(InvalidRequestError):
-        engine.add_request([1, -3], params)
+        engine.add_request(EngineRequest(prompt_token_ids=(1, -3), params=params))
     with pytest.raises(InvalidRequestError):
-        engine.add_request([1, 2], SamplingParams(max_tokens=10**6))
+        engine.add_request(
+            EngineRequest(prompt_token_ids=(1, 2), params=SamplingParams(max_tokens=10**6))
+        )
     assert len(counted) == 2 and not engine.has_unfinished()
 
 
@@ -74,7 +77,9 @@ def test_validated_max_tokens_is_used_as_given(
     params = SamplingParams(temperature=0, max_tokens=None, ignore_eos=True)
     max_tokens = engine.validate([7, 8, 9], params)
     assert max_tokens == engine.max_model_len - 3
-    request_id = engine.add_request([7, 8, 9], params, validated_max_tokens=3)
+    request_id = engine.add_request(
+        EngineRequest(prompt_token_ids=(7, 8, 9), params=params), validated_max_tokens=3
+    )
     while engine.has_unfinished():
         engine.step()
     assert len(counted) == 1  # only the explicit validate()

@@ -33,7 +33,9 @@ def _process(adapters: Adapters) -> Front:
 def _expected(adapters: Adapters) -> list[int]:
     engine = make_engine(adapters.model)
     engine.load_adapter("r8", str(adapters.paths["r8"]))
-    rid = engine.add_request(list(PROMPT), LONG, adapter="r8", use_cache=False)
+    rid = engine.add_request(
+        EngineRequest(prompt_token_ids=tuple(list(PROMPT)), params=LONG, adapter="r8", cache=False)
+    )
     run_all(engine)
     return outputs(engine, rid)
 

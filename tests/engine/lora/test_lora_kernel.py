@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from engine.kernels.lora_bgmv import bgmv_add_
+from engine.request import EngineRequest
 from tests.engine.lora.conftest import GREEDY, Adapters, make_engine, outputs, run_all
 
 
@@ -38,7 +39,12 @@ def test_the_engine_on_the_kernel_matches_the_torch_path(adapters: Adapters) -> 
         engine.load_adapter("r8", str(adapters.paths["r8"]))
         ids = [
             engine.add_request(
-                [7 + i, 300, 41, 9, 5 * i + 2], GREEDY, adapter=name, use_cache=False
+                EngineRequest(
+                    prompt_token_ids=(7 + i, 300, 41, 9, 5 * i + 2),
+                    params=GREEDY,
+                    adapter=name,
+                    cache=False,
+                )
             )
             for i, name in enumerate(("r4", None, "r8"))
         ]

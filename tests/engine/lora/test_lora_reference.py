@@ -11,6 +11,7 @@ from engine.lora.batch import LoraBatch
 from engine.lora.peft import read_peft_adapter
 from engine.lora.stacks import LoraStacks
 from engine.model.hf_loader import architecture_from_config
+from engine.request import EngineRequest
 from tests.engine.lora.conftest import (
     GREEDY,
     Adapters,
@@ -32,7 +33,9 @@ def _generate(model: Path, adapter: tuple[str, Path] | None) -> tuple[list[int],
     if adapter is not None:
         name = adapter[0]
         engine.load_adapter(name, str(adapter[1]))
-    rid = engine.add_request(PROMPT, GREEDY, adapter=name)
+    rid = engine.add_request(
+        EngineRequest(prompt_token_ids=tuple(PROMPT), params=GREEDY, adapter=name)
+    )
     run_all(engine)
     return outputs(engine, rid), torch.cat(log)
 

@@ -6,6 +6,7 @@ import pytest
 
 from engine.errors import AdapterInUseError, AdapterNotFoundError, InvalidRequestError
 from engine.llm_engine import LLMEngine
+from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 from engine.scheduler.output import SchedulerOutput
 from tests.engine.lora.conftest import GREEDY, Adapters, make_engine, outputs, run_all
@@ -28,7 +29,11 @@ def _alone(adapters: Adapters) -> dict[str | None, list[int]]:
     _load(engine, adapters, ("r4", "r8", "r16", "r8b", "r4b"))
     alone: dict[str | None, list[int]] = {}
     for i, name in enumerate((None, "r4", "r8", "r16", "r8b", "r4b")):
-        rid = engine.add_request(_prompt(i), GREEDY, adapter=name, use_cache=False)
+        rid = engine.add_request(
+            EngineRequest(
+                prompt_token_ids=tuple(_prompt(i)), params=GREEDY, adapter=name, cache=False
+            )
+        )
         run_all(engine)
         alone[name] = outputs(engine, rid)
     return alone
@@ -45,7 +50,11 @@ def test_a_mixed_batch_gives_each_request_its_own_output(
     engine = make_engine(adapters.model)
     _load(engine, adapters)
     ids = {
-        name: engine.add_request(_prompt(i), GREEDY, adapter=name, use_cache=False)
+        name: engine.add_request(
+            EngineRequest(
+                prompt_token_ids=tuple(_prompt(i)), params=GREEDY, adapter=name, cache=False
+            )
+        )
         for i, name in enumerate((None, *NAMES))
     }
     batch_sizes: list[int] = []
@@ -65,7 +74,9 @@ def test_the_cache_is_per_adapter_and_per_content(adapters: Adapters, tmp_path) 
     prompt = list(range(100, 120))
 
     def cached(adapter: str | None) -> int:
-        rid = engine.add_request(prompt, GREEDY, adapter=adapter)
+        rid = engine.add_request(
+            EngineRequest(prompt_token_ids=tuple(prompt), params=GREEDY, adapter=adapter)
+        )
         run_all(engine)
         return engine.finished[rid].seqs[0].num_cached_tokens
 
@@ -86,21 +97,27 @@ def test_load_and_unload_while_requests_run(adapters: Adapters) -> None:
     info = engine.load_adapter("r4", str(adapters.paths["r4"]))
     assert (info.rank, info.alpha, info.target_modules[0]) == (4, 8.0, "q_proj")
     long = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
-    rid = engine.add_request(_prompt(1), long, adapter="r4", use_cache=False)
+    rid = engine.add_request(
+        EngineRequest(prompt_token_ids=tuple(_prompt(1)), params=long, adapter="r4", cache=False)
+    )
     engine.step()
     with pytest.raises(AdapterInUseError):
         engine.unload_adapter("r4")
     with pytest.raises(AdapterInUseError):
         engine.load_adapter("r4", str(adapters.paths["r8b"]))  # no swap under a live request
     engine.load_adapter("r8", str(adapters.paths["r8"]))  # loading another is fine mid-run
-    rid8 = engine.add_request(_prompt(2), GREEDY, adapter="r8", use_cache=False)
+    rid8 = engine.add_request(
+        EngineRequest(prompt_token_ids=tuple(_prompt(2)), params=GREEDY, adapter="r8", cache=False)
+    )
     run_all(engine)
     assert outputs(engine, rid8) == _alone_tokens(adapters, "r8", 2)
     assert len(outputs(engine, rid)) == 12
     engine.unload_adapter("r4")
     assert [a.name for a in engine.adapters()] == ["r8"]
     with pytest.raises(InvalidRequestError) as err:
-        engine.add_request(_prompt(1), GREEDY, adapter="r4")
+        engine.add_request(
+            EngineRequest(prompt_token_ids=tuple(_prompt(1)), params=GREEDY, adapter="r4")
+        )
     assert isinstance(err.value, AdapterNotFoundError) and err.value.code == "adapter_not_found"
     with pytest.raises(AdapterNotFoundError):
         engine.unload_adapter("r4")
@@ -110,7 +127,9 @@ def test_load_and_unload_while_requests_run(adapters: Adapters) -> None:
 def _alone_tokens(adapters: Adapters, name: str, i: int) -> list[int]:
     engine = make_engine(adapters.model)
     engine.load_adapter(name, str(adapters.paths[name]))
-    rid = engine.add_request(_prompt(i), GREEDY, adapter=name, use_cache=False)
+    rid = engine.add_request(
+        EngineRequest(prompt_token_ids=tuple(_prompt(i)), params=GREEDY, adapter=name, cache=False)
+    )
     run_all(engine)
     return outputs(engine, rid)
 
@@ -126,7 +145,13 @@ def test_more_adapters_than_slots_all_finish_and_every_row_reads_its_own_slot(
     for tenant in ("t:a", "t:b"):
         for name, i in order:
             ids[(tenant, name)] = engine.add_request(
-                _prompt(i), GREEDY, adapter=name, use_cache=False, fairness_key=tenant
+                EngineRequest(
+                    prompt_token_ids=tuple(_prompt(i)),
+                    params=GREEDY,
+                    adapter=name,
+                    cache=False,
+                    fairness_key=tenant,
+                )
             )
     loads: list[tuple[int, str]] = []
     take = engine.lora.slots.take_loads
@@ -166,7 +191,11 @@ def test_stats_count_requests_per_adapter(adapters: Adapters) -> None:
     engine = make_engine(adapters.model, max_loras=1)
     _load(engine, adapters, ("r4", "r8"))
     for name in ("r4", "r4", "r8", None):
-        engine.add_request(_prompt(0), GREEDY, adapter=name, use_cache=False)
+        engine.add_request(
+            EngineRequest(
+                prompt_token_ids=tuple(_prompt(0)), params=GREEDY, adapter=name, cache=False
+            )
+        )
     engine.step()
     stats = engine.stats()
     assert stats.max_loras == 1
@@ -196,11 +225,27 @@ def test_a_tenant_waiting_for_a_slot_is_not_overtaken(adapters: Adapters) -> Non
     engine = make_engine(adapters.model, max_loras=1, scheduling_policy="fair", max_num_seqs=2)
     _load(engine, adapters, ("r4", "r8"))
     a_ids = [
-        engine.add_request(_prompt(i), GREEDY, adapter="r4", use_cache=False, fairness_key="t:a")
+        engine.add_request(
+            EngineRequest(
+                prompt_token_ids=tuple(_prompt(i)),
+                params=GREEDY,
+                adapter="r4",
+                cache=False,
+                fairness_key="t:a",
+            )
+        )
         for i in range(6)
     ]
     engine.step()  # a's first two run and pin the only slot
-    b_id = engine.add_request(_prompt(9), GREEDY, adapter="r8", use_cache=False, fairness_key="t:b")
+    b_id = engine.add_request(
+        EngineRequest(
+            prompt_token_ids=tuple(_prompt(9)),
+            params=GREEDY,
+            adapter="r8",
+            cache=False,
+            fairness_key="t:b",
+        )
+    )
     order: list[str] = []
 
     def check(e: LLMEngine) -> None:
@@ -227,8 +272,12 @@ def test_an_adapter_changed_on_disk_fails_its_requests_only(adapters: Adapters, 
 
     other = make_peft_adapter(tmp_path / "other", adapters.model, 4, 8, seed=42)
     shutil.copy(other / "adapter_model.safetensors", folder)  # same shapes, new weights
-    bad = engine.add_request(_prompt(1), GREEDY, adapter="r4", use_cache=False)
-    good = engine.add_request(_prompt(2), GREEDY, adapter="r8", use_cache=False)
+    bad = engine.add_request(
+        EngineRequest(prompt_token_ids=tuple(_prompt(1)), params=GREEDY, adapter="r4", cache=False)
+    )
+    good = engine.add_request(
+        EngineRequest(prompt_token_ids=tuple(_prompt(2)), params=GREEDY, adapter="r8", cache=False)
+    )
     run_all(engine)
     failures = dict(engine.take_failures())
     assert set(failures) == {bad} and "changed on disk" in str(failures[bad])
@@ -241,7 +290,9 @@ def test_adapters_report_where_their_weights_are(adapters: Adapters) -> None:
     engine = make_engine(adapters.model, max_loras=1, max_cpu_loras=1)
     _load(engine, adapters, ("r4", "r8"))  # r8's weights push r4's out of host memory
     assert {a.name: a.location for a in engine.adapters()} == {"r4": "disk", "r8": "host"}
-    engine.add_request(_prompt(1), GREEDY, adapter="r4", use_cache=False)
+    engine.add_request(
+        EngineRequest(prompt_token_ids=tuple(_prompt(1)), params=GREEDY, adapter="r4", cache=False)
+    )
     engine.step()
     # r4 is read again into host memory (evicting r8's weights) and copied to the slot.
     assert {a.name: a.location for a in engine.adapters()} == {"r4": "device", "r8": "disk"}
@@ -261,12 +312,20 @@ def test_an_adapter_without_a_slot_starts_within_a_quantum_while_others_go_on(
     long = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
     short = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
     first = {
-        name: engine.add_request(_prompt(i), long, adapter=name, use_cache=False)
+        name: engine.add_request(
+            EngineRequest(
+                prompt_token_ids=tuple(_prompt(i)), params=long, adapter=name, cache=False
+            )
+        )
         for i, name in enumerate(("r4", "r8"))
     }
     engine.step()
-    r16 = engine.add_request(_prompt(2), short, adapter="r16", use_cache=False)
-    base = engine.add_request(_prompt(3), short, use_cache=False)
+    r16 = engine.add_request(
+        EngineRequest(prompt_token_ids=tuple(_prompt(2)), params=short, adapter="r16", cache=False)
+    )
+    base = engine.add_request(
+        EngineRequest(prompt_token_ids=tuple(_prompt(3)), params=short, cache=False)
+    )
     steps = [1]
     started: dict[str, int] = {}
     paused: set[str] = set()
@@ -291,6 +350,10 @@ def test_an_adapter_without_a_slot_starts_within_a_quantum_while_others_go_on(
         r16: ("r16", 2, short),
         base: (None, 3, short),
     }.items():
-        alone = reference.add_request(_prompt(i), params, adapter=name, use_cache=False)
+        alone = reference.add_request(
+            EngineRequest(
+                prompt_token_ids=tuple(_prompt(i)), params=params, adapter=name, cache=False
+            )
+        )
         run_all(reference)
         assert outputs(engine, rid) == outputs(reference, alone), name

@@ -4,6 +4,7 @@ adapter, so greedy output is what each adapter gives without speculation."""
 from __future__ import annotations
 
 from engine.llm_engine import LLMEngine
+from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 from tests.engine.lora.conftest import Adapters, make_engine, outputs, run_all
 from tests.utils.spec_proposers import SometimesWrong
@@ -17,7 +18,13 @@ def _run(engine: LLMEngine, adapters: Adapters) -> dict[str | None, list[int]]:
         assert name is not None
         engine.load_adapter(name, str(adapters.paths[name]))
     ids = {
-        name: engine.add_request([5 + i, 300, 301, 302, 5 + i, 300, 301] * 3, LONG, adapter=name)
+        name: engine.add_request(
+            EngineRequest(
+                prompt_token_ids=tuple([5 + i, 300, 301, 302, 5 + i, 300, 301] * 3),
+                params=LONG,
+                adapter=name,
+            )
+        )
         for i, name in enumerate(NAMES)
     }
     run_all(engine)

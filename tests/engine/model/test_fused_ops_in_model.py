@@ -28,6 +28,7 @@ from engine.model.fused import (
 )
 from engine.model.hf_loader import architecture_from_config
 from engine.model.llama import LlamaForCausalLM
+from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 from tests.engine.runner.factory import tiny_arch, tiny_engine, tiny_model
 from tests.utils.model_step import ModelStepper
@@ -165,7 +166,9 @@ def _engine_outputs(
         max_num_seqs=4,
     )
     params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=0)
-    ids = [engine.add_request(p, params) for p in PROMPTS]
+    ids = [
+        engine.add_request(EngineRequest(prompt_token_ids=tuple(p), params=params)) for p in PROMPTS
+    ]
     while engine.has_unfinished():
         engine.step()
     outs = [engine.finished.pop(i).to_output().outputs[0] for i in ids]

@@ -25,6 +25,7 @@ from engine.kv_cache.kv_events import (
 )
 from engine.kv_events_publisher import KVEventPublisher
 from engine.llm_engine import LLMEngine
+from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 from tests.gateway.conftest import free_port
 from tests.utils.fast_fake_model import fast_fake_llm_engine
@@ -35,7 +36,12 @@ BLOCK = 16
 def run(engine: LLMEngine, prompt: list[int], domain: str, rid: str) -> None:
     """Serves one greedy request to its end."""
     engine.add_request(
-        prompt, SamplingParams(max_tokens=2, temperature=0.0), request_id=rid, cache_domain=domain
+        EngineRequest(
+            prompt_token_ids=tuple(prompt),
+            params=SamplingParams(max_tokens=2, temperature=0.0),
+            request_id=rid,
+            cache_domain=domain,
+        )
     )
     while engine.has_unfinished():
         engine.step()

@@ -15,6 +15,7 @@ import torch
 
 import engine.runner.model_runner as model_runner
 from engine.llm_engine import LLMEngine
+from engine.request import EngineRequest
 from engine.runner.block_table import BlockTable
 from engine.runner.inputs import StepInputs, build_step_inputs
 from engine.sampling_params import SamplingParams
@@ -158,7 +159,7 @@ def test_tables_stay_right_through_preemption_abort_and_row_reuse(checked: _Chec
     for wave in range(3):  # later waves reuse the rows the earlier ones released
         for _ in range(8):
             prompt = [rng.randrange(100, 5000) for _ in range(rng.randrange(3, 30))]
-            engine.add_request(prompt, params)
+            engine.add_request(EngineRequest(prompt_token_ids=tuple(prompt), params=params))
         _run(engine, abort_every=7 if wave == 1 else 0)
     assert checked.preempted > 0  # the small pool forced preemptions
     assert engine.runner.block_table.num_live_rows == 0  # every row was released
@@ -173,13 +174,18 @@ def test_tables_follow_swapped_prefix_blocks(checked: _Checked) -> None:
     prompt = list(range(200, 218))  # 4 full blocks and a partial one
     engine.kv.publish_prefix(prompt[:16])
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
-    ids = [engine.add_request(prompt, params, cache_domain=f"t{i}") for i in range(3)]
+    ids = [
+        engine.add_request(
+            EngineRequest(prompt_token_ids=tuple(prompt), params=params, cache_domain=f"t{i}")
+        )
+        for i in range(3)
+    ]
     engine.step()  # the prefill of all three
     seqs = [engine.requests[i].seqs[0] for i in ids]
     assert seqs[0].block_ids[:4] == seqs[1].block_ids[:4] == seqs[2].block_ids[:4]
     assert len({s.block_ids[4] for s in seqs}) == 3  # the partial blocks stay private
     # The freed duplicates go to new requests that write into them.
-    engine.add_request(list(range(900, 930)), params)
+    engine.add_request(EngineRequest(prompt_token_ids=tuple(list(range(900, 930))), params=params))
     _run(engine)
     assert checked.steps > 10
     engine.kv.check_integrity()
@@ -188,7 +194,12 @@ def test_tables_follow_swapped_prefix_blocks(checked: _Checked) -> None:
 def test_a_throwaway_table_equals_the_persistent_one() -> None:
     engine = fast_fake_llm_engine(num_blocks=64, block_size=4, max_num_seqs=4)
     for n in (5, 9, 13):
-        engine.add_request(list(range(300, 300 + n)), SamplingParams(max_tokens=6))
+        engine.add_request(
+            EngineRequest(
+                prompt_token_ids=tuple(list(range(300, 300 + n))),
+                params=SamplingParams(max_tokens=6),
+            )
+        )
     while engine.scheduler.has_unfinished():
         output = engine.scheduler.schedule()
         fresh = build_step_inputs(output, 4, torch.device("cpu"))
@@ -208,7 +219,11 @@ def test_a_table_grown_inside_a_step_is_released_outside_it(checked: _Checked) -
     )
     params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
     for i in range(12):
-        engine.add_request(list(range(1000 + i, 1000 + i + 120 + 9 * i)), params)
+        engine.add_request(
+            EngineRequest(
+                prompt_token_ids=tuple(list(range(1000 + i, 1000 + i + 120 + 9 * i))), params=params
+            )
+        )
     _run(engine)
     assert engine.runner.block_table.num_live_rows == 0
     assert checked.steps >= 5

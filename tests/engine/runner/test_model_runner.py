@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from engine.llm_engine import LLMEngine, build_config
+from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 from tests.engine.runner.factory import tiny_arch, tiny_engine, tiny_model
 
@@ -29,7 +30,9 @@ def _engine(dtype: torch.dtype, **options: object) -> LLMEngine:
 
 
 def _greedy_tokens(engine: LLMEngine, params: SamplingParams) -> list[list[int]]:
-    ids = [engine.add_request(p, params) for p in PROMPTS]
+    ids = [
+        engine.add_request(EngineRequest(prompt_token_ids=tuple(p), params=params)) for p in PROMPTS
+    ]
     while engine.has_unfinished():
         engine.step()
     return [list(engine.finished.pop(i).to_output().outputs[0].token_ids) for i in ids]
@@ -116,7 +119,7 @@ def test_a_greedy_step_reads_the_device_once(phase: str) -> None:
     engine = _engine(torch.float32)
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     for prompt in PROMPTS:
-        engine.add_request(prompt, params)
+        engine.add_request(EngineRequest(prompt_token_ids=tuple(prompt), params=params))
     if phase == "decode":
         engine.step()  # the whole prefill fits one step; from here every row decodes
     execute = engine.runner.execute
@@ -138,7 +141,7 @@ def _host_reads_of_one_sampled_step(num_prompts: int) -> list[str]:
     engine = _engine(torch.float32)
     params = SamplingParams(temperature=0.8, top_p=0.9, top_k=50, max_tokens=4, seed=7)
     for prompt in (PROMPTS * 4)[:num_prompts]:
-        engine.add_request(prompt, params)
+        engine.add_request(EngineRequest(prompt_token_ids=tuple(prompt), params=params))
     engine.step()
     execute = engine.runner.execute
     seen: list[str] = []

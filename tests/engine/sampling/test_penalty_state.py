@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from engine.llm_engine import LLMEngine
+from engine.request import EngineRequest
 from engine.sampling import penalties
 from engine.sampling.penalties import apply_all, apply_presence_frequency
 from engine.sampling.penalty_state import PenaltyState
@@ -247,9 +248,18 @@ def _run_penalised(engine: LLMEngine) -> tuple[list[list[list[int]]], int]:
     common: dict[str, Any] = {"max_tokens": 16, "ignore_eos": True}
     ids = []
     for prompt, params in requests:
-        ids.append(engine.add_request(prompt, dataclasses.replace(params, **common)))
+        ids.append(
+            engine.add_request(
+                EngineRequest(
+                    prompt_token_ids=tuple(prompt), params=dataclasses.replace(params, **common)
+                )
+            )
+        )
     aborted = engine.add_request(
-        [1, 2, 3], SamplingParams(temperature=0.0, max_tokens=16, repetition_penalty=2.0)
+        EngineRequest(
+            prompt_token_ids=(1, 2, 3),
+            params=SamplingParams(temperature=0.0, max_tokens=16, repetition_penalty=2.0),
+        )
     )
     preempted = 0
     steps = 0
@@ -261,10 +271,12 @@ def _run_penalised(engine: LLMEngine) -> tuple[list[list[list[int]]], int]:
             # Re-admitted into the freed slot.
             ids.append(
                 engine.add_request(
-                    [1, 2, 3],
-                    SamplingParams(
-                        temperature=0.0, max_tokens=10, repetition_penalty=2.0, ignore_eos=True
-                    ),
+                    EngineRequest(
+                        prompt_token_ids=(1, 2, 3),
+                        params=SamplingParams(
+                            temperature=0.0, max_tokens=10, repetition_penalty=2.0, ignore_eos=True
+                        ),
+                    )
                 )
             )
         for state in engine.requests.values():
@@ -288,7 +300,10 @@ def test_engine_outputs_with_penalties_equal_the_reference_path() -> None:
     # The penalties did change greedy output (else this compares nothing).
     plain = _engine()
     rid = plain.add_request(
-        [100, 7, 7, 7], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+        EngineRequest(
+            prompt_token_ids=(100, 7, 7, 7),
+            params=SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True),
+        )
     )
     while plain.has_unfinished():
         plain.step()

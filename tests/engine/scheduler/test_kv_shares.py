@@ -10,6 +10,7 @@ import pytest
 
 from engine.errors import KVQuotaExceededError
 from engine.kv_cache.cache_rules import CacheRules, DomainRule
+from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 from engine.scheduler.prefill_shares import GRACE_STEPS
 from engine.sequence import Sequence
@@ -157,12 +158,33 @@ def test_a_request_that_can_never_fit_its_quota_is_refused() -> None:
     engine.kv.apply_rules(CacheRules(domains=(("t:a", DomainRule(kv_quota_blocks=2)),)))
     params = SamplingParams(max_tokens=20, temperature=0)
     with pytest.raises(KVQuotaExceededError, match="KV quota of 2 blocks") as caught:
-        engine.add_request(list(range(1, 20)), params, fairness_key="t:a", cache_domain="t:a")
+        engine.add_request(
+            EngineRequest(
+                prompt_token_ids=tuple(list(range(1, 20))),
+                params=params,
+                fairness_key="t:a",
+                cache_domain="t:a",
+            )
+        )
     assert caught.value.param == "max_tokens"
     assert not engine.scheduler.has_unfinished()
     # 12 + 20 tokens fit 2 blocks of 16; another tenant is not bound by a's quota.
-    engine.add_request(list(range(1, 13)), params, fairness_key="t:a", cache_domain="t:a")
-    engine.add_request(list(range(1, 40)), params, fairness_key="t:b", cache_domain="t:b")
+    engine.add_request(
+        EngineRequest(
+            prompt_token_ids=tuple(list(range(1, 13))),
+            params=params,
+            fairness_key="t:a",
+            cache_domain="t:a",
+        )
+    )
+    engine.add_request(
+        EngineRequest(
+            prompt_token_ids=tuple(list(range(1, 40))),
+            params=params,
+            fairness_key="t:b",
+            cache_domain="t:b",
+        )
+    )
     assert engine.scheduler.num_waiting == 2
 
 

@@ -11,6 +11,7 @@ from safetensors.torch import save_file
 
 from engine.llm_engine import LLMEngine
 from engine.model.hf_loader import architecture_from_config
+from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 from engine.speculative.draft import DraftMismatchError, DraftProposer
 from tests.utils.tiny_model import make_tiny_model_dir, random_state_dict
@@ -34,7 +35,10 @@ def _run(target: pathlib.Path, **options: object) -> tuple[list[list[int]], LLME
         str(target), block_size=BLOCK, num_blocks=96, speculative_max_batch=64, **options
     )
     engine.keep_finished = True
-    ids = [engine.add_request(p, GREEDY) for p in _prompts()]
+    ids = [
+        engine.add_request(EngineRequest(prompt_token_ids=tuple(p), params=GREEDY))
+        for p in _prompts()
+    ]
     while engine.has_unfinished():
         engine.step()
         engine.kv.check_integrity()

@@ -10,6 +10,7 @@ import pytest
 
 from engine.llm_engine import LLMEngine
 from engine.model.loader import default_model_path
+from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.slow
@@ -26,7 +27,11 @@ def _generate(**options: object) -> tuple[list[int], LLMEngine]:
         "The three primary colours are red, yellow and blue. The three"
     )
     engine.add_request(
-        prompt, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True), request_id="c"
+        EngineRequest(
+            prompt_token_ids=tuple(prompt),
+            params=SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
+            request_id="c",
+        )
     )
     while engine.has_unfinished():
         engine.step()

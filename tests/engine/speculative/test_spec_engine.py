@@ -11,6 +11,7 @@ import pytest
 
 from engine.kv_cache.manager import KVCacheManager
 from engine.llm_engine import LLMEngine
+from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 from engine.structured.spec import StructuredSpec
 from tests.utils.spec_proposers import SometimesWrong
@@ -53,7 +54,9 @@ def _run(
         engine.speculator.proposer = SometimesWrong()
     engine.keep_finished = True
     for i, prompt in enumerate(prompts):
-        engine.add_request(prompt, params, request_id=f"r{i}")
+        engine.add_request(
+            EngineRequest(prompt_token_ids=tuple(prompt), params=params, request_id=f"r{i}")
+        )
     while engine.has_unfinished():
         engine.step()
         if check:
@@ -104,7 +107,11 @@ def test_prefix_cache_hits_give_the_same_tokens(tiny_model: pathlib.Path) -> Non
     engine = LLMEngine.from_options(str(tiny_model), block_size=BLOCK, num_blocks=128, **SPEC)
     engine.keep_finished = True
     for rid in ("first", "again"):
-        engine.add_request(prompt + plain["r0"][0][:20], GREEDY, request_id=rid)
+        engine.add_request(
+            EngineRequest(
+                prompt_token_ids=tuple(prompt + plain["r0"][0][:20]), params=GREEDY, request_id=rid
+            )
+        )
         while engine.has_unfinished():
             engine.step()
     assert engine.stats().prefix_cache_hits > 0
@@ -247,7 +254,9 @@ def test_a_stop_string_inside_an_accepted_draft_ends_the_text_there(
             str(tiny_model), block_size=BLOCK, num_blocks=128, **options
         )
         engine.keep_finished = True
-        engine.add_request(prompt, params, request_id="s")
+        engine.add_request(
+            EngineRequest(prompt_token_ids=tuple(prompt), params=params, request_id="s")
+        )
         while engine.has_unfinished():
             engine.step()
         state = engine.finished["s"]
@@ -284,7 +293,9 @@ def test_a_retried_verify_step_draws_the_same_tokens(tiny_model: pathlib.Path) -
 
     engine.runner.execute = execute_then_fail  # type: ignore[method-assign]
     for i, prompt in enumerate(prompts):
-        engine.add_request(prompt, seeded, request_id=f"r{i}")
+        engine.add_request(
+            EngineRequest(prompt_token_ids=tuple(prompt), params=seeded, request_id=f"r{i}")
+        )
     while engine.has_unfinished():
         engine.step()
     got = {rid: [s.output_token_ids for s in st.seqs] for rid, st in engine.finished.items()}

@@ -19,6 +19,7 @@ from collections import Counter
 import pytest
 
 from engine.llm_engine import LLMEngine
+from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 from tests.utils.tiny_model import make_tiny_model_dir
@@ -69,7 +70,9 @@ def _samples(
             params = SamplingParams(
                 temperature=TEMPERATURE, max_tokens=3, ignore_eos=True, n=N, seed=seed_base + i
             )
-            engine.add_request(prompt, params, request_id=f"r{i}")
+            engine.add_request(
+                EngineRequest(prompt_token_ids=tuple(prompt), params=params, request_id=f"r{i}")
+            )
         while engine.has_unfinished():
             engine.step()
     outputs = [

@@ -13,6 +13,7 @@ import torch
 
 from engine.llm_engine import LLMEngine
 from engine.outputs import CompletionOutput
+from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 from engine.structured.spec import StructuredSpec
 from engine.structured.token_mask import TokenMask, allowed_tokens, apply_token_mask
@@ -40,7 +41,9 @@ def _run(
 ) -> list[CompletionOutput]:
     """Runs `params` to the end; `whole`: each step waits until every running sequence's
     next mask is filled, so that no row sits a step out."""
-    ids = [engine.add_request(PROMPT, p) for p in params]
+    ids = [
+        engine.add_request(EngineRequest(prompt_token_ids=tuple(PROMPT), params=p)) for p in params
+    ]
     table = engine.runner.matchers
     while engine.has_unfinished():
         while whole and not all(table.ready(s) for s in engine.scheduler.running):
@@ -125,7 +128,9 @@ def test_a_retried_step_rolls_matchers_back(engine: LLMEngine) -> None:
 
 
 def test_rewind_rolls_a_matcher_back_to_the_sequence(engine: LLMEngine) -> None:
-    engine.add_request(PROMPT, _sampled(SPECS[1], 0), request_id="r")
+    engine.add_request(
+        EngineRequest(prompt_token_ids=tuple(PROMPT), params=_sampled(SPECS[1], 0), request_id="r")
+    )
     engine.step()  # prefill: one token sampled and consumed
     (seq,) = engine.requests["r"].seqs
     table = engine.runner.matchers

@@ -13,6 +13,7 @@ import llguidance.torch
 import pytest
 
 from engine.llm_engine import LLMEngine
+from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 from engine.structured.spec import StructuredSpec
 
@@ -34,7 +35,7 @@ def _tokens(engine: LLMEngine, request_id: str) -> list[int]:
 
 
 def _alone(engine: LLMEngine, params: SamplingParams) -> list[int]:
-    request_id = engine.add_request(PROMPT, params)
+    request_id = engine.add_request(EngineRequest(prompt_token_ids=tuple(PROMPT), params=params))
     while engine.has_unfinished():
         engine.step()
     return _tokens(engine, request_id)
@@ -56,8 +57,10 @@ def test_a_slow_mask_holds_only_its_own_request(
         return real_fill(*args)
 
     monkeypatch.setattr(llguidance.torch, "fill_next_token_bitmask", fill)
-    slow = engine.add_request(PROMPT, SLOW)
-    plain = [engine.add_request(PROMPT, p) for p in PLAIN]
+    slow = engine.add_request(EngineRequest(prompt_token_ids=tuple(PROMPT), params=SLOW))
+    plain = [
+        engine.add_request(EngineRequest(prompt_token_ids=tuple(PROMPT), params=p)) for p in PLAIN
+    ]
     slow_tokens_when_plain_done: int | None = None
     for _ in range(10_000):
         if not engine.has_unfinished():

@@ -14,6 +14,7 @@ import llguidance.torch
 import pytest
 
 from engine.llm_engine import LLMEngine
+from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 from engine.structured.matchers import AHEAD_THREADS
 from engine.structured.spec import StructuredSpec
@@ -45,7 +46,10 @@ def test_aborted_requests_leave_no_mask_fill_queued(
         return real_fill(*args)
 
     monkeypatch.setattr(llguidance.torch, "fill_next_token_bitmask", fill)
-    ids = [engine.add_request(PROMPT, _params(seed)) for seed in range(REQUESTS)]
+    ids = [
+        engine.add_request(EngineRequest(prompt_token_ids=tuple(PROMPT), params=_params(seed)))
+        for seed in range(REQUESTS)
+    ]
     # Step until every request sampled its first token: each has a fill queued ahead.
     for _ in range(100):
         if all(engine.requests[r].seqs[0].num_output_tokens >= 1 for r in ids):

@@ -15,6 +15,7 @@ import pytest
 from engine.config import StructuredConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import CompletionOutput
+from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 from engine.structured.compiler import GrammarCompiler
 from engine.structured.grammar import MAX_SCHEMA_DEPTH
@@ -47,7 +48,9 @@ def _compiler(hf: Any) -> GrammarCompiler:
 
 
 def _run(engine: LLMEngine, params: list[SamplingParams]) -> list[CompletionOutput]:
-    ids = [engine.add_request(PROMPT, p) for p in params]
+    ids = [
+        engine.add_request(EngineRequest(prompt_token_ids=tuple(PROMPT), params=p)) for p in params
+    ]
     while engine.has_unfinished():
         engine.step()
     return [engine.finished[i].to_output().outputs[0] for i in ids]
@@ -122,7 +125,10 @@ def test_a_dead_end_ends_its_request_alone_in_one_step(engine: LLMEngine) -> Non
 
     engine.runner.execute = counting  # type: ignore[method-assign]
     steps = 0
-    ids = [engine.add_request(PROMPT, p) for p in [free[0], _dead_end(), free[1]]]
+    ids = [
+        engine.add_request(EngineRequest(prompt_token_ids=tuple(PROMPT), params=p))
+        for p in [free[0], _dead_end(), free[1]]
+    ]
     while engine.has_unfinished():
         engine.step()
         steps += 1
@@ -151,7 +157,10 @@ def test_a_request_over_its_mask_budget_is_ended_and_its_grammar_refused(
         free = SamplingParams(temperature=0.0, max_tokens=8)
         (alone,) = _run(engine, [free])
         params = SamplingParams(temperature=1.0, seed=0, max_tokens=20, structured=spec)
-        ids = [engine.add_request(PROMPT, p) for p in [params, free]]
+        ids = [
+            engine.add_request(EngineRequest(prompt_token_ids=tuple(PROMPT), params=p))
+            for p in [params, free]
+        ]
         while engine.has_unfinished():
             engine.step()
         assert not engine.take_failures()
