@@ -18,6 +18,7 @@ from admin.openapi import install_admin_openapi
 from admin.router import create_admin_router
 from admin.settings import AdminSettings
 from admin.ui import mount_console
+from admin.usage_retention import PURGE_INTERVAL_S, UsageRetention
 from gateway.errors import install_error_handlers
 from server.request_ids import install_request_ids
 from tenancy.auth_throttle import FailureThrottle
@@ -71,16 +72,26 @@ def create_admin_app(services: AdminServices) -> FastAPI:
     return app
 
 
-def with_audit_checkpoints(app: FastAPI, services: AdminServices) -> FastAPI:
-    """`app` whose lifespan runs the audit log's checkpoint timer and, at shutdown, drains
-    the audit writer's queue and then signs the head.
+def with_audit_checkpoints(
+    app: FastAPI, services: AdminServices, *, purge_interval_s: float = PURGE_INTERVAL_S
+) -> FastAPI:
+    """`app` whose lifespan runs the audit log's checkpoint timer and the purge of raw
+    usage past `usage_retention_days` (audited) and, at shutdown, stops the purge,
+    drains the audit writer's queue and then signs the head.
 
     In the lifespan, not after `uvicorn.run` returns: on SIGTERM uvicorn shuts the app
     down, then raises the signal again, and the process ends before any code after it.
     """
     inner = app.router.lifespan_context
+    retention = UsageRetention(
+        services.sessions,
+        retention_days=services.settings.usage_retention_days,
+        audit=services.audit_writer,
+        interval_s=purge_interval_s,
+    )
 
     def close() -> None:
+        retention.close()  # its last purge's record is queued before the writer drains
         services.audit_writer.close()  # records queued before shutdown reach the log...
         services.audit.close()  # ...before the shutdown checkpoint signs its head
 
@@ -88,6 +99,7 @@ def with_audit_checkpoints(app: FastAPI, services: AdminServices) -> FastAPI:
     async def lifespan(a: FastAPI) -> AsyncIterator[None]:
         async with inner(a):
             services.audit.start()
+            retention.start()
             try:
                 yield
             finally:

