@@ -361,6 +361,54 @@ class Settings(BaseSettings):
     # How long a gateway's claim on a batch lasts unrenewed: after a crash, another gateway
     # (or this one, restarted) takes the batch up once it lapses.
     batch_lease_s: float = Field(default=30.0, ge=5.0, le=3600.0, allow_inf_nan=False)
+    # The files' bodies in an S3-compatible bucket (AWS, MinIO, Ceph...) under
+    # <prefix>/<tenant>/<file id>, so several gateways share them; empty: <data_dir>/files.
+    # Credentials: the two keys below, else boto3's chain (AWS_ACCESS_KEY_ID, a role).
+    files_s3_bucket: str = ""
+    files_s3_endpoint_url: str | None = None  # None: AWS itself
+    files_s3_region: str | None = None
+    files_s3_prefix: str = "cloister-files"
+    files_s3_access_key_id: str | None = None
+    files_s3_secret_access_key: SecretStr | None = None
+    files_s3_timeout_s: float = Field(default=10.0, gt=0.0, le=300.0, allow_inf_nan=False)
+
+    @field_validator("files_s3_bucket")
+    @classmethod
+    def _check_files_s3_bucket(cls, value: str) -> str:
+        """A bucket name, or empty."""
+        from server.file_store_settings import check_bucket
+
+        return check_bucket(value)
+
+    @field_validator("files_s3_endpoint_url")
+    @classmethod
+    def _check_files_s3_endpoint_url(cls, value: str | None) -> str | None:
+        """An http(s) URL without credentials, or None."""
+        from server.file_store_settings import check_endpoint_url
+
+        return check_endpoint_url(value)
+
+    @field_validator("files_s3_prefix")
+    @classmethod
+    def _check_files_s3_prefix(cls, value: str) -> str:
+        """Safe key path segments."""
+        from server.file_store_settings import check_prefix
+
+        return check_prefix(value)
+
+    @model_validator(mode="after")
+    def _check_files_s3_combination(self) -> Settings:
+        from server.file_store_settings import check_combination
+
+        secret = self.files_s3_secret_access_key
+        check_combination(
+            self.files_s3_bucket,
+            self.files_s3_endpoint_url,
+            self.files_s3_access_key_id or None,
+            bool(secret and secret.get_secret_value()),
+        )
+        return self
+
     # How tool calls are written and parsed: auto picks the format from the chat
     # template; none refuses requests with tools.
     tool_parser: Literal["auto", "hermes", "llama3_json", "smollm2", "mistral", "none"] = "auto"

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from gateway.batch_api.blob_factory import files_location
 from gateway.engine_client import EngineClient
 from server.logging_setup import MESSAGE_HAS_FIELDS
 from server.settings import Settings
@@ -63,6 +64,7 @@ class StartupSummary:
     urls: dict[str, str]
     # "speculative decoding off", or its method, draft length and batch limit.
     decoding: str = "speculative decoding off"
+    files: str = ""  # where the Batch API's file bodies live ("": not shown)
 
     def text(self) -> str:
         """The block, one line per item, for a person."""
@@ -87,6 +89,8 @@ class StartupSummary:
         lines.append(f"  {'decoding':<10} {self.decoding}")
         lines.append(f"  {'isolation':<10} {self.isolation}")
         lines.append(f"  {'fairness':<10} {self.fairness}")
+        if self.files:
+            lines.append(f"  {'files':<10} {self.files}")
         lines.extend(f"  {name:<10} {url}" for name, url in self.urls.items())
         return "\n".join(lines)
 
@@ -161,6 +165,7 @@ def build_summary(
         isolation=isolation,
         fairness=fairness,
         decoding=describe_speculation(engine_options),
+        files=files_location(settings),
         urls={
             "API": f"{base}/v1",
             "console": f"{base}/admin",

@@ -124,6 +124,8 @@ def run_server(settings: Settings, *, engine: Any | None = None) -> None:
     from engine.errors import UnsupportedModelError
     from engine.kv_events_endpoint import KVEventsEndpointError
     from engine.process_engine import EngineStartError
+    from gateway.batch_api.blob_factory import check_file_store
+    from gateway.batch_api.blob_store import FileStoreConfigError
     from server.logging_setup import configure_logging
     from server.process_tuning import loaded_objects_frozen, short_gil_switch_interval
     from server.telemetry import TelemetryUnavailableError, check_exporter
@@ -144,6 +146,7 @@ def run_server(settings: Settings, *, engine: Any | None = None) -> None:
             serve_engine_options(settings)
             check_model_files(settings)
         check_exporter(settings.otel_exporter, settings.otel_protocol)
+        check_file_store(settings)  # a files bucket that cannot be reached, before any model
         configure_logging(settings.log_level, fmt=settings.log_format)
         first_start = prepare_database(settings)
         app = build_app(settings, engine=engine)
@@ -154,6 +157,7 @@ def run_server(settings: Settings, *, engine: Any | None = None) -> None:
         EngineStartError,  # the engine process could not build its engine
         SecretMismatchError,  # another key pepper, session or audit key than the database's
         UnsupportedModelError,  # a model file that cannot be read or run, by name
+        FileStoreConfigError,  # a files bucket that cannot be used, by bucket and endpoint
     ) as exc:
         raise click.ClickException(str(exc)) from None
     with_audit_checkpoints(app, app.state.admin_services)  # every T s and at shutdown

@@ -7,8 +7,12 @@ batch traffic class, and its result is stored before the line counts as done, so
 restarted server resumes a batch without running a line twice or losing one.
 
     tables       the database rows: files, batches, line results
-    file_store   file metadata in the database, bytes in the data directory
+    file_store   file metadata in the database, bytes in a blob store
+    blob_store   the blob store protocol and the data directory's (<data_dir>/files)
+    s3_blob_store  bytes in an S3-compatible bucket (boto3), when one is configured
+    blob_factory   the store the settings name, checked at start
     file_upload  a multipart upload streamed to disk under size and line caps
+    content_stream  a file's bytes streamed to the client from its store
     batch_lines  one input line: parsed and checked against the batch's endpoint
     batch_store  batches: create, read, cancel, progress, results, finalize
     line_call    one line sent through the gateway app in-process

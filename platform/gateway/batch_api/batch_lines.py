@@ -11,7 +11,7 @@ import json
 from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 MAX_CUSTOM_ID_CHARS = 512
@@ -38,10 +38,11 @@ class LineError:
     message: str
 
 
-def read_lines(path: Path) -> Generator[tuple[int, bytes], None, None]:
-    """(line number from 0, bytes) of each non-blank line of a JSONL file, read lazily."""
-    with path.open("rb") as source:
-        for number, raw in enumerate(source):
+def read_lines(source: Path | IO[bytes]) -> Generator[tuple[int, bytes], None, None]:
+    """(line number from 0, bytes) of each non-blank line of a JSONL file or stream (closed
+    at the end), read lazily."""
+    with source.open("rb") if isinstance(source, Path) else source as stream:
+        for number, raw in enumerate(stream):
             if raw.strip():
                 yield number, raw
 
@@ -101,7 +102,7 @@ def estimate_tokens(raw: bytes, body: dict[str, Any] | None) -> int:
     return len(raw) // 4 + cap
 
 
-def survey(path: Path, endpoint: str) -> FileSurvey:
+def survey(path: Path | IO[bytes], endpoint: str) -> FileSurvey:
     """Scans an input file once: its runnable and broken lines, the tokens, repeated ids."""
     lines = tokens = 0
     seen: set[str] = set()

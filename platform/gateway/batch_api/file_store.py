@@ -1,21 +1,32 @@
-"""Tenant files: metadata rows in the database, bytes under <data_dir>/files.
+"""Tenant files: metadata rows in the database, bytes in a `BlobStore` (the data
+directory's <data_dir>/files, or an S3-compatible bucket).
 
 Every read names the tenant: a file of another tenant is the same "not found" as a
-file that never existed. Blocking (database, disk): callers run it in a worker thread.
+file that never existed, and a body's key is built from the row's own tenant. Uploads
+are received into <root>/.staging on local disk first, whatever the store. Blocking
+(database, disk, network): callers run it in a worker thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
-import os
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from gateway.batch_api.blob_store import (
+    STAGING_DIR,
+    BlobMissingError,
+    BlobStore,
+    LocalBlobStore,
+    blob_key,
+)
 from gateway.batch_api.errors import QuotaExceededError, ResourceNotFoundError, well_formed_id
 from gateway.batch_api.tables import StoredFile
 from tenancy.models import utcnow
@@ -76,14 +87,21 @@ def new_file_id() -> str:
 class FileStore:
     """Files per tenant; see the module docstring."""
 
-    def __init__(self, sessions: sessionmaker[Session], root: Path, limits: FileLimits) -> None:
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        root: Path,
+        limits: FileLimits,
+        blobs: BlobStore | None = None,
+    ) -> None:
         self._sessions = sessions
         self._root = root
         self.limits = limits
+        self.blobs: BlobStore = blobs if blobs is not None else LocalBlobStore(root)
 
     def staging_path(self) -> Path:
-        """A fresh path for an upload being received (moved into place by `add`)."""
-        staging = self._root / ".staging"
+        """A fresh path for an upload being received (stored by `add`)."""
+        staging = self._root / STAGING_DIR
         staging.mkdir(parents=True, exist_ok=True, mode=0o700)
         return staging / secrets.token_hex(16)
 
@@ -115,15 +133,14 @@ class FileStore:
     def add(
         self, tenant_id: str, *, filename: str, purpose: str, staged: Path, size: int, lines: int
     ) -> FileInfo:
-        """Moves a received upload into place and records it (rechecking the caps, since
-        other uploads of the tenant may have landed meanwhile)."""
+        """Stores a received upload and records it (rechecking the caps, since other
+        uploads of the tenant may have landed meanwhile). The body is stored before the
+        row exists, so a listed file always has its bytes."""
         try:
             self.check_room(tenant_id, size)
             file_id = new_file_id()
-            relative = Path(tenant_id) / file_id
-            target = self._root / relative
-            target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            os.replace(staged, target)
+            key = blob_key(tenant_id, file_id)
+            self.blobs.put_staged(key, staged)
         finally:
             staged.unlink(missing_ok=True)
         row = StoredFile(
@@ -133,11 +150,16 @@ class FileStore:
             purpose=purpose,
             bytes=size,
             lines=lines,
-            path=str(relative),
+            path=key,
             created_at=utcnow(),
         )
-        with self._sessions.begin() as session:
-            session.add(row)
+        try:
+            with self._sessions.begin() as session:
+                session.add(row)
+        except Exception:
+            with contextlib.suppress(Exception):  # the row's error is the one to report
+                self.blobs.delete(key)
+            raise
         return self.get(tenant_id, file_id)
 
     def write_generated(
@@ -145,19 +167,17 @@ class FileStore:
     ) -> FileInfo:
         """Writes a batch's output or error file under a fixed id; writing it again (a
         finalization redone after a restart) replaces it, so it never exists twice."""
-        relative = Path(tenant_id) / file_id
-        target = self._root / relative
-        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        partial = target.with_suffix(".partial")
+        key = blob_key(tenant_id, file_id)
         size = lines = 0
-        with partial.open("wb") as out:
+
+        def counted() -> Iterator[bytes]:
+            nonlocal size, lines
             for chunk in chunks:
-                out.write(chunk)
                 size += len(chunk)
                 lines += chunk.count(b"\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(partial, target)
+                yield chunk
+
+        self.blobs.put_chunks(key, counted())
         with self._sessions.begin() as session:
             row = session.get(StoredFile, file_id)
             if row is None:
@@ -167,7 +187,7 @@ class FileStore:
             row.purpose = OUTPUT_PURPOSE
             row.bytes = size
             row.lines = lines
-            row.path = str(relative)
+            row.path = key
         return self.get(tenant_id, file_id)
 
     def get(self, tenant_id: str, file_id: str) -> FileInfo:
@@ -175,10 +195,18 @@ class FileStore:
         with self._sessions() as session:
             return _info(_owned(session, tenant_id, file_id))
 
-    def content_path(self, tenant_id: str, file_id: str) -> Path:
-        """Where the bytes of the tenant's file are (after the ownership check)."""
+    def open_content(self, tenant_id: str, file_id: str) -> tuple[FileInfo, BinaryIO]:
+        """The tenant's file and a stream of its bytes (to close), after the ownership
+        check; ResourceNotFoundError also when the bytes are gone."""
         with self._sessions() as session:
-            return self._root / _owned(session, tenant_id, file_id).path
+            row = _owned(session, tenant_id, file_id)
+            info, key = _info(row), row.path
+        try:
+            return info, self.blobs.open(key)
+        except BlobMissingError:
+            raise ResourceNotFoundError(
+                f"the content of file {file_id!r} is gone", param="file_id", code="file_not_found"
+            ) from None
 
     def page(
         self, tenant_id: str, *, purpose: str | None, limit: int, after: str | None, order: str
@@ -212,9 +240,12 @@ class FileStore:
             return [_info(r) for r in rows[:limit]], len(rows) > limit
 
     def delete(self, tenant_id: str, file_id: str) -> None:
-        """Deletes the tenant's file: its row, then its bytes."""
+        """Deletes the tenant's file: its bytes, then its row. A store that is down leaves
+        both (a 503 to retry) rather than an object no row lists any more."""
+        with self._sessions() as session:
+            key = _owned(session, tenant_id, file_id).path
+        self.blobs.delete(key)
         with self._sessions.begin() as session:
-            row = _owned(session, tenant_id, file_id)
-            path = self._root / row.path
-            session.delete(row)
-        path.unlink(missing_ok=True)
+            row = session.get(StoredFile, file_id)
+            if row is not None and row.tenant_id == tenant_id:
+                session.delete(row)

@@ -9,6 +9,9 @@ written (under fixed ids, so a finalization redone after a crash replaces them).
 
 Lines the engine refuses as overloaded (503) are retried after a pause: batch work
 fills capacity interactive work leaves, so a full engine means "later", not "failed".
+So is a file store that cannot be reached (the input cannot be read, or the output not
+written): the batch stays active and is taken up again at the next poll, until its
+window passes; then it ends "expired" with an error naming the store.
 On shutdown the lines in flight are stopped unbilled and run again at the next start.
 """
 
@@ -29,6 +32,7 @@ from starlette.types import ASGIApp
 
 from gateway.batch_api.batch_lines import LineError, parse_line, read_lines
 from gateway.batch_api.batch_store import BatchInfo, BatchStore, line_request_id
+from gateway.batch_api.blob_store import FileStoreUnavailableError
 from gateway.batch_api.errors import ResourceNotFoundError
 from gateway.batch_api.file_store import FileStore
 from gateway.batch_api.line_call import BatchLineIdentity, LineResponse, call_line
@@ -151,6 +155,10 @@ class BatchRunner:
             raise
         except LeaseLostError:
             logger.warning("another runner took the batch over", extra={"batch_id": batch_id})
+        except FileStoreUnavailableError as exc:
+            # Already logged with its cause by the store; the next poll tries again.
+            logger.warning("batch paused: %s", exc.message, extra={"batch_id": batch_id})
+            await asyncio.sleep(self._poll_s)
         except Exception:
             # A database or disk failure: the batch stays active, the next poll retries.
             logger.exception("batch run failed", extra={"batch_id": batch_id})
@@ -181,19 +189,23 @@ class BatchRunner:
         except AuthenticationError as exc:
             return "failed", [{"code": f"key_{exc.reason}", "message": str(exc)}]
         try:
-            path = await anyio.to_thread.run_sync(
-                self._files.content_path, info.tenant_id, info.input_file_id
+            _, source = await anyio.to_thread.run_sync(
+                self._files.open_content, info.tenant_id, info.input_file_id
             )
         except ResourceNotFoundError:
             return "failed", [
                 {"code": "input_file_missing", "message": "the input file was deleted"}
             ]
+        except FileStoreUnavailableError as exc:
+            if utcnow() >= info.expires_at:
+                return "expired", [{"code": "input_file_unavailable", "message": exc.message}]
+            raise
         identity = BatchLineIdentity(principal=principal, batch_id=info.id)
         checked_at = time.monotonic()
-        done = await anyio.to_thread.run_sync(self._batches.done_lines, info.id)
         in_flight: set[asyncio.Task[None]] = set()
-        lines = read_lines(path)
+        lines = read_lines(source)
         try:
+            done = await anyio.to_thread.run_sync(self._batches.done_lines, info.id)
             while True:
                 chunk = await anyio.to_thread.run_sync(_next_lines, lines, READ_CHUNK_LINES)
                 if not chunk:
@@ -230,6 +242,7 @@ class BatchRunner:
                     task.add_done_callback(in_flight.discard)
         finally:
             lines.close()
+            source.close()  # a generator closed before its first line never opened it
             # Lines already sent finish (their results are kept), also when cancelling.
             if in_flight:
                 await asyncio.gather(*in_flight, return_exceptions=True)

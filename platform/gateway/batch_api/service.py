@@ -8,6 +8,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.batch_api.batch_store import BatchStore
+from gateway.batch_api.blob_factory import blob_store_from_settings
 from gateway.batch_api.file_store import FileLimits, FileStore
 from gateway.batch_api.runner import BatchRunner, PrincipalOfKey
 from server.settings import Settings
@@ -31,16 +32,19 @@ class BatchApi:
         *,
         files_root: Path | None = None,
     ) -> BatchApi:
-        """The Batch API over `sessions`, with files under <data_dir>/files."""
+        """The Batch API over `sessions`, with file bodies in the configured store (an S3
+        bucket, else <data_dir>/files); FileStoreConfigError if it is unusable."""
+        root = files_root or settings.data_dir / "files"
         files = FileStore(
             sessions,
-            files_root or settings.data_dir / "files",
+            root,
             FileLimits(
                 max_file_bytes=settings.batch_max_file_bytes,
                 max_file_lines=settings.batch_max_file_lines,
                 max_files_per_tenant=settings.batch_max_files_per_tenant,
                 max_bytes_per_tenant=settings.batch_max_bytes_per_tenant,
             ),
+            blob_store_from_settings(settings, root),
         )
         batches = BatchStore(sessions)
         runner = BatchRunner(

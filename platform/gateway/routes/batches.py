@@ -32,8 +32,8 @@ async def create_batch(request: Request) -> Response:
             f"the input file's purpose is {info.purpose!r}, not {UPLOAD_PURPOSE!r}",
             param="input_file_id",
         )
-    path = await anyio.to_thread.run_sync(api.files.content_path, tenant, body.input_file_id)
-    found = await anyio.to_thread.run_sync(survey, path, body.endpoint)
+    _, stream = await anyio.to_thread.run_sync(api.files.open_content, tenant, body.input_file_id)
+    found = await anyio.to_thread.run_sync(survey, stream, body.endpoint)  # closes the stream
     if found.lines == 0:
         raise InvalidParameterError("the input file has no lines", param="input_file_id")
     if found.duplicate_custom_ids:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import anyio.to_thread
 from starlette.requests import Request
-from starlette.responses import FileResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.batch_api.access import caller, int_query, owned
+from gateway.batch_api.content_stream import content_response
 from gateway.batch_api.errors import well_formed_id
 from gateway.batch_api.file_store import UPLOAD_PURPOSE
 from gateway.batch_api.file_upload import receive_upload
@@ -90,10 +91,10 @@ async def file_content(request: Request) -> Response:
     """The bytes of one of the caller's files."""
     state, api, principal = await caller(request)
     file_id = request.path_params["file_id"]
-    path = await owned(
-        request, state, principal, lambda: api.files.content_path(principal.tenant_id, file_id)
+    info, stream = await owned(
+        request, state, principal, lambda: api.files.open_content(principal.tenant_id, file_id)
     )
-    return FileResponse(path, media_type="application/octet-stream")
+    return content_response(info, stream)
 
 
 async def delete_file(request: Request) -> Response:
