@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Literal
 
+from tenancy.scopes import key_scope, tenant_scope
+
 BudgetPeriod = Literal["day", "month"]
 
 # Fields whose counters are kept per scope (tenant-wide or per key); see `scope_of`.
@@ -41,8 +43,8 @@ class EffectiveLimits:
     def scope_of(self, field: str, tenant_id: str, key_id: str) -> str:
         """The counter scope for `field`: "t:<tenant>" or "t:<tenant>/k:<key>"."""
         if field in self.key_scoped:
-            return f"t:{tenant_id}/k:{key_id}"
-        return f"t:{tenant_id}"
+            return key_scope(tenant_id, key_id)
+        return tenant_scope(tenant_id)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tenancy.limits import EffectiveLimits
+from tenancy.scopes import key_scope, tenant_scope
 
 IsolationLevel = Literal["tenant", "key", "user"]
 
@@ -46,9 +47,10 @@ def derive_cache_domain(principal: Principal, user: str | None = None) -> str:
     user -> "t:<tenant_id>/u:<sha256(user)[:16]>" (no user: the tenant domain).
     The client-sent `user` is hashed, so it can never inject separators.
     """
-    tenant = f"t:{_checked_id(principal.tenant_id, 'tenant')}"
+    tenant_id = _checked_id(principal.tenant_id, "tenant")
+    tenant = tenant_scope(tenant_id)
     if principal.isolation_level == "key":
-        return f"{tenant}/k:{_checked_id(principal.key_id, 'key')}"
+        return key_scope(tenant_id, _checked_id(principal.key_id, "key"))
     if principal.isolation_level == "user" and user:
         digest = hashlib.sha256(user.encode("utf-8")).hexdigest()[:16]
         return f"{tenant}/u:{digest}"

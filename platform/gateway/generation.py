@@ -33,8 +33,8 @@ from gateway.schemas.common import SamplingFields
 from gateway.sse import DONE, SettlingStreamingResponse
 from gateway.stream_cadence import Cadence, paced_events
 from gateway.structured_output import structured_spec
-from gateway.tenant_kv import tenant_key
 from tenancy.principal import derive_cache_domain
+from tenancy.scopes import tenant_scope
 
 CLIENT_CLOSED = 499  # nginx's "client closed request": no response was sent
 T = TypeVar("T")
@@ -147,7 +147,7 @@ async def admit_and_submit(
             params=params,
             request_id=life.engine_request_id(i, len(prompts)),
             cache_domain=domain,
-            fairness_key=tenant_key(principal.tenant_id),
+            fairness_key=tenant_scope(principal.tenant_id),
             weight=principal.weight,
             # A never-cache tenant's policy wins over whatever the request asks.
             cache=body.cache and not principal.never_cache,

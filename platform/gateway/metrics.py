@@ -32,7 +32,7 @@ from engine_hop.tier_metrics import (
 from gateway.engine_client import EngineSnapshot
 from gateway.engine_replicas import ReplicaState
 from gateway.request_outcomes import EngineRequestOutcome
-from gateway.tenant_kv import tenant_id_of
+from tenancy.scopes import tenant_id_of
 
 OTHER_TENANT = "other"
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)

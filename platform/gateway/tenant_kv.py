@@ -8,18 +8,6 @@ from collections.abc import Iterable, Mapping
 
 from engine.stats import TenantKVStats
 
-TENANT_PREFIX = "t:"
-
-
-def tenant_key(tenant_id: str) -> str:
-    """The fairness key the gateway gives a tenant's requests (gateway/generation.py)."""
-    return f"{TENANT_PREFIX}{tenant_id}"
-
-
-def tenant_id_of(key: str) -> str:
-    """The tenant id in a fairness key; a key of another shape is returned as it is."""
-    return key[len(TENANT_PREFIX) :] if key.startswith(TENANT_PREFIX) else key
-
 
 def sum_tenant_kv(
     reports: Iterable[Mapping[str, TenantKVStats]],

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from engine.kv_cache.cache_rules import CacheRules, DomainRule
 from server.periodic_sync import PeriodicSync
 from tenancy.models import Tenant
+from tenancy.scopes import tenant_scope
 
 if TYPE_CHECKING:
     from gateway.engine_client import TokenizerLike
@@ -68,7 +69,7 @@ def read_cache_rules(session: Session, *, model: str, tokenizer: TokenizerLike) 
             log.error("tenant %s has an invalid cache policy; ignored", tenant.id)
             continue
         if rule is not None:
-            domains.append((f"t:{tenant.id}", rule))
+            domains.append((tenant_scope(tenant.id), rule))
     published = []
     rows = session.scalars(
         select(SharedPrefix).where(SharedPrefix.model == model).order_by(SharedPrefix.name)

@@ -15,6 +15,7 @@ from admin.deps import PathTenant, allow
 from admin.roles import TENANT_READ
 from admin.routes.engines import Replicas
 from admin.schemas.tenant_kv import TenantKVModel, TenantKVView
+from tenancy.scopes import tenant_scope
 
 if TYPE_CHECKING:  # the admin service also runs without a gateway in its process
     from gateway.engine_replicas import ReplicaState
@@ -44,7 +45,7 @@ def get_tenant_kv(tenant: PathTenant, replicas: Replicas) -> TenantKVView:
     """The tenant's KV blocks in use (against each model's pool and its own quota) and the
     preemptions its sequences suffered and caused; a tenant-admin reads only its own."""
     states = {} if replicas is None else replicas()
-    key = f"t:{tenant.id}"  # the gateway's fairness key for the tenant (gateway/generation.py)
+    key = tenant_scope(tenant.id)  # the fairness key the gateway gives the tenant
     return TenantKVView(
         tenant=tenant.name,
         kv_quota_blocks=tenant.kv_quota_blocks,
