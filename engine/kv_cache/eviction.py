@@ -51,7 +51,7 @@ class CachePolicy:
 class EvictionLedger:
     """Per-domain LRU heaps of candidate blocks, with cached and idle counts.
 
-    Per-domain settings resolve in order: an exact override (`set_floor`, `set_ttl`),
+    Per-domain settings resolve in order: an exact override (`set_ttl`),
     the rule of the longest matching root (`set_rules`), then the policy's default.
     The counts and heaps of a domain are dropped (`forget`) once it caches nothing.
     """
@@ -61,7 +61,6 @@ class EvictionLedger:
         self.policy = policy
         self.cached: Counter[str] = Counter()
         self.idle: Counter[str] = Counter()
-        self._floors: dict[str, int] = {}
         self._ttls: dict[str, float | None] = {}
         self._rules: dict[str, DomainRule] = {}
         self.has_ttls = policy.retention_ttl_s is not None  # whether any idle block may expire
@@ -70,10 +69,6 @@ class EvictionLedger:
         self._last_used: dict[int, float] = {}
 
     # -- settings -------------------------------------------------------------------
-
-    def set_floor(self, domain: str, blocks: int) -> None:
-        """Overrides one domain's floor (blocks)."""
-        self._floors[domain] = max(0, blocks)
 
     def set_ttl(self, domain: str, ttl_s: float | None) -> None:
         """Overrides one domain's retention."""
@@ -99,8 +94,6 @@ class EvictionLedger:
 
     def floor(self, domain: str) -> int:
         """Cached blocks of `domain` that other domains cannot evict."""
-        if domain in self._floors:
-            return self._floors[domain]
         rule = self.rule(domain)
         if rule is not None and rule.has_floor:
             return rule.floor(self.num_blocks)
