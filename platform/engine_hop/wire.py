@@ -18,6 +18,17 @@ alone, in short keys (`event_to_compact`), about a third of the bytes and of the
 encode and decode time; a plain OpenAI client (a router, curl) never sees that form.
 Chunks are encoded and decoded with orjson.
 
+A streamed request is admitted or refused before its first token: the engine server
+answers a refusal with its error status (engine_hop.refusals), and an admission, in the
+compact form, with the 200's status line as soon as the engine took the request, not
+with the first chunk (a long prefill must not keep the gateway from answering its
+client). Over the link, a gateway that asks for it on the handshake
+(`LINK_FEATURES_HEADER: ACCEPTED_FEATURE`) gets an accepted frame
+(`{"id": ID, ACCEPTED_KEY: 1}`) as soon as the engine took the request; an older
+gateway, which would read the frame as malformed, does not ask and gets none. So a
+gateway knows, without a round trip of its own, whether a remote engine admitted a
+request, as an in-process submit tells it by returning or raising.
+
 The same body and headers travel over the link (`LINK_PATH`, one WebSocket per gateway;
 its frames are described in engine_server.link, its gateway end is gateway.engine_link).
 The gateway writes requests and cache rules (`request_to_wire`, `rules_to_wire`) and
@@ -55,6 +66,11 @@ EVENTS_WIRE = "events"
 DONE_CHUNK = b"data: [DONE]\n\n"
 # The link's WebSocket route on an engine server (service credential on the handshake).
 LINK_PATH = "/internal/link"
+# The link handshake's header naming what the gateway reads beyond the original frames,
+# and its one feature: the accepted frame, whose key is ACCEPTED_KEY.
+LINK_FEATURES_HEADER = "x-cloister-link"
+ACCEPTED_FEATURE = "accepted"
+ACCEPTED_KEY = "a"
 # SamplingParams fields sent under their own (vLLM) names; the rest are special-cased.
 _PLAIN_PARAMS = (
     "n",

@@ -214,7 +214,10 @@ class EngineServer:
             stream = self.submit(engine_request, span)
             return self._chunks(self.events(request_id, stream, span), encode)
 
-        return EventStream(open_chunks, {REQUEST_ID_HEADER: request_id}, last=DONE_CHUNK)
+        # The gateway (the compact form) waits on the admission: its 200 goes out at once.
+        return EventStream(
+            open_chunks, {REQUEST_ID_HEADER: request_id}, last=DONE_CHUNK, announce=compact
+        )
 
     async def engine_request(self, body: Any, headers: Mapping[str, str]) -> EngineRequest:
         """The engine request a completions body and its headers ask for; what this server

@@ -8,7 +8,10 @@ handshake) and sends framed messages over it, in binary frames of JSON (orjson):
 
     gateway -> engine   {"op": "submit", "id": ID, "body": BODY, "headers": HEADERS}
                         {"op": "abort", "id": ID}
-    engine -> gateway   {"id": ID, "e": EVENT}       one event, in the compact form
+    engine -> gateway   {"id": ID, "a": 1}           admitted by the engine (sent only
+                                                     to a gateway that asks on the
+                                                     handshake, engine_hop.wire)
+                        {"id": ID, "e": EVENT}       one event, in the compact form
                         [MESSAGE, MESSAGE, ...]      the events of one engine step
                         {"id": ID, "x": REFUSAL}     refused: status, message, type,
                                                      code, param, retry_after_s
@@ -20,8 +23,9 @@ BODY and HEADERS are what the HTTP route takes (engine_hop.wire), so a request
 means the same on both transports, and is checked by the same code. The events one
 engine step makes for a gateway's requests go in one frame, sent once the step's report
 has been routed (`EngineFront.after_each_report`): with many requests in flight, one
-write a step instead of one a request. The link ends
-a request as a hang-up does: an abort, or the WebSocket closing, aborts what is in
+write a step instead of one a request. A request's accepted frame is batched the same
+way, and sent on the loop's next turn at the latest, before any of its events. The
+link ends a request as a hang-up does: an abort, or the WebSocket closing, aborts what is in
 flight and frees its blocks at once. The HTTP API stays for routers, the Kubernetes
 inference stack's endpoint picker, and any other OpenAI client.
 """
@@ -39,7 +43,13 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from engine.outputs import StreamEvent
 from engine_hop.eager import start_now
-from engine_hop.wire import REQUEST_ID_HEADER, event_to_compact
+from engine_hop.wire import (
+    ACCEPTED_FEATURE,
+    ACCEPTED_KEY,
+    LINK_FEATURES_HEADER,
+    REQUEST_ID_HEADER,
+    event_to_compact,
+)
 from engine_server.refusals import (
     BAD_REQUEST,
     FAILED,
@@ -152,7 +162,10 @@ class EngineLink:
             await websocket.send_denial_response(response_of(draining))
             return
         await websocket.accept()
-        connection = _Connection(self, websocket)
+        # Whether the gateway reads accepted frames (an older one takes them for malformed).
+        features = websocket.headers.get(LINK_FEATURES_HEADER, "")
+        says_accepted = ACCEPTED_FEATURE in features.replace(" ", "").split(",")
+        connection = _Connection(self, websocket, says_accepted=says_accepted)
         self._connections.add(connection)
         try:
             await connection.serve()
@@ -171,9 +184,13 @@ class _Connection:
     event costs no event-loop wake-up of its own between the engine and the socket.
     """
 
-    def __init__(self, link: EngineLink, websocket: WebSocket) -> None:
+    def __init__(
+        self, link: EngineLink, websocket: WebSocket, *, says_accepted: bool = False
+    ) -> None:
+        """`says_accepted`: send each admitted request's accepted frame."""
         self.link, self.websocket = link, websocket
         self.requests: dict[str, _LinkRequest] = {}
+        self.says_accepted = says_accepted
         self._open = True
         # While the transport is paused, a send waits; later frames queue behind it.
         self._sending: asyncio.Future[None] | None = None
@@ -321,6 +338,8 @@ class _LinkRequest:
             logger.exception("submitting a link request failed")
             self._refuse(refusal(FAILED, "the engine server failed"))
             return
+        if self.connection.says_accepted:  # before any event, which `listen` may hand over
+            self._send({"id": self.request_id, ACCEPTED_KEY: 1})
         listen = getattr(stream, "listen", None)
         if listen is not None:  # the engine's own fronts
             listen(self.on_item)
@@ -357,11 +376,7 @@ class _LinkRequest:
                 return
             if self.span is not None:
                 self.span.observe(item)
-            message = {"id": self.request_id, "e": event_to_compact(item)}
-            if self.connection.link.batches:
-                self.connection.post_event(message)
-            else:
-                self.connection.post(message)
+            self._send({"id": self.request_id, "e": event_to_compact(item)})
             if item.finished:
                 self._end(None)
         except Exception:  # never break the report the other requests' events are in
@@ -370,6 +385,14 @@ class _LinkRequest:
             with contextlib.suppress(Exception):
                 failure = "the engine server could not send the request's events"
                 self.connection.post({"id": self.request_id, "f": failure})
+
+    def _send(self, message: dict[str, Any]) -> None:
+        """Sends one of the request's messages, batched with the step's events where the
+        engine's front reports steps."""
+        if self.connection.link.batches:
+            self.connection.post_event(message)
+        else:
+            self.connection.post(message)
 
     def leave(self) -> None:
         """The gateway aborted the request or went away: stop it in the engine."""

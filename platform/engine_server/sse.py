@@ -8,7 +8,10 @@ a hang-up cancels the stream at once (its generator aborts the request), as befo
 It also sends the status line and headers with the first chunk, not before it: a
 client then wakes once for the first event rather than twice (headers, then chunk);
 and the last chunk (the one ending with `last`, [DONE] for completions) goes out with
-the body's end in one write, rather than three (chunk, [DONE], end).
+the body's end in one write, rather than three (chunk, [DONE], end). A caller that
+waits on the request's admission (the gateway, engine_hop.wire) asks instead for the
+status line as soon as the stream is open (`announce`): then a 200 means the engine
+took the request, whatever its prefill takes.
 The stream is opened (for completions: the request submitted to the engine) only
 when the response is called, after the route's and the framework's own work; an
 opener that refuses raises `StreamRefused`, and its error response goes out instead.
@@ -43,12 +46,15 @@ class EventStream(Response):
         headers: Mapping[str, str],
         *,
         last: bytes,
+        announce: bool = False,
     ) -> None:
         """`opener`: called once, when the response is sent (it may raise `StreamRefused`);
         `headers`: extra response headers (latin-1); a chunk that ends with `last` is
-        the stream's last (the generator is closed after it)."""
+        the stream's last (the generator is closed after it); `announce`: send the
+        status line once the opener returned, not with the first chunk."""
         self.opener = opener
         self.last = last
+        self.announce = announce
         self.status_code = 200
         self.background = None
         self.raw_headers = [
@@ -76,7 +82,11 @@ class EventStream(Response):
 
         listener = asyncio.get_running_loop().create_task(hang_up())
         try:
-            started = False
+            started = self.announce
+            if started:  # the stream is open: the request was admitted
+                await send(
+                    {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
+                )
             end = b""
             async for chunk in chunks:
                 if not started:

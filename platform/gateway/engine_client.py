@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from engine.kv_cache.cache_rules import CacheRules
 from engine.kv_cache.host_tier import TierStats
@@ -132,11 +132,24 @@ def _add_tiers(a: TierStats, b: TierStats) -> TierStats:
     )
 
 
+@runtime_checkable
+class AdmittedLater(Protocol):
+    """A stream whose engine admits or refuses its request after `submit` returned (an
+    engine server's): `admitted` returns once the engine took the request, and raises
+    what an in-process `submit` would have raised otherwise."""
+
+    async def admitted(self) -> None:
+        """Waits for the engine's admission; raises its refusal."""
+        ...
+
+
 class EngineClient(Protocol):
     """What the gateway needs from an engine.
 
     Contract: `submit` validates at once and raises `InvalidRequestError` or
-    `EngineOverloadedError` with nothing queued; otherwise the returned iterator
+    `EngineOverloadedError` with nothing queued (a remote engine, which decides after
+    `submit` returned, gives a stream that is `AdmittedLater`, whose `admitted` raises
+    them); otherwise the returned iterator
     yields `StreamEvent`s until one has `finished=True`. `abort` frees the request's
     KV blocks at once and is a no-op for unknown ids.
     """

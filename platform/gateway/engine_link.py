@@ -6,7 +6,10 @@ the compact events, the link's path) is engine_hop.wire, shared by both ends.
 after it drops. A submit returns its
 `LinkStream` at once; while the link is not open its frame waits on an outbox, and
 one writer task connects and sends what the outbox holds. One reader task hands
-each incoming frame to its stream.
+each incoming frame to its stream. The handshake asks for accepted frames
+(engine_hop.wire): a stream's `admitted` returns on its request's accepted frame and
+raises its refusal frame, so that the gateway answers a refused request with its error
+status before anything of a response went out.
 
 A dropped link (the engine died, the network broke) ends every stream it carried
 with `EngineUnavailableError`, as a broken HTTP stream does, and counts as a failed
@@ -40,8 +43,15 @@ from engine.errors import EngineDeadError
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest
 from engine_hop.eager import start_now
-from engine_hop.wire import LINK_PATH, event_from_compact, request_to_wire
-from gateway.remote_errors import EngineUnavailableError, error_of_frame
+from engine_hop.wire import (
+    ACCEPTED_FEATURE,
+    ACCEPTED_KEY,
+    LINK_FEATURES_HEADER,
+    LINK_PATH,
+    event_from_compact,
+    request_to_wire,
+)
+from gateway.remote_errors import Admission, EngineUnavailableError, error_of_frame
 
 logger = logging.getLogger("cloister.gateway.link")
 HEARTBEAT_S = 10.0  # a link that misses a pong for half of this is closed
@@ -58,6 +68,17 @@ class LinkStream:
         self.queue: asyncio.Queue[StreamEvent | BaseException] = asyncio.Queue()
         self.done = False
         self.heard = time.monotonic()  # when the engine last said something of it
+        self.admission = Admission()
+
+    def put(self, item: StreamEvent | BaseException) -> None:
+        """Hands the stream its next item; the first decides its admission."""
+        self.admission.note(item)
+        self.queue.put_nowait(item)
+
+    async def admitted(self) -> None:
+        """Returns once the engine admitted the request; raises its refusal (the engine's
+        error) or the link's failure, whichever came first."""
+        await self.admission.wait()
 
     def __aiter__(self) -> AsyncIterator[StreamEvent]:
         return self
@@ -82,6 +103,7 @@ class LinkStream:
         if not self.done:
             self.done = True
             self._link.cancel(self.request_id)
+        self.admission.note(EngineUnavailableError("the request was closed before admission"))
 
 
 class EngineLink:
@@ -105,7 +127,7 @@ class EngineLink:
         if not read_timeout_s > 0:
             raise ValueError(f"read_timeout_s must be positive, not {read_timeout_s!r}")
         self.url = base_url.rstrip("/") + LINK_PATH
-        self._headers = headers
+        self._headers = {**headers, LINK_FEATURES_HEADER: ACCEPTED_FEATURE}
         self._session = session
         self._on_failure, self._on_draining = on_failure, on_draining
         self._streams: dict[str, LinkStream] = {}
@@ -188,7 +210,7 @@ class EngineLink:
                 stuck = [s for s in self._streams.values() if s.heard < limit]
                 for stream in stuck:
                     self.cancel(stream.request_id)
-                    stream.queue.put_nowait(
+                    stream.put(
                         EngineUnavailableError(
                             f"engine server {self.url} sent nothing for request "
                             f"{stream.request_id} in {self._read_timeout_s:g} s"
@@ -254,7 +276,7 @@ class EngineLink:
         if streams:
             self._on_failure()
         for stream in streams.values():
-            stream.queue.put_nowait(EngineUnavailableError(why))
+            stream.put(EngineUnavailableError(why))
 
     async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         why = f"the engine server at {self.url} closed the link"
@@ -294,15 +316,17 @@ class EngineLink:
             event = event_from_compact(request_id, frame["e"], stream.prompt)
             if event.finished:  # over on the engine: nothing to abort, even if never read
                 self._streams.pop(request_id, None)
-            stream.queue.put_nowait(event)
+            stream.put(event)
+        elif ACCEPTED_KEY in frame:
+            stream.admission.accept()
         elif "x" in frame:
             self._streams.pop(request_id, None)
-            stream.queue.put_nowait(error_of_frame(frame["x"]))
+            stream.put(error_of_frame(frame["x"]))
         elif "f" in frame:
             self._streams.pop(request_id, None)
-            stream.queue.put_nowait(EngineDeadError(str(frame["f"])))
+            stream.put(EngineDeadError(str(frame["f"])))
         else:
-            raise KeyError("the frame has neither 'e', 'x' nor 'f'")
+            raise KeyError("the frame has neither 'e', 'a', 'x' nor 'f'")
 
     async def close(self) -> None:
         """Ends the streams in flight and closes the link."""

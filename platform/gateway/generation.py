@@ -166,7 +166,7 @@ async def admit_and_submit(
             stop=params.stop,
             skip_special_tokens=params.skip_special_tokens,
         )
-    streams = life.submit(requests)
+    streams = await life.submit(requests)
     return Submitted(streams=streams, headers=headers, n=body.n, cadence=cadence)
 
 
@@ -186,7 +186,8 @@ async def submit_with_fallback(life: RequestLifecycle, prepare: Callable[[], Awa
     """Runs `prepare`, a route's steps that depend on the resolved model (its tokenizer and
     chat template, then `admit_and_submit`), and returns its result.
 
-    When the engine's queue refuses the request as overloaded and its model has a
+    When the engine's queue refuses the request as overloaded (at submit in process, or
+    at admission on an engine server, gateway.remote_engine) and its model has a
     fallback the request may use (`RequestLifecycle.overload_fallback`), `prepare` runs
     once more on the fallback: tokenized again by its tokenizer, inside the admission
     already held, so limits are charged once. The response then names the fallback and

@@ -26,7 +26,7 @@ from engine.request import EngineRequest
 from gateway.access_log import log_access
 from gateway.adapters import split_model
 from gateway.batch_api.line_call import BATCH_LINE_SCOPE_KEY, BatchLineIdentity
-from gateway.engine_client import EngineClient
+from gateway.engine_client import AdmittedLater, EngineClient
 from gateway.errors import ModelNotFoundError, status_of
 from gateway.model_access import AccessSnapshot
 from gateway.ratelimit_headers import rate_limit_headers
@@ -310,9 +310,12 @@ class RequestLifecycle:
         """The engine's id for prompt `index` of `count`: the request's id, suffixed if many."""
         return self.request_id if count == 1 else f"{self.request_id}-{index}"
 
-    def submit(self, requests: list[EngineRequest]) -> list[AsyncIterator[StreamEvent]]:
-        """Queues each engine request; on a refusal, aborts the ones already queued."""
+    async def submit(self, requests: list[EngineRequest]) -> list[AsyncIterator[StreamEvent]]:
+        """Queues each engine request and returns once the engine admitted each; on a
+        refusal, raised here whether the engine runs in this process or behind an engine
+        server (`AdmittedLater`), `close` aborts the ones already queued."""
         streams: list[AsyncIterator[StreamEvent]] = []
+        later: list[tuple[EngineRequest, AdmittedLater]] = []
         if requests and self.span.is_recording():
             params = requests[0].params
             self.span.set_attribute("gen_ai.request.max_tokens", params.max_tokens or 0)
@@ -325,13 +328,29 @@ class RequestLifecycle:
                 # Raises InvalidRequestError / EngineOverloadedError with nothing queued for
                 # it; `close` aborts the earlier prompts' requests.
                 try:
-                    streams.append(self.engine.submit(request))
+                    stream = self.engine.submit(request)
                 except EngineOverloadedError:
                     self._queue_refused = request.traffic_class == "interactive"
                     raise
+                streams.append(stream)
                 self._engine_ids.append(request.request_id)
                 self._prompt_lens[request.request_id] = len(request.prompt_token_ids)
-                self._outcomes.submitted(request)
+                if isinstance(stream, AdmittedLater):
+                    later.append((request, stream))
+                else:
+                    self._outcomes.submitted(request)
+        # All were sent before any is waited for: the engine servers' answers overlap.
+        for request, waiting in later:
+            try:
+                await waiting.admitted()
+            except Exception as exc:
+                # Nothing of it is queued on the engine: no abort to send for it.
+                self._engine_ids.remove(request.request_id)
+                del self._prompt_lens[request.request_id]
+                if isinstance(exc, EngineOverloadedError):
+                    self._queue_refused = request.traffic_class == "interactive"
+                raise
+            self._outcomes.submitted(request)
         return streams
 
     async def events(

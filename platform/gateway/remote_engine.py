@@ -6,7 +6,11 @@ They travel over the link (one WebSocket for all of them, gateway.engine_link) o
 with `transport="http"`, as one HTTP request each. A request is sent as soon as it is
 submitted (not when its stream is first read), with the W3C trace context
 (traceparent) of the span current at submit. Closing a stream, or `abort`, stops
-the request on the engine server, which frees its KV blocks at once.
+the request on the engine server, which frees its KV blocks at once. A stream's
+`admitted` returns once the engine server took the request and raises its refusal
+(the engine's own error), so the gateway answers a refused request as it answers one
+its in-process engine refused at submit: over HTTP, the 200's status line says it
+(sent at admission, engine_hop.wire), over the link the accepted frame.
 
 `stats()` and `alive` must answer without I/O, so a background task polls the
 server's /internal/stats every `poll_s`; a server that fails `max_failures` polls in
@@ -51,9 +55,9 @@ from engine_hop.wire import (
 )
 from gateway.adapters import AdapterInfo
 from gateway.engine_client import EngineSnapshot, TokenizerLike
-from gateway.engine_link import READ_TIMEOUT_S, EngineLink
+from gateway.engine_link import READ_TIMEOUT_S, EngineLink, LinkStream
 from gateway.remote_adapters import adapters_from_stats, push_adapter, remove_adapter
-from gateway.remote_errors import EngineUnavailableError, error_of_response
+from gateway.remote_errors import Admission, EngineUnavailableError, error_of_response
 from gateway.tracing import trace_headers
 
 logger = logging.getLogger("cloister.gateway.remote")
@@ -159,8 +163,19 @@ class RemoteStream:
         # Read now, in the caller's context (the gateway's request span is current there).
         self._trace_headers = trace_headers()
         self._queue: asyncio.Queue[StreamEvent | BaseException | None] = asyncio.Queue()
+        self._admission = Admission()
         self._task = asyncio.get_running_loop().create_task(self._run(request))
         self._done = False
+
+    async def admitted(self) -> None:
+        """Returns once the engine server admitted the request (its 200); raises its
+        refusal (the engine's error) or the failure to reach it."""
+        await self._admission.wait()
+
+    def _fail(self, error: BaseException) -> None:
+        """Ends the stream with `error` (the refusal, if the server had not admitted it)."""
+        self._admission.note(error)
+        self._queue.put_nowait(error)
 
     async def _run(self, request: EngineRequest) -> None:
         body, headers = request_to_wire(request, self._client.model_name)
@@ -176,17 +191,20 @@ class RemoteStream:
                     error = error_of_response(
                         response.status, await response.read(), response.headers
                     )
-                    self._queue.put_nowait(error)
+                    self._fail(error)
                     return
+                self._admission.accept()
                 await self._read(response.content)
         except asyncio.CancelledError:
             raise
         except (aiohttp.ClientError, TimeoutError, _MalformedChunkError) as exc:
             self._client.note_failure()
-            self._queue.put_nowait(EngineUnavailableError(f"engine server: {exc!r}"))
+            self._fail(EngineUnavailableError(f"engine server: {exc!r}"))
         except Exception as exc:
-            self._queue.put_nowait(exc)
+            self._fail(exc)
         finally:
+            # Cancelled (closed) or ended without a word: not admitted, to a waiter.
+            self._admission.note(EngineUnavailableError("the engine server ended the stream"))
             self._queue.put_nowait(None)
 
     async def _read(self, body: aiohttp.StreamReader) -> None:
@@ -318,9 +336,10 @@ class RemoteEngineClient:
         """The served model's tokenizer, loaded by the gateway from the same model."""
         return self._tokenizer
 
-    def submit(self, request: EngineRequest) -> AsyncIterator[StreamEvent]:
-        """Sends the request now; errors (400, overload, an unreachable server) arrive as the
-        stream's first item."""
+    def submit(self, request: EngineRequest) -> RemoteStream | LinkStream:
+        """Sends the request now and returns its stream at once; the server's admission or
+        refusal (400, overload, an unreachable server) is the stream's `admitted`, and a
+        refusal is also the stream's first item."""
         if self._closed:
             raise EngineDeadError("the engine client was shut down")
         if self.transport == "link":

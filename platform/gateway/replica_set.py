@@ -3,10 +3,12 @@
 Replicas come from a static list of URLs, or from `dns+http://name:port`, whose
 addresses (a Kubernetes headless Service's pods) are re-resolved every `refresh_s`.
 Each request is routed by gateway.routing's policy (`prefix_affine` by default,
-`session` or `round_robin`); if its replica fails before the first
-event (unreachable, overloaded, died), it is sent to the next one in the route
-order, and never after a token was streamed. A replica whose stats polls fail leaves
-the set (within about three poll periods) and rejoins, ramping up, when it answers.
+`session` or `round_robin`); if its replica refuses it as overloaded or fails before
+the first event (unreachable, died), it is sent to the next one in the route order,
+and never after a token was streamed. The stream's `admitted` tries the route until a
+replica admits the request, and raises the last refusal when none does. A replica
+whose stats polls fail leaves the set (within about three poll periods) and rejoins,
+ramping up, when it answers.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ from engine.request import EngineRequest
 from engine.structured.spec import StructuredSpec
 from gateway.adapters import AdapterInfo
 from gateway.engine_client import EngineSnapshot, TokenizerLike, sum_kv_tiers, sum_spec_decode
-from gateway.engine_link import READ_TIMEOUT_S
+from gateway.engine_link import READ_TIMEOUT_S, LinkStream
 from gateway.remote_engine import (
     EngineServerInfo,
     RemoteEngineClient,
+    RemoteStream,
     Transport,
     first_info,
     local_grammar_checker,
@@ -200,7 +203,7 @@ class ReplicaSetClient:
         order = self.policy.order(what, loads, self._clock())
         return [self._replicas[url].client for url in order]
 
-    def submit(self, request: EngineRequest) -> AsyncIterator[StreamEvent]:
+    def submit(self, request: EngineRequest) -> _RoutedStream:
         """Routes and sends; falls back to the next replica until the first event."""
         if self._closed:
             raise EngineDeadError("the engine client was shut down")
@@ -361,10 +364,27 @@ class _RoutedStream:
         self._started = False
         self._done = False
 
-    def _send(self) -> AsyncIterator[StreamEvent]:
+    def _send(self) -> RemoteStream | LinkStream:
         client = self._route.pop(0)
         self._owner.own(self._request.request_id, client)
         return client.submit(self._request)
+
+    async def admitted(self) -> None:
+        """Returns once a replica of the route admitted the request; an overloaded or
+        unreachable one passes it to the next, and the last one's refusal is raised."""
+        while True:
+            try:
+                await self._current.admitted()
+                return
+            except (EngineUnavailableError, EngineOverloadedError, EngineDeadError):
+                if self._started or not self._route:
+                    self._finish()
+                    raise
+                await self._current.aclose()
+                self._current = self._send()
+            except BaseException:
+                self._finish()
+                raise
 
     def __aiter__(self) -> AsyncIterator[StreamEvent]:
         return self
@@ -379,7 +399,7 @@ class _RoutedStream:
                 if self._started or not self._route:
                     self._finish()
                     raise
-                await _close(self._current)
+                await self._current.aclose()
                 self._current = self._send()  # nothing was streamed yet: try the next one
                 continue
             except BaseException:
@@ -397,10 +417,4 @@ class _RoutedStream:
     async def aclose(self) -> None:
         """Hangs up on the replica."""
         self._finish()
-        await _close(self._current)
-
-
-async def _close(stream: AsyncIterator[StreamEvent]) -> None:
-    aclose = getattr(stream, "aclose", None)
-    if aclose is not None:
-        await aclose()
+        await self._current.aclose()

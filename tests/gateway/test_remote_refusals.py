@@ -244,19 +244,13 @@ def ask(deployment: Deployment, body: dict[str, Any], tenant: str) -> httpx.Resp
     )
 
 
-def answer(response: httpx.Response, stream: bool) -> tuple[Any, ...]:
-    """What the tenant was told: the error object and, for a whole response, the status
-    and Retry-After. A remote engine's refusal of a stream reaches the gateway after its
-    200 went out (the remote stream is opened lazily), so a stream's refusal is compared
-    by its error object alone, the body or the stream's in-band error event."""
-    if response.headers.get("content-type", "").startswith("text/event-stream"):
-        first = next(line for line in response.text.splitlines() if line.startswith("data: "))
-        error = orjson.loads(first.removeprefix("data: "))["error"]
-    else:
-        error = response.json()["error"]
-    if stream:
-        return (error,)
-    return error, response.status_code, response.headers.get("retry-after")
+def answer(response: httpx.Response) -> tuple[Any, ...]:
+    """What the tenant was told: the error object, the status and Retry-After. A remote
+    engine's refusal of a stream is known before the gateway answers (the stream waits on
+    the engine server's admission), so a refused stream is an error response too, never
+    a 200 whose first event is the error."""
+    assert not response.headers.get("content-type", "").startswith("text/event-stream")
+    return response.json()["error"], response.status_code, response.headers.get("retry-after")
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -270,7 +264,7 @@ def test_a_remote_400_keeps_its_param(
     error = reference.json()["error"]
     assert (error["param"], error["code"]) == ("max_tokens", "request_too_large")
     remote = ask(deployments[transport], body, "remote")
-    assert answer(remote, stream) == answer(reference, stream)
+    assert answer(remote) == answer(reference)
 
 
 @pytest.fixture
@@ -298,7 +292,7 @@ def test_an_overload_has_one_type_in_process_and_on_both_transports(
     error = reference.json()["error"]
     assert (error["type"], error["code"]) == ("server_error", "engine_overloaded")
     remote = ask(overloaded[transport], body, "remote")
-    assert answer(remote, stream) == answer(reference, stream)
+    assert answer(remote) == answer(reference)
     # And the engine server's own refusal, as a router or the gateway reads it.
     url = overloaded[transport].server_url
     assert url is not None
