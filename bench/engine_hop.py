@@ -58,9 +58,8 @@ from gateway.engine_client import EngineClient, InProcessEngineClient  # noqa: E
 from gateway.remote_engine import RemoteEngineClient, fetch_info  # noqa: E402
 from server.process_tuning import loaded_objects_frozen, short_gil_switch_interval  # noqa: E402
 from server.settings import Settings  # noqa: E402
-from tests.gateway.conftest import free_port  # noqa: E402
 from tests.utils.fast_fake_model import fast_fake_front  # noqa: E402
-from tests.utils.services import stop_process, wait_http_ok  # noqa: E402
+from tests.utils.services import free_port, stop_process, wait_http_ok  # noqa: E402
 
 GOAL_ADDED_P50_MS = 1.0
 TOKEN = "svc-" + "engine-hop-bench-token-0123"

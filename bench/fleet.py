@@ -45,8 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.model.tokenizer import load_tokenizer  # noqa: E402
 from gateway.replica_set import ReplicaSetClient  # noqa: E402
-from tests.gateway.conftest import LiveGateway  # noqa: E402
 from tests.gateway.engine_servers import SERVICE_TOKEN, engine_servers, gateway_over  # noqa: E402
+from tests.utils.live_gateway import LiveGateway  # noqa: E402
 from tests.utils.tiny_model import make_tiny_model_dir  # noqa: E402
 
 POLICIES = ("round_robin", "session", "prefix_affine")

@@ -107,11 +107,15 @@ def _engine_module_imports(path: pathlib.Path) -> set[str]:
             continue
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names if a.name.startswith("engine."))
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            if node.module.startswith("engine"):
-                # `from engine.x import y` may name a submodule y; count both.
-                names.add(node.module)
-                names.update(f"{node.module}.{a.name}" for a in node.names)
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.module
+            and not node.level
+            and node.module.startswith("engine")
+        ):
+            # `from engine.x import y` may name a submodule y; count both.
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
     return names
 
 

@@ -11,7 +11,7 @@ from admin.metering import usage_row
 from admin.models import UsageRow
 from admin.usage_store import write_usage
 from gateway.usage import UsageRecord
-from tests.admin.conftest import make_env
+from tests.utils.admin_env import make_env
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 BASE = registry.Prices(input=100, cached_input=50, output=1_000)

@@ -32,7 +32,6 @@ from admin.app import create_admin_app
 from admin.deps import UPLOAD_CONCURRENCY
 from admin.models import AuditEvent, LoraAdapter
 from gateway.errors import install_error_handlers
-from tests.admin.conftest import AdminEnv, make_env
 from tests.admin.zip_archives import (
     GIB,
     HEADS,
@@ -43,7 +42,8 @@ from tests.admin.zip_archives import (
     adapter_files,
     zip_of,
 )
-from tests.gateway.conftest import free_port
+from tests.utils.admin_env import AdminEnv, make_env
+from tests.utils.services import free_port
 
 P = "/admin/api/v1"
 UPLOAD_CAP = 8 * 1024 * 1024

@@ -24,7 +24,7 @@ from admin.models import AuditEvent
 from admin.settings import AdminSettings
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
-from tests.admin.conftest import PEPPER, SIGNING_SEED, AdminEnv, make_env
+from tests.utils.admin_env import PEPPER, SIGNING_SEED, AdminEnv, make_env
 
 BAD = {"Authorization": "Bearer clo-adm-" + "x" * 43}  # looks real: costs a database read
 

@@ -20,7 +20,7 @@ from admin.audit_chain import (
 )
 from admin.audit_log import AuditLog
 from tenancy.db import make_engine, make_session_factory, upgrade_database
-from tests.admin.conftest import SIGNING_SEED
+from tests.utils.admin_env import SIGNING_SEED
 
 N = 10_000
 EVERY = 500

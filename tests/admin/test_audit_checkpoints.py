@@ -21,7 +21,7 @@ from cloister.commands import admin as admin_cmd
 from cloister.commands import audit as audit_cmd
 from server.settings import Settings
 from tenancy.db import make_engine, make_session_factory, upgrade_database
-from tests.admin.conftest import SIGNING_SEED
+from tests.utils.admin_env import SIGNING_SEED
 
 KEY = load_private_key(SIGNING_SEED)
 PUB = public_hex(KEY)

@@ -18,7 +18,7 @@ from admin.audit_file import verify_export
 from admin.audit_log import AuditLog
 from cloister.commands import audit as audit_cmd
 from tenancy.db import make_engine, make_session_factory, upgrade_database
-from tests.admin.conftest import SIGNING_SEED
+from tests.utils.admin_env import SIGNING_SEED
 
 EVERY = 4
 KEY = load_private_key(SIGNING_SEED)

@@ -20,8 +20,8 @@ from admin.audit_log import event_dict
 from admin.identity import create_admin_token
 from admin.models import AuditEvent
 from cloister.commands import audit as audit_cmd
-from tests.gateway.conftest import PEPPER
 from tests.gateway.processes import database, spawn_gateway, stop, wait_ready
+from tests.utils.principals import PEPPER
 from tests.utils.tiny_model import make_tiny_model_dir
 
 pytestmark = pytest.mark.slow

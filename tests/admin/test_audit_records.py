@@ -13,7 +13,7 @@ from admin.audit_log import AuditLog, event_dict
 from admin.identity import create_admin_token
 from admin.models import AuditEvent
 from tenancy.db import make_engine, make_session_factory, upgrade_database
-from tests.admin.conftest import PEPPER, AdminEnv
+from tests.utils.admin_env import PEPPER, AdminEnv
 
 P = "/admin/api/v1"
 

@@ -20,7 +20,7 @@ from admin.audit_log import AuditLog
 from admin.audit_writer import AuditWriter
 from admin.models import AuditEvent
 from tenancy.db import make_engine, make_session_factory, upgrade_database
-from tests.admin.conftest import SIGNING_SEED
+from tests.utils.admin_env import SIGNING_SEED
 from tests.utils.services import postgres_database
 
 LONG = "203.0.113." + "9" * 200

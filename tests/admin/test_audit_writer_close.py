@@ -15,7 +15,7 @@ from admin.audit_log import AuditLog
 from admin.audit_writer import AuditWriter
 from admin.models import AuditEvent
 from tenancy.db import make_engine, make_session_factory, upgrade_database
-from tests.admin.conftest import SIGNING_SEED
+from tests.utils.admin_env import SIGNING_SEED
 
 
 def _record(writer: AuditWriter, i: int) -> None:

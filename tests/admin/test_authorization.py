@@ -14,7 +14,7 @@ from admin.identity import create_admin_token
 from admin.models import AuditEvent
 from admin.roles import ROLES
 from tenancy import store
-from tests.admin.conftest import PEPPER, AdminEnv
+from tests.utils.admin_env import PEPPER, AdminEnv
 
 OK = {200, 201}
 DENY = {403}

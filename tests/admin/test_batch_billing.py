@@ -25,7 +25,7 @@ from gateway.usage import UsageRecord
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tenancy.errors import InvalidValueError
-from tests.admin.conftest import AdminEnv
+from tests.utils.admin_env import AdminEnv
 
 P = "/admin/api/v1"
 # Odd micro-USD prices, so that a discount which rounded the wrong way would show.

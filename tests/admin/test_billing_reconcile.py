@@ -13,7 +13,7 @@ from admin import registry
 from admin.billing_export import FIELDS
 from admin.usage_store import write_usage
 from tenancy import store
-from tests.admin.conftest import AdminEnv
+from tests.utils.admin_env import AdminEnv
 
 P = "/admin/api/v1"
 PRICES = registry.Prices(input=150_000, cached_input=75_000, output=600_000)

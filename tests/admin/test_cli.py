@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from cloister.commands import admin as admin_cmd
 from cloister.commands import audit as audit_cmd
 from cloister.commands import billing as billing_cmd
-from tests.admin.conftest import SIGNING_SEED
+from tests.utils.admin_env import SIGNING_SEED
 
 
 @pytest.fixture

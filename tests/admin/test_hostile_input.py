@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from admin.models import AuditEvent
-from tests.admin.conftest import AdminEnv
+from tests.utils.admin_env import AdminEnv
 
 P = "/admin/api/v1"
 

@@ -12,7 +12,7 @@ from sqlalchemy import select
 from admin import registry
 from admin.audit_log import event_dict
 from admin.models import AuditEvent
-from tests.admin.conftest import AdminEnv
+from tests.utils.admin_env import AdminEnv
 
 P = "/admin/api/v1"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.admin.conftest import make_env
+from tests.utils.admin_env import make_env
 from tests.utils.services import postgres_database
 
 REQUESTS = [

@@ -10,8 +10,8 @@ import httpx
 import pytest
 from joserfc.jwk import RSAKey
 
-from tests.admin.conftest import AdminEnv, make_env
 from tests.admin.oidc_provider import Provider, start_provider
+from tests.utils.admin_env import AdminEnv, make_env
 
 CLIENT_ID = "cloister-admin"
 REDIRECT = "http://testserver/admin/api/v1/auth/callback"

@@ -8,7 +8,7 @@ from typing import Any
 from openapi_spec_validator import validate
 from openapi_spec_validator.validation import OpenAPIV31SpecValidator
 
-from tests.admin.conftest import AdminEnv
+from tests.utils.admin_env import AdminEnv
 
 
 def test_admin_document_is_its_own(env: AdminEnv) -> None:

@@ -12,7 +12,7 @@ from admin import registry
 from admin.overview_stats import StatsSampler
 from admin.usage_store import write_usage
 from tenancy import store
-from tests.admin.conftest import AdminEnv
+from tests.utils.admin_env import AdminEnv
 
 PRICES = registry.Prices(input=1_000_000, cached_input=500_000, output=2_000_000)  # pico per token
 P = "/admin/api/v1"

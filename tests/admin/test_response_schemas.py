@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from admin.router import create_admin_router
-from tests.admin.conftest import AdminEnv
+from tests.utils.admin_env import AdminEnv
 
 TEXT_ROUTES = {("get", "/billing/export"), ("get", "/audit/export")}  # CSV / JSON lines
 REDIRECTS = {("get", "/auth/login")}

@@ -14,7 +14,7 @@ import pytest
 
 from admin import registry, served_models
 from admin.served_models import ServedModel, record_served
-from tests.admin.conftest import AdminEnv, make_env
+from tests.utils.admin_env import AdminEnv, make_env
 
 
 @pytest.fixture

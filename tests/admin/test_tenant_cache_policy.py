@@ -17,8 +17,8 @@ from admin import registry
 from admin.models import AuditEvent
 from admin.ui import gateway_engine_replicas
 from gateway.engine_client import InProcessEngineClient
-from tests.admin.conftest import AdminEnv
 from tests.admin.engine_stand_ins import FixedStatsEngine, idle_stats
+from tests.utils.admin_env import AdminEnv
 
 P = "/admin/api/v1"
 DEFAULTS = {

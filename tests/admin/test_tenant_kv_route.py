@@ -18,9 +18,9 @@ from engine.stats import TenantKVStats
 from gateway.engine_client import InProcessEngineClient
 from gateway.replica_set import ReplicaSetClient
 from tenancy import store
-from tests.admin.conftest import AdminEnv, make_env
 from tests.admin.engine_stand_ins import FixedStatsEngine, idle_stats, remote_engine_server
 from tests.gateway.fakes import ByteTokenizer
+from tests.utils.admin_env import AdminEnv, make_env
 
 P = "/admin/api/v1"
 TENANT, OTHER = "acme", "globex"

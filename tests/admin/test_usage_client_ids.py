@@ -18,7 +18,7 @@ from admin.usage_store import write_usage
 from gateway.usage import UsageRecord
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tenancy.models import Tenant
-from tests.admin.conftest import AdminEnv
+from tests.utils.admin_env import AdminEnv
 from tests.utils.services import postgres_database
 
 

@@ -28,7 +28,7 @@ from cloister.cli import main
 from cloister.commands.serve import load_settings
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
-from tests.admin.conftest import AdminEnv, make_env
+from tests.utils.admin_env import AdminEnv, make_env
 from tests.utils.services import postgres_database
 
 NOW = dt.datetime(2026, 6, 15, 12, 30, tzinfo=dt.UTC)

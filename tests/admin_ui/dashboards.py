@@ -12,7 +12,7 @@ from playwright.sync_api import expect
 
 from admin.usage_store import write_usage
 from tenancy.db import make_engine, make_session_factory
-from tests.admin_ui.conftest import Console, Server
+from tests.utils.admin_console import Console, Server
 
 SEEDED = "initech"
 # $1, $0.50 and $2 per million tokens: pico-USD per token (= micro-USD per million).

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from admin.overview_stats import Sample, StatsSampler, overview, p95
 from admin.usage_store import write_usage
 from tenancy import store
-from tests.admin.conftest import AdminEnv, make_env
+from tests.utils.admin_env import AdminEnv, make_env
 
 
 @pytest.fixture

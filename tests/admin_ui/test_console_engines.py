@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from tests.admin.oidc_provider import Provider, start_provider
-from tests.admin_ui.conftest import Console, Server, serve_console
-from tests.gateway.conftest import free_port
+from tests.utils.admin_console import Console, Server, serve_console
+from tests.utils.services import free_port
 
 CLIENT_ID = "cloister-console"
 SPECULATIVE = "Speculative decoding"

@@ -24,7 +24,7 @@ from playwright.sync_api import expect
 from admin.audit_chain import load_private_key, public_hex
 from admin.audit_file import verify_export
 from tests.admin_ui import dashboards
-from tests.admin_ui.conftest import SIGNING_KEY, Console, Server, screenshot_dir, utc_month
+from tests.utils.admin_console import SIGNING_KEY, Console, Server, screenshot_dir, utc_month
 
 pytestmark = pytest.mark.browser
 

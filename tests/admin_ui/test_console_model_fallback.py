@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
-from tests.admin_ui.conftest import Console, Server
+from tests.utils.admin_console import Console, Server
 
 pytestmark = pytest.mark.browser
 

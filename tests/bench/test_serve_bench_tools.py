@@ -20,7 +20,7 @@ from bench.serve_model import SHAPES, VOCAB, hf_config, write_model_dir
 from engine.model.hf_loader import architecture_from_config
 from engine.model.loader import load_model
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import make_test_engine, start_gateway
+from tests.utils.live_gateway import make_test_engine, start_gateway
 from tests.utils.tiny_model import smollm2_tokenizer_dir
 
 

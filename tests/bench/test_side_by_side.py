@@ -11,7 +11,7 @@ import pytest
 
 from bench.serve_side_by_side import WORKLOADS, Server, mean_figures, measure
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import make_test_engine, start_gateway
+from tests.utils.live_gateway import make_test_engine, start_gateway
 
 
 def test_both_workloads_run_whole_outputs_against_a_live_gateway(tmp_path: Path) -> None:

@@ -353,8 +353,8 @@ def test_cloister_serve_with_a_bad_environment_stops_with_the_name(tmp_path: Pat
     import os
     import subprocess
 
-    from tests.gateway.conftest import free_port
     from tests.gateway.processes import SERVE_COMMAND
+    from tests.utils.services import free_port
 
     env = {
         **os.environ,

@@ -19,8 +19,8 @@ import uvicorn
 from engine_server.link import UVICORN_WS
 from gateway.engine_client import EngineClient
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import LiveGateway, free_port, start_gateway
-from tests.utils.services import stop_process, wait_http_ok
+from tests.utils.live_gateway import LiveGateway, start_gateway
+from tests.utils.services import free_port, stop_process, wait_http_ok
 
 SERVICE_TOKEN = "svc-" + "s3cret-token-for-tests-only"
 ENGINE_COMMAND = [sys.executable, "-c", "from cloister.cli import main; main()", "engine", "serve"]

@@ -12,8 +12,8 @@ from engine.async_engine import AsyncEngine
 from server.settings import Settings
 from server.wiring import serve_engine_options
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import LiveGateway, start_gateway
 from tests.utils.fast_fake_model import GatedFakeModel, fast_fake_llm_engine
+from tests.utils.live_gateway import LiveGateway, start_gateway
 from tests.utils.tiny_model import SMOLLM2_VOCAB
 
 

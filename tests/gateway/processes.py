@@ -19,8 +19,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
-from tests.gateway.conftest import PEPPER, free_port
-from tests.utils.services import stop_process, wait_http_ok
+from tests.utils.principals import PEPPER
+from tests.utils.services import free_port, stop_process, wait_http_ok
 
 START_TIMEOUT_S = 120.0  # two processes importing torch on two busy cores
 

@@ -27,8 +27,8 @@ from server.wiring import build_app
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tests.admin.zip_archives import HEADS, HIDDEN, INTERMEDIATE, KV_HEADS, adapter_files, zip_of
-from tests.gateway.conftest import PEPPER
 from tests.gateway.fakes import FakeEngine
+from tests.utils.principals import PEPPER
 
 LOAD_WITHIN_S = 5.0  # the bound: registered -> servable without a restart
 

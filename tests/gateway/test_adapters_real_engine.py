@@ -25,8 +25,8 @@ from server.wiring import build_app
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tests.admin.zip_archives import zip_of
-from tests.gateway.conftest import PEPPER
 from tests.utils.lora_adapters import make_peft_adapter
+from tests.utils.principals import PEPPER
 from tests.utils.tiny_model import make_tiny_model_dir
 
 pytestmark = pytest.mark.slow

@@ -29,9 +29,9 @@ from server.wiring import build_app
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tests.admin.zip_archives import adapter_files, zip_of
-from tests.gateway.conftest import PEPPER
 from tests.gateway.engine_servers import SERVICE_TOKEN, EngineProcess, engine_servers
 from tests.utils.lora_adapters import make_peft_adapter
+from tests.utils.principals import PEPPER
 from tests.utils.tiny_model import make_tiny_model_dir
 
 pytestmark = pytest.mark.slow

@@ -18,7 +18,7 @@ from tenancy.limiter.base import Admission
 from tenancy.limiter.memory import MemoryLimiter
 from tenancy.limits import LimitValues, merge_limits
 from tenancy.principal import Principal
-from tests.gateway.conftest import make_test_engine, start_gateway
+from tests.utils.live_gateway import make_test_engine, start_gateway
 
 
 def principal(**limits: int) -> Principal:

@@ -11,7 +11,8 @@ from click.testing import CliRunner
 from cloister.cli import main
 from cloister.serve_bench.report import percentiles
 from cloister.serve_bench.workload import Conversations, WorkloadCell, tenant_prefixes
-from tests.gateway.conftest import LiveGateway, free_port
+from tests.utils.live_gateway import LiveGateway
+from tests.utils.services import free_port
 
 
 def _bench(gateway: LiveGateway, keys: list[str], *extra: str) -> list[str]:

@@ -15,8 +15,8 @@ from server.settings import Settings
 from server.wiring import build_app
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
-from tests.gateway.conftest import PEPPER
 from tests.gateway.fakes import FakeEngine
+from tests.utils.principals import PEPPER
 
 
 def test_bad_keys_suspended_tenants_and_disallowed_models_are_audited_in_aggregate(

@@ -21,8 +21,8 @@ from engine.async_engine import AsyncEngine
 from engine.errors import RequestFailedError
 from engine.process_engine import ProcessEngine
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import LiveGateway, start_gateway
 from tests.utils.faulty_engine import POISON_SEED, SECRET, faulty_engine
+from tests.utils.live_gateway import LiveGateway, start_gateway
 from tests.utils.tiny_model import make_tiny_model_dir
 
 MAX_WAITING = 32

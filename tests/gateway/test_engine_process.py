@@ -21,7 +21,7 @@ from engine.process_engine import ProcessEngine
 from server.settings import Settings
 from server.wiring import load_engine
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import OPERATOR_HEADERS, LiveGateway, start_gateway
+from tests.utils.live_gateway import OPERATOR_HEADERS, LiveGateway, start_gateway
 from tests.utils.tiny_model import make_tiny_model_dir
 
 MESSAGES = [{"role": "user", "content": "Say something about caches. " * 6}]

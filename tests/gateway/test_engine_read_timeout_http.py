@@ -26,11 +26,11 @@ from engine.request import EngineRequest
 from engine_server.app import EngineServer
 from engine_server.auth import ServiceAuth
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import LiveGateway, start_gateway
 from tests.gateway.engine_servers import serve_in_thread
 from tests.gateway.fakes import FakeEngine
 from tests.gateway.test_engine_hop_wire import TOKEN
 from tests.gateway.test_engine_link import client_of
+from tests.utils.live_gateway import LiveGateway, start_gateway
 
 READ_TIMEOUT_S = 0.8
 

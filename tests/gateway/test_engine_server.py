@@ -40,7 +40,6 @@ from engine_hop.wire import (
     rules_to_wire,
 )
 from gateway.remote_engine import RemoteEngineClient, fetch_info
-from tests.gateway.conftest import LiveGateway, free_port
 from tests.gateway.engine_servers import (
     ENGINE_COMMAND,
     SERVICE_TOKEN,
@@ -51,6 +50,8 @@ from tests.gateway.engine_servers import (
     spawn_engine,
     wait_ready,
 )
+from tests.utils.live_gateway import LiveGateway
+from tests.utils.services import free_port
 from tests.utils.tiny_model import make_tiny_model_dir
 
 MESSAGES = [{"role": "user", "content": "Tell me a story about a cache, at length."}]

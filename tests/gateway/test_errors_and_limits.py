@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from tenancy import store
-from tests.gateway.conftest import OPERATOR_HEADERS, LiveGateway
+from tests.utils.live_gateway import OPERATOR_HEADERS, LiveGateway
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

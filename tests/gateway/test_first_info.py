@@ -19,8 +19,8 @@ from starlette.routing import Route
 
 from gateway.remote_engine import first_info
 from gateway.remote_errors import EngineUnavailableError
-from tests.gateway.conftest import free_port
 from tests.gateway.engine_servers import serve_in_thread
+from tests.utils.services import free_port
 
 TOKEN = "svc-first-info-token"
 INFO = {"model_name": "m", "max_model_len": 512, "vocab_size": 1000, "num_blocks": 64}

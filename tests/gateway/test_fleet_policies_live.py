@@ -25,8 +25,8 @@ from bench.fleet import (
     run_hot,
     run_sessions,
 )
-from tests.gateway.conftest import LiveGateway
 from tests.gateway.engine_servers import EngineProcess, engine_servers
+from tests.utils.live_gateway import LiveGateway
 from tests.utils.tiny_model import make_tiny_model_dir
 
 pytestmark = pytest.mark.slow

@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from admin.identity import create_admin_token
-from tests.gateway.conftest import PEPPER
 from tests.gateway.processes import create_tenant_key, database, gateways
+from tests.utils.principals import PEPPER
 from tests.utils.tiny_model import make_tiny_model_dir
 
 pytestmark = pytest.mark.slow

@@ -15,7 +15,7 @@ from starlette.requests import Request
 
 from gateway.body import MAX_BODY_BYTES, BodyTooLargeError, read_body
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import LiveGateway, make_test_engine, start_gateway
+from tests.utils.live_gateway import LiveGateway, make_test_engine, start_gateway
 
 MESSAGES = '[{"role": "user", "content": "hi"}]'
 GOOD_CHAT = f'{{"model": "tiny", "messages": {MESSAGES}, "max_tokens": 2}}'.encode()

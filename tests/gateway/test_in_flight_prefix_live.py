@@ -16,9 +16,10 @@ import pytest
 from openai import AsyncOpenAI
 
 from tenancy import store
-from tests.gateway.conftest import PEPPER, LiveGateway
 from tests.gateway.gated import start_gated_gateway
 from tests.utils.fast_fake_model import GatedFakeModel
+from tests.utils.live_gateway import LiveGateway
+from tests.utils.principals import PEPPER
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,7 @@ from server.settings import Settings
 from server.wiring import build_app, prepare_database
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory
-from tests.gateway.conftest import PEPPER
+from tests.utils.principals import PEPPER
 from tests.utils.tiny_model import make_tiny_model_dir
 
 CAP_SERIES = re.compile(r'^cloister_engine_prefill_token_cap\{model_name="tiny"\} (\S+)$', re.M)

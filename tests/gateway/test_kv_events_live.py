@@ -22,10 +22,11 @@ from engine.kv_cache.kv_events import BlockStored, decode_batch
 from engine_server.app import EngineServer
 from engine_server.auth import ServiceAuth
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import free_port, start_gateway
 from tests.gateway.engine_servers import serve_in_thread
 from tests.utils.fast_fake_model import fast_fake_front, fast_fake_llm_engine, fast_fake_settings
 from tests.utils.kv_replay import replay
+from tests.utils.live_gateway import start_gateway
+from tests.utils.services import free_port
 
 TOKEN = "svc-" + "kv-events-token-for-tests"
 

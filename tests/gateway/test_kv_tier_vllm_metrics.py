@@ -20,8 +20,8 @@ from server.settings import Settings
 from server.wiring import build_app, prepare_database
 from tenancy.db import make_engine, make_session_factory
 from tests.admin.engine_stand_ins import idle_stats
-from tests.gateway.conftest import PEPPER
 from tests.gateway.fakes import FakeEngine
+from tests.utils.principals import PEPPER
 from tests.utils.tier_samples import HOST_TIER
 
 BLOCK = 16  # idle_stats' pool: 40 blocks of 16 tokens

@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway.conftest import OPERATOR_HEADERS, LiveGateway
+from tests.utils.live_gateway import OPERATOR_HEADERS, LiveGateway
 
 MESSAGES = [{"role": "user", "content": "Tell me a story about a cache."}]
 

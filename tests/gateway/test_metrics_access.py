@@ -15,8 +15,8 @@ from server.settings import Settings
 from server.wiring import build_app, prepare_database
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory
-from tests.gateway.conftest import PEPPER
 from tests.gateway.fakes import FakeEngine
+from tests.utils.principals import PEPPER
 
 TENANT = "globex-confidential"
 

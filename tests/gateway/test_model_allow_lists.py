@@ -31,8 +31,9 @@ from server.settings import Settings
 from server.wiring import build_app
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
-from tests.gateway.conftest import PEPPER, free_port
 from tests.gateway.fakes import FakeEngine
+from tests.utils.principals import PEPPER
+from tests.utils.services import free_port
 
 REFRESH_S = 1.0
 MESSAGES = [{"role": "user", "content": "hello there"}]

@@ -34,8 +34,9 @@ from tenancy import store
 from tenancy.authenticator import Authenticator
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import OPERATOR_HEADERS, PEPPER, operator_auth
 from tests.gateway.fakes import ByteTokenizer, FakeEngine
+from tests.utils.live_gateway import OPERATOR_HEADERS, operator_auth
+from tests.utils.principals import PEPPER
 
 REPLY = "fallback says hi"
 MESSAGES = [{"role": "user", "content": "hello"}]

@@ -29,11 +29,11 @@ from server.wiring import build_app
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tests.admin.zip_archives import zip_of
-from tests.gateway.conftest import PEPPER
 from tests.gateway.engine_servers import serve_in_thread
 from tests.utils.hf_families import make_family_dir
 from tests.utils.int_checkpoints import Layout, make_int_folder
 from tests.utils.lora_adapters import make_peft_adapter
+from tests.utils.principals import PEPPER
 
 pytestmark = pytest.mark.slow
 

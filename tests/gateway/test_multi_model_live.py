@@ -28,7 +28,8 @@ from server.settings import Settings
 from server.wiring import build_app
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
-from tests.gateway.conftest import PEPPER, free_port
+from tests.utils.principals import PEPPER
+from tests.utils.services import free_port
 from tests.utils.tiny_model import make_tiny_model_dir
 
 pytestmark = pytest.mark.slow

@@ -16,8 +16,8 @@ from engine.outputs import StreamEvent
 from engine.request import EngineRequest
 from tenancy import store
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import LiveGateway, start_gateway
 from tests.gateway.fakes import FakeEngine
+from tests.utils.live_gateway import LiveGateway, start_gateway
 
 PROMPT = [{"role": "user", "content": "Tell me about isolated caches, please. " * 4}]
 

@@ -16,8 +16,8 @@ import pytest
 from gateway.usage import UsageRecord
 from tenancy import store
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import LiveGateway, start_gateway
 from tests.gateway.fakes import FakeEngine
+from tests.utils.live_gateway import LiveGateway, start_gateway
 
 MAX_TOKENS = 400  # 20 s at the fake's 50 ms a token: far longer than the test waits
 

@@ -19,13 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from server.logging_setup import make_handler
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import (
-    OPERATOR_HEADERS,
-    PEPPER,
-    LiveGateway,
-    make_test_engine,
-    start_gateway,
-)
+from tests.utils.live_gateway import OPERATOR_HEADERS, LiveGateway, make_test_engine, start_gateway
+from tests.utils.principals import PEPPER
 
 QUERIES = Path(__file__).parent / "data" / "vllm_dashboard_queries.json"
 METRIC_NAME = re.compile(r"vllm:[a-zA-Z0-9_:]+")

@@ -16,8 +16,8 @@ from openapi_spec_validator.validation import OpenAPIV31SpecValidator
 
 from gateway.openapi import tenant_document
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import LiveGateway, start_gateway
 from tests.gateway.fakes import FakeEngine
+from tests.utils.live_gateway import LiveGateway, start_gateway
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from gateway.ratelimit_headers import format_duration
 from gateway.tracing import extract_context
 from server.logging_setup import configure_logging, redact
 from tenancy.limiter.redis_limiter import RedisLimiter
-from tests.gateway.conftest import make_test_engine, start_gateway
+from tests.utils.live_gateway import make_test_engine, start_gateway
 from tests.utils.services import delete_prefix, redis_url
 
 MESSAGES = [{"role": "user", "content": "hi"}]

@@ -24,8 +24,8 @@ from engine.outputs import StreamEvent
 from engine.sampling_params import SamplingParams
 from tenancy.db import make_engine, make_session_factory
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import LiveGateway, start_gateway
 from tests.gateway.fakes import FakeEngine
+from tests.utils.live_gateway import LiveGateway, start_gateway
 
 MESSAGES = [{"role": "user", "content": "hello there"}]
 PRICES = registry.Prices(input=150_000, cached_input=75_000, output=600_000)

@@ -61,9 +61,10 @@ from tenancy import store
 from tenancy.authenticator import Authenticator
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import OPERATOR_HEADERS, PEPPER, operator_auth
 from tests.gateway.engine_servers import serve_in_thread
 from tests.utils.fast_fake_model import fast_fake_engine
+from tests.utils.live_gateway import OPERATOR_HEADERS, operator_auth
+from tests.utils.principals import PEPPER
 
 TOKEN = "svc-" + "remote-fallback-token-for-tests-only"
 AUTH = {"authorization": f"Bearer {TOKEN}"}

@@ -50,9 +50,9 @@ from gateway.remote_adapters import push_adapter
 from gateway.remote_engine import RemoteEngineClient, fetch_info
 from gateway.remote_errors import error_of_frame, error_of_response
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import LiveGateway, start_gateway
 from tests.gateway.engine_servers import gateway_over, serve_in_thread
 from tests.utils.fast_fake_model import fast_fake_engine, fast_fake_llm_engine
+from tests.utils.live_gateway import LiveGateway, start_gateway
 
 TOKEN = "svc-" + "refusals-token-for-tests-only"
 AUTH = {"authorization": f"Bearer {TOKEN}"}

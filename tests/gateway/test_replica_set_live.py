@@ -22,7 +22,6 @@ from sqlalchemy import text
 
 from admin.identity import create_admin_token
 from tests.gateway import processes
-from tests.gateway.conftest import PEPPER, free_port
 from tests.gateway.engine_servers import (
     SERVICE_TOKEN,
     EngineProcess,
@@ -30,6 +29,8 @@ from tests.gateway.engine_servers import (
     spawn_engine,
     wait_ready,
 )
+from tests.utils.principals import PEPPER
+from tests.utils.services import free_port
 from tests.utils.tiny_model import make_tiny_model_dir
 
 pytestmark = pytest.mark.slow

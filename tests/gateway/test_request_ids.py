@@ -18,8 +18,8 @@ from admin.models import UsageRow
 from admin.usage_store import write_usage
 from gateway.usage import UsageRecord
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import LiveGateway, start_gateway
 from tests.gateway.fakes import FakeEngine
+from tests.utils.live_gateway import LiveGateway, start_gateway
 
 OWN = "x-cloister-request-id"
 CHAT = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}

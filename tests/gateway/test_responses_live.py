@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import LiveGateway, make_test_engine, start_gateway
+from tests.utils.live_gateway import LiveGateway, make_test_engine, start_gateway
 
 STREAM_TYPES = [
     "response.created",

@@ -31,8 +31,8 @@ from server.settings import Settings
 from server.wiring import build_app
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
-from tests.gateway.conftest import PEPPER
 from tests.gateway.fakes import FakeEngine
+from tests.utils.principals import PEPPER
 from tests.utils.services import delete_prefix, redis_url
 
 RECORD = 64_000  # responses_max_record_bytes

@@ -26,8 +26,8 @@ from server.settings import Settings
 from server.wiring import build_app
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
-from tests.gateway.conftest import PEPPER
 from tests.gateway.fakes import FakeEngine
+from tests.utils.principals import PEPPER
 from tests.utils.services import delete_prefix, redis_url
 
 TTL_S = 1.5

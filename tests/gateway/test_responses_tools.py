@@ -16,8 +16,8 @@ import openai
 import pytest
 
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import LiveGateway, make_test_engine, start_gateway
 from tests.gateway.fakes import FakeEngine
+from tests.utils.live_gateway import LiveGateway, make_test_engine, start_gateway
 
 WEATHER = {
     "type": "function",

@@ -18,9 +18,9 @@ from server.settings import Settings
 from server.wiring import build_app
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
-from tests.gateway.conftest import PEPPER
 from tests.gateway.fakes import FakeEngine
 from tests.gateway.test_rejection_billing import FailingEngine
+from tests.utils.principals import PEPPER
 
 TTL_S = 0.5
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import httpx
 
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import start_gateway
 from tests.gateway.fakes import FakeEngine
+from tests.utils.live_gateway import start_gateway
 
 
 def test_unknown_path_and_wrong_method_get_openai_errors(tmp_path: Path) -> None:

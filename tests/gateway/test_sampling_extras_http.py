@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import LiveGateway, make_test_engine, start_gateway
+from tests.utils.live_gateway import LiveGateway, make_test_engine, start_gateway
 
 EOS = 2  # tests/utils/tiny_model.py
 CHAT = {"messages": [{"role": "user", "content": "Say something long."}]}

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import LiveGateway, make_test_engine, start_gateway
+from tests.utils.live_gateway import LiveGateway, make_test_engine, start_gateway
 
 FIELDS = [
     "temperature",

@@ -17,7 +17,7 @@ from admin.identity import create_admin_token
 from server.settings import Settings
 from server.wiring import build_app
 from tenancy.db import make_engine, make_session_factory, upgrade_database
-from tests.gateway.conftest import PEPPER
+from tests.utils.principals import PEPPER
 from tests.utils.tiny_model import make_tiny_model_dir
 
 OPTIONS: dict[str, Any] = {"attention_backend": "torch", "max_model_len": 256}

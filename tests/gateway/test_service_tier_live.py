@@ -19,9 +19,10 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 
 from tenancy import store
-from tests.gateway.conftest import OPERATOR_HEADERS, PEPPER, LiveGateway
 from tests.gateway.gated import start_gated_gateway
 from tests.utils.fast_fake_model import GatedFakeModel
+from tests.utils.live_gateway import OPERATOR_HEADERS, LiveGateway
+from tests.utils.principals import PEPPER
 
 pytestmark = pytest.mark.slow
 

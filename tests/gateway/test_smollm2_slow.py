@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import start_gateway
+from tests.utils.live_gateway import start_gateway
 
 
 @pytest.mark.slow

@@ -18,8 +18,8 @@ import pytest
 
 from admin.identity import create_admin_token
 from tests.gateway import processes
-from tests.gateway.conftest import PEPPER
 from tests.gateway.engine_servers import SERVICE_TOKEN, spawn_engine, wait_ready
+from tests.utils.principals import PEPPER
 from tests.utils.services import stop_process
 from tests.utils.tiny_model import make_tiny_model_dir
 

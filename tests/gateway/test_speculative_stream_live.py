@@ -14,7 +14,7 @@ import pytest
 from engine.async_engine import AsyncEngine
 from tenancy import store
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import LiveGateway, start_gateway
+from tests.utils.live_gateway import LiveGateway, start_gateway
 from tests.utils.tiny_model import make_tiny_model_dir
 
 PROMPT = "one two three " * 6

@@ -23,8 +23,8 @@ from engine.outputs import CompletionDelta, PositionLogprobs, StreamEvent, Token
 from engine.request import EngineRequest
 from tenancy import store
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import LiveGateway, make_test_engine, start_gateway
 from tests.gateway.fakes import FakeEngine
+from tests.utils.live_gateway import LiveGateway, make_test_engine, start_gateway
 
 MESSAGES = [{"role": "user", "content": "Say something about side channels."}]
 MAX_TOKENS = 18  # 4 + 4 + 4 + 4 + 2 under fixed:4

@@ -21,7 +21,7 @@ import pytest
 
 from gateway.usage import UsageRecord
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import LiveGateway, make_test_engine, start_gateway
+from tests.utils.live_gateway import LiveGateway, make_test_engine, start_gateway
 
 MESSAGES: Any = [{"role": "user", "content": "Say something."}]
 # Free text, then a lexeme whose language is empty: llguidance compiles it and computes

@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 
 from engine.structured.spec import MAX_SPEC_BYTES
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import LiveGateway, make_test_engine, start_gateway
+from tests.utils.live_gateway import LiveGateway, make_test_engine, start_gateway
 
 MESSAGES: Any = [{"role": "user", "content": "Describe a pet as JSON."}]
 

@@ -29,8 +29,9 @@ from server.wiring import build_app, prepare_database
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import OPERATOR_HEADERS, PEPPER, start_gateway
 from tests.gateway.fakes import FakeEngine
+from tests.utils.live_gateway import OPERATOR_HEADERS, start_gateway
+from tests.utils.principals import PEPPER
 from tests.utils.tiny_model import make_tiny_model_dir
 
 TENANT = "initech-kv"

@@ -15,8 +15,8 @@ import pytest
 from gateway.tokenize import INLINE_CHARS, PER_TENANT_RUNNING, PER_TENANT_WAITING, PromptTokenizer
 from tenancy.errors import RateLimitedError
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import LiveGateway, start_gateway
 from tests.gateway.fakes import ByteTokenizer, FakeEngine
+from tests.utils.live_gateway import LiveGateway, start_gateway
 
 # Over the inline threshold, well inside the size bound (512 tokens x 64 characters).
 LARGE = "y" * (INLINE_CHARS + 1000)

@@ -23,8 +23,8 @@ import pytest
 from engine.model.tokenizer import load_tokenizer
 from gateway.remote_engine import RemoteEngineClient, fetch_info
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import start_gateway
 from tests.gateway.engine_servers import SERVICE_TOKEN, spawn_engine, wait_ready
+from tests.utils.live_gateway import start_gateway
 from tests.utils.services import stop_process
 from tests.utils.tiny_model import make_tiny_model_dir
 

@@ -24,9 +24,9 @@ from gateway.remote_engine import RemoteEngineClient, fetch_info
 from server.otlp_json import encode_spans
 from server.telemetry import TelemetryUnavailableError, check_exporter, make_tracer_provider
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import LiveGateway, start_gateway
 from tests.gateway.engine_servers import serve_in_thread
 from tests.gateway.fakes import ByteTokenizer, FakeEngine
+from tests.utils.live_gateway import LiveGateway, start_gateway
 
 TOKEN = "svc-" + "trace-hop-token-for-tests-only"
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -12,8 +12,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from gateway.tracing import extract_context, gateway_tracer, make_tracer_provider
 from server.settings import Settings
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import start_gateway
 from tests.gateway.fakes import FakeEngine
+from tests.utils.live_gateway import start_gateway
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"

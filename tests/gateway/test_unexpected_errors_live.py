@@ -24,8 +24,8 @@ from starlette.types import Message, Receive, Scope, Send
 from gateway.errors import UnexpectedErrorMiddleware
 from server.request_ids import OWN_ID_HEADER
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.conftest import LiveGateway, start_gateway
 from tests.gateway.fakes import FakeEngine
+from tests.utils.live_gateway import LiveGateway, start_gateway
 
 SECRET = "secret-detail-/etc/cloister/key"
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.gateway.conftest import PEPPER, free_port
 from tests.gateway.processes import (
     SERVE_COMMAND,
     GatewayProcess,
@@ -25,6 +24,8 @@ from tests.gateway.processes import (
     stop,
     wait_ready,
 )
+from tests.utils.principals import PEPPER
+from tests.utils.services import free_port
 
 # SmolLM2-135M's KV cache per token in fp32: 30 layers x 3 KV heads x 64 dims x (K, V)
 # x 4 bytes.

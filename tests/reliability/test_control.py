@@ -7,8 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from tests.reliability.conftest import LiveServer
 from tests.reliability.live import problems, send
+from tests.utils.hostile_server import LiveServer
 
 
 def test_ordinary_load_leaves_bystanders_unchanged(live_server: LiveServer) -> None:

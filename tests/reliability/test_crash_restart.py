@@ -20,9 +20,9 @@ import pytest
 from click.testing import CliRunner
 
 from cloister.cli import main as cli
-from tests.gateway.conftest import PEPPER
 from tests.gateway.processes import GatewayProcess, database, spawn_gateway, stop, wait_ready
 from tests.reliability.live import ADMIN, usage_rows, wait_for_usage
+from tests.utils.principals import PEPPER
 from tests.utils.tiny_model import make_tiny_model_dir
 
 BUSY_TENANTS = ("alpha", "beta", "gamma")

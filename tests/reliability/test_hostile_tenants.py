@@ -21,7 +21,6 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
-from tests.reliability.conftest import AUTH_FAILURE_WINDOW_S, MAX_NUM_SEQS, MAX_WAITING, LiveServer
 from tests.reliability.live import (
     ADMIN,
     Reply,
@@ -35,6 +34,7 @@ from tests.reliability.live import (
     wait_for_usage,
 )
 from tests.reliability.strategies import Raw, chat_bodies, completion_bodies, encode
+from tests.utils.hostile_server import AUTH_FAILURE_WINDOW_S, MAX_NUM_SEQS, MAX_WAITING, LiveServer
 
 FUZZ_EXAMPLES = 60
 # An upload that takes longer than this must not keep the bystanders from completing a

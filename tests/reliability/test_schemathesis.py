@@ -21,10 +21,10 @@ from schemathesis import GenerationMode
 from schemathesis.core.result import Ok
 
 from admin.identity import create_admin_token
-from tests.gateway.conftest import PEPPER
 from tests.gateway.processes import create_tenant_key, database, spawn_gateway, stop, wait_ready
-from tests.reliability.conftest import SERVER_SETTINGS, LiveServer
 from tests.reliability.live import Bystanders, Reply, problems, server_errors
+from tests.utils.hostile_server import SERVER_SETTINGS, LiveServer
+from tests.utils.principals import PEPPER
 from tests.utils.services import postgres_database
 from tests.utils.tiny_model import make_tiny_model_dir
 

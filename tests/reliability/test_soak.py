@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.reliability.conftest import LiveServer
 from tests.reliability.live import sample_sum, scrape_metrics
+from tests.utils.hostile_server import LiveServer
 
 pytestmark = pytest.mark.slow
 

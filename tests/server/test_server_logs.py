@@ -22,8 +22,8 @@ from server.settings import Settings
 from server.wiring import build_app, prepare_database, shows_progress, with_server_logs
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory
-from tests.gateway.conftest import PEPPER
 from tests.gateway.fakes import FakeEngine
+from tests.utils.principals import PEPPER
 
 
 def snap(**fields: Any) -> EngineSnapshot:

@@ -1,4 +1,5 @@
-"""Fixtures for tenancy tests: a migrated SQLite database, principals, Redis prefixes."""
+"""Fixtures for tenancy tests: a migrated SQLite database and Redis prefixes (principals and
+the key pepper: tests/utils/principals.py)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,7 @@ import redis
 from sqlalchemy.orm import Session, sessionmaker
 
 from tenancy.db import make_engine, make_session_factory, upgrade_database
-from tenancy.limits import EffectiveLimits
-from tenancy.principal import Principal
 from tests.utils.services import delete_prefix, redis_url
-
-PEPPER = "test-pepper"
 
 
 @pytest.fixture
@@ -32,19 +29,6 @@ def session_factory(db_url: str) -> Iterator[sessionmaker[Session]]:
     engine = make_engine(db_url)
     yield make_session_factory(engine)
     engine.dispose()
-
-
-def make_principal(tenant_id: str = "ten_a", key_id: str = "key_a", **limits: object) -> Principal:
-    """A principal with the given effective limits (tenant-scoped unless key_scoped says)."""
-    return Principal(
-        tenant_id=tenant_id,
-        tenant_name=tenant_id,
-        key_id=key_id,
-        isolation_level="tenant",
-        weight=1.0,
-        limits=EffectiveLimits(**limits),  # type: ignore[arg-type]
-        allowed_models=None,
-    )
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from tenancy.authenticator import Authenticator
 from tenancy.errors import AuthenticationError
 from tenancy.key_usage import LastUsedWriter
 from tenancy.models import ApiKey
-from tests.tenancy.conftest import PEPPER
+from tests.utils.principals import PEPPER
 
 
 class FakeClock:

@@ -18,7 +18,7 @@ from tenancy.authenticator import Authenticator
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tenancy.key_usage import LastUsedWriter
 from tenancy.models import ApiKey
-from tests.tenancy.conftest import PEPPER
+from tests.utils.principals import PEPPER
 
 
 def _last_used(sessions: sessionmaker[Session], key_id: str) -> object:

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from tenancy import store
 from tenancy.keys import KEY_PREFIX, find_key, generate_key, hash_secret, verify_secret
 from tenancy.models import ApiKey
-from tests.tenancy.conftest import PEPPER
+from tests.utils.principals import PEPPER
 
 
 def test_generated_key_shape_and_hash() -> None:

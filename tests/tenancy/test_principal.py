@@ -11,7 +11,7 @@ from tenancy.authenticator import allowed_models, check_model
 from tenancy.errors import PermissionDeniedError
 from tenancy.limits import LimitValues, merge_limits
 from tenancy.principal import derive_cache_domain
-from tests.tenancy.conftest import make_principal
+from tests.utils.principals import make_principal
 
 
 def test_cache_domain_per_isolation_level() -> None:

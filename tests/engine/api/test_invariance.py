@@ -7,8 +7,17 @@ import pathlib
 from engine import LLM, SamplingParams
 from engine.scheduler.output import SchedulerOutput
 from engine.scheduler.step_budget import StepBudget
-from tests.engine.api.conftest import PROMPTS
 
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "One two three four five six seven eight nine ten eleven twelve thirteen fourteen",
+    "Hi",
+    "A much longer prompt that goes on for a while so that it spans several KV blocks "
+    "and needs more than one prefill chunk when the chunk size is small enough, which "
+    "is exactly what the invariance tests want to exercise here.",
+    "Emoji 🎉 and 中文 text",
+]
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 

@@ -15,7 +15,7 @@ from engine.llm_engine import LLMEngine
 from engine.process_engine import ProcessEngine
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
-from tests.engine.lora.conftest import OPTIONS, Adapters, make_engine, outputs, run_all
+from tests.utils.lora_engine import OPTIONS, Adapters, make_engine, outputs, run_all
 
 PROMPT = (5, 9, 300, 41, 7, 12, 88, 1000)
 Front = AsyncEngine | ProcessEngine

@@ -7,7 +7,7 @@ import torch
 
 from engine.kernels.lora_bgmv import bgmv_add_
 from engine.request import EngineRequest
-from tests.engine.lora.conftest import GREEDY, Adapters, make_engine, outputs, run_all
+from tests.utils.lora_engine import GREEDY, Adapters, make_engine, outputs, run_all
 
 
 def test_bgmv_matches_per_row_reference() -> None:

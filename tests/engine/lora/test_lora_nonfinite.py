@@ -17,8 +17,8 @@ from safetensors.torch import load_file, save_file
 from engine.errors import InvalidAdapterError
 from engine.lora.peft import read_peft_adapter
 from engine.model.hf_loader import architecture_from_config
-from tests.engine.lora.conftest import Adapters, make_engine
 from tests.utils.lora_adapters import make_peft_adapter
+from tests.utils.lora_engine import Adapters, make_engine
 
 KEY = "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight"
 

@@ -12,15 +12,8 @@ from engine.lora.peft import read_peft_adapter
 from engine.lora.stacks import LoraStacks
 from engine.model.hf_loader import architecture_from_config
 from engine.request import EngineRequest
-from tests.engine.lora.conftest import (
-    GREEDY,
-    Adapters,
-    make_engine,
-    outputs,
-    record_logits,
-    run_all,
-)
 from tests.utils.lora_adapters import merge_adapter
+from tests.utils.lora_engine import GREEDY, Adapters, make_engine, outputs, record_logits, run_all
 
 PROMPT = [5, 17, 301, 44, 9, 1200, 77, 3, 18, 250, 61]
 

@@ -13,7 +13,7 @@ from engine.lora.batch import LoraBatch
 from engine.lora.peft import AdapterWeights, module_shape, read_peft_adapter
 from engine.lora.stacks import GROUPS, LoraStacks
 from engine.model.hf_loader import architecture_from_config
-from tests.engine.lora.conftest import Adapters
+from tests.utils.lora_engine import Adapters
 
 CPU = torch.device("cpu")
 

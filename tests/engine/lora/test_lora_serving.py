@@ -9,7 +9,7 @@ from engine.llm_engine import LLMEngine
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 from engine.scheduler.output import SchedulerOutput
-from tests.engine.lora.conftest import GREEDY, Adapters, make_engine, outputs, run_all
+from tests.utils.lora_engine import GREEDY, Adapters, make_engine, outputs, run_all
 
 NAMES = ("r4", "r8", "r16", "r8b")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from engine.llm_engine import LLMEngine
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
-from tests.engine.lora.conftest import Adapters, make_engine, outputs, run_all
+from tests.utils.lora_engine import Adapters, make_engine, outputs, run_all
 from tests.utils.spec_proposers import SometimesWrong
 
 LONG = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)

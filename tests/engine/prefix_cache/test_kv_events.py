@@ -27,8 +27,8 @@ from engine.kv_events_publisher import KVEventPublisher
 from engine.llm_engine import LLMEngine
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
-from tests.gateway.conftest import free_port
 from tests.utils.fast_fake_model import fast_fake_llm_engine
+from tests.utils.services import free_port
 
 BLOCK = 16
 

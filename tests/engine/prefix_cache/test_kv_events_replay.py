@@ -14,8 +14,8 @@ import zmq
 from engine.kv_cache.kv_events import AllBlocksCleared, KVEventBatch, decode_batch
 from engine.kv_events_endpoint import KVEventsEndpointError
 from engine.kv_events_publisher import KVEventPublisher
-from tests.gateway.conftest import free_port
 from tests.utils.kv_replay import replay
+from tests.utils.services import free_port
 
 Replayed = list[tuple[int, float]]  # (sequence number, the batch's ts)
 

@@ -19,9 +19,9 @@ from admin.models import UsageRow
 from cloister.cli import main
 from tenancy import store
 from tenancy.models import ApiKey
-from tests.gateway.batch_api.conftest import BatchServer, chat_line
-from tests.gateway.conftest import PEPPER
 from tests.gateway.fakes import FakeEngine
+from tests.utils.batch_server import BatchServer, chat_line
+from tests.utils.principals import PEPPER
 
 
 def _create(server: BatchServer, tenant: str, file_id: str, **extra: object) -> dict[str, object]:

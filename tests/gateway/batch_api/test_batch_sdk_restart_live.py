@@ -16,7 +16,6 @@ import sqlalchemy as sa
 from openai import OpenAI
 
 from admin.models import UsageRow
-from tests.gateway.batch_api.conftest import chat_line
 from tests.gateway.processes import (
     GatewayProcess,
     create_tenant_key,
@@ -25,6 +24,7 @@ from tests.gateway.processes import (
     stop,
     wait_ready,
 )
+from tests.utils.batch_server import chat_line
 from tests.utils.tiny_model import make_tiny_model_dir
 
 LINES = 200  # the first batch's lines

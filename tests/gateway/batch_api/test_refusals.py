@@ -14,7 +14,7 @@ import sqlalchemy as sa
 
 from admin.models import AuditEvent
 from tenancy.models import Tenant
-from tests.gateway.batch_api.conftest import BatchServer, chat_line
+from tests.utils.batch_server import BatchServer, chat_line
 
 
 def _error(r: Any, status: int) -> dict[str, Any]:

@@ -22,10 +22,10 @@ from pydantic import ValidationError
 
 from server.settings import Settings
 from tenancy.models import ApiKey, Tenant
-from tests.gateway.batch_api.conftest import BatchServer, chat_line
 from tests.gateway.batch_api.moto_s3 import SECRET_ACCESS_KEY, MotoS3
-from tests.gateway.conftest import PEPPER
 from tests.gateway.fakes import FakeEngine
+from tests.utils.batch_server import BatchServer, chat_line
+from tests.utils.principals import PEPPER
 
 PREFIX = "tenants-files"
 

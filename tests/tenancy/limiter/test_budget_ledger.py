@@ -19,7 +19,7 @@ from tenancy.errors import LimiterUnavailableError, RateLimitedError
 from tenancy.limiter.base import BudgetLedger, Limiter
 from tenancy.limiter.memory import MemoryLimiter
 from tenancy.limiter.redis_limiter import RedisLimiter
-from tests.tenancy.conftest import make_principal
+from tests.utils.principals import make_principal
 from tests.utils.services import delete_prefix
 
 T0 = 1_800_000_000.0  # mid-month, mid-day (UTC)

@@ -12,7 +12,7 @@ from tenancy.errors import InvalidValueError, RateLimitedError
 from tenancy.limiter.base import Limiter, period_bounds
 from tenancy.limiter.memory import MemoryLimiter
 from tenancy.limiter.redis_limiter import RedisLimiter
-from tests.tenancy.conftest import make_principal
+from tests.utils.principals import make_principal
 
 T0 = 1_800_000_000.0  # a fixed wall clock, mid-month
 Scenario = Callable[[Limiter], Awaitable[None]]

@@ -15,7 +15,7 @@ import redis
 from tenancy.errors import LimiterUnavailableError
 from tenancy.limiter.factory import make_limiter, make_redis_client
 from tenancy.limiter.redis_limiter import RedisLimiter
-from tests.tenancy.conftest import make_principal
+from tests.utils.principals import make_principal
 from tests.utils.services import private_redis_server
 
 

@@ -15,7 +15,7 @@ import redis.asyncio
 from tenancy.errors import LimiterUnavailableError, RateLimitedError
 from tenancy.limiter.factory import make_limiter
 from tenancy.limiter.redis_limiter import RedisLimiter
-from tests.tenancy.conftest import make_principal
+from tests.utils.principals import make_principal
 from tests.utils.services import private_redis_server
 
 LIMIT = 20
