@@ -42,6 +42,8 @@ import httpx
 
 # Run as a script (python bench/NAME.py), this folder is on the path, not the project's.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# ...and platform/ ahead of this folder, whose engine_hop.py would shadow the package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "platform"))
 
 from engine.model.tokenizer import load_tokenizer  # noqa: E402
 from gateway.replica_set import ReplicaSetClient  # noqa: E402
