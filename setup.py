@@ -15,6 +15,7 @@ ROOTS = {
     "server": "platform/server",
     "engine_server": "platform/engine_server",
     "engine_hop": "platform/engine_hop",
+    "assembly": "platform/assembly",
 }
 
 packages: list[str] = []

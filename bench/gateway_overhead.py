@@ -57,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # the path, and its engine_hop.py (a benchmark) would shadow the engine_hop package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "platform"))
 
+from assembly.engine_options import serve_engine_options  # noqa: E402
 from bench.floor_gateway import serve_floor  # noqa: E402
 from bench.litellm_peer import litellm_proxy  # noqa: E402
 from cloister.commands.serve import run_server  # noqa: E402
@@ -65,7 +66,6 @@ from engine.request import EngineRequest  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 from server.process_tuning import loaded_objects_frozen  # noqa: E402
 from server.settings import Settings  # noqa: E402
-from server.wiring import serve_engine_options  # noqa: E402
 from tests.gateway.processes import (  # noqa: E402
     create_tenant_key,
     database,

@@ -41,11 +41,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "platform"))
 
+from assembly.engine_options import serve_engine_options  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.request import EngineRequest  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 from server.settings import Settings  # noqa: E402
-from server.wiring import serve_engine_options  # noqa: E402
 
 # The grounded texts are drawn from these sentences (a made-up town report: plain prose
 # the model copies well, with names and numbers that it cannot guess).

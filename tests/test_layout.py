@@ -34,6 +34,7 @@ def test_platform_packages_import_by_their_own_names() -> None:
         "admin",
         "engine_server",
         "engine_hop",
+        "assembly",
     ):
         assert importlib.import_module(name) is not None
 
@@ -60,7 +61,7 @@ def imported_roots(package: pathlib.Path) -> set[str]:
 def test_imports_go_one_way() -> None:
     """The services never import the CLI; tenancy never imports the services; the engine
     imports none of them (it runs alone on a GPU image). The hop's rules are below."""
-    services = {"cloister", "server", "gateway", "admin", "engine_server", "engine_hop"}
+    services = {"cloister", "server", "gateway", "admin", "engine_server", "engine_hop", "assembly"}
     assert "cloister" not in imported_roots(ROOT / "platform" / "gateway")
     assert "cloister" not in imported_roots(ROOT / "platform" / "admin")
     assert "cloister" not in imported_roots(ROOT / "platform" / "server")
@@ -69,6 +70,17 @@ def test_imports_go_one_way() -> None:
     assert not engine_side & {"cloister", "server", "gateway", "admin", "tenancy"}
     assert not imported_roots(ROOT / "tenancy") & services
     assert not imported_roots(ROOT / "engine") & (services | {"tenancy"})
+
+
+def test_server_has_two_floors() -> None:
+    """The base floor (`server/`: settings, request ids, telemetry, logging, docs) stands
+    under both services and imports none of them; the assembly floor (`assembly/`, how
+    `cloister serve` puts them together) imports them, and only the CLI imports it."""
+    above_base = {"gateway", "admin", "engine_server", "engine_hop", "assembly", "cloister"}
+    assert not imported_roots(ROOT / "platform" / "server") & above_base
+    for service in ("gateway", "admin", "engine_server", "engine_hop"):
+        assert "assembly" not in imported_roots(ROOT / "platform" / service), service
+    assert "cloister" not in imported_roots(ROOT / "platform" / "assembly")
 
 
 def test_the_gateway_reaches_engine_servers_only_through_the_hop() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from admin.roles import Role
-from server.settings import MAX_RETENTION_DAYS, check_oidc_scopes
+from server.settings import MAX_RETENTION_DAYS, Settings, check_oidc_scopes
 
 
 class AdminSettings(BaseModel):
@@ -56,3 +56,9 @@ class AdminSettings(BaseModel):
     @classmethod
     def _check_scopes(cls, value: str) -> str:
         return check_oidc_scopes(value)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> AdminSettings:
+        """The admin service's slice of the server's settings, each field from its
+        `CLOISTER_ADMIN_*` (or shared) setting (`Settings.admin_values`)."""
+        return cls(**settings.admin_values(cls.model_fields))

@@ -90,8 +90,8 @@ def migrated_engine(settings: Settings) -> sa.Engine:
 
 def prepared_engine(settings: Settings) -> sa.Engine:
     """`migrated_engine`, once this process's secrets match the database's pins
-    (server.deployment_secrets)."""
-    from server.deployment_secrets import check_deployment_secrets
+    (assembly.deployment_secrets)."""
+    from assembly.deployment_secrets import check_deployment_secrets
     from tenancy.db import make_session_factory
     from tenancy.secret_pins import SecretMismatchError
 

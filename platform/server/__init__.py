@@ -1,5 +1,4 @@
-"""One Cloister server: the settings every service reads, its logging, and how
-`cloister serve` assembles gateway, admin service and engine into one app.
-
-Both services import `server.settings`; only the CLI imports `server.wiring`.
+"""The base floor both services stand on: the settings every service reads, request ids,
+telemetry, logging and the API documents' helpers. It imports no service; how
+`cloister serve` assembles the services is the assembly floor's (`assembly`).
 """

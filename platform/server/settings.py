@@ -10,17 +10,15 @@ import json
 import os
 import secrets
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from engine.kv_events_endpoint import binds, check_endpoint
-
-if TYPE_CHECKING:
-    from admin.settings import AdminSettings
 
 # The pepper every development server used before secrets were generated per data
 # directory. It is public, so it is refused everywhere.
@@ -659,16 +657,15 @@ class Settings(BaseSettings):
             raise ValueError("CLOISTER_ADMIN_AUDIT_SIGNING_KEY must be set in production")
         return self
 
-    def admin_settings(self) -> AdminSettings:
-        """The admin service's slice of these settings.
+    def admin_values(self, names: Iterable[str]) -> dict[str, Any]:
+        """The admin service's settings `names` (`AdminSettings`' fields) from these.
 
-        Each AdminSettings field `f` is read from `admin_f` here, else from `f` (the
-        settings the gateway shares), unless it is worked out below. No copy by hand:
-        an admin setting added without a field here is refused at once rather than left
-        at its default where no environment variable reaches it.
+        Each `f` is read from `admin_f` here, else from `f` (the settings the gateway
+        shares), unless it is worked out below. No copy by hand: an admin setting added
+        without a field here is refused at once rather than left at its default where no
+        environment variable reaches it. (`AdminSettings.from_settings` calls this, so
+        that this floor imports no service.)
         """
-        from admin.settings import AdminSettings
-
         derived: dict[str, Any] = {
             "audit_signing_key": self.admin_audit_signing_key or self._development_signing_key(),
             "audit_head_path": self._audit_head_path(),
@@ -677,7 +674,7 @@ class Settings(BaseSettings):
         }
         ours = type(self).model_fields
         values: dict[str, Any] = {}
-        for name in AdminSettings.model_fields:
+        for name in names:
             if name in derived:
                 values[name] = derived[name]
             elif f"admin_{name}" in ours:
@@ -688,7 +685,7 @@ class Settings(BaseSettings):
                 raise RuntimeError(
                     f"AdminSettings.{name} has no setting CLOISTER_ADMIN_{name.upper()}"
                 )
-        return AdminSettings(**values)
+        return values
 
     def proxy_header_options(self) -> dict[str, Any]:
         """uvicorn's options for the X-Forwarded-* headers: believed from the trusted

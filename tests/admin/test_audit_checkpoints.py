@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from admin.audit_chain import GENESIS, load_private_key, public_hex, record_hash
 from admin.audit_log import AuditLog, event_dict
 from admin.models import AuditCheckpoint, AuditEvent
+from admin.settings import AdminSettings
 from cloister.commands import admin as admin_cmd
 from cloister.commands import audit as audit_cmd
 from server.settings import Settings
@@ -153,7 +154,7 @@ def test_cli_verify_reports_age_then_catches_truncation(cli: click.Group) -> Non
     services = make_services(
         make_session_factory(make_engine(settings.resolved_database_url)),
         pepper=settings.key_pepper.get_secret_value(),
-        settings=settings.admin_settings(),
+        settings=AdminSettings.from_settings(settings),
     )
     fill(services.audit, 30)
     services.audit.close()
@@ -163,7 +164,7 @@ def test_cli_verify_reports_age_then_catches_truncation(cli: click.Group) -> Non
     assert " s ago " in ok.output and "nothing after it is unsigned" in ok.output
     fill(services.audit, 2)  # not signed yet: said so
     assert "2 records after it not yet signed" in runner.invoke(cli, ["audit", "verify"]).output
-    head = settings.admin_settings().audit_head_path
+    head = AdminSettings.from_settings(settings).audit_head_path
     assert head is not None and json.loads(head.read_text())["seq"] == 30
     assert oct(head.stat().st_mode & 0o777) == "0o600"
     truncate(services.sessions, 10, checkpoints=True)

@@ -9,6 +9,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from admin.settings import AdminSettings
 from cloister.commands import admin as admin_cmd
 from cloister.commands import audit as audit_cmd
 from cloister.commands import billing as billing_cmd
@@ -47,7 +48,7 @@ def test_create_token_json_then_audit_round_trip(cli: click.Group, tmp_path: Pat
     services = make_services(
         sessions,
         pepper=settings.key_pepper.get_secret_value(),
-        settings=settings.admin_settings(),
+        settings=AdminSettings.from_settings(settings),
     )
     client = TestClient(create_admin_app(services))
     for i in range(7):

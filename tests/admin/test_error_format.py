@@ -17,8 +17,10 @@ from fastapi.testclient import TestClient
 
 from admin.app import create_admin_app, make_services
 from admin.identity import create_admin_token
+from admin.settings import AdminSettings
+from assembly.app import build_app
+from assembly.database import prepare_database
 from server.settings import Settings
-from server.wiring import build_app, prepare_database
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory
 from tests.gateway.fakes import FakeEngine
@@ -53,7 +55,9 @@ def clients(tmp_path: Path) -> Iterator[tuple[TestClient, TestClient, dict[str, 
     with sessions() as s:
         store.create_tenant(s, name="alpha")
         token = create_admin_token(s, pepper=PEPPER, role="admin", name="errors").secret
-    services = make_services(sessions, pepper=PEPPER, settings=settings.admin_settings())
+    services = make_services(
+        sessions, pepper=PEPPER, settings=AdminSettings.from_settings(settings)
+    )
     served = build_app(settings, engine=FakeEngine())
     try:
         with TestClient(create_admin_app(services)) as alone, TestClient(served) as together:

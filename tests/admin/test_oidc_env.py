@@ -15,6 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from admin.app import create_admin_app, make_services
+from admin.settings import AdminSettings
 from cloister.commands.serve import load_settings
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tests.admin.oidc_provider import Provider, start_provider
@@ -57,7 +58,7 @@ def serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, provider: Provider) -
         services = make_services(
             sessions,
             pepper=settings.key_pepper.get_secret_value(),
-            settings=settings.admin_settings(),
+            settings=AdminSettings.from_settings(settings),
         )
         client = TestClient(create_admin_app(services))
         clients.append(client)
@@ -158,4 +159,4 @@ def test_a_bad_value_stops_the_server(
 def test_an_empty_default_role_is_unset(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("CLOISTER_DATA_DIR", str(tmp_path))
     monkeypatch.setenv("CLOISTER_ADMIN_OIDC_DEFAULT_ROLE", "")
-    assert load_settings().admin_settings().oidc_default_role is None
+    assert AdminSettings.from_settings(load_settings()).oidc_default_role is None

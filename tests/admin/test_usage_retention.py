@@ -211,7 +211,7 @@ def test_the_running_admin_app_purges_past_the_configured_retention(
         services = make_services(
             sessions,
             pepper=settings.key_pepper.get_secret_value(),
-            settings=settings.admin_settings(),
+            settings=AdminSettings.from_settings(settings),
         )
         app = with_audit_checkpoints(create_admin_app(services), services)
         with TestClient(app):

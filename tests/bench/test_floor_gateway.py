@@ -19,7 +19,7 @@ MESSAGES = [{"role": "user", "content": "Write one sentence about caches."}]
 
 
 def _offline_text(settings: Settings, prompt_ids: list[int], max_tokens: int) -> str:
-    from server.wiring import serve_engine_options
+    from assembly.engine_options import serve_engine_options
 
     engine = fast_fake_llm_engine(**serve_engine_options(settings))
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)

@@ -19,10 +19,10 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner, Result
 
+from assembly.database import prepare_database
+from assembly.deployment_secrets import check_deployment_secrets
 from cloister.cli import main
-from server.deployment_secrets import check_deployment_secrets
 from server.settings import Settings
-from server.wiring import prepare_database
 from tenancy import secret_pins
 from tenancy.db import make_engine, make_session_factory
 from tenancy.secret_pins import SecretMismatchError

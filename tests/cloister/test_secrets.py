@@ -17,10 +17,11 @@ from pydantic import SecretStr, ValidationError
 
 from admin.app import create_admin_app, make_services
 from admin.identity import AdminIdentity, create_admin_token, issue_session
+from admin.settings import AdminSettings
+from assembly.database import prepare_database
 from cloister.commands.keys import commands as key_commands
 from cloister.commands.tenants import commands as tenant_commands
 from server.settings import Settings
-from server.wiring import prepare_database
 from tenancy.db import make_engine, make_session_factory
 from tenancy.keys import find_key
 
@@ -55,7 +56,9 @@ def admin_client(tmp_path: Path) -> Iterator[tuple[Settings, TestClient]]:
     prepare_database(settings)
     sessions = make_session_factory(make_engine(settings.resolved_database_url))
     services = make_services(
-        sessions, pepper=settings.key_pepper.get_secret_value(), settings=settings.admin_settings()
+        sessions,
+        pepper=settings.key_pepper.get_secret_value(),
+        settings=AdminSettings.from_settings(settings),
     )
     with TestClient(create_admin_app(services)) as client:
         yield settings, client
@@ -98,7 +101,7 @@ def test_development_secrets_are_random_private_and_reused(tmp_path: Path) -> No
     second = Settings(data_dir=data)  # a second start, or the CLI
     assert second.key_pepper.get_secret_value() == pepper
     assert second.admin_session_key.get_secret_value() == session_key
-    assert second.admin_settings().session_key == first.admin_session_key
+    assert AdminSettings.from_settings(second).session_key == first.admin_session_key
     other = Settings(data_dir=tmp_path / "other")
     assert other.key_pepper.get_secret_value() != pepper
 

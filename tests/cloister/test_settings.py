@@ -11,13 +11,14 @@ from typing import Any
 import pytest
 from pydantic import SecretStr, ValidationError
 
+from admin.settings import AdminSettings
 from server.settings import Settings
 
 
 def test_development_audit_key_is_made_once_and_private(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path)
-    first = settings.admin_settings().audit_signing_key
-    second = Settings(data_dir=tmp_path).admin_settings().audit_signing_key
+    first = AdminSettings.from_settings(settings).audit_signing_key
+    second = AdminSettings.from_settings(Settings(data_dir=tmp_path)).audit_signing_key
     assert first is not None and second is not None
     assert first.get_secret_value() == second.get_secret_value()
     assert len(bytes.fromhex(first.get_secret_value())) == 32
@@ -31,7 +32,7 @@ def test_explicit_admin_values_win(tmp_path: Path) -> None:
         admin_audit_signing_key=SecretStr("ab" * 32),
         admin_spool_path=tmp_path / "s",
     )
-    admin = settings.admin_settings()
+    admin = AdminSettings.from_settings(settings)
     assert admin.audit_signing_key is not None
     assert admin.audit_signing_key.get_secret_value() == "ab" * 32
     assert admin.spool_path == tmp_path / "s"
@@ -58,7 +59,7 @@ def test_production_refuses_development_secrets() -> None:
 
 def test_model_roots_default_to_the_data_dir_and_the_served_model(tmp_path: Path) -> None:
     model = tmp_path / "elsewhere" / "m.gguf"
-    roots = Settings(data_dir=tmp_path, model=str(model)).admin_settings().model_roots
+    roots = AdminSettings.from_settings(Settings(data_dir=tmp_path, model=str(model))).model_roots
     assert {tmp_path.resolve() / "models", tmp_path.resolve() / "adapters"} <= set(roots)
     assert model.resolve() in roots
     assert (tmp_path.resolve() / "cloister.db") not in roots
@@ -66,7 +67,7 @@ def test_model_roots_default_to_the_data_dir_and_the_served_model(tmp_path: Path
 
 def test_model_roots_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CLOISTER_MODEL_ROOTS", f"{tmp_path / 'a'}{os.pathsep}{tmp_path / 'b'}")
-    roots = Settings(data_dir=tmp_path).admin_settings().model_roots
+    roots = AdminSettings.from_settings(Settings(data_dir=tmp_path)).model_roots
     assert roots == ((tmp_path / "a").resolve(), (tmp_path / "b").resolve())
 
 
@@ -136,8 +137,8 @@ def test_kv_events_topics_default_to_llm_d_form_per_model(
 ) -> None:
     import socket
 
-    from server import wiring
-    from server.wiring import kv_events_topic, serve_engine_options
+    from assembly import engines as engine_loading
+    from assembly.engine_options import kv_events_topic, serve_engine_options
 
     topics: list[str] = []
 
@@ -145,9 +146,9 @@ def test_kv_events_topics_default_to_llm_d_form_per_model(
         topics.append(options["kv_events_topic"])
         return f"engine:{model}"
 
-    monkeypatch.setattr(wiring, "load_engine", fake_load)
+    monkeypatch.setattr(engine_loading, "load_engine", fake_load)
     two = Settings(data_dir=tmp_path, models=["a=/m/a", "b=/m/b"], kv_events_endpoint="tcp://i:1")
-    wiring.load_engines(two)
+    engine_loading.load_engines(two)
     assert topics == [f"kv@{socket.gethostname()}@a", f"kv@{socket.gethostname()}@b"]
 
     settings = Settings(data_dir=tmp_path, model_name="smol", kv_events_endpoint="ipc:///tmp/kv")
@@ -160,8 +161,8 @@ def test_kv_events_topics_default_to_llm_d_form_per_model(
 def test_every_engine_setting_reaches_the_engine_config(tmp_path: Path) -> None:
     import torch
 
+    from assembly.engine_options import serve_engine_options
     from engine.llm_engine import build_config
-    from server.wiring import serve_engine_options
 
     default = engine_fields(build_config("m"))
     for name, value in ENGINE_SETTINGS.items():
@@ -182,7 +183,7 @@ def test_every_engine_setting_reaches_the_engine_config(tmp_path: Path) -> None:
 
 
 def test_multi_tenant_defaults_and_auto_device() -> None:
-    from server.wiring import serve_engine_options
+    from assembly.engine_options import serve_engine_options
 
     settings = Settings()
     assert settings.scheduling_policy == "fair_lpm"
@@ -242,7 +243,7 @@ def test_fair_defaults_protect_tenants() -> None:
 
 
 def test_weight_quant_is_refused_off_the_cpu() -> None:
-    from server.wiring import DeviceUnavailableError, serve_engine_options
+    from assembly.engine_options import DeviceUnavailableError, serve_engine_options
 
     settings = Settings(weight_quant="int4")
     assert serve_engine_options(settings, cuda_available=False)["weight_quant"] == "int4"
@@ -254,10 +255,10 @@ def test_on_a_gpu_serve_picks_bf16_triton_fused_kernels_and_cuda_graphs() -> Non
     """The GPU path by default: what the engine makes of the options `cloister serve` passes."""
     import torch
 
+    from assembly.engine_options import serve_engine_options
     from engine.attention.select import get_attention_backend
     from engine.llm_engine import build_config
     from engine.model.fused import resolve_fused_ops
-    from server.wiring import serve_engine_options
 
     config = build_config("m", **serve_engine_options(Settings(), cuda_available=True))
     device = torch.device(config.model.device)
@@ -275,7 +276,7 @@ def test_on_a_gpu_serve_picks_bf16_triton_fused_kernels_and_cuda_graphs() -> Non
 
 
 def test_fused_ops_on_needs_cuda() -> None:
-    from server.wiring import DeviceUnavailableError, serve_engine_options
+    from assembly.engine_options import DeviceUnavailableError, serve_engine_options
 
     on = Settings(fused_ops="on")
     assert serve_engine_options(on, cuda_available=True)["fused_ops"] == "on"
@@ -334,8 +335,8 @@ def test_bad_engine_settings_are_refused_at_start(flags: list[str], tmp_path: Pa
 def test_bad_environment_settings_are_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     import click
 
+    from assembly.engine_options import DeviceUnavailableError, resolve_device
     from cloister.commands.serve import load_settings
-    from server.wiring import DeviceUnavailableError, resolve_device
 
     monkeypatch.setenv("CLOISTER_PREFIX_CACHE", "trie")
     with pytest.raises(click.ClickException, match="prefix_cache"):
@@ -482,7 +483,7 @@ def test_models_share_the_gpu_memory_utilization(
 ) -> None:
     """Each engine sizes its pool after measuring the ones before it: engine i of n is let
     up to (i + 1) / n of the share, so each ends with about an equal part."""
-    from server import wiring
+    from assembly import engines as engine_loading
 
     calls: list[tuple[str | None, dict[str, Any]]] = []
 
@@ -490,11 +491,11 @@ def test_models_share_the_gpu_memory_utilization(
         calls.append((model, options))
         return f"engine:{model}"
 
-    monkeypatch.setattr(wiring, "load_engine", fake_load)
+    monkeypatch.setattr(engine_loading, "load_engine", fake_load)
     three = Settings(
         data_dir=tmp_path, models=["a=/m/a", "b=/m/b", "c=/m/c"], gpu_memory_utilization=0.9
     )
-    assert wiring.load_engines(three, max_model_len=128) == {
+    assert engine_loading.load_engines(three, max_model_len=128) == {
         "a": "engine:/m/a",
         "b": "engine:/m/b",
         "c": "engine:/m/c",
@@ -503,7 +504,7 @@ def test_models_share_the_gpu_memory_utilization(
     assert shares == pytest.approx([0.3, 0.6, 0.9])
     assert all(options["max_model_len"] == 128 for _, options in calls)
     calls.clear()
-    wiring.load_engines(Settings(data_dir=tmp_path, model="/m/one"))
+    engine_loading.load_engines(Settings(data_dir=tmp_path, model="/m/one"))
     assert calls == [("/m/one", {})]  # one model: the setting as it is
 
 
@@ -634,7 +635,7 @@ def test_bad_disk_tier_settings_are_refused(
 def test_disk_tier_settings_reach_the_engine_and_an_empty_path_is_off(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from server.wiring import serve_engine_options
+    from assembly.engine_options import serve_engine_options
 
     monkeypatch.setenv("CLOISTER_KV_DISK_PATH", "")
     assert Settings().kv_disk_path is None

@@ -78,8 +78,8 @@ def test_the_settings_bounds_are_the_engines() -> None:
 
 
 def test_speculation_is_off_by_default_and_reaches_the_engine_config(tmp_path: Path) -> None:
+    from assembly.engine_options import serve_engine_options
     from engine.llm_engine import build_config
-    from server.wiring import serve_engine_options
 
     off = build_config("m", **serve_engine_options(Settings(data_dir=tmp_path)))
     assert off.speculative.speculative_method == "off" and not off.speculative.enabled
@@ -152,9 +152,9 @@ def test_both_commands_pass_the_speculative_flags_to_the_engine(
 ) -> None:
     """The flags become settings, and the settings the engine options each command loads
     its engine with (stopped there: no model is loaded)."""
+    from assembly.engine_options import serve_engine_options
     from cloister.commands import engine_serve, serve
     from engine.llm_engine import build_config
-    from server.wiring import serve_engine_options
 
     seen: list[Settings] = []
 
@@ -193,8 +193,8 @@ class StubEngine:
 
 
 def _summary(settings: Settings) -> str:
-    from server.startup_summary import build_summary
-    from server.wiring import serve_engine_options
+    from assembly.engine_options import serve_engine_options
+    from assembly.startup_summary import build_summary
 
     options = serve_engine_options(settings, cuda_available=False)
     return str(build_summary(settings, {"m": StubEngine()}, options).text())

@@ -72,8 +72,8 @@ def test_the_scratch_threads_openmp_team_does_not_outlive_it() -> None:
 
 
 def test_serve_builds_its_engine_off_the_calling_thread(tmp_path: object) -> None:
+    from assembly.engines import load_engine
     from server.settings import Settings
-    from server.wiring import load_engine
 
     threads: list[threading.Thread] = []
 

@@ -8,9 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from assembly.engine_options import serve_engine_options
 from engine.async_engine import AsyncEngine
 from server.settings import Settings
-from server.wiring import serve_engine_options
 from tenancy.limiter.memory import MemoryLimiter
 from tests.utils.fast_fake_model import GatedFakeModel, fast_fake_llm_engine
 from tests.utils.live_gateway import LiveGateway, start_gateway

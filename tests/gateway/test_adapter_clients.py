@@ -14,11 +14,11 @@ import pytest
 from prometheus_client import generate_latest
 
 from admin import registry
+from assembly.adapter_sync import AdapterSync
 from gateway.adapters import AdapterInfo, AdaptersUnsupportedError, split_model
 from gateway.adapters import AdapterInUseError as GatewayInUse
 from gateway.engine_client import EngineSnapshot, InProcessEngineClient
 from gateway.metrics import GatewayMetrics
-from server.adapter_sync import AdapterSync
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tests.gateway.fakes import FakeEngine
 

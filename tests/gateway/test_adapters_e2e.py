@@ -22,8 +22,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from admin import registry
 from admin.identity import create_admin_token
 from admin.models import AuditEvent, LoraAdapter, UsageRow
+from assembly.app import build_app
 from server.settings import Settings
-from server.wiring import build_app
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tests.admin.zip_archives import HEADS, HIDDEN, INTERMEDIATE, KV_HEADS, adapter_files, zip_of

@@ -16,9 +16,9 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from admin import registry
+from assembly.cache_rules_sync import CacheRulesSync
 from engine.kv_cache.cache_rules import CacheRules, DomainRule
 from gateway.engine_client import InProcessEngineClient
-from server.cache_rules_sync import CacheRulesSync
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tests.gateway.fakes import FakeEngine

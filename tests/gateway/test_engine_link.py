@@ -310,8 +310,8 @@ def test_the_transport_and_read_timeout_are_settings_and_bad_ones_are_refused_by
 ) -> None:
     import click
 
+    from assembly.remote_engines import remote_engine_clients
     from cloister.commands.serve import load_settings
-    from server.remote_engines import remote_engine_clients
     from server.settings import Settings
 
     def clients(**extra: Any) -> dict[str, Any]:

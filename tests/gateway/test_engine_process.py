@@ -17,9 +17,9 @@ import httpx
 import openai
 import pytest
 
+from assembly.engines import load_engine
 from engine.process_engine import ProcessEngine
 from server.settings import Settings
-from server.wiring import load_engine
 from tenancy.limiter.memory import MemoryLimiter
 from tests.utils.live_gateway import OPERATOR_HEADERS, LiveGateway, start_gateway
 from tests.utils.tiny_model import make_tiny_model_dir

@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from admin import registry
 from admin.models import LoraAdapter
+from assembly.adapter_sync import AdapterSync
 from engine.lora.peft import content_digest
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
@@ -37,7 +38,6 @@ from gateway.adapters import AdapterInfo, AdapterInUseError
 from gateway.engine_replicas import replica_states
 from gateway.remote_engine import RemoteEngineClient, fetch_info
 from gateway.replica_set import ReplicaSetClient
-from server.adapter_sync import AdapterSync
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tests.admin.zip_archives import adapter_files, raw_zip, stored, zip_of
 from tests.gateway.fakes import ByteTokenizer, FakeEngine

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from assembly.app import build_app
+from assembly.database import prepare_database
 from server.settings import Settings
-from server.wiring import build_app, prepare_database
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory
 from tests.utils.principals import PEPPER

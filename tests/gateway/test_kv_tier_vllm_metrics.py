@@ -14,10 +14,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from admin.identity import create_admin_token
+from assembly.app import build_app
+from assembly.database import prepare_database
 from engine.kv_cache.host_tier import TierStats
 from engine.stats import EngineStats
 from server.settings import Settings
-from server.wiring import build_app, prepare_database
 from tenancy.db import make_engine, make_session_factory
 from tests.admin.engine_stand_ins import idle_stats
 from tests.gateway.fakes import FakeEngine

@@ -11,8 +11,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from admin.identity import create_admin_token
+from assembly.app import build_app
+from assembly.database import prepare_database
 from server.settings import Settings
-from server.wiring import build_app, prepare_database
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory
 from tests.gateway.fakes import FakeEngine

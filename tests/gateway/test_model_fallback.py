@@ -24,12 +24,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from admin import registry
 from admin.metering import MeteringSink
 from admin.models import UsageRow
+from assembly.served_models import registry_model_access
 from engine.request import EngineRequest
 from gateway.adapters import AdapterInfo
 from gateway.app import create_app
 from gateway.engine_client import InProcessEngineClient
 from server.settings import Settings
-from server.wiring import registry_model_access
 from tenancy import store
 from tenancy.authenticator import Authenticator
 from tenancy.db import make_engine, make_session_factory, upgrade_database

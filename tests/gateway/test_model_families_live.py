@@ -23,9 +23,9 @@ import pytest
 from openai import OpenAI
 
 from admin.identity import create_admin_token
+from assembly.app import build_app
+from assembly.startup_summary import build_summary
 from server.settings import Settings
-from server.startup_summary import build_summary
-from server.wiring import build_app
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tests.admin.zip_archives import zip_of

@@ -1,6 +1,6 @@
 """Two base models in one `cloister serve` (issue 14 §2), live over HTTP with the openai SDK.
 
-The app is the real `server.wiring.build_app` over two tiny random-weight models (different
+The app is the real `assembly.app.build_app` over two tiny random-weight models (different
 seeds, so their greedy answers differ), served by uvicorn: requests route by `model`, each
 model has its own prefix cache, /metrics labels each engine's series by model, usage
 names the model, and the registry lists both as loaded.
@@ -24,8 +24,8 @@ from fastapi.testclient import TestClient
 from openai import OpenAI
 
 from admin.identity import create_admin_token
+from assembly.app import build_app
 from server.settings import Settings
-from server.wiring import build_app
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tests.utils.principals import PEPPER

@@ -118,9 +118,9 @@ def test_reset_duration_format() -> None:
 
 
 def test_serve_help_and_first_start_database(tmp_path: Path) -> None:
+    from assembly.database import prepare_database
     from cloister.commands.serve import commands
     from server.settings import Settings
-    from server.wiring import prepare_database
 
     result = CliRunner().invoke(commands[0], ["--help"])
     assert result.exit_code == 0 and "--redis-url" in result.output

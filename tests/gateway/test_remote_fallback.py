@@ -36,6 +36,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from admin import registry
 from admin.metering import MeteringSink
 from admin.models import UsageRow
+from assembly.served_models import registry_model_access
 from engine.async_engine import AsyncEngine
 from engine.errors import EngineOverloadedError
 from engine.request import EngineRequest
@@ -56,7 +57,6 @@ from gateway.engine_client import InProcessEngineClient
 from gateway.remote_engine import RemoteEngineClient, Transport, fetch_info
 from gateway.replica_set import ReplicaSetClient
 from server.settings import Settings
-from server.wiring import registry_model_access
 from tenancy import store
 from tenancy.authenticator import Authenticator
 from tenancy.db import make_engine, make_session_factory, upgrade_database

@@ -25,10 +25,10 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
+from assembly.app import build_app
 from engine.structured.spec import StructuredSpec
 from gateway.response_store_redis import RedisResponses
 from server.settings import Settings
-from server.wiring import build_app
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tests.gateway.fakes import FakeEngine

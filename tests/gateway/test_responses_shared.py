@@ -20,10 +20,10 @@ import redis
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
+from assembly.app import build_app
 from gateway.response_store import StoredResponse
 from gateway.response_store_redis import RedisResponses, ResponseStoreUnavailableError
 from server.settings import Settings
-from server.wiring import build_app
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tests.gateway.fakes import FakeEngine

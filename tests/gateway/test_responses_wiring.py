@@ -14,8 +14,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from admin.identity import create_admin_token
+from assembly.app import build_app
 from server.settings import Settings
-from server.wiring import build_app
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tests.gateway.fakes import FakeEngine

@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 
 from admin import registry
 from admin.identity import create_admin_token
+from assembly.app import build_app
 from server.settings import Settings
-from server.wiring import build_app
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tests.utils.principals import PEPPER
 from tests.utils.tiny_model import make_tiny_model_dir

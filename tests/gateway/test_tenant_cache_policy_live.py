@@ -25,11 +25,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from admin import registry
 from admin.identity import create_admin_token
+from assembly.app import build_app
+from assembly.cache_rules_sync import CacheRulesSync
 from engine.async_engine import AsyncEngine
-from server.cache_rules_sync import CacheRulesSync
 from server.logging_setup import configure_logging
 from server.settings import Settings
-from server.wiring import build_app
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tests.utils.principals import PEPPER

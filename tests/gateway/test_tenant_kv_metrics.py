@@ -16,6 +16,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from admin.identity import create_admin_token
+from assembly.app import build_app
+from assembly.database import prepare_database
 from engine.async_engine import AsyncEngine
 from engine.stats import EngineStats, TenantKVStats
 from engine_hop.stats_json import tenant_kv_from_json, tenant_kv_to_json
@@ -25,7 +27,6 @@ from gateway.engine_client import EngineSnapshot, InProcessEngineClient
 from gateway.metrics import OTHER_TENANT, GatewayMetrics
 from gateway.tenant_kv import sum_tenant_kv
 from server.settings import Settings
-from server.wiring import build_app, prepare_database
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory
 from tenancy.limiter.memory import MemoryLimiter

@@ -9,7 +9,6 @@ from typing import Any, get_args
 import pytest
 from pydantic import SecretStr
 
-import admin.settings
 from admin.roles import ROLES
 from admin.settings import AdminSettings
 from server.settings import AdminRole, Settings
@@ -65,14 +64,14 @@ def test_each_admin_setting_is_read_from_its_variable(
     sample = SAMPLES[name]  # a new admin setting needs a sample here
     monkeypatch.setenv("CLOISTER_DATA_DIR", str(tmp_path))
     monkeypatch.setenv(_variable(name), sample)
-    value = getattr(Settings().admin_settings(), name)
+    value = getattr(AdminSettings.from_settings(Settings()), name)
     assert value != AdminSettings.model_fields[name].default
     expected: Any = (sample,) if name == "model_roots" else sample
     assert _plain(value) == expected
 
 
 def test_the_audit_head_copy_lives_in_the_data_dir(tmp_path: Path) -> None:
-    head = Settings(data_dir=tmp_path).admin_settings().audit_head_path
+    head = AdminSettings.from_settings(Settings(data_dir=tmp_path)).audit_head_path
     assert head is not None and head.parent == tmp_path
 
 
@@ -82,9 +81,8 @@ def test_an_admin_setting_without_a_variable_is_refused(
     class Grown(AdminSettings):
         frobnicate_s: float = 1.0
 
-    monkeypatch.setattr(admin.settings, "AdminSettings", Grown)
     with pytest.raises(RuntimeError, match="CLOISTER_ADMIN_FROBNICATE_S"):
-        Settings(data_dir=tmp_path).admin_settings()
+        Grown.from_settings(Settings(data_dir=tmp_path))
 
 
 def test_the_default_role_choices_are_the_admin_roles() -> None:

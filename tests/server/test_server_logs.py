@@ -15,11 +15,14 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from assembly.app import build_app
+from assembly.database import prepare_database
+from assembly.engine_stats_log import EngineStatsLogger, engine_line
+from assembly.engines import shows_progress
+from assembly.lifespan import with_server_logs
 from gateway.engine_client import EngineSnapshot
-from server.engine_stats_log import EngineStatsLogger, engine_line
 from server.logging_setup import configure_logging
 from server.settings import Settings
-from server.wiring import build_app, prepare_database, shows_progress, with_server_logs
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory
 from tests.gateway.fakes import FakeEngine

@@ -12,9 +12,9 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from assembly.engine_options import DeviceUnavailableError, serve_engine_options
+from assembly.startup_summary import build_summary
 from server.settings import Settings
-from server.startup_summary import build_summary
-from server.wiring import DeviceUnavailableError, serve_engine_options
 
 
 class StubEngine:

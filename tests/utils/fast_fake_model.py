@@ -120,7 +120,8 @@ def fast_fake_settings(data_dir: Any, **overrides: Any) -> Any:
 def fast_fake_front(settings: Any, *, compute_s: float = 0.0) -> Any:
     """The engine front `cloister serve` would load for `settings` (its engine options,
     its engine mode), over the fake fast model; `compute_s` as in `fast_fake_llm_engine`."""
-    from server.wiring import load_engine, serve_engine_options  # the platform's own
+    from assembly.engine_options import serve_engine_options  # the platform's own
+    from assembly.engines import load_engine
 
     options = serve_engine_options(settings)
     fake = functools.partial(fast_fake_llm_engine, compute_s=compute_s, **options)

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from admin.roles import ROLES
+from admin.settings import AdminSettings
 from cloister.cli_context import echo_result, json_option, storage_options
 from cloister.cli_db import session_factory
 from server.settings import Settings
@@ -18,7 +19,7 @@ from server.settings import Settings
 def admin_context() -> Iterator[tuple[Settings, Any, Any]]:
     """(settings, session factory, AdminSettings) on the migrated configured database."""
     with session_factory() as (settings, sessions):
-        yield settings, sessions, settings.admin_settings()
+        yield settings, sessions, AdminSettings.from_settings(settings)
 
 
 @click.group("admin")

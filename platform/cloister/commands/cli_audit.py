@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from admin.settings import AdminSettings
 from server.settings import Settings
 
 
@@ -39,7 +40,7 @@ def audit_change(
     from admin.audit_chain import load_private_key
     from admin.audit_log import AuditLog
 
-    admin_settings = settings.admin_settings()
+    admin_settings = AdminSettings.from_settings(settings)
     key = admin_settings.audit_signing_key
     log = AuditLog(
         sessionmaker(bind=session.get_bind(), expire_on_commit=False),

@@ -145,6 +145,7 @@ def secrets_command(repin: bool, yes: bool, as_json: bool) -> None:
     pins these instead (audited): the processes still holding the old ones are then
     refused at their next start.
     """
+    from assembly.deployment_secrets import deployment_secrets
     from cloister.cli_context import CliError, InvalidArgument
     from cloister.cli_db import (
         DB_ERRORS,
@@ -153,7 +154,6 @@ def secrets_command(repin: bool, yes: bool, as_json: bool) -> None:
         refuse_missing_default_database,
     )
     from cloister.commands.cli_audit import audit_change
-    from server.deployment_secrets import deployment_secrets
     from tenancy.db import make_session_factory
     from tenancy.secret_pins import pin_states, repin_secrets
 

@@ -70,6 +70,8 @@ def run_engine_server(
     a fake fast model) and serves it until SIGTERM, then drains."""
     import uvicorn
 
+    from assembly.engine_options import DeviceUnavailableError, serve_engine_options
+    from assembly.engines import load_engine
     from engine.kv_events_endpoint import KVEventsEndpointError
     from engine.process_engine import EngineStartError
     from engine_server.app import EngineServer
@@ -78,7 +80,6 @@ def run_engine_server(
     from server.logging_setup import configure_logging
     from server.process_tuning import loaded_objects_frozen
     from server.telemetry import TelemetryUnavailableError, check_exporter, provider_from_settings
-    from server.wiring import DeviceUnavailableError, load_engine, serve_engine_options
 
     try:
         resolved = serve_engine_options(settings)

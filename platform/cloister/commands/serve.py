@@ -1,4 +1,4 @@
-"""`cloister serve`: flags to settings, then uvicorn over the app `server.wiring` builds."""
+"""`cloister serve`: flags to settings, then uvicorn over the app `assembly.app` builds."""
 
 from __future__ import annotations
 
@@ -121,6 +121,14 @@ def run_server(settings: Settings, *, engine: Any | None = None) -> None:
     import uvicorn
 
     from admin.app import with_audit_checkpoints
+    from assembly.app import build_app
+    from assembly.database import prepare_database
+    from assembly.engine_options import (
+        DeviceUnavailableError,
+        check_model_files,
+        serve_engine_options,
+    )
+    from assembly.lifespan import close_at_shutdown
     from engine.errors import UnsupportedModelError
     from engine.kv_events_endpoint import KVEventsEndpointError
     from engine.process_engine import EngineStartError
@@ -129,14 +137,6 @@ def run_server(settings: Settings, *, engine: Any | None = None) -> None:
     from server.logging_setup import configure_logging
     from server.process_tuning import loaded_objects_frozen, short_gil_switch_interval
     from server.telemetry import TelemetryUnavailableError, check_exporter
-    from server.wiring import (
-        DeviceUnavailableError,
-        build_app,
-        check_model_files,
-        close_at_shutdown,
-        prepare_database,
-        serve_engine_options,
-    )
     from tenancy.secret_pins import SecretMismatchError
 
     try:

@@ -304,7 +304,7 @@ def test_cloister_serve_refuses_an_endpoint_that_is_not_a_url(
 
 
 def test_the_startup_summary_says_where_files_live(tmp_path: Path, s3: MotoS3) -> None:
-    from server.startup_summary import build_summary
+    from assembly.startup_summary import build_summary
 
     in_bucket = Settings(data_dir=tmp_path, key_pepper=PEPPER, **s3.settings())
     text = build_summary(in_bucket, {}, {}).text()

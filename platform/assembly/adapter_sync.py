@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Protocol
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from assembly.periodic_sync import PeriodicSync
 from gateway.adapters import AdapterInfo, AdaptersUnsupportedError, is_in_use_error
-from server.periodic_sync import PeriodicSync
 
 if TYPE_CHECKING:
     pass

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Protocol
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from assembly.periodic_sync import PeriodicSync
 from engine.kv_cache.cache_rules import CacheRules, DomainRule
-from server.periodic_sync import PeriodicSync
 from tenancy.models import Tenant
 from tenancy.scopes import tenant_scope
 

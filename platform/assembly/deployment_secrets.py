@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from admin.settings import AdminSettings
 from server.settings import Settings
 from tenancy.secret_pins import DeploymentSecret, PinStatus, check_secret_pins, hmac_fingerprint
 
@@ -36,7 +37,7 @@ def deployment_secrets(settings: Settings) -> list[DeploymentSecret]:
             "console sessions signed by one are refused by the other",
         ),
     ]
-    audit_key = settings.admin_settings().audit_signing_key
+    audit_key = AdminSettings.from_settings(settings).audit_signing_key
     if audit_key is not None:
         pinned.append(
             DeploymentSecret(
