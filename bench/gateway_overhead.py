@@ -61,7 +61,7 @@ from assembly.engine_options import serve_engine_options  # noqa: E402
 from bench.floor_gateway import serve_floor  # noqa: E402
 from bench.litellm_peer import litellm_proxy  # noqa: E402
 from cloister.commands.serve import run_server  # noqa: E402
-from engine.async_engine import AsyncEngine  # noqa: E402
+from engine.fronts.async_engine import AsyncEngine  # noqa: E402
 from engine.request import EngineRequest  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 from server.process_tuning import loaded_objects_frozen  # noqa: E402

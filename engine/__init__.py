@@ -10,14 +10,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from engine.async_engine import AsyncEngine
+    from engine.fronts.async_engine import AsyncEngine
     from engine.llm import LLM
     from engine.request import EngineRequest
     from engine.sampling_params import SamplingParams
 
 _EXPORTS = {
     "LLM": "engine.llm",
-    "AsyncEngine": "engine.async_engine",
+    "AsyncEngine": "engine.fronts.async_engine",
     "EngineRequest": "engine.request",
     "SamplingParams": "engine.sampling_params",
 }

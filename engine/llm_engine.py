@@ -21,6 +21,7 @@ from engine.config import (
     StructuredConfig,
 )
 from engine.errors import EngineError, EngineOverloadedError, InvalidRequestError
+from engine.fronts.step_isolation import execute_isolated
 from engine.kv_cache.cache_rules import CacheRules
 from engine.kv_cache.host_buffer import HostKVBuffer
 from engine.kv_cache.host_setup import attach_host_tier
@@ -46,7 +47,6 @@ from engine.sequence import Sequence
 from engine.speculative.draft import build_draft_proposer
 from engine.speculative.speculator import Speculator
 from engine.stats import EngineStats
-from engine.step_isolation import execute_isolated
 from engine.structured.compiler import GrammarCompiler
 from engine.validation import check_kv_quota, validate_request
 
@@ -436,7 +436,7 @@ class LLMEngine:
     def step(self) -> list[StreamEvent]:
         """Schedules, runs and post-processes one step; returns the events it produced.
 
-        A request that makes the step raise is failed alone (see `engine.step_isolation`),
+        A request that makes the step raise is failed alone (see `engine.fronts.step_isolation`),
         and so is one whose post-processing raises: the others carry on. Failed
         requests are dropped with their blocks freed; `take_failures` hands them over.
         """

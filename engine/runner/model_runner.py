@@ -237,7 +237,7 @@ class ModelRunner:
     def rewind(self, items: Iterable[ScheduledSequence]) -> None:
         """Puts the random state of these rows back where it was before the step ran.
 
-        For a retry of part of a failed step (engine.step_isolation). A sampled row
+        For a retry of part of a failed step (engine.fronts.step_isolation). A sampled row
         (temperature > 0) draws one uniform per output token, and one more for each
         verify row that rejected a draft (`Sequence.spec_extra_draws`), so its
         generator is rebuilt from its seed and advanced by that many draws; greedy

@@ -3,7 +3,7 @@
 Invariant: before a sequence's mask is filled, its matcher has consumed exactly
 the sequence's output tokens (`consumed == num_output_tokens`). A step consumes
 the token it samples at once (to know whether the grammar is complete); if the
-step is then retried (engine.step_isolation) or its token is never appended, the
+step is then retried (engine.fronts.step_isolation) or its token is never appended, the
 next sync rolls the matcher back. So the matcher's state is a function of the
 sequence's own history, like its penalty counts and its random draws.
 
@@ -11,7 +11,7 @@ A sequence whose constraint can go no further (a dead end: no token continues it
 parser limit; more mask time than `grammar_mask_budget_s`) is not an error of the
 step: its row is reported as ended, with the reason, and the engine ends that request
 alone, keeping what it delivered. Raising would fail the request as a 500 and make
-the whole batch run again to find the culprit (engine.step_isolation).
+the whole batch run again to find the culprit (engine.fronts.step_isolation).
 
 Masks are off the step's critical path where llguidance allows (it drops the GIL
 while it fills): a step's masks are filled on a worker thread while its forward runs,

@@ -34,7 +34,7 @@ def load_engine(
     options = {**serve_engine_options(settings), **engine_options}
     path = model if model is not None else settings.model
     if settings.engine_mode == "process":
-        from engine.process_engine import ProcessEngine
+        from engine.fronts.process_engine import ProcessEngine
 
         return ProcessEngine(
             factory
@@ -46,8 +46,8 @@ def load_engine(
                 log_format=settings.log_format,
             )
         )
-    from engine.async_engine import AsyncEngine
-    from engine.scratch_thread import run_on_scratch_thread
+    from engine.fronts.async_engine import AsyncEngine
+    from engine.fronts.scratch_thread import run_on_scratch_thread
 
     progress = shows_progress(settings.log_format)
     # Built off this thread: the engine steps on a thread of its own (see scratch_thread).

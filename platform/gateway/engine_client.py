@@ -232,7 +232,7 @@ class InProcessEngineClient:
     loop on a thread of this process) or a `ProcessEngine` (loop in a child process)."""
 
     def __init__(self, engine: Any, *, model_name: str | None = None) -> None:
-        # `engine` is an engine.async_engine.AsyncEngine; typed loosely so that the
+        # `engine` is an engine.fronts.async_engine.AsyncEngine; typed loosely so that the
         # gateway's tests can hand in a fake with the same surface.
         self._engine = engine
         self.model_name: str = model_name or engine.model_name

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from engine.scratch_thread import run_on_scratch_thread
+from engine.fronts.scratch_thread import run_on_scratch_thread
 
 
 def test_returns_the_result_from_another_thread_that_has_ended() -> None:
@@ -37,7 +37,7 @@ def test_raises_the_builds_error() -> None:
 PROBE = textwrap.dedent(
     """
     import os, sys, time, torch
-    from engine.scratch_thread import run_on_scratch_thread
+    from engine.fronts.scratch_thread import run_on_scratch_thread
     torch.set_num_threads(2)
     x = torch.randn(2048, 2048)
     def work():

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from assembly.engine_options import serve_engine_options
-from engine.async_engine import AsyncEngine
+from engine.fronts.async_engine import AsyncEngine
 from server.settings import Settings
 from tenancy.limiter.memory import MemoryLimiter
 from tests.utils.fast_fake_model import GatedFakeModel, fast_fake_llm_engine

@@ -17,9 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.async_engine import AsyncEngine
 from engine.errors import RequestFailedError
-from engine.process_engine import ProcessEngine
+from engine.fronts.async_engine import AsyncEngine
+from engine.fronts.process_engine import ProcessEngine
 from tenancy.limiter.memory import MemoryLimiter
 from tests.utils.faulty_engine import POISON_SEED, SECRET, faulty_engine
 from tests.utils.live_gateway import LiveGateway, start_gateway

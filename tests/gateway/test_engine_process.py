@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from assembly.engines import load_engine
-from engine.process_engine import ProcessEngine
+from engine.fronts.process_engine import ProcessEngine
 from server.settings import Settings
 from tenancy.limiter.memory import MemoryLimiter
 from tests.utils.live_gateway import OPERATOR_HEADERS, LiveGateway, start_gateway

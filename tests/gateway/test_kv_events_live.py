@@ -17,7 +17,7 @@ import httpx
 import pytest
 import zmq
 
-from engine.async_engine import AsyncEngine
+from engine.fronts.async_engine import AsyncEngine
 from engine.kv_cache.kv_events import BlockStored, decode_batch
 from engine_server.app import EngineServer
 from engine_server.auth import ServiceAuth

@@ -14,8 +14,8 @@ import aiohttp
 import orjson
 import pytest
 
-from engine.async_engine import AsyncEngine, RequestStream
 from engine.errors import EngineDeadError
+from engine.fronts.async_engine import AsyncEngine, RequestStream
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
-from engine.async_engine import RequestStream
+from engine.fronts.async_engine import RequestStream
 from engine.outputs import StreamEvent
 from engine_hop.eager import start_now
 from engine_server.link import _Connection

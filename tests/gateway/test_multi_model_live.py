@@ -192,7 +192,7 @@ def test_metrics_usage_and_registry_name_each_model(served: Served) -> None:
 
 def test_two_models_each_in_a_child_process(tmp_path: Path) -> None:
     """engine_mode "process": one child process per model, each answering its own model."""
-    from engine.process_engine import ProcessEngine
+    from engine.fronts.process_engine import ProcessEngine
 
     settings = Settings(
         data_dir=tmp_path,

@@ -37,8 +37,8 @@ from admin import registry
 from admin.metering import MeteringSink
 from admin.models import UsageRow
 from assembly.served_models import registry_model_access
-from engine.async_engine import AsyncEngine
 from engine.errors import EngineOverloadedError
+from engine.fronts.async_engine import AsyncEngine
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 from engine_hop.wire import (

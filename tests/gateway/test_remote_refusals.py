@@ -29,7 +29,6 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from engine.async_engine import AsyncEngine
 from engine.errors import (
     AdapterNotFoundError,
     ContextLengthExceededError,
@@ -40,6 +39,7 @@ from engine.errors import (
     KVQuotaExceededError,
     RequestTooLargeError,
 )
+from engine.fronts.async_engine import AsyncEngine
 from engine.lora.archive import AdapterArchiveError
 from engine_hop import refusals as hop
 from engine_server.app import EngineServer

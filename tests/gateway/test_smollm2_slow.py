@@ -12,7 +12,7 @@ from tests.utils.live_gateway import start_gateway
 
 @pytest.mark.slow
 def test_smollm2_chat_and_stream(tmp_path: Path) -> None:
-    from engine.async_engine import AsyncEngine
+    from engine.fronts.async_engine import AsyncEngine
 
     engine = AsyncEngine.from_options(model=None, max_model_len=1024, attention_backend="torch")
     gw, stop = start_gateway(tmp_path, engine=engine, limiter=MemoryLimiter())

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from engine.async_engine import AsyncEngine
+from engine.fronts.async_engine import AsyncEngine
 from tenancy import store
 from tenancy.limiter.memory import MemoryLimiter
 from tests.utils.live_gateway import LiveGateway, start_gateway

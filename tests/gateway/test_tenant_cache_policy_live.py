@@ -27,7 +27,7 @@ from admin import registry
 from admin.identity import create_admin_token
 from assembly.app import build_app
 from assembly.cache_rules_sync import CacheRulesSync
-from engine.async_engine import AsyncEngine
+from engine.fronts.async_engine import AsyncEngine
 from server.logging_setup import configure_logging
 from server.settings import Settings
 from tenancy import store

@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from admin.identity import create_admin_token
 from assembly.app import build_app
 from assembly.database import prepare_database
-from engine.async_engine import AsyncEngine
+from engine.fronts.async_engine import AsyncEngine
 from engine.stats import EngineStats, TenantKVStats
 from engine_hop.stats_json import tenant_kv_from_json, tenant_kv_to_json
 from engine_server.app import EngineServer

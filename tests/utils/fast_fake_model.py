@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from engine.async_engine import AsyncEngine
+from engine.fronts.async_engine import AsyncEngine
 from engine.llm_engine import LLMEngine, build_config
 from engine.model.hf_loader import architecture_from_config
 from engine.model.loader import LoadedModel
@@ -78,6 +78,22 @@ class GatedFakeModel(FastFakeModel):
 def fast_fake_engine(**options: Any) -> AsyncEngine:
     """An AsyncEngine over `fast_fake_llm_engine(**options)`."""
     return AsyncEngine(fast_fake_llm_engine(**options))
+
+
+# What the gateway tests' engine is built with, unless they say otherwise.
+GATEWAY_ENGINE_OPTIONS: dict[str, Any] = {
+    "max_model_len": 512,
+    "num_blocks": 256,
+    "attention_backend": "torch",
+    "device": "cpu",
+}
+
+
+def gateway_test_engine(**options: Any) -> AsyncEngine:
+    """The engine gateway tests run on: the real AsyncEngine over the fake fast model,
+    with `GATEWAY_ENGINE_OPTIONS` (`options` override them). Scripted failures are
+    patched onto it by tests/utils/engine_faults.py."""
+    return fast_fake_engine(**{**GATEWAY_ENGINE_OPTIONS, **options})
 
 
 def fast_fake_llm_engine(

@@ -60,7 +60,7 @@ def make_test_engine(tmp_path: Path) -> Any:
     """The engine under test: real tiny model by default, the fake on request."""
     if os.environ.get("CLOISTER_GATEWAY_TEST_ENGINE") == "fake":
         return FakeEngine()
-    from engine.async_engine import AsyncEngine
+    from engine.fronts.async_engine import AsyncEngine
     from tests.utils.tiny_model import make_tiny_model_dir
 
     folder = make_tiny_model_dir(tmp_path)

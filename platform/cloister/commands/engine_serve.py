@@ -72,8 +72,8 @@ def run_engine_server(
 
     from assembly.engine_options import DeviceUnavailableError, serve_engine_options
     from assembly.engines import load_engine
+    from engine.fronts.process_engine import EngineStartError
     from engine.kv_events_endpoint import KVEventsEndpointError
-    from engine.process_engine import EngineStartError
     from engine_server.app import EngineServer
     from engine_server.auth import ServiceAuth, ServiceTokenError
     from engine_server.link import UVICORN_WS

@@ -130,8 +130,8 @@ def run_server(settings: Settings, *, engine: Any | None = None) -> None:
     )
     from assembly.lifespan import close_at_shutdown
     from engine.errors import UnsupportedModelError
+    from engine.fronts.process_engine import EngineStartError
     from engine.kv_events_endpoint import KVEventsEndpointError
-    from engine.process_engine import EngineStartError
     from gateway.batch_api.blob_factory import check_file_store
     from gateway.batch_api.blob_store import FileStoreConfigError
     from server.logging_setup import configure_logging

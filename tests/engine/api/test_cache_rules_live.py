@@ -14,12 +14,12 @@ from collections.abc import Callable
 import pytest
 
 from engine import AsyncEngine, SamplingParams
-from engine.async_engine import EngineFront
-from engine.core_loop import EngineLoop, UpdateCacheRules
 from engine.errors import EngineDeadError, KVQuotaExceededError
+from engine.fronts.async_engine import EngineFront
+from engine.fronts.core_loop import EngineLoop, UpdateCacheRules
+from engine.fronts.process_engine import ProcessEngine
 from engine.kv_cache.cache_rules import CacheRules, DomainRule
 from engine.llm_engine import LLMEngine
-from engine.process_engine import ProcessEngine
 from tests.utils.engine_requests import make_request
 
 GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)

@@ -14,11 +14,12 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from engine import AsyncEngine, SamplingParams, core_loop
-from engine.async_engine import EngineFront, RequestStream
-from engine.core_loop import StepReport
+from engine import AsyncEngine, SamplingParams
+from engine.fronts import core_loop
+from engine.fronts.async_engine import EngineFront, RequestStream
+from engine.fronts.core_loop import StepReport
+from engine.fronts.process_engine import ProcessEngine
 from engine.llm_engine import LLMEngine
-from engine.process_engine import ProcessEngine
 from engine.stats import EngineStats
 from tests.utils.engine_requests import make_request
 

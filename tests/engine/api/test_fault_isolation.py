@@ -20,9 +20,9 @@ import pytest
 
 from engine import AsyncEngine, SamplingParams
 from engine.errors import EngineDeadError, RequestFailedError
+from engine.fronts.process_engine import ProcessEngine
 from engine.llm import LLM
 from engine.llm_engine import LLMEngine
-from engine.process_engine import ProcessEngine
 from engine.request import EngineRequest
 from engine.request_state import RequestState
 from engine.scheduler.output import SchedulerOutput

@@ -1,4 +1,4 @@
-"""engine.frames: messages cut back out of a byte stream, however the bytes arrive."""
+"""engine.fronts.frames: messages cut back out of a byte stream, however the bytes arrive."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from engine.frames import FrameDecoder, encode_frame
+from engine.fronts.frames import FrameDecoder, encode_frame
 from engine.outputs import CompletionDelta, RequestMetrics, StreamEvent
 
 MESSAGES: list[object] = [

@@ -20,9 +20,9 @@ from engine.errors import (
     EngineOverloadedError,
     InvalidRequestError,
 )
+from engine.fronts.process_engine import EngineStartError, ProcessEngine
 from engine.llm import LLM
 from engine.llm_engine import LLMEngine
-from engine.process_engine import EngineStartError, ProcessEngine
 from tests.utils.engine_requests import make_request
 
 

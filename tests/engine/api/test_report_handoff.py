@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from engine import AsyncEngine, SamplingParams
-from engine.async_engine import EngineFront
-from engine.process_engine import ProcessEngine
+from engine.fronts.async_engine import EngineFront
+from engine.fronts.process_engine import ProcessEngine
 from tests.utils.engine_requests import make_request
 from tests.utils.fast_fake_model import fast_fake_llm_engine
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-import engine.core_loop as core_loop_module
+import engine.fronts.core_loop as core_loop_module
 import engine.llm_engine as llm_engine_module
 from engine import AsyncEngine, SamplingParams
 from engine.errors import InvalidRequestError

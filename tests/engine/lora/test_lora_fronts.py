@@ -9,10 +9,10 @@ from collections.abc import Callable
 
 import pytest
 
-from engine.async_engine import AsyncEngine
 from engine.errors import AdapterInUseError, AdapterNotFoundError, InvalidAdapterError
+from engine.fronts.async_engine import AsyncEngine
+from engine.fronts.process_engine import ProcessEngine
 from engine.llm_engine import LLMEngine
-from engine.process_engine import ProcessEngine
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 from tests.utils.lora_engine import OPTIONS, Adapters, make_engine, outputs, run_all

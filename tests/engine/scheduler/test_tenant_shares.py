@@ -228,7 +228,7 @@ def test_waiting_shares_follow_weights() -> None:
 
 
 def test_the_loop_reports_a_request_refused_to_make_room() -> None:
-    from engine.core_loop import STOP, AddRequest, EngineLoop, StepReport
+    from engine.fronts.core_loop import STOP, AddRequest, EngineLoop, StepReport
 
     engine = fast_fake_llm_engine(max_waiting=2, max_model_len=64, num_blocks=64)
     reports: list[StepReport] = []

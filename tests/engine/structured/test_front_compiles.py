@@ -12,10 +12,10 @@ import threading
 
 import pytest
 
-from engine.async_engine import AsyncEngine
 from engine.errors import RequestAbortedError
+from engine.fronts.async_engine import AsyncEngine
+from engine.fronts.process_engine import ProcessEngine
 from engine.llm_engine import LLMEngine
-from engine.process_engine import ProcessEngine
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 from engine.structured.spec import StructuredSpec, StructuredSpecError

@@ -4,7 +4,7 @@
     submit() --framed AddRequest--> socket -->     reader thread --> EngineLoop inbox
     streams <-- _on_readable <-- socket <--        EngineLoop sink: one StepReport per step
 
-Messages are pickled and framed by `engine.frames` over a socket pair: the parent
+Messages are pickled and framed by `engine.fronts.frames` over a socket pair: the parent
 takes every report that has arrived with one `recv` per wake-up.
 
 With `AsyncEngine` the engine thread shares one GIL with the caller's event loop:
@@ -36,10 +36,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.async_engine import EngineFront
-from engine.core_loop import STOP, EngineInfo, EngineLoop, InboxItem, StepReport, Stop
 from engine.errors import EngineDeadError, EngineError
-from engine.frames import FrameDecoder, encode_frame
+from engine.fronts.async_engine import EngineFront
+from engine.fronts.core_loop import STOP, EngineInfo, EngineLoop, InboxItem, StepReport, Stop
+from engine.fronts.frames import FrameDecoder, encode_frame
 from engine.llm_engine import LLMEngine
 from engine.model.tokenizer import Tokenizer
 from engine.stats import EngineStats

@@ -9,7 +9,7 @@ the bounded waiting queue, one `RequestStream` per request, and the routing of e
 
   AsyncEngine     on a thread of this process (torch releases the GIL inside its
                   kernels, so the event loop stays responsive while a step runs)
-  ProcessEngine   in a child process (engine.process_engine), so that a busy event
+  ProcessEngine   in a child process (engine.fronts.process_engine), so that a busy event
                   loop and the engine never wait for each other's GIL
 """
 
@@ -25,7 +25,8 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from engine.core_loop import (
+from engine.errors import AdapterNotFoundError, EngineDeadError, EngineOverloadedError
+from engine.fronts.core_loop import (
     STOP,
     AbortRequest,
     AdapterReply,
@@ -38,7 +39,7 @@ from engine.core_loop import (
     UnloadAdapter,
     UpdateCacheRules,
 )
-from engine.errors import AdapterNotFoundError, EngineDeadError, EngineOverloadedError
+from engine.fronts.scratch_thread import run_on_scratch_thread
 from engine.kv_cache.cache_rules import CacheRules, DomainRule, match_rule
 from engine.llm_engine import LLMEngine, build_config
 from engine.lora.peft import AdapterInfo
@@ -47,7 +48,6 @@ from engine.model.tokenizer import Tokenizer
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest
 from engine.scheduler.tenants import within_share
-from engine.scratch_thread import run_on_scratch_thread
 from engine.stats import EngineStats
 from engine.structured.compiler import GrammarCompiler
 from engine.structured.spec import StructuredSpec
