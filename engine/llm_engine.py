@@ -27,6 +27,7 @@ from engine.kv_cache.host_buffer import HostKVBuffer
 from engine.kv_cache.host_setup import attach_host_tier
 from engine.kv_cache.host_tier import HostTier
 from engine.kv_cache.manager import KVCacheManager
+from engine.kv_cache.tier_copier import TierCopier
 from engine.kv_cache.tier_cost import LoadCostRule
 from engine.kv_events_publisher import KVEventPublisher
 from engine.lora.manager import LoraManager
@@ -186,13 +187,20 @@ class LLMEngine:
             grammars=self.grammars,
         )
         self.runner.lora = self.lora
-        self.scheduler.seq_ready = self.runner.matchers.ready
+        grammar_ready = self.runner.matchers.ready
+        # Out of the step: a sequence whose next mask is being filled, or whose blocks a
+        # KV tier is still loading.
+        self.scheduler.seq_ready = lambda seq: grammar_ready(seq) and self.kv.ready(seq)
         tier = attach_host_tier(
             config.cache, self.kv, self.runner.kv_caches, self.capacity.bytes_per_block
         )
         # The host tier's copies and its load-or-recompute rule; None: no tier.
         self.host_kv: HostKVBuffer | None = None if tier is None else tier.buffer
         self.tier_cost: LoadCostRule | None = None if tier is None else tier.cost
+        # Runs the tier's copies, its loads off the step's path; None: no tier.
+        self.tier_io: TierCopier | None = None
+        if tier is not None and isinstance(self.kv.tier, HostTier):
+            self.tier_io = TierCopier(tier.buffer, self.kv.tier, self.kv, tier.cost)
         if not config.model.enforce_eager:  # a no-op on the CPU
             self.runner.capture_decode_graphs(
                 config.model.cuda_graph_max_batch or config.scheduler.max_num_seqs,
@@ -444,10 +452,18 @@ class LLMEngine:
         try:
             if self.speculator is not None:
                 self.speculator.prepare(self.scheduler.running)
+            if self.tier_io is not None:
+                self.tier_io.join(self._requeue_over)  # loads that ended: blocks ready
             output = self.scheduler.schedule()
+            if self.tier_io is not None and self.kv.tier is not None:
+                # Before the scrub and the forward pass: write-backs read blocks about to
+                # be reused; loads (into blocks no scheduled row reads) go to the worker.
+                self.tier_io.run(self.kv.tier.take_ops())
             if output.is_empty:
-                # Every running sequence waits for its next grammar mask: wait for one
-                # rather than spin (the loop steps again at once).
+                # Every running sequence waits for its next grammar mask or for a tier
+                # load: wait for one rather than spin (the loop steps again at once).
+                if self.tier_io is not None and self.tier_io.busy:
+                    self.tier_io.wait_any(EMPTY_STEP_WAIT_S)
                 self.runner.matchers.wait_ahead(EMPTY_STEP_WAIT_S)
                 return []
             generated = self._num_generated
@@ -474,12 +490,22 @@ class LLMEngine:
     def close(self) -> None:
         """Releases what outlives a step: the KV events publisher's socket and thread, and
         the disk tier's writer (its queued writes finish first)."""
+        if self.tier_io is not None:
+            self.tier_io.close(self._requeue_over)
         if isinstance(self.kv.tier, HostTier):
             self.kv.tier.close()
         if self.kv_events is not None:
             self._publish_kv_events()
             self.kv_events.close()
             self.kv_events = None
+
+    def _requeue_over(self, blocks: set[int]) -> None:
+        """Sends the running sequences holding `blocks` (a failed tier load) back to be
+        recomputed, with fresh block-table rows."""
+        over = [s for s in self.scheduler.running if not blocks.isdisjoint(s.block_ids)]
+        self.scheduler.requeue(over)
+        for seq in over:
+            self.runner.block_table.release(seq.seq_id)
 
     def _run_step(self, output: SchedulerOutput) -> list[StreamEvent]:
         """Runs a scheduled step and turns its sampled tokens into events."""
@@ -493,10 +519,6 @@ class LLMEngine:
             output = self._fail_unreadable_adapters(output, unreadable)
             if output.is_empty:
                 return []
-        if self.host_kv is not None and self.kv.tier is not None:
-            # Before the scrub and the forward pass: write-backs read blocks about to be
-            # reused, and loads fill blocks this very step reads.
-            self.host_kv.execute(self.kv.tier.take_ops(), self.tier_cost)
         scrub = self.kv.take_blocks_to_scrub()
         if scrub:
             self.runner.scrub_blocks(scrub)

@@ -44,23 +44,27 @@ class HostKVBuffer:
         self.disk: DiskStore | None = None
 
     @torch.inference_mode()
-    def execute(self, ops: Sequence[TierOp], cost: LoadCostRule | None = None) -> None:
-        """Runs the ops in order; the copies' measured bandwidth goes to `cost`.
+    def execute(self, ops: Sequence[TierOp], cost: LoadCostRule | None = None) -> dict[str, float]:
+        """Runs the ops in order; the copies' measured bandwidth goes to `cost`. Returns
+        the seconds spent per op kind (for the tiers' transfer times).
 
         Consecutive ops of one kind are batched into one indexed copy per layer (their
         order within such a run does not matter: a run never names a slot or block twice
         in a way that depends on order, see `_runs`).
         """
+        times: dict[str, float] = {}
         if not ops:
-            return
+            return times
         started = time.perf_counter()
         moved = 0
         for kind, run in _op_runs(ops):
+            t0 = time.perf_counter()
             if kind in _DISK_OPS:
                 # Not host copy bandwidth: the disk tier measures its own reads.
-                t0 = time.perf_counter()
                 self._disk_op(run[0])
-                started += time.perf_counter() - t0
+                spent = time.perf_counter() - t0
+                started += spent
+                times[kind] = times.get(kind, 0.0) + spent
                 continue
             pairs = [(op.block, op.slot) for op in run]
             if kind == "zero":
@@ -70,6 +74,7 @@ class HostKVBuffer:
                 idx = torch.tensor([s for _, s in pairs], dtype=torch.long)
                 for host in self.slots:
                     host.index_fill_(1, idx, 0)
+                times[kind] = times.get(kind, 0.0) + time.perf_counter() - t0
                 continue
             blocks = torch.tensor([b for b, _ in pairs], dtype=torch.long, device=self.device)
             slots = torch.tensor([s for _, s in pairs], dtype=torch.long)
@@ -82,10 +87,12 @@ class HostKVBuffer:
                         picked = picked.pin_memory()
                     dev.index_copy_(1, blocks, picked.to(self.device, non_blocking=self.pinned))
             moved += len(pairs) * self.bytes_per_block
+            times[kind] = times.get(kind, 0.0) + time.perf_counter() - t0
         if cost is not None and moved:
             if self.pinned:
                 torch.cuda.current_stream(self.device).synchronize()  # measure real copies
             cost.observe_copy(moved, time.perf_counter() - started)
+        return times
 
     def _disk_op(self, op: TierOp) -> None:
         """Runs one disk tier op: a spill hands a copy of the slot's bytes to the writer

@@ -5,7 +5,9 @@ shares and TTLs. The bytes live in `HostKVBuffer` (engine/kv_cache/host_buffer.p
 what this tier decides reaches them as an ordered list of `TierOp`s that the engine
 executes before each step's forward pass, in the order they were issued (so a load
 into a block always lands before a later write-back of that block reads it, and a
-slot is zeroed before a later write-back reuses it).
+slot is zeroed before a later write-back reuses it). Loads run off the step's path
+(engine/kv_cache/tier_copier.py): a block being loaded is held until its copy is in,
+and the sequences over it sit the steps out until then (tier_loads.py).
 
 Isolation: an entry is stored under the engine's own chained block hash, rooted at
 the sequence's `CacheKey` (domain, adapter, revision), and a lookup continues the
@@ -57,7 +59,7 @@ EXPIRY_SCAN_S = 1.0
 # Seconds a shutdown waits at most for the disk tier to take what the host tier holds
 # (`HostTier.close`); what is left then is dropped, a miss for the next engine. Well
 # under the 10 s a process engine's parent waits before it kills the child
-# (engine/process_engine.py STOP_TIMEOUT_S).
+# (engine/fronts/process_engine.py STOP_TIMEOUT_S).
 CLOSE_DRAIN_S = 5.0
 
 
@@ -100,6 +102,8 @@ class TierCounters:
     expirations: int = 0  # entries dropped by their domain's TTL
     refused: int = 0  # write-downs refused (no slot the writer's share allows)
     bad_files: int = 0  # disk tier: files found torn, corrupt or missing on a read
+    load_time_s: float = 0.0  # seconds spent bringing blocks up to the device
+    store_time_s: float = 0.0  # seconds spent writing blocks down into this tier
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,10 @@ class TierStats:
     recomputed_instead: int
     evictions: int
     expirations: int
+    # Seconds of transfers (vLLM's kv_offload_{load,store}_time): loads into the device
+    # pool from here (a disk tier's file reads included), and writes down into here.
+    load_time_s: float = 0.0
+    store_time_s: float = 0.0
 
     @property
     def bytes(self) -> int:
@@ -163,6 +171,10 @@ class KVTier(Protocol):
 
     def expire(self, now: float) -> None:
         """Drops entries idle past their domain's retention."""
+        ...
+
+    def discard(self, key: bytes) -> None:
+        """Forgets `key` in every tier (its load failed: a miss from now on)."""
         ...
 
     def take_ops(self) -> list[TierOp]:
@@ -222,7 +234,7 @@ class HostTier:
         self.events: KVEventLog | None = None
         # Runs queued ops outside a step (`close`); set where the host copies live
         # (host_setup.attach_host_tier). None: nothing can be spilled at close.
-        self.executor: Callable[[list[TierOp]], None] | None = None
+        self.executor: Callable[[list[TierOp]], object] | None = None
         self._closed = False
 
     def record_events(self, events: KVEventLog) -> None:
@@ -323,6 +335,14 @@ class HostTier:
         self.counters.recomputed_instead += own
         if self.lower is not None and len(slots) > own:
             self.lower.counters.recomputed_instead += len(slots) - own
+
+    def discard(self, key: bytes) -> None:
+        """Forgets `key` here and in the tier below (a load of it failed: what it holds
+        is not trusted again, so the next lookup misses and recomputes)."""
+        if key in self._by_key:
+            self._drop(key)
+        if self.lower is not None:
+            self.lower.discard(key)
 
     def _expired(self, entry: TierEntry, now: float) -> bool:
         ttl = self._ttl_of(entry.domain)
@@ -499,6 +519,8 @@ class HostTier:
             recomputed_instead=c.recomputed_instead,
             evictions=c.evictions,
             expirations=c.expirations,
+            load_time_s=c.load_time_s,
+            store_time_s=c.store_time_s,
         )
 
     def tier_stats(self) -> tuple[TierStats, ...]:

@@ -36,6 +36,7 @@ from engine.kv_cache.kv_events import KVEventLog
 from engine.kv_cache.prefix_index import PrefixIndex
 from engine.kv_cache.published import PublishedPrefixes
 from engine.kv_cache.tier_cost import LoadCostRule
+from engine.kv_cache.tier_loads import LoadingBlocks, doomed
 from engine.sequence import Sequence
 
 
@@ -90,6 +91,9 @@ class KVCacheManager:
         # are loaded (`attach_tier`); None: evicted blocks are simply forgotten.
         self.tier: KVTier | None = None
         self.tier_cost: LoadCostRule | None = None
+        # Blocks whose tier loads are joined later (`track_loads`, tier_loads.py); None:
+        # every load is in before the next forward pass.
+        self.loading: LoadingBlocks | None = None
 
     @classmethod
     def from_config(cls, cache: CacheConfig, num_blocks: int, revision: str) -> KVCacheManager:
@@ -133,6 +137,38 @@ class KVCacheManager:
         self.tier_cost = cost
         if self.events is not None:
             tier.record_events(self.events)
+
+    def track_loads(self) -> None:
+        """Tier loads run off the step's path from now on: each loaded block stays held,
+        and the sequences over it not `ready`, until `finish_loads` says it is in."""
+        if self.loading is None:
+            self.loading = LoadingBlocks()
+
+    def ready(self, seq: Sequence) -> bool:
+        """False while a block of the sequence's table is still being loaded."""
+        return self.loading is None or not self.loading.any_in(seq.block_ids)
+
+    def finish_loads(
+        self, done: list[int], failed: list[int], requeue: Callable[[set[int]], None]
+    ) -> None:
+        """Ends loads (none may be in flight when one failed): `done` blocks are ready;
+        `failed` ones, and the cached blocks chained under them, are dropped from the
+        device and the tiers, after `requeue` has sent the sequences holding any of them
+        back to be recomputed (they give their references back)."""
+        assert self.loading is not None and self.tier is not None
+        bad = doomed(failed, self._meta)
+        if bad:
+            requeue(bad)
+        for b in self.loading.finish(done + failed):
+            self._release([b], self._meta[b].domain)  # the load's own reference
+        for b in failed:
+            self.tier.discard(self._meta[b].tier_key)
+        while bad:
+            leaves = [b for b in bad if self._meta[b].children == 0]
+            assert leaves and all(self.pool.is_idle(b) for b in leaves), "a failed load is held"
+            for b in leaves:
+                self._evict(b)
+                bad.discard(b)
 
     @property
     def num_blocks(self) -> int:
@@ -301,7 +337,8 @@ class KVCacheManager:
 
         Only the sequence's own segment (its domain's root) continues: published
         blocks are pinned in the pool and never written down. Returns the loaded blocks,
-        which follow `found` and are idle cached blocks like any device hit.
+        which follow `found` and are idle cached blocks like any device hit (with
+        `track_loads`: held by their loads until `finish_loads`).
         """
         assert self.index is not None and self.tier is not None
         n = len(found)
@@ -353,9 +390,12 @@ class KVCacheManager:
                         seq.cache_adapter,
                     )  # fmt: skip
                 loaded.append(block)
+                if self.loading is not None:
+                    self.loading.begin(block)  # its allocation is the load's reference
         finally:
-            if found or loaded:
-                self._release(found + loaded, seg.domain)
+            held = loaded if self.loading is None else []
+            if found or held:
+                self._release(found + held, seg.domain)
         return loaded
 
     def prefix_in_flight(self, seq: Sequence, num_computed: int) -> bool:

@@ -68,7 +68,9 @@ class Scheduler:
         self._prompted: set[str] = set()  # tenants with prompt chunks in the last step
         self._rows_held: set[str] = set()  # tenants whose running sequences sat it out
         # Whether a running sequence can take part in the next step; the engine sets it to
-        # its grammar matchers' (a sequence whose next mask is still being filled waits).
+        # its grammar matchers' (a sequence whose next mask is still being filled waits)
+        # and the KV manager's (one whose blocks a tier still loads waits). A sequence
+        # admitted not ready keeps its blocks and runs from the first step it is ready.
         self.seq_ready: Callable[[Sequence], bool] = _always_ready
         self._interactive_waiting = 0  # this step's, while scheduling
         self._pace: BatchPace | None = None  # this step's allowance for batch work
@@ -386,6 +388,8 @@ class Scheduler:
                 self.waiting.charge(seq, seq.num_prompt_tokens)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            if not self.seq_ready(seq):
+                continue  # admitted (its blocks reserved) but its cached blocks are loading
             scheduled.append(ScheduledSequence(seq, seq.num_computed_tokens, num_new))
             budget -= num_new
             if seq.batch and self._pace is not None:
@@ -489,6 +493,14 @@ class Scheduler:
         prefill = sum(i.num_new_tokens for i in output.scheduled if i.num_new_tokens > 1)
         decodes = sum(1 for i in output.scheduled if i.num_new_tokens == 1)
         self.step_budget.observe(prefill, decodes, elapsed_s)
+
+    def requeue(self, seqs: Iterable[Sequence]) -> None:
+        """Preempts running `seqs` between steps (their cached KV was found bad, e.g. a
+        tier load into their blocks failed): each is recomputed when admitted again."""
+        for seq in seqs:
+            if seq in self.running:
+                self.running.remove(seq)
+                self._preempt(seq)
 
     def _preempt(self, seq: Sequence) -> None:
         """Frees a running sequence's blocks; it will be recomputed from scratch (its block

@@ -39,7 +39,7 @@ class TierFigures(Protocol):
         ...
 
 
-def tier_totals(stats: TierFigures) -> dict[str, int]:
+def tier_totals(stats: TierFigures) -> dict[str, float]:
     """The KV tiers' cumulative figures under vLLM's names (its KV connector's and its
     offloading connector's), from one snapshot; empty where no tier is on (no series, as
     vLLM without a connector).
@@ -53,16 +53,21 @@ def tier_totals(stats: TierFigures) -> dict[str, int]:
     - kv_offload_load_bytes: bytes copied from a tier into the device pool;
     - kv_offload_store_bytes: bytes the device pool wrote down to the tier under it
       (the first of `kv_tiers`, which run top-down; a disk tier's writes come from the
-      host tier, not from the device).
+      host tier, not from the device);
+    - kv_offload_load_time / kv_offload_store_time: seconds those loads (a disk tier's
+      file reads included) and those writes took, as vLLM's offloading connector counts
+      its transfers' time.
     The token figures need the pool's block size; an engine that did not report it gets
     the byte figures only.
     """
     tiers = stats.kv_tiers
     if not tiers:
         return {}
-    totals = {
+    totals: dict[str, float] = {
         "kv_offload_load_bytes": sum(t.loads * t.bytes_per_block for t in tiers),
         "kv_offload_store_bytes": tiers[0].write_backs * tiers[0].bytes_per_block,
+        "kv_offload_load_time": sum(t.load_time_s for t in tiers),
+        "kv_offload_store_time": tiers[0].store_time_s,
     }
     if stats.block_size > 0:
         hits = sum(t.loads for t in tiers) * stats.block_size
@@ -89,6 +94,10 @@ TIER_ALIASES = {
     ),
     "kv_offload_load_bytes": "Bytes of KV loaded from the tiers into the device pool.",
     "kv_offload_store_bytes": "Bytes of KV the device pool wrote down to the tier under it.",
+    "kv_offload_load_time": "Total load time from the KV tiers into the device pool, in seconds.",
+    "kv_offload_store_time": (
+        "Total store time from the device pool to the tier under it, in seconds."
+    ),
 }
 # vLLM's older labelled form of the two byte figures, which dashboards still read: the
 # counter OFFLOAD_TOTAL_BYTES, label `transfer_type` by `tier_totals` key.

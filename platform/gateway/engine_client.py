@@ -129,6 +129,8 @@ def _add_tiers(a: TierStats, b: TierStats) -> TierStats:
         recomputed_instead=a.recomputed_instead + b.recomputed_instead,
         evictions=a.evictions + b.evictions,
         expirations=a.expirations + b.expirations,
+        load_time_s=a.load_time_s + b.load_time_s,
+        store_time_s=a.store_time_s + b.store_time_s,
     )
 
 

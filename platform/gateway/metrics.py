@@ -360,14 +360,14 @@ class GatewayMetrics:
         now_totals = tier_totals(snap)
         old_totals = tier_totals(last) if last is not None else {}
         for key, value in now_totals.items():
-            old = old_totals.get(key)
-            delta = value - old if old is not None and value >= old else value
+            prior = old_totals.get(key)  # (floats: the transfer times are seconds)
+            grown = value - prior if prior is not None and value >= prior else value
             children = [self.tier_aliases[key].labels(name)]
             if key in TRANSFER_TYPES:
                 children.append(self.offload_total_bytes.labels(name, TRANSFER_TYPES[key]))
             for child in children:  # created at 0: a tier with no traffic yet still shows
-                if delta > 0:
-                    child.inc(delta)
+                if grown > 0:
+                    child.inc(grown)
 
     def _update_spec_decode(
         self, name: str, snap: EngineSnapshot, last: EngineSnapshot | None

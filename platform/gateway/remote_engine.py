@@ -516,12 +516,14 @@ def _tiers_from_json(raw: object) -> tuple[TierStats, ...]:
     if not isinstance(raw, list):
         return ()
     names = {f.name for f in dataclasses.fields(TierStats)}
+    # Fields with a default (the transfer times) may be missing from an older engine.
+    required = {f.name for f in dataclasses.fields(TierStats) if f.default is dataclasses.MISSING}
     tiers: list[TierStats] = []
     for entry in raw:
-        if not isinstance(entry, dict) or not names <= entry.keys():
+        if not isinstance(entry, dict) or not required <= entry.keys():
             continue
         try:
-            tiers.append(TierStats(**{k: entry[k] for k in names}))
+            tiers.append(TierStats(**{k: entry[k] for k in names & entry.keys()}))
         except (TypeError, ValueError):
             continue
     return tuple(tiers)
