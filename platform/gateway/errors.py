@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias, TypeVar, cast
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -104,29 +105,17 @@ def _param_from_loc(loc: Sequence[Any]) -> str | None:
     return parts[0] if parts else None
 
 
-async def _validation(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, RequestValidationError)
-    errors = exc.errors()
-    first = errors[0] if errors else {}
+def _validation_message(exc: RequestValidationError) -> str:
+    first = (exc.errors() or [{}])[0]
     if first.get("type") == "json_invalid":
-        return error_response(
-            400, "the request body is not valid JSON", type_="invalid_request_error"
-        )
-    param = _param_from_loc(first.get("loc", ()))
-    message = f"{param}: {first.get('msg', 'invalid value')}" if param else "invalid request body"
-    return error_response(400, message, type_="invalid_request_error", param=param)
+        return "the request body is not valid JSON"
+    param = _validation_param(exc)
+    return f"{param}: {first.get('msg', 'invalid value')}" if param else "invalid request body"
 
 
-async def _gateway(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, GatewayError)
-    return error_response(
-        exc.status,
-        exc.message,
-        type_=exc.type,
-        param=exc.param,
-        code=exc.code,
-        headers=exc.headers,
-    )
+def _validation_param(exc: RequestValidationError) -> str | None:
+    first = (exc.errors() or [{}])[0]
+    return None if first.get("type") == "json_invalid" else _param_from_loc(first.get("loc", ()))
 
 
 # An engine's refusal is told from the hop's one table (engine_hop.refusals), as an
@@ -136,160 +125,195 @@ async def _gateway(request: Request, exc: Exception) -> JSONResponse:
 OVERLOADED_MESSAGE = "the engine is at capacity; retry later"
 UNAVAILABLE_MESSAGE = "the engine is not serving"
 
+_AUTH_MESSAGES = {
+    "missing": "no API key provided; send Authorization: Bearer <key>",
+    "invalid": "incorrect API key provided",
+    "expired": "this API key has expired",
+    "revoked": "this API key has been revoked",
+    "suspended": "this tenant is suspended",
+}
 
-def engine_error_response(
-    kind: RefusalKind,
-    message: str,
-    *,
-    param: str | None = None,
-    code: str | None = None,
-    headers: Mapping[str, str] | None = None,
-) -> JSONResponse:
-    """The OpenAI error response of an engine refusal of `kind`."""
-    return error_response(
-        kind.status,
-        message,
-        type_=kind.type,
-        param=param,
-        code=kind.code or code,
-        headers=headers,
-    )
+T = TypeVar("T")
+# A row's field: the same for every error of the row's type, or read from the error.
+Field: TypeAlias = T | Callable[[Any], T]
 
 
-async def _engine_invalid(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, InvalidRequestError)
-    return engine_error_response(BAD_REQUEST, exc.message, param=exc.param, code=exc.code)
+def _none(exc: BaseException) -> None:
+    return None
 
 
-async def _engine_overloaded(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, EngineOverloadedError)
-    headers = retry_after_header(exc.retry_after_s)
-    return engine_error_response(OVERLOADED, OVERLOADED_MESSAGE, headers=headers)
+def _no_headers(exc: BaseException) -> dict[str, str]:
+    return {}
 
 
-async def _engine_dead(request: Request, exc: Exception) -> JSONResponse:
-    headers = retry_after_header(5.0)
-    return engine_error_response(UNAVAILABLE, UNAVAILABLE_MESSAGE, headers=headers)
+@dataclass(frozen=True)
+class ErrorRow:
+    """How the errors of one exception type are told: an OpenAI error body and status.
+
+    Each field is a value, or a function of the error for what differs between errors.
+    `in_stream`: a stream that fails after its 200 tells the error as it is (in-band);
+    an error of any other row is told there as the engine's failure.
+    """
+
+    status: Field[int]
+    type: Field[str]
+    message: Field[str] = str
+    code: Field[str | None] = None
+    param: Callable[[Any], str | None] = _none
+    headers: Callable[[Any], Mapping[str, str]] = _no_headers
+    in_stream: bool = False
+
+    @classmethod
+    def engine(
+        cls,
+        kind: RefusalKind,
+        message: Field[str],
+        headers: Callable[[Any], Mapping[str, str]] = _no_headers,
+    ) -> ErrorRow:
+        """The row of an engine refusal of `kind`: its status, type and code are the
+        hop's (a kind without a code keeps the error's own, with its param)."""
+        code: Field[str | None] = kind.code or (lambda e: e.code)
+        param = _none if kind.code else (lambda e: e.param)
+        return cls(kind.status, kind.type, message, code, param, headers, in_stream=True)
+
+    def body(self, exc: BaseException) -> dict[str, Any]:
+        """The OpenAI error body of `exc`."""
+        detail: dict[str, Any] = {
+            "message": _read(self.message, exc),
+            "type": _read(self.type, exc),
+        }
+        return {"error": {**detail, "param": self.param(exc), "code": _read(self.code, exc)}}
+
+    def response(self, exc: BaseException) -> JSONResponse:
+        """The HTTP response of `exc`."""
+        status: int = _read(self.status, exc)
+        return JSONResponse(self.body(exc), status_code=status, headers=dict(self.headers(exc)))
 
 
-async def _engine_failed(request: Request, exc: Exception) -> JSONResponse:
+def _read(field: Field[T], exc: BaseException) -> T:
+    return field(exc) if callable(field) else field
+
+
+def _rate_limited_headers(exc: RateLimitedError) -> dict[str, str]:
+    return {
+        **retry_after_header(exc.retry_after_s),
+        **rate_limit_headers(exc.requests, exc.tokens),
+    }
+
+
+def _budget(exc: RateLimitedError) -> bool:
+    return exc.reason == "budget"
+
+
+# Never the exception's text: it may name files, keys or other tenants' data.
+_UNEXPECTED = ErrorRow(500, "server_error", "internal server error")
+_FAILED = ErrorRow.engine(FAILED, RequestFailedError.MESSAGE)
+
+ERRORS: dict[type[Exception], ErrorRow] = {
+    RequestValidationError: ErrorRow(
+        400, "invalid_request_error", _validation_message, param=_validation_param
+    ),
+    GatewayError: ErrorRow(
+        status=lambda e: e.status,
+        type=lambda e: e.type,
+        message=lambda e: e.message,
+        code=lambda e: e.code,
+        param=lambda e: e.param,
+        headers=lambda e: e.headers,
+    ),
+    InvalidRequestError: ErrorRow.engine(BAD_REQUEST, lambda e: e.message),
+    EngineOverloadedError: ErrorRow.engine(
+        OVERLOADED, OVERLOADED_MESSAGE, lambda e: retry_after_header(e.retry_after_s)
+    ),
+    EngineDeadError: ErrorRow.engine(
+        UNAVAILABLE, UNAVAILABLE_MESSAGE, lambda e: retry_after_header(5.0)
+    ),
     # The engine logged the cause with the request id; its text never reaches a tenant.
-    return engine_error_response(FAILED, RequestFailedError.MESSAGE)
+    RequestFailedError: _FAILED,
+    AuthenticationError: ErrorRow(
+        401,
+        "invalid_request_error",
+        lambda e: _AUTH_MESSAGES.get(e.reason, "authentication failed"),
+        "invalid_api_key",
+        headers=lambda e: {"WWW-Authenticate": "Bearer"},
+    ),
+    AuthThrottledError: ErrorRow(
+        429,
+        "rate_limit_exceeded",
+        "too many failed authentication attempts from this address; retry later",
+        "too_many_auth_failures",
+        headers=lambda e: retry_after_header(e.retry_after_s),
+    ),
+    AuthUnavailableError: ErrorRow(
+        503,
+        "server_error",
+        "authentication is temporarily unavailable; retry later",
+        "auth_unavailable",
+        headers=lambda e: retry_after_header(e.retry_after_s),
+    ),
+    PermissionDeniedError: ErrorRow(
+        403, "permission_error", str, "model_not_allowed", param=lambda e: "model"
+    ),
+    RateLimitedError: ErrorRow(
+        429,
+        type=lambda e: "insufficient_quota" if _budget(e) else e.reason,
+        code=lambda e: "insufficient_quota" if _budget(e) else "rate_limit_exceeded",
+        headers=_rate_limited_headers,
+    ),
+    LimiterUnavailableError: ErrorRow(
+        503,
+        "server_error",
+        "rate limiting is unavailable; retry later",
+        "limiter_unavailable",
+        headers=lambda e: retry_after_header(1.0),
+    ),
+    StarletteHTTPException: ErrorRow(
+        status=lambda e: e.status_code,
+        type=lambda e: "invalid_request_error" if e.status_code < 500 else "server_error",
+        message=lambda e: str(e.detail),
+        headers=lambda e: getattr(e, "headers", None) or {},
+    ),
+    Exception: _UNEXPECTED,
+}
+"""The one mapping from exception types to OpenAI errors: the HTTP handlers, `status_of`
+and `stream_error_body` all read it. An error takes the row of its nearest type."""
+
+
+def error_row(exc: BaseException) -> ErrorRow | None:
+    """The row of `exc`'s nearest type in `ERRORS` (None: not an Exception)."""
+    if not isinstance(exc, Exception):
+        return None
+    rows = cast(dict[type, ErrorRow], ERRORS)
+    return next(rows[cls] for cls in type(exc).__mro__ if cls in rows)
+
+
+async def _handle(request: Request, exc: Exception) -> JSONResponse:
+    row = error_row(exc) or _UNEXPECTED
+    if row is _UNEXPECTED:
+        # Starlette's ServerErrorMiddleware calls this (then re-raises, and uvicorn closes
+        # the connection) only for an error UnexpectedErrorMiddleware did not answer: one
+        # raised outside it, or after a response started.
+        logger.exception("unhandled error", extra={"path": request.url.path})
+    return row.response(exc)
 
 
 def stream_error_body(exc: BaseException, request_id: str) -> dict[str, Any]:
     """The in-band error event of a stream that failed after its 200 went out.
 
-    The same words as the handlers above: a client error keeps its own message; any
-    other failure gets a fixed one with a stable code, and its detail goes to the log.
+    The same words as the HTTP answer: an engine error is told by its row; any other
+    failure as the engine's failure (a fixed message with a stable code), its detail
+    going to the log.
     """
-    if isinstance(exc, InvalidRequestError):
-        detail = {"message": exc.message, "type": BAD_REQUEST.type, "param": exc.param}
-        return {"error": {**detail, "code": exc.code}}
-    if isinstance(exc, EngineOverloadedError):
-        kind, message = OVERLOADED, OVERLOADED_MESSAGE
-    elif isinstance(exc, EngineDeadError):
-        kind, message = UNAVAILABLE, UNAVAILABLE_MESSAGE
-    else:
-        kind, message = FAILED, RequestFailedError.MESSAGE
-        if not isinstance(exc, RequestFailedError):  # the engine logs its own failures
-            logger.error("stream failed", exc_info=exc, extra={"request_id": request_id})
-    return {"error": {"message": message, "type": kind.type, "param": None, "code": kind.code}}
-
-
-async def _auth(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, AuthenticationError)
-    message = {
-        "missing": "no API key provided; send Authorization: Bearer <key>",
-        "invalid": "incorrect API key provided",
-        "expired": "this API key has expired",
-        "revoked": "this API key has been revoked",
-        "suspended": "this tenant is suspended",
-    }.get(exc.reason, "authentication failed")
-    return error_response(
-        401,
-        message,
-        type_="invalid_request_error",
-        code="invalid_api_key",
-        headers={"WWW-Authenticate": "Bearer"},
-    )
-
-
-async def _auth_throttled(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, AuthThrottledError)
-    return error_response(
-        429,
-        "too many failed authentication attempts from this address; retry later",
-        type_="rate_limit_exceeded",
-        code="too_many_auth_failures",
-        headers=retry_after_header(exc.retry_after_s),
-    )
-
-
-async def _auth_unavailable(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, AuthUnavailableError)
-    return error_response(
-        503,
-        "authentication is temporarily unavailable; retry later",
-        type_="server_error",
-        code="auth_unavailable",
-        headers=retry_after_header(exc.retry_after_s),
-    )
-
-
-async def _denied(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, PermissionDeniedError)
-    return error_response(
-        403, str(exc), type_="permission_error", param="model", code="model_not_allowed"
-    )
-
-
-async def _rate_limited(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, RateLimitedError)
-    budget = exc.reason == "budget"
-    headers = {**retry_after_header(exc.retry_after_s)}
-    headers.update(rate_limit_headers(exc.requests, exc.tokens))
-    return error_response(
-        429,
-        str(exc),
-        type_="insufficient_quota" if budget else exc.reason,
-        code="insufficient_quota" if budget else "rate_limit_exceeded",
-        headers=headers,
-    )
-
-
-async def _limiter_down(request: Request, exc: Exception) -> JSONResponse:
-    return error_response(
-        503,
-        "rate limiting is unavailable; retry later",
-        type_="server_error",
-        code="limiter_unavailable",
-        headers=retry_after_header(1.0),
-    )
-
-
-async def _http(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, StarletteHTTPException)
-    type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
-    return error_response(
-        exc.status_code,
-        str(exc.detail),
-        type_=type_,
-        headers=getattr(exc, "headers", None),
-    )
+    row = error_row(exc)
+    if row is not None and row.in_stream:
+        return row.body(exc)
+    if not isinstance(exc, RequestFailedError):  # the engine logs its own failures
+        logger.error("stream failed", exc_info=exc, extra={"request_id": request_id})
+    return _FAILED.body(exc)
 
 
 def _internal_error() -> JSONResponse:
-    # Never the exception's text: it may name files, keys or other tenants' data.
-    return error_response(500, "internal server error", type_="server_error")
-
-
-async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-    # Starlette's ServerErrorMiddleware calls this (then re-raises, and uvicorn closes the
-    # connection) only for an error UnexpectedErrorMiddleware did not answer: one raised
-    # outside it, or after a response started.
-    logger.exception("unhandled error", extra={"path": request.url.path})
-    return _internal_error()
+    return _UNEXPECTED.response(Exception())
 
 
 class UnexpectedErrorMiddleware:
@@ -341,45 +365,14 @@ def install_error_handlers(app: FastAPI) -> None:
     if not any(getattr(m, "cls", None) is UnexpectedErrorMiddleware for m in app.user_middleware):
         # Inside ServerErrorMiddleware, and inside any middleware added later.
         app.add_middleware(UnexpectedErrorMiddleware)
-    app.add_exception_handler(RequestValidationError, _validation)
-    app.add_exception_handler(GatewayError, _gateway)
-    app.add_exception_handler(InvalidRequestError, _engine_invalid)
-    app.add_exception_handler(EngineOverloadedError, _engine_overloaded)
-    app.add_exception_handler(EngineDeadError, _engine_dead)
-    app.add_exception_handler(RequestFailedError, _engine_failed)
-    app.add_exception_handler(AuthenticationError, _auth)
-    app.add_exception_handler(AuthThrottledError, _auth_throttled)
-    app.add_exception_handler(AuthUnavailableError, _auth_unavailable)
-    app.add_exception_handler(PermissionDeniedError, _denied)
-    app.add_exception_handler(RateLimitedError, _rate_limited)
-    app.add_exception_handler(LimiterUnavailableError, _limiter_down)
-    app.add_exception_handler(StarletteHTTPException, _http)
-    app.add_exception_handler(Exception, _unexpected)
+    for exc_type in ERRORS:
+        app.add_exception_handler(exc_type, _handle)
 
 
 def status_of(exc: BaseException) -> int:
-    """The HTTP status the handlers above give `exc` (for metrics and usage records).
+    """The HTTP status `ERRORS` gives `exc` (for metrics and usage records).
 
     499 (client closed request) for a cancellation: the client went away first.
     """
-    if isinstance(exc, GatewayError):
-        return exc.status
-    if isinstance(exc, (RequestValidationError, InvalidRequestError)):
-        return 400
-    if isinstance(
-        exc, (EngineOverloadedError, EngineDeadError, LimiterUnavailableError, AuthUnavailableError)
-    ):
-        return 503
-    if isinstance(exc, AuthThrottledError):
-        return 429
-    if isinstance(exc, AuthenticationError):
-        return 401
-    if isinstance(exc, PermissionDeniedError):
-        return 403
-    if isinstance(exc, RateLimitedError):
-        return 429
-    if isinstance(exc, StarletteHTTPException):
-        return exc.status_code
-    if not isinstance(exc, Exception):
-        return 499
-    return 500
+    row = error_row(exc)
+    return 499 if row is None else _read(row.status, exc)

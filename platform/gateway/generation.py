@@ -21,7 +21,7 @@ from engine.outputs import PositionLogprobs, StreamEvent
 from engine.request import EngineRequest
 from engine.structured.spec import StructuredSpec, StructuredSpecError
 from gateway.errors import GatewayError, InvalidParameterError, status_of
-from gateway.lifecycle import RequestLifecycle
+from gateway.lifecycle import Authenticated, RequestLifecycle
 from gateway.params import (
     build_sampling_params,
     check_request_fits,
@@ -69,6 +69,7 @@ class ChoiceState:
 
 async def admit_and_submit(
     life: RequestLifecycle,
+    call: Authenticated,
     body: SamplingFields,
     prompts: list[list[int]],
     *,
@@ -84,16 +85,15 @@ async def admit_and_submit(
     (gateway.structured_output) may not ask for another one.
     """
     state = life.state
-    principal = life.principal
-    assert principal is not None, "authenticate first"
+    principal = call.principal
     max_tokens = resolve_max_tokens(
         requested_max_tokens,
         param=max_tokens_param,
         prompt_tokens=max(len(p) for p in prompts),
-        max_model_len=life.engine.max_model_len,
+        max_model_len=call.engine.max_model_len,
         limits=principal.limits,
-        model_cap=life.model_output_cap,
-        model=life.base_model,
+        model_cap=call.output_cap,
+        model=call.base_model,
     )
     prompt_tokens = sum(len(p) for p in prompts)
     max_tokens = fit_in_flight(
@@ -122,7 +122,7 @@ async def admit_and_submit(
         body,
         max_tokens=max_tokens,
         logprobs=logprobs,
-        vocab_size=life.engine.vocab_size,
+        vocab_size=call.engine.vocab_size,
         max_n=state.settings.max_n,
         structured=None if constraint is None else constraint[0],
     )
@@ -132,11 +132,11 @@ async def admit_and_submit(
         # Compiled before admission: a bad or slow grammar costs the limiter nothing.
         spec, field_name = constraint
         try:
-            await life.engine.prepare_structured(spec, domain)
+            await call.engine.prepare_structured(spec, domain)
         except StructuredSpecError as exc:
             raise InvalidParameterError(exc.message, param=field_name, code=exc.code) from None
     headers = await life.admit(
-        prompt_tokens=prompt_tokens, reserve_tokens=max_tokens * body.n * len(prompts)
+        call, prompt_tokens=prompt_tokens, reserve_tokens=max_tokens * body.n * len(prompts)
     )
     # The one place the gateway builds engine requests; each is checked as it is built,
     # all before any is queued. Fairness belongs to the tenant: its keys and users
@@ -152,7 +152,7 @@ async def admit_and_submit(
             # A never-cache tenant's policy wins over whatever the request asks.
             cache=body.cache and not principal.never_cache,
             session=session_hint(body.user),
-            adapter=life.adapter,
+            adapter=call.adapter,
             traffic_class="batch" if life.batch or body.service_tier == "flex" else "interactive",
         )
         for i, prompt in enumerate(prompts)
@@ -162,11 +162,11 @@ async def admit_and_submit(
         # Built before anything is queued: nothing may fail between submit and return.
         cadence = Cadence(
             tokens=principal.stream_chunk_tokens,
-            tokenizer=life.prompts.tokenizer,
+            tokenizer=call.prompts.tokenizer,
             stop=params.stop,
             skip_special_tokens=params.skip_special_tokens,
         )
-    streams = await life.submit(requests)
+    streams = await life.submit(call, requests)
     return Submitted(streams=streams, headers=headers, n=body.n, cadence=cadence)
 
 
@@ -182,9 +182,12 @@ def stream_events(
     return paced_events(events, submitted.cadence)
 
 
-async def submit_with_fallback(life: RequestLifecycle, prepare: Callable[[], Awaitable[T]]) -> T:
-    """Runs `prepare`, a route's steps that depend on the resolved model (its tokenizer and
-    chat template, then `admit_and_submit`), and returns its result.
+async def submit_with_fallback(
+    life: RequestLifecycle, call: Authenticated, prepare: Callable[[Authenticated], Awaitable[T]]
+) -> tuple[Authenticated, T]:
+    """Runs `prepare` on `call`, a route's steps that depend on the resolved model (its
+    tokenizer and chat template, then `admit_and_submit`), and returns the call it ran on
+    and its result.
 
     When the engine's queue refuses the request as overloaded (at submit in process, or
     at admission on an engine server, gateway.remote_engine) and its model has a
@@ -195,21 +198,21 @@ async def submit_with_fallback(life: RequestLifecycle, prepare: Callable[[], Awa
     reason, the client gets the first refusal (503), as without a fallback.
     """
     try:
-        return await prepare()
+        return call, await prepare(call)
     except EngineOverloadedError as refused:
-        fallback = life.overload_fallback()
+        fallback = life.overload_fallback(call)
         if fallback is None:
             raise
-        model = life.base_model
         try:
-            await life.move_to(fallback)
-            result = await prepare()
+            moved = await life.move_to(call, fallback)
+            result = await prepare(moved)
         except Exception:
-            await life.move_to(model)  # the refusal and its record name the model asked for
+            # The refusal and its record name the model asked for.
+            await life.move_to(call, call.base_model)
             raise refused from None
-    life.span.set_attribute("cloister.fallback_from", model)
-    life.state.metrics.observe_fallback(model=model, fallback=fallback)
-    return result
+    life.span.set_attribute("cloister.fallback_from", call.base_model)
+    life.state.metrics.observe_fallback(model=call.base_model, fallback=fallback)
+    return moved, result
 
 
 def choice_index(prompt_index: int, sample_index: int, n: int) -> int:

@@ -3,6 +3,10 @@
     authenticate -> resolve model -> (route: parse, tokenize, clamp) -> admit
     (limiter) -> submit (engine) -> events -> close
 
+(gateway.request_flow runs these steps for the generation routes.) What needs the
+caller and its model takes the `Authenticated` that resolving the model returns, so it
+cannot run before both are known.
+
 `close` is the single exit: it aborts unfinished engine requests (freeing their
 KV blocks), settles the limiter, records metrics, ends the span and emits the
 usage record. It is idempotent and shielded from cancellation, so it also runs
@@ -15,6 +19,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 
 import anyio
 from fastapi import Request
@@ -50,6 +55,28 @@ logger = logging.getLogger("cloister.gateway")
 ENGINE_ERROR = "engine_error"  # the finish reason of a request the engine failed
 
 
+@dataclass(frozen=True)
+class Authenticated:
+    """An authenticated caller and the model it may use: what the steps after
+    authentication take (`RequestLifecycle.resolve_model` makes one; a move to a
+    fallback model makes another)."""
+
+    principal: Principal
+    engine: EngineClient  # the engine serving `base_model`
+    prompts: ModelPrompts  # prompt encoding with that model's tokenizer
+    model: str  # as the request named it (echoed in the response)
+    base_model: str  # the served model (`model` less any ":adapter")
+    adapter: str | None  # the LoRA adapter the request selected
+    # The registry's `max_output_tokens` for the base model (None: its context; no
+    # registry, or a model it does not list, caps nothing).
+    output_cap: int | None
+
+    @property
+    def tenant_id(self) -> str:
+        """The caller's tenant."""
+        return self.principal.tenant_id
+
+
 class RequestLifecycle:
     """State and steps of one API request; see the module docstring."""
 
@@ -83,7 +110,8 @@ class RequestLifecycle:
         self.span.set_attribute("cloister.request_id", self.request_id)
         if ids.client is not None:
             self.span.set_attribute("cloister.client_request_id", ids.client)
-        self.principal: Principal | None = None
+        # The caller, once authenticated (for the audit of denials, the usage record).
+        self._principal: Principal | None = None
         self.source: str | None = None
         self.model: str = ""  # as the request named it (echoed in the response)
         self.base_model: str = ""  # the served model (`model` less any ":adapter")
@@ -114,18 +142,24 @@ class RequestLifecycle:
         self._usage = UsageGuard(state.usage_sink)
         self._closed = False
 
-    async def authenticate(
-        self, authorization: str | None, *, source: str | None = None
-    ) -> Principal:
-        """The caller's principal (from memory; database reads happen off the loop).
-
-        `source` is the client address: bad credentials are counted and audited by it."""
-        self.source = source
-        principal = await self.state.auth.authenticate(authorization, source=source)
-        return await self._authenticated(principal)
-
-    async def _authenticated(self, principal: Principal) -> Principal:
-        self.principal = principal
+    async def caller(self, request: Request) -> Principal:
+        """The caller of `request`: its bearer key's principal (from memory; database reads
+        happen off the loop; bad credentials are counted and audited by the client's
+        address); or, for a line of a tenant's batch that the batch runner sends
+        in-process, the principal the runner resolved from the batch's key (an ASGI scope
+        entry, which no client can set). A batch line is metered as one and runs in the
+        engine's batch traffic class."""
+        line = request.scope.get(BATCH_LINE_SCOPE_KEY)
+        if isinstance(line, BatchLineIdentity):
+            self.batch = True
+            self.span.set_attribute("cloister.batch_id", line.batch_id)
+            principal = line.principal
+        else:
+            self.source = client_host(request)
+            principal = await self.state.auth.authenticate(
+                request.headers.get("authorization"), source=self.source
+            )
+        self._principal = principal
         # The engine reports KV use by tenant id: metrics label it with this name.
         self.state.metrics.name_tenant(principal.tenant_id, principal.tenant_name)
         if self.state.model_access is not None:
@@ -133,68 +167,54 @@ class RequestLifecycle:
         self.span.set_attribute("cloister.tenant_id", principal.tenant_id)
         return principal
 
-    async def authenticate_request(self, request: Request) -> Principal:
-        """The caller of `request`: its bearer key's principal; or, for a line of a tenant's
-        batch that the batch runner sends in-process, the principal the runner resolved
-        from the batch's key (an ASGI scope entry, which no client can set). A batch line
-        is metered as one and runs in the engine's batch traffic class."""
-        line = request.scope.get(BATCH_LINE_SCOPE_KEY)
-        if isinstance(line, BatchLineIdentity):
-            self.batch = True
-            self.span.set_attribute("cloister.batch_id", line.batch_id)
-            return await self._authenticated(line.principal)
-        return await self.authenticate(
-            request.headers.get("authorization"), source=client_host(request)
-        )
-
-    def resolve_model(self, name: str) -> str:
-        """404 for a model not served here, 403 for one this key, its tenant's limits or
-        the model's registry allow-list do not let it use.
+    def resolve_model(self, principal: Principal, name: str) -> Authenticated:
+        """The caller `principal` with model `name`: 404 for a model not served here, 403
+        for one this key, its tenant's limits or the model's registry allow-list do not
+        let it use.
 
         "base:adapter" (a name no engine serves as it is) selects a LoRA adapter of
         `base`: see `_resolve_adapter`."""
         if name not in self.state.engines:
             base, adapter = split_model(name)
             if adapter is not None:
-                return self._resolve_adapter(name, base, adapter)
+                return self._resolve_adapter(principal, name, base, adapter)
         engine = self.state.engine_for(name)
-        self._check_model(name)
-        return self._resolved(name, name, engine)
+        self._check_model(principal, name)
+        return self._resolved(principal, name, name, engine)
 
-    def _check_model(self, name: str) -> None:
-        assert self.principal is not None, "authenticate first"
+    def _check_model(self, principal: Principal, name: str) -> None:
         try:
-            check_model(self.principal, name)
+            check_model(principal, name)
         except PermissionDeniedError:
             self.state.auth.denied(
-                source=self.source, principal=self.principal, reason="model", resource=name
+                source=self.source, principal=principal, reason="model", resource=name
             )
             raise
-        self._check_registry(name)
+        self._check_registry(principal, name)
 
-    def _check_registry(self, name: str) -> None:
-        assert self.principal is not None, "authenticate first"
-        if self._access is not None and not self._access.allows(name, self.principal.tenant_id):
+    def _check_registry(self, principal: Principal, name: str) -> None:
+        if self._access is not None and not self._access.allows(name, principal.tenant_id):
             self.state.auth.denied(
-                source=self.source, principal=self.principal, reason="model_tenant", resource=name
+                source=self.source, principal=principal, reason="model_tenant", resource=name
             )
             raise PermissionDeniedError(name, f"this tenant may not use model {name!r}")
 
-    def _resolve_adapter(self, name: str, base: str, adapter: str) -> str:
+    def _resolve_adapter(
+        self, principal: Principal, name: str, base: str, adapter: str
+    ) -> Authenticated:
         """The base model's checks, then the adapter's: the registry must list it (not
         retired) for this tenant (its own or a public one) and the engine must have it
         loaded. Unknown and forbidden are the same 404, so names never leak; both are
         audited."""
-        assert self.principal is not None, "authenticate first"
         engine = self.state.engine_for(base)
-        allowed_names = self.principal.allowed_models
+        allowed_names = principal.allowed_models
         if allowed_names is not None and name in allowed_names:
             # A model list that names the adapter itself lets the key use it (only it).
-            self._check_registry(base)
+            self._check_registry(principal, base)
         else:
-            self._check_model(base)
+            self._check_model(principal, base)
         access = self._access
-        tenant = self.principal.tenant_id
+        tenant = principal.tenant_id
         # No registry: no owner is known, so no adapter may be used.
         listed = access is not None and name in access.allowed
         allowed = listed and access is not None and access.allows(name, tenant)
@@ -203,7 +223,7 @@ class RequestLifecycle:
             reason = "adapter_forbidden" if listed and not allowed else "adapter_unknown"
             self.state.auth.denied(
                 source=self.source,
-                principal=self.principal,
+                principal=principal,
                 reason=reason,
                 resource=name,
                 outcome="denied:404",
@@ -213,38 +233,30 @@ class RequestLifecycle:
             )
         self.adapter = adapter
         self.state.metrics.adapters.started(model=base, adapter=adapter)
-        return self._resolved(name, base, engine)
+        return self._resolved(principal, name, base, engine)
 
-    def _resolved(self, name: str, base: str, engine: EngineClient) -> str:
+    def _resolved(
+        self, principal: Principal, name: str, base: str, engine: EngineClient
+    ) -> Authenticated:
         self.model = name
         self.base_model = base
         self._engine = engine
         self.span.set_attribute("gen_ai.request.model", name)
-        return name
+        return Authenticated(
+            principal=principal,
+            engine=engine,
+            prompts=self.state.tokenize.for_engine(engine),
+            model=name,
+            base_model=base,
+            adapter=self.adapter,
+            output_cap=None if self._access is None else self._access.output_caps.get(base),
+        )
 
-    @property
-    def engine(self) -> EngineClient:
-        """The engine serving this request's model (`resolve_model` picks it)."""
-        assert self._engine is not None, "resolve the model first"
-        return self._engine
-
-    @property
-    def model_output_cap(self) -> int | None:
-        """The registry's `max_output_tokens` for this request's base model (None: its
-        context; no registry, or a model it does not list, caps nothing)."""
-        if self._access is None:
-            return None
-        return self._access.output_caps.get(self.base_model)
-
-    @property
-    def prompts(self) -> ModelPrompts:
-        """Prompt encoding with this request's model's tokenizer."""
-        return self.state.tokenize.for_engine(self.engine)
-
-    async def admit(self, *, prompt_tokens: int, reserve_tokens: int) -> dict[str, str]:
+    async def admit(
+        self, call: Authenticated, *, prompt_tokens: int, reserve_tokens: int
+    ) -> dict[str, str]:
         """Consumes the caller's limits; returns the x-ratelimit-* headers to send."""
-        assert self.principal is not None, "authenticate first"
-        principal = self.principal
+        principal = call.principal
         self.prompt_tokens = prompt_tokens
         if self.batch:
             # A batch line never counts against the interactive RPM/TPM: its tokens were
@@ -271,16 +283,16 @@ class RequestLifecycle:
         """Tokens the limiter admission holds for this request (None: none held)."""
         return None if self._admission is None else self._admission.reserved_tokens
 
-    def overload_fallback(self) -> str | None:
+    def overload_fallback(self, call: Authenticated) -> str | None:
         """The model to run this request on instead, once the engine's queue refused it as
         overloaded: its model's registry fallback, when this gateway serves that, this key
         and tenant may use it (as `resolve_model` checks, though unaudited: the caller never
         asked for it), and the refused request was interactive, not a batch line and not
         an adapter's. None otherwise."""
-        access, principal = self._access, self.principal
-        if not self._queue_refused or self.batch or self.adapter is not None:
+        access, principal = self._access, call.principal
+        if not self._queue_refused or self.batch or call.adapter is not None:
             return None
-        if access is None or principal is None:
+        if access is None:
             return None
         fallback = access.fallbacks.get(self.base_model)
         if fallback is None or fallback not in self.state.engines:
@@ -291,27 +303,36 @@ class RequestLifecycle:
             return None
         return fallback if access.allows(fallback, principal.tenant_id) else None
 
-    async def move_to(self, model: str) -> None:
-        """Points this request at served base model `model`, checked by the caller, after
+    async def move_to(self, call: Authenticated, model: str) -> Authenticated:
+        """`call` pointed at served base model `model`, checked by the caller, after
         aborting what the previous engine had queued of it (so engine ids start afresh);
         the limiter admission stays held."""
-        for engine_id in self._engine_ids:
-            try:
-                await self.engine.abort(engine_id)
-            except Exception:
-                logger.exception("abort failed", extra={"request_id": engine_id})
+        await self._abort(self._engine_ids)
         self._engine_ids.clear()
         self._prompt_lens.clear()
         self._outcomes = OutcomeTracker()
         self._queue_refused = False
-        self._resolved(model, model, self.state.engine_for(model))
+        return self._resolved(call.principal, model, model, self.state.engine_for(model))
+
+    async def _abort(self, engine_ids: list[str]) -> None:
+        """Aborts `engine_ids` on the engine they were submitted to (the last resolved)."""
+        engine = self._engine
+        if engine is None:  # no model was resolved, so nothing was submitted
+            return
+        for engine_id in engine_ids:
+            try:
+                await engine.abort(engine_id)
+            except Exception:
+                logger.exception("abort failed", extra={"request_id": engine_id})
 
     def engine_request_id(self, index: int, count: int) -> str:
         """The engine's id for prompt `index` of `count`: the request's id, suffixed if many."""
         return self.request_id if count == 1 else f"{self.request_id}-{index}"
 
-    async def submit(self, requests: list[EngineRequest]) -> list[AsyncIterator[StreamEvent]]:
-        """Queues each engine request and returns once the engine admitted each; on a
+    async def submit(
+        self, call: Authenticated, requests: list[EngineRequest]
+    ) -> list[AsyncIterator[StreamEvent]]:
+        """Queues each engine request on `call`'s engine and returns once the engine admitted each; on a
         refusal, raised here whether the engine runs in this process or behind an engine
         server (`AdmittedLater`), `close` aborts the ones already queued."""
         streams: list[AsyncIterator[StreamEvent]] = []
@@ -328,7 +349,7 @@ class RequestLifecycle:
                 # Raises InvalidRequestError / EngineOverloadedError with nothing queued for
                 # it; `close` aborts the earlier prompts' requests.
                 try:
-                    stream = self.engine.submit(request)
+                    stream = call.engine.submit(request)
                 except EngineOverloadedError:
                     self._queue_refused = request.traffic_class == "interactive"
                     raise
@@ -459,12 +480,7 @@ class RequestLifecycle:
 
     async def _close(self, status: int, disconnected: bool) -> None:
         state = self.state
-        for engine_id in self._engine_ids:
-            if engine_id not in self._finished_ids:
-                try:
-                    await self.engine.abort(engine_id)
-                except Exception:
-                    logger.exception("abort failed", extra={"request_id": engine_id})
+        await self._abort([i for i in self._engine_ids if i not in self._finished_ids])
         if disconnected and self.finish_reason is None:
             self.finish_reason = "abort"
         billable_prompt = self.billable_prompt_tokens
@@ -475,7 +491,7 @@ class RequestLifecycle:
             state.limits.release(self._admission, actual_tokens=actual)
         latency = time.monotonic() - self.started
         ttft = None if self._first_token_at is None else self._first_token_at - self.started
-        principal = self.principal
+        principal = self._principal
         tenant = principal.tenant_name if principal else "anonymous"
         model = self.base_model or self.model
         state.metrics.observe_request(tenant=tenant, status=status, model=model or "none")

@@ -10,19 +10,15 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from engine.outputs import CompletionDelta, PositionLogprobs
-from gateway.body import parse_body
 from gateway.errors import InvalidParameterError, stream_error_body
 from gateway.generation import (
+    ChoiceState,
     Submitted,
     admit_and_submit,
     choice_index,
-    collect,
-    settled_on_error,
     stream_events,
-    stream_response,
-    submit_with_fallback,
 )
-from gateway.lifecycle import RequestLifecycle
+from gateway.lifecycle import Authenticated, RequestLifecycle
 from gateway.params import vet_extra_fields
 from gateway.reasoning import (
     AnswerDelta,
@@ -30,6 +26,7 @@ from gateway.reasoning import (
     StreamingReasoningSplitter,
     reasoning_enabled,
 )
+from gateway.request_flow import Generation, GenerationRoute, serve
 from gateway.schemas.chat import (
     ChatChoice,
     ChatCompletion,
@@ -48,7 +45,6 @@ from gateway.sse import (
     sse_event,
     sse_model,
 )
-from gateway.state import app_state
 from gateway.tools import StreamingToolParser, render_chat, tool_call_grammar
 from gateway.tools.chat_reply import (
     ChatTooling,
@@ -57,7 +53,6 @@ from gateway.tools.chat_reply import (
     finish_reason,
     stream_deltas,
 )
-from server.request_ids import request_ids_of
 
 
 def chat_logprobs(
@@ -88,102 +83,104 @@ def _engine_logprobs(body: ChatCompletionRequest) -> int | None:
     return body.top_logprobs or 0
 
 
+def _template(call: Authenticated) -> str | None:
+    template: str | None = getattr(call.prompts.tokenizer, "chat_template", None)
+    return template
+
+
 async def _prompt_ids(
-    life: RequestLifecycle, body: ChatCompletionRequest, tooling: ChatTooling
+    call: Authenticated, body: ChatCompletionRequest, tooling: ChatTooling
 ) -> list[int]:
     if not body.messages:
         raise InvalidParameterError("messages must not be empty", param="messages")
-    assert life.principal is not None, "authenticate first"
     rendered = render_chat(
         [m.openai_dict() for m in body.messages],
         tooling.request,
         tooling.parser,
-        chat_template=getattr(life.prompts.tokenizer, "chat_template", None),
+        chat_template=_template(call),
     )
-    return await life.prompts.encode_chat(
-        life.principal.tenant_id, rendered.messages, tools=rendered.tools
-    )
+    return await call.prompts.encode_chat(call.tenant_id, rendered.messages, tools=rendered.tools)
 
 
-async def _submit(
-    life: RequestLifecycle, body: ChatCompletionRequest
-) -> tuple[ChatTooling, Submitted]:
-    """The steps that depend on the resolved model (its chat template and tokenizer):
-    run again on a fallback model (gateway.generation.submit_with_fallback)."""
-    tooling = chat_tooling(
-        body,
-        setting=life.state.settings.tool_parser,
-        chat_template=getattr(life.prompts.tokenizer, "chat_template", None),
-    )
-    if body.max_tokens is not None and body.max_completion_tokens is not None:
-        raise InvalidParameterError(
-            "give max_tokens or max_completion_tokens, not both", param="max_tokens"
+_Run = Generation[ChatCompletionRequest, ChatTooling]
+
+
+class _Chat(GenerationRoute[ChatCompletionRequest, ChatCompletionRequest, ChatTooling]):
+    """The chat route's parts of the request skeleton (gateway.request_flow)."""
+
+    id_prefix = "chatcmpl"
+    body_type = ChatCompletionRequest
+
+    async def vet(
+        self, life: RequestLifecycle, call: Authenticated, body: ChatCompletionRequest
+    ) -> ChatCompletionRequest:
+        vet_extra_fields(body.extra_fields())
+        return body
+
+    async def prepare(
+        self, life: RequestLifecycle, call: Authenticated, body: ChatCompletionRequest
+    ) -> tuple[ChatTooling, Submitted]:
+        tooling = chat_tooling(
+            body, setting=life.state.settings.tool_parser, chat_template=_template(call)
         )
-    requested = body.max_completion_tokens or body.max_tokens
-    param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
-    grammar = tool_call_grammar(tooling.request, tooling.parser)
-    submitted = await admit_and_submit(
-        life,
-        body,
-        [await _prompt_ids(life, body, tooling)],
-        requested_max_tokens=requested,
-        max_tokens_param=param,
-        logprobs=_engine_logprobs(body),
-        structured=None if grammar is None else (grammar, "tools"),
-    )
-    return tooling, submitted
+        if body.max_tokens is not None and body.max_completion_tokens is not None:
+            raise InvalidParameterError(
+                "give max_tokens or max_completion_tokens, not both", param="max_tokens"
+            )
+        requested = body.max_completion_tokens or body.max_tokens
+        param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+        grammar = tool_call_grammar(tooling.request, tooling.parser)
+        submitted = await admit_and_submit(
+            life,
+            call,
+            body,
+            [await _prompt_ids(call, body, tooling)],
+            requested_max_tokens=requested,
+            max_tokens_param=param,
+            logprobs=_engine_logprobs(body),
+            structured=None if grammar is None else (grammar, "tools"),
+        )
+        return tooling, submitted
+
+    def stream(self, run: _Run) -> AsyncIterator[bytes]:
+        return _stream(run, reasoning=_reasoning(run.life, run.call))
+
+    async def respond(self, run: _Run, choices: list[ChoiceState]) -> Response:
+        life, body, tooling = run.life, run.vetted, run.prepared
+        reasoning = _reasoning(life, run.call)
+        replies = [assistant_reply(c.text, tooling, reasoning=reasoning) for c in choices]
+        response = ChatCompletion(
+            id=life.request_id,
+            created=life.created,
+            model=life.model,
+            choices=[
+                ChatChoice(
+                    index=c.index,
+                    message=message,
+                    logprobs=chat_logprobs(c.logprobs) if body.logprobs else None,
+                    finish_reason=finish_reason(c.finish_reason, calls, tooling),
+                )
+                for c, (message, calls) in zip(choices, replies, strict=True)
+            ],
+            usage=make_usage(life.prompt_tokens, life.completion_tokens, life.cached_tokens),
+        )
+        return json_model_response(response, headers=run.submitted.headers)
+
+
+def _reasoning(life: RequestLifecycle, call: Authenticated) -> bool:
+    return reasoning_enabled(life.state.settings.reasoning_parser, _template(call))
+
+
+_CHAT = _Chat()
 
 
 async def create_chat_completion(request: Request) -> Response:
     """Creates a model response for a conversation; streamed as SSE with stream=true."""
-    life = RequestLifecycle(
-        app_state(request),
-        id_prefix="chatcmpl",
-        headers=request.headers,
-        ids=request_ids_of(request),
-    )
-    async with settled_on_error(life):
-        await life.authenticate_request(request)
-        body = await parse_body(request, ChatCompletionRequest)
-        life.resolve_model(body.model)
-        vet_extra_fields(body.extra_fields())
-        tooling, submitted = await submit_with_fallback(life, lambda: _submit(life, body))
-        reasoning = reasoning_enabled(
-            life.state.settings.reasoning_parser,
-            getattr(life.prompts.tokenizer, "chat_template", None),
-        )
-        if body.stream:
-            stream = _stream(life, body, submitted, tooling, reasoning=reasoning)
-            return stream_response(life, stream, submitted)
-        choices = await collect(life, submitted, request)
-    await life.close(200)
-    replies = [assistant_reply(c.text, tooling, reasoning=reasoning) for c in choices]
-    response = ChatCompletion(
-        id=life.request_id,
-        created=life.created,
-        model=life.model,
-        choices=[
-            ChatChoice(
-                index=c.index,
-                message=message,
-                logprobs=chat_logprobs(c.logprobs) if body.logprobs else None,
-                finish_reason=finish_reason(c.finish_reason, calls, tooling),
-            )
-            for c, (message, calls) in zip(choices, replies, strict=True)
-        ],
-        usage=make_usage(life.prompt_tokens, life.completion_tokens, life.cached_tokens),
-    )
-    return json_model_response(response, headers=submitted.headers)
+    return await serve(_CHAT, request)
 
 
-async def _stream(
-    life: RequestLifecycle,
-    body: ChatCompletionRequest,
-    submitted: Submitted,
-    tooling: ChatTooling,
-    *,
-    reasoning: bool,
-) -> AsyncIterator[bytes]:
+async def _stream(run: _Run, *, reasoning: bool) -> AsyncIterator[bytes]:
+    life, body, tooling, submitted = run.life, run.vetted, run.prepared, run.submitted
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     exclude = None if include_usage else {"usage"}
 

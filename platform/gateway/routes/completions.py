@@ -10,20 +10,17 @@ from starlette.routing import Route
 
 from engine.errors import ContextLengthExceededError
 from engine.outputs import PositionLogprobs
-from gateway.body import parse_body
 from gateway.errors import InvalidParameterError, stream_error_body
 from gateway.generation import (
+    ChoiceState,
     Submitted,
     admit_and_submit,
     choice_index,
-    collect,
-    settled_on_error,
     stream_events,
-    stream_response,
-    submit_with_fallback,
 )
-from gateway.lifecycle import RequestLifecycle
+from gateway.lifecycle import Authenticated, RequestLifecycle
 from gateway.params import vet_extra_fields
+from gateway.request_flow import Generation, GenerationRoute, serve
 from gateway.schemas.common import make_usage
 from gateway.schemas.completions import (
     Completion,
@@ -37,8 +34,6 @@ from gateway.sse import (
     sse_event,
     sse_model,
 )
-from gateway.state import app_state
-from server.request_ids import request_ids_of
 
 MAX_PROMPTS = 64
 
@@ -59,13 +54,12 @@ def completion_logprobs(
     )
 
 
-async def _prompts(life: RequestLifecycle, body: CompletionRequest) -> list[list[int]]:
+async def _prompts(call: Authenticated, body: CompletionRequest) -> list[list[int]]:
     """Strings are encoded with the model's special tokens; token id lists are used as given."""
     raw = body.prompt
-    tokenize = life.prompts
-    vocab = life.engine.vocab_size
-    max_model_len = life.engine.max_model_len
-    assert life.principal is not None, "authenticate first"
+    tokenize = call.prompts
+    vocab = call.engine.vocab_size
+    max_model_len = call.engine.max_model_len
     if isinstance(raw, str):
         items: list[str | list[int]] = [raw]
     elif raw and all(isinstance(x, int) for x in raw):
@@ -77,7 +71,7 @@ async def _prompts(life: RequestLifecycle, body: CompletionRequest) -> list[list
     prompts: list[list[int]] = []
     for item in items:
         if isinstance(item, str):
-            ids = await tokenize.encode(life.principal.tenant_id, item, param="prompt")
+            ids = await tokenize.encode(call.tenant_id, item, param="prompt")
         else:
             ids = list(item)
             if len(ids) >= max_model_len:  # before the per-id scan: it cannot fit anyway
@@ -95,19 +89,6 @@ async def _prompts(life: RequestLifecycle, body: CompletionRequest) -> list[list
     return prompts
 
 
-async def _submit(life: RequestLifecycle, body: CompletionRequest) -> Submitted:
-    """Tokenizes with the resolved model's tokenizer and submits: run again on a fallback
-    model (gateway.generation.submit_with_fallback)."""
-    return await admit_and_submit(
-        life,
-        body,
-        await _prompts(life, body),
-        requested_max_tokens=body.max_tokens,
-        max_tokens_param="max_tokens",
-        logprobs=body.logprobs,
-    )
-
-
 def _vet_legacy(body: CompletionRequest) -> None:
     if body.echo:
         raise InvalidParameterError("echo is not supported", param="echo", code="unsupported")
@@ -117,41 +98,65 @@ def _vet_legacy(body: CompletionRequest) -> None:
         raise InvalidParameterError("best_of must equal n", param="best_of", code="unsupported")
 
 
-async def create_completion(request: Request) -> Response:
-    """Completes one or more prompts; streamed as SSE with stream=true."""
-    life = RequestLifecycle(
-        app_state(request),
-        id_prefix="cmpl",
-        headers=request.headers,
-        ids=request_ids_of(request),
-    )
-    async with settled_on_error(life):
-        await life.authenticate_request(request)
-        body = await parse_body(request, CompletionRequest)
-        life.resolve_model(body.model)
+_Run = Generation[CompletionRequest, None]
+
+
+class _Completions(GenerationRoute[CompletionRequest, CompletionRequest, None]):
+    """The completions route's parts of the request skeleton (gateway.request_flow)."""
+
+    id_prefix = "cmpl"
+    body_type = CompletionRequest
+
+    async def vet(
+        self, life: RequestLifecycle, call: Authenticated, body: CompletionRequest
+    ) -> CompletionRequest:
         vet_extra_fields(body.extra_fields())
         _vet_legacy(body)
-        submitted = await submit_with_fallback(life, lambda: _submit(life, body))
-        if body.stream:
-            return stream_response(life, _stream(life, body, submitted), submitted)
-        choices = await collect(life, submitted, request)
-    await life.close(200)
-    response = Completion(
-        id=life.request_id,
-        created=life.created,
-        model=life.model,
-        choices=[
-            CompletionChoice(
-                index=c.index,
-                text=c.text,
-                logprobs=completion_logprobs(c.logprobs) if body.logprobs is not None else None,
-                finish_reason=c.finish_reason,
-            )
-            for c in choices
-        ],
-        usage=make_usage(life.prompt_tokens, life.completion_tokens, life.cached_tokens),
-    )
-    return json_model_response(response, headers=submitted.headers)
+        return body
+
+    async def prepare(
+        self, life: RequestLifecycle, call: Authenticated, vetted: CompletionRequest
+    ) -> tuple[None, Submitted]:
+        submitted = await admit_and_submit(
+            life,
+            call,
+            vetted,
+            await _prompts(call, vetted),
+            requested_max_tokens=vetted.max_tokens,
+            max_tokens_param="max_tokens",
+            logprobs=vetted.logprobs,
+        )
+        return None, submitted
+
+    def stream(self, run: _Run) -> AsyncIterator[bytes]:
+        return _stream(run.life, run.vetted, run.submitted)
+
+    async def respond(self, run: _Run, choices: list[ChoiceState]) -> Response:
+        life, body = run.life, run.vetted
+        response = Completion(
+            id=life.request_id,
+            created=life.created,
+            model=life.model,
+            choices=[
+                CompletionChoice(
+                    index=c.index,
+                    text=c.text,
+                    logprobs=completion_logprobs(c.logprobs) if body.logprobs is not None else None,
+                    finish_reason=c.finish_reason,
+                )
+                for c in choices
+            ],
+            usage=make_usage(life.prompt_tokens, life.completion_tokens, life.cached_tokens),
+        )
+        return json_model_response(response, headers=run.submitted.headers)
+
+
+_COMPLETIONS = _Completions()
+
+
+async def create_completion(request: Request) -> Response:
+    """Completes one or more prompts; streamed as SSE with stream=true."""
+    return await serve(_COMPLETIONS, request)
 
 
 async def _stream(

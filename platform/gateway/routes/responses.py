@@ -24,24 +24,17 @@ import json
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from engine.errors import InvalidRequestError
-from gateway.body import parse_body
 from gateway.errors import GatewayError, InvalidParameterError, stream_error_body
-from gateway.generation import (
-    Submitted,
-    admit_and_submit,
-    collect,
-    settled_on_error,
-    stream_events,
-    submit_with_fallback,
-)
-from gateway.generation import stream_response as settling_stream
-from gateway.lifecycle import RequestLifecycle
+from gateway.generation import ChoiceState, Submitted, admit_and_submit, stream_events
+from gateway.lifecycle import Authenticated, RequestLifecycle
+from gateway.request_flow import Generation, GenerationRoute, serve
 from gateway.response_render import ResponseDraft, ResponseEvents
 from gateway.response_store import StoredResponse, Turn, record_json
 from gateway.responses_input import input_turns, vet_response_request, with_instructions
@@ -118,7 +111,9 @@ async def _previous(state: AppState, tenant_id: str, response_id: str | None) ->
     return stored.conversation
 
 
-def _tooling(life: RequestLifecycle, body: ResponseCreateRequest) -> ChatTooling:
+def _tooling(
+    life: RequestLifecycle, call: Authenticated, body: ResponseCreateRequest
+) -> ChatTooling:
     """The request's function tools (the Responses API's flat shape) and the call format."""
     request = resolve_tools(
         tools=body.tools or None,
@@ -126,7 +121,7 @@ def _tooling(life: RequestLifecycle, body: ResponseCreateRequest) -> ChatTooling
         parallel_tool_calls=body.parallel_tool_calls,
         flat=True,
     )
-    parser = choose_parser(life.state.settings.tool_parser, _template(life))
+    parser = choose_parser(life.state.settings.tool_parser, _template(call))
     if request.active and parser == "none":
         raise InvalidParameterError(
             "tool calling is not enabled for this model", param="tools", code="unsupported"
@@ -134,8 +129,8 @@ def _tooling(life: RequestLifecycle, body: ResponseCreateRequest) -> ChatTooling
     return ChatTooling(request, parser)
 
 
-def _template(life: RequestLifecycle) -> str | None:
-    template: str | None = getattr(life.prompts.tokenizer, "chat_template", None)
+def _template(call: Authenticated) -> str | None:
+    template: str | None = getattr(call.prompts.tokenizer, "chat_template", None)
     return template
 
 
@@ -245,18 +240,21 @@ def _check_record_size(
 
 
 async def _store(
-    life: RequestLifecycle, history: list[Turn], draft: ResponseDraft, final: ResponseObject
+    life: RequestLifecycle,
+    call: Authenticated,
+    history: list[Turn],
+    draft: ResponseDraft,
+    final: ResponseObject,
 ) -> ResponseObject:
     """Stores `final` when asked to; what to answer: `final`, or it with `store: false`
     when it was not stored (too large with its output, the tenant's or the store's caps,
     the store unavailable)."""
     if not draft.store:
         return final
-    assert life.principal is not None, "authenticate first"
     stored = await life.state.responses.put(
         StoredResponse(
             response_id=final.id,
-            tenant_id=life.principal.tenant_id,
+            tenant_id=call.tenant_id,
             conversation=(*history, _assistant_turn(final)),
             body=final.model_dump_json(),
         )
@@ -264,110 +262,127 @@ async def _store(
     return final if stored else final.model_copy(update={"store": False})
 
 
-async def _submit(
-    life: RequestLifecycle,
-    body: ResponseCreateRequest,
-    previous: Sequence[Turn],
-    turns: Sequence[Turn],
-) -> tuple[ChatTooling, ResponseDraft, Submitted]:
-    """The steps that depend on the resolved model (its name in the response, its chat
-    template and tokenizer): run again on a fallback model
-    (gateway.generation.submit_with_fallback)."""
-    assert life.principal is not None, "authenticate first"
-    tooling = _tooling(life, body)
-    draft = _draft(life, body)
-    if draft.store:
-        _check_record_size(life, body, previous, turns, draft)
-    with _prompt_errors_name_input():
-        rendered = render_chat(
-            [dict(t) for t in with_instructions(body.instructions, [*previous, *turns])],
-            tooling.request,
-            tooling.parser,
-            chat_template=_template(life),
+@dataclass(frozen=True)
+class _Vetted:
+    """A response request that passed its checks, with the conversation it continues."""
+
+    body: ResponseCreateRequest
+    previous: tuple[Turn, ...]  # the stored conversation of `previous_response_id`
+    turns: list[Turn]  # its own input
+
+    @property
+    def history(self) -> list[Turn]:
+        """The whole conversation so far, as stored with the response."""
+        return [*self.previous, *self.turns]
+
+
+_Prepared = tuple[ChatTooling, ResponseDraft]  # the model's tool format; the response
+_Run = Generation[_Vetted, _Prepared]
+
+
+class _Responses(GenerationRoute[ResponseCreateRequest, _Vetted, _Prepared]):
+    """The responses route's parts of the request skeleton (gateway.request_flow)."""
+
+    id_prefix = "resp"
+    body_type = ResponseCreateRequest
+
+    def lifecycle(self, request: Request) -> RequestLifecycle:
+        state = app_state(request)
+        return RequestLifecycle(
+            state,
+            id_prefix=self.id_prefix,
+            headers=request.headers,
+            request_id=f"resp_{state.request_ids.next()}",
         )
-        prompt = await life.prompts.encode_chat(
-            life.principal.tenant_id, rendered.messages, tools=rendered.tools
-        )
-        grammar = tool_call_grammar(tooling.request, tooling.parser)
-        submitted = await admit_and_submit(
-            life,
-            _sampling(body),
-            [prompt],
-            requested_max_tokens=body.max_output_tokens,
-            max_tokens_param="max_output_tokens",
-            logprobs=None,
-            structured=None if grammar is None else (grammar, "tools"),
-        )
-    return tooling, draft, submitted
+
+    async def vet(
+        self, life: RequestLifecycle, call: Authenticated, body: ResponseCreateRequest
+    ) -> _Vetted:
+        vet_response_request(body)
+        _tooling(life, call, body)  # tools the model cannot call are refused before the input
+        turns = input_turns(body.input)
+        previous = await _previous(life.state, call.tenant_id, body.previous_response_id)
+        return _Vetted(body, previous, turns)
+
+    async def prepare(
+        self, life: RequestLifecycle, call: Authenticated, vetted: _Vetted
+    ) -> tuple[_Prepared, Submitted]:
+        """The steps that depend on the resolved model (its name in the response, its chat
+        template and tokenizer): run again on a fallback model
+        (gateway.generation.submit_with_fallback)."""
+        body, previous, turns = vetted.body, vetted.previous, vetted.turns
+        tooling = _tooling(life, call, body)
+        draft = _draft(life, body)
+        if draft.store:
+            _check_record_size(life, body, previous, turns, draft)
+        with _prompt_errors_name_input():
+            rendered = render_chat(
+                [dict(t) for t in with_instructions(body.instructions, [*previous, *turns])],
+                tooling.request,
+                tooling.parser,
+                chat_template=_template(call),
+            )
+            prompt = await call.prompts.encode_chat(
+                call.tenant_id, rendered.messages, tools=rendered.tools
+            )
+            grammar = tool_call_grammar(tooling.request, tooling.parser)
+            submitted = await admit_and_submit(
+                life,
+                call,
+                _sampling(body),
+                [prompt],
+                requested_max_tokens=body.max_output_tokens,
+                max_tokens_param="max_output_tokens",
+                logprobs=None,
+                structured=None if grammar is None else (grammar, "tools"),
+            )
+        return (tooling, draft), submitted
+
+    async def stream(self, run: _Run) -> AsyncIterator[bytes]:
+        life, (tooling, draft), submitted = run.life, run.prepared, run.submitted
+        events = ResponseEvents(draft)
+        parser = tooling.stream_parser() if tooling.active else None
+        for chunk in events.opening(message=parser is None):
+            yield chunk
+        try:
+            async for _, event in stream_events(life, submitted):
+                for d in event.deltas:
+                    if not d.text and d.finish_reason is None:
+                        continue
+                    if parser is None:
+                        for chunk in events.delta(d.text) if d.text else []:
+                            yield chunk
+                        continue
+                    items = parser.feed(d.text) if d.text else []
+                    if d.finish_reason is not None:
+                        items += parser.finish()
+                    for item in items:
+                        for chunk in _item_events(events, item):
+                            yield chunk
+        except Exception as exc:  # the engine failed mid-stream: tell the client in-band
+            yield events.error(stream_error_body(exc, life.request_id))
+            return
+        life.completed = True
+        # Settled (its usage durable) and stored before the client can read the end.
+        await life.close_stream()
+        final = _finish(life, draft, events.text, events.calls)
+        final = await _store(life, run.call, run.vetted.history, draft, final)
+        for chunk in events.closing(final):
+            yield chunk
+
+    async def respond(self, run: _Run, choices: list[ChoiceState]) -> Response:
+        life, (tooling, draft) = run.life, run.prepared
+        final = _finish(life, draft, *_split(choices[0].text, tooling))
+        final = await _store(life, run.call, run.vetted.history, draft, final)
+        return json_model_response(final, headers=run.submitted.headers)
+
+
+_RESPONSES = _Responses()
 
 
 async def create_response(request: Request) -> Response:
     """Creates a model response; streamed as typed server-sent events with stream=true."""
-    state = app_state(request)
-    life = RequestLifecycle(
-        state,
-        id_prefix="resp",
-        headers=request.headers,
-        request_id=f"resp_{state.request_ids.next()}",
-    )
-    async with settled_on_error(life):
-        principal = await life.authenticate_request(request)
-        body = await parse_body(request, ResponseCreateRequest)
-        life.resolve_model(body.model)
-        vet_response_request(body)
-        _tooling(life, body)  # tools the model cannot call are refused before the input
-        turns = input_turns(body.input)
-        previous = await _previous(state, principal.tenant_id, body.previous_response_id)
-        history = [*previous, *turns]
-        tooling, draft, submitted = await submit_with_fallback(
-            life, lambda: _submit(life, body, previous, turns)
-        )
-        if body.stream:
-            chunks = _stream(life, history, draft, submitted, tooling)
-            return settling_stream(life, chunks, submitted)
-        choices = await collect(life, submitted, request)
-    await life.close(200)
-    final = await _store(
-        life, history, draft, _finish(life, draft, *_split(choices[0].text, tooling))
-    )
-    return json_model_response(final, headers=submitted.headers)
-
-
-async def _stream(
-    life: RequestLifecycle,
-    history: list[Turn],
-    draft: ResponseDraft,
-    submitted: Submitted,
-    tooling: ChatTooling,
-) -> AsyncIterator[bytes]:
-    events = ResponseEvents(draft)
-    parser = tooling.stream_parser() if tooling.active else None
-    for chunk in events.opening(message=parser is None):
-        yield chunk
-    try:
-        async for _, event in stream_events(life, submitted):
-            for d in event.deltas:
-                if not d.text and d.finish_reason is None:
-                    continue
-                if parser is None:
-                    for chunk in events.delta(d.text) if d.text else []:
-                        yield chunk
-                    continue
-                items = parser.feed(d.text) if d.text else []
-                if d.finish_reason is not None:
-                    items += parser.finish()
-                for item in items:
-                    for chunk in _item_events(events, item):
-                        yield chunk
-    except Exception as exc:  # the engine failed mid-stream: tell the client in-band
-        yield events.error(stream_error_body(exc, life.request_id))
-        return
-    life.completed = True
-    # Settled (its usage durable) and stored before the client can read the end.
-    await life.close_stream()
-    final = await _store(life, history, draft, _finish(life, draft, events.text, events.calls))
-    for chunk in events.closing(final):
-        yield chunk
+    return await serve(_RESPONSES, request)
 
 
 def _item_events(events: ResponseEvents, item: object) -> list[bytes]:
