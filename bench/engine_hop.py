@@ -9,7 +9,7 @@ work. The remote server is `cloister engine serve`'s own code path
 is the gateway's (`RemoteEngineClient`), measured on both of its transports:
 
 - `remote`: the link, one WebSocket carrying every request's frames (the gateway's
-  default; gateway.engine_link, engine_server.link);
+  default; engine_hop.link_client, engine_server.link);
 - `remote_http`: one HTTP request each, streamed as compact server-sent events (what
   a gateway behind a Kubernetes InferencePool uses), the peer the link is held to.
 
@@ -54,8 +54,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "platform"))
 from bench.loopback_floor import EchoPeer, LoopbackProbe  # noqa: E402
 from engine.request import EngineRequest  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
-from gateway.engine_client import EngineClient, InProcessEngineClient  # noqa: E402
-from gateway.remote_engine import RemoteEngineClient, fetch_info  # noqa: E402
+from engine_hop.client import EngineClient  # noqa: E402
+from engine_hop.in_process import InProcessEngineClient  # noqa: E402
+from engine_hop.remote_client import RemoteEngineClient, fetch_info  # noqa: E402
 from server.process_tuning import loaded_objects_frozen, short_gil_switch_interval  # noqa: E402
 from server.settings import Settings  # noqa: E402
 from tests.utils.fast_fake_model import fast_fake_front  # noqa: E402

@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "platform"))
 
 from engine.model.tokenizer import load_tokenizer  # noqa: E402
-from gateway.replica_set import ReplicaSetClient  # noqa: E402
+from engine_hop.replica_set import ReplicaSetClient  # noqa: E402
 from tests.gateway.engine_servers import SERVICE_TOKEN, engine_servers, gateway_over  # noqa: E402
 from tests.utils.live_gateway import LiveGateway  # noqa: E402
 from tests.utils.tiny_model import make_tiny_model_dir  # noqa: E402

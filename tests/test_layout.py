@@ -105,6 +105,42 @@ def test_the_hop_imports_no_service() -> None:
     assert not imported_roots(ROOT / "platform" / "engine_hop") & services
 
 
+def _reads_the_wire(path: pathlib.Path) -> bool:
+    """Whether one module imports the wire format (`engine_hop.wire`), lazily or not."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import) and any(
+            a.name == "engine_hop.wire" or a.name.startswith("engine_hop.wire.") for a in node.names
+        ):
+            return True
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            if node.module == "engine_hop.wire" or node.module.startswith("engine_hop.wire."):
+                return True
+            if node.module == "engine_hop" and any(a.name == "wire" for a in node.names):
+                return True
+    return False
+
+
+def test_only_the_hop_reads_the_wire_format() -> None:
+    """The wire format (engine_hop.wire: bodies, headers, streamed events, the link's
+    frames) is read by the hop's own modules (its clients among them) and the engine
+    server only: the gateway, admin and the rest talk to engines through an
+    `EngineClient`."""
+    readers = {
+        path.relative_to(ROOT).as_posix()
+        for path in (ROOT / "platform").rglob("*.py")
+        if _reads_the_wire(path)
+    }
+    assert readers, "the wire format has readers"
+    outside = {
+        r for r in readers if not r.startswith(("platform/engine_hop/", "platform/engine_server/"))
+    }
+    assert not outside, outside
+    # The clients that moved into the hop read it, and nothing in the gateway does.
+    assert "platform/engine_hop/remote_client.py" in readers
+    assert "platform/engine_hop/link_client.py" in readers
+    assert not any(r.startswith("platform/gateway/") for r in readers)
+
+
 def _engine_module_imports(path: pathlib.Path) -> set[str]:
     """The `engine.*` modules one engine module imports, lazy imports included and
     `if TYPE_CHECKING:` blocks left out (those never run)."""

@@ -1,6 +1,6 @@
 """The engines page's data: the gateway's replica states joined with the registry.
 
-The gateway side (`gateway.engine_replicas.replica_states`) reads the engine clients;
+The gateway side (`engine_hop.replicas.replica_states`) reads the engine clients;
 `mount_console` leaves a callable returning those states per model on the app, and
 this module turns them into the API's schema. An in-process engine's device and dtype
 come from the registry, which records what this process loaded (admin/served_models.py);
@@ -27,7 +27,7 @@ from admin.schemas.engines import (
 if TYPE_CHECKING:  # the admin service also runs without a gateway in its process
     from engine.kv_cache.host_tier import TierStats
     from engine.speculative.stats import SpecDecodeStats
-    from gateway.engine_replicas import ReplicaState
+    from engine_hop.replicas import ReplicaState
 
 EngineReplicas = Callable[[], Mapping[str, Sequence["ReplicaState"]]]
 

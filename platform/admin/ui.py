@@ -21,7 +21,7 @@ from admin.engine_view import EngineReplicas
 from admin.overview_stats import EngineStats, StatsSampler
 
 if TYPE_CHECKING:
-    from gateway.engine_replicas import ReplicaState
+    from engine_hop.replicas import ReplicaState
 
 DEFAULT_UI_DIR = Path(__file__).resolve().parents[2] / "admin_ui"
 CHART_JS = Path("node_modules/chart.js/dist/chart.umd.min.js")
@@ -61,7 +61,7 @@ def gateway_engine_stats(state: Any) -> EngineStats:
 
 def gateway_engine_replicas(state: Any) -> EngineReplicas:
     """A replica-state reader over a gateway AppState: each served model's engines."""
-    from gateway.engine_replicas import replica_states
+    from engine_hop.replicas import replica_states
 
     def read() -> Mapping[str, Sequence[ReplicaState]]:
         return {name: replica_states(client) for name, client in state.engines.items()}

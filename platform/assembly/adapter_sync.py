@@ -5,7 +5,7 @@ its served model and brings the engine to them: an adapter not retired and not l
 is loaded from its `source_path` (status registered -> loaded in the registry); a
 loaded one that is retired or gone from the registry is unloaded, and while requests
 still use it (`AdapterInUseError`) the next period tries again. Over several engine
-replicas (gateway.replica_set) an adapter is "loaded" only when every live replica has
+replicas (engine_hop.replica_set) an adapter is "loaded" only when every live replica has
 it, so a replica that restarted or joined gets the registry's adapters within a period
 (and a poll); one that some replicas still hold is unloaded there when it is retired. The gateway stops
 routing new requests to a retired adapter once its allow-lists are re-read (the
@@ -28,7 +28,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from assembly.periodic_sync import PeriodicSync
-from gateway.adapters import AdapterInfo, AdaptersUnsupportedError, is_in_use_error
+from engine_hop.adapters import AdapterInfo, AdaptersUnsupportedError, is_in_use_error
 
 if TYPE_CHECKING:
     pass

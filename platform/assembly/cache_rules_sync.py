@@ -23,7 +23,7 @@ from tenancy.models import Tenant
 from tenancy.scopes import tenant_scope
 
 if TYPE_CHECKING:
-    from gateway.engine_client import TokenizerLike
+    from engine_hop.client import TokenizerLike
 
 log = logging.getLogger("cloister.cache_rules")
 MIN_INTERVAL_S = 0.1  # a refresh of 0 (tests) still leaves the loop room to breathe

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from gateway.engine_client import EngineClient, EngineSnapshot
+from engine_hop.client import EngineClient, EngineSnapshot
 from server.logging_setup import MESSAGE_HAS_FIELDS
 
 logger = logging.getLogger("cloister.engine")

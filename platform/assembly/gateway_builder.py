@@ -14,7 +14,7 @@ from server.settings import Settings
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from gateway.engine_client import EngineClient
+    from engine_hop.client import EngineClient
     from tenancy.key_usage import LastUsedWriter
 
 
@@ -24,7 +24,7 @@ def engine_clients(
     """One client per served model: over `settings.engine_urls` when set (engine
     servers), else over `engine` (a front built by the caller, served as the one model
     `settings.model_name`), else over the engines loaded here."""
-    from gateway.engine_client import InProcessEngineClient
+    from engine_hop.in_process import InProcessEngineClient
 
     if settings.engine_urls and engine is None:
         from assembly.remote_engines import remote_engine_clients

@@ -3,7 +3,7 @@
 Each served model has its URLs (NAME=URL entries; plain URLs when one model is
 served). One URL is one `RemoteEngineClient`; several (or a `dns+http://` name, whose
 addresses come and go) make a `ReplicaSetClient`, which routes each request to one
-replica (gateway.routing). The gateway tokenizes with the model's own tokenizer,
+replica (engine_hop.routing). The gateway tokenizes with the model's own tokenizer,
 read from the same model file or folder the engines serve (no weights are loaded).
 """
 
@@ -26,8 +26,8 @@ def remote_engine_clients(settings: Settings) -> dict[str, Any]:
     with several models; plain URLs with one)."""
     from engine.model.loader import default_model_path
     from engine.model.tokenizer import load_tokenizer
-    from gateway.remote_engine import RemoteEngineClient, fetch_info
-    from gateway.replica_set import ReplicaSetClient, expand_urls
+    from engine_hop.remote_client import RemoteEngineClient, fetch_info
+    from engine_hop.replica_set import ReplicaSetClient, expand_urls
 
     specs = settings.served_models
     token = None if settings.service_token is None else settings.service_token.get_secret_value()

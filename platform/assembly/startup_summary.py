@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from engine_hop.client import EngineClient
 from gateway.batch_api.blob_factory import files_location
-from gateway.engine_client import EngineClient
 from server.logging_setup import MESSAGE_HAS_FIELDS
 from server.settings import Settings
 

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
     from sqlalchemy.orm import Session, sessionmaker
 
-    from gateway.engine_client import EngineClient
+    from engine_hop.client import EngineClient
 
 
 def start_syncs(

@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 
 class LoraSnapshot(Protocol):
-    """The adapter figures of an engine snapshot (gateway.engine_client.EngineSnapshot has
+    """The adapter figures of an engine snapshot (engine_hop.client.EngineSnapshot has
     them)."""
 
     @property

@@ -5,7 +5,7 @@ transport is paused for flow control; otherwise it writes and returns without ev
 suspending. Sending from a task instead costs a wake-up of the event loop per frame,
 which on the link's hot path is a measurable part of each token's hop
 (bench/engine_hop.py). Python 3.12's eager tasks do this; the project runs on 3.11.
-Both ends of the link send their frames with it (engine_server.link, gateway.engine_link).
+Both ends of the link send their frames with it (engine_server.link, engine_hop.link_client).
 """
 
 from __future__ import annotations

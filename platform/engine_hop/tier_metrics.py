@@ -16,7 +16,7 @@ from engine.kv_cache.host_tier import TierStats
 
 class TierFigures(Protocol):
     """What the totals read: an engine's stats (engine.stats.EngineStats) or the gateway's
-    snapshot of them (gateway.engine_client.EngineSnapshot)."""
+    snapshot of them (engine_hop.client.EngineSnapshot)."""
 
     @property
     def kv_tiers(self) -> Sequence[TierStats]:

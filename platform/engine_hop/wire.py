@@ -30,7 +30,7 @@ gateway knows, without a round trip of its own, whether a remote engine admitted
 request, as an in-process submit tells it by returning or raising.
 
 The same body and headers travel over the link (`LINK_PATH`, one WebSocket per gateway;
-its frames are described in engine_server.link, its gateway end is gateway.engine_link).
+its frames are described in engine_server.link, its gateway end is engine_hop.link_client).
 The gateway writes requests and cache rules (`request_to_wire`, `rules_to_wire`) and
 reads events back (`event_from_compact`; `event_from_wire` reads the full form); the
 engine server reads them (`request_from_wire`, `rules_from_wire`) and writes events

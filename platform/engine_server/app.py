@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,18 +41,17 @@ from starlette.routing import Route, WebSocketRoute
 from engine.errors import EngineDeadError, InvalidRequestError
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest
+from engine_hop.collect import collect, completion_body
+from engine_hop.sse import DONE, EventStream, event_chunks, openai_chunk_encoder
 from engine_hop.stats_json import spec_decode_to_json, tenant_kv_to_json
 from engine_hop.wire import (
-    DONE_CHUNK,
     EVENTS_WIRE,
     LINK_PATH,
     REQUEST_ID_HEADER,
     WIRE_HEADER,
     event_to_compact,
-    event_to_wire,
     request_from_wire,
     rules_from_wire,
-    sse_chunk,
 )
 from engine_server.adapters import AdapterRoutes, CountingFront
 from engine_server.auth import ServiceAuth
@@ -71,7 +70,6 @@ from engine_server.refusals import (
     refused,
     response_of,
 )
-from engine_server.sse import EventStream
 from engine_server.tracing import GenerateSpan
 
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a 128k-token prompt of ids is about 1 MiB
@@ -205,18 +203,23 @@ class EngineServer:
                 stream = self.submit(engine_request, span)
             except Refused as exc:
                 return exc.response
-            events = self.events(request_id, stream, span)
-            return await self._whole(request_id, engine_request.prompt_token_ids, events)
+            try:  # a whole response: the request's events gathered into one body
+                collected = await collect(self.events(request_id, stream, span))
+            except Exception as exc:  # the request failed in the engine
+                return response_of(refusal_of(exc))
+            prompt_tokens = len(engine_request.prompt_token_ids)
+            whole = completion_body(request_id, self.model_name, prompt_tokens, collected)
+            return JSONResponse(whole, headers={REQUEST_ID_HEADER: request_id})
         compact = request.headers.get(WIRE_HEADER) == EVENTS_WIRE
-        encode = event_to_compact if compact else self._openai_chunk(request_id)
+        encode = event_to_compact if compact else openai_chunk_encoder(request_id, self.model_name)
 
         def open_chunks() -> AsyncGenerator[bytes, None]:
             stream = self.submit(engine_request, span)
-            return self._chunks(self.events(request_id, stream, span), encode)
+            return event_chunks(self.events(request_id, stream, span), encode)
 
         # The gateway (the compact form) waits on the admission: its 200 goes out at once.
         return EventStream(
-            open_chunks, {REQUEST_ID_HEADER: request_id}, last=DONE_CHUNK, announce=compact
+            open_chunks, {REQUEST_ID_HEADER: request_id}, last=DONE, announce=compact
         )
 
     async def engine_request(self, body: Any, headers: Mapping[str, str]) -> EngineRequest:
@@ -273,41 +276,6 @@ class EngineServer:
         extra.setdefault("prompt_text", prompt)
         return {**body, "prompt": list(ids), "cloister": extra}
 
-    async def _whole(
-        self, request_id: str, prompt_ids: tuple[int, ...], events: AsyncIterator[StreamEvent]
-    ) -> Response:
-        """A non-streamed completion: the request's events gathered into one body."""
-        texts: dict[int, str] = {}
-        finish: dict[int, str | None] = {}
-        completion_tokens = cached = 0
-        try:
-            async for event in events:
-                cached = event.num_cached_tokens
-                for d in event.deltas:
-                    texts[d.index] = texts.get(d.index, "") + d.text
-                    completion_tokens += len(d.token_ids)
-                    if d.finish_reason is not None:
-                        finish[d.index] = d.finish_reason
-        except Exception as exc:  # the request failed in the engine
-            return response_of(refusal_of(exc))
-        body = {
-            "id": request_id,
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": self.model_name,
-            "choices": [
-                {"index": i, "text": texts[i], "logprobs": None, "finish_reason": finish.get(i)}
-                for i in sorted(texts)
-            ],
-            "usage": {
-                "prompt_tokens": len(prompt_ids),
-                "completion_tokens": completion_tokens,
-                "total_tokens": len(prompt_ids) + completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": cached},
-            },
-        }
-        return JSONResponse(body, headers={REQUEST_ID_HEADER: request_id})
-
     async def events(
         self, request_id: str, stream: AsyncIterator[StreamEvent], span: GenerateSpan | None
     ) -> AsyncGenerator[StreamEvent, None]:
@@ -331,51 +299,6 @@ class EngineServer:
                     await self.front.abort(request_id)
             if span is not None:
                 span.end(failed, aborted=not finished)
-
-    def _openai_chunk(self, request_id: str) -> Callable[[StreamEvent], dict[str, Any]]:
-        """The encoder of one request's events as OpenAI completion chunks, each with the
-        engine's event under `cloister` (for clients other than the gateway)."""
-        created = int(time.time())
-
-        def encode(event: StreamEvent) -> dict[str, Any]:
-            return {
-                "id": request_id,
-                "object": "text_completion",
-                "created": created,
-                "model": self.model_name,
-                "choices": [
-                    {
-                        "index": d.index,
-                        "text": d.text,
-                        "logprobs": None,
-                        "finish_reason": d.finish_reason,
-                    }
-                    for d in event.deltas
-                ],
-                "cloister": event_to_wire(event),
-            }
-
-        return encode
-
-    async def _chunks(
-        self, events: AsyncGenerator[StreamEvent, None], encode: Callable[[StreamEvent], Any]
-    ) -> AsyncGenerator[bytes, None]:
-        """Server-sent events: one chunk per event, an in-band error if the request
-        failed, then [DONE], which rides with the last chunk (EventStream sends it with
-        the body's end: one write)."""
-        ended = False
-        try:
-            async for event in events:
-                chunk = sse_chunk(encode(event))
-                ended = event.finished
-                yield chunk + DONE_CHUNK if ended else chunk
-        except Exception as exc:  # the request failed in the engine: say so in-band
-            ended = True
-            yield sse_chunk(refusal_of(exc).body()) + DONE_CHUNK
-        finally:
-            await events.aclose()  # closed here on a hang-up, not whenever it is collected
-        if not ended:
-            yield DONE_CHUNK
 
     async def abort(self, request: Request) -> Response:
         """Stops a request; unknown ids are a no-op."""

@@ -24,7 +24,7 @@ from engine_hop.refusals import (
     refusal,
     refusal_of,
 )
-from engine_server.sse import StreamRefused
+from engine_hop.sse import StreamRefused
 
 __all__ = [
     "BAD_REQUEST",

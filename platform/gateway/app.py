@@ -12,10 +12,10 @@ from types import MappingProxyType
 from fastapi import FastAPI
 from opentelemetry.sdk.trace import TracerProvider
 
+from engine_hop.client import EngineClient
 from gateway.admission import AsyncLimiter
 from gateway.auth_cache import CachingAuthenticator
 from gateway.batch_api.service import BatchApi
-from gateway.engine_client import EngineClient
 from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
 from gateway.model_access import ModelAccess

@@ -10,16 +10,19 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TypeVar
 
 from fastapi import Response
 from starlette.requests import Request
 
 from engine.errors import EngineOverloadedError
-from engine.outputs import PositionLogprobs, StreamEvent
+from engine.outputs import StreamEvent
 from engine.request import EngineRequest
 from engine.structured.spec import StructuredSpec, StructuredSpecError
+from engine_hop.collect import ChoiceState as ChoiceState  # the routes name it from here
+from engine_hop.collect import Collected
+from engine_hop.routing import session_hint
 from gateway.errors import GatewayError, InvalidParameterError, status_of
 from gateway.lifecycle import Authenticated, RequestLifecycle
 from gateway.params import (
@@ -28,7 +31,6 @@ from gateway.params import (
     fit_in_flight,
     resolve_max_tokens,
 )
-from gateway.routing import session_hint
 from gateway.schemas.common import SamplingFields
 from gateway.sse import DONE, SettlingStreamingResponse
 from gateway.stream_cadence import Cadence, paced_events
@@ -55,16 +57,6 @@ class Submitted:
     headers: dict[str, str]
     n: int
     cadence: Cadence | None = None  # the tenant's fixed stream cadence; None: per event
-
-
-@dataclass
-class ChoiceState:
-    """One choice accumulated from its deltas."""
-
-    index: int
-    text: str = ""
-    logprobs: list[PositionLogprobs] = field(default_factory=list)
-    finish_reason: str | None = None
 
 
 async def admit_and_submit(
@@ -190,7 +182,7 @@ async def submit_with_fallback(
     and its result.
 
     When the engine's queue refuses the request as overloaded (at submit in process, or
-    at admission on an engine server, gateway.remote_engine) and its model has a
+    at admission on an engine server, engine_hop.remote_client) and its model has a
     fallback the request may use (`RequestLifecycle.overload_fallback`), `prepare` runs
     once more on the fallback: tokenized again by its tokenizer, inside the admission
     already held, so limits are charged once. The response then names the fallback and
@@ -254,18 +246,12 @@ async def _disconnected(request: Request) -> None:
 
 
 async def _collect(life: RequestLifecycle, submitted: Submitted) -> list[ChoiceState]:
-    total = submitted.n * len(submitted.streams)
-    choices = [ChoiceState(index=i) for i in range(total)]
+    n = submitted.n
+    collected = Collected(n * len(submitted.streams))
     async for prompt_index, event in life.events(submitted.streams):
-        for delta in event.deltas:
-            choice = choices[choice_index(prompt_index, delta.index, submitted.n)]
-            choice.text += delta.text
-            if delta.logprobs:
-                choice.logprobs.extend(delta.logprobs)
-            if delta.finish_reason is not None:
-                choice.finish_reason = delta.finish_reason
+        collected.add(event, first=choice_index(prompt_index, 0, n))
     life.completed = True
-    return choices
+    return collected.ordered()
 
 
 @asynccontextmanager

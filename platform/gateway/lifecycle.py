@@ -28,10 +28,10 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, use_span
 from engine.errors import EngineOverloadedError
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest
+from engine_hop.client import AdmittedLater, EngineClient
 from gateway.access_log import log_access
 from gateway.adapters import split_model
 from gateway.batch_api.line_call import BATCH_LINE_SCOPE_KEY, BatchLineIdentity
-from gateway.engine_client import AdmittedLater, EngineClient
 from gateway.errors import ModelNotFoundError, status_of
 from gateway.model_access import AccessSnapshot
 from gateway.ratelimit_headers import rate_limit_headers
@@ -343,7 +343,7 @@ class RequestLifecycle:
             self.span.set_attribute("gen_ai.request.temperature", params.temperature)
             self.span.set_attribute("gen_ai.request.top_p", params.top_p)
         # The span is current while the engine takes the requests: a remote client sends
-        # its trace context (gateway.tracing.trace_headers) to the engine server.
+        # its trace context (engine_hop.trace.trace_headers) to the engine server.
         with use_span(self.span, record_exception=False, set_status_on_exception=False):
             for request in requests:
                 # Raises InvalidRequestError / EngineOverloadedError with nothing queued for

@@ -22,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from engine_hop.adapter_metrics import AdapterMetrics
+from engine_hop.client import EngineSnapshot
+from engine_hop.replicas import ReplicaState
 from engine_hop.tier_metrics import (
     OFFLOAD_TOTAL_BYTES,
     OFFLOAD_TOTAL_BYTES_HELP,
@@ -29,8 +31,6 @@ from engine_hop.tier_metrics import (
     TRANSFER_TYPES,
     tier_totals,
 )
-from gateway.engine_client import EngineSnapshot
-from gateway.engine_replicas import ReplicaState
 from gateway.request_outcomes import EngineRequestOutcome
 from tenancy.scopes import tenant_id_of
 
@@ -533,7 +533,7 @@ class GatewayMetrics:
         replicas: Mapping[str, Sequence[ReplicaState]] | None = None,
     ) -> bytes:
         """The exposition text, after folding in `snap`, the limiter's count and each
-        model's engine replicas (`replicas`, gateway.engine_replicas) when given.
+        model's engine replicas (`replicas`, engine_hop.replicas) when given.
 
         `snap` is the default model's snapshot, or a snapshot per model name.
 

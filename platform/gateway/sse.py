@@ -11,7 +11,15 @@ from pydantic import BaseModel
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-DONE = b"data: [DONE]\n\n"
+from engine_hop.sse import DONE
+
+__all__ = [
+    "DONE",
+    "SettlingStreamingResponse",
+    "json_model_response",
+    "sse_event",
+    "sse_model",
+]
 
 
 def sse_event(payload: dict[str, Any]) -> bytes:

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 from fastapi import Request
 from opentelemetry.trace import Tracer
 
+from engine_hop.client import EngineClient
 from gateway.admission import AsyncLimiter
 from gateway.auth_cache import AuthenticatorLike, CachingAuthenticator
-from gateway.engine_client import EngineClient
 from gateway.errors import ModelNotFoundError
 from gateway.metrics import GatewayMetrics
 from gateway.model_access import ModelAccess

@@ -29,7 +29,7 @@ from typing import Any
 
 from engine.detokenizer import IncrementalDetokenizer
 from engine.outputs import CompletionDelta, PositionLogprobs, StreamEvent
-from gateway.engine_client import TokenizerLike
+from engine_hop.client import TokenizerLike
 
 
 @dataclass(frozen=True)

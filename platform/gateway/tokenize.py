@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from engine.errors import ContextLengthExceededError
-from gateway.engine_client import EngineClient, TokenizerLike
+from engine_hop.client import EngineClient, TokenizerLike
 from gateway.errors import InvalidParameterError
 from tenancy.errors import RateLimitedError
 

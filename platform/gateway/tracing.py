@@ -2,7 +2,7 @@
 
 Incoming: `extract_context` reads a client's `traceparent`. Outgoing: the request's
 span is made current around the engine submit (`RequestLifecycle.submit`), and a
-remote engine client copies it into its request's headers (`trace_headers`), so the
+remote engine client copies it into its request's headers (engine_hop.trace), so the
 engine server's `engine.generate` span is a child of the gateway's.
 """
 
@@ -22,7 +22,6 @@ __all__ = [
     "extract_context",
     "gateway_tracer",
     "make_tracer_provider",
-    "trace_headers",
 ]
 _PROPAGATOR = TraceContextTextMapPropagator()
 
@@ -37,10 +36,3 @@ def extract_context(headers: Mapping[str, str]) -> Context:
     if "traceparent" not in headers:
         return Context()  # the common case: skip copying the headers for the propagator
     return _PROPAGATOR.extract(carrier=dict(headers))
-
-
-def trace_headers() -> dict[str, str]:
-    """`traceparent` (and `tracestate`) of the current span; empty when there is none."""
-    carrier: dict[str, str] = {}
-    _PROPAGATOR.inject(carrier)
-    return carrier

@@ -295,7 +295,7 @@ class Settings(BaseSettings):
     # engine, comma-separated: http://host:port, or dns+http://name:port for a headless
     # Service whose addresses are re-resolved. Empty: the engine runs in this process.
     engine_urls: Annotated[tuple[str, ...], NoDecode] = ()
-    # How a gateway picks one of several engine replicas (gateway/routing.py):
+    # How a gateway picks one of several engine replicas (engine_hop/routing.py):
     # prefix_affine (cache root + first blocks, with a load escape), session (the
     # cache root + the `user` hash, else the first block) or round_robin.
     router_policy: Literal["prefix_affine", "session", "round_robin"] = "prefix_affine"

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from admin.ui import gateway_engine_replicas
-from gateway.engine_client import InProcessEngineClient
+from engine_hop.in_process import InProcessEngineClient
 from tests.admin.engine_stand_ins import FixedStatsEngine, idle_stats
 from tests.utils.admin_env import AdminEnv, make_env
 from tests.utils.tier_samples import HOST_TIER

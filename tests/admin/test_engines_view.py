@@ -14,8 +14,8 @@ import pytest
 from admin.served_models import ServedModel, record_served
 from admin.ui import gateway_engine_replicas
 from engine.kv_cache.counters import DomainCacheStats
-from gateway.engine_client import InProcessEngineClient
-from gateway.replica_set import ReplicaSetClient
+from engine_hop.in_process import InProcessEngineClient
+from engine_hop.replica_set import ReplicaSetClient
 from tests.admin.engine_stand_ins import FixedStatsEngine, idle_stats, remote_engine_server
 from tests.gateway.fakes import ByteTokenizer
 from tests.utils.admin_env import AdminEnv, make_env

@@ -23,7 +23,7 @@ from assembly.database import prepare_database
 from server.settings import Settings
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory
-from tests.gateway.fakes import FakeEngine
+from tests.utils.fast_fake_model import gateway_test_engine
 from tests.utils.principals import PEPPER
 
 P = "/admin/api/v1"
@@ -58,7 +58,7 @@ def clients(tmp_path: Path) -> Iterator[tuple[TestClient, TestClient, dict[str, 
     services = make_services(
         sessions, pepper=PEPPER, settings=AdminSettings.from_settings(settings)
     )
-    served = build_app(settings, engine=FakeEngine())
+    served = build_app(settings, engine=gateway_test_engine())
     try:
         with TestClient(create_admin_app(services)) as alone, TestClient(served) as together:
             yield alone, together, {"Authorization": f"Bearer {token}"}

@@ -16,7 +16,7 @@ import pytest
 from admin import registry
 from admin.models import AuditEvent
 from admin.ui import gateway_engine_replicas
-from gateway.engine_client import InProcessEngineClient
+from engine_hop.in_process import InProcessEngineClient
 from tests.admin.engine_stand_ins import FixedStatsEngine, idle_stats
 from tests.utils.admin_env import AdminEnv
 

@@ -15,8 +15,8 @@ import pytest
 
 from admin.ui import gateway_engine_replicas
 from engine.stats import TenantKVStats
-from gateway.engine_client import InProcessEngineClient
-from gateway.replica_set import ReplicaSetClient
+from engine_hop.in_process import InProcessEngineClient
+from engine_hop.replica_set import ReplicaSetClient
 from tenancy import store
 from tests.admin.engine_stand_ins import FixedStatsEngine, idle_stats, remote_engine_server
 from tests.gateway.fakes import ByteTokenizer

@@ -1,7 +1,8 @@
 """The `gateway` fixture: a live gateway (tests/utils/live_gateway.py) with the in-memory limiter.
 
 The engine is the real AsyncEngine over a tiny random-weight model; set
-CLOISTER_GATEWAY_TEST_ENGINE=fake to run against tests/gateway/fakes.py instead.
+CLOISTER_GATEWAY_TEST_ENGINE=fake to run the same engine over the fast fake model
+(tests/utils/fast_fake_model.py) instead.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ from typing import Any
 
 import uvicorn
 
+from engine_hop.client import EngineClient
 from engine_server.link import UVICORN_WS
-from gateway.engine_client import EngineClient
 from tenancy.limiter.memory import MemoryLimiter
 from tests.utils.live_gateway import LiveGateway, start_gateway
 from tests.utils.services import free_port, stop_process, wait_http_ok

@@ -23,8 +23,9 @@ from engine.outputs import (
 )
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
+from engine.stats import EngineStats
 from engine.structured.spec import StructuredSpec, StructuredSpecError
-from gateway.adapters import AdapterInfo, AdapterInUseError
+from engine_hop.adapters import AdapterInfo, AdapterInUseError
 
 EOS = 256
 BLOCK = 16
@@ -57,17 +58,13 @@ class ByteTokenizer:
 
 
 @dataclass(frozen=True)
-class FakeStats:
-    """Same fields as engine.stats.EngineStats."""
+class FakeStats(EngineStats):
+    """engine.stats.EngineStats over the fake's pool; it reports no adapters' sequences."""
 
-    num_running: int
-    num_waiting: int
-    kv_cache_usage: float
-    prefix_cache_queries: int
-    prefix_cache_hits: int
-    num_preemptions: int
     num_blocks: int = 64
     block_size: int = BLOCK
+    lora_running: dict[str, int] | None = None  # type: ignore[assignment]
+    lora_waiting: dict[str, int] | None = None  # type: ignore[assignment]
 
 
 class AdapterNotFoundError(InvalidRequestError):

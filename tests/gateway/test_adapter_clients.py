@@ -15,12 +15,15 @@ from prometheus_client import generate_latest
 
 from admin import registry
 from assembly.adapter_sync import AdapterSync
-from gateway.adapters import AdapterInfo, AdaptersUnsupportedError, split_model
-from gateway.adapters import AdapterInUseError as GatewayInUse
-from gateway.engine_client import EngineSnapshot, InProcessEngineClient
+from engine_hop.adapters import AdapterInfo, AdaptersUnsupportedError
+from engine_hop.adapters import AdapterInUseError as GatewayInUse
+from engine_hop.client import EngineSnapshot
+from engine_hop.in_process import InProcessEngineClient
+from gateway.adapters import split_model
 from gateway.metrics import GatewayMetrics
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tests.gateway.fakes import FakeEngine
+from tests.utils.fast_fake_model import gateway_test_engine
 
 
 def test_split_model() -> None:
@@ -31,9 +34,9 @@ def test_split_model() -> None:
 
 
 def test_a_front_without_adapter_calls_says_so_clearly() -> None:
-    front = FakeEngine()
+    front = gateway_test_engine()
     for name in ("load_adapter", "unload_adapter", "adapters"):
-        setattr(front, name, None)  # shadow the fake's methods: an engine without LoRA
+        setattr(front, name, None)  # shadow the front's methods: an engine without LoRA
     client = InProcessEngineClient(front, model_name="tiny")
     with pytest.raises(AdaptersUnsupportedError, match="'tiny' does not serve adapters"):
         asyncio.run(client.load_adapter("a", "/x"))
@@ -51,7 +54,9 @@ def test_the_engines_in_use_error_becomes_the_gateways() -> None:
         raise AdapterInUseError(f"{name} has 2 running requests")
 
     def adapters() -> list[Any]:
-        info = SimpleNamespace(name="a", rank=8, alpha=16, digest="d" * 64, target_modules=["q"])
+        info = SimpleNamespace(
+            name="a", rank=8, alpha=16, digest="d" * 64, target_modules=["q"], location=None
+        )
         return [info]
 
     front = SimpleNamespace(
@@ -112,7 +117,7 @@ def test_the_sync_leaves_an_engine_without_adapters_alone(tmp_path: Path) -> Non
     with sessions() as s:
         registry.register_model(s, name="m", source="/x", format="gguf", context_length=64)
         registry.register_adapter(s, name="a", base_model="m", rank=2, source_path="/a")
-    front = FakeEngine()
+    front = gateway_test_engine()
     front.load_adapter = None  # type: ignore[assignment,method-assign]
     sync = AdapterSync(InProcessEngineClient(front, model_name="m"), sessions, interval_s=0.0)
     assert asyncio.run(sync.sync_once()) is False

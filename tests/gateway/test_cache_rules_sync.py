@@ -1,7 +1,8 @@
 """CacheRulesSync: tenant cache policies and published prefixes reach the engine client.
 
-Against FakeEngine (which records the last push in `.cache_rules`) behind the real
-InProcessEngineClient, on a migrated SQLite database.
+Against the real engine front over the fast fake model, its `update_cache_rules`
+recorded (tests/utils/engine_faults.py: the last push in `.cache_rules`), behind the
+real InProcessEngineClient, on a migrated SQLite database.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from admin import registry
 from assembly.cache_rules_sync import CacheRulesSync
 from engine.kv_cache.cache_rules import CacheRules, DomainRule
-from gateway.engine_client import InProcessEngineClient
+from engine_hop.in_process import InProcessEngineClient
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
-from tests.gateway.fakes import FakeEngine
+from tests.utils.engine_faults import CacheRulesLog, record_cache_rules
+from tests.utils.fast_fake_model import gateway_test_engine
 
 MODEL = "fake-model"
 
@@ -41,10 +43,10 @@ def sessions(tmp_path: Path) -> sessionmaker[Session]:
     return factory
 
 
-def _sync(sessions: sessionmaker[Session]) -> tuple[FakeEngine, CacheRulesSync]:
-    fake = FakeEngine()
-    return fake, CacheRulesSync(
-        InProcessEngineClient(fake, model_name=MODEL), sessions, interval_s=0.05
+def _sync(sessions: sessionmaker[Session]) -> tuple[CacheRulesLog, CacheRulesSync]:
+    engine = gateway_test_engine()
+    return record_cache_rules(engine), CacheRulesSync(
+        InProcessEngineClient(engine, model_name=MODEL), sessions, interval_s=0.05
     )
 
 
@@ -55,11 +57,11 @@ def test_first_push_then_only_changes(sessions: sessionmaker[Session]) -> None:
         store.create_tenant(s, name="plain")  # all defaults: no rule at all
         store.update_tenant(s, name="b", cache_floor_share=0.25, scrub_on_free=True)
         store.update_tenant(s, name="a", cache_floor_blocks=8, retention_ttl_s=30.0)
-    fake, sync = _sync(sessions)
+    pushed, sync = _sync(sessions)
 
     async def scenario() -> None:
         assert await sync.sync_once() is True
-        assert fake.cache_rules == CacheRules(
+        assert pushed.cache_rules == CacheRules(
             domains=tuple(
                 sorted(
                     [
@@ -70,9 +72,9 @@ def test_first_push_then_only_changes(sessions: sessionmaker[Session]) -> None:
             ),
             published=(),
         )
-        fake.cache_rules = None
+        pushed.cache_rules = None
         assert await sync.sync_once() is False  # nothing changed: no push
-        assert fake.cache_rules is None
+        assert pushed.cache_rules is None
 
     asyncio.run(scenario())
 
@@ -82,21 +84,21 @@ def test_published_prefixes_of_the_served_model_only(sessions: sessionmaker[Sess
         registry.publish_prefix(s, name="z-ids", model=MODEL, token_ids=[5, 6, 7])
         registry.publish_prefix(s, name="a-text", model=MODEL, text="hello")
         registry.publish_prefix(s, name="elsewhere", model="other", token_ids=[1, 2])
-    fake, sync = _sync(sessions)
-    tokenizer = fake.tokenizer
+    pushed, sync = _sync(sessions)
+    tokenizer = pushed.engine.tokenizer
 
     async def scenario() -> None:
         await sync.sync_once()
-        assert fake.cache_rules is not None
+        assert pushed.cache_rules is not None
         # By name; text tokenized without special tokens; the other model's left out.
-        assert fake.cache_rules.published == (
+        assert pushed.cache_rules.published == (
             tuple(tokenizer.encode("hello", add_special_tokens=False)),
             (5, 6, 7),
         )
         with sessions() as s:
             registry.withdraw_prefix(s, name="a-text")
         assert await sync.sync_once() is True
-        assert fake.cache_rules.published == ((5, 6, 7),)
+        assert pushed.cache_rules.published == ((5, 6, 7),)
 
     asyncio.run(scenario())
 
@@ -104,19 +106,19 @@ def test_published_prefixes_of_the_served_model_only(sessions: sessionmaker[Sess
 def test_background_loop_follows_a_change(sessions: sessionmaker[Session]) -> None:
     with sessions() as s:
         tid = store.create_tenant(s, name="a").id
-    fake, sync = _sync(sessions)
+    pushed, sync = _sync(sessions)
 
     async def scenario() -> None:
         await sync.start()
         try:
-            assert fake.cache_rules == CacheRules()  # pushed once at start, even if empty
+            assert pushed.cache_rules == CacheRules()  # pushed once at start, even if empty
             with sessions() as s:
                 store.update_tenant(s, name="a", cache_floor_blocks=3)
             for _ in range(100):
-                if fake.cache_rules and fake.cache_rules.domains:
+                if pushed.cache_rules and pushed.cache_rules.domains:
                     break
                 await asyncio.sleep(0.02)
-            assert fake.cache_rules.domains == ((f"t:{tid}", DomainRule(floor_blocks=3)),)
+            assert pushed.cache_rules.domains == ((f"t:{tid}", DomainRule(floor_blocks=3)),)
         finally:
             await sync.stop()
 
@@ -136,8 +138,9 @@ def test_database_error_keeps_last_rules_and_retries(
             raise OperationalError("SELECT", {}, Exception("database is down"))
         return sessions()
 
-    fake = FakeEngine()
-    sync = CacheRulesSync(InProcessEngineClient(fake, model_name=MODEL), flaky, interval_s=0.05)
+    engine = gateway_test_engine()
+    pushed = record_cache_rules(engine)
+    sync = CacheRulesSync(InProcessEngineClient(engine, model_name=MODEL), flaky, interval_s=0.05)
     expected = CacheRules(domains=((f"t:{tid}", DomainRule(floor_blocks=4)),))
 
     async def scenario() -> None:
@@ -146,12 +149,12 @@ def test_database_error_keeps_last_rules_and_retries(
         with caplog.at_level(logging.ERROR, logger="cloister.cache_rules"):
             assert await sync.sync_once() is False
         assert "last rules stay in force" in caplog.text
-        assert fake.cache_rules == expected and sync.last_pushed == expected
+        assert pushed.cache_rules == expected and sync.last_pushed == expected
         broken["on"] = False
         with sessions() as s:
             store.update_tenant(s, name="a", cache_floor_blocks=None)
         assert await sync.sync_once() is True
-        assert fake.cache_rules == CacheRules()
+        assert pushed.cache_rules == CacheRules()
 
     asyncio.run(scenario())
 
@@ -160,22 +163,15 @@ def test_engine_failure_is_retried(sessions: sessionmaker[Session]) -> None:
     with sessions() as s:
         store.create_tenant(s, name="a")
         store.update_tenant(s, name="a", never_cache=True, cache_floor_share=0.5)
-    calls: list[CacheRules] = []
-
-    class Refusing(FakeEngine):
-        async def update_cache_rules(self, rules: CacheRules) -> None:
-            calls.append(rules)
-            if len(calls) == 1:
-                raise RuntimeError("engine busy")
-            await super().update_cache_rules(rules)
-
-    fake = Refusing()
-    sync = CacheRulesSync(InProcessEngineClient(fake, model_name=MODEL), sessions, interval_s=1)
+    engine = gateway_test_engine()
+    pushed = record_cache_rules(engine, lambda n: RuntimeError("engine busy") if n == 1 else None)
+    calls = pushed.calls
+    sync = CacheRulesSync(InProcessEngineClient(engine, model_name=MODEL), sessions, interval_s=1)
 
     async def scenario() -> None:
         assert await sync.sync_once() is False and sync.last_pushed is None
         assert await sync.sync_once() is True  # the same rules, pushed again
-        assert fake.cache_rules == calls[0] and len(calls) == 2
+        assert pushed.cache_rules == calls[0] and len(calls) == 2
 
     asyncio.run(scenario())
 
@@ -188,19 +184,19 @@ def test_kv_quota_reaches_the_engine_rule(sessions: sessionmaker[Session]) -> No
         store.update_tenant(s, name="capped", kv_quota_blocks=6)
         store.create_tenant(s, name="both")
         both = store.update_tenant(s, name="both", kv_quota_blocks=9, cache_floor_blocks=2).id
-    fake, sync = _sync(sessions)
+    pushed, sync = _sync(sessions)
 
     async def scenario() -> None:
         assert await sync.sync_once() is True
-        assert fake.cache_rules is not None
-        assert dict(fake.cache_rules.domains) == {
+        assert pushed.cache_rules is not None
+        assert dict(pushed.cache_rules.domains) == {
             f"t:{tid}": DomainRule(kv_quota_blocks=6),
             f"t:{both}": DomainRule(floor_blocks=2, kv_quota_blocks=9),
         }
         with sessions() as s:
             store.update_tenant(s, name="capped", kv_quota_blocks=None)
         assert await sync.sync_once() is True
-        assert dict(fake.cache_rules.domains) == {
+        assert dict(pushed.cache_rules.domains) == {
             f"t:{both}": DomainRule(floor_blocks=2, kv_quota_blocks=9)
         }
 

@@ -1,6 +1,6 @@
 """Gateway authorization denials reach the audit log, aggregated per source (issue 13 §12).
 
-Runs the real `cloister serve` wiring (`build_app`) in-process on the fake engine.
+Runs the real `cloister serve` wiring (`build_app`) in-process on the fast fake engine.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from assembly.app import build_app
 from server.settings import Settings
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
-from tests.gateway.fakes import FakeEngine
+from tests.utils.fast_fake_model import gateway_test_engine
 from tests.utils.principals import PEPPER
 
 
@@ -39,7 +39,7 @@ def test_bad_keys_suspended_tenants_and_disallowed_models_are_audited_in_aggrega
         suspended = store.create_key(s, tenant_name="gone", pepper=PEPPER).secret
         store.set_tenant_status(s, name="gone", status="suspended")
         admin = create_admin_token(s, pepper=PEPPER, role="admin").secret
-    app = build_app(settings, engine=FakeEngine())
+    app = build_app(settings, engine=gateway_test_engine())
     body = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     with TestClient(app) as client:
 
@@ -91,7 +91,7 @@ def test_bad_keys_from_one_source_get_429_with_retry_after(tmp_path: Path) -> No
     with sessions() as s:
         store.create_tenant(s, name="acme")
         good = store.create_key(s, tenant_name="acme", pepper=PEPPER).secret
-    app = build_app(settings, engine=FakeEngine())
+    app = build_app(settings, engine=gateway_test_engine())
     body = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     with TestClient(app) as client:
 

@@ -5,16 +5,19 @@ from __future__ import annotations
 import asyncio
 
 from engine.kv_cache.cache_rules import CacheRules, DomainRule
-from gateway.engine_client import EngineClient, InProcessEngineClient
-from tests.gateway.fakes import FakeEngine
+from engine_hop.client import EngineClient
+from engine_hop.in_process import InProcessEngineClient
+from tests.utils.engine_faults import record_cache_rules
+from tests.utils.fast_fake_model import gateway_test_engine
 
 
 def test_in_process_client_forwards_cache_rules() -> None:
-    fake = FakeEngine()
-    client: EngineClient = InProcessEngineClient(fake)
+    engine = gateway_test_engine()
+    pushed = record_cache_rules(engine)  # what reaches the real front
+    client: EngineClient = InProcessEngineClient(engine)
     rules = CacheRules(domains=(("t:a", DomainRule(floor_blocks=4)),), published=((1, 2, 3),))
-    assert fake.cache_rules is None
+    assert pushed.cache_rules is None
     asyncio.run(client.update_cache_rules(rules))
-    assert fake.cache_rules is rules
+    assert pushed.cache_rules is rules
     asyncio.run(client.update_cache_rules(CacheRules()))
-    assert fake.cache_rules == CacheRules()
+    assert pushed.cache_rules == CacheRules()

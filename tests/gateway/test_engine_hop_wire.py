@@ -27,10 +27,10 @@ from engine.outputs import (
 )
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
+from engine_hop.remote_client import RemoteEngineClient, fetch_info
 from engine_hop.wire import event_from_compact, event_to_compact, sse_chunk
 from engine_server.app import EngineServer
 from engine_server.auth import ServiceAuth
-from gateway.remote_engine import RemoteEngineClient, fetch_info
 from tests.gateway.engine_servers import serve_in_thread
 from tests.gateway.fakes import ByteTokenizer, FakeEngine
 

@@ -19,10 +19,10 @@ import pytest
 
 from engine.errors import EngineDeadError, InvalidRequestError
 from engine.outputs import StreamEvent
+from engine_hop.remote_client import RemoteEngineClient, fetch_info
+from engine_hop.remote_errors import EngineUnavailableError
 from engine_server.app import EngineServer
 from engine_server.auth import ServiceAuth
-from gateway.remote_engine import RemoteEngineClient, fetch_info
-from gateway.remote_errors import EngineUnavailableError
 from tests.gateway.engine_servers import serve_in_thread, start_in_thread
 from tests.gateway.fakes import ByteTokenizer
 from tests.gateway.test_engine_hop_wire import TOKEN, ScriptedEngine, collect, request
@@ -357,7 +357,7 @@ def test_a_malformed_frame_from_an_engine_ends_the_stream_cleanly(reply: bytes) 
     from starlette.routing import WebSocketRoute
     from starlette.websockets import WebSocket
 
-    from gateway.remote_engine import EngineServerInfo
+    from engine_hop.remote_client import EngineServerInfo
 
     async def babbler(websocket: WebSocket) -> None:
         await websocket.accept()
@@ -393,7 +393,7 @@ def test_a_request_its_engine_never_answers_times_out_is_aborted_and_others_flow
     from starlette.routing import WebSocketRoute
     from starlette.websockets import WebSocket
 
-    from gateway.remote_engine import EngineServerInfo
+    from engine_hop.remote_client import EngineServerInfo
 
     seen: list[dict[str, Any]] = []
 

@@ -31,6 +31,7 @@ from engine.outputs import (
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 from engine.structured.spec import StructuredSpec
+from engine_hop.remote_client import RemoteEngineClient, fetch_info
 from engine_hop.wire import (
     event_from_wire,
     event_to_wire,
@@ -39,7 +40,6 @@ from engine_hop.wire import (
     rules_from_wire,
     rules_to_wire,
 )
-from gateway.remote_engine import RemoteEngineClient, fetch_info
 from tests.gateway.engine_servers import (
     ENGINE_COMMAND,
     SERVICE_TOKEN,

@@ -32,12 +32,12 @@ from assembly.adapter_sync import AdapterSync
 from engine.lora.peft import content_digest
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
+from engine_hop.adapters import AdapterInfo, AdapterInUseError
+from engine_hop.remote_client import RemoteEngineClient, fetch_info
+from engine_hop.replica_set import ReplicaSetClient
+from engine_hop.replicas import replica_states
 from engine_server.app import EngineServer
 from engine_server.auth import ServiceAuth
-from gateway.adapters import AdapterInfo, AdapterInUseError
-from gateway.engine_replicas import replica_states
-from gateway.remote_engine import RemoteEngineClient, fetch_info
-from gateway.replica_set import ReplicaSetClient
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tests.admin.zip_archives import adapter_files, raw_zip, stored, zip_of
 from tests.gateway.fakes import ByteTokenizer, FakeEngine

@@ -17,8 +17,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.remote_engine import first_info
-from gateway.remote_errors import EngineUnavailableError
+from engine_hop.remote_client import first_info
+from engine_hop.remote_errors import EngineUnavailableError
 from tests.gateway.engine_servers import serve_in_thread
 from tests.utils.services import free_port
 

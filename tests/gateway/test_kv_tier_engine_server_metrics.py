@@ -12,7 +12,7 @@ from prometheus_client import generate_latest
 from starlette.testclient import TestClient
 
 from engine.stats import EngineStats
-from gateway.engine_client import InProcessEngineClient
+from engine_hop.in_process import InProcessEngineClient
 from gateway.metrics import GatewayMetrics
 from tests.admin.engine_stand_ins import FixedStatsEngine, idle_stats
 from tests.utils.tier_samples import HOST_TIER
@@ -46,9 +46,9 @@ def _engine_server_metrics(stats: EngineStats) -> str:
     credential (the route is open, as for the engine's other series)."""
     from engine_server.app import EngineServer
     from engine_server.auth import ServiceAuth
-    from tests.gateway.fakes import FakeEngine
+    from tests.utils.fast_fake_model import gateway_test_engine
 
-    engine = FakeEngine()
+    engine = gateway_test_engine()
     engine.stats = lambda: stats  # type: ignore[method-assign,assignment,return-value]
     app = EngineServer(engine, model_name="remote", auth=ServiceAuth(TOKEN)).app()
     with TestClient(app) as client:

@@ -8,7 +8,7 @@ from dataclasses import replace
 from prometheus_client import generate_latest
 
 from engine.kv_cache.host_tier import TierStats
-from gateway.engine_client import EngineSnapshot
+from engine_hop.client import EngineSnapshot
 from gateway.metrics import GatewayMetrics
 from tests.utils.tier_samples import HOST_TIER
 
@@ -50,8 +50,8 @@ def test_an_engine_server_exports_and_carries_its_tiers() -> None:
     from types import SimpleNamespace
 
     from engine.stats import EngineStats
+    from engine_hop.remote_client import _tiers_from_json
     from engine_server.metrics import EngineMetrics
-    from gateway.remote_engine import _tiers_from_json
 
     stats = EngineStats(
         num_running=0,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from engine_hop.client import EngineSnapshot, sum_kv_tiers
+from engine_hop.remote_client import _tiers_from_json
 from engine_hop.tier_metrics import tier_totals
-from gateway.engine_client import EngineSnapshot, sum_kv_tiers
-from gateway.remote_engine import _tiers_from_json
 from tests.utils.tier_samples import HOST_TIER
 
 TIMED = dataclasses.replace(HOST_TIER, load_time_s=0.25, store_time_s=1.5)

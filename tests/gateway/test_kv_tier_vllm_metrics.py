@@ -16,12 +16,13 @@ from fastapi.testclient import TestClient
 from admin.identity import create_admin_token
 from assembly.app import build_app
 from assembly.database import prepare_database
+from engine.fronts.async_engine import AsyncEngine
 from engine.kv_cache.host_tier import TierStats
 from engine.stats import EngineStats
 from server.settings import Settings
 from tenancy.db import make_engine, make_session_factory
 from tests.admin.engine_stand_ins import idle_stats
-from tests.gateway.fakes import FakeEngine
+from tests.utils.fast_fake_model import GATEWAY_ENGINE_OPTIONS, fast_fake_llm_engine
 from tests.utils.principals import PEPPER
 from tests.utils.tier_samples import HOST_TIER
 
@@ -31,8 +32,8 @@ DISK = replace(HOST, medium="DISK", bytes_per_block=4096, loads=2, write_backs=7
 MODEL = 'model_name="fake-model"'
 
 
-class TieredEngine(FakeEngine):
-    """The fake engine, reporting whatever stats the test sets in `figures`."""
+class TieredEngine(AsyncEngine):
+    """The real engine over the fast fake model, reporting whatever stats the test sets in `figures`."""
 
     figures: EngineStats = idle_stats()
 
@@ -43,7 +44,7 @@ class TieredEngine(FakeEngine):
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[TestClient, TieredEngine, str]]:
-    """`cloister serve`'s app on the tiered fake engine; an admin token."""
+    """`cloister serve`'s app on the tiered engine; an admin token."""
     settings = Settings(
         data_dir=tmp_path, key_pepper=PEPPER, config_refresh_s=0.0, model_name="fake-model"
     )
@@ -51,7 +52,7 @@ def served(tmp_path: Path) -> Iterator[tuple[TestClient, TieredEngine, str]]:
     sessions = make_session_factory(make_engine(settings.resolved_database_url))
     with sessions() as s:
         admin = create_admin_token(s, pepper=PEPPER, role="admin").secret
-    engine = TieredEngine()
+    engine = TieredEngine(fast_fake_llm_engine(**GATEWAY_ENGINE_OPTIONS))
     app = build_app(settings, engine=engine)
     try:
         with TestClient(app) as client:
@@ -149,8 +150,8 @@ def test_a_replica_set_sums_its_replicas_tiers_and_exports_them() -> None:
     import asyncio
     import dataclasses
 
+    from engine_hop.replica_set import ReplicaSetClient
     from gateway.metrics import GatewayMetrics, tier_totals
-    from gateway.replica_set import ReplicaSetClient
     from tests.admin.engine_stand_ins import REMOTE_INFO, remote_engine_server
     from tests.gateway.fakes import ByteTokenizer
 

@@ -19,10 +19,10 @@ from engine.fronts.async_engine import AsyncEngine, RequestStream
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
+from engine_hop.remote_client import RemoteEngineClient, fetch_info
 from engine_server import link as link_module
 from engine_server.app import EngineServer
 from engine_server.auth import ServiceAuth
-from gateway.remote_engine import RemoteEngineClient, fetch_info
 from tests.gateway.engine_servers import serve_in_thread
 from tests.gateway.test_engine_hop_wire import TOKEN
 from tests.gateway.test_engine_link import until

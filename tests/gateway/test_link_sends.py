@@ -1,6 +1,6 @@
 """The link's sends: written in the caller while the socket takes them, queued in order
 behind one that has to wait (engine_hop.eager, engine_server.link, and the
-gateway's side, gateway.engine_link)."""
+gateway's side, engine_hop.link_client)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pytest
 from engine.fronts.async_engine import RequestStream
 from engine.outputs import StreamEvent
 from engine_hop.eager import start_now
+from engine_hop.link_client import EngineLink, LinkStream
+from engine_hop.remote_errors import EngineUnavailableError
 from engine_server.link import _Connection
-from gateway.engine_link import EngineLink, LinkStream
-from gateway.remote_errors import EngineUnavailableError
 
 
 def test_start_now_runs_a_coroutine_that_never_waits_in_the_caller() -> None:

@@ -16,7 +16,7 @@ from assembly.database import prepare_database
 from server.settings import Settings
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory
-from tests.gateway.fakes import FakeEngine
+from tests.utils.fast_fake_model import gateway_test_engine
 from tests.utils.principals import PEPPER
 
 TENANT = "globex-confidential"
@@ -24,7 +24,7 @@ TENANT = "globex-confidential"
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[TestClient, dict[str, str]]]:
-    """`cloister serve`'s app (fake engine), one tenant request made; tokens by role."""
+    """`cloister serve`'s app (fast fake engine), one tenant request made; tokens by role."""
     settings = Settings(
         data_dir=tmp_path, key_pepper=PEPPER, config_refresh_s=0.0, model_name="fake-model"
     )
@@ -38,7 +38,7 @@ def served(tmp_path: Path) -> Iterator[tuple[TestClient, dict[str, str]]]:
             tokens[role] = create_admin_token(
                 s, pepper=PEPPER, role=role, tenant_name=tenant
             ).secret
-    app = build_app(settings, engine=FakeEngine())
+    app = build_app(settings, engine=gateway_test_engine())
     try:
         with TestClient(app) as client:
             r = client.post(

@@ -2,7 +2,7 @@
 a model with no price is marked unpriced in the billing export (issue 14 §2).
 
 Runs the real `cloister serve` wiring (`build_app`, admin API beside the gateway) under
-uvicorn on the fake engine, driven with the openai SDK and plain HTTP.
+uvicorn on the fast fake engine, driven with the openai SDK and plain HTTP.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from assembly.app import build_app
 from server.settings import Settings
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
-from tests.gateway.fakes import FakeEngine
+from tests.utils.fast_fake_model import gateway_test_engine
 from tests.utils.principals import PEPPER
 from tests.utils.services import free_port
 
@@ -105,7 +105,7 @@ def served(tmp_path: Path) -> Iterator[Served]:
         # No price: its usage must come out marked unpriced.
         registry.register_model(s, name="tiny", source="/m", format="gguf", context_length=512)
         admin = create_admin_token(s, pepper=PEPPER, role="admin").secret
-    app = build_app(settings, engine=FakeEngine())
+    app = build_app(settings, engine=gateway_test_engine())
     base_url, stop = _serve(app)
     client = httpx.Client(
         base_url=base_url, headers={"Authorization": f"Bearer {admin}"}, timeout=30
@@ -298,7 +298,7 @@ def test_a_models_output_cap_applies_beside_the_keys(served: Served) -> None:
     err = over.value.response.json()["error"]
     assert set(err) == {"message", "type", "param", "code"}
     assert err["param"] == "max_tokens" and "model 'tiny' allows at most 6" in err["message"]
-    # A default is clamped to the model's cap (the fake writes max_tokens tokens), and the
+    # A default is clamped to the model's cap (the fast fake model writes max_tokens tokens), and the
     # Responses API's max_output_tokens takes the same path.
     out = client.chat.completions.create(model="tiny", messages=MESSAGES)  # type: ignore[arg-type]
     assert out.usage is not None and out.usage.completion_tokens == 6

@@ -26,9 +26,9 @@ from admin.metering import MeteringSink
 from admin.models import UsageRow
 from assembly.served_models import registry_model_access
 from engine.request import EngineRequest
-from gateway.adapters import AdapterInfo
+from engine_hop.adapters import AdapterInfo
+from engine_hop.in_process import InProcessEngineClient
 from gateway.app import create_app
-from gateway.engine_client import InProcessEngineClient
 from server.settings import Settings
 from tenancy import store
 from tenancy.authenticator import Authenticator

@@ -11,8 +11,9 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from engine_hop.client import EngineSnapshot
+from engine_hop.in_process import InProcessEngineClient
 from gateway.app import create_app
-from gateway.engine_client import EngineSnapshot, InProcessEngineClient
 from gateway.metrics import GatewayMetrics
 from server.settings import Settings
 from tenancy import store

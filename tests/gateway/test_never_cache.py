@@ -1,50 +1,30 @@
 """A never-cache tenant's requests reach the engine with cache=False, whatever they ask.
 
-Over HTTP with the openai SDK, against the fake engine (which here keeps no cache for a
-cache=False request, like the real one: see test_tenant_cache_policy_live.py for that).
+Over HTTP with the openai SDK, against the real engine over the fast fake model (which
+keeps no cache for a cache=False request: see test_tenant_cache_policy_live.py for that),
+its submits recorded (tests/utils/engine_faults.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from engine.outputs import StreamEvent
-from engine.request import EngineRequest
 from tenancy import store
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.fakes import FakeEngine
+from tests.utils.engine_faults import record
+from tests.utils.fast_fake_model import gateway_test_engine
 from tests.utils.live_gateway import LiveGateway, start_gateway
 
 PROMPT = [{"role": "user", "content": "Tell me about isolated caches, please. " * 4}]
 
 
-class RecordingEngine(FakeEngine):
-    """FakeEngine that records each request's cache flag and honours cache=False."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.cache_flags: list[tuple[str, bool]] = []
-
-    def submit(self, request: EngineRequest) -> AsyncIterator[StreamEvent]:
-        """Records (domain, cache); a cache=False request neither reads nor writes."""
-        self.cache_flags.append((request.cache_domain, request.cache))
-        if request.cache:
-            return super().submit(request)
-        seen = self._seen
-        self._seen = {}  # nothing read, and what it would write is dropped below
-        try:
-            return super().submit(request)
-        finally:
-            self._seen = seen
-
-
 @pytest.fixture
 def gateway(tmp_path: Path) -> Iterator[LiveGateway]:
-    gw, stop = start_gateway(tmp_path, engine=RecordingEngine(), limiter=MemoryLimiter())
+    gw, stop = start_gateway(tmp_path, engine=gateway_test_engine(), limiter=MemoryLimiter())
     yield gw
     stop()
 
@@ -60,7 +40,7 @@ def _cached(gw: LiveGateway, key: str, **extra: Any) -> int:
 def test_never_cache_tenant_gets_no_hits_and_cache_true_cannot_override(
     gateway: LiveGateway,
 ) -> None:
-    engine: RecordingEngine = gateway.engine
+    recorded = record(gateway.engine)  # each request's (domain, cache flag) as submitted
     shy = gateway.tenant("shy")
     normal = gateway.tenant("normal")
     with gateway.sessions() as s:
@@ -70,7 +50,7 @@ def test_never_cache_tenant_gets_no_hits_and_cache_true_cannot_override(
     assert _cached(gateway, shy, extra_body={"cache": True}) == 0
     assert _cached(gateway, normal) == 0
     assert _cached(gateway, normal) > 0  # the same prompt is a hit for a caching tenant
-    flags = [flag for _, flag in engine.cache_flags]
+    flags = [request.cache for request in recorded.submitted]
     assert flags == [False, False, False, True, True]
     # Turning it off again takes effect on the next request (refresh_s 0 here).
     with gateway.sessions() as s:

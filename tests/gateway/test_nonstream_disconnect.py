@@ -16,16 +16,16 @@ import pytest
 from gateway.usage import UsageRecord
 from tenancy import store
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.fakes import FakeEngine
+from tests.utils.fast_fake_model import gateway_test_engine
 from tests.utils.live_gateway import LiveGateway, start_gateway
 
-MAX_TOKENS = 400  # 20 s at the fake's 50 ms a token: far longer than the test waits
+MAX_TOKENS = 400  # 20 s at the fake model's 50 ms a step: far longer than the test waits
 
 
 @pytest.fixture
 def slow_gateway(tmp_path: Path) -> Iterator[tuple[LiveGateway, MemoryLimiter]]:
     limiter = MemoryLimiter()
-    gw, stop = start_gateway(tmp_path, engine=FakeEngine(token_delay_s=0.05), limiter=limiter)
+    gw, stop = start_gateway(tmp_path, engine=gateway_test_engine(compute_s=0.05), limiter=limiter)
     yield gw, limiter
     stop()
 
@@ -41,7 +41,7 @@ def _send_and_hang_up(gw: LiveGateway, key: str, path: str, body: dict[str, obje
     with socket.create_connection((url.hostname, url.port)) as s:
         s.sendall(head + data)
         deadline = time.monotonic() + 10
-        while not gw.engine.running and time.monotonic() < deadline:
+        while not gw.engine.stats().num_running and time.monotonic() < deadline:
             time.sleep(0.01)
         time.sleep(0.3)  # a few tokens generated
 
@@ -74,7 +74,7 @@ def test_client_gone_mid_generation_aborts_and_frees_the_slot(
     assert record.finish_reason == "abort"
     assert 1 <= record.completion_tokens < MAX_TOKENS  # the partial output is billed
     assert record.prompt_tokens > 0
-    assert not gw.engine.running  # the engine request was stopped
+    assert not gw.engine.stats().num_running  # the engine request was stopped
     deadline = time.monotonic() + 5
     while limiter.open_leases() and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -14,8 +14,8 @@ import redis.asyncio
 from click.testing import CliRunner
 from opentelemetry import trace
 
-from gateway.engine_client import EngineSnapshot
-from gateway.engine_replicas import IN_PROCESS, ReplicaState
+from engine_hop.client import EngineSnapshot
+from engine_hop.replicas import IN_PROCESS, ReplicaState
 from gateway.metrics import GatewayMetrics
 from gateway.ratelimit_headers import format_duration
 from gateway.tracing import extract_context

@@ -8,7 +8,7 @@ import datetime as dt
 import io
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -20,46 +20,31 @@ from admin import registry
 from admin.billing_export import build_statement, render_statement
 from admin.metering import usage_row
 from admin.usage_store import write_usage
-from engine.outputs import StreamEvent
-from engine.sampling_params import SamplingParams
 from tenancy.db import make_engine, make_session_factory
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.fakes import FakeEngine
+from tests.utils.engine_faults import fail_after, refuse
+from tests.utils.fast_fake_model import gateway_test_engine
 from tests.utils.live_gateway import LiveGateway, start_gateway
 
 MESSAGES = [{"role": "user", "content": "hello there"}]
 PRICES = registry.Prices(input=150_000, cached_input=75_000, output=600_000)
-
-
-class FailingEngine(FakeEngine):
-    """A fake whose requests fail inside the engine after `fail_after` tokens."""
-
-    def __init__(self, fail_after: int = 3) -> None:
-        super().__init__()
-        self.fail_after = fail_after
-
-    async def _run(
-        self, rid: str, prompt: list[int], params: SamplingParams, cached: int
-    ) -> AsyncIterator[StreamEvent]:
-        produced = 0
-        async for event in super()._run(rid, prompt, params, cached):
-            if produced >= self.fail_after:
-                raise RuntimeError("CUDA error: an illegal memory access was encountered")
-            produced += 1
-            yield event
+ILLEGAL_ACCESS = "CUDA error: an illegal memory access was encountered"
 
 
 @pytest.fixture
 def fake_gateway(tmp_path: Path) -> Iterator[LiveGateway]:
-    gw, stop = start_gateway(tmp_path, engine=FakeEngine(), limiter=MemoryLimiter())
+    gw, stop = start_gateway(tmp_path, engine=gateway_test_engine(), limiter=MemoryLimiter())
     yield gw
     stop()
 
 
 @pytest.fixture
 def failing_gateway(tmp_path: Path) -> Iterator[LiveGateway]:
-    gw, stop = start_gateway(tmp_path, engine=FailingEngine(), limiter=MemoryLimiter())
-    yield gw
+    """Requests fail inside the engine after 3 tokens."""
+    engine = gateway_test_engine()
+    gw, stop = start_gateway(tmp_path, engine=engine, limiter=MemoryLimiter())
+    with fail_after(engine, 3, lambda: RuntimeError(ILLEGAL_ACCESS)):
+        yield gw
     stop()
 
 
@@ -101,9 +86,8 @@ def test_refused_requests_are_recorded_with_zero_billable_tokens(
     assert refused[0].json()["error"]["code"] == "insufficient_quota"
     assert _post(gw, rate, max_tokens=4).status_code == 200
     assert _post(gw, rate, max_tokens=4).status_code == 429
-    gw.engine.max_waiting = 0  # the engine's queue is full: 503
-    assert _post(gw, busy, max_tokens=4).status_code == 503
-    gw.engine.max_waiting = 64
+    with refuse(gw.engine):  # the engine's queue is full: 503
+        assert _post(gw, busy, max_tokens=4).status_code == 503
 
     records = gw.usage.records
     assert len(records) == 9
@@ -135,10 +119,9 @@ def test_refused_requests_are_recorded_with_zero_billable_tokens(
 def test_a_refused_request_refunds_its_budget_reservation(fake_gateway: LiveGateway) -> None:
     gw = fake_gateway
     key = gw.tenant("acme", token_budget=100, budget_period="day")
-    gw.engine.max_waiting = 0
-    for _ in range(10):  # each reserves prompt + max_tokens, then the engine refuses it
-        assert _post(gw, key, max_tokens=40).status_code == 503
-    gw.engine.max_waiting = 64
+    with refuse(gw.engine):
+        for _ in range(10):  # each reserves prompt + max_tokens, then the engine refuses it
+            assert _post(gw, key, max_tokens=40).status_code == 503
     assert _post(gw, key, max_tokens=40).status_code == 200
 
 

@@ -41,6 +41,9 @@ from engine.errors import EngineOverloadedError
 from engine.fronts.async_engine import AsyncEngine
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
+from engine_hop.in_process import InProcessEngineClient
+from engine_hop.remote_client import RemoteEngineClient, Transport, fetch_info
+from engine_hop.replica_set import ReplicaSetClient
 from engine_hop.wire import (
     ACCEPTED_FEATURE,
     EVENTS_WIRE,
@@ -53,9 +56,6 @@ from engine_hop.wire import (
 from engine_server.app import EngineServer
 from engine_server.auth import ServiceAuth
 from gateway.app import create_app
-from gateway.engine_client import InProcessEngineClient
-from gateway.remote_engine import RemoteEngineClient, Transport, fetch_info
-from gateway.replica_set import ReplicaSetClient
 from server.settings import Settings
 from tenancy import store
 from tenancy.authenticator import Authenticator

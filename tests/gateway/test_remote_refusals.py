@@ -9,7 +9,7 @@ Two layers: every refusal the engine server sends, encoded by the server and rea
 back by the gateway on each transport (fast, no sockets); then live, a real engine (the
 fast fake model) behind an in-thread engine server and three gateways, in-process,
 remote over HTTP and remote over the link. An adapter push the engine server refuses
-(gateway.remote_adapters) keeps its code and param the same way, in both layers.
+(engine_hop.remote_adapters) keeps its code and param the same way, in both layers.
 """
 
 from __future__ import annotations
@@ -42,13 +42,13 @@ from engine.errors import (
 from engine.fronts.async_engine import AsyncEngine
 from engine.lora.archive import AdapterArchiveError
 from engine_hop import refusals as hop
+from engine_hop.remote_adapters import push_adapter
+from engine_hop.remote_client import RemoteEngineClient, fetch_info
+from engine_hop.remote_errors import error_of_frame, error_of_response
 from engine_server.app import EngineServer
 from engine_server.auth import ServiceAuth
 from engine_server.refusals import refusal_of, response_of
 from gateway.errors import install_error_handlers
-from gateway.remote_adapters import push_adapter
-from gateway.remote_engine import RemoteEngineClient, fetch_info
-from gateway.remote_errors import error_of_frame, error_of_response
 from tenancy.limiter.memory import MemoryLimiter
 from tests.gateway.engine_servers import gateway_over, serve_in_thread
 from tests.utils.fast_fake_model import fast_fake_engine, fast_fake_llm_engine

@@ -13,10 +13,11 @@ import pytest
 
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
-from gateway import replica_set
-from gateway.remote_engine import EngineServerInfo
-from gateway.replica_set import ReplicaSetClient
-from gateway.routing import RoutingConfig
+from engine_hop import replica_set
+from engine_hop.remote_client import EngineServerInfo
+from engine_hop.replica_set import ReplicaSetClient
+from engine_hop.routing import RoutingConfig
+from tests.gateway.fakes import ByteTokenizer
 
 INFO = EngineServerInfo("m", max_model_len=512, vocab_size=1000, num_blocks=64, block_size=4)
 URLS = ["http://127.0.0.1:9", "http://127.0.0.1:10"]
@@ -41,7 +42,7 @@ def make_set(monkeypatch: pytest.MonkeyPatch, clock: Clock, urls: list[str]) -> 
     return ReplicaSetClient(
         URLS,
         token="svc",
-        tokenizer=object(),  # type: ignore[arg-type]  # never used: prompts are token ids
+        tokenizer=ByteTokenizer(),  # read for its end-of-sequence ids only: prompts are ids
         model_name="m",
         resolve=lambda _urls: list(urls),  # what `urls` holds at each re-resolution
         routing=RoutingConfig(block_size=4, affinity_blocks=2, ramp_s=30.0),

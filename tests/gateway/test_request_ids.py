@@ -18,7 +18,8 @@ from admin.models import UsageRow
 from admin.usage_store import write_usage
 from gateway.usage import UsageRecord
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.fakes import FakeEngine
+from tests.utils.engine_faults import refuse
+from tests.utils.fast_fake_model import gateway_test_engine
 from tests.utils.live_gateway import LiveGateway, start_gateway
 
 OWN = "x-cloister-request-id"
@@ -27,9 +28,9 @@ CHAT = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveGateway]:
-    """One live gateway over the fake engine (ids do not depend on the model)."""
+    """One live gateway over the fast fake engine (ids do not depend on the model)."""
     gw, stop = start_gateway(
-        tmp_path_factory.mktemp("ids"), engine=FakeEngine(), limiter=MemoryLimiter()
+        tmp_path_factory.mktemp("ids"), engine=gateway_test_engine(), limiter=MemoryLimiter()
     )
     yield gw
     stop()
@@ -118,11 +119,8 @@ def test_errors_carry_the_id(gateway: LiveGateway, key: str) -> None:
     }
     post(gateway, limited, CHAT)
     answers[429] = post(gateway, limited, CHAT, **{"x-request-id": "e429"})
-    gateway.engine.max_waiting = 0  # the fake engine refuses everything: 503
-    try:
+    with refuse(gateway.engine):  # the engine refuses everything: 503
         answers[503] = post(gateway, key, CHAT, **{"x-request-id": "e503"})
-    finally:
-        gateway.engine.max_waiting = 64
     for status, r in answers.items():
         assert r.status_code == status, (status, r.text)
         assert r.headers["x-request-id"] == f"e{status}", status

@@ -7,7 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from engine.outputs import CompletionDelta, RequestMetrics, StreamEvent
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
-from gateway.engine_client import EngineSnapshot
+from engine_hop.client import EngineSnapshot
 from gateway.metrics import GatewayMetrics
 from gateway.request_outcomes import EngineRequestOutcome, OutcomeTracker
 

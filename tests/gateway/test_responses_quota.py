@@ -26,12 +26,11 @@ import redis
 from fastapi.testclient import TestClient
 
 from assembly.app import build_app
-from engine.structured.spec import StructuredSpec
 from gateway.response_store_redis import RedisResponses
 from server.settings import Settings
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
-from tests.gateway.fakes import FakeEngine
+from tests.utils.fast_fake_model import gateway_test_engine
 from tests.utils.principals import PEPPER
 from tests.utils.services import delete_prefix, redis_url
 
@@ -43,13 +42,6 @@ TOOL = {
     "name": "f",
     "parameters": {"type": "object", "properties": {}},
 }
-
-
-class UnconstrainedEngine(FakeEngine):
-    """The fake, taking a named `tool_choice`'s grammar (its scripted text ignores it)."""
-
-    async def prepare_structured(self, spec: StructuredSpec, cache_domain: str) -> None:
-        """Accepts any constraint."""
 
 
 def _auth(key: str) -> dict[str, str]:
@@ -75,7 +67,7 @@ def _serve(
         for name in tenants:
             store.create_tenant(s, name=name)
             keys[name] = store.create_key(s, tenant_name=name, pepper=PEPPER).secret
-    app = build_app(settings, engine=UnconstrainedEngine(max_model_len=8192, token_delay_s=0.0))
+    app = build_app(settings, engine=gateway_test_engine(max_model_len=8192))
     try:
         with TestClient(app) as client:
             yield client, keys

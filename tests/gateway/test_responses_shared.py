@@ -26,7 +26,7 @@ from gateway.response_store_redis import RedisResponses, ResponseStoreUnavailabl
 from server.settings import Settings
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
-from tests.gateway.fakes import FakeEngine
+from tests.utils.fast_fake_model import gateway_test_engine
 from tests.utils.principals import PEPPER
 from tests.utils.services import delete_prefix, redis_url
 
@@ -61,7 +61,10 @@ def replicas(
         for name in ("acme", "other"):
             store.create_tenant(s, name=name)
             keys[name] = store.create_key(s, tenant_name=name, pepper=PEPPER).secret
-    apps = [build_app(first, engine=FakeEngine()), build_app(second, engine=FakeEngine())]
+    apps = [
+        build_app(first, engine=gateway_test_engine()),
+        build_app(second, engine=gateway_test_engine()),
+    ]
     try:
         with TestClient(apps[0]) as a, TestClient(apps[1]) as b:
             yield a, b, keys

@@ -1,4 +1,4 @@
-"""/v1/responses through `cloister serve`'s wiring (build_app) on the fake engine: the store's
+"""/v1/responses through `cloister serve`'s wiring (build_app) on the fast fake engine: the store's
 TTL and caps come from the settings, denials reach the audit log, and an engine failure
 mid-stream is an in-band `error` event with a failed usage record."""
 
@@ -15,17 +15,18 @@ from fastapi.testclient import TestClient
 
 from admin.identity import create_admin_token
 from assembly.app import build_app
+from engine.fronts.async_engine import AsyncEngine
 from server.settings import Settings
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
-from tests.gateway.fakes import FakeEngine
-from tests.gateway.test_rejection_billing import FailingEngine
+from tests.utils.engine_faults import fail_after
+from tests.utils.fast_fake_model import gateway_test_engine
 from tests.utils.principals import PEPPER
 
 TTL_S = 0.5
 
 
-def _serve(tmp_path: Path, engine: FakeEngine) -> Iterator[tuple[TestClient, dict[str, str]]]:
+def _serve(tmp_path: Path, engine: AsyncEngine) -> Iterator[tuple[TestClient, dict[str, str]]]:
     settings = Settings(
         data_dir=tmp_path,
         key_pepper=PEPPER,
@@ -54,8 +55,8 @@ def _serve(tmp_path: Path, engine: FakeEngine) -> Iterator[tuple[TestClient, dic
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClient, dict[str, str]]]:
-    """One serve-wired app on the fake engine for the module."""
-    yield from _serve(tmp_path_factory.mktemp("responses_wiring"), FakeEngine())
+    """One serve-wired app on the fast fake engine for the module."""
+    yield from _serve(tmp_path_factory.mktemp("responses_wiring"), gateway_test_engine())
 
 
 def _auth(key: str) -> dict[str, str]:
@@ -109,7 +110,9 @@ def test_denials_are_audited_like_chats(served: tuple[TestClient, dict[str, str]
 
 
 def test_an_engine_failure_mid_stream_is_an_error_event(tmp_path: Path) -> None:
-    for client, keys in _serve(tmp_path, FailingEngine(fail_after=2)):
+    engine = gateway_test_engine()
+    fail_after(engine, 2, lambda: RuntimeError("CUDA error: an illegal memory access"))
+    for client, keys in _serve(tmp_path, engine):
         body = {"model": "fake", "input": "hi", "max_output_tokens": 20, "stream": True}
         with client.stream("POST", "/v1/responses", json=body, headers=_auth(keys["acme"])) as r:
             assert r.status_code == 200

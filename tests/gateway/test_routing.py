@@ -7,12 +7,12 @@ from pathlib import Path
 import httpx
 
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.fakes import FakeEngine
+from tests.utils.fast_fake_model import gateway_test_engine
 from tests.utils.live_gateway import start_gateway
 
 
 def test_unknown_path_and_wrong_method_get_openai_errors(tmp_path: Path) -> None:
-    gw, stop = start_gateway(tmp_path, engine=FakeEngine(), limiter=MemoryLimiter())
+    gw, stop = start_gateway(tmp_path, engine=gateway_test_engine(), limiter=MemoryLimiter())
     try:
         key = gw.tenant("acme")
         headers = {"Authorization": f"Bearer {key}"}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from gateway.routing import (
+from engine_hop.routing import (
     POLICY_NAMES,
     ReplicaLoad,
     RouteRequest,

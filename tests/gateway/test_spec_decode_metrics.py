@@ -13,8 +13,9 @@ from starlette.testclient import TestClient
 
 from engine.speculative.stats import SpecDecodeStats
 from engine.stats import EngineStats
+from engine_hop.client import EngineSnapshot, sum_spec_decode
+from engine_hop.in_process import InProcessEngineClient
 from engine_hop.stats_json import spec_decode_from_json, spec_decode_to_json
-from gateway.engine_client import EngineSnapshot, InProcessEngineClient, sum_spec_decode
 from gateway.metrics import GatewayMetrics
 from tests.admin.engine_stand_ins import FixedStatsEngine, idle_stats, remote_engine_server
 
@@ -119,9 +120,9 @@ def _stats_json(stats: EngineStats) -> dict[str, object]:
     """What a real engine server's GET /internal/stats answers for `stats`."""
     from engine_server.app import EngineServer
     from engine_server.auth import ServiceAuth
-    from tests.gateway.fakes import FakeEngine
+    from tests.utils.fast_fake_model import gateway_test_engine
 
-    engine = FakeEngine()
+    engine = gateway_test_engine()
     engine.stats = lambda: stats  # type: ignore[method-assign,assignment,return-value]
     app = EngineServer(engine, model_name="remote", auth=ServiceAuth(TOKEN)).app()
     with TestClient(app) as client:
@@ -135,7 +136,7 @@ def test_remote_replicas_carry_their_counters_and_the_gateway_sums_them() -> Non
     """Two engine servers, one speculating more than the other: each /internal/stats
     carries its counters, the replica set sums them, and the gateway's /metrics shows the
     sum under the model's name."""
-    from gateway.replica_set import ReplicaSetClient
+    from engine_hop.replica_set import ReplicaSetClient
     from tests.gateway.fakes import ByteTokenizer
 
     other = replace(SPEC, num_drafts=1, num_draft_tokens=4, num_accepted_tokens=4)

@@ -20,17 +20,17 @@ from assembly.app import build_app
 from assembly.database import prepare_database
 from engine.fronts.async_engine import AsyncEngine
 from engine.stats import EngineStats, TenantKVStats
+from engine_hop.client import EngineSnapshot, sum_tenant_kv
+from engine_hop.in_process import InProcessEngineClient
 from engine_hop.stats_json import tenant_kv_from_json, tenant_kv_to_json
 from engine_server.app import EngineServer
 from engine_server.auth import ServiceAuth
-from gateway.engine_client import EngineSnapshot, InProcessEngineClient
 from gateway.metrics import OTHER_TENANT, GatewayMetrics
-from gateway.tenant_kv import sum_tenant_kv
 from server.settings import Settings
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.fakes import FakeEngine
+from tests.utils.fast_fake_model import gateway_test_engine
 from tests.utils.live_gateway import OPERATOR_HEADERS, start_gateway
 from tests.utils.principals import PEPPER
 from tests.utils.tiny_model import make_tiny_model_dir
@@ -154,8 +154,8 @@ def test_engine_server_json_round_trip() -> None:
 
 
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[TestClient, FakeEngine, str, dict[str, str]]]:
-    """`cloister serve`'s app on a fake engine; one tenant, its key and operator tokens."""
+def served(tmp_path: Path) -> Iterator[tuple[TestClient, AsyncEngine, str, dict[str, str]]]:
+    """`cloister serve`'s app on the fast fake engine; one tenant, its key and operator tokens."""
     settings = Settings(
         data_dir=tmp_path, key_pepper=PEPPER, config_refresh_s=0.0, model_name="fake-model"
     )
@@ -167,7 +167,7 @@ def served(tmp_path: Path) -> Iterator[tuple[TestClient, FakeEngine, str, dict[s
         tokens["key"] = store.create_key(s, tenant_name=TENANT, pepper=PEPPER).secret
         for role in ("admin", "viewer"):
             tokens[role] = create_admin_token(s, pepper=PEPPER, role=role).secret
-    engine = FakeEngine()
+    engine = gateway_test_engine()
     app = build_app(settings, engine=engine)
     try:
         with TestClient(app) as client:
@@ -177,7 +177,7 @@ def served(tmp_path: Path) -> Iterator[tuple[TestClient, FakeEngine, str, dict[s
 
 
 def test_served_metrics_name_the_authenticated_tenant(
-    served: tuple[TestClient, FakeEngine, str, dict[str, str]],
+    served: tuple[TestClient, AsyncEngine, str, dict[str, str]],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     client, engine, tenant_id, tokens = served
@@ -255,7 +255,7 @@ def test_a_real_engine_reports_named_tenants_preempted_under_a_small_pool(
 
 def test_the_engine_server_sends_tenant_kv_in_its_stats() -> None:
     """GET /internal/stats carries the engine's per-tenant figures for the remote client."""
-    engine = FakeEngine()
+    engine = gateway_test_engine()
     kv = {"t:abc": TenantKVStats(blocks_in_use=6, preemptions_suffered=1, preemptions_caused=2)}
     engine.stats = lambda: EngineStats(0, 0, 0.0, 0, 0, 1, 64, 16, tenant_kv=kv)  # type: ignore[method-assign,assignment]
     app = EngineServer(

@@ -15,7 +15,8 @@ import pytest
 from gateway.tokenize import INLINE_CHARS, PER_TENANT_RUNNING, PER_TENANT_WAITING, PromptTokenizer
 from tenancy.errors import RateLimitedError
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.fakes import ByteTokenizer, FakeEngine
+from tests.gateway.fakes import ByteTokenizer
+from tests.utils.fast_fake_model import gateway_test_engine
 from tests.utils.live_gateway import LiveGateway, start_gateway
 
 # Over the inline threshold, well inside the size bound (512 tokens x 64 characters).
@@ -51,9 +52,9 @@ class GatedTokenizer(ByteTokenizer):
 
 @pytest.fixture
 def gated(tmp_path: Path) -> Iterator[tuple[LiveGateway, GatedTokenizer]]:
-    engine = FakeEngine()
+    engine = gateway_test_engine()
     tokenizer = GatedTokenizer()
-    engine.tokenizer = tokenizer
+    engine.tokenizer = tokenizer  # what the gateway tokenizes with; the engine keeps its own
     gw, stop = start_gateway(tmp_path, engine=engine, limiter=MemoryLimiter())
     yield gw, tokenizer
     tokenizer.release.set()

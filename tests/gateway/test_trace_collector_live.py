@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from engine.model.tokenizer import load_tokenizer
-from gateway.remote_engine import RemoteEngineClient, fetch_info
+from engine_hop.remote_client import RemoteEngineClient, fetch_info
 from tenancy.limiter.memory import MemoryLimiter
 from tests.gateway.engine_servers import SERVICE_TOKEN, spawn_engine, wait_ready
 from tests.utils.live_gateway import start_gateway

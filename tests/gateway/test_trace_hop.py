@@ -1,6 +1,6 @@
 """Traces across the gateway -> engine server hop: one trace, the engine's span a child.
 
-In one process (fast): an engine server app over the fake engine, reached by a gateway
+In one process (fast): an engine server app over the fast fake engine, reached by a gateway
 through `RemoteEngineClient`, each with its own in-memory exporter.
 """
 
@@ -18,14 +18,14 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from engine_hop.remote_client import RemoteEngineClient, fetch_info
 from engine_server.app import EngineServer
 from engine_server.auth import ServiceAuth
-from gateway.remote_engine import RemoteEngineClient, fetch_info
 from server.otlp_json import encode_spans
 from server.telemetry import TelemetryUnavailableError, check_exporter, make_tracer_provider
 from tenancy.limiter.memory import MemoryLimiter
 from tests.gateway.engine_servers import serve_in_thread
-from tests.gateway.fakes import ByteTokenizer, FakeEngine
+from tests.utils.fast_fake_model import gateway_test_engine
 from tests.utils.live_gateway import LiveGateway, start_gateway
 
 TOKEN = "svc-" + "trace-hop-token-for-tests-only"
@@ -61,8 +61,9 @@ def hop(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
     engine_provider = make_tracer_provider(
         "none", service_name="cloister-engine", extra_processor=SimpleSpanProcessor(engine_exporter)
     )
+    engine = gateway_test_engine()
     server = EngineServer(
-        FakeEngine(token_delay_s=0.0),
+        engine,
         model_name="tiny",
         auth=ServiceAuth(TOKEN),
         tracer=engine_provider.get_tracer("cloister.engine"),
@@ -71,7 +72,7 @@ def hop(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
     client = RemoteEngineClient(
         url,
         token=TOKEN,
-        tokenizer=ByteTokenizer(),
+        tokenizer=engine.tokenizer,
         info=fetch_info(url, TOKEN),
         poll_s=60,
         transport=request.param,

@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from gateway.tracing import extract_context, gateway_tracer, make_tracer_provider
 from server.settings import Settings
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.fakes import FakeEngine
+from tests.utils.fast_fake_model import gateway_test_engine
 from tests.utils.live_gateway import start_gateway
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -23,7 +23,7 @@ def test_one_span_per_request_under_the_callers_trace(tmp_path: Path) -> None:
     exporter = InMemorySpanExporter()
     provider = make_tracer_provider("none", extra_processor=SimpleSpanProcessor(exporter))
     gw, stop = start_gateway(
-        tmp_path, engine=FakeEngine(), limiter=MemoryLimiter(), tracer_provider=provider
+        tmp_path, engine=gateway_test_engine(), limiter=MemoryLimiter(), tracer_provider=provider
     )
     try:
         key = gw.tenant("acme")

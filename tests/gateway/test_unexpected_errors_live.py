@@ -24,7 +24,7 @@ from starlette.types import Message, Receive, Scope, Send
 from gateway.errors import UnexpectedErrorMiddleware
 from server.request_ids import OWN_ID_HEADER
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.fakes import FakeEngine
+from tests.utils.fast_fake_model import gateway_test_engine
 from tests.utils.live_gateway import LiveGateway, start_gateway
 
 SECRET = "secret-detail-/etc/cloister/key"
@@ -32,9 +32,9 @@ SECRET = "secret-detail-/etc/cloister/key"
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveGateway]:
-    """A gateway on the fake engine, with test-only routes that fail or name the peer."""
+    """A gateway on the fast fake engine, with test-only routes that fail or name the peer."""
     tmp_path: Path = tmp_path_factory.mktemp("unexpected")
-    gw, stop = start_gateway(tmp_path, engine=FakeEngine(), limiter=MemoryLimiter())
+    gw, stop = start_gateway(tmp_path, engine=gateway_test_engine(), limiter=MemoryLimiter())
 
     async def boom(request: Request) -> JSONResponse:
         raise RuntimeError(SECRET)

@@ -20,12 +20,12 @@ from assembly.database import prepare_database
 from assembly.engine_stats_log import EngineStatsLogger, engine_line
 from assembly.engines import shows_progress
 from assembly.lifespan import with_server_logs
-from gateway.engine_client import EngineSnapshot
+from engine_hop.client import EngineSnapshot
 from server.logging_setup import configure_logging
 from server.settings import Settings
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory
-from tests.gateway.fakes import FakeEngine
+from tests.utils.fast_fake_model import gateway_test_engine
 from tests.utils.principals import PEPPER
 
 
@@ -158,7 +158,7 @@ def test_cloister_serve_app_logs_its_summary_and_engine_lines(
     with sessions() as s:
         store.create_tenant(s, name="acme")
         key = store.create_key(s, tenant_name="acme", pepper=PEPPER).secret
-    app = build_app(settings, engine=FakeEngine())
+    app = build_app(settings, engine=gateway_test_engine(num_blocks=64))  # 64 blocks of 16
     try:
         with TestClient(app) as client:
             r = client.post(

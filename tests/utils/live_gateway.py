@@ -2,7 +2,8 @@
 through tenancy's store, and the handles a test needs.
 
 The engine is the real AsyncEngine over a tiny random-weight model; set
-CLOISTER_GATEWAY_TEST_ENGINE=fake to run against tests/gateway/fakes.py instead.
+CLOISTER_GATEWAY_TEST_ENGINE=fake to run the same engine over the fast fake model
+(tests/utils/fast_fake_model.py) instead.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from openai import OpenAI
 from opentelemetry.sdk.trace import TracerProvider
 from sqlalchemy.orm import Session, sessionmaker
 
+from engine_hop.in_process import InProcessEngineClient
 from gateway.app import create_app
-from gateway.engine_client import InProcessEngineClient
 from gateway.usage import UsageRecord
 from server.logging_setup import configure_logging
 from server.settings import Settings
@@ -31,7 +32,7 @@ from tenancy import store
 from tenancy.authenticator import Authenticator
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tenancy.limiter.base import Limiter
-from tests.gateway.fakes import FakeEngine
+from tests.utils.fast_fake_model import gateway_test_engine
 from tests.utils.principals import PEPPER
 from tests.utils.services import free_port
 
@@ -57,9 +58,9 @@ class ListUsageSink:
 
 
 def make_test_engine(tmp_path: Path) -> Any:
-    """The engine under test: real tiny model by default, the fake on request."""
+    """The engine under test: real tiny model by default, the fast fake model on request."""
     if os.environ.get("CLOISTER_GATEWAY_TEST_ENGINE") == "fake":
-        return FakeEngine()
+        return gateway_test_engine()
     from engine.fronts.async_engine import AsyncEngine
     from tests.utils.tiny_model import make_tiny_model_dir
 

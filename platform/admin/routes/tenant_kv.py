@@ -18,7 +18,7 @@ from admin.schemas.tenant_kv import TenantKVModel, TenantKVView
 from tenancy.scopes import tenant_scope
 
 if TYPE_CHECKING:  # the admin service also runs without a gateway in its process
-    from gateway.engine_replicas import ReplicaState
+    from engine_hop.replicas import ReplicaState
 
 router = APIRouter(prefix="/tenants", tags=["tenants"])
 

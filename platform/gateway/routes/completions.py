@@ -10,14 +10,9 @@ from starlette.routing import Route
 
 from engine.errors import ContextLengthExceededError
 from engine.outputs import PositionLogprobs
+from engine_hop.collect import ChoiceState
 from gateway.errors import InvalidParameterError, stream_error_body
-from gateway.generation import (
-    ChoiceState,
-    Submitted,
-    admit_and_submit,
-    choice_index,
-    stream_events,
-)
+from gateway.generation import Submitted, admit_and_submit, choice_index, stream_events
 from gateway.lifecycle import Authenticated, RequestLifecycle
 from gateway.params import vet_extra_fields
 from gateway.request_flow import Generation, GenerationRoute, serve

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.engine_replicas import replica_states
+from engine_hop.replicas import replica_states
 from gateway.errors import error_response
 from gateway.state import app_state
 

@@ -1,4 +1,4 @@
-"""The `batch_server` fixture: a `cloister serve` app (build_app) on the fake engine, with
+"""The `batch_server` fixture: a `cloister serve` app (build_app) on the fast fake engine, with
 tenants, for the Batch API (its client: tests/utils/batch_server.py)."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from assembly.app import build_app
 from server.settings import Settings
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
-from tests.gateway.fakes import FakeEngine
 from tests.utils.batch_server import (
     BatchServer,
 )
+from tests.utils.fast_fake_model import gateway_test_engine
 from tests.utils.principals import PEPPER
 
 
@@ -28,7 +28,7 @@ def batch_server(tmp_path: Path) -> Iterator[Callable[..., BatchServer]]:
     started: list[tuple[FastAPI, TestClient]] = []
 
     def start(
-        tenants: dict[str, dict[str, Any]], *, engine: FakeEngine | None = None, **overrides: Any
+        tenants: dict[str, dict[str, Any]], *, engine: Any | None = None, **overrides: Any
     ) -> BatchServer:
         settings = Settings(
             data_dir=tmp_path / "data",
@@ -47,7 +47,7 @@ def batch_server(tmp_path: Path) -> Iterator[Callable[..., BatchServer]]:
                 if limits:
                     store.set_limits(s, tenant_name=name, **limits)
                 keys[name] = store.create_key(s, tenant_name=name, pepper=PEPPER).secret
-        app = build_app(settings, engine=engine or FakeEngine())
+        app = build_app(settings, engine=engine or gateway_test_engine())
         client = TestClient(app)
         client.__enter__()
         started.append((app, client))

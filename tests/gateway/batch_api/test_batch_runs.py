@@ -19,8 +19,8 @@ from admin.models import UsageRow
 from cloister.cli import main
 from tenancy import store
 from tenancy.models import ApiKey
-from tests.gateway.fakes import FakeEngine
 from tests.utils.batch_server import BatchServer, chat_line
+from tests.utils.fast_fake_model import gateway_test_engine
 from tests.utils.principals import PEPPER
 
 
@@ -179,7 +179,7 @@ def test_lines_the_engine_refuses_as_overloaded_wait_and_run_later(
 ) -> None:
     """An engine with one waiting slot refuses most of four concurrent lines (503): a batch
     fills spare capacity, so they are sent again, not failed."""
-    engine = FakeEngine(max_waiting=1, token_delay_s=0.01)
+    engine = gateway_test_engine(max_waiting=1, compute_s=0.01)
     server = batch_server({"acme": {}}, engine=engine, batch_concurrency=4)
     content = b"".join(chat_line(f"r{i}", "x", max_tokens=8) for i in range(8))
     done = server.wait_batch(

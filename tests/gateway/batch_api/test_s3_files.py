@@ -23,8 +23,8 @@ from pydantic import ValidationError
 from server.settings import Settings
 from tenancy.models import ApiKey, Tenant
 from tests.gateway.batch_api.moto_s3 import SECRET_ACCESS_KEY, MotoS3
-from tests.gateway.fakes import FakeEngine
 from tests.utils.batch_server import BatchServer, chat_line
+from tests.utils.fast_fake_model import gateway_test_engine
 from tests.utils.principals import PEPPER
 
 PREFIX = "tenants-files"
@@ -202,7 +202,7 @@ def test_a_batch_whose_output_cannot_be_written_finalizes_once_the_store_is_back
     batch_server: Callable[..., BatchServer], s3: MotoS3
 ) -> None:
     # Each line takes about 0.2 s, one at a time: the store stops while lines run.
-    engine = FakeEngine(token_delay_s=0.05)
+    engine = gateway_test_engine(compute_s=0.05)
     server = batch_server({"acme": {}}, engine=engine, batch_concurrency=1, **s3.settings())
     content = b"".join(chat_line(f"req-{i}", f"question {i}") for i in range(4))
     file_id = server.upload("acme", content).json()["id"]
@@ -240,12 +240,12 @@ def test_a_batch_whose_output_cannot_be_written_finalizes_once_the_store_is_back
 
 
 def _run_server(tmp_path: Path, **values: Any) -> click.ClickException:
-    """`cloister serve`'s start on a fake engine with these settings; its refusal."""
+    """`cloister serve`'s start on the fast fake engine with these settings; its refusal."""
     from cloister.commands.serve import run_server
 
     settings = Settings(data_dir=tmp_path / "data", key_pepper=PEPPER, model_name="fake", **values)
     with pytest.raises(click.ClickException) as caught:
-        run_server(settings, engine=FakeEngine())
+        run_server(settings, engine=gateway_test_engine())
     return caught.value
 
 

@@ -1,12 +1,14 @@
-"""The gateway's view of an engine: one Protocol, an in-process implementation.
+"""The gateway's view of an engine: the `EngineClient` protocol, what a client reports
+(`EngineSnapshot`) and those reports summed over replicas.
 
-The remote implementation (the engine's internal HTTP API) will implement the same
-Protocol, so nothing above this module knows where the engine runs.
+Its implementations: `in_process.InProcessEngineClient` (an engine front in this
+process), `remote_client.RemoteEngineClient` (one engine server) and
+`replica_set.ReplicaSetClient` (several), so nothing above knows where the engine runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -17,17 +19,17 @@ from engine.request import EngineRequest
 from engine.speculative.stats import SpecDecodeStats
 from engine.stats import TenantKVStats
 from engine.structured.spec import StructuredSpec
-from gateway.adapters import (
-    AdapterInfo,
-    AdapterInUseError,
-    AdaptersUnsupportedError,
-    adapter_info,
-    is_in_use_error,
-)
+from engine_hop.adapters import AdapterInfo
 
 
 class TokenizerLike(Protocol):
-    """The part of the engine's tokenizer the gateway uses to count and template."""
+    """The part of the engine's tokenizer the gateway uses to count, template and check
+    output constraints."""
+
+    @property
+    def eos_token_ids(self) -> Collection[int]:
+        """The model's end-of-sequence token ids."""
+        ...
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`."""
@@ -134,6 +136,26 @@ def _add_tiers(a: TierStats, b: TierStats) -> TierStats:
     )
 
 
+def sum_tenant_kv(
+    reports: Iterable[Mapping[str, TenantKVStats]],
+) -> dict[str, TenantKVStats]:
+    """Each key's blocks and preemptions summed over several engines' reports."""
+    out: dict[str, TenantKVStats] = {}
+    for report in reports:
+        for key, s in report.items():
+            before = out.get(key)
+            out[key] = (
+                s
+                if before is None
+                else TenantKVStats(
+                    blocks_in_use=before.blocks_in_use + s.blocks_in_use,
+                    preemptions_suffered=before.preemptions_suffered + s.preemptions_suffered,
+                    preemptions_caused=before.preemptions_caused + s.preemptions_caused,
+                )
+            )
+    return out
+
+
 @runtime_checkable
 class AdmittedLater(Protocol):
     """A stream whose engine admits or refuses its request after `submit` returned (an
@@ -227,121 +249,3 @@ class EngineClient(Protocol):
     async def shutdown(self) -> None:
         """Stops the engine."""
         ...
-
-
-class InProcessEngineClient:
-    """An `EngineClient` over an engine front on this machine: an `AsyncEngine` (engine
-    loop on a thread of this process) or a `ProcessEngine` (loop in a child process)."""
-
-    def __init__(self, engine: Any, *, model_name: str | None = None) -> None:
-        # `engine` is an engine.fronts.async_engine.AsyncEngine; typed loosely so that the
-        # gateway's tests can hand in a fake with the same surface.
-        self._engine = engine
-        self.model_name: str = model_name or engine.model_name
-        self.max_model_len: int = int(engine.max_model_len)
-        self.vocab_size: int = int(engine.vocab_size)
-
-    @property
-    def tokenizer(self) -> TokenizerLike:
-        """The engine's tokenizer."""
-        tokenizer: TokenizerLike = self._engine.tokenizer
-        return tokenizer
-
-    def submit(self, request: EngineRequest) -> AsyncIterator[StreamEvent]:
-        """Forwards to the front's `submit`; its stream is already an async iterator."""
-        stream: AsyncIterator[StreamEvent] = self._engine.submit(request)
-        return stream
-
-    async def abort(self, request_id: str) -> None:
-        """Forwards to `AsyncEngine.abort`."""
-        await self._engine.abort(request_id)
-
-    async def prepare_structured(self, spec: StructuredSpec, cache_domain: str) -> None:
-        """Forwards to `EngineFront.prepare_structured`."""
-        await self._engine.prepare_structured(spec, cache_domain)
-
-    async def update_cache_rules(self, rules: CacheRules) -> None:
-        """Forwards to `EngineFront.update_cache_rules`."""
-        await self._engine.update_cache_rules(rules)
-
-    def _front_call(self, name: str) -> Any:
-        call = getattr(self._engine, name, None)
-        if call is None:
-            raise AdaptersUnsupportedError(f"engine {self.model_name!r} does not serve adapters")
-        return call
-
-    async def load_adapter(self, name: str, path: str) -> AdapterInfo:
-        """Forwards to the front's `load_adapter`."""
-        return adapter_info(await self._front_call("load_adapter")(name, path))
-
-    async def unload_adapter(self, name: str) -> None:
-        """Forwards to the front's `unload_adapter` (its in-use error as ours)."""
-        try:
-            await self._front_call("unload_adapter")(name)
-        except Exception as exc:
-            if is_in_use_error(exc) and not isinstance(exc, AdapterInUseError):
-                raise AdapterInUseError(str(exc)) from exc
-            raise
-
-    def adapters(self) -> list[AdapterInfo]:
-        """The front's loaded adapters; none when it serves no adapters."""
-        listing = getattr(self._engine, "adapters", None)
-        return [] if listing is None else [adapter_info(a) for a in listing()]
-
-    def stats(self) -> EngineSnapshot:
-        """Copies the fields the gateway exports out of `AsyncEngine.stats()`."""
-        s = self._engine.stats()
-        return EngineSnapshot(
-            num_running=int(s.num_running),
-            num_waiting=int(s.num_waiting),
-            kv_cache_usage=float(s.kv_cache_usage),
-            prefix_cache_queries=int(s.prefix_cache_queries),
-            prefix_cache_hits=int(s.prefix_cache_hits),
-            num_preemptions=int(s.num_preemptions),
-            # A test fake may lack the newer counters and the pool's shape.
-            num_prompt_tokens=int(getattr(s, "num_prompt_tokens", 0)),
-            num_generation_tokens=int(getattr(s, "num_generated_tokens", 0)),
-            num_blocks=int(getattr(s, "num_blocks", 0)),
-            block_size=int(getattr(s, "block_size", 0)),
-            max_loras=int(getattr(s, "max_loras", 0)),
-            # The engine counts sequences per adapter name (engine.stats.EngineStats).
-            running_adapters=_names(getattr(s, "lora_running", None)),
-            waiting_adapters=_names(getattr(s, "lora_waiting", None)),
-            prefill_token_cap=getattr(s, "prefill_token_cap", None),
-            kv_events_dropped=getattr(s, "kv_events_dropped", None),
-            tenant_kv=dict(getattr(s, "tenant_kv", None) or {}),
-            num_batch_running=int(getattr(s, "num_batch_running", 0)),
-            num_batch_waiting=int(getattr(s, "num_batch_waiting", 0)),
-            kv_tiers=tuple(getattr(s, "kv_tiers", ())),
-            spec_decode=getattr(s, "spec_decode", None),
-        )
-
-    def public_prefix_blocks(self) -> int:
-        """Blocks of published prefixes (the public cache domain, "<public>") in the
-        engine's KV cache now; 0 for an engine that does not report cache domains."""
-        domains = getattr(self._engine.stats(), "prefix_cache_domains", None) or {}
-        public = domains.get("<public>")
-        return 0 if public is None else int(public.cached_blocks)
-
-    @property
-    def alive(self) -> bool:
-        """Whether the engine takes requests."""
-        return bool(self._engine.alive)
-
-    async def start(self) -> None:
-        """Starts the engine loop."""
-        await self._engine.start()
-
-    async def shutdown(self) -> None:
-        """Stops the engine loop."""
-        await self._engine.shutdown()
-
-
-def _names(value: Any) -> tuple[str, ...] | None:
-    """Adapter names from an engine stat (name -> sequences, or names; None: not
-    reported); names with no sequence are left out."""
-    if value is None:
-        return None
-    if isinstance(value, dict):
-        return tuple(str(name) for name, count in value.items() if count)
-    return tuple(str(v) for v in value)

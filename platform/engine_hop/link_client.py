@@ -43,6 +43,7 @@ from engine.errors import EngineDeadError
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest
 from engine_hop.eager import start_now
+from engine_hop.remote_errors import Admission, EngineUnavailableError, error_of_frame
 from engine_hop.wire import (
     ACCEPTED_FEATURE,
     ACCEPTED_KEY,
@@ -51,7 +52,6 @@ from engine_hop.wire import (
     event_from_compact,
     request_to_wire,
 )
-from gateway.remote_errors import Admission, EngineUnavailableError, error_of_frame
 
 logger = logging.getLogger("cloister.gateway.link")
 HEARTBEAT_S = 10.0  # a link that misses a pong for half of this is closed

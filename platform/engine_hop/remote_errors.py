@@ -6,7 +6,7 @@ Both are read here into the engine's own errors by the hop's one table
 (engine_hop.refusals), `param` and `code` included, so the gateway and its replica set
 treat a remote refusal as they treat an in-process one: a 400 is the tenant's, an
 overload is retried on another replica, anything else means the replica is unavailable.
-The adapter calls' bad requests (gateway.remote_adapters) are read the same way.
+The adapter calls' bad requests (engine_hop.remote_adapters) are read the same way.
 
 A remote request's refusal arrives after `submit` returned; `Admission` holds it until
 the gateway asks (`admitted`), so that it is raised before the gateway answers its

@@ -6,7 +6,7 @@ regular files, stored: safetensors barely compress) and PUTs it to the engine se
 engine raises: a rejected adapter (400, or 413 for an archive over the server's cap) is
 the engine's own `InvalidRequestError` (`InvalidAdapterError` and the like) with its
 message, code and param, read by the hop's refusal table (engine_hop.refusals, as
-gateway.remote_errors reads a request's refusal); an adapter in use is an
+engine_hop.remote_errors reads a request's refusal); an adapter in use is an
 `AdapterInUseError`, an unknown one an `AdapterNotFoundError`; anything else
 (unreachable, a 5xx) is an `AdapterPushError` (an `EngineDeadError`).
 """
@@ -25,9 +25,9 @@ from typing import Any
 import httpx
 
 from engine.errors import AdapterNotFoundError, EngineDeadError, InvalidRequestError
+from engine_hop.adapters import AdapterInfo, AdapterInUseError
 from engine_hop.refusals import BAD_REQUEST, TOO_LARGE, error_of
-from gateway.adapters import AdapterInfo, AdapterInUseError
-from gateway.remote_errors import refusal_of_response
+from engine_hop.remote_errors import refusal_of_response
 
 # The engine server's cap (engine_server.adapters.MAX_ADAPTER_BYTES) is checked there;
 # a folder over it is refused here before anything is sent.

@@ -1,5 +1,11 @@
-"""`EventStream`: the completions stream as an ASGI response, leaner than Starlette's.
+"""Server-sent events as both ends of the hop send them: the framing and the stream response.
 
+One event is `data: {json}` followed by a blank line (`sse_chunk`); a completions
+stream ends with `DONE` (`data: [DONE]`). The gateway and the engine server end
+their completion streams with it; the engine server frames a request's events with
+`event_chunks`, as plain OpenAI chunks (`openai_chunk_encoder`) or in the compact form.
+
+`EventStream` is the completions stream as an ASGI response, leaner than Starlette's.
 Starlette's `StreamingResponse` (under uvicorn's ASGI 2.3) runs each stream in an
 anyio task group with a second task listening for the hang-up. This response runs
 the stream in the request's own task, with one plain task waiting on `receive`:
@@ -20,11 +26,28 @@ opener that refuses raises `StreamRefused`, and its error response goes out inst
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncGenerator, Callable, Mapping
+from typing import Any
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from engine.outputs import StreamEvent
+from engine_hop.refusals import refusal_of
+from engine_hop.wire import DONE_CHUNK, event_to_wire, sse_chunk
+
+__all__ = [
+    "DONE",
+    "MEDIA_TYPE",
+    "EventStream",
+    "StreamRefused",
+    "event_chunks",
+    "openai_chunk_encoder",
+    "sse_chunk",
+]
+
+DONE = DONE_CHUNK  # the last event of a completions stream
 MEDIA_TYPE = b"text/event-stream; charset=utf-8"
 
 
@@ -122,3 +145,50 @@ class _State:
     def __init__(self) -> None:
         self.ending = False
         self.hung_up = False
+
+
+def openai_chunk_encoder(request_id: str, model: str) -> Callable[[StreamEvent], dict[str, Any]]:
+    """The encoder of one request's events as OpenAI completion chunks, each with the
+    engine's event under `cloister` (for clients other than the gateway)."""
+    created = int(time.time())
+
+    def encode(event: StreamEvent) -> dict[str, Any]:
+        return {
+            "id": request_id,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [
+                {
+                    "index": d.index,
+                    "text": d.text,
+                    "logprobs": None,
+                    "finish_reason": d.finish_reason,
+                }
+                for d in event.deltas
+            ],
+            "cloister": event_to_wire(event),
+        }
+
+    return encode
+
+
+async def event_chunks(
+    events: AsyncGenerator[StreamEvent, None], encode: Callable[[StreamEvent], Any]
+) -> AsyncGenerator[bytes, None]:
+    """Server-sent events: one chunk per event, an in-band error if the request
+    failed, then [DONE], which rides with the last chunk (EventStream sends it with
+    the body's end: one write)."""
+    ended = False
+    try:
+        async for event in events:
+            chunk = sse_chunk(encode(event))
+            ended = event.finished
+            yield chunk + DONE if ended else chunk
+    except Exception as exc:  # the request failed in the engine: say so in-band
+        ended = True
+        yield sse_chunk(refusal_of(exc).body()) + DONE
+    finally:
+        await events.aclose()  # closed here on a hang-up, not whenever it is collected
+    if not ended:
+        yield DONE

@@ -2,7 +2,7 @@
 
 Replicas come from a static list of URLs, or from `dns+http://name:port`, whose
 addresses (a Kubernetes headless Service's pods) are re-resolved every `refresh_s`.
-Each request is routed by gateway.routing's policy (`prefix_affine` by default,
+Each request is routed by engine_hop.routing's policy (`prefix_affine` by default,
 `session` or `round_robin`); if its replica refuses it as overloaded or fails before
 the first event (unreachable, died), it is sent to the next one in the route order,
 and never after a token was streamed. The stream's `admitted` tries the route until a
@@ -27,10 +27,16 @@ from engine.kv_cache.cache_rules import CacheRules
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest
 from engine.structured.spec import StructuredSpec
-from gateway.adapters import AdapterInfo
-from gateway.engine_client import EngineSnapshot, TokenizerLike, sum_kv_tiers, sum_spec_decode
-from gateway.engine_link import READ_TIMEOUT_S, LinkStream
-from gateway.remote_engine import (
+from engine_hop.adapters import AdapterInfo
+from engine_hop.client import (
+    EngineSnapshot,
+    TokenizerLike,
+    sum_kv_tiers,
+    sum_spec_decode,
+    sum_tenant_kv,
+)
+from engine_hop.link_client import READ_TIMEOUT_S, LinkStream
+from engine_hop.remote_client import (
     EngineServerInfo,
     RemoteEngineClient,
     RemoteStream,
@@ -38,9 +44,8 @@ from gateway.remote_engine import (
     first_info,
     local_grammar_checker,
 )
-from gateway.remote_errors import EngineUnavailableError
-from gateway.routing import ReplicaLoad, RouteRequest, RoutingConfig, make_policy
-from gateway.tenant_kv import sum_tenant_kv
+from engine_hop.remote_errors import EngineUnavailableError
+from engine_hop.routing import ReplicaLoad, RouteRequest, RoutingConfig, make_policy
 
 logger = logging.getLogger("cloister.gateway.replicas")
 DNS_SCHEME = "dns+"
@@ -110,7 +115,7 @@ class ReplicaSetClient:
         request_timeout_s: float = READ_TIMEOUT_S,
     ) -> None:
         """`clock`: monotonic seconds, for the ramp (a test's own clock); `transport`:
-        how completions reach each replica (gateway.remote_engine); `request_timeout_s`:
+        how completions reach each replica (engine_hop.remote_client); `request_timeout_s`:
         the longest wait for a request's next event from its replica."""
         self._clock = clock
         self._transport = transport

@@ -2,7 +2,7 @@
 
 Requests go out as the wire format of engine_hop.wire, with the service token,
 and their chunks come back as the `StreamEvent`s an in-process engine would give.
-They travel over the link (one WebSocket for all of them, gateway.engine_link) or,
+They travel over the link (one WebSocket for all of them, engine_hop.link_client) or,
 with `transport="http"`, as one HTTP request each. A request is sent as soon as it is
 submitted (not when its stream is first read), with the W3C trace context
 (traceparent) of the span current at submit. Closing a stream, or `abort`, stops
@@ -15,7 +15,7 @@ its in-process engine refused at submit: over HTTP, the 200's status line says i
 `stats()` and `alive` must answer without I/O, so a background task polls the
 server's /internal/stats every `poll_s`; a server that fails `max_failures` polls in
 a row is not alive until it answers again. The same goes for `adapters()`: the poll
-carries the server's loaded LoRA adapters (pushed by gateway.remote_adapters), and the
+carries the server's loaded LoRA adapters (pushed by engine_hop.remote_adapters), and the
 first poll that answers (again, after failures) re-reads /internal/info, so that a
 replica reports its own device and dtype, even after a restart.
 """
@@ -45,7 +45,13 @@ from engine.outputs import StreamEvent
 from engine.request import EngineRequest
 from engine.structured.compiler import GrammarCompiler
 from engine.structured.spec import StructuredSpec
+from engine_hop.adapters import AdapterInfo
+from engine_hop.client import EngineSnapshot, TokenizerLike
+from engine_hop.link_client import READ_TIMEOUT_S, EngineLink, LinkStream
+from engine_hop.remote_adapters import adapters_from_stats, push_adapter, remove_adapter
+from engine_hop.remote_errors import Admission, EngineUnavailableError, error_of_response
 from engine_hop.stats_json import spec_decode_from_json, tenant_kv_from_json
+from engine_hop.trace import trace_headers
 from engine_hop.wire import (
     EVENTS_WIRE,
     WIRE_HEADER,
@@ -53,12 +59,6 @@ from engine_hop.wire import (
     request_to_wire,
     rules_to_wire,
 )
-from gateway.adapters import AdapterInfo
-from gateway.engine_client import EngineSnapshot, TokenizerLike
-from gateway.engine_link import READ_TIMEOUT_S, EngineLink, LinkStream
-from gateway.remote_adapters import adapters_from_stats, push_adapter, remove_adapter
-from gateway.remote_errors import Admission, EngineUnavailableError, error_of_response
-from gateway.tracing import trace_headers
 
 logger = logging.getLogger("cloister.gateway.remote")
 Transport = Literal["link", "http"]
@@ -145,7 +145,7 @@ def _info_of(base_url: str, headers: dict[str, str]) -> EngineServerInfo:
 def local_grammar_checker(tokenizer: TokenizerLike, vocab_size: int) -> GrammarCompiler:
     """A compiler on the gateway's copy of the tokenizer: it checks constraints before
     admission (the engine server compiles its own, off its step loop)."""
-    eos = sorted(getattr(tokenizer, "eos_token_ids", ()))
+    eos = sorted(tokenizer.eos_token_ids)
     return GrammarCompiler(tokenizer, vocab_size=vocab_size, eos_token_ids=eos)
 
 
@@ -280,7 +280,7 @@ class RemoteEngineClient:
         request_timeout_s: float = READ_TIMEOUT_S,
         transport: Transport = "link",
     ) -> None:
-        """`transport`: "link" sends completions over one WebSocket (gateway.engine_link),
+        """`transport`: "link" sends completions over one WebSocket (engine_hop.link_client),
         "http" one HTTP request each (for a Kubernetes Gateway in front of an
         InferencePool, whose endpoint picker chooses a replica per request)."""
         self.base_url = base_url.rstrip("/")

@@ -12,9 +12,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from gateway.engine_client import EngineClient, EngineSnapshot, InProcessEngineClient
-from gateway.remote_engine import RemoteEngineClient
-from gateway.replica_set import ReplicaSetClient
+from engine_hop.client import EngineClient, EngineSnapshot
+from engine_hop.in_process import InProcessEngineClient
+from engine_hop.remote_client import RemoteEngineClient
+from engine_hop.replica_set import ReplicaSetClient
 
 IN_PROCESS = "in-process"
 
