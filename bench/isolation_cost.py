@@ -50,7 +50,8 @@ from bench.isolation_workload import (  # noqa: E402
     build_workload,
     replay_hits,
 )
-from engine.llm_engine import LLMEngine, build_config  # noqa: E402
+from engine.engine_builder import build_config  # noqa: E402
+from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.model.loader import LoadedModel, load_model  # noqa: E402
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams  # noqa: E402

@@ -48,7 +48,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.config import ModelArchitecture  # noqa: E402
-from engine.llm_engine import LLMEngine, build_config  # noqa: E402
+from engine.engine_builder import build_config  # noqa: E402
+from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.model.loader import LoadedModel, default_model_path, load_model  # noqa: E402
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams  # noqa: E402

@@ -7,8 +7,9 @@ from typing import Any, cast
 
 from tqdm import tqdm
 
+from engine.engine_builder import build_config
 from engine.errors import InvalidRequestError
-from engine.llm_engine import LLMEngine, build_config
+from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams

@@ -8,47 +8,23 @@ import time
 from collections.abc import Sequence as Seq
 from typing import Any
 
-import torch
-
-from engine.attention.select import get_attention_backend
-from engine.config import (
-    CacheConfig,
-    EngineConfig,
-    LoraConfig,
-    ModelConfig,
-    SchedulerConfig,
-    SpeculativeConfig,
-    StructuredConfig,
-)
+from engine.config import EngineConfig
+from engine.engine_builder import build_config, build_engine_parts
 from engine.errors import EngineError, EngineOverloadedError, InvalidRequestError
 from engine.fronts.step_isolation import execute_isolated
 from engine.kv_cache.cache_rules import CacheRules
-from engine.kv_cache.host_buffer import HostKVBuffer
-from engine.kv_cache.host_setup import attach_host_tier
 from engine.kv_cache.host_tier import HostTier
-from engine.kv_cache.manager import KVCacheManager
-from engine.kv_cache.tier_copier import TierCopier
-from engine.kv_cache.tier_cost import LoadCostRule
-from engine.kv_events_publisher import KVEventPublisher
-from engine.lora.manager import LoraManager
 from engine.lora.peft import AdapterInfo
 from engine.lora.registry import located
-from engine.model.fused import load_fused_ops, resolve_fused_ops
-from engine.model.loader import LoadedModel, default_model_path, load_model
-from engine.model.quant import resolve_weight_quant
+from engine.model.loader import LoadedModel
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest, check_adapter_name
 from engine.request_state import RequestState
-from engine.runner.memory import plan_engine_kv_capacity
-from engine.runner.model_runner import ModelRunner, SampledToken
+from engine.runner.model_runner import SampledToken
 from engine.sampling_params import SamplingParams
 from engine.scheduler.output import ScheduledSequence, SchedulerOutput
-from engine.scheduler.scheduler import Scheduler
 from engine.sequence import Sequence
-from engine.speculative.draft import build_draft_proposer
-from engine.speculative.speculator import Speculator
 from engine.stats import EngineStats
-from engine.structured.compiler import GrammarCompiler
 from engine.validation import check_kv_quota, validate_request
 
 log = logging.getLogger("engine")
@@ -58,51 +34,12 @@ log = logging.getLogger("engine")
 EMPTY_STEP_WAIT_S = 0.01
 
 
-def build_config(model: str | None = None, **options: Any) -> EngineConfig:
-    """Builds the frozen config from flat keyword options (the vLLM-style `LLM(...)` call)."""
-    groups: dict[type, dict[str, Any]] = {
-        ModelConfig: {},
-        CacheConfig: {},
-        SchedulerConfig: {},
-        StructuredConfig: {},
-        LoraConfig: {},
-        SpeculativeConfig: {},
-    }
-    top: dict[str, Any] = {}
-    top_fields = {f.name for f in dataclasses.fields(EngineConfig)} - {
-        "model",
-        "cache",
-        "scheduler",
-        "structured",
-        "lora",
-        "speculative",
-    }
-    for key, value in options.items():
-        for cls, bucket in groups.items():
-            if key in {f.name for f in dataclasses.fields(cls)}:
-                bucket[key] = value
-                break
-        else:
-            if key not in top_fields:
-                raise TypeError(f"unknown engine option {key!r}")
-            top[key] = value
-    if isinstance(groups[ModelConfig].get("dtype"), str):
-        groups[ModelConfig]["dtype"] = getattr(torch, groups[ModelConfig]["dtype"])
-    return EngineConfig(
-        model=ModelConfig(path=model or "", **groups[ModelConfig]),
-        cache=CacheConfig(**groups[CacheConfig]),
-        scheduler=SchedulerConfig(**groups[SchedulerConfig]),
-        structured=StructuredConfig(**groups[StructuredConfig]),
-        lora=LoraConfig(**groups[LoraConfig]),
-        speculative=SpeculativeConfig(**groups[SpeculativeConfig]),
-        **top,
-    )
-
-
 class LLMEngine:
     """Owns the model runner, the scheduler and the state of every live request.
 
     Not thread-safe: one thread drives `step()`; `AsyncEngine` wraps it for asyncio.
+    Its parts (model, KV cache, tiers, runner, scheduler, ...) are built by
+    `engine.engine_builder.build_engine_parts`; this class runs the step over them.
     """
 
     def __init__(
@@ -116,119 +53,23 @@ class LLMEngine:
         # The offline LLM collects finished requests from here; a server streams events instead.
         self.keep_finished = keep_finished
         self.finished: dict[str, RequestState] = {}
-        device = torch.device(config.model.device)
-        torch.manual_seed(config.seed)
-        if loaded is None:
-            loaded = load_model(
-                config.model.path or None, dtype=config.model.dtype, device=device, progress=False
-            )
-        # Before the memory profile and graph capture, which must run the same kernels.
-        fused = resolve_fused_ops(config.model.fused_ops, device)
-        loaded.model.use_fused_ops(load_fused_ops() if fused else None)
-        # "auto" reads the model file's storage type (the bundled model when no path).
-        setting = config.model.weight_quant
-        path = (config.model.path or default_model_path()) if setting == "auto" else ""
-        quant, auto = resolve_weight_quant(setting, path, device)
-        # A model loaded elsewhere may be quantized already (or a test double with no
-        # such method, which stays as it is when no quantization is asked for).
-        if quant != "none" or getattr(loaded.model, "weight_quant", "none") != "none":
-            loaded.model.quantize_weights(quant)
-        if hasattr(loaded.model, "use_cpu_packed_linears"):  # test doubles have none
-            loaded.model.use_cpu_packed_linears(config.model.cpu_packed_linears)
-        self.loaded = loaded
-        self.tokenizer = loaded.tokenizer
-        self.arch = loaded.arch
-        self.model_name = loaded.name
-        self.max_model_len = min(
-            config.model.max_model_len or loaded.arch.max_position_embeddings,
-            loaded.arch.max_position_embeddings,
-        )
-        backend = get_attention_backend(config.attention_backend, device)
-        # On CUDA: profiled against gpu_memory_utilization; elsewhere plan_kv_capacity.
-        self.capacity = plan_engine_kv_capacity(
-            loaded.model,
-            loaded.arch,
-            backend,
-            config.cache,
-            config.scheduler,
-            max_model_len=self.max_model_len,
-            dtype=config.model.dtype,
-            device=device,
-        )
-        log.info(self.capacity.describe())
-        self.kv = KVCacheManager.from_config(
-            config.cache, self.capacity.num_blocks, config.model.revision or loaded.revision
-        )
-        eos = loaded.tokenizer.eos_token_ids
-        # Compiles on its own threads; shared with an in-process front (AsyncEngine).
-        self.grammars = GrammarCompiler(
-            loaded.tokenizer,
-            vocab_size=loaded.arch.vocab_size,
-            eos_token_ids=sorted(eos),
-            config=config.structured,
-        )
-        self.lora = LoraManager(config.lora, loaded.arch, dtype=config.model.dtype, device=device)
-        self.scheduler = Scheduler(
-            config.scheduler,
-            self.kv,
-            eos_token_ids=eos,
-            max_model_len=self.max_model_len,
-            adapter_slots=self.lora.slots,
-        )
-        self.runner = ModelRunner(
-            loaded.model,
-            loaded.arch,
-            backend,
-            num_blocks=self.capacity.num_blocks,
-            block_size=config.cache.block_size,
-            dtype=config.model.dtype,
-            device=device,
-            eos_token_ids=eos,
-            grammars=self.grammars,
-        )
-        self.runner.lora = self.lora
-        grammar_ready = self.runner.matchers.ready
-        # Out of the step: a sequence whose next mask is being filled, or whose blocks a
-        # KV tier is still loading.
-        self.scheduler.seq_ready = lambda seq: grammar_ready(seq) and self.kv.ready(seq)
-        tier = attach_host_tier(
-            config.cache, self.kv, self.runner.kv_caches, self.capacity.bytes_per_block
-        )
-        # The host tier's copies and its load-or-recompute rule; None: no tier.
-        self.host_kv: HostKVBuffer | None = None if tier is None else tier.buffer
-        self.tier_cost: LoadCostRule | None = None if tier is None else tier.cost
-        # Runs the tier's copies, its loads off the step's path; None: no tier.
-        self.tier_io: TierCopier | None = None
-        if tier is not None and isinstance(self.kv.tier, HostTier):
-            self.tier_io = TierCopier(tier.buffer, self.kv.tier, self.kv, tier.cost)
-        if not config.model.enforce_eager:  # a no-op on the CPU
-            self.runner.capture_decode_graphs(
-                config.model.cuda_graph_max_batch or config.scheduler.max_num_seqs,
-                self.max_model_len,
-            )
-        graphs = self.runner.graphs.captured_sizes if self.runner.graphs else ()
-        # One line that says which path this engine runs (the GPU check greps it).
-        log.info(
-            "engine path: device %s, dtype %s, weights %s, attention %s, fused ops %s, "
-            "cuda graphs %s",
-            device,
-            str(config.model.dtype).removeprefix("torch."),
-            auto.describe() if auto else quant,
-            backend.name,
-            "on" if fused else "off",
-            f"for batch sizes {list(graphs)}" if graphs else "off",
-        )
-        # Drafts and their verification (None: speculative decoding is off).
-        self.speculator: Speculator | None = None
-        if config.speculative.enabled:
-            proposer = (
-                build_draft_proposer(
-                    config, loaded, backend, num_blocks=self.capacity.num_blocks, device=device
-                )
-                if config.speculative.speculative_method == "draft"
-                else None
-            )
-            self.speculator = Speculator(config.speculative, self.max_model_len, proposer)
+        parts = build_engine_parts(config, loaded)
+        self.loaded = parts.loaded
+        self.tokenizer = parts.loaded.tokenizer
+        self.arch = parts.loaded.arch
+        self.model_name = parts.loaded.name
+        self.max_model_len = parts.max_model_len
+        self.capacity = parts.capacity
+        self.kv = parts.kv
+        self.grammars = parts.grammars
+        self.lora = parts.lora
+        self.scheduler = parts.scheduler
+        self.runner = parts.runner
+        self.host_kv = parts.host_kv
+        self.tier_cost = parts.tier_cost
+        self.tier_io = parts.tier_io
+        self.speculator = parts.speculator
+        self.kv_events = parts.kv_events
         self.requests: dict[str, RequestState] = {}
         # Requests refused after they were queued, to make room for a tenant under its
         # share of the waiting slots; the caller reports them (`take_refused`).
@@ -237,15 +78,7 @@ class LLMEngine:
         self._num_generated = 0
         self._num_prompt = 0  # prompt tokens of requests that sampled their first token
         self._failures: list[tuple[str, Exception]] = []
-        self.kv_events: KVEventPublisher | None = None
-        if config.cache.kv_events_endpoint is not None:
-            self.kv.record_events("GPU" if device.type == "cuda" else "CPU")
-            self.kv_events = KVEventPublisher(
-                config.cache.kv_events_endpoint,
-                config.cache.kv_events_topic,
-                replay_endpoint=config.cache.kv_events_replay_endpoint,
-                buffer_steps=config.cache.kv_events_buffer_steps,
-            )
+        if self.kv_events is not None:
             self._publish_kv_events()  # AllBlocksCleared: this engine holds no block yet
 
     @classmethod

@@ -25,6 +25,7 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from engine.engine_builder import build_config
 from engine.errors import AdapterNotFoundError, EngineDeadError, EngineOverloadedError
 from engine.fronts.core_loop import (
     STOP,
@@ -41,7 +42,7 @@ from engine.fronts.core_loop import (
 )
 from engine.fronts.scratch_thread import run_on_scratch_thread
 from engine.kv_cache.cache_rules import CacheRules, DomainRule, match_rule
-from engine.llm_engine import LLMEngine, build_config
+from engine.llm_engine import LLMEngine
 from engine.lora.peft import AdapterInfo
 from engine.lora.registry import located
 from engine.model.tokenizer import Tokenizer

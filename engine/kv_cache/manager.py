@@ -238,10 +238,6 @@ class KVCacheManager:
         rule = self.ledger.rule(fairness_key)
         return None if rule is None else rule.kv_quota_blocks
 
-    def set_domain_retention(self, domain: str, ttl_s: float | None) -> None:
-        """Overrides how long idle cached blocks of `domain` are kept."""
-        self.ledger.set_ttl(domain, ttl_s)
-
     # -- lookup -------------------------------------------------------------------------
 
     def _key(self, seq: Sequence) -> CacheKey:
@@ -720,27 +716,10 @@ class KVCacheManager:
         """The token ids of every prefix published now (configured and pushed)."""
         return set(self._published)
 
-    def domain_map_sizes(self) -> dict[str, int]:
-        """Entries of each per-domain map (for tests that check they stay bounded)."""
-        return {
-            "keys": len(self._keys),
-            **self._activity.map_sizes(),
-            **self.ledger.map_sizes(),
-        }
-
     @property
     def num_pinned(self) -> int:
         """Blocks of published prefixes, held forever."""
         return len(self._pinned)
-
-    def cached_block_ids(self) -> set[int]:
-        """Every registered block."""
-        return set(self._meta)
-
-    def block_domain(self, block_id: int) -> str | None:
-        """The domain a registered block belongs to (`eviction.PUBLIC` for published)."""
-        meta = self._meta.get(block_id)
-        return None if meta is None else meta.domain
 
     def domain_stats(self) -> dict[str, DomainCacheStats]:
         """Per-domain counters, with the number of blocks each domain has cached now."""

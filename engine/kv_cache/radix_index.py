@@ -186,11 +186,6 @@ class RadixIndex:
             node.lock_ref -= 1
             node = node.parent
 
-    @property
-    def num_nodes(self) -> int:
-        """Nodes in all trees, roots excluded."""
-        return len({id(n) for n in self._node_of.values()})
-
     def check_integrity(self) -> None:
         """Parent links, child keys, block maps and lock counts agree."""
         seen = 0

@@ -69,7 +69,8 @@ def build_engine(model: str | None, options: dict[str, Any], *, progress: bool) 
     when `progress`."""
     import torch
 
-    from engine.llm_engine import LLMEngine, build_config
+    from engine.engine_builder import build_config
+    from engine.llm_engine import LLMEngine
     from engine.model.loader import load_model
 
     config = build_config(model, **options)

@@ -162,7 +162,7 @@ def test_every_engine_setting_reaches_the_engine_config(tmp_path: Path) -> None:
     import torch
 
     from assembly.engine_options import serve_engine_options
-    from engine.llm_engine import build_config
+    from engine.engine_builder import build_config
 
     default = engine_fields(build_config("m"))
     for name, value in ENGINE_SETTINGS.items():
@@ -257,7 +257,7 @@ def test_on_a_gpu_serve_picks_bf16_triton_fused_kernels_and_cuda_graphs() -> Non
 
     from assembly.engine_options import serve_engine_options
     from engine.attention.select import get_attention_backend
-    from engine.llm_engine import build_config
+    from engine.engine_builder import build_config
     from engine.model.fused import resolve_fused_ops
 
     config = build_config("m", **serve_engine_options(Settings(), cuda_available=True))

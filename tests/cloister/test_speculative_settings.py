@@ -79,7 +79,7 @@ def test_the_settings_bounds_are_the_engines() -> None:
 
 def test_speculation_is_off_by_default_and_reaches_the_engine_config(tmp_path: Path) -> None:
     from assembly.engine_options import serve_engine_options
-    from engine.llm_engine import build_config
+    from engine.engine_builder import build_config
 
     off = build_config("m", **serve_engine_options(Settings(data_dir=tmp_path)))
     assert off.speculative.speculative_method == "off" and not off.speculative.enabled
@@ -154,7 +154,7 @@ def test_both_commands_pass_the_speculative_flags_to_the_engine(
     its engine with (stopped there: no model is loaded)."""
     from assembly.engine_options import serve_engine_options
     from cloister.commands import engine_serve, serve
-    from engine.llm_engine import build_config
+    from engine.engine_builder import build_config
 
     seen: list[Settings] = []
 

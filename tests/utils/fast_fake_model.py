@@ -16,8 +16,9 @@ from typing import Any
 
 import torch
 
+from engine.engine_builder import build_config
 from engine.fronts.async_engine import AsyncEngine
-from engine.llm_engine import LLMEngine, build_config
+from engine.llm_engine import LLMEngine
 from engine.model.hf_loader import architecture_from_config
 from engine.model.loader import LoadedModel
 from engine.model.tokenizer import load_hf_tokenizer

@@ -35,7 +35,7 @@ def make_engine(model: Path, **options: Any) -> LLMEngine:
 
 
 def _config(model: Path, **options: Any) -> Any:
-    from engine.llm_engine import build_config
+    from engine.engine_builder import build_config
 
     return build_config(str(model), **{**OPTIONS, **options})
 

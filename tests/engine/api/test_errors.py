@@ -7,13 +7,14 @@ import pathlib
 import pytest
 
 from engine import LLM, SamplingParams
+from engine.engine_builder import build_config
 from engine.errors import (
     ContextLengthExceededError,
     EngineOverloadedError,
     InvalidRequestError,
     RequestTooLargeError,
 )
-from engine.llm_engine import LLMEngine, build_config
+from engine.llm_engine import LLMEngine
 from engine.request import EngineRequest
 
 OK = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)

@@ -11,8 +11,9 @@ import pytest
 import engine.fronts.core_loop as core_loop_module
 import engine.llm_engine as llm_engine_module
 from engine import AsyncEngine, SamplingParams
+from engine.engine_builder import build_config
 from engine.errors import InvalidRequestError
-from engine.llm_engine import LLMEngine, build_config
+from engine.llm_engine import LLMEngine
 from engine.request import EngineRequest
 from tests.utils.engine_requests import make_request
 

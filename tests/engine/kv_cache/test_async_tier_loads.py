@@ -25,6 +25,7 @@ from engine.outputs import RequestOutput
 from engine.request import EngineRequest
 from engine.sequence import Sequence
 from engine_hop.tier_metrics import tier_totals
+from tests.utils.kv_inspect import block_domain
 from tests.utils.tiny_model import make_tiny_model_dir
 
 GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=5)
@@ -215,7 +216,7 @@ def test_a_failed_load_is_recomputed(tiny_model: pathlib.Path) -> None:
     copier.copy = working
     engine.step()  # joins the failure: a is sent back, and computed from scratch
     assert seq_a.num_preemptions == 1 and engine.kv.ready(seq_a)
-    assert all(engine.kv.block_domain(b) != "t:a" for b in loaded)  # dropped from the device
+    assert all(block_domain(engine.kv, b) != "t:a" for b in loaded)  # dropped from the device
     # The tier forgot the blocks whose load failed: no second try of them.
     assert tier.domain_blocks().get("t:a", 0) == held - len(loaded)
     outs = finish(engine, [a, c])

@@ -10,7 +10,8 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 from gguf.quants import quantize
 
-from engine.llm_engine import LLMEngine, build_config
+from engine.engine_builder import build_config
+from engine.llm_engine import LLMEngine
 from engine.model.hf_loader import architecture_from_config
 from engine.model.llama import LlamaForCausalLM
 from engine.model.loader import default_model_path, load_model

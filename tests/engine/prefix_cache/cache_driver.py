@@ -19,6 +19,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler.output import SchedulerOutput
 from engine.scheduler.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
+from tests.utils.kv_inspect import block_domain, cached_block_ids
 
 # (domain or PUBLIC, adapter, prefix tokens, the published prefix a domain's chain follows)
 Identity = tuple[str, str | None, tuple[int, ...], tuple[int, ...]]
@@ -148,7 +149,7 @@ class CacheDriver:
         """Tokens that must be hit: every cached block of this key's prefix, in order."""
         if not seq.use_cache:
             return 0
-        cached = {self.identity[b] for b in self.kv.cached_block_ids()}
+        cached = {self.identity[b] for b in cached_block_ids(self.kv)}
         n = 0
         while n < (seq.num_tokens - 1) // self.kv.block_size:
             if self.block_identity(seq, n) not in cached:
@@ -200,6 +201,6 @@ class CacheDriver:
         pool = self.kv.pool
         assert all(s.status is SequenceStatus.FINISHED and not s.block_ids for s in self.seqs)
         for b in range(pool.num_blocks):
-            expected = 1 if self.kv.block_domain(b) == PUBLIC else 0
+            expected = 1 if block_domain(self.kv, b) == PUBLIC else 0
             assert pool.ref_count(b) == expected, b
         assert pool.num_free + self.kv.num_pinned == pool.num_blocks

@@ -11,6 +11,7 @@ import pytest
 from engine.kv_cache.cache_rules import CacheRules, DomainRule, match_rule
 from engine.kv_cache.eviction import PUBLIC, CachePolicy
 from tests.engine.prefix_cache.cache_driver import CacheDriver
+from tests.utils.kv_inspect import block_domain, cached_block_ids
 
 MODES = ["hash", "radix"]
 PREFIX = list(range(1, 17))  # 4 blocks of 4
@@ -159,9 +160,9 @@ def _scrub_run(policy: CachePolicy, rules: CacheRules) -> dict[str, list[int]]:
     for domain in ("t:a/k:1", "t:b"):
         seq = d.add(list(range(1, 10)), 1, domain)  # 3 blocks: 2 cached, the tail freed
         d.run()
-        cached = sorted(b for b in d.kv.cached_block_ids() if d.kv.block_domain(b) == domain)
+        cached = sorted(b for b in cached_block_ids(d.kv) if block_domain(d.kv, b) == domain)
         tail = d.kv.take_blocks_to_scrub()
-        assert not set(tail) & d.kv.cached_block_ids()
+        assert not set(tail) & cached_block_ids(d.kv)
         out[f"{domain} tail"] = tail
         out[f"{domain} cached"] = cached
         assert seq.num_cached_tokens == 0
@@ -198,7 +199,7 @@ TAIL = [1, 2, 3, 4, 5, 6]
 
 
 def _public_blocks(d: CacheDriver) -> set[int]:
-    return {b for b in d.kv.cached_block_ids() if d.kv.block_domain(b) == PUBLIC}
+    return {b for b in cached_block_ids(d.kv) if block_domain(d.kv, b) == PUBLIC}
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -276,8 +277,8 @@ def test_a_sequence_running_over_a_withdrawn_prefix_finishes_correctly(mode: str
     assert running.output_token_ids == reference()
     # Freed with the sequence: nothing public is left, nothing joined a tenant domain.
     assert _public_blocks(d) == set()
-    assert all(d.kv.block_domain(b) != PUBLIC for b in d.kv.cached_block_ids())
-    assert not held & {b for b in d.kv.cached_block_ids() if d.kv.block_domain(b) == "t:b"}
+    assert all(block_domain(d.kv, b) != PUBLIC for b in cached_block_ids(d.kv))
+    assert not held & {b for b in cached_block_ids(d.kv) if block_domain(d.kv, b) == "t:b"}
     d.assert_clean()
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from engine.kv_cache.cache_rules import CacheRules, DomainRule
 from engine.kv_cache.manager import IDLE_DOMAIN_COUNTERS
 from tests.engine.prefix_cache.cache_driver import CacheDriver
+from tests.utils.kv_inspect import block_domain, cached_block_ids, domain_map_sizes
 
 NUM_BLOCKS = 32
 
@@ -33,8 +34,8 @@ def test_ten_thousand_one_request_domains_leave_the_maps_bounded() -> None:
     d.run()
     d.assert_clean()
 
-    sizes = d.kv.domain_map_sizes()
-    cached_domains = len({d.kv.block_domain(b) for b in d.kv.cached_block_ids()})
+    sizes = domain_map_sizes(d.kv)
+    cached_domains = len({block_domain(d.kv, b) for b in cached_block_ids(d.kv)})
     assert cached_domains <= NUM_BLOCKS // 2
     assert sizes["live"] == 0
     assert sizes["keys"] <= cached_domains
@@ -71,7 +72,7 @@ def test_a_domain_with_cached_blocks_or_a_live_sequence_is_kept() -> None:
     cached = d.add(_prompt(2), 1, "t:cached")
     while cached.finish_reason is None:
         d.step()
-    assert d.kv.domain_map_sizes()["live"] == 1  # t:held
+    assert domain_map_sizes(d.kv)["live"] == 1  # t:held
     assert d.kv.ledger.cached["t:cached"] == 2
     assert "t:cached" in d.kv.domain_stats() and "t:held" in d.kv.domain_stats()
     d.run()
@@ -85,11 +86,11 @@ def test_eviction_prunes_the_domain_it_empties() -> None:
     d = CacheDriver.make("hash", num_blocks=8)
     d.add(_prompt(1), 1, "t:gone")
     d.run()
-    assert d.kv.domain_map_sizes()["cached"] == 1
+    assert domain_map_sizes(d.kv)["cached"] == 1
     d.add([500 + k for k in range(29)], 1, "t:big")  # 8 blocks: evicts all of t:gone
     d.run()
     assert "t:gone" not in d.kv.ledger.cached and "t:gone" not in d.kv.ledger.idle
-    assert d.kv.domain_map_sizes()["keys"] == 1  # t:big's only
+    assert domain_map_sizes(d.kv)["keys"] == 1  # t:big's only
     # Its counters stay among the recent idle domains.
     assert d.kv.domain_stats()["t:gone"].evictions == 2
     d.assert_clean()

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
+from tests.utils.kv_inspect import block_domain, cached_block_ids
 from tests.utils.tiny_model import make_tiny_model_dir
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
@@ -77,9 +78,9 @@ def test_scrub_zeroes_blocks_leaving_a_domain(tiny_model: pathlib.Path) -> None:
 
     engine.runner.scrub_blocks = recording  # type: ignore[method-assign]
     llm.generate([list(range(10, 60))], GREEDY, cache_domain="t:a")  # 58 tokens: 7 blocks
-    cached_a = engine.kv.cached_block_ids()
+    cached_a = cached_block_ids(engine.kv)
     assert len(cached_a) == 7
     llm.generate([list(range(100, 180))], GREEDY, cache_domain="t:b")  # needs a's blocks
-    evicted = {b for b in cached_a if engine.kv.block_domain(b) != "t:a"}
+    evicted = {b for b in cached_a if block_domain(engine.kv, b) != "t:a"}
     assert evicted and evicted <= set(scrubbed)
     assert engine.stats().prefix_cache_domains["t:a"].evictions == len(evicted)

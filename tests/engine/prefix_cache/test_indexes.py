@@ -9,6 +9,7 @@ from engine.kv_cache.index_factory import make_prefix_index
 from engine.kv_cache.prefix_index import PrefixIndex, PrefixIndexError
 from engine.kv_cache.radix_index import RadixIndex
 from tests.engine.prefix_cache.cache_driver import CacheDriver
+from tests.utils.kv_inspect import num_nodes
 
 BS = 4
 ROOT_A = CacheKey.derive("a", None, "r").digest
@@ -42,9 +43,9 @@ def test_insert_match_and_divergence(mode: str) -> None:
 def test_radix_splits_on_lock_and_protects_locked_paths() -> None:
     ix = RadixIndex(BS)
     ix.insert(ROOT_A, None, list(range(12)), [1, 2, 3])
-    assert ix.num_nodes == 1
+    assert num_nodes(ix) == 1
     ix.lock(2)  # the path must end at block 2: the edge splits
-    assert ix.num_nodes == 2
+    assert num_nodes(ix) == 2
     ix.remove(3)
     with pytest.raises(PrefixIndexError):
         ix.remove(2)  # locked

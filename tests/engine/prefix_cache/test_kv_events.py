@@ -28,6 +28,7 @@ from engine.llm_engine import LLMEngine
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 from tests.utils.fast_fake_model import fast_fake_llm_engine
+from tests.utils.kv_inspect import cached_block_ids
 from tests.utils.services import free_port
 
 BLOCK = 16
@@ -101,7 +102,7 @@ def test_evicted_blocks_are_announced_removed() -> None:
     assert removed and set(removed) <= set(a.block_hashes)
     assert [e.cache_domain for e in stored(events)] == ["b"]
     assert engine.kv.events is not None
-    assert engine.kv.events.num_announced == len(engine.kv.cached_block_ids())
+    assert engine.kv.events.num_announced == len(cached_block_ids(engine.kv))
 
 
 class VllmEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):

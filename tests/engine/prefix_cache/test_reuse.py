@@ -6,6 +6,7 @@ import pytest
 
 from engine.kv_cache.eviction import PUBLIC, CachePolicy
 from tests.engine.prefix_cache.cache_driver import CacheDriver
+from tests.utils.kv_inspect import block_domain, cached_block_ids, set_domain_retention
 
 MODES = ["hash", "radix"]
 
@@ -55,7 +56,7 @@ def test_cache_false_neither_reads_nor_writes(mode: str) -> None:
     d = CacheDriver.make(mode)
     d.add(list(range(1, 14)), 1, use_cache=False)
     d.run()
-    assert d.kv.cached_block_ids() == set()
+    assert cached_block_ids(d.kv) == set()
     d.add(list(range(1, 14)), 1)
     d.run()
     opted_out = d.add(list(range(1, 14)), 1, use_cache=False)
@@ -76,7 +77,7 @@ def test_published_prefix_is_shared_and_the_rest_stays_private(mode: str) -> Non
     again = d.add([*system, 1, 2, 3, 4, 5, 6, 7], 1, "a")
     d.run()
     assert again.num_cached_tokens == 16
-    assert sum(d.kv.block_domain(x) == PUBLIC for x in d.kv.cached_block_ids()) == 2
+    assert sum(block_domain(d.kv, x) == PUBLIC for x in cached_block_ids(d.kv)) == 2
     # A prompt that merely shares tokens with a non-published prefix gets nothing across domains.
     c = d.add([*system[:9], 0, 1, 2, 3], 1, "c")
     d.run()
@@ -137,7 +138,7 @@ def test_strict_partition_caps_each_domain(mode: str) -> None:
 @pytest.mark.parametrize("mode", MODES)
 def test_retention_ttl_drops_idle_blocks(mode: str) -> None:
     d = CacheDriver.make(mode, policy=CachePolicy(retention_ttl_s=5.0))
-    d.kv.set_domain_retention("b", None)
+    set_domain_retention(d.kv, "b", None)
     d.add(list(range(1, 14)), 1, "a")
     d.add(list(range(1, 14)), 1, "b")
     d.run()
@@ -154,7 +155,7 @@ def test_scrub_lists_blocks_that_leave_a_domain() -> None:
     first = d.add(list(range(1, 10)), 1, "a")  # 3 blocks: 2 cached, the partial one freed
     d.run()
     tail = set(d.kv.take_blocks_to_scrub())
-    assert len(tail) == 1 and not tail & d.kv.cached_block_ids()
+    assert len(tail) == 1 and not tail & cached_block_ids(d.kv)
     d.add(list(range(50, 74)), 1, "b")  # 6 blocks: must evict both of a's cached ones
     d.run()
     scrubbed = set(d.kv.take_blocks_to_scrub())
@@ -170,7 +171,7 @@ def test_concurrent_duplicates_are_deduplicated(mode: str) -> None:
     b = d.add(list(range(1, 14)), 2)
     d.run()
     assert a.output_token_ids == b.output_token_ids
-    assert len(d.kv.cached_block_ids()) == 3  # one copy of the 3 full blocks
+    assert len(cached_block_ids(d.kv)) == 3  # one copy of the 3 full blocks
     d.assert_clean()
 
 

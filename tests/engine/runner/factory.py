@@ -8,7 +8,8 @@ from typing import cast
 import torch
 
 from engine.config import ModelArchitecture
-from engine.llm_engine import LLMEngine, build_config
+from engine.engine_builder import build_config
+from engine.llm_engine import LLMEngine
 from engine.model.llama import LlamaForCausalLM
 from engine.model.loader import LoadedModel
 from engine.model.tokenizer import Tokenizer

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from engine.llm_engine import LLMEngine, build_config
+from engine.engine_builder import build_config
+from engine.llm_engine import LLMEngine
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 from tests.engine.runner.factory import tiny_arch, tiny_engine, tiny_model
