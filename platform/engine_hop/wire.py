@@ -123,6 +123,18 @@ def request_to_wire(request: EngineRequest, model: str) -> tuple[dict[str, Any],
     return body, headers
 
 
+def _stop_strings(stop: Any) -> tuple[str, ...]:
+    """OpenAI's `stop`: one string or a list of them (a plain client may send either; a
+    string is one stop, never its characters)."""
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        return (stop,)
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise WireFormatError("'stop' must be a string or a list of strings", param="stop")
+    return tuple(stop)
+
+
 def request_from_wire(body: Mapping[str, Any], headers: Mapping[str, str]) -> EngineRequest:
     """The request a gateway sent; any malformed field is a `WireFormatError`."""
     extra = body.get("cloister") or {}
@@ -136,7 +148,7 @@ def request_from_wire(body: Mapping[str, Any], headers: Mapping[str, str]) -> En
         structured = extra.get("structured")
         params = SamplingParams(
             **{name: body[name] for name in _PLAIN_PARAMS if name in body},
-            stop=tuple(body.get("stop") or ()),
+            stop=_stop_strings(body.get("stop")),
             stop_token_ids=tuple(body.get("stop_token_ids") or ()),
             logit_bias=tuple(
                 (int(token), float(bias)) for token, bias in (body.get("logit_bias") or {}).items()

@@ -28,7 +28,13 @@ from engine.outputs import (
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 from engine_hop.remote_client import RemoteEngineClient, fetch_info
-from engine_hop.wire import event_from_compact, event_to_compact, sse_chunk
+from engine_hop.wire import (
+    WireFormatError,
+    event_from_compact,
+    event_to_compact,
+    request_from_wire,
+    sse_chunk,
+)
 from engine_server.app import EngineServer
 from engine_server.auth import ServiceAuth
 from tests.gateway.engine_servers import serve_in_thread
@@ -312,3 +318,23 @@ def test_an_unreachable_server_is_an_unavailable_engine(served: tuple[str, Scrip
             await client.shutdown()
 
     asyncio.run(unreachable())
+
+
+@pytest.mark.parametrize(
+    ("stop", "expected"),
+    [("ab", ("ab",)), (["ab", "c"], ("ab", "c")), (None, ()), ([], ())],
+)
+def test_a_stop_string_is_one_stop_not_its_characters(
+    stop: object, expected: tuple[str, ...]
+) -> None:
+    """OpenAI's `stop` may be one string; split into characters, "ab" would stop at
+    any "a" or "b" for a plain client of the engine server."""
+    request = request_from_wire({"prompt": [1, 2], "stop": stop}, {})
+    assert request.params.stop == expected
+
+
+@pytest.mark.parametrize("stop", [5, ["a", 5], {"a": 1}])
+def test_a_malformed_stop_is_a_wire_format_error_naming_it(stop: object) -> None:
+    with pytest.raises(WireFormatError) as caught:
+        request_from_wire({"prompt": [1, 2], "stop": stop}, {})
+    assert caught.value.param == "stop"
