@@ -11,7 +11,6 @@ import csv
 import datetime as dt
 import io
 import json
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,7 +20,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import uvicorn
 from openai import OpenAI
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -31,9 +29,9 @@ from assembly.app import build_app
 from server.settings import Settings
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
+from tests.gateway.engine_servers import serve_in_thread
 from tests.utils.fast_fake_model import gateway_test_engine
 from tests.utils.principals import PEPPER
-from tests.utils.services import free_port
 
 REFRESH_S = 1.0
 MESSAGES = [{"role": "user", "content": "hello there"}]
@@ -69,26 +67,6 @@ class Served:
         return self.admin.patch("/admin/api/v1/models/tiny", json=body)
 
 
-def _serve(app: Any) -> tuple[str, Callable[[], None]]:
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("server did not start")
-        time.sleep(0.02)
-
-    def stop() -> None:
-        server.should_exit = True
-        thread.join(timeout=30)
-
-    return f"http://127.0.0.1:{port}", stop
-
-
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[Served]:
     settings = Settings(
@@ -106,7 +84,7 @@ def served(tmp_path: Path) -> Iterator[Served]:
         registry.register_model(s, name="tiny", source="/m", format="gguf", context_length=512)
         admin = create_admin_token(s, pepper=PEPPER, role="admin").secret
     app = build_app(settings, engine=gateway_test_engine())
-    base_url, stop = _serve(app)
+    base_url, stop = serve_in_thread(app)
     client = httpx.Client(
         base_url=base_url, headers={"Authorization": f"Bearer {admin}"}, timeout=30
     )
