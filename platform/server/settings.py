@@ -214,10 +214,12 @@ class Settings(BaseSettings):
     # ITL, past tests/reliability/test_noisy_neighbour.py's 1.5x of a fair neighbour.
     weight_quant: Literal["auto", "none", "int8", "int4"] = "none"
     # Float32 linears on the CPU through weights packed once for oneDNN: a step of a few
-    # rows costs about what one row does (twice as fast here), for as much memory again
-    # as the weights. Off by default for now (see the README's engine options). No
+    # rows costs about what one row does, for as much memory again as the weights. On by
+    # default: torch's own fp32 linears on one thread cost two to three times as much at
+    # two or three rows as at one, so the victim of a noisy neighbour (and of a merely
+    # fair one) paid for each extra row, by an amount that differed from CPU to CPU. No
     # effect on the GPU or on quantized weights.
-    cpu_packed_linears: bool = False
+    cpu_packed_linears: bool = True
     attention_backend: Literal["torch", "cpu", "triton", "auto"] = "auto"
     # RMSNorm(+residual), rotary and SiLU-and-mul as fused triton kernels: "auto" is on
     # exactly on CUDA (with triton), "on" refuses to start anywhere else.
