@@ -16,6 +16,7 @@ from engine.scheduler.kv_shares import KVShares
 from engine.scheduler.output import ScheduledSequence, SchedulerOutput
 from engine.scheduler.policies import make_waiting_queue
 from engine.scheduler.prefill_shares import PrefillShares, PrefillSplit
+from engine.scheduler.prompt_duty import PromptDuty
 from engine.scheduler.queue import WaitingQueue
 from engine.scheduler.step_budget import StepBudget
 from engine.scheduler.tenants import TenantBook
@@ -65,6 +66,8 @@ class Scheduler:
         self._prefill_left = config.max_num_batched_tokens  # this step's, while scheduling
         # Which tenants share the step's prompt tokens (those with work, and a grace).
         self.prefill_split = PrefillSplit()
+        # Which tenants' prompt chunks sit out steps that carry others' decodes.
+        self.prompt_duty = PromptDuty()
         self._prompted: set[str] = set()  # tenants with prompt chunks in the last step
         self._rows_held: set[str] = set()  # tenants whose running sequences sat it out
         # Whether a running sequence can take part in the next step; the engine sets it to
@@ -211,6 +214,12 @@ class Scheduler:
         shares = self.prefill_split.shares(
             cap, self.running, self.tenants.waiting, self.tenants.weight
         )
+        # Resting matters only beside another tenant's decodes; holding a tenant with
+        # nobody else decoding would leave the step empty for nothing.
+        decoders = {
+            s.fairness_key for s in self.running if s.num_tokens - s.num_computed_tokens == 1
+        }
+        shares.hold(k for k in self.prompt_duty.resting() if decoders - {k})
         newcomers = self._newcomers()
         if not newcomers:
             return shares, set()
@@ -493,6 +502,26 @@ class Scheduler:
         prefill = sum(i.num_new_tokens for i in output.scheduled if i.num_new_tokens > 1)
         decodes = sum(1 for i in output.scheduled if i.num_new_tokens == 1)
         self.step_budget.observe(prefill, decodes, elapsed_s)
+        if self.kv_shares.enabled:
+            self._observe_prompt_duty(output, elapsed_s)
+
+    def _observe_prompt_duty(self, output: SchedulerOutput, elapsed_s: float) -> None:
+        """Charges the step's prompt chunks that rode beside other tenants' decodes
+        (prompt_duty.py) with what the step took beyond its decodes."""
+        chunks: dict[str, int] = {}
+        decoders: set[str] = set()
+        rows = 0
+        for item in output.scheduled:
+            key = item.seq.fairness_key
+            if item.num_prompt_tokens:
+                chunks[key] = chunks.get(key, 0) + item.num_prompt_tokens
+            else:
+                decoders.add(key)
+                rows += 1
+        charged = {key: tokens for key, tokens in chunks.items() if decoders - {key}}
+        decode = self.step_budget.decode_estimate(rows) if rows else 0.0
+        extra = elapsed_s - decode if decode > 0 else None
+        self.prompt_duty.observe(charged, sum(chunks.values()), extra, decode or None)
 
     def requeue(self, seqs: Iterable[Sequence]) -> None:
         """Preempts running `seqs` between steps (their cached KV was found bad, e.g. a
@@ -571,6 +600,7 @@ class Scheduler:
         self.kv.free(seq)
         if not self.running and len(self.waiting) == 0:
             self.prefill_split.clear()
+            self.prompt_duty.clear()
         if seq.adapter_digest is not None and self.adapter_slots is not None:
             assert seq.adapter is not None
             self.adapter_slots.release(seq.seq_id, seq.adapter)

@@ -80,7 +80,7 @@ class StepBudget:
         per_token = statistics.median(self._per_token_s)
         if per_token <= 0:
             return self._cap
-        floor = max(MIN_PREFILL_TOKENS, int(self._decode_estimate(decode_rows) / per_token))
+        floor = max(MIN_PREFILL_TOKENS, int(self.decode_estimate(decode_rows) / per_token))
         return min(floor, self._cap)
 
     def observe(self, prefill_tokens: int, decode_rows: int, elapsed_s: float) -> None:
@@ -95,7 +95,7 @@ class StepBudget:
         elif prefill_tokens >= MIN_SAMPLE_TOKENS:
             # A step without decodes still pays the fixed part; without a decode figure
             # yet, the whole step is charged to its tokens (a smaller, safer cap).
-            fixed = self._decode_estimate(decode_rows) if decode_rows > 0 else 0.0
+            fixed = self.decode_estimate(decode_rows) if decode_rows > 0 else 0.0
             self._per_token_s.append(max(elapsed_s - fixed, 0.0) / prefill_tokens)
         self._cap = self._compute_cap()
 
@@ -105,9 +105,10 @@ class StepBudget:
         per_token = statistics.median(self._per_token_s) if self._per_token_s else None
         return decode, per_token
 
-    def _decode_estimate(self, rows: int | None = None) -> float:
+    def decode_estimate(self, rows: int | None = None) -> float:
         """The median decode step: of `rows` rows, or of the nearest number measured
-        (the fewer on a tie); None or nothing measured by rows: of any number."""
+        (the fewer on a tie); None or nothing measured by rows: of any number; 0.0
+        before any decode-only step was measured."""
         if rows is not None and self._decode_by_rows:
             return statistics.median(self._decode_by_rows[_nearest(self._decode_by_rows, rows)])
         return statistics.median(self._decode_s) if self._decode_s else 0.0
@@ -140,7 +141,7 @@ class StepBudget:
         per_token = statistics.median(self._per_token_s)
         if per_token <= 0:
             return self.max_tokens
-        decode = self._decode_estimate()
+        decode = self.decode_estimate()
         room = self.itl_budget_s - decode
         cap = int(room / per_token) if room > 0 else 0
         # Prompts may always take as much of a step as its decodes do: with more decodes
