@@ -38,6 +38,8 @@ from collections.abc import Mapping
 CONTENDED_PROMPT_SHARE = 0.25
 # The most credit (in steps) a tenant keeps while it sends no chunk.
 MAX_CREDIT_STEPS = 1.0
+# The most one step's chunks are charged, in decode steps of as many rows.
+MAX_CHUNK_DECODES = 1.0
 
 
 class PromptDuty:
@@ -75,8 +77,11 @@ class PromptDuty:
             if extra_s is None or decode_s is None or decode_s <= 0 or prompt_tokens <= 0:
                 self._debt[key] = max(debt, 0.0) + 1.0
                 continue
-            # The step's time beyond its decodes, each tenant's part by its tokens.
-            cost = max(extra_s, 0.0) * tokens / prompt_tokens
+            # The step's time beyond its decodes, each tenant's part by its tokens. The
+            # contended cap keeps a chunk near one decode step's cost; a step that took
+            # far longer was stalled by something else (a pause, a slow mask), and one
+            # such step must not hold a tenant's prompts for hundreds of steps.
+            cost = min(max(extra_s, 0.0) * tokens / prompt_tokens, MAX_CHUNK_DECODES * decode_s)
             self._debt[key] = debt + cost / (self.share * decode_s)
 
     def clear(self) -> None:

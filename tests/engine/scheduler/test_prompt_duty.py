@@ -47,6 +47,17 @@ def test_without_a_measured_decode_step_a_chunk_rests_one_step() -> None:
     assert duty.resting() == set()
 
 
+def test_a_stalled_step_charges_at_most_one_decode_step() -> None:
+    """A chunk in a step that a pause stretched to a second, beside 2 ms decodes, owes
+    what a chunk as costly as the decodes would (4 steps at a quarter), not 2,000."""
+    duty = PromptDuty(share=0.25)
+    duty.observe({"b": 8}, 8, 1.0, 0.002)
+    for _ in range(4):
+        assert duty.resting() == {"b"}
+        duty.observe({}, 0, 0.0, 0.002)
+    assert duty.resting() == set()
+
+
 @pytest.mark.parametrize("share", [0.0, -1.0])
 def test_the_share_must_be_positive(share: float) -> None:
     with pytest.raises(ValueError, match="positive"):
