@@ -132,10 +132,6 @@ class BlockPool:
             raise BlockPoolError(f"uncache of unreferenced block {block_id}")
         self._cached[block_id] = False
 
-    def ref_count(self, block_id: int) -> int:
-        """Current number of references to a block."""
-        return self._ref_counts[block_id]
-
     def check_integrity(self) -> None:
         """Asserts that free and idle blocks are exactly the unreferenced ones, by cached flag."""
         free = set(self._free)

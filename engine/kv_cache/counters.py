@@ -98,11 +98,3 @@ class DomainActivity:
                 cached.get(d, 0),
             )
         return out
-
-    def map_sizes(self) -> dict[str, int]:
-        """Entries of each map (for tests that check they stay bounded)."""
-        return {
-            "live": len(self.live),
-            "counters": len(self.counters),
-            "idle_counters": len(self._idle),
-        }

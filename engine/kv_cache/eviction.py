@@ -125,10 +125,6 @@ class EvictionLedger:
         # Its heap holds stale entries only: every candidate is a cached block.
         self._heaps.pop(domain, None)
 
-    def map_sizes(self) -> dict[str, int]:
-        """Entries of each per-domain map."""
-        return {"cached": len(self.cached), "idle": len(self.idle), "heaps": len(self._heaps)}
-
     # -- candidates -----------------------------------------------------------------
 
     def add_candidate(self, block_id: int, domain: str, tick: int, now: float) -> None:

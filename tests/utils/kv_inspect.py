@@ -3,6 +3,7 @@ that only tests look at; the production classes carry no members for it."""
 
 from __future__ import annotations
 
+from engine.kv_cache.block_pool import BlockPool
 from engine.kv_cache.manager import KVCacheManager
 from engine.kv_cache.radix_index import RadixIndex
 
@@ -22,9 +23,18 @@ def domain_map_sizes(kv: KVCacheManager) -> dict[str, int]:
     """Entries of each per-domain map (for tests that check they stay bounded)."""
     return {
         "keys": len(kv._keys),
-        **kv._activity.map_sizes(),
-        **kv.ledger.map_sizes(),
+        "live": len(kv._activity.live),
+        "counters": len(kv._activity.counters),
+        "idle_counters": len(kv._activity._idle),
+        "cached": len(kv.ledger.cached),
+        "idle": len(kv.ledger.idle),
+        "heaps": len(kv.ledger._heaps),
     }
+
+
+def ref_count(pool: BlockPool, block_id: int) -> int:
+    """Current number of references to a block."""
+    return pool._ref_counts[block_id]
 
 
 def set_domain_retention(kv: KVCacheManager, domain: str, ttl_s: float | None) -> None:

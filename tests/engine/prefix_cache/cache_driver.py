@@ -19,7 +19,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler.output import SchedulerOutput
 from engine.scheduler.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
-from tests.utils.kv_inspect import block_domain, cached_block_ids
+from tests.utils.kv_inspect import block_domain, cached_block_ids, ref_count
 
 # (domain or PUBLIC, adapter, prefix tokens, the published prefix a domain's chain follows)
 Identity = tuple[str, str | None, tuple[int, ...], tuple[int, ...]]
@@ -202,5 +202,5 @@ class CacheDriver:
         assert all(s.status is SequenceStatus.FINISHED and not s.block_ids for s in self.seqs)
         for b in range(pool.num_blocks):
             expected = 1 if block_domain(self.kv, b) == PUBLIC else 0
-            assert pool.ref_count(b) == expected, b
+            assert ref_count(pool, b) == expected, b
         assert pool.num_free + self.kv.num_pinned == pool.num_blocks

@@ -6,6 +6,7 @@ from engine.kv_cache.block_pool import BlockPool, BlockPoolError
 from engine.kv_cache.manager import KVCacheManager
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
+from tests.utils.kv_inspect import ref_count
 
 
 def make_seq(n_prompt: int, seq_id: str = "s") -> Sequence:
@@ -34,7 +35,7 @@ def test_shared_block_survives_one_free() -> None:
     (block,) = pool.allocate(1)
     pool.incref([block])
     assert pool.free([block]) == []
-    assert pool.ref_count(block) == 1 and pool.num_free == 1
+    assert ref_count(pool, block) == 1 and pool.num_free == 1
     assert pool.free([block]) == [block]
     pool.check_integrity()
 
