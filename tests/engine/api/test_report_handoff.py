@@ -136,9 +136,13 @@ def test_an_engine_process_on_the_servers_cpu_lets_it_take_each_report() -> None
         assert asyncio.run(main()) == PROCESS_TOKENS
     finally:
         os.sched_setaffinity(0, cpus)
-    # One report a read, as sent (two may meet when the parent was slow to wake).
+    # One report a read, as sent (two may meet when the parent was slow to wake). The
+    # first read may find a few more: the child starts stepping while the parent is still
+    # on its way from submit to its first wait (three, once, in a run right after the
+    # parallel part of the suite). Without the yield the reads come in bunches of many.
     assert len(per_wakeup) >= PROCESS_TOKENS // 2, per_wakeup
-    assert max(per_wakeup) <= 2, per_wakeup
+    assert per_wakeup[0] <= 4, per_wakeup
+    assert max(per_wakeup[1:]) <= 2, per_wakeup
 
 
 def test_a_callback_after_each_report_sees_its_events_already_delivered() -> None:
