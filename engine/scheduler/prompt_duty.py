@@ -32,6 +32,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from engine.scheduler.output import SchedulerOutput
+from engine.scheduler.step_budget import StepBudget
+
 # The share of a decode step that other tenants' prompt chunks may add, on average,
 # to the steps that carry a tenant's decodes. With a victim's time alone at 1, its
 # mean inter-token time beside a flood is then at most about 1 + this.
@@ -83,6 +86,24 @@ class PromptDuty:
             # such step must not hold a tenant's prompts for hundreds of steps.
             cost = min(max(extra_s, 0.0) * tokens / prompt_tokens, MAX_CHUNK_DECODES * decode_s)
             self._debt[key] = debt + cost / (self.share * decode_s)
+
+    def observe_step(self, output: SchedulerOutput, elapsed_s: float, budget: StepBudget) -> None:
+        """`observe` for one finished step of the scheduler: its prompt chunks that rode
+        beside other tenants' decodes are charged with what it took beyond its decodes."""
+        chunks: dict[str, int] = {}
+        decoders: set[str] = set()
+        rows = 0
+        for item in output.scheduled:
+            key = item.seq.fairness_key
+            if item.num_prompt_tokens:
+                chunks[key] = chunks.get(key, 0) + item.num_prompt_tokens
+            else:
+                decoders.add(key)
+                rows += 1
+        charged = {key: tokens for key, tokens in chunks.items() if decoders - {key}}
+        decode = budget.decode_estimate(rows) if rows else 0.0
+        extra = elapsed_s - decode if decode > 0 else None
+        self.observe(charged, sum(chunks.values()), extra, decode or None)
 
     def clear(self) -> None:
         """The engine went idle: nobody owes anything."""

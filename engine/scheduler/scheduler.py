@@ -209,16 +209,16 @@ class Scheduler:
         sequences sit this step out for a newcomer's first chunk."""
         if not self.kv_shares.enabled:
             return PrefillShares(self._prefill_left, (), self.tenants.weight), set()
-        decoding = sum(1 for s in self.running if s.num_tokens - s.num_computed_tokens == 1)
-        cap = min(self._prefill_left, self.step_budget.contended_cap(decoding))
+        decoding = [
+            s.fairness_key for s in self.running if s.num_tokens - s.num_computed_tokens == 1
+        ]
+        cap = min(self._prefill_left, self.step_budget.contended_cap(len(decoding)))
         shares = self.prefill_split.shares(
             cap, self.running, self.tenants.waiting, self.tenants.weight
         )
         # Resting matters only beside another tenant's decodes; holding a tenant with
         # nobody else decoding would leave the step empty for nothing.
-        decoders = {
-            s.fairness_key for s in self.running if s.num_tokens - s.num_computed_tokens == 1
-        }
+        decoders = set(decoding)
         shares.hold(k for k in self.prompt_duty.resting() if decoders - {k})
         newcomers = self._newcomers()
         if not newcomers:
@@ -503,25 +503,7 @@ class Scheduler:
         decodes = sum(1 for i in output.scheduled if i.num_new_tokens == 1)
         self.step_budget.observe(prefill, decodes, elapsed_s)
         if self.kv_shares.enabled:
-            self._observe_prompt_duty(output, elapsed_s)
-
-    def _observe_prompt_duty(self, output: SchedulerOutput, elapsed_s: float) -> None:
-        """Charges the step's prompt chunks that rode beside other tenants' decodes
-        (prompt_duty.py) with what the step took beyond its decodes."""
-        chunks: dict[str, int] = {}
-        decoders: set[str] = set()
-        rows = 0
-        for item in output.scheduled:
-            key = item.seq.fairness_key
-            if item.num_prompt_tokens:
-                chunks[key] = chunks.get(key, 0) + item.num_prompt_tokens
-            else:
-                decoders.add(key)
-                rows += 1
-        charged = {key: tokens for key, tokens in chunks.items() if decoders - {key}}
-        decode = self.step_budget.decode_estimate(rows) if rows else 0.0
-        extra = elapsed_s - decode if decode > 0 else None
-        self.prompt_duty.observe(charged, sum(chunks.values()), extra, decode or None)
+            self.prompt_duty.observe_step(output, elapsed_s, self.step_budget)
 
     def requeue(self, seqs: Iterable[Sequence]) -> None:
         """Preempts running `seqs` between steps (their cached KV was found bad, e.g. a
