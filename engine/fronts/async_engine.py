@@ -22,7 +22,7 @@ import dataclasses
 import itertools
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 from engine.engine_builder import build_config
@@ -47,6 +47,7 @@ from engine.lora.peft import AdapterInfo
 from engine.lora.registry import located
 from engine.model.tokenizer import Tokenizer
 from engine.outputs import StreamEvent
+from engine.queued_stream import QueuedStream
 from engine.request import EngineRequest
 from engine.scheduler.tenants import within_share
 from engine.stats import EngineStats
@@ -59,7 +60,7 @@ log = logging.getLogger("engine.async")
 __all__ = ["AsyncEngine", "EngineFront", "EngineStats", "RequestStream"]
 
 
-class RequestStream:
+class RequestStream(QueuedStream):
     """The events of one request, in order; ends after the event with `finished=True`.
 
     Raises the engine's error if the request failed after it was queued.
@@ -68,19 +69,17 @@ class RequestStream:
     def __init__(
         self, request_id: str, prompt: tuple[int, ...] = (), key: str = "", size: int = 1
     ) -> None:
-        self.request_id = request_id
-        self.prompt = prompt  # kept only where the events arrive without it
+        super().__init__(request_id, prompt)
         self.key = key  # the fairness key, and the sequences it holds (n), for shares
         self.size = size
-        self._queue: asyncio.Queue[StreamEvent | BaseException] = asyncio.Queue()
-        self._done = False
         self._listener: Callable[[StreamEvent | BaseException], None] | None = None
 
-    def _push(self, item: StreamEvent | BaseException) -> None:
+    def put(self, item: StreamEvent | BaseException) -> None:
+        """Hands the item to the listener, if one listens; else queues it for iteration."""
         if self._listener is not None:
             self._listener(item)
         else:
-            self._queue.put_nowait(item)
+            super().put(item)
 
     def listen(self, listener: Callable[[StreamEvent | BaseException], None]) -> None:
         """Hands the stream's items to `listener` as they arrive, instead of queueing them
@@ -94,20 +93,6 @@ class RequestStream:
         self._listener = listener
         while not self._queue.empty():
             listener(self._queue.get_nowait())
-
-    def __aiter__(self) -> AsyncIterator[StreamEvent]:
-        return self
-
-    async def __anext__(self) -> StreamEvent:
-        if self._done:
-            raise StopAsyncIteration
-        item = await self._queue.get()
-        if isinstance(item, BaseException):
-            self._done = True
-            raise item
-        if item.finished:
-            self._done = True
-        return item
 
 
 class EngineFront(abc.ABC):
@@ -361,12 +346,12 @@ class EngineFront(abc.ABC):
                 self._ended(stream)
             if not event.prompt_token_ids and stream.prompt:
                 event = event.with_prompt(stream.prompt)
-            stream._push(event)
+            stream.put(event)
         for failure in report.failures:
             failed = streams.pop(failure.request_id, None)
             if failed is not None:
                 self._ended(failed)
-                failed._push(failure.error)
+                failed.put(failure.error)
         for token in report.aborted:
             fut = self._aborts.pop(token, None)
             if fut is not None and not fut.done():
@@ -384,7 +369,7 @@ class EngineFront(abc.ABC):
             self._dead = reason
         message = str(self._dead or "the engine shut down")
         for stream in self._streams.values():
-            stream._push(EngineDeadError(message))
+            stream.put(EngineDeadError(message))
         self._streams.clear()
         self._live.clear()
         for fut in self._aborts.values():

@@ -61,10 +61,9 @@ def gateway_engine_stats(state: Any) -> EngineStats:
 
 def gateway_engine_replicas(state: Any) -> EngineReplicas:
     """A replica-state reader over a gateway AppState: each served model's engines."""
-    from engine_hop.replicas import replica_states
 
     def read() -> Mapping[str, Sequence[ReplicaState]]:
-        return {name: replica_states(client) for name, client in state.engines.items()}
+        return {name: client.replica_states() for name, client in state.engines.items()}
 
     return read
 

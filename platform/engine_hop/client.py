@@ -20,6 +20,7 @@ from engine.speculative.stats import SpecDecodeStats
 from engine.stats import TenantKVStats
 from engine.structured.spec import StructuredSpec
 from engine_hop.adapters import AdapterInfo
+from engine_hop.replicas import ReplicaState
 
 
 class TokenizerLike(Protocol):
@@ -235,6 +236,10 @@ class EngineClient(Protocol):
 
     def stats(self) -> EngineSnapshot:
         """Current engine load and cumulative cache counters."""
+        ...
+
+    def replica_states(self) -> list[ReplicaState]:
+        """The engines this client stands for, one state each (a replica set's in order)."""
         ...
 
     @property

@@ -17,6 +17,7 @@ from engine_hop.adapters import (
     is_in_use_error,
 )
 from engine_hop.client import EngineSnapshot, TokenizerLike
+from engine_hop.replicas import IN_PROCESS, ReplicaState
 
 if TYPE_CHECKING:
     from engine.fronts.async_engine import AsyncEngine
@@ -122,6 +123,18 @@ class InProcessEngineClient:
         domains = self._engine.stats().prefix_cache_domains or {}
         public = domains.get("<public>")
         return 0 if public is None else int(public.cached_blocks)
+
+    def replica_states(self) -> list[ReplicaState]:
+        """The one engine in this process, with its published-prefix blocks."""
+        return [
+            ReplicaState(
+                replica=IN_PROCESS,
+                alive=self.alive,
+                snapshot=self.stats(),
+                in_process=True,
+                public_cached_blocks=self.public_prefix_blocks(),
+            )
+        ]
 
     @property
     def alive(self) -> bool:

@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -41,6 +41,7 @@ import orjson
 
 from engine.errors import EngineDeadError
 from engine.outputs import StreamEvent
+from engine.queued_stream import QueuedStream
 from engine.request import EngineRequest
 from engine_hop.eager import start_now
 from engine_hop.remote_errors import Admission, EngineUnavailableError, error_of_frame
@@ -58,44 +59,27 @@ HEARTBEAT_S = 10.0  # a link that misses a pong for half of this is closed
 READ_TIMEOUT_S = 600.0  # the default wait for a request's next event, on either transport
 
 
-class LinkStream:
+class LinkStream(QueuedStream):
     """The events of one request sent over a link; iterate it, or `aclose` it."""
 
     def __init__(self, link: EngineLink, request_id: str, prompt: tuple[int, ...]) -> None:
-        self.request_id = request_id
-        self.prompt = prompt
+        super().__init__(request_id, prompt)
         self._link = link
-        self.queue: asyncio.Queue[StreamEvent | BaseException] = asyncio.Queue()
-        self.done = False
         self.heard = time.monotonic()  # when the engine last said something of it
         self.admission = Admission()
 
     def put(self, item: StreamEvent | BaseException) -> None:
         """Hands the stream its next item; the first decides its admission."""
         self.admission.note(item)
-        self.queue.put_nowait(item)
+        super().put(item)
 
     async def admitted(self) -> None:
         """Returns once the engine admitted the request; raises its refusal (the engine's
         error) or the link's failure, whichever came first."""
         await self.admission.wait()
 
-    def __aiter__(self) -> AsyncIterator[StreamEvent]:
-        return self
-
-    async def __anext__(self) -> StreamEvent:
-        if self.done:
-            raise StopAsyncIteration
-        item = await self.queue.get()
-        if isinstance(item, BaseException):
-            self._finish()
-            raise item
-        if item.finished:
-            self._finish()
-        return item
-
-    def _finish(self) -> None:
-        self.done = True
+    def _ended(self) -> None:
+        super()._ended()
         self._link.forget(self.request_id)
 
     async def aclose(self) -> None:

@@ -27,7 +27,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -41,7 +41,7 @@ from engine.errors import (
 )
 from engine.kv_cache.cache_rules import CacheRules
 from engine.kv_cache.host_tier import TierStats
-from engine.outputs import StreamEvent
+from engine.queued_stream import QueuedStream
 from engine.request import EngineRequest
 from engine.structured.compiler import GrammarCompiler
 from engine.structured.spec import StructuredSpec
@@ -50,6 +50,7 @@ from engine_hop.client import EngineSnapshot, TokenizerLike
 from engine_hop.link_client import READ_TIMEOUT_S, EngineLink, LinkStream
 from engine_hop.remote_adapters import adapters_from_stats, push_adapter, remove_adapter
 from engine_hop.remote_errors import Admission, EngineUnavailableError, error_of_response
+from engine_hop.replicas import ReplicaState
 from engine_hop.stats_json import spec_decode_from_json, tenant_kv_from_json
 from engine_hop.trace import trace_headers
 from engine_hop.wire import (
@@ -153,19 +154,16 @@ def _auth(token: str | None) -> dict[str, str]:
     return {} if token is None else {"authorization": f"Bearer {token}"}
 
 
-class RemoteStream:
+class RemoteStream(QueuedStream):
     """The events of one request on an engine server; iterate it, or `aclose` it."""
 
     def __init__(self, client: RemoteEngineClient, request: EngineRequest) -> None:
-        self.request_id = request.request_id
-        self._prompt = request.prompt_token_ids
+        super().__init__(request.request_id, request.prompt_token_ids)
         self._client = client
         # Read now, in the caller's context (the gateway's request span is current there).
         self._trace_headers = trace_headers()
-        self._queue: asyncio.Queue[StreamEvent | BaseException | None] = asyncio.Queue()
         self._admission = Admission()
         self._task = asyncio.get_running_loop().create_task(self._run(request))
-        self._done = False
 
     async def admitted(self) -> None:
         """Returns once the engine server admitted the request (its 200); raises its
@@ -175,7 +173,7 @@ class RemoteStream:
     def _fail(self, error: BaseException) -> None:
         """Ends the stream with `error` (the refusal, if the server had not admitted it)."""
         self._admission.note(error)
-        self._queue.put_nowait(error)
+        self.put(error)
 
     async def _run(self, request: EngineRequest) -> None:
         body, headers = request_to_wire(request, self._client.model_name)
@@ -205,13 +203,14 @@ class RemoteStream:
         finally:
             # Cancelled (closed) or ended without a word: not admitted, to a waiter.
             self._admission.note(EngineUnavailableError("the engine server ended the stream"))
-            self._queue.put_nowait(None)
+            # Read only if nothing ended the stream before (a last event, an error).
+            self.put(EngineUnavailableError("the engine server ended the stream early"))
 
     async def _read(self, body: aiohttp.StreamReader) -> None:
         """Queues each compact event of the body as it arrives (chunks are `data: ...`
         frames ended by a blank line; a read may hold several, or part of one)."""
         pending = b""
-        put = self._queue.put_nowait
+        put = self.put
         async for piece in body.iter_any():
             *frames, pending = (pending + piece).split(b"\n\n")
             for frame in frames:
@@ -223,33 +222,16 @@ class RemoteStream:
                         message = str(chunk["error"].get("message", "engine error"))
                         put(EngineDeadError(message))
                         continue
-                    put(event_from_compact(self.request_id, chunk, self._prompt))
+                    put(event_from_compact(self.request_id, chunk, self.prompt))
                 except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
                     raise _MalformedChunkError(f"a malformed chunk: {exc!r}") from None
         # No break on the last event, nor on [DONE]: reading the body to its end (it ends
         # right after them) returns the connection to the pool. A response left unread is
         # closed, and the next request pays a connect.
 
-    def __aiter__(self) -> AsyncIterator[StreamEvent]:
-        return self
-
-    async def __anext__(self) -> StreamEvent:
-        if self._done:
-            raise StopAsyncIteration
-        item = await self._queue.get()
-        if item is None:
-            self._done = True
-            raise EngineUnavailableError("the engine server ended the stream early")
-        if isinstance(item, BaseException):
-            self._done = True
-            raise item
-        if item.finished:
-            self._done = True
-        return item
-
     async def aclose(self) -> None:
         """Hangs up: the engine server aborts the request."""
-        self._done = True
+        self.done = True
         if not self._task.done():
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -412,6 +394,29 @@ class RemoteEngineClient:
     def stats(self) -> EngineSnapshot:
         """The last polled figures."""
         return self._snapshot
+
+    def replica_state(self, in_flight: int | None = None) -> ReplicaState:
+        """This engine server as the console shows it; `in_flight`: this gateway's
+        requests streaming from it now, where a replica set counts them."""
+        # The stats poll carries load only; the pool's shape came with /internal/info
+        # (re-read from each replica, so current).
+        info = self.info
+        snap = dataclasses.replace(
+            self.stats(), num_blocks=info.num_blocks, block_size=info.block_size
+        )
+        return ReplicaState(
+            self.base_url,
+            self.alive,
+            snap,
+            in_process=False,
+            device=info.device,
+            dtype=info.dtype,
+            in_flight=in_flight,
+        )
+
+    def replica_states(self) -> list[ReplicaState]:
+        """The one engine server."""
+        return [self.replica_state()]
 
     @property
     def alive(self) -> bool:

@@ -45,6 +45,7 @@ from engine_hop.remote_client import (
     local_grammar_checker,
 )
 from engine_hop.remote_errors import EngineUnavailableError
+from engine_hop.replicas import ReplicaState
 from engine_hop.routing import ReplicaLoad, RouteRequest, RoutingConfig, make_policy
 
 logger = logging.getLogger("cloister.gateway.replicas")
@@ -175,6 +176,11 @@ class ReplicaSetClient:
     def in_flight(self) -> Counter[str]:
         """This gateway's requests streaming from each replica now, by URL."""
         return Counter(c.base_url for c in self._owners.values())
+
+    def replica_states(self) -> list[ReplicaState]:
+        """Each replica in the set, in order, with this gateway's requests on it."""
+        in_flight = self.in_flight()
+        return [r.replica_state(in_flight[r.base_url]) for r in self.replicas()]
 
     def _healthy(self) -> list[_Replica]:
         now = self._clock()

@@ -35,7 +35,6 @@ from engine.sampling_params import SamplingParams
 from engine_hop.adapters import AdapterInfo, AdapterInUseError
 from engine_hop.remote_client import RemoteEngineClient, fetch_info
 from engine_hop.replica_set import ReplicaSetClient
-from engine_hop.replicas import replica_states
 from engine_server.app import EngineServer
 from engine_server.auth import ServiceAuth
 from tenancy.db import make_engine, make_session_factory, upgrade_database
@@ -281,7 +280,7 @@ def test_a_replica_set_loads_everywhere_and_the_sync_heals_a_restarted_replica(
         try:
             await poll()
             # Each replica's own device and dtype (the set was built with the first's info).
-            states = replica_states(replicas)
+            states = replicas.replica_states()
             assert [(s.device, s.dtype) for s in states] == [
                 ("cpu", "float32"),
                 ("cpu", "bfloat16"),

@@ -178,13 +178,13 @@ def test_a_listened_stream_hands_over_what_was_queued_then_each_item_as_pushed()
 
     async def scenario() -> tuple[list[Any], bool]:
         stream = RequestStream("r")
-        stream._push(event(1))
+        stream.put(event(1))
         got: list[Any] = []
         stream.listen(got.append)
         assert [e.num_cached_tokens for e in got] == [1]
-        stream._push(event(2))
+        stream.put(event(2))
         failure = RuntimeError("engine failed")
-        stream._push(failure)
+        stream.put(failure)
         return got, stream._queue.empty()
 
     got, empty = asyncio.run(scenario())
@@ -202,7 +202,7 @@ def test_an_inline_send_that_fails_later_ends_the_streams_with_a_clean_error() -
         link.send({"n": 1})  # waits on the paused transport
         socket.broken = True
         socket.gate.set()
-        error = await asyncio.wait_for(stream.queue.get(), 5)
+        error = await asyncio.wait_for(stream._queue.get(), 5)
         assert isinstance(error, EngineUnavailableError) and "broke" in str(error)
         assert failures == ["failed"]  # one failed poll of the replica
         assert socket.sent == []

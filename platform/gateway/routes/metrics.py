@@ -17,7 +17,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from engine_hop.replicas import replica_states
 from gateway.errors import error_response
 from gateway.state import app_state
 
@@ -44,7 +43,7 @@ async def metrics(request: Request) -> Response:
     errors = getattr(state.limits.limiter, "backend_errors", None)
     # Engine servers (`--engine-urls`): each one's state, shown to operators only.
     replicas = (
-        {name: replica_states(engine) for name, engine in state.engines.items()}
+        {name: engine.replica_states() for name, engine in state.engines.items()}
         if include_tenants
         else None
     )
