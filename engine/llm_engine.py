@@ -160,19 +160,12 @@ class LLMEngine:
         seqs = [
             Sequence(
                 seq_id=f"{request_id}#{i}",
-                request_id=request_id,
+                request=request,
                 index=i,
                 prompt_token_ids=prompt_ids,
-                params=params,
                 max_tokens=max_tokens,
-                cache_domain=request.cache_domain,
-                adapter=request.adapter,
                 adapter_digest=digest,
-                use_cache=request.cache,
                 arrival_time=now,
-                fairness_key=key,
-                priority=request.priority,
-                batch=request.traffic_class == "batch",
             )
             for i in range(params.n)
         ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 
 
@@ -28,14 +29,15 @@ class Sequence:
     """
 
     seq_id: str
-    request_id: str
+    # The request this is a sample of: its per-request fields (ids, params, cache domain,
+    # adapter, tenant, priority, class) are read through it, never copied.
+    request: EngineRequest
     index: int
+    # The request's prompt as a list: the hot paths join it with the outputs, the
+    # engine shares one list among a request's samples, and the draft model's shadow
+    # (engine/speculative/draft.py) replaces it with the whole known sequence.
     prompt_token_ids: list[int]
-    params: SamplingParams
     max_tokens: int  # resolved from params and the context length
-    cache_domain: str
-    adapter: str | None = None
-    use_cache: bool = True
     arrival_time: float = 0.0
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
@@ -48,16 +50,6 @@ class Sequence:
     stop_reason: int | str | None = None
     num_preemptions: int = 0
     admitted_once: bool = False
-    # Whose share of the scheduler this sequence uses (the tenant); "" means its cache
-    # domain, for callers with no tenants. Separate from the domain, so that a tenant
-    # with per-key or per-user isolation still gets one share, not one per key.
-    fairness_key: str = ""
-    # Order among the waiting sequences of one fairness key (lower first), under the
-    # fair policies; never an order across keys.
-    priority: int = 0
-    # Batch work (EngineRequest.traffic_class): runs in the capacity interactive work
-    # leaves and is preempted first (engine/scheduler/traffic.py).
-    batch: bool = False
     # The loaded LoRA adapter's content digest (None: `adapter` only names a cache key),
     # and the device slot it holds from admission to its end (None: not placed yet).
     adapter_digest: str | None = None
@@ -69,9 +61,49 @@ class Sequence:
     # a draft (the runner replays the draws when a failed step is retried).
     spec_extra_draws: int = 0
 
-    def __post_init__(self) -> None:
-        if not self.fairness_key:
-            self.fairness_key = self.cache_domain
+    @property
+    def request_id(self) -> str:
+        """The request's id (shared by its `n` samples)."""
+        return self.request.request_id
+
+    @property
+    def params(self) -> SamplingParams:
+        """The request's sampling parameters."""
+        return self.request.params
+
+    @property
+    def cache_domain(self) -> str:
+        """Whose prefix cache this sequence reads and writes."""
+        return self.request.cache_domain
+
+    @property
+    def adapter(self) -> str | None:
+        """The LoRA adapter's name, or None for the base model."""
+        return self.request.adapter
+
+    @property
+    def use_cache(self) -> bool:
+        """False when the request neither reads nor writes the prefix cache."""
+        return self.request.cache
+
+    @property
+    def fairness_key(self) -> str:
+        """Whose share of the scheduler this sequence uses (the tenant; by default its
+        cache domain). Separate from the domain, so that a tenant with per-key or
+        per-user isolation still gets one share, not one per key."""
+        return self.request.fairness_key
+
+    @property
+    def priority(self) -> int:
+        """Order among the waiting sequences of one fairness key (lower first), under
+        the fair policies; never an order across keys."""
+        return self.request.priority
+
+    @property
+    def batch(self) -> bool:
+        """Batch work: runs in the capacity interactive work leaves and is preempted
+        first (engine/scheduler/traffic.py)."""
+        return self.request.traffic_class == "batch"
 
     @property
     def cache_adapter(self) -> str | None:

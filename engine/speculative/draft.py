@@ -106,13 +106,12 @@ class DraftProposer:
         if shadow is None:
             shadow = dataclasses.replace(
                 seq,
+                request=dataclasses.replace(seq.request, params=_GREEDY, adapter=None),
                 prompt_token_ids=[],
                 output_token_ids=[],
-                params=_GREEDY,
                 block_ids=[],
                 num_computed_tokens=0,
                 spec_token_ids=[],
-                adapter=None,
                 adapter_digest=None,
                 lora_slot=None,
             )

@@ -11,6 +11,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler.output import SchedulerOutput
 from engine.scheduler.scheduler import Scheduler
 from engine.sequence import Sequence
+from tests.utils.engine_requests import make_sequence
 
 VOCAB = 1000
 EOS = 999
@@ -39,7 +40,7 @@ class Driver:
         self, prompt: list[int], max_tokens: int, seq_id: str | None = None, domain: str = "d"
     ) -> Sequence:
         seq_id = seq_id or f"r{len(self.seqs)}"
-        seq = Sequence(
+        seq = make_sequence(
             seq_id=seq_id,
             request_id=seq_id,
             index=0,

@@ -21,6 +21,7 @@ from engine.request import MAX_NAME_LENGTH, MAX_PRIORITY, MIN_PRIORITY, EngineRe
 from engine.sampling_params import SamplingParams
 from engine.scheduler.fair import FairQueue
 from engine.sequence import Sequence
+from tests.utils.engine_requests import make_sequence
 from tests.utils.fast_fake_model import fast_fake_engine, fast_fake_llm_engine
 
 PARAMS = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
@@ -143,7 +144,7 @@ def test_llm_engine_takes_the_request_and_does_not_recheck(checks: list[str]) ->
 
 
 def _seq(key: str, i: int, priority: int) -> Sequence:
-    return Sequence(
+    return make_sequence(
         seq_id=f"{key}{i}",
         request_id=f"{key}{i}",
         index=0,

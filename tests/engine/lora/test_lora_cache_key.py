@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from engine.kv_cache.cache_key import CacheKey
 from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
+from tests.utils.engine_requests import make_sequence
 
 D1, D2 = "1" * 64, "2" * 64
 
 
 def _adapter_field(name: str | None, digest: str | None) -> str | None:
-    seq = Sequence(
+    seq = make_sequence(
         seq_id="s",
         request_id="s",
         index=0,

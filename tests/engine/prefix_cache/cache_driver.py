@@ -19,6 +19,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler.output import SchedulerOutput
 from engine.scheduler.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
+from tests.utils.engine_requests import make_sequence
 from tests.utils.kv_inspect import block_domain, cached_block_ids, ref_count
 
 # (domain or PUBLIC, adapter, prefix tokens, the published prefix a domain's chain follows)
@@ -106,9 +107,10 @@ class CacheDriver:
         adapter: str | None = None,
         use_cache: bool = True,
         fairness_key: str = "",
+        batch: bool = False,
     ) -> Sequence:
         seq_id = f"r{len(self.seqs)}"
-        seq = Sequence(
+        seq = make_sequence(
             seq_id=seq_id,
             request_id=seq_id,
             index=0,
@@ -119,6 +121,7 @@ class CacheDriver:
             adapter=adapter,
             use_cache=use_cache,
             fairness_key=fairness_key,
+            batch=batch,
         )
         self.seqs.append(seq)
         self.scheduler.add(seq)

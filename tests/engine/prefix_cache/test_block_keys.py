@@ -19,12 +19,13 @@ from engine.kv_cache.manager import KVCacheManager
 from engine.sampling_params import SamplingParams
 from engine.scheduler.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
+from tests.utils.engine_requests import make_sequence
 
 BS = 4
 
 
 def _seq(seq_id: str, prompt: list[int], max_tokens: int, *, use_cache: bool = True) -> Sequence:
-    return Sequence(
+    return make_sequence(
         seq_id=seq_id,
         request_id=seq_id,
         index=0,

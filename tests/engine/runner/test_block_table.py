@@ -21,11 +21,12 @@ from engine.runner.inputs import StepInputs, build_step_inputs
 from engine.sampling_params import SamplingParams
 from engine.scheduler.output import SchedulerOutput
 from engine.sequence import Sequence
+from tests.utils.engine_requests import make_sequence
 from tests.utils.fast_fake_model import fast_fake_llm_engine
 
 
 def _seq(name: str) -> Sequence:
-    return Sequence(
+    return make_sequence(
         seq_id=name,
         request_id=name,
         index=0,

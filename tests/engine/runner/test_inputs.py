@@ -8,12 +8,13 @@ from engine.runner.inputs import build_step_inputs
 from engine.sampling_params import SamplingParams
 from engine.scheduler.output import ScheduledSequence, SchedulerOutput
 from engine.sequence import Sequence
+from tests.utils.engine_requests import make_sequence
 
 BLOCK = 4
 
 
 def _seq(name: str, prompt: list[int], outputs: list[int], blocks: list[int]) -> Sequence:
-    seq = Sequence(
+    seq = make_sequence(
         seq_id=name,
         request_id=name,
         index=0,

@@ -6,11 +6,12 @@ from engine.kv_cache.block_pool import BlockPool, BlockPoolError
 from engine.kv_cache.manager import KVCacheManager
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
+from tests.utils.engine_requests import make_sequence
 from tests.utils.kv_inspect import ref_count
 
 
 def make_seq(n_prompt: int, seq_id: str = "s") -> Sequence:
-    return Sequence(
+    return make_sequence(
         seq_id=seq_id,
         request_id=seq_id,
         index=0,

@@ -11,6 +11,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler.fair import FairQueue
 from engine.sequence import Sequence
 from tests.engine.prefix_cache.cache_driver import CacheDriver
+from tests.utils.engine_requests import make_sequence
 
 LONG, SHORT, MAX_TOKENS = 200, 10, 4
 BUDGET = 64
@@ -73,7 +74,7 @@ def test_weights_divide_service() -> None:
 
 
 def make_seq(domain: str, i: int) -> Sequence:
-    return Sequence(
+    return make_sequence(
         seq_id=f"{domain}{i}",
         request_id=f"{domain}{i}",
         index=0,

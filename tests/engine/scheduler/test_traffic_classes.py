@@ -18,10 +18,8 @@ from tests.engine.prefix_cache.cache_driver import CacheDriver
 
 
 def add(d: CacheDriver, tail: int, max_tokens: int, *, batch: bool, prompt: int = 8) -> Sequence:
-    seq = d.add([tail, *range(1000, 1000 + prompt - 1)], max_tokens, f"t{tail}",
-                fairness_key="batch-tenant" if batch else f"t{tail}")  # fmt: skip
-    seq.batch = batch
-    return seq
+    return d.add([tail, *range(1000, 1000 + prompt - 1)], max_tokens, f"t{tail}",
+                 fairness_key="batch-tenant" if batch else f"t{tail}", batch=batch)  # fmt: skip
 
 
 def ids(out: SchedulerOutput) -> set[str]:
