@@ -220,7 +220,7 @@ class LLMEngine:
         requests use it); InvalidAdapterError when the folder does not fit this model.
         """
         check_adapter_name(name)
-        return self.lora.load(name, path, self._live_seqs())
+        return self._located(self.lora.load(name, path, self._live_seqs()))
 
     def unload_adapter(self, name: str) -> None:
         """Stops serving an adapter; AdapterInUseError while a live request uses it."""
@@ -228,8 +228,11 @@ class LLMEngine:
 
     def adapters(self) -> list[AdapterInfo]:
         """The loaded adapters, by name, each with where its weights are now."""
-        device, host = self.lora.slots.resident, self.lora.registry.host_resident()
-        return [located(info, device, host) for info in self.lora.registry.all()]
+        return [self._located(info) for info in self.lora.registry.all()]
+
+    def _located(self, info: AdapterInfo) -> AdapterInfo:
+        """`info` with where its weights are now (a device slot, host memory or disk)."""
+        return located(info, self.lora.slots.resident, self.lora.registry.host_resident())
 
     def adapter(self, name: str) -> AdapterInfo:
         """One loaded adapter; AdapterNotFoundError (code adapter_not_found) if unknown."""

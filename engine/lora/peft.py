@@ -10,7 +10,7 @@ rsLoRA) is folded into B here, so the forward pass is x @ A.T @ B.T.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -51,8 +51,9 @@ class AdapterInfo:
     target_modules: tuple[str, ...]
     # Where its weights are now: "device" (in an adapter slot), "host" (in the host
     # LRU, `max_cpu_loras`), "disk" (read again from its folder when next used); None
-    # where the engine does not say.
-    location: str | None = None
+    # where the engine does not say. Not part of equality: it is where one adapter's
+    # weights happen to be, and it moves with every step that uses them.
+    location: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

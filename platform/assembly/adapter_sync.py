@@ -28,7 +28,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from assembly.periodic_sync import PeriodicSync
-from engine_hop.adapters import AdapterInfo, AdaptersUnsupportedError, is_in_use_error
+from engine_hop.adapters import AdapterInfo, AdapterInUseError, AdaptersUnsupportedError
 
 if TYPE_CHECKING:
     pass
@@ -145,7 +145,7 @@ class AdapterSync(PeriodicSync):
             try:
                 await self._client.unload_adapter(name)
             except Exception as exc:  # noqa: BLE001
-                if is_in_use_error(exc):
+                if isinstance(exc, AdapterInUseError):
                     log.debug("adapter %s is retired but in use; unloading later", name)
                 else:
                     self._note_failure(name, "unloading", exc)

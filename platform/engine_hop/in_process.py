@@ -9,13 +9,7 @@ from engine.kv_cache.cache_rules import CacheRules
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest
 from engine.structured.spec import StructuredSpec
-from engine_hop.adapters import (
-    AdapterInfo,
-    AdapterInUseError,
-    AdaptersUnsupportedError,
-    adapter_info,
-    is_in_use_error,
-)
+from engine_hop.adapters import AdapterInfo, AdaptersUnsupportedError
 from engine_hop.client import EngineSnapshot, TokenizerLike
 from engine_hop.replicas import IN_PROCESS, ReplicaState
 
@@ -72,23 +66,18 @@ class InProcessEngineClient:
 
     async def load_adapter(self, name: str, path: str) -> AdapterInfo:
         """Forwards to the front's `load_adapter`."""
-        load: Callable[[str, str], Awaitable[object]] | None = self._engine.load_adapter
-        return adapter_info(await self._adapter_call(load)(name, path))
+        load: Callable[[str, str], Awaitable[AdapterInfo]] | None = self._engine.load_adapter
+        return await self._adapter_call(load)(name, path)
 
     async def unload_adapter(self, name: str) -> None:
-        """Forwards to the front's `unload_adapter` (its in-use error as ours)."""
+        """Forwards to the front's `unload_adapter` (AdapterInUseError while in use)."""
         unload: Callable[[str], Awaitable[None]] | None = self._engine.unload_adapter
-        try:
-            await self._adapter_call(unload)(name)
-        except Exception as exc:
-            if is_in_use_error(exc) and not isinstance(exc, AdapterInUseError):
-                raise AdapterInUseError(str(exc)) from exc
-            raise
+        await self._adapter_call(unload)(name)
 
     def adapters(self) -> list[AdapterInfo]:
         """The front's loaded adapters; none when it serves no adapters."""
-        listing: Callable[[], Iterable[object]] | None = self._engine.adapters
-        return [] if listing is None else [adapter_info(a) for a in listing()]
+        listing: Callable[[], Iterable[AdapterInfo]] | None = self._engine.adapters
+        return [] if listing is None else list(listing())
 
     def stats(self) -> EngineSnapshot:
         """Copies the fields the gateway exports out of `AsyncEngine.stats()`."""

@@ -15,6 +15,10 @@ from prometheus_client import generate_latest
 
 from admin import registry
 from assembly.adapter_sync import AdapterSync
+from engine.errors import AdapterInUseError as EngineInUse
+from engine.fronts.async_engine import AsyncEngine
+from engine.lora.peft import AdapterInfo as EngineAdapterInfo
+from engine.model.hf_loader import architecture_from_config
 from engine_hop.adapters import AdapterInfo, AdaptersUnsupportedError
 from engine_hop.adapters import AdapterInUseError as GatewayInUse
 from engine_hop.client import EngineSnapshot
@@ -22,8 +26,13 @@ from engine_hop.in_process import InProcessEngineClient
 from gateway.adapters import split_model
 from gateway.metrics import GatewayMetrics
 from tenancy.db import make_engine, make_session_factory, upgrade_database
-from tests.gateway.fakes import FakeEngine
-from tests.utils.fast_fake_model import gateway_test_engine
+from tests.utils.fast_fake_model import (
+    GATEWAY_ENGINE_OPTIONS,
+    fast_fake_llm_engine,
+    gateway_test_engine,
+)
+from tests.utils.lora_adapters import make_peft_adapter
+from tests.utils.tiny_model import tiny_config
 
 
 def test_split_model() -> None:
@@ -45,19 +54,12 @@ def test_a_front_without_adapter_calls_says_so_clearly() -> None:
     assert client.adapters() == []
 
 
-class AdapterInUseError(Exception):  # noqa: N818  (the engine's class, by its name)
-    """Stands for the engine's own AdapterInUseError, which the gateway does not import."""
-
-
-def test_the_engines_in_use_error_becomes_the_gateways() -> None:
+def test_the_engines_in_use_error_and_records_reach_the_gateway_as_they_are() -> None:
     async def unload(name: str) -> None:
-        raise AdapterInUseError(f"{name} has 2 running requests")
+        raise EngineInUse(f"{name} has 2 running requests")
 
-    def adapters() -> list[Any]:
-        info = SimpleNamespace(
-            name="a", rank=8, alpha=16, digest="d" * 64, target_modules=["q"], location=None
-        )
-        return [info]
+    def adapters() -> list[EngineAdapterInfo]:
+        return [EngineAdapterInfo("a", 8, 16.0, "d" * 64, ("q",))]
 
     front = SimpleNamespace(
         model_name="tiny", max_model_len=64, vocab_size=10, unload_adapter=unload, adapters=adapters
@@ -69,20 +71,34 @@ def test_the_engines_in_use_error_becomes_the_gateways() -> None:
     assert client.adapters() == [AdapterInfo("a", 8, 16.0, "d" * 64, ("q",))]
 
 
-class BrokenFolderEngine(FakeEngine):
-    """Fails to load one adapter (a bad folder); loads the rest."""
+class BrokenFolderEngine(AsyncEngine):
+    """The real front over the fake fast model; fails to load one adapter (a bad
+    folder), loads the rest."""
 
-    async def load_adapter(self, name: str, path: str) -> AdapterInfo:
+    async def load_adapter(self, name: str, path: str) -> Any:
+        """The engine's load, but for "bad", which raises."""
         if name == "bad":
             raise ValueError("adapter_model.safetensors is unreadable")
         return await super().load_adapter(name, path)
 
 
 def _peft(folder: Path) -> str:
-    folder.mkdir()
-    (folder / "adapter_config.json").write_text('{"r": 2, "lora_alpha": 4}')
-    (folder / "adapter_model.safetensors").write_bytes(b"weights")
-    return str(folder)
+    """A rank-2 PEFT adapter for the fake fast model's shape."""
+    arch = architecture_from_config(tiny_config())
+    return str(make_peft_adapter(folder, arch, rank=2, alpha=4))
+
+
+def _sync_twice(engine: AsyncEngine, sync: AdapterSync) -> tuple[bool, bool]:
+    """Two sync passes, on one event loop with the engine running."""
+
+    async def run() -> tuple[bool, bool]:
+        await engine.start()
+        try:
+            return await sync.sync_once(), await sync.sync_once()
+        finally:
+            await engine.shutdown()
+
+    return asyncio.run(run())
 
 
 def test_the_sync_loads_what_it_can_logs_a_failure_once_and_marks_loaded(
@@ -97,13 +113,13 @@ def test_the_sync_loads_what_it_can_logs_a_failure_once_and_marks_loaded(
         for name, model in (("good", "m"), ("bad", "m"), ("elsewhere", "other")):
             path = _peft(tmp_path / name)
             registry.register_adapter(s, name=name, base_model=model, rank=2, source_path=path)
-    engine = BrokenFolderEngine()
-    engine.model_name = "m"
-    sync = AdapterSync(InProcessEngineClient(engine), sessions, interval_s=0.0)
+    engine = BrokenFolderEngine(fast_fake_llm_engine(**GATEWAY_ENGINE_OPTIONS))
+    sync = AdapterSync(InProcessEngineClient(engine, model_name="m"), sessions, interval_s=0.0)
     with caplog.at_level(logging.ERROR, logger="cloister.adapters"):
-        assert asyncio.run(sync.sync_once()) is True
-        assert asyncio.run(sync.sync_once()) is False  # nothing new; the failure not re-logged
-    assert set(engine.loaded_adapters) == {"good"}  # never another model's adapter
+        first, second = _sync_twice(engine, sync)
+        assert first is True
+        assert second is False  # nothing new; the failure not re-logged
+    assert {a.name for a in engine.adapters()} == {"good"}  # never another model's adapter
     assert [r.getMessage().count("bad") for r in caplog.records] == [1]
     with sessions() as s:
         statuses = {a.name: a.status for a in registry.list_adapters(s)}
