@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from engine.stats import EngineStats
-from tests.gateway.fakes import ByteTokenizer
+from tests.utils.byte_tokenizer import ByteTokenizer
 
 REMOTE_INFO = {
     "model_name": "remote",

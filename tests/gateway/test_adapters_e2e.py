@@ -1,4 +1,4 @@
-"""LoRA adapters end to end on the fake engine (issue 15): uploaded through the admin API,
+"""LoRA adapters end to end on the real engine over the fake fast model (issue 15): uploaded through the admin API,
 loaded by the registry sync without a restart, selected as "base:adapter" with the
 openai SDK, kept to their owners, counted in usage and metrics, unloaded when retired.
 
@@ -27,7 +27,7 @@ from server.settings import Settings
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tests.admin.zip_archives import HEADS, HIDDEN, INTERMEDIATE, KV_HEADS, adapter_files, zip_of
-from tests.gateway.fakes import FakeEngine
+from tests.utils.adapter_engine import ARCHIVE_SHAPE, AdapterTestEngine, adapter_test_engine
 from tests.utils.principals import PEPPER
 
 LOAD_WITHIN_S = 5.0  # the issue's bound: registered -> servable without a restart
@@ -35,10 +35,10 @@ LOAD_WITHIN_S = 5.0  # the issue's bound: registered -> servable without a resta
 
 @dataclass
 class Live:
-    """The app, its fake engine, the database and the credentials the tests use."""
+    """The app, its engine, the database and the credentials the tests use."""
 
     client: TestClient
-    engine: FakeEngine
+    engine: AdapterTestEngine
     sessions: sessionmaker[Session]
     admin: dict[str, str]
     key_a: str
@@ -115,7 +115,9 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         store.set_limits(s, tenant_name="gamma", allowed_models=["fake:shared"])
         narrow = store.create_key(s, tenant_name="gamma", pepper=PEPPER).secret
         admin = create_admin_token(s, pepper=PEPPER, role="admin").secret
-    engine = FakeEngine()
+    # The engine has the registered model's shape, so that the uploaded adapters load;
+    # it reports no adapter slots, so the gateway's own counts are its lora series.
+    engine = adapter_test_engine(ARCHIVE_SHAPE, report_lora=False)
     app = build_app(settings, engine=engine)
     with TestClient(app) as client:
         yield Live(

@@ -1,16 +1,17 @@
 """The completions hop, client and server: both chunk forms, hang-ups, errors.
 
-In one process (fast): an engine server app over the fake engine, served by uvicorn
+In one process (fast): an engine server app over the real engine and the fake fast model, served by uvicorn
 in a thread, reached by `RemoteEngineClient` (aiohttp) or by a plain HTTP client.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import httpx
 import orjson
@@ -18,6 +19,7 @@ import pytest
 from starlette.requests import Request
 
 from engine.errors import EngineDeadError, EngineOverloadedError, InvalidRequestError
+from engine.fronts.async_engine import AsyncEngine
 from engine.outputs import (
     CompletionDelta,
     PositionLogprobs,
@@ -38,41 +40,80 @@ from engine_hop.wire import (
 from engine_server.app import EngineServer
 from engine_server.auth import ServiceAuth
 from tests.gateway.engine_servers import serve_in_thread
-from tests.gateway.fakes import ByteTokenizer, FakeEngine
+from tests.utils.byte_tokenizer import ByteTokenizer
+from tests.utils.engine_faults import overloaded
+from tests.utils.fast_fake_model import GATEWAY_ENGINE_OPTIONS, fast_fake_llm_engine
 
 TOKEN = "svc-" + "hop-wire-token-for-tests-only"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 
 
-class ScriptedEngine(FakeEngine):
-    """The fake engine, which records every abort the server asks for and fails the
-    requests whose prompt starts with `FAIL` after their first event."""
+class ScriptedEngine(AsyncEngine):
+    """The real front over the fake fast model (10 ms a step), which records every abort
+    the server asks for, refuses a request while `MAX_LIVE` are live (as a full waiting
+    queue does), and fails the requests whose prompt starts with `FAIL` after their
+    first event.
+
+    Its streams are not the front's own (`RequestStream`s): every event is stamped with
+    metrics (see `_stamped`), so the engine server's link reads them one by one and
+    sends one frame an event. It says nothing of when a report has been routed either
+    (no `after_each_report`): the link's batching of a report's events into one array
+    frame is left out, as tests/gateway/test_engine_link.py reads raw frames one
+    message an event.
+    """
 
     FAIL = 99
+    MAX_LIVE = 4
+    after_each_report = None  # type: ignore[assignment]
 
     def __init__(self) -> None:
-        super().__init__(token_delay_s=0.01, max_waiting=4)
+        super().__init__(fast_fake_llm_engine(**GATEWAY_ENGINE_OPTIONS, compute_s=0.01))
         self.abort_calls: list[str] = []
         self.submitted: list[str] = []
 
-    def submit(self, request: EngineRequest) -> AsyncIterator[StreamEvent]:
-        """The fake's stream, or one that breaks after its first event."""
+    @property
+    def running(self) -> set[str]:
+        """The ids of the requests the front has not ended yet."""
+        return set(self._streams)
+
+    def submit(self, request: EngineRequest) -> Any:
+        """The engine's stream, or one that breaks after its first event."""
         self.submitted.append(request.request_id)  # refused or not
-        stream = super().submit(request)
+        if len(self.running) >= self.MAX_LIVE:
+            raise overloaded()
+        stream = self._stamped(super().submit(request))
         if request.prompt_token_ids[0] != self.FAIL:
             return stream
-        return self._failing(stream)
+        return self._failing(request.request_id, stream)
 
-    async def _failing(self, stream: AsyncIterator[StreamEvent]) -> AsyncIterator[StreamEvent]:
-        async with contextlib.aclosing(stream):  # type: ignore[type-var]
+    @staticmethod
+    async def _stamped(stream: AsyncIterator[StreamEvent]) -> AsyncIterator[StreamEvent]:
+        """The stream, each event with metrics: the engine times a request on its last
+        event only; the others get the time so far, as an engine timing every step
+        would, so that the hop's carrying them is checked on every event."""
+        arrival = time.time()
+        async for event in stream:
+            if event.metrics is None:
+                now = time.time()
+                event = dataclasses.replace(
+                    event, metrics=RequestMetrics(arrival, arrival, now, None)
+                )
+            yield event
+
+    async def _failing(
+        self, rid: str, stream: AsyncIterator[StreamEvent]
+    ) -> AsyncIterator[StreamEvent]:
+        try:
             async for event in stream:
                 yield event
                 raise RuntimeError("the device fell over")
+        finally:
+            await super().abort(rid)  # as the real front ends a request that failed
 
     async def abort(self, request_id: str) -> None:
-        """Records the call, then aborts."""
-        self.abort_calls.append(request_id)
+        """Aborts, then records the call (once the request's blocks are free)."""
         await super().abort(request_id)
+        self.abort_calls.append(request_id)
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +179,13 @@ def test_the_gateway_and_the_in_process_engine_see_the_same_events(
             remote = await collect(client, req)
         finally:
             await client.shutdown()
-        local = [e async for e in engine.submit(request((10, 11, 12), 5, "same-1"))]
+        # The same engine, in this process: a twin of the served one, on this loop.
+        twin = ScriptedEngine()
+        await twin.start()
+        try:
+            local = [e async for e in twin.submit(request((10, 11, 12), 5, "same-1"))]
+        finally:
+            await twin.shutdown()
         return remote, local
 
     remote, local = asyncio.run(both())

@@ -24,8 +24,8 @@ from engine_hop.remote_errors import EngineUnavailableError
 from engine_server.app import EngineServer
 from engine_server.auth import ServiceAuth
 from tests.gateway.engine_servers import serve_in_thread, start_in_thread
-from tests.gateway.fakes import ByteTokenizer
 from tests.gateway.test_engine_hop_wire import TOKEN, ScriptedEngine, collect, request
+from tests.utils.byte_tokenizer import ByteTokenizer
 
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 LINK = "/internal/link"

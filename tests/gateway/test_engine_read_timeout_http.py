@@ -1,6 +1,6 @@
 """Over HTTP, on both transports: a stuck engine fails only the stuck request.
 
-The engine server runs a fake engine that goes silent (a live process and socket,
+The engine server runs the real engine over the fake fast model, which goes silent (a live process and socket,
 no events) on the prompts that ask it to, before the first token or after two. The
 gateway's client has a short read timeout (`CLOISTER_ENGINE_READ_TIMEOUT_S` in
 production). The tenant whose request stalls gets the engine's 503 in OpenAI's error
@@ -21,31 +21,38 @@ import httpx
 import orjson
 import pytest
 
+from engine.fronts.async_engine import AsyncEngine
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest
 from engine_server.app import EngineServer
 from engine_server.auth import ServiceAuth
 from tenancy.limiter.memory import MemoryLimiter
 from tests.gateway.engine_servers import serve_in_thread
-from tests.gateway.fakes import FakeEngine
 from tests.gateway.test_engine_hop_wire import TOKEN
 from tests.gateway.test_engine_link import client_of
+from tests.utils.fast_fake_model import GATEWAY_ENGINE_OPTIONS, fast_fake_llm_engine
 from tests.utils.live_gateway import LiveGateway, start_gateway
+from tests.utils.scripted_engine import inject_script, one_token_per_char
 
 READ_TIMEOUT_S = 0.8
+# What greedy requests are answered: more characters than any test asks for.
+REPLY = "abcdefgh" * 10
 
 
-class SilentEngine(FakeEngine):
-    """The fake engine, which falls silent on prompts that say STALL-FIRST (before any
-    event) or STALL-MID (after two), until the request is aborted."""
+class SilentEngine(AsyncEngine):
+    """The real front over the fake fast model, answering greedy requests one character
+    a token (tests/utils/scripted_engine.py); it falls silent on prompts that say
+    STALL-FIRST (before any event) or STALL-MID (after two), until the request is aborted."""
 
     def __init__(self) -> None:
-        super().__init__(token_delay_s=0.01)
+        llm = fast_fake_llm_engine(**GATEWAY_ENGINE_OPTIONS)
+        super().__init__(inject_script(llm, one_token_per_char(llm, REPLY)))
         self.abort_calls: list[str] = []
 
-    def submit(self, request: EngineRequest) -> AsyncIterator[StreamEvent]:
-        """The fake's stream, or one that goes silent."""
+    def submit(self, request: EngineRequest) -> Any:
+        """The engine's stream, or one that goes silent."""
         stream = super().submit(request)
+        # The gateway's client (tests/gateway/test_engine_link.py) tokenizes bytes.
         text = bytes(t for t in request.prompt_token_ids if t < 256).decode(errors="ignore")
         if "STALL-FIRST" in text:
             return self._silent(stream, after=0)

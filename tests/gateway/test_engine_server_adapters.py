@@ -1,5 +1,5 @@
 """LoRA adapters over the engine server's internal API, in one process (fast): two engine
-server apps over the fake engine, reached through `RemoteEngineClient` and
+server apps over the real engine (on the fake fast model), reached through `RemoteEngineClient` and
 `ReplicaSetClient`.
 
 Hostile input on the new routes is a 4xx with an OpenAI error body and leaves nothing
@@ -14,7 +14,6 @@ test_adapters_split_live.py.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hashlib
 import stat
 from collections.abc import Iterator
@@ -29,48 +28,29 @@ from sqlalchemy.orm import Session, sessionmaker
 from admin import registry
 from admin.models import LoraAdapter
 from assembly.adapter_sync import AdapterSync
-from engine.lora.peft import content_digest
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
-from engine_hop.adapters import AdapterInfo, AdapterInUseError
+from engine_hop.adapters import AdapterInUseError
 from engine_hop.remote_client import RemoteEngineClient, fetch_info
 from engine_hop.replica_set import ReplicaSetClient
 from engine_server.app import EngineServer
 from engine_server.auth import ServiceAuth
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tests.admin.zip_archives import adapter_files, raw_zip, stored, zip_of
-from tests.gateway.fakes import ByteTokenizer, FakeEngine
 from tests.gateway.test_trace_hop import serve_in_thread
+from tests.utils.adapter_engine import ARCHIVE_SHAPE, AdapterTestEngine, adapter_test_engine
+from tests.utils.byte_tokenizer import ByteTokenizer
 
 TOKEN = "svc-" + "adapter-push-token-for-tests"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 
 
-class DigestingFake(FakeEngine):
-    """The fake, digesting an adapter's files as the engine does, and counting loads."""
-
-    def __init__(self) -> None:
-        super().__init__(token_delay_s=0.0)
-        self.loads = 0
-
-    async def load_adapter(self, name: str, path: str) -> AdapterInfo:
-        info = await super().load_adapter(name, path)
-        folder = Path(path)
-        digest = content_digest(
-            (folder / "adapter_model.safetensors").read_bytes(),
-            (folder / "adapter_config.json").read_bytes(),
-        )
-        self.loads += 1
-        self.loaded_adapters[name] = info = dataclasses.replace(info, digest=digest)
-        return info
-
-
 @dataclass
 class Served:
-    """One engine server app over a fake engine, on a loopback port."""
+    """One engine server app over the real engine (the fake fast model), on a loopback port."""
 
     url: str
-    fake: DigestingFake
+    fake: AdapterTestEngine
     server: EngineServer
 
 
@@ -78,7 +58,8 @@ class Served:
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Served]]:
     served, stops = [], []
     for i, dtype in enumerate(("float32", "bfloat16")):
-        fake = DigestingFake()
+        # It reports no adapter slots, so the lora series are the server's own counts.
+        fake = adapter_test_engine(ARCHIVE_SHAPE, report_lora=False)
         server = EngineServer(
             fake,
             model_name="tiny",
@@ -291,7 +272,7 @@ def test_a_replica_set_loads_everywhere_and_the_sync_heals_a_restarted_replica(
 
             # The second replica restarts: it comes back without the adapter.
             digest = first.fake.loaded_adapters["a"].digest
-            second.fake.loaded_adapters.clear()
+            second.fake.forget_adapters()
             await poll()
             assert replicas.adapters() == [] and replicas.partly_loaded_adapters() == ["a"]
             request = EngineRequest(prompt_token_ids=(1, 2), params=SamplingParams(), adapter="a")

@@ -153,7 +153,7 @@ def test_a_replica_set_sums_its_replicas_tiers_and_exports_them() -> None:
     from engine_hop.replica_set import ReplicaSetClient
     from gateway.metrics import GatewayMetrics, tier_totals
     from tests.admin.engine_stand_ins import REMOTE_INFO, remote_engine_server
-    from tests.gateway.fakes import ByteTokenizer
+    from tests.utils.byte_tokenizer import ByteTokenizer
 
     def body(tiers: tuple[TierStats, ...]) -> dict[str, object]:
         stats = idle_stats(kv_tiers=tiers)

@@ -3,15 +3,18 @@ queue refuses as overloaded is retried once on the model's registry fallback, wh
 tenant and key may use it; the response names the fallback, the usage is metered at the
 fallback's price, and the limits are charged once. Otherwise the client gets the 503.
 
-Fake engines (tests/gateway/fakes.py): `max_waiting=0` refuses every request at submit
-with `EngineOverloadedError`, as a full waiting queue does. The fallback's tokenizer
-counts two tokens a byte, so a re-tokenized prompt is told from a reused one.
+Real engines over the fake fast model, watched (tests/utils/watched_engine.py): the
+overloaded ones refuse every request at submit with the real front's
+`EngineOverloadedError`, as a full waiting queue does (tests/utils/engine_faults.py);
+the fallback answers greedy requests with REPLY (tests/utils/scripted_engine.py). The
+gateway tokenizes bytes, and the fallback's tokenizer counts two tokens a byte, so a
+re-tokenized prompt is told from a reused one.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +28,9 @@ from admin import registry
 from admin.metering import MeteringSink
 from admin.models import UsageRow
 from assembly.served_models import registry_model_access
+from engine.fronts.async_engine import AsyncEngine
+from engine.model.hf_loader import architecture_from_config
 from engine.request import EngineRequest
-from engine_hop.adapters import AdapterInfo
 from engine_hop.in_process import InProcessEngineClient
 from gateway.app import create_app
 from server.settings import Settings
@@ -34,9 +38,19 @@ from tenancy import store
 from tenancy.authenticator import Authenticator
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.fakes import ByteTokenizer, FakeEngine
+from tests.utils.byte_tokenizer import ByteTokenizer
+from tests.utils.engine_faults import SubmitPatch, overloaded, refuse
+from tests.utils.fast_fake_model import (
+    GATEWAY_ENGINE_OPTIONS,
+    fast_fake_llm_engine,
+    gateway_test_engine,
+)
 from tests.utils.live_gateway import OPERATOR_HEADERS, operator_auth
+from tests.utils.lora_adapters import make_peft_adapter
 from tests.utils.principals import PEPPER
+from tests.utils.scripted_engine import inject_script, one_token_per_char
+from tests.utils.tiny_model import tiny_config
+from tests.utils.watched_engine import Watched
 
 REPLY = "fallback says hi"
 MESSAGES = [{"role": "user", "content": "hello"}]
@@ -53,6 +67,35 @@ class DoubleByteTokenizer(ByteTokenizer):
         return [t for b in super().encode(text, add_special_tokens) for t in (b, b)]
 
 
+def overloaded_engine() -> Watched:
+    """A real front whose every submit is refused as a full waiting queue refuses it;
+    the gateway tokenizes bytes for it."""
+    engine = Watched(gateway_test_engine())
+    engine.tokenizer = ByteTokenizer()
+    refuse(engine)
+    return engine
+
+
+def reply_engine() -> AsyncEngine:
+    """A real front whose greedy requests answer REPLY, one token a character but for
+    "hi": with the end-of-sequence token, `len(REPLY)` completion tokens."""
+    llm = fast_fake_llm_engine(**GATEWAY_ENGINE_OPTIONS)
+    return AsyncEngine(inject_script(llm, one_token_per_char(llm, REPLY, but="hi")))
+
+
+def refuse_after(engine: Any, n: int) -> SubmitPatch:
+    """Takes the first `n` submits, then refuses every one as a full waiting queue does."""
+    taken: list[str] = []
+
+    def wrap(real: Callable[[EngineRequest], Any], request: EngineRequest) -> Any:
+        if len(taken) >= n:
+            raise overloaded()
+        taken.append(request.request_id)
+        return real(request)
+
+    return SubmitPatch(engine, wrap)
+
+
 class Served:
     """One gateway serving "big" (always overloaded, falls back to "small"), "small",
     "lone" (overloaded, no fallback) and "orphan" (overloaded, falls back to a registered
@@ -62,10 +105,11 @@ class Served:
         url = f"sqlite:///{tmp_path / 'cloister.db'}"
         upgrade_database(url)
         self.sessions: sessionmaker[Session] = make_session_factory(make_engine(url))
-        self.big = FakeEngine(max_waiting=0)
-        self.lone = FakeEngine(max_waiting=0)
-        self.orphan = FakeEngine(max_waiting=0)
-        self.small = FakeEngine(reply=REPLY)
+        self.tmp_path = tmp_path
+        self.big = overloaded_engine()
+        self.lone = overloaded_engine()
+        self.orphan = overloaded_engine()
+        self.small = Watched(reply_engine())
         self.small.tokenizer = DoubleByteTokenizer()
         with self.sessions() as s:
             self.acme = store.create_tenant(s, name="acme").id
@@ -258,7 +302,7 @@ def test_an_overloaded_fallback_is_the_first_503_and_keeps_nothing_queued(
     served: tuple[Served, TestClient],
 ) -> None:
     s, client = served
-    s.small.max_waiting = 1  # the fallback queues the first prompt, then refuses the second
+    refuse_after(s.small, 1)  # the fallback queues the first prompt, then refuses the second
     body = {"model": "big", "prompt": ["one", "two"], "max_tokens": 4}
     _refused(_post(client, "/v1/completions", body, s.key))
     assert len(s.small.domains) == 1 and len(s.small.aborted) == 1
@@ -280,7 +324,9 @@ def test_an_adapter_request_is_never_moved(served: tuple[Served, TestClient]) ->
     s, client = served
     with s.sessions() as session:
         registry.register_adapter(session, name="ad", base_model="big", rank=8, source_path="/a")
-    s.big.loaded_adapters["ad"] = AdapterInfo(name="ad", rank=8, alpha=8.0, digest="0")
+    folder = make_peft_adapter(s.tmp_path / "ad", architecture_from_config(tiny_config()), 8, 8)
+    assert client.portal is not None
+    client.portal.call(s.big.load_adapter, "ad", str(folder))
     tried: list[str] = []
     submit = s.small.submit
 

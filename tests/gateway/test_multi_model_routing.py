@@ -1,5 +1,6 @@
-"""Several base models in one gateway (issue 14 §2), on fake engines: each request goes to
-its own model's engine, tokenizer, context and vocabulary; keys see only their models."""
+"""Several base models in one gateway (issue 14 §2), on real engines over the fake fast
+model: each request goes to its own model's engine, tokenizer, context and vocabulary;
+keys see only their models."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from engine.fronts.async_engine import AsyncEngine
 from engine_hop.client import EngineSnapshot
 from engine_hop.in_process import InProcessEngineClient
 from gateway.app import create_app
@@ -20,9 +22,15 @@ from tenancy import store
 from tenancy.authenticator import Authenticator
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.fakes import ByteTokenizer, FakeEngine
+from tests.utils.byte_tokenizer import ByteTokenizer
+from tests.utils.fast_fake_model import (
+    GATEWAY_ENGINE_OPTIONS,
+    fast_fake_llm_engine,
+    gateway_test_engine,
+)
 from tests.utils.live_gateway import OPERATOR_HEADERS, ListUsageSink, operator_auth
 from tests.utils.principals import PEPPER
+from tests.utils.watched_engine import Watched
 
 
 class DoubleByteTokenizer(ByteTokenizer):
@@ -40,9 +48,12 @@ class Served:
         url = f"sqlite:///{tmp_path / 'cloister.db'}"
         upgrade_database(url)
         self.sessions = make_session_factory(make_engine(url))
-        self.small = FakeEngine(max_model_len=64)
+        # The gateway tokenizes with the tokenizers set here (the engines answer in their
+        # own), so that prompt counts are bytes: one token a byte on "small", two on "big".
+        self.small = Watched(gateway_test_engine(max_model_len=64))
+        self.small.tokenizer = ByteTokenizer()
         self.small.vocab_size = 200  # token ids 200..255 are outside this model's vocabulary
-        self.big = FakeEngine(max_model_len=512)
+        self.big = Watched(gateway_test_engine(max_model_len=512))
         self.big.tokenizer = DoubleByteTokenizer()
         self.usage = ListUsageSink()
         self.app = create_app(
@@ -164,7 +175,8 @@ def test_metrics_carry_each_models_engine_series(served: tuple[Served, TestClien
 def test_one_dead_engine_fails_health(served: tuple[Served, TestClient]) -> None:
     s, client = served
     assert client.get("/health").status_code == 200
-    s.big.alive = False  # type: ignore[misc]
+    assert client.portal is not None
+    client.portal.call(s.big.shutdown)  # the engine stops: it is no longer alive
     assert client.get("/health").status_code == 503
 
 
@@ -174,7 +186,7 @@ def test_create_app_takes_one_engine_or_a_map(tmp_path: Path) -> None:
         "authenticator": Authenticator(make_session_factory(make_engine("sqlite://")), PEPPER),
         "limiter": MemoryLimiter(),
     }
-    one = InProcessEngineClient(FakeEngine(), model_name="m")
+    one = InProcessEngineClient(gateway_test_engine(), model_name="m")
     with pytest.raises(ValueError, match="exactly one"):
         create_app(settings, engine_client=one, engines={"m": one}, **common)
     with pytest.raises(ValueError, match="exactly one"):
@@ -199,22 +211,25 @@ def test_engine_counters_are_kept_per_model() -> None:
     assert 'vllm:kv_cache_usage_perc{model_name="b"} 0.2' in text
 
 
-class RecordingEngine(FakeEngine):
-    """A fake that notes its start and stop, and can fail either."""
+class RecordingEngine(AsyncEngine):
+    """The real front over the fake fast model, which notes its start and stop, and can
+    fail either."""
 
     def __init__(self, log: list[str], name: str, *, fail: str = "") -> None:
-        super().__init__()
+        super().__init__(fast_fake_llm_engine(**GATEWAY_ENGINE_OPTIONS))
         self.log, self.name, self.fail = log, name, fail
 
     async def start(self) -> None:
         """Notes the start; raises when told to fail it."""
         if self.fail == "start":
             raise RuntimeError(f"{self.name} cannot start")
+        await super().start()
         self.log.append(f"start {self.name}")
 
     async def shutdown(self) -> None:
         """Notes the stop; raises when told to fail it."""
         self.log.append(f"stop {self.name}")
+        await super().shutdown()
         if self.fail == "stop":
             raise RuntimeError(f"{self.name} cannot stop")
 

@@ -17,7 +17,7 @@ from engine_hop import replica_set
 from engine_hop.remote_client import EngineServerInfo
 from engine_hop.replica_set import ReplicaSetClient
 from engine_hop.routing import RoutingConfig
-from tests.gateway.fakes import ByteTokenizer
+from tests.utils.byte_tokenizer import ByteTokenizer
 
 INFO = EngineServerInfo("m", max_model_len=512, vocab_size=1000, num_blocks=64, block_size=4)
 URLS = ["http://127.0.0.1:9", "http://127.0.0.1:10"]

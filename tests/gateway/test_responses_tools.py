@@ -1,8 +1,9 @@
 """Function tools on /v1/responses with the openai SDK: calls as `function_call` items,
 their typed stream events, `function_call_output` round trips, and the 400s.
 
-Two module-scoped gateways: the fake engine scripted to answer with two calls (hermes
-format), so the exact shapes are checked, and the tiny random model, whose
+Two module-scoped gateways: the real engine over the fake fast model, scripted to answer
+with two calls (hermes format; tests/utils/scripted_tools.py), so the exact shapes are
+checked, and the tiny random model, whose
 `tool_choice="required"` output is held to a valid call by constrained decoding.
 """
 
@@ -16,42 +17,18 @@ import openai
 import pytest
 
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.fakes import FakeEngine
 from tests.utils.live_gateway import LiveGateway, make_test_engine, start_gateway
+from tests.utils.scripted_tools import TIME_FUNCTION, WEATHER_FUNCTION, start_scripted_tools_gateway
 
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "The weather in a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
-        "required": ["city"],
-        "additionalProperties": False,
-    },
-}
-TIME = {
-    "type": "function",
-    "name": "get_time",
-    "parameters": {
-        "type": "object",
-        "properties": {"utc": {"type": "boolean"}},
-        "required": ["utc"],
-        "additionalProperties": False,
-    },
-}
-SCRIPTED = (
-    'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
-    '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"utc": true}}\n</tool_call>'
-)
+WEATHER = {"type": "function", **WEATHER_FUNCTION}
+TIME = {"type": "function", **TIME_FUNCTION}
 EXPECTED = [("get_weather", {"city": "Paris"}), ("get_time", {"utc": True})]
 
 
 @pytest.fixture(scope="module")
 def scripted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveGateway]:
     tmp = tmp_path_factory.mktemp("responses-tools-fake")
-    engine = FakeEngine(reply=SCRIPTED, token_delay_s=0.0, max_model_len=8192)
-    gw, stop = start_gateway(tmp, engine=engine, limiter=MemoryLimiter(), tool_parser="hermes")
+    gw, stop = start_scripted_tools_gateway(tmp)
     yield gw
     stop()
 

@@ -137,7 +137,7 @@ def test_remote_replicas_carry_their_counters_and_the_gateway_sums_them() -> Non
     carries its counters, the replica set sums them, and the gateway's /metrics shows the
     sum under the model's name."""
     from engine_hop.replica_set import ReplicaSetClient
-    from tests.gateway.fakes import ByteTokenizer
+    from tests.utils.byte_tokenizer import ByteTokenizer
 
     other = replace(SPEC, num_drafts=1, num_draft_tokens=4, num_accepted_tokens=4)
     other = replace(other, accepted_per_pos=(1, 1, 1, 1))

@@ -21,7 +21,7 @@ from engine.outputs import CompletionDelta, PositionLogprobs, StreamEvent, Token
 from gateway.stream_cadence import Cadence, ChoicePacer, paced_events
 from tenancy.errors import InvalidValueError
 from tenancy.validation import check_stream_cadence, stream_cadence_tokens
-from tests.gateway.fakes import ByteTokenizer
+from tests.utils.byte_tokenizer import ByteTokenizer
 
 PROMPT = tuple(b"<user>hi\n<assistant>")
 

@@ -19,11 +19,13 @@ import httpx
 import pytest
 
 from engine.detokenizer import IncrementalDetokenizer
+from engine.fronts.async_engine import AsyncEngine
 from engine.outputs import CompletionDelta, PositionLogprobs, StreamEvent, TokenLogprob
 from engine.request import EngineRequest
 from tenancy import store
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.fakes import FakeEngine
+from tests.utils.byte_tokenizer import ByteTokenizer
+from tests.utils.fast_fake_model import GATEWAY_ENGINE_OPTIONS, fast_fake_llm_engine
 from tests.utils.live_gateway import LiveGateway, make_test_engine, start_gateway
 
 MESSAGES = [{"role": "user", "content": "Say something about side channels."}]
@@ -166,11 +168,21 @@ BURSTS = (1, 5, 2, 7, 3)
 REPLY = "Steps of uneven size: ok. é→ done!"
 
 
-class BurstEngine(FakeEngine):
-    """Streams REPLY (byte tokens, logprobs when asked) in steps of BURSTS tokens."""
+class BurstEngine(AsyncEngine):
+    """The real front over the fake fast model, whose streams are scripted: REPLY (byte
+    tokens, logprobs when asked) in steps of BURSTS tokens.
 
-    def submit(self, request: EngineRequest) -> AsyncIterator[StreamEvent]:
-        """The burst stream (the fake's checks and bookkeeping first)."""
+    A request is validated, queued and counted by the real front as usual; its stream
+    is replaced by the bursts, and the engine's own request is aborted once they end.
+    The gateway tokenizes bytes (`tokenizer`), as the bursts' detokenizer decodes them.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(fast_fake_llm_engine(**GATEWAY_ENGINE_OPTIONS))
+        self.tokenizer = ByteTokenizer()  # type: ignore[assignment]
+
+    def submit(self, request: EngineRequest) -> Any:
+        """The burst stream (the real front's checks and bookkeeping first)."""
         super().submit(request)
         return self._bursts(request)
 
@@ -201,7 +213,7 @@ class BurstEngine(FakeEngine):
                 delta = CompletionDelta(0, text, tuple(step_ids), lps, "stop" if last else None)
                 yield StreamEvent(request.request_id, (delta,), request.prompt_token_ids, 0, last)
         finally:
-            self.running.discard(request.request_id)
+            await self.abort(request.request_id)
 
 
 class _Decode:

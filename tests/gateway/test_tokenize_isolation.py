@@ -15,7 +15,7 @@ import pytest
 from gateway.tokenize import INLINE_CHARS, PER_TENANT_RUNNING, PER_TENANT_WAITING, PromptTokenizer
 from tenancy.errors import RateLimitedError
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.fakes import ByteTokenizer
+from tests.utils.byte_tokenizer import ByteTokenizer
 from tests.utils.fast_fake_model import gateway_test_engine
 from tests.utils.live_gateway import LiveGateway, start_gateway
 

@@ -1,8 +1,9 @@
 """Tool calling over HTTP: validation 400s, calls in OpenAI's shape, streaming, round trips.
 
 Two module-scoped gateways: the tiny random model (real template, tokenizer, engine),
-and the fake engine scripted to answer with a call, so that the reply's exact shape is
-checked without a model that can call tools.
+and the real engine over the fake fast model, scripted to answer with two calls
+(tests/utils/scripted_tools.py), so that the reply's exact shape is checked without a
+model that can call tools.
 """
 
 from __future__ import annotations
@@ -15,39 +16,17 @@ import httpx
 import pytest
 
 from tenancy.limiter.memory import MemoryLimiter
-from tests.gateway.fakes import FakeEngine
 from tests.utils.live_gateway import LiveGateway, make_test_engine, start_gateway
-
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
-}
-TIME = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "parameters": {
-            "type": "object",
-            "properties": {"utc": {"type": "boolean"}},
-            "required": ["utc"],
-            "additionalProperties": False,
-        },
-    },
-}
-ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
-SCRIPTED = (
-    'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
-    '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"utc": true}}\n</tool_call>'
+from tests.utils.scripted_tools import (
+    SCRIPTED,
+    TIME_FUNCTION,
+    WEATHER_FUNCTION,
+    start_scripted_tools_gateway,
 )
+
+WEATHER = {"type": "function", "function": WEATHER_FUNCTION}
+TIME = {"type": "function", "function": TIME_FUNCTION}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +40,9 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveGateway]:
 
 @pytest.fixture(scope="module")
 def scripted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveGateway]:
-    """The fake engine answering every greedy request with SCRIPTED; hermes format."""
+    """The scripted engine answering every greedy request with SCRIPTED; hermes format."""
     tmp = tmp_path_factory.mktemp("tools-fake")
-    engine = FakeEngine(reply=SCRIPTED, token_delay_s=0.0, max_model_len=8192)
-    gw, stop = start_gateway(tmp, engine=engine, limiter=MemoryLimiter(), tool_parser="hermes")
+    gw, stop = start_scripted_tools_gateway(tmp)
     yield gw
     stop()
 
