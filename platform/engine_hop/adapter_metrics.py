@@ -21,10 +21,13 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter as Tally
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from engine.stats import EngineStats
 
 
 class LoraSnapshot(Protocol):
@@ -56,19 +59,19 @@ class LoraCounts:
     waiting_adapters: tuple[str, ...] | None
 
 
-def lora_snapshot(stats: Any) -> LoraCounts:
-    """The adapter figures of an engine front's `stats()` (engine.stats.EngineStats:
-    sequences per adapter name); a front that does not count them reports None."""
+def lora_snapshot(stats: EngineStats) -> LoraCounts:
+    """The adapter figures of an engine front's `stats()` (sequences per adapter name);
+    a front that does not count them reports None."""
 
-    def names(value: Any) -> tuple[str, ...] | None:
-        if not isinstance(value, dict):
+    def names(value: Mapping[str, int] | None) -> tuple[str, ...] | None:
+        if value is None:
             return None
-        return tuple(sorted(str(name) for name, count in value.items() if count))
+        return tuple(sorted(name for name, count in value.items() if count))
 
     return LoraCounts(
-        max_loras=int(getattr(stats, "max_loras", 0)),
-        running_adapters=names(getattr(stats, "lora_running", None)),
-        waiting_adapters=names(getattr(stats, "lora_waiting", None)),
+        max_loras=stats.max_loras,
+        running_adapters=names(stats.lora_running),
+        waiting_adapters=names(stats.lora_waiting),
     )
 
 

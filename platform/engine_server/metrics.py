@@ -63,12 +63,12 @@ class EngineMetrics:
         yield gauge(
             "cloister:num_batch_requests_running",
             "Of the running requests, batch-class ones (service_tier flex).",
-            int(getattr(s, "num_batch_running", 0)),
+            s.num_batch_running,
         )
         yield gauge(
             "cloister:num_batch_requests_waiting",
             "Of the waiting requests, batch-class ones (service_tier flex).",
-            int(getattr(s, "num_batch_waiting", 0)),
+            s.num_batch_waiting,
         )
         yield gauge("vllm:kv_cache_usage_perc", "KV cache usage (0..1).", s.kv_cache_usage)
         yield counter(
@@ -82,10 +82,10 @@ class EngineMetrics:
             s.prefix_cache_hits,
         )
         yield counter("vllm:num_preemptions", "Requests preempted.", s.num_preemptions)
-        yield from _tier_series(self._model, getattr(s, "kv_tiers", ()))
+        yield from _tier_series(self._model, s.kv_tiers)
         yield from _tier_alias_series(self._model, s)
-        yield from _spec_decode_series(self._model, getattr(s, "spec_decode", None))
-        dropped = getattr(s, "kv_events_dropped", None)
+        yield from _spec_decode_series(self._model, s.spec_decode)
+        dropped = s.kv_events_dropped
         if dropped is not None:  # only an engine that publishes KV-cache events
             yield counter(
                 "cloister_kv_events_dropped",

@@ -120,7 +120,10 @@ def test_the_sync_loads_what_it_can_logs_a_failure_once_and_marks_loaded(
         assert first is True
         assert second is False  # nothing new; the failure not re-logged
     assert {a.name for a in engine.adapters()} == {"good"}  # never another model's adapter
-    assert [r.getMessage().count("bad") for r in caplog.records] == [1]
+    # The sync's own records only: the real engine logs its start-up at INFO, which an
+    # earlier test's log set-up may let through.
+    records = [r for r in caplog.records if r.name == "cloister.adapters"]
+    assert [r.getMessage().count("bad") for r in records] == [1]
     with sessions() as s:
         statuses = {a.name: a.status for a in registry.list_adapters(s)}
     assert statuses == {"good": "loaded", "bad": "registered", "elsewhere": "registered"}
