@@ -52,24 +52,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from bench.model_shape import ModelShape  # noqa: E402
 from engine.kernels.common import num_sms  # noqa: E402
 from engine.kernels.decode_attention import choose_num_splits, decode_attention  # noqa: E402
 from engine.kernels.prefill_attention import prefill_attention  # noqa: E402
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The dimensions a benchmark needs of a Llama-family model (real published shapes)."""
-
-    name: str
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-
 
 SMOLLM2_135M = ModelShape("smollm2-135m", 30, 576, 9, 3, 64, 1536, 49152)
 LLAMA3_8B = ModelShape("llama3-8b", 32, 4096, 32, 8, 128, 14336, 128256)

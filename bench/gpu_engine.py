@@ -18,10 +18,11 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import torch
 
+from bench.model_shape import ModelShape
 from engine.config import ModelArchitecture
 from engine.engine_builder import build_config
 from engine.llm_engine import LLMEngine
@@ -38,19 +39,6 @@ BLOCK_SIZE = 16
 ROUNDING_MARGIN_NATS = 0.25
 
 
-class ShapeLike(Protocol):
-    """The model dimensions a benchmark needs (`bench.gpu_decode.ModelShape` has them)."""
-
-    name: str
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-
-
 class IdTokenizer:
     """Stand-in tokenizer for token-id prompts with ignore_eos: no vocabulary needed."""
 
@@ -62,7 +50,7 @@ class IdTokenizer:
         return "".join(f" {i}" for i in ids)
 
 
-def arch_from_shape(shape: ShapeLike, max_model_len: int) -> ModelArchitecture:
+def arch_from_shape(shape: ModelShape, max_model_len: int) -> ModelArchitecture:
     """A tied-embedding Llama architecture of `shape` with the given context length."""
     return ModelArchitecture(
         vocab_size=shape.vocab_size,
@@ -338,7 +326,7 @@ def greedy_run(
 
 
 def bf16_parity(
-    shape: ShapeLike,
+    shape: ModelShape,
     device: torch.device,
     *,
     num_prompts: int = 8,

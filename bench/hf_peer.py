@@ -30,6 +30,7 @@ import pathlib
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -37,6 +38,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from bench import gpu_engine  # noqa: E402
+from bench.model_shape import ModelShape  # noqa: E402
 from engine.config import ModelArchitecture  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.model.llama import LlamaForCausalLM  # noqa: E402
@@ -195,7 +197,7 @@ def _ours_greedy(
 
 
 def parity(
-    shape: gpu_engine.ShapeLike,
+    shape: ModelShape,
     device: torch.device,
     *,
     num_prompts: int = 4,
@@ -356,69 +358,67 @@ def throughput_row(
     }
 
 
+@dataclass(frozen=True)
+class ThroughputPlan:
+    """One shape's throughput run: its batch sizes, prompt length and tokens per request."""
+
+    shape: ModelShape
+    batches: Sequence[int]
+    prompt_len: int
+    new_tokens: int
+
+
 def throughput(
-    shape: gpu_engine.ShapeLike,
+    plan: ThroughputPlan,
     device: torch.device,
     dtype: torch.dtype,
     *,
-    batches: Sequence[int],
-    prompt_len: int,
-    new_tokens: int,
     deadline: float,
     notes: list[str],
 ) -> dict[str, Any]:
     """`throughput_row` per batch size while `deadline` (time.monotonic) allows; never
     raises (a failure is noted and the rows gathered so far are kept)."""
-    result: dict[str, Any] = {"shape": shape.name, "dtype": str(dtype).removeprefix("torch.")}
+    name = plan.shape.name
+    result: dict[str, Any] = {"shape": name, "dtype": str(dtype).removeprefix("torch.")}
     rows: list[dict[str, Any]] = []
     result["rows"] = rows
     try:
-        _throughput_rows(
-            shape,
-            device,
-            dtype,
-            batches=batches,
-            prompt_len=prompt_len,
-            new_tokens=new_tokens,
-            deadline=deadline,
-            notes=notes,
-            result=result,
-        )
+        _throughput_rows(plan, device, dtype, deadline=deadline, notes=notes, result=result)
     except Exception as exc:
-        notes.append(f"hf peer throughput for {shape.name} stopped: {exc!r}")
+        notes.append(f"hf peer throughput for {name} stopped: {exc!r}")
     _free(device)  # the models and the engine died with _throughput_rows' frame
     return result
 
 
 def _throughput_rows(
-    shape: gpu_engine.ShapeLike,
+    plan: ThroughputPlan,
     device: torch.device,
     dtype: torch.dtype,
     *,
-    batches: Sequence[int],
-    prompt_len: int,
-    new_tokens: int,
     deadline: float,
     notes: list[str],
     result: dict[str, Any],
 ) -> None:
     t0 = time.perf_counter()
-    arch = gpu_engine.arch_from_shape(shape, prompt_len + new_tokens + 64)
+    prompt_len, new_tokens = plan.prompt_len, plan.new_tokens
+    arch = gpu_engine.arch_from_shape(plan.shape, prompt_len + new_tokens + 64)
     model = gpu_engine.random_model(arch, dtype=dtype, device=device, seed=0)
     hf = hf_from_ours(model)
     engine = _engine(
         model,
         device,
-        max_num_seqs=max(batches),
+        max_num_seqs=max(plan.batches),
         tokens_per_seq=prompt_len + new_tokens + 8,
-        max_num_batched_tokens=max(2048, max(batches) * prompt_len),
-        name=shape.name,
+        max_num_batched_tokens=max(2048, max(plan.batches) * prompt_len),
+        name=plan.shape.name,
     )
     result["setup_s"] = round(time.perf_counter() - t0, 2)
     result["attn_implementation"] = hf.config._attn_implementation
-    for batch in batches:
+    for batch in plan.batches:
         if time.monotonic() > deadline:
-            notes.append(f"hf peer throughput {shape.name} batch {batch} skipped (time budget)")
+            notes.append(
+                f"hf peer throughput {plan.shape.name} batch {batch} skipped (time budget)"
+            )
             continue
         result["rows"].append(
             throughput_row(
@@ -430,7 +430,7 @@ def _throughput_rows(
 def hf_figures(
     device: torch.device,
     dtype: torch.dtype,
-    shapes: Sequence[gpu_engine.ShapeLike],
+    shapes: Sequence[ModelShape],
     *,
     smoke: bool,
     budget_s: float,
@@ -452,26 +452,15 @@ def hf_figures(
     except Exception as exc:
         notes.append(f"hf peer parity failed to run: {exc!r}")
     if smoke:
-        plans = [(shapes[0], [1, 2], 16, 6)]
+        plans = [ThroughputPlan(shapes[0], [1, 2], 16, 6)]
     else:
-        plans = [(shapes[0], [1, 8, 32], 512, 128)]
-        plans += [(shape, [1, 8, 32], 512, 64) for shape in shapes[1:]]
-    for shape, batches, prompt_len, new_tokens in plans:
+        plans = [ThroughputPlan(shapes[0], [1, 8, 32], 512, 128)]
+        plans += [ThroughputPlan(shape, [1, 8, 32], 512, 64) for shape in shapes[1:]]
+    for plan in plans:
         if time.monotonic() > deadline:
-            notes.append(f"hf peer throughput for {shape.name} skipped (time budget)")
+            notes.append(f"hf peer throughput for {plan.shape.name} skipped (time budget)")
             continue
-        result["throughput"].append(
-            throughput(
-                shape,
-                device,
-                dtype,
-                batches=batches,
-                prompt_len=prompt_len,
-                new_tokens=new_tokens,
-                deadline=deadline,
-                notes=notes,
-            )
-        )
+        result["throughput"].append(throughput(plan, device, dtype, deadline=deadline, notes=notes))
     return result
 
 

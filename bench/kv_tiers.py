@@ -53,15 +53,20 @@ import argparse
 import json
 import random
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from engine.llm_engine import LLMEngine
-from engine.request import EngineRequest
-from engine.sampling_params import SamplingParams
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.arg_types import at_least  # noqa: E402
+from engine.llm_engine import LLMEngine  # noqa: E402
+from engine.request import EngineRequest  # noqa: E402
+from engine.sampling_params import SamplingParams  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -441,15 +446,8 @@ def run_long(args: argparse.Namespace) -> dict[str, object]:
     return summary
 
 
-def positive(text: str) -> int:
-    """An argparse type: a whole number of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
+# An argparse type: a whole number of at least 1.
+positive = at_least(1)
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:

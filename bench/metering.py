@@ -39,9 +39,11 @@ from gateway.usage import UsageRecord  # noqa: E402
 from tenancy.db import make_engine, make_session_factory, normalize_url, upgrade_database  # noqa: E402
 
 
-def _record(i: int) -> UsageRecord:
+def sample_record(i: int, prefix: str = "req") -> UsageRecord:
+    """Usage record number `i` of a run (request id `{prefix}-{i}`): 50 tenants and 500
+    keys in turn, one model, typical token counts and timings."""
     return UsageRecord(
-        f"req-{i}",
+        f"{prefix}-{i}",
         f"ten_{i % 50}",
         f"key_{i % 500}",
         "m",
@@ -66,7 +68,7 @@ def write_cpu_ms(
     for size in (1, 10, 50):
         work = []
         for _ in range(batches + 5):
-            work.append([usage_row(_record(next_id + i), now) for i in range(size)])
+            work.append([usage_row(sample_record(next_id + i), now) for i in range(size)])
             next_id += size
         for rows in work[:5]:
             with sessions() as s:
@@ -103,7 +105,7 @@ def main() -> None:
         cpu0 = time.process_time()
         t0 = time.perf_counter()
         for i in range(args.records):
-            record = _record(i)
+            record = sample_record(i)
             s = time.perf_counter()
             sink.record(record)
             added.append(time.perf_counter() - s)

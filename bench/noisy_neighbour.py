@@ -38,7 +38,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # the path, and its engine_hop.py (a benchmark) would shadow the engine_hop package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "platform"))
 
+from bench.arg_types import at_least, positive_float  # noqa: E402
 from tests.reliability.noisy import ATTACKS, SCENARIOS, Scenario, Workload, ratios  # noqa: E402
 from tests.reliability.noisy_server import (  # noqa: E402
     OLD_BEHAVIOUR,
@@ -58,32 +59,6 @@ from tests.reliability.noisy_server import (  # noqa: E402
 
 SIDES = ("before", "after")
 GOAL_RATIO = 1.5
-
-
-def at_least(low: int) -> Callable[[str], int]:
-    """An argparse type: an integer no smaller than `low`."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be at least {low}, not {value}")
-        return value
-
-    return parse
-
-
-def positive_float(text: str) -> float:
-    """An argparse type: a number above zero."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, not {text}")
-    return value
 
 
 def sides(text: str) -> tuple[str, ...]:

@@ -29,25 +29,8 @@ sys.path[:0] = [
 ]
 
 from admin.metering import MeteringSink  # noqa: E402
-from gateway.usage import UsageRecord  # noqa: E402
+from bench.metering import sample_record  # noqa: E402
 from tenancy.db import make_engine, make_session_factory, upgrade_database  # noqa: E402
-
-
-def _record(run: str, i: int) -> UsageRecord:
-    return UsageRecord(
-        f"{run}-{i}",
-        f"ten_{i % 50}",
-        f"key_{i % 500}",
-        "m",
-        120,
-        40,
-        64,
-        0.05,
-        0.9,
-        200,
-        "stop",
-        False,
-    )
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:
@@ -64,7 +47,7 @@ async def _load(
         for i in next_id:
             await asyncio.sleep(think_s)  # the request's own work
             start = time.perf_counter()
-            await sink.persist(_record(run, i))
+            await sink.persist(sample_record(i, run))
             latencies.append(time.perf_counter() - start)
 
     await asyncio.gather(*(client() for _ in range(concurrency)))

@@ -57,3 +57,40 @@ def require_last_dim_contiguous(name: str, t: torch.Tensor) -> None:
     """The kernels address the innermost dimension with unit stride."""
     if t.stride(-1) != 1:
         raise KernelInputError(f"{name} must be contiguous in its last dimension")
+
+
+def check_paged_attention_inputs(
+    q: torch.Tensor, kv_cache: torch.Tensor, softcap: float | None
+) -> tuple[int, int]:
+    """Checks what both attention launchers take: q [tokens, heads, head_dim] against the
+    paged cache [2, blocks, block_size, kv_heads, head_dim], and the soft cap. Returns
+    (block_size, num_kv_heads); raises KernelInputError on a mismatch."""
+    _, num_heads, head_dim = q.shape
+    _, _, block_size, num_kv_heads, cache_dim = kv_cache.shape
+    if cache_dim != head_dim or num_heads % num_kv_heads != 0:
+        raise KernelInputError(f"q {tuple(q.shape)} does not fit the cache {tuple(kv_cache.shape)}")
+    if q.stride(-1) != 1 or kv_cache.stride(-1) != 1:
+        raise KernelInputError("q and kv_cache must be contiguous in head_dim")
+    if softcap is not None and not softcap > 0:
+        raise KernelInputError(f"softcap must be positive, not {softcap}")
+    return block_size, num_kv_heads
+
+
+def paged_attention_strides(
+    q: torch.Tensor, out: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor
+) -> tuple[int, ...]:
+    """The strides both attention kernels take, in their order: q's and out's (token,
+    head), the cache's (K/V, block, token, KV head) and a block table row's."""
+    return (
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        *kv_cache.stride()[:4],
+        block_tables.stride(0),
+    )
+
+
+def window_and_softcap(window: int | None, softcap: float | None) -> tuple[int, float]:
+    """The (window, softcap) kernel arguments: NO_WINDOW and NO_SOFTCAP for None."""
+    return (NO_WINDOW if window is None else window, NO_SOFTCAP if softcap is None else softcap)

@@ -28,12 +28,12 @@ import triton
 import triton.language as tl
 
 from engine.kernels.common import (
-    NO_SOFTCAP,
-    NO_WINDOW,
-    KernelInputError,
+    check_paged_attention_inputs,
     dot_precision,
     next_pow2,
+    paged_attention_strides,
     softcap_scores,
+    window_and_softcap,
 )
 
 
@@ -165,13 +165,7 @@ def prefill_attention(
     query_start_loc[-1] (padding) are left untouched in `out`.
     """
     num_tokens, num_heads, head_dim = q.shape
-    _, _, block_size, num_kv_heads, cache_dim = kv_cache.shape
-    if cache_dim != head_dim or num_heads % num_kv_heads != 0:
-        raise KernelInputError(f"q {tuple(q.shape)} does not fit the cache {tuple(kv_cache.shape)}")
-    if q.stride(-1) != 1 or kv_cache.stride(-1) != 1:
-        raise KernelInputError("q and kv_cache must be contiguous in head_dim")
-    if softcap is not None and not softcap > 0:
-        raise KernelInputError(f"softcap must be positive, not {softcap}")
+    block_size, num_kv_heads = check_paged_attention_inputs(q, kv_cache, softcap)
     if out is None:
         out = torch.empty_like(q)
     num_seqs = seq_lens.shape[0]
@@ -187,18 +181,9 @@ def prefill_attention(
         query_start_loc,
         seq_lens,
         scale,
-        q.stride(0),
-        q.stride(1),
-        out.stride(0),
-        out.stride(1),
-        kv_cache.stride(0),
-        kv_cache.stride(1),
-        kv_cache.stride(2),
-        kv_cache.stride(3),
-        block_tables.stride(0),
+        *paged_attention_strides(q, out, kv_cache, block_tables),
         head_dim,
-        NO_WINDOW if window is None else window,
-        NO_SOFTCAP if softcap is None else softcap,
+        *window_and_softcap(window, softcap),
         GROUP=num_heads // num_kv_heads,
         BLOCK_M=block_m,
         BLOCK_N=block_n,

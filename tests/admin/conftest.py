@@ -7,16 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tenancy import store
-from tests.utils.admin_env import AdminEnv, make_env
+from tests.utils.admin_env import AdminEnv
+from tests.utils.admin_seed import env_with_tenants
 
 
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[AdminEnv]:
     """A fresh admin environment with tenants "alpha" and "beta"."""
-    e = make_env(tmp_path)
-    with e.sessions() as s:
-        store.create_tenant(s, name="alpha")
-        store.create_tenant(s, name="beta")
-    yield e
-    e.client.close()
+    yield from env_with_tenants(tmp_path, "alpha", "beta")

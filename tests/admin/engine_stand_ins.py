@@ -3,12 +3,18 @@ an engine server's /internal/info and /internal/stats on loopback."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
+from collections.abc import Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
 from typing import Any
 
+from admin.ui import gateway_engine_replicas
 from engine.stats import EngineStats
+from engine_hop.replica_set import ReplicaSetClient
+from tests.utils.admin_env import AdminEnv
 from tests.utils.byte_tokenizer import ByteTokenizer
 
 REMOTE_INFO = {
@@ -17,6 +23,17 @@ REMOTE_INFO = {
     "vocab_size": 256,
     "num_blocks": 100,
     "block_size": 8,
+}
+
+# GET /engines' `speculative` figures of an engine that proposed 8 drafts of 4 tokens and
+# had 20 of them accepted (8, 6, 4 and 2 at the four positions).
+SPECULATIVE_FIGURES: dict[str, Any] = {
+    "num_drafts": 8,
+    "num_draft_tokens": 32,
+    "num_accepted_tokens": 20,
+    "accepted_per_pos": [8, 6, 4, 2],
+    "acceptance_rate": 0.625,
+    "mean_accepted_length": 3.5,
 }
 
 
@@ -72,3 +89,32 @@ def remote_engine_server(stats: dict[str, Any]) -> tuple[ThreadingHTTPServer, st
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     return srv, f"http://127.0.0.1:{srv.server_address[1]}"
+
+
+def polled_replica_set(urls: Sequence[str]) -> ReplicaSetClient:
+    """A replica set named "remote" over the engine servers at `urls`, each replica
+    polled once (its pool and load read) and its HTTP client closed again."""
+    remote = ReplicaSetClient(
+        list(urls), token=None, tokenizer=ByteTokenizer(), model_name="remote"
+    )
+
+    async def poll() -> None:
+        for replica in remote.replicas():
+            await replica.poll_once()
+            await replica.http.aclose()
+
+    asyncio.run(poll())
+    return remote
+
+
+def connect_engines(
+    env: AdminEnv, engines: Mapping[str, Any], remote_urls: Sequence[str] = ()
+) -> None:
+    """Wires the admin app to a gateway's engine clients (name -> client), as
+    `cloister serve` does; with `remote_urls`, also to a replica set "remote" over the
+    engine servers there (`polled_replica_set`)."""
+    if remote_urls:
+        engines = {**engines, "remote": polled_replica_set(remote_urls)}
+    env.client.app.state.admin_engine_replicas = gateway_engine_replicas(  # type: ignore[attr-defined]
+        SimpleNamespace(engines=engines)
+    )

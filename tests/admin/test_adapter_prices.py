@@ -12,6 +12,7 @@ from admin.models import UsageRow
 from admin.usage_store import write_usage
 from gateway.usage import UsageRecord
 from tests.utils.admin_env import make_env
+from tests.utils.admin_seed import usage_record
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 BASE = registry.Prices(input=100, cached_input=50, output=1_000)
@@ -19,21 +20,7 @@ OWN = registry.Prices(input=300, cached_input=150, output=3_000)
 
 
 def _record(request_id: str, adapter: str | None) -> UsageRecord:
-    return UsageRecord(
-        request_id=request_id,
-        tenant_id="ten_1",
-        key_id="key_1",
-        model="m",
-        prompt_tokens=10,
-        cached_tokens=0,
-        completion_tokens=2,
-        ttft_s=0.1,
-        latency_s=0.2,
-        status=200,
-        finish_reason="stop",
-        client_disconnected=False,
-        adapter=adapter,
-    )
+    return usage_record(request_id, tenant_id="ten_1", key_id="key_1", adapter=adapter)
 
 
 def test_adapter_usage_is_billed_at_its_own_price_else_its_base_models(tmp_path: Path) -> None:

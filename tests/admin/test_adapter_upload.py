@@ -70,15 +70,14 @@ class Live:
     headers: dict[str, str]
     roots: Path
 
+    def post(self, path: str, timeout: float = 30.0, **request: Any) -> httpx.Response:
+        """POSTs to the admin API's `path` as the admin (`request`: httpx's arguments)."""
+        return httpx.post(f"{self.url}{P}{path}", headers=self.headers, timeout=timeout, **request)
+
     def upload(self, body: bytes, name: str, timeout: float = 60.0) -> httpx.Response:
         """POSTs `body` as the adapter zip for adapter `name` of base model "base"."""
-        return httpx.post(
-            f"{self.url}{P}/adapters/upload",
-            params={"name": name, "base_model": "base"},
-            content=body,
-            headers=self.headers,
-            timeout=timeout,
-        )
+        params = {"name": name, "base_model": "base"}
+        return self.post("/adapters/upload", timeout, params=params, content=body)
 
     def outcomes(self, resource: str) -> list[str]:
         """Audit outcomes recorded for `resource`, oldest first."""
@@ -143,13 +142,8 @@ def test_a_valid_adapter_is_registered(live: Live) -> None:
     assert live.outcomes("adapters/good") == ["success"]
     again = live.upload(zip_of(adapter_files()), "good")
     assert again.status_code == 409 and again.json()["error"]["message"]
-    no_base = httpx.post(
-        f"{live.url}{P}/adapters/upload",
-        params={"name": "orphan", "base_model": "missing"},
-        content=zip_of(adapter_files()),
-        headers=live.headers,
-        timeout=30,
-    )
+    params = {"name": "orphan", "base_model": "missing"}
+    no_base = live.post("/adapters/upload", params=params, content=zip_of(adapter_files()))
     assert no_base.status_code == 404
     assert live.outcomes("adapters/good") == ["success", "error"]
     assert live.outcomes("adapters/orphan") == ["error"]
@@ -331,12 +325,8 @@ def _unblock_fifo(path: Path) -> None:
 
 
 def _register_model(live: Live, source: str, name: str) -> httpx.Response:
-    return httpx.post(
-        f"{live.url}{P}/models",
-        json={"name": name, "source": source, "format": "gguf", "context_length": 8},
-        headers=live.headers,
-        timeout=30,
-    )
+    model = {"name": name, "source": source, "format": "gguf", "context_length": 8}
+    return live.post("/models", json=model)
 
 
 def test_model_sources_must_be_regular_files_under_the_roots(live: Live) -> None:
@@ -367,12 +357,8 @@ def test_model_sources_must_be_regular_files_under_the_roots(live: Live) -> None
             assert_openai_400(r)
             assert live.outcomes(f"models/m-{case}") == ["invalid"], case
         assert _register_model(live, str(inside), "m-ok").status_code == 201
-        r = httpx.post(
-            f"{live.url}{P}/adapters",
-            json={"name": "a-fifo", "base_model": "base", "rank": 4, "source_path": str(fifo)},
-            headers=live.headers,
-            timeout=30,
-        )
+        adapter = {"name": "a-fifo", "base_model": "base", "rank": 4, "source_path": str(fifo)}
+        r = live.post("/adapters", json=adapter)
         assert_openai_400(r)
         assert live.outcomes("adapters/a-fifo") == ["invalid"]
     finally:
@@ -388,13 +374,8 @@ def test_an_upload_never_opens_a_fifo_base_model(live: Live) -> None:
     with live.env.sessions() as s:
         registry.register_model(s, name="pipe", source=str(fifo), format="gguf", context_length=8)
     try:
-        r = httpx.post(
-            f"{live.url}{P}/adapters/upload",
-            params={"name": "on-pipe", "base_model": "pipe"},
-            content=zip_of(adapter_files()),
-            headers=live.headers,
-            timeout=30,
-        )
+        params = {"name": "on-pipe", "base_model": "pipe"}
+        r = live.post("/adapters/upload", params=params, content=zip_of(adapter_files()))
         assert_openai_400(r)
         assert live.outcomes("adapters/on-pipe") == ["invalid"]
     finally:
@@ -408,9 +389,7 @@ def test_adapter_registration_refuses_nonsense_fields(live: Live) -> None:
 
     def register(**changes: Any) -> httpx.Response:
         body = {"name": "reg", "base_model": "base", "rank": 4, "source_path": str(folder)}
-        return httpx.post(
-            f"{live.url}{P}/adapters", json={**body, **changes}, headers=live.headers, timeout=30
-        )
+        return live.post("/adapters", json={**body, **changes})
 
     for changes in ({"rank": 10**30}, {"rank": 0}, {"rank": 5000}, {"name": "n" * 200}):
         r = register(**changes)

@@ -19,7 +19,7 @@ from admin.audit_chain import (
     verify,
 )
 from admin.audit_log import AuditLog
-from tenancy.db import make_engine, make_session_factory, upgrade_database
+from tests.utils.admin_db import migrated_sessions, record_tenant_create
 from tests.utils.admin_env import SIGNING_SEED
 
 N = 10_000
@@ -141,19 +141,10 @@ def test_a_forged_signature_is_refused(lines: list[str]) -> None:
 
 
 def test_database_log_verifies_and_exports(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'a.db'}"
-    upgrade_database(url)
-    sessions = make_session_factory(make_engine(url))
+    sessions = migrated_sessions(tmp_path / "a.db")
     log = AuditLog(sessions, signing_key=KEY, checkpoint_every=10)
     for i in range(35):
-        log.record(
-            actor="token:adm_1",
-            role="admin",
-            action="tenant.create",
-            resource=f"tenants/t{i}",
-            outcome="success",
-            detail={"name": f"t{i}", "secret": "sk-clo-hidden"},
-        )
+        record_tenant_create(log, i, detail={"name": f"t{i}", "secret": "sk-clo-hidden"})
     assert log.verify(public_key=PUB).ok
     export = log.export_jsonl()
     assert "sk-clo-hidden" not in export

@@ -21,7 +21,8 @@ from admin.settings import AdminSettings
 from cloister.commands import admin as admin_cmd
 from cloister.commands import audit as audit_cmd
 from server.settings import Settings
-from tenancy.db import make_engine, make_session_factory, upgrade_database
+from tenancy.db import make_engine, make_session_factory
+from tests.utils.admin_db import migrated_postgres, migrated_sessions, record_tenant_create
 from tests.utils.admin_env import SIGNING_SEED
 
 KEY = load_private_key(SIGNING_SEED)
@@ -30,20 +31,12 @@ N = 50
 
 
 def database(tmp_path: Path) -> sessionmaker[Session]:
-    url = f"sqlite:///{tmp_path / 'audit.db'}"
-    upgrade_database(url)
-    return make_session_factory(make_engine(url))
+    return migrated_sessions(tmp_path / "audit.db")
 
 
 def fill(log: AuditLog, n: int = N) -> None:
     for i in range(n):
-        log.record(
-            actor="token:adm_1",
-            role="admin",
-            action="tenant.create",
-            resource=f"tenants/t{i}",
-            outcome="success",
-        )
+        record_tenant_create(log, i)
 
 
 @pytest.fixture
@@ -177,29 +170,21 @@ def test_cli_verify_reports_age_then_catches_truncation(cli: click.Group) -> Non
 def test_concurrent_signers_on_postgresql_keep_one_chain(tmp_path: Path) -> None:
     import threading
 
-    from tests.utils.services import postgres_database
-
-    with postgres_database() as url:
-        upgrade_database(url)
-        engine = make_engine(url)
-        sessions = make_session_factory(engine)
-        try:
-            # Two processes' logs (two signers), each with its own timer.
-            logs = [
-                AuditLog(sessions, signing_key=KEY, checkpoint_every=7, checkpoint_interval_s=0.01)
-                for _ in range(2)
-            ]
-            for log in logs:
-                log.start()
-            writers = [threading.Thread(target=fill, args=(log, 40)) for log in logs]
-            for w in writers:
-                w.start()
-            for w in writers:
-                w.join()
-            for log in logs:
-                log.close()
-            report = logs[0].verify(public_key=PUB)
-            assert report.ok, report.reason
-            assert (report.records, report.unsigned) == (80, 0)
-        finally:
-            engine.dispose()
+    with migrated_postgres() as (_, sessions):
+        # Two processes' logs (two signers), each with its own timer.
+        logs = [
+            AuditLog(sessions, signing_key=KEY, checkpoint_every=7, checkpoint_interval_s=0.01)
+            for _ in range(2)
+        ]
+        for log in logs:
+            log.start()
+        writers = [threading.Thread(target=fill, args=(log, 40)) for log in logs]
+        for w in writers:
+            w.start()
+        for w in writers:
+            w.join()
+        for log in logs:
+            log.close()
+        report = logs[0].verify(public_key=PUB)
+        assert report.ok, report.reason
+        assert (report.records, report.unsigned) == (80, 0)

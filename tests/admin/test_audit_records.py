@@ -12,7 +12,7 @@ from admin import registry
 from admin.audit_log import AuditLog, event_dict
 from admin.identity import create_admin_token
 from admin.models import AuditEvent
-from tenancy.db import make_engine, make_session_factory, upgrade_database
+from tests.utils.admin_db import migrated_postgres
 from tests.utils.admin_env import PEPPER, AdminEnv
 
 P = "/admin/api/v1"
@@ -131,25 +131,18 @@ def test_every_request_has_an_id_in_its_response_and_its_records(env: AdminEnv) 
 def test_over_long_request_ids_and_names_fit_postgresql(tmp_path: Path) -> None:
     """A caller's 5,000-character x-request-id must not make the insert fail (and the
     writer retry it forever): the record keeps the id's first 128 characters."""
-    from tests.utils.services import postgres_database
-
-    with postgres_database() as url:
-        upgrade_database(url)
-        engine = make_engine(url)
-        try:
-            log = AuditLog(make_session_factory(engine), signing_key=None)
-            sealed = log.record(
-                actor="token:adm_1",
-                actor_name="n" * 5000,
-                role="admin",
-                action="tenant.create",
-                resource="tenants/x",
-                outcome="success",
-                request_id="r" * 5000,
-            )
-            (records, _) = log.load()
-        finally:
-            engine.dispose()
+    with migrated_postgres() as (_, sessions):
+        log = AuditLog(sessions, signing_key=None)
+        sealed = log.record(
+            actor="token:adm_1",
+            actor_name="n" * 5000,
+            role="admin",
+            action="tenant.create",
+            resource="tenants/x",
+            outcome="success",
+            request_id="r" * 5000,
+        )
+        (records, _) = log.load()
     assert sealed["request_id"] == "r" * 128 and records[0]["actor_name"] == "n" * 256
 
 

@@ -14,24 +14,16 @@ from admin.audit_chain import load_private_key
 from admin.audit_log import AuditLog
 from admin.audit_writer import AuditWriter
 from admin.models import AuditEvent
-from tenancy.db import make_engine, make_session_factory, upgrade_database
+from tests.utils.admin_db import migrated_sessions, record_tenant_create
 from tests.utils.admin_env import SIGNING_SEED
 
 
 def _record(writer: AuditWriter, i: int) -> None:
-    writer.record(
-        actor="token:adm_1",
-        role="admin",
-        action="tenant.create",
-        resource=f"tenants/t{i}",
-        outcome="ok",
-    )
+    record_tenant_create(writer, i, outcome="ok")
 
 
 def test_a_second_close_writes_what_came_since_without_waiting(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'audit.db'}"
-    upgrade_database(url)
-    sessions = make_session_factory(make_engine(url))
+    sessions = migrated_sessions(tmp_path / "audit.db")
     writer = AuditWriter(AuditLog(sessions, signing_key=load_private_key(SIGNING_SEED)))
     _record(writer, 0)
     writer.close()

@@ -23,9 +23,10 @@ from admin.models import ModelPrice, UsageHourly, UsageRow
 from admin.usage_store import write_usage
 from gateway.usage import UsageRecord
 from tenancy import store
-from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tenancy.errors import InvalidValueError
+from tests.utils.admin_db import migrated_sessions
 from tests.utils.admin_env import AdminEnv
+from tests.utils.admin_seed import usage_record
 
 P = "/admin/api/v1"
 # Odd micro-USD prices, so that a discount which rounded the wrong way would show.
@@ -38,25 +39,13 @@ TOKENS: dict[str, int] = {"prompt_tokens": 101, "cached_tokens": 33, "completion
 def _record(
     request_id: str, *, batch: bool, model: str = "m", tenant: str = "ten_a"
 ) -> UsageRecord:
-    return UsageRecord(
-        request_id=request_id,
-        tenant_id=tenant,
-        key_id="k",
-        model=model,
-        ttft_s=None,
-        latency_s=0.2,
-        status=200,
-        finish_reason="stop",
-        client_disconnected=False,
-        batch=batch,
-        **TOKENS,
+    return usage_record(
+        request_id, tenant_id=tenant, model=model, ttft_s=None, batch=batch, **TOKENS
     )
 
 
 def _sessions(tmp_path: Path) -> sessionmaker[Session]:
-    url = f"sqlite:///{tmp_path / 'b.db'}"
-    upgrade_database(url)
-    return make_session_factory(make_engine(url))
+    return migrated_sessions(tmp_path / "b.db")
 
 
 def _full_cost(prices: registry.Prices) -> int:

@@ -11,13 +11,15 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.orm import Session, sessionmaker
 
 from admin import billing, registry
 from admin.billing_export import build_statement, render_statement
 from admin.metering import MeteringSink
 from admin.models import UsageRow
 from gateway.usage import UsageRecord
-from tenancy.db import make_engine, make_session_factory, upgrade_database
+from tests.utils.admin_db import migrated_sessions
+from tests.utils.admin_seed import usage_record
 
 P1 = registry.Prices(input=150_000, cached_input=75_000, output=600_000)  # $0.15/$0.075/$0.60 per M
 P2 = registry.Prices(input=200_000, cached_input=50_000, output=900_000)
@@ -26,27 +28,25 @@ MID = dt.datetime(2026, 11, 15, 12, 30, tzinfo=dt.UTC)
 
 
 def _record(i: int) -> UsageRecord:
-    return UsageRecord(
-        request_id=f"r{i}",
-        tenant_id="ten_a" if i % 3 else "ten_b",
-        key_id="k",
-        model="m",
-        prompt_tokens=100 + i,
-        cached_tokens=i % 40,
-        completion_tokens=7 * i % 53,
-        ttft_s=None,
-        latency_s=0.2,
-        status=200,
-        finish_reason="stop",
-        client_disconnected=False,
-    )
+    tokens = {"prompt_tokens": 100 + i, "cached_tokens": i % 40, "completion_tokens": 7 * i % 53}
+    return usage_record(f"r{i}", tenant_id="ten_a" if i % 3 else "ten_b", ttft_s=None, **tokens)
+
+
+def _meter(
+    sessions: sessionmaker[Session], tmp_path: Path, uses: list[tuple[dt.datetime, UsageRecord]]
+) -> None:
+    """Records each (time of use, record) through a MeteringSink whose clock reads that
+    time, and closes the sink (everything committed)."""
+    clock = iter([when for when, _ in uses])
+    sink = MeteringSink(sessions, tmp_path / "spool.jsonl", clock=lambda: next(clock)).start()
+    for _, record in uses:
+        sink.record(record)
+    sink.close()
 
 
 @pytest.mark.parametrize("price_change", [False, True])
 def test_export_totals_equal_the_requests(tmp_path: Path, price_change: bool) -> None:
-    url = f"sqlite:///{tmp_path / 'b.db'}"
-    upgrade_database(url)
-    sessions = make_session_factory(make_engine(url))
+    sessions = migrated_sessions(tmp_path / "b.db")
     with sessions() as s:
         registry.register_model(
             s, name="m", source="/m", format="gguf", context_length=8, prices=P1, now=START
@@ -54,12 +54,9 @@ def test_export_totals_equal_the_requests(tmp_path: Path, price_change: bool) ->
         if price_change:
             registry.set_price(s, model="m", prices=P2, effective_from=MID)
     # 300 requests spread over the month; each stamped with its own time of use.
-    times = [START + dt.timedelta(minutes=137 * i) for i in range(300)]
-    clock_iter = iter(times)
-    sink = MeteringSink(sessions, tmp_path / "spool.jsonl", clock=lambda: next(clock_iter)).start()
+    uses = [(START + dt.timedelta(minutes=137 * i), _record(i)) for i in range(300)]
     expected = 0
-    for i, when in enumerate(times):
-        r = _record(i)
+    for when, r in uses:
         prices = P2 if price_change and when >= MID else P1
         fresh = r.prompt_tokens - r.cached_tokens
         expected += (
@@ -67,8 +64,7 @@ def test_export_totals_equal_the_requests(tmp_path: Path, price_change: bool) ->
             + r.cached_tokens * prices.cached_input
             + r.completion_tokens * prices.output
         )
-        sink.record(r)
-    sink.close()
+    _meter(sessions, tmp_path, uses)
     with sessions() as s:
         raw_total = int(s.scalar(sa.select(sa.func.sum(UsageRow.cost_pico_usd))) or 0)
         statement = build_statement(s, period="2026-11")
@@ -123,26 +119,14 @@ def test_cost_depends_only_on_token_counts_in_exact_units() -> None:
 
 
 def _record_of(i: int, model: str, *, tokens: int = 10, status: int = 200) -> UsageRecord:
-    return UsageRecord(
-        request_id=f"{model}-{i}",
-        tenant_id="ten_a",
-        key_id="k",
-        model=model,
-        prompt_tokens=tokens,
-        cached_tokens=0,
-        completion_tokens=tokens,
-        ttft_s=None,
-        latency_s=0.1,
-        status=status,
-        finish_reason="stop",
-        client_disconnected=False,
+    counts = {"prompt_tokens": tokens, "completion_tokens": tokens}
+    return usage_record(
+        f"{model}-{i}", model=model, ttft_s=None, latency_s=0.1, status=status, **counts
     )
 
 
 def test_unpriced_usage_is_marked_and_a_price_of_zero_is_not(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'b.db'}"
-    upgrade_database(url)
-    sessions = make_session_factory(make_engine(url))
+    sessions = migrated_sessions(tmp_path / "b.db")
     with sessions() as s:
         # "free": deliberately priced at 0; "later": no price until MID; "never": none at all.
         registry.register_model(
@@ -169,11 +153,7 @@ def test_unpriced_usage_is_marked_and_a_price_of_zero_is_not(tmp_path: Path) -> 
         (after, _record_of(5, "never")),
         (after, _record_of(6, "never", tokens=0, status=429)),  # a refusal used nothing
     ]
-    clock_iter = iter(when for when, _ in uses)
-    sink = MeteringSink(sessions, tmp_path / "spool.jsonl", clock=lambda: next(clock_iter)).start()
-    for _, record in uses:
-        sink.record(record)
-    sink.close()
+    _meter(sessions, tmp_path, uses)
     with sessions() as s:
         statement = build_statement(s, period="2026-11")
         raw = {r.request_id: r.unpriced for r in s.scalars(sa.select(UsageRow))}
@@ -212,19 +192,13 @@ def test_unpriced_usage_is_marked_and_a_price_of_zero_is_not(tmp_path: Path) -> 
 
 
 def test_rejected_requests_are_never_billable_even_with_tokens(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'b.db'}"
-    upgrade_database(url)
-    sessions = make_session_factory(make_engine(url))
+    sessions = migrated_sessions(tmp_path / "b.db")
     with sessions() as s:
         registry.register_model(
             s, name="m", source="/m", format="gguf", context_length=8, prices=P1, now=START
         )
     uses = [_record_of(1, "m"), _record_of(2, "m", status=500), _record_of(3, "m", status=499)]
-    clock_iter = iter([MID, MID, MID])
-    sink = MeteringSink(sessions, tmp_path / "spool.jsonl", clock=lambda: next(clock_iter)).start()
-    for record in uses:
-        sink.record(record)
-    sink.close()
+    _meter(sessions, tmp_path, [(MID, record) for record in uses])
     with sessions() as s:
         statement = build_statement(s, period="2026-11-15")
     one = P1.cost_pico_usd(prompt_tokens=10, cached_tokens=0, completion_tokens=10)
@@ -238,19 +212,14 @@ def test_rejected_requests_are_never_billable_even_with_tokens(tmp_path: Path) -
 
 
 def test_an_hour_with_a_price_change_is_split_at_the_change(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'b.db'}"
-    upgrade_database(url)
-    sessions = make_session_factory(make_engine(url))
+    sessions = migrated_sessions(tmp_path / "b.db")
     with sessions() as s:
         registry.register_model(
             s, name="m", source="/m", format="gguf", context_length=8, prices=P1, now=START
         )
         registry.set_price(s, model="m", prices=P2, effective_from=MID)  # 12:30
-    times = iter([MID - dt.timedelta(minutes=20), MID + dt.timedelta(minutes=20)])
-    sink = MeteringSink(sessions, tmp_path / "spool.jsonl", clock=lambda: next(times)).start()
-    sink.record(_record_of(1, "m"))
-    sink.record(_record_of(2, "m", tokens=20))
-    sink.close()
+    early, late = MID - dt.timedelta(minutes=20), MID + dt.timedelta(minutes=20)
+    _meter(sessions, tmp_path, [(early, _record_of(1, "m")), (late, _record_of(2, "m", tokens=20))])
     with sessions() as s:
         statement = build_statement(s, period="2026-11")
     assert [(x.prices, x.requests, x.output_tokens) for x in statement.lines] == [

@@ -9,7 +9,6 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from admin.settings import AdminSettings
 from cloister.commands import admin as admin_cmd
 from cloister.commands import audit as audit_cmd
 from cloister.commands import billing as billing_cmd
@@ -37,20 +36,10 @@ def test_create_token_json_then_audit_round_trip(cli: click.Group, tmp_path: Pat
     bad = runner.invoke(cli, ["admin", "create-token", "--role", "tenant-admin"])
     assert bad.exit_code != 0
     # Some audited actions through the API, then verify from the CLI.
-    from fastapi.testclient import TestClient
-
-    from admin.app import create_admin_app, make_services
     from server.settings import Settings
-    from tenancy.db import make_engine, make_session_factory
+    from tests.utils.admin_app import admin_app_from_settings
 
-    settings = Settings()
-    sessions = make_session_factory(make_engine(settings.resolved_database_url))
-    services = make_services(
-        sessions,
-        pepper=settings.key_pepper.get_secret_value(),
-        settings=AdminSettings.from_settings(settings),
-    )
-    client = TestClient(create_admin_app(services))
+    services, client = admin_app_from_settings(Settings())
     for i in range(7):
         r = client.post(
             "/admin/api/v1/tenants",

@@ -8,13 +8,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from admin.ui import gateway_engine_replicas
 from engine_hop.in_process import InProcessEngineClient
-from tests.admin.engine_stand_ins import FixedStatsEngine, idle_stats
+from tests.admin.engine_stand_ins import FixedStatsEngine, connect_engines, idle_stats
 from tests.utils.admin_env import AdminEnv, make_env
 from tests.utils.tier_samples import HOST_TIER
 
@@ -36,9 +34,7 @@ def test_each_tier_is_listed_with_its_figures(env: AdminEnv) -> None:
         "tiered": InProcessEngineClient(FixedStatsEngine(idle_stats(kv_tiers=(HOST, DISK)))),
         "plain": InProcessEngineClient(FixedStatsEngine(idle_stats())),
     }
-    env.client.app.state.admin_engine_replicas = gateway_engine_replicas(  # type: ignore[attr-defined]
-        SimpleNamespace(engines=engines)
-    )
+    connect_engines(env, engines)
     r = env.client.get(f"{P}/engines", headers=env.token("viewer"))
     assert r.status_code == 200, r.text
     models = {m["model"]: m["replicas"] for m in r.json()["models"]}

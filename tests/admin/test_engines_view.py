@@ -3,21 +3,22 @@ capacity, load and cache counters; not connected on an admin app without a gatew
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from admin.served_models import ServedModel, record_served
-from admin.ui import gateway_engine_replicas
 from engine.kv_cache.counters import DomainCacheStats
 from engine_hop.in_process import InProcessEngineClient
-from engine_hop.replica_set import ReplicaSetClient
-from tests.admin.engine_stand_ins import FixedStatsEngine, idle_stats, remote_engine_server
-from tests.gateway.fakes import ByteTokenizer
+from tests.admin.engine_stand_ins import (
+    SPECULATIVE_FIGURES,
+    FixedStatsEngine,
+    connect_engines,
+    idle_stats,
+    remote_engine_server,
+)
 from tests.utils.admin_env import AdminEnv, make_env
 
 P = "/admin/api/v1"
@@ -73,20 +74,8 @@ def test_engines_lists_in_process_and_each_remote_replica(env: AdminEnv) -> None
     engine servers as two rows, their pool from /internal/info, load from the poll."""
     servers = [_engine_server(running=1), _engine_server(running=5)]
     try:
-        remote = ReplicaSetClient(
-            [url for _, url in servers], token=None, tokenizer=ByteTokenizer(), model_name="remote"
-        )
-
-        async def poll() -> None:
-            for replica in remote.replicas():
-                await replica.poll_once()
-                await replica.http.aclose()
-
-        asyncio.run(poll())
-        engines = {"local": InProcessEngineClient(local_engine()), "remote": remote}
-        env.client.app.state.admin_engine_replicas = gateway_engine_replicas(  # type: ignore[attr-defined]
-            SimpleNamespace(engines=engines)
-        )
+        local = InProcessEngineClient(local_engine())
+        connect_engines(env, {"local": local}, [url for _, url in servers])
         r = env.client.get(f"{P}/engines", headers=env.token("operator"))
     finally:
         for srv, _ in servers:
@@ -133,9 +122,7 @@ def test_the_engines_view_shows_the_batch_share_of_running_and_waiting(
     e = env
     stats = idle_stats(num_running=3, num_waiting=5, num_batch_running=2, num_batch_waiting=4)
     local = InProcessEngineClient(FixedStatsEngine(stats))
-    e.client.app.state.admin_engine_replicas = gateway_engine_replicas(  # type: ignore[attr-defined]
-        SimpleNamespace(engines={"local": local})
-    )
+    connect_engines(e, {"local": local})
     r = e.client.get(f"{P}/engines", headers=e.token("viewer"))
     assert r.status_code == 200, r.text
     [replica] = r.json()["models"][0]["replicas"]
@@ -157,20 +144,11 @@ def test_the_engines_view_shows_speculative_decoding_acceptance(env: AdminEnv) -
         "local": InProcessEngineClient(FixedStatsEngine(idle_stats(spec_decode=spec))),
         "fresh": InProcessEngineClient(FixedStatsEngine(idle_stats(spec_decode=SpecDecodeStats()))),
     }
-    e.client.app.state.admin_engine_replicas = gateway_engine_replicas(  # type: ignore[attr-defined]
-        SimpleNamespace(engines=engines)
-    )
+    connect_engines(e, engines)
     r = e.client.get(f"{P}/engines", headers=e.token("viewer"))
     assert r.status_code == 200, r.text
     models = {m["model"]: m["replicas"][0] for m in r.json()["models"]}
-    assert models["local"]["speculative"] == {
-        "num_drafts": 8,
-        "num_draft_tokens": 32,
-        "num_accepted_tokens": 20,
-        "accepted_per_pos": [8, 6, 4, 2],
-        "acceptance_rate": 0.625,
-        "mean_accepted_length": 3.5,
-    }
+    assert models["local"]["speculative"] == SPECULATIVE_FIGURES
     fresh = models["fresh"]["speculative"]
     assert fresh["num_drafts"] == 0
     assert (fresh["acceptance_rate"], fresh["mean_accepted_length"]) == (None, None)

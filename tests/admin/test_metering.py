@@ -20,31 +20,26 @@ from admin.metering import MeteringSink, usage_row
 from admin.models import UsageHourly, UsageRow
 from admin.usage_store import ROLLUP_SUMS, write_usage
 from gateway.usage import UsageGuard, UsageRecord
-from tenancy.db import make_engine, make_session_factory, upgrade_database
+from tests.utils.admin_db import migrated_engine, migrated_postgres, migrated_sessions
+from tests.utils.admin_seed import usage_record
 from tests.utils.services import postgres_database
 
 
 def _usage(i: int, completion: int, *, disconnected: bool = False) -> UsageRecord:
-    return UsageRecord(
-        request_id=f"req-{i}",
-        tenant_id="ten_a",
+    return usage_record(
+        f"req-{i}",
         key_id="key_a",
-        model="m",
-        prompt_tokens=10,
         cached_tokens=2,
         completion_tokens=completion,
         ttft_s=0.01,
         latency_s=0.1,
-        status=200,
         finish_reason="abort" if disconnected else "length",
         client_disconnected=disconnected,
     )
 
 
 def _sessions(tmp_path: Path) -> sessionmaker[Session]:
-    url = f"sqlite:///{tmp_path / 'm.db'}"
-    upgrade_database(url)
-    return make_session_factory(make_engine(url))
+    return migrated_sessions(tmp_path / "m.db")
 
 
 def _rows(sessions: sessionmaker[Session]) -> dict[str, int]:
@@ -138,10 +133,7 @@ def test_spool_left_by_a_crashed_process_is_replayed_in_order(tmp_path: Path) ->
 
 @pytest.mark.services
 def test_killing_postgres_connections_mid_burst(tmp_path: Path) -> None:
-    with postgres_database() as url:
-        upgrade_database(url)
-        engine = make_engine(url)
-        sessions = make_session_factory(engine)
+    with migrated_postgres() as (engine, sessions):
         name = engine.url.database
         admin = sa.create_engine(engine.url.set(database="postgres"), isolation_level="AUTOCOMMIT")
         sink = MeteringSink(sessions, tmp_path / "spool.jsonl", batch=8, retry_s=0.02).start()
@@ -174,26 +166,23 @@ def test_killing_postgres_connections_mid_burst(tmp_path: Path) -> None:
         finally:
             with admin.connect() as c:
                 c.execute(sa.text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true'))
-            engine.dispose()
             admin.dispose()
 
 
 @contextlib.contextmanager
-def _database(kind: str, tmp_path: Path) -> Iterator[sa.Engine]:
-    """A migrated database of `kind` with model "m" priced at P."""
+def _database(kind: str, tmp_path: Path) -> Iterator[tuple[sa.Engine, sessionmaker[Session]]]:
+    """A migrated database of `kind` with model "m" priced at P: its engine and sessions."""
     with contextlib.ExitStack() as stack:
         if kind == "sqlite":
             url = f"sqlite:///{tmp_path / 'w.db'}"
         else:
             url = stack.enter_context(postgres_database())
-        upgrade_database(url)
-        engine = make_engine(url)
-        stack.callback(engine.dispose)
-        with make_session_factory(engine)() as s:
+        engine, sessions = stack.enter_context(migrated_engine(url))
+        with sessions() as s:
             registry.register_model(
                 s, name="m", source="/m", format="gguf", context_length=8, prices=P, now=T0
             )
-        yield engine
+        yield engine, sessions
 
 
 P = registry.Prices(input=150_000, cached_input=75_000, output=600_000)
@@ -241,8 +230,7 @@ def _hourly_from_raw(engine: sa.Engine) -> dict[tuple[Any, ...], tuple[int, ...]
 def test_write_usage_counts_only_new_rows_and_keeps_rollups_exact(
     kind: str, tmp_path: Path
 ) -> None:
-    with _database(kind, tmp_path) as engine:
-        sessions = make_session_factory(engine)
+    with _database(kind, tmp_path) as (engine, sessions):
         hours = [T0 + dt.timedelta(minutes=25 * i) for i in range(6)]
         batch = [_row(i, when=hours[i % 6]) for i in range(40)]
         batch[5] = {**batch[5], "adapter": "lora-x", "ttft_s": None, "finish_reason": None}
@@ -289,8 +277,7 @@ def test_write_usage_counts_only_new_rows_and_keeps_rollups_exact(
 def test_write_usage_statements_compile_once_whatever_the_batch_size(
     kind: str, tmp_path: Path
 ) -> None:
-    with _database(kind, tmp_path) as engine:
-        sessions = make_session_factory(engine)
+    with _database(kind, tmp_path) as (engine, sessions):
         # The first batches compile the price select, the insert and the upsert, once for
         # one parameter set and once for many (SQLite executes those differently).
         with sessions() as s:

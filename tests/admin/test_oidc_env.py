@@ -14,11 +14,11 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from admin.app import create_admin_app, make_services
 from admin.settings import AdminSettings
 from cloister.commands.serve import load_settings
-from tenancy.db import make_engine, make_session_factory, upgrade_database
+from tenancy.db import upgrade_database
 from tests.admin.oidc_provider import Provider, start_provider
+from tests.utils.admin_app import admin_app_from_settings
 
 CLIENT_ID = "cloister-admin"
 REDIRECT = "http://testserver/admin/api/v1/auth/callback"
@@ -54,13 +54,7 @@ def serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, provider: Provider) -
             monkeypatch.setenv(name, value)
         settings = load_settings()
         upgrade_database(settings.resolved_database_url)
-        sessions = make_session_factory(make_engine(settings.resolved_database_url))
-        services = make_services(
-            sessions,
-            pepper=settings.key_pepper.get_secret_value(),
-            settings=AdminSettings.from_settings(settings),
-        )
-        client = TestClient(create_admin_app(services))
+        _, client = admin_app_from_settings(settings)
         clients.append(client)
         return client
 

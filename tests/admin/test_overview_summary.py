@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import datetime as dt
-import uuid
 from typing import Any
 
 import pytest
 
 from admin import registry
 from admin.overview_stats import StatsSampler
-from admin.usage_store import write_usage
-from tenancy import store
 from tests.utils.admin_env import AdminEnv
+from tests.utils.admin_seed import seed_usage
 
 PRICES = registry.Prices(input=1_000_000, cached_input=500_000, output=2_000_000)  # pico per token
 P = "/admin/api/v1"
@@ -26,25 +24,8 @@ def _now() -> dt.datetime:
 
 
 def _seed(env: AdminEnv, tenant: str, when: dt.datetime, **fields: Any) -> None:
-    with env.sessions() as s:
-        row = {
-            "request_id": str(uuid.uuid4()),
-            "occurred_at": when.isoformat(),
-            "tenant_id": store.get_tenant(s, tenant).id,
-            "key_id": "key_x",
-            "model": "priced",
-            "adapter": "",
-            "prompt_tokens": 10,
-            "cached_tokens": 4,
-            "completion_tokens": 5,
-            "ttft_s": 0.1,
-            "latency_s": 0.5,
-            "status": 200,
-            "finish_reason": "stop",
-            "client_disconnected": False,
-        }
-        row.update(fields)
-        write_usage(s, [row])
+    """One usage row of model "priced" (tests/utils/admin_seed.py's defaults otherwise)."""
+    seed_usage(env, tenant, when, **{"model": "priced", **fields})
 
 
 @pytest.fixture

@@ -8,16 +8,14 @@ too); DELETE /prefixes/{name} is audited and 404s for an unknown name.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from admin import registry
 from admin.models import AuditEvent
-from admin.ui import gateway_engine_replicas
 from engine_hop.in_process import InProcessEngineClient
-from tests.admin.engine_stand_ins import FixedStatsEngine, idle_stats
+from tests.admin.engine_stand_ins import FixedStatsEngine, connect_engines, idle_stats
 from tests.utils.admin_env import AdminEnv
 
 P = "/admin/api/v1"
@@ -182,9 +180,7 @@ def test_kv_quota_over_the_served_pool_is_refused(env: AdminEnv) -> None:
     (no engine: the test before) checks only the range."""
     admin = env.token("admin")
     engines = {"local": InProcessEngineClient(FixedStatsEngine(idle_stats()))}
-    env.client.app.state.admin_engine_replicas = gateway_engine_replicas(  # type: ignore[attr-defined]
-        SimpleNamespace(engines=engines)
-    )
+    connect_engines(env, engines)
     for path in (f"{P}/tenants/alpha", f"{P}/tenants/alpha/settings"):
         r = env.client.patch(path, json={"kv_quota_blocks": 41}, headers=admin)
         assert r.status_code == 400, r.text

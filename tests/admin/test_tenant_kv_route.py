@@ -4,22 +4,23 @@ read any tenant's, a tenant-admin only its own (another's is a 404)."""
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from admin.ui import gateway_engine_replicas
 from engine.stats import TenantKVStats
 from engine_hop.in_process import InProcessEngineClient
-from engine_hop.replica_set import ReplicaSetClient
 from tenancy import store
-from tests.admin.engine_stand_ins import FixedStatsEngine, idle_stats, remote_engine_server
-from tests.gateway.fakes import ByteTokenizer
+from tests.admin.engine_stand_ins import (
+    FixedStatsEngine,
+    connect_engines,
+    idle_stats,
+    remote_engine_server,
+)
 from tests.utils.admin_env import AdminEnv, make_env
 
 P = "/admin/api/v1"
@@ -59,41 +60,30 @@ def env(tmp_path: Path) -> Iterator[tuple[AdminEnv, str]]:
     e.client.close()
 
 
-def _connect(e: AdminEnv, acme: str) -> list[ThreadingHTTPServer]:
+@contextlib.contextmanager
+def _connected(e: AdminEnv, acme: str) -> Iterator[None]:
     """Wires the app to an in-process engine ("local") and a two-replica set ("remote")
-    that report acme's KV use; returns the engine servers to shut down."""
+    that report acme's KV use, and shuts the engine servers down after the block."""
     key = f"t:{acme}"
     local = InProcessEngineClient(
         local_engine({key: TenantKVStats(10, 2, 1), "t:someone-else": TenantKVStats(5, 0, 0)})
     )
     figures = {"blocks_in_use": 4, "preemptions_suffered": 0, "preemptions_caused": 3}
     servers = [_engine_server({key: figures}), _engine_server({})]
-    remote = ReplicaSetClient(
-        [url for _, url in servers], token=None, tokenizer=ByteTokenizer(), model_name="remote"
-    )
-
-    async def poll() -> None:
-        for replica in remote.replicas():
-            await replica.poll_once()
-            await replica.http.aclose()
-
-    asyncio.run(poll())
-    e.client.app.state.admin_engine_replicas = gateway_engine_replicas(  # type: ignore[attr-defined]
-        SimpleNamespace(engines={"local": local, "remote": remote})
-    )
-    return [srv for srv, _ in servers]
+    connect_engines(e, {"local": local}, [url for _, url in servers])
+    try:
+        yield
+    finally:
+        for srv, _ in servers:
+            srv.shutdown()
 
 
 def test_kv_use_per_model_with_pool_share_quota_and_preemptions(
     env: tuple[AdminEnv, str],
 ) -> None:
     e, acme = env
-    servers = _connect(e, acme)
-    try:
+    with _connected(e, acme):
         r = e.client.get(f"{P}/tenants/{TENANT}/kv", headers=e.token("viewer"))
-    finally:
-        for srv in servers:
-            srv.shutdown()
     assert r.status_code == 200, r.text
     assert r.json() == {
         "tenant": TENANT,
@@ -126,12 +116,8 @@ def test_kv_use_per_model_with_pool_share_quota_and_preemptions(
 
 def test_a_tenant_with_no_kv_reported_reads_zeros(env: tuple[AdminEnv, str]) -> None:
     e, acme = env
-    servers = _connect(e, acme)
-    try:
+    with _connected(e, acme):
         r = e.client.get(f"{P}/tenants/{OTHER}/kv", headers=e.token("operator"))
-    finally:
-        for srv in servers:
-            srv.shutdown()
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["kv_quota_blocks"] is None

@@ -16,27 +16,22 @@ from admin.metering import usage_row
 from admin.models import UsageHourly, UsageRow
 from admin.usage_store import write_usage
 from gateway.usage import UsageRecord
-from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tenancy.models import Tenant
+from tests.utils.admin_db import migrated_engine, migrated_postgres
 from tests.utils.admin_env import AdminEnv
-from tests.utils.services import postgres_database
+from tests.utils.admin_seed import usage_record
 
 
 def _record(request_id: str, tenant: str, client: str | None) -> UsageRecord:
-    return UsageRecord(
-        request_id=request_id,
+    tokens = {"prompt_tokens": 5, "completion_tokens": 3}
+    timings = {"ttft_s": 0.01, "latency_s": 0.1}
+    return usage_record(
+        request_id,
         tenant_id=tenant,
-        key_id="k",
-        model="m",
-        prompt_tokens=5,
-        cached_tokens=0,
-        completion_tokens=3,
-        ttft_s=0.01,
-        latency_s=0.1,
-        status=200,
         finish_reason="length",
-        client_disconnected=False,
         client_request_id=client,
+        **tokens,
+        **timings,
     )
 
 
@@ -44,17 +39,11 @@ def _record(request_id: str, tenant: str, client: str | None) -> UsageRecord:
 def sessions(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sessionmaker[Session]]:
     """A migrated database of each kind."""
     if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'u.db'}"
-        upgrade_database(url)
-        engine = make_engine(url)
-        yield make_session_factory(engine)
-        engine.dispose()
+        with migrated_engine(f"sqlite:///{tmp_path / 'u.db'}") as (_, sessions):
+            yield sessions
         return
-    with postgres_database() as url:
-        upgrade_database(url)
-        engine = make_engine(url)
-        yield make_session_factory(engine)
-        engine.dispose()
+    with migrated_postgres() as (_, sessions):
+        yield sessions
 
 
 def test_one_client_id_on_many_records(sessions: sessionmaker[Session]) -> None:

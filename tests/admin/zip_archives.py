@@ -68,35 +68,18 @@ def raw_zip(entries: list[RawEntry]) -> bytes:
     for e in entries:
         name = e.name.encode()
         offset = len(out)
-        out += struct.pack(
-            "<IHHHHHIIIHH",
-            0x04034B50,
-            20,
-            e.flags,
-            e.method,
-            0,
-            0x21,
-            e.crc,
-            len(e.data),
-            e.file_size,
-            len(name),
-            0,
-        )
+        # The fields both headers carry: version needed, flags, method, time, date, CRC,
+        # compressed and uncompressed size, name length, extra length.
+        shared = (20, e.flags, e.method, 0, 0x21, e.crc, len(e.data), e.file_size, len(name), 0)
+        out += struct.pack("<IHHHHHIIIHH", 0x04034B50, *shared)
         out += name + e.data
+        # Central: made by (Unix, 2.0), the shared fields, comment length, disk, internal
+        # and external attributes, and the local header's offset.
         central += struct.pack(
             "<IHHHHHHIIIHHHHHII",
             0x02014B50,
             (3 << 8) | 20,
-            20,
-            e.flags,
-            e.method,
-            0,
-            0x21,
-            e.crc,
-            len(e.data),
-            e.file_size,
-            len(name),
-            0,
+            *shared,
             0,
             0,
             0,

@@ -13,6 +13,7 @@ from playwright.sync_api import expect
 from admin.usage_store import write_usage
 from tenancy.db import make_engine, make_session_factory
 from tests.utils.admin_console import Console, Server
+from tests.utils.admin_seed import usage_row
 
 SEEDED = "initech"
 # $1, $0.50 and $2 per million tokens: pico-USD per token (= micro-USD per million).
@@ -35,23 +36,9 @@ def seed_usage(server: Server) -> dict[str, Any]:
     when = max(now - dt.timedelta(seconds=2), midnight).isoformat()
 
     def row(**fields: Any) -> dict[str, Any]:
-        base = {
-            "request_id": f"seed-{uuid.uuid4()}",
-            "occurred_at": when,
-            "tenant_id": tenant["id"],
-            "key_id": key["id"],
-            "model": "tiny",
-            "adapter": "",
-            "prompt_tokens": 100,
-            "cached_tokens": 40,
-            "completion_tokens": 20,
-            "ttft_s": 0.05,
-            "latency_s": 0.4,
-            "status": 200,
-            "finish_reason": "stop",
-            "client_disconnected": False,
-        }
-        return {**base, **fields}
+        request = {"request_id": f"seed-{uuid.uuid4()}", "key_id": key["id"], "ttft_s": 0.05}
+        tokens = {"prompt_tokens": 100, "cached_tokens": 40, "completion_tokens": 20}
+        return usage_row(tenant["id"], when, **{**request, **tokens, "latency_s": 0.4, **fields})
 
     rows = [row(), row(), row()]
     rows.append(row(status=500, prompt_tokens=0, cached_tokens=0, completion_tokens=0))

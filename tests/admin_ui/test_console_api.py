@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,43 +10,15 @@ import pytest
 from fastapi.testclient import TestClient
 
 from admin.overview_stats import Sample, StatsSampler, overview, p95
-from admin.usage_store import write_usage
 from tenancy import store
 from tests.utils.admin_env import AdminEnv, make_env
+from tests.utils.admin_seed import env_with_tenants, seed_usage
 
 
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[AdminEnv]:
     """The admin app (the console is part of it), tenants alpha and beta."""
-    e = make_env(tmp_path)
-    with e.sessions() as s:
-        store.create_tenant(s, name="alpha")
-        store.create_tenant(s, name="beta")
-    yield e
-    e.client.close()
-
-
-def _usage(env: AdminEnv, tenant: str, when: dt.datetime, **fields: object) -> None:
-    with env.sessions() as s:
-        t = store.get_tenant(s, tenant)
-        row = {
-            "request_id": str(uuid.uuid4()),
-            "occurred_at": when.isoformat(),
-            "tenant_id": t.id,
-            "key_id": "key_x",
-            "model": "tiny",
-            "adapter": "",
-            "prompt_tokens": 10,
-            "cached_tokens": 4,
-            "completion_tokens": 5,
-            "ttft_s": 0.1,
-            "latency_s": 0.5,
-            "status": 200,
-            "finish_reason": "stop",
-            "client_disconnected": False,
-        }
-        row.update(fields)
-        write_usage(s, [row])
+    yield from env_with_tenants(tmp_path, "alpha", "beta")
 
 
 def test_p95_nearest_rank() -> None:
@@ -58,10 +29,10 @@ def test_p95_nearest_rank() -> None:
 
 def test_overview_buckets_usage_and_engine_samples(env: AdminEnv) -> None:
     now = dt.datetime(2026, 5, 1, 12, 0, 30, tzinfo=dt.UTC)
-    _usage(env, "alpha", now - dt.timedelta(seconds=20))
-    _usage(env, "alpha", now - dt.timedelta(seconds=10), ttft_s=0.3, latency_s=1.1)
-    _usage(env, "beta", now - dt.timedelta(seconds=5), status=429, prompt_tokens=0)
-    _usage(env, "beta", now - dt.timedelta(minutes=90))  # outside the hour
+    seed_usage(env, "alpha", now - dt.timedelta(seconds=20))
+    seed_usage(env, "alpha", now - dt.timedelta(seconds=10), ttft_s=0.3, latency_s=1.1)
+    seed_usage(env, "beta", now - dt.timedelta(seconds=5), status=429, prompt_tokens=0)
+    seed_usage(env, "beta", now - dt.timedelta(minutes=90))  # outside the hour
     t0 = now.timestamp()
     samples = [
         Sample(

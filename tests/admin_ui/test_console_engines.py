@@ -4,12 +4,15 @@ OpenID provider on loopback."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.admin.engine_stand_ins import SPECULATIVE_FIGURES
 from tests.admin.oidc_provider import Provider, start_provider
 from tests.utils.admin_console import Console, Server, serve_console
 from tests.utils.services import free_port
@@ -107,31 +110,14 @@ def test_engines_page_shows_the_model_capacity_and_load(admin: Console, server: 
     admin.assert_no_errors()
 
 
-def test_engines_page_shows_the_speculative_acceptance(admin: Console, server: Server) -> None:
-    """A speculating engine's row shows its acceptance rate and mean accepted length, one
-    that has not drafted yet says so; the page is the real one, the API answer made up
-    (this server's tiny engine does not speculate)."""
-    import json
-
-    spec = {
-        "num_drafts": 8,
-        "num_draft_tokens": 32,
-        "num_accepted_tokens": 20,
-        "accepted_per_pos": [8, 6, 4, 2],
-        "acceptance_rate": 0.625,
-        "mean_accepted_length": 3.5,
-    }
-    fresh = {**spec, "num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
-    fresh.update(accepted_per_pos=[0, 0, 0, 0], acceptance_rate=None, mean_accepted_length=None)
-    base = server.state["engine"]
+@contextlib.contextmanager
+def _engines_answer(page: Any, models: dict[str, list[dict[str, Any]]]) -> Iterator[None]:
+    """Within the block, the page's GET /engines is answered with made-up figures: a
+    connected gateway serving `models` (model -> its replicas' rows), in that order."""
     body = {
         "connected": True,
-        "models": [
-            {"model": "tiny", "replicas": [{**base, "speculative": spec}]},
-            {"model": "fresh", "replicas": [{**base, "speculative": fresh}]},
-        ],
+        "models": [{"model": name, "replicas": rows} for name, rows in models.items()],
     }
-    page = admin.page
     page.route(
         "**/admin/api/v1/engines",
         lambda route: route.fulfill(
@@ -139,6 +125,22 @@ def test_engines_page_shows_the_speculative_acceptance(admin: Console, server: S
         ),
     )
     try:
+        yield
+    finally:
+        page.unroute("**/admin/api/v1/engines")
+
+
+def test_engines_page_shows_the_speculative_acceptance(admin: Console, server: Server) -> None:
+    """A speculating engine's row shows its acceptance rate and mean accepted length, one
+    that has not drafted yet says so; the page is the real one, the API answer made up
+    (this server's tiny engine does not speculate)."""
+    spec = SPECULATIVE_FIGURES
+    fresh = {**spec, "num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
+    fresh.update(accepted_per_pos=[0, 0, 0, 0], acceptance_rate=None, mean_accepted_length=None)
+    base = server.state["engine"]
+    models = {"tiny": [{**base, "speculative": spec}], "fresh": [{**base, "speculative": fresh}]}
+    page = admin.page
+    with _engines_answer(page, models):
         admin.go("/engines")
         cells = _cells(page.get_by_role("table", name="Engines of tiny"), "in-process")
         assert cells[SPECULATIVE] == "62.5 % · 3.50 tok/step"
@@ -146,8 +148,6 @@ def test_engines_page_shows_the_speculative_acceptance(admin: Console, server: S
         assert cells[SPECULATIVE] == "on, no draft yet"
         admin.shot("engines-speculative")
         admin.assert_no_errors()
-    finally:
-        page.unroute("**/admin/api/v1/engines")
 
 
 TIER_COLUMNS = [
@@ -185,8 +185,6 @@ def test_engines_page_shows_each_tiers_figures(admin: Console, server: Server) -
     and capacity in blocks and bytes, the hit rate over the lookups that went on into the
     tier (a dash before the first), loads, write-backs and blocks recomputed instead; a
     model whose engine has no tier shows no tier table."""
-    import json
-
     host = {
         "medium": "CPU_HOST", "blocks": 10, "capacity_blocks": 100, "bytes": 40960,
         "capacity_bytes": 409600, "lookups": 8, "hits": 6, "hit_rate": 0.75, "hit_blocks": 12,
@@ -199,21 +197,8 @@ def test_engines_page_shows_each_tiers_figures(admin: Console, server: Server) -
         "hit_rate": None, "loads": 0, "write_backs": 5, "recomputed_instead": 0,
     }  # fmt: skip
     base = {k: v for k, v in server.state["engine"].items() if k != "kv_tiers"}
-    body = {
-        "connected": True,
-        "models": [
-            {"model": "tiny", "replicas": [{**base, "kv_tiers": [host, disk]}]},
-            {"model": "plain", "replicas": [base]},
-        ],
-    }
     page = admin.page
-    page.route(
-        "**/admin/api/v1/engines",
-        lambda route: route.fulfill(
-            status=200, content_type="application/json", body=json.dumps(body)
-        ),
-    )
-    try:
+    with _engines_answer(page, {"tiny": [{**base, "kv_tiers": [host, disk]}], "plain": [base]}):
         admin.go("/engines")
         table = page.get_by_role("table", name="KV tiers of tiny")
         rows = table.locator("tbody tr")
@@ -237,8 +222,6 @@ def test_engines_page_shows_each_tiers_figures(admin: Console, server: Server) -
         assert page.get_by_role("table", name="KV tiers of plain").count() == 0
         admin.shot("engines-tiers-figures")
         admin.assert_no_errors()
-    finally:
-        page.unroute("**/admin/api/v1/engines")
 
 
 def test_published_prefix_is_listed_and_withdraw_removes_it(admin: Console, server: Server) -> None:

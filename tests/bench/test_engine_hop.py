@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
 from pathlib import Path
 
 import pytest
 
 from bench.engine_hop import Timing, added, main, pct, summary
+from tests.utils.bench_runs import run_bench_main
 
 
 def test_percentiles_and_the_added_figures_are_remote_minus_in_process() -> None:
@@ -26,12 +25,8 @@ def test_percentiles_and_the_added_figures_are_remote_minus_in_process() -> None
 
 @pytest.mark.slow
 def test_a_quick_run_reports_every_side(tmp_path: Path) -> None:
-    capture = tmp_path / "stdout.txt"
-    with capture.open("w") as out, contextlib.redirect_stdout(out):
-        returned = main(["--requests", "4", "--warmup", "1", "--round", "2", "--concurrency", "2"])
-    lines = capture.read_text().strip().splitlines()
-    report = json.loads(lines[-1])
-    assert report == json.loads(json.dumps(returned))
+    argv = ["--requests", "4", "--warmup", "1", "--round", "2", "--concurrency", "2"]
+    report, lines = run_bench_main(main, argv, tmp_path / "stdout.txt")
     assert report["requests_per_side"] == 4
     assert report["tokens_per_request"] == 8  # EOS ignored: every request makes max_tokens
     assert report["concurrency"] == 2

@@ -9,28 +9,19 @@ import pytest
 import torch
 
 from bench import gpu_engine, hf_peer
+from bench.model_shape import ModelShape
 from engine.model.llama import LlamaForCausalLM
 from tests.utils.model_step import ModelStepper
 
 pytest.importorskip("transformers")
 
 
-@dataclasses.dataclass
-class Shape:
-    """A tiny GQA Llama shape (the same fields as bench.gpu_decode.ModelShape)."""
-
-    name: str = "tiny"
-    num_layers: int = 2
-    hidden_size: int = 64
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    head_dim: int = 16
-    intermediate_size: int = 128
-    vocab_size: int = 512
+# A tiny GQA Llama shape.
+TINY = ModelShape("tiny", 2, 64, 4, 2, 16, 128, 512)
 
 
 def _ours_and_hf(seed: int) -> tuple[LlamaForCausalLM, Any]:
-    arch = gpu_engine.arch_from_shape(Shape(), 128)
+    arch = gpu_engine.arch_from_shape(TINY, 128)
     ours = gpu_engine.random_model(arch, dtype=torch.float32, device=torch.device("cpu"), seed=seed)
     return ours, hf_peer.hf_from_ours(ours)
 
@@ -74,6 +65,6 @@ def test_greedy_helpers_agree_with_the_engine_and_flag_a_flip() -> None:
 
 
 def test_config_rejects_shapes_the_peer_does_not_cover() -> None:
-    arch = dataclasses.replace(gpu_engine.arch_from_shape(Shape(), 64), attention_bias=True)
+    arch = dataclasses.replace(gpu_engine.arch_from_shape(TINY, 64), attention_bias=True)
     with pytest.raises(ValueError, match="plain Llama"):
         hf_peer.hf_config(arch)

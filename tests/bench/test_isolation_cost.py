@@ -3,9 +3,6 @@ cache hits follow the isolation rules of each configuration."""
 
 from __future__ import annotations
 
-import contextlib
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +10,7 @@ import pytest
 from bench.isolation_cost import main, order_of, parse_args, round_ratio
 from bench.isolation_workload import encode_chat, user_header_prefix
 from engine.model.tokenizer import load_hf_tokenizer
+from tests.utils.bench_runs import run_bench_main
 from tests.utils.tiny_model import make_tiny_model_dir, smollm2_tokenizer_dir
 
 
@@ -21,11 +19,8 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The quick benchmark's last printed line, parsed."""
     model = make_tiny_model_dir(tmp_path_factory.mktemp("isolation-cost"))
     capture = tmp_path_factory.mktemp("out") / "stdout.txt"
-    with capture.open("w") as out, contextlib.redirect_stdout(out):
-        returned = main(["--quick", "--details", "--no-progress", "--model", str(model)])
-    lines = Path(capture).read_text().strip().splitlines()
-    parsed: dict[str, Any] = json.loads(lines[-1])
-    assert parsed == json.loads(json.dumps(returned))
+    argv = ["--quick", "--details", "--no-progress", "--model", str(model)]
+    parsed, lines = run_bench_main(main, argv, capture)
     assert any(line.startswith("published vs shared ttft p50") for line in lines)
     return parsed
 

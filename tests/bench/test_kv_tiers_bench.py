@@ -1,47 +1,23 @@
-"""bench/kv_tiers.py: bad arguments are refused before any engine starts, and tiny runs
+"""bench/kv_tiers.py (bad arguments: test_bench_arguments.py): tiny runs
 (the tiny random model) of each workload end with one JSON line: the multi-turn one
 with its three configurations, the short-prefix one (issue 41's cost rule) with
 device-only and +L2 side by side, the tier's loads and recomputations, and a verdict."""
 
 from __future__ import annotations
 
-import contextlib
-import json
 from pathlib import Path
 
 import pytest
 
 from bench.kv_tiers import COST_RULE_TOLERANCE, main
+from tests.utils.bench_runs import run_bench_main
 from tests.utils.tiny_model import make_tiny_model_dir
 
 
 def run_bench(tmp_path: Path, argv: list[str]) -> tuple[dict, list[str]]:
     """Runs the benchmark's main on the tiny model; (its JSON line, its stdout lines)."""
     model = make_tiny_model_dir(tmp_path)
-    capture = tmp_path / "stdout.txt"
-    with capture.open("w") as out, contextlib.redirect_stdout(out):
-        returned = main([*argv, "--model", str(model)])
-    lines = capture.read_text().strip().splitlines()
-    report = json.loads(lines[-1])
-    assert report == json.loads(json.dumps(returned))
-    return report, lines
-
-
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (["--workload", "medium"], "invalid choice: 'medium'"),
-        (["--short-tenants", "0"], "--short-tenants: must be at least 1, not 0"),
-        (["--short-prefix-blocks", "two"], "--short-prefix-blocks: 'two' is not a whole number"),
-    ],
-)
-def test_bad_arguments_are_refused_with_a_clear_message(
-    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    assert exit_info.value.code == 2  # argparse's usage error, before any engine starts
-    assert message in capsys.readouterr().err
+    return run_bench_main(main, [*argv, "--model", str(model)], tmp_path / "stdout.txt")
 
 
 @pytest.mark.slow

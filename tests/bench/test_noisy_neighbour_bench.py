@@ -1,57 +1,30 @@
-"""bench/noisy_neighbour.py: bad arguments are refused before anything starts, and a tiny
+"""bench/noisy_neighbour.py (bad arguments: test_bench_arguments.py): a tiny
 run (the tiny random model, two victim requests a scenario) ends with one JSON line
 that holds every side's figures."""
 
 from __future__ import annotations
 
-import contextlib
-import json
 from pathlib import Path
 
 import pytest
 
 from bench.noisy_neighbour import main
 from tests.reliability.noisy import ATTACKS, SCENARIOS
+from tests.utils.bench_runs import run_bench_main
 from tests.utils.tiny_model import make_tiny_model_dir
 
 # The tiny model's KV per token in fp32: 2 layers x 2 KV heads x 16 dims x (K, V) x 4 bytes.
 TINY_KV_BYTES_PER_TOKEN = 2 * 2 * 16 * 2 * 4
 
 
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (["--requests", "0"], "--requests: must be at least 1, not 0"),
-        (["--requests", "-2"], "--requests: must be at least 1, not -2"),
-        (["--requests", "many"], "--requests: 'many' is not a whole number"),
-        (["--attacker-concurrency", "2"], "--attacker-concurrency: must be at least 3"),
-        (["--request-timeout-s", "0"], "--request-timeout-s: must be a positive number"),
-        (["--sides", "during"], "--sides: sides are before and/or after"),
-        (["--flood-prompt-tokens", "5000"], "flood_prompt_tokens must be below the pool"),
-    ],
-)
-def test_bad_arguments_are_refused_with_a_clear_message(
-    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    assert exit_info.value.code == 2  # argparse's usage error, before any server starts
-    assert message in capsys.readouterr().err
-
-
 @pytest.mark.slow
 def test_a_tiny_run_reports_both_sides(tmp_path: Path) -> None:
     model = make_tiny_model_dir(tmp_path, tie=False)
-    capture = tmp_path / "stdout.txt"
     argv = ["--model", str(model), "--model-name", "tiny", "--no-progress", "--requests", "2"]
     argv += ["--kv-bytes-per-token", str(TINY_KV_BYTES_PER_TOKEN), "--pool-blocks", "32"]
     argv += ["--attack-prompt-tokens", "64", "--flood-prompt-tokens", "128", "--idle-cap-s", "3"]
     argv += ["--logs", str(tmp_path / "logs")]
-    with capture.open("w") as out, contextlib.redirect_stdout(out):
-        returned = main(argv)
-    lines = capture.read_text().strip().splitlines()
-    report = json.loads(lines[-1])
-    assert report == json.loads(json.dumps(returned))
+    report, lines = run_bench_main(main, argv, tmp_path / "stdout.txt")
     assert report["plan"]["pool_tokens"] == 32 * 16
     assert set(report["sides"]) == {"before", "after"}
     for side in report["sides"].values():

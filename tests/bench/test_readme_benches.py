@@ -14,11 +14,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.utils.python_child import run_python
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMAND = re.compile(r"\.venv/bin/python (bench/\w+\.py)")
@@ -59,14 +59,7 @@ def test_the_readme_names_its_benchmarks() -> None:
 def test_each_readme_benchmark_starts_as_a_script(tmp_path: Path) -> None:
     scripts = [str(ROOT / b) for b in readme_benches()]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run(
-        [sys.executable, "-c", RUN_EACH, *scripts],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_python(RUN_EACH, scripts, cwd=tmp_path, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     codes = json.loads(done.stdout.strip().splitlines()[-1])
     assert codes == {s: 0 for s in scripts}

@@ -3,25 +3,21 @@ in both modes, reports the overhead figures, and times both grammar compilers.""
 
 from __future__ import annotations
 
-import contextlib
-import json
 from pathlib import Path
 
 import pytest
 
 from bench.structured import main
+from tests.utils.bench_runs import run_bench_main
 from tests.utils.tiny_model import make_tiny_model_dir
 
 
 @pytest.mark.slow
 def test_a_quick_run_reports_both_modes_and_both_compilers(tmp_path: Path) -> None:
     model = make_tiny_model_dir(tmp_path)
-    capture = tmp_path / "stdout.txt"
-    with capture.open("w") as out, contextlib.redirect_stdout(out):
-        returned = main(["--quick", "--model", str(model)])
-    lines = capture.read_text().strip().splitlines()
-    report = json.loads(lines[-1])
-    assert report == json.loads(json.dumps(returned))
+    report, lines = run_bench_main(
+        main, ["--quick", "--model", str(model)], tmp_path / "stdout.txt"
+    )
     assert report["free"]["tokens"] == report["structured"]["tokens"] == 4 * 8
     for mode in ("free", "structured"):
         assert report[mode]["itl_p50_ms"] > 0 and report[mode]["throughput_tok_s"] > 0

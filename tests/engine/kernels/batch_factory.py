@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import pytest
 import torch
 
 from engine.attention.backend import AttentionMetadata
@@ -145,3 +147,43 @@ def reference_output(
                 out[start + r, h] = weights @ values[first:visible, h // group]
         start += q_len
     return out.float().to(batch.q.device), cache.float().to(batch.q.device)
+
+
+# (query heads, KV heads) of the attention kernels' shape matrix: group sizes 1, 3 and 8.
+GQA = [(4, 4), (6, 2), (16, 2)]
+
+
+def shape_matrix(test: Callable[..., None]) -> Callable[..., None]:
+    """Parametrizes an attention-kernel test over the shared shape matrix: `dtype`
+    (MATRIX_DTYPES) x `head_dim` (64, 128) x (`num_heads`, `num_kv_heads`) (GQA) x
+    `block_size` (8, 16, 32)."""
+    test = pytest.mark.parametrize("block_size", [8, 16, 32])(test)
+    test = pytest.mark.parametrize(
+        ("num_heads", "num_kv_heads"), GQA, ids=["gqa1", "gqa3", "gqa8"]
+    )(test)
+    test = pytest.mark.parametrize("head_dim", [64, 128])(test)
+    return pytest.mark.parametrize("dtype", MATRIX_DTYPES, ids=dtype_id)(test)
+
+
+def assert_matches_reference(
+    run: Callable[[PagedBatch], torch.Tensor],
+    spec: Sequence[tuple[int, int]],
+    scale: float,
+    *,
+    dtype: torch.dtype,
+    **shape: int,
+) -> None:
+    """Builds a batch on DEVICE from `spec` (`shape`: make_batch's sizes and seed), runs
+    `run` on it and checks the output: in `dtype`, and equal to `reference_output`
+    within the dtype's tolerance."""
+    batch = device_batch(spec, dtype=dtype, **shape)
+    expected, _ = reference_output(batch, scale)
+    got = run(batch)
+    assert got.dtype == dtype
+    tol = tolerance(dtype)
+    torch.testing.assert_close(got.float(), expected, atol=tol, rtol=tol)
+
+
+def device_batch(spec: Sequence[tuple[int, int]], **options: Any) -> PagedBatch:
+    """`make_batch` on DEVICE (CUDA when there is one, else the CPU for the interpreter)."""
+    return make_batch(spec, device=DEVICE, **options)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 import torch
@@ -13,15 +14,14 @@ from engine.kernels.decode_attention import PARTITION, choose_num_splits, decode
 from tests.engine.kernels.batch_factory import (
     DEVICE,
     DTYPES,
-    MATRIX_DTYPES,
     PagedBatch,
-    dtype_id,
+    assert_matches_reference,
     make_batch,
     reference_output,
+    shape_matrix,
     tolerance,
 )
 
-GQA = [(4, 4), (6, 2), (16, 2)]  # (query heads, KV heads): group sizes 1, 3 and 8
 SCALE = 0.125
 
 
@@ -32,42 +32,31 @@ def _decode_spec(block_size: int, seed: int) -> list[tuple[int, int]]:
     return [(n - 1, 1) for n in ends]
 
 
-def _run_decode(batch: PagedBatch, num_splits: int | None = None) -> torch.Tensor:
+def _run_decode(batch: PagedBatch, scale: float = SCALE, **options: Any) -> torch.Tensor:
+    """Writes the batch's new K/V into its cache, then runs the decode kernel on it
+    (`options`: num_splits, window, softcap)."""
     write_kv(batch.k, batch.v, batch.kv_cache, batch.meta.slot_mapping)
     m = batch.meta
     return decode_attention(
-        batch.q,
-        batch.kv_cache,
-        m.block_tables,
-        m.seq_lens,
-        SCALE,
-        m.max_seq_len,
-        num_splits=num_splits,
+        batch.q, batch.kv_cache, m.block_tables, m.seq_lens, scale, m.max_seq_len, **options
     )
 
 
-@pytest.mark.parametrize("dtype", MATRIX_DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize(("num_heads", "num_kv_heads"), GQA, ids=["gqa1", "gqa3", "gqa8"])
-@pytest.mark.parametrize("block_size", [8, 16, 32])
+@shape_matrix
 def test_decode_matches_reference(
     block_size: int, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
 ) -> None:
-    batch = make_batch(
+    assert_matches_reference(
+        _run_decode,
         _decode_spec(block_size, seed=block_size + head_dim),
+        SCALE,
         block_size=block_size,
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
         dtype=dtype,
-        device=DEVICE,
         seed=num_heads * 7 + head_dim,
     )
-    expected, _ = reference_output(batch, SCALE)
-    got = _run_decode(batch)
-    assert got.dtype == dtype
-    tol = tolerance(dtype)
-    torch.testing.assert_close(got.float(), expected, atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("num_splits", [2, 3, 7])
@@ -144,10 +133,7 @@ def test_decode_with_a_sliding_window_matches_reference(num_splits: int, window:
     spec = [(n - 1, 1) for n in (1, 9, 100, 257)]
     batch = make_batch(spec, block_size=16, num_heads=8, num_kv_heads=2, head_dim=64,
                        dtype=torch.float32, device=DEVICE, seed=window)  # fmt: skip
-    write_kv(batch.k, batch.v, batch.kv_cache, batch.meta.slot_mapping)
-    m = batch.meta
-    out = decode_attention(batch.q, batch.kv_cache, m.block_tables, m.seq_lens, SCALE,
-                           m.max_seq_len, num_splits=num_splits, window=window)  # fmt: skip
+    out = _run_decode(batch, num_splits=num_splits, window=window)
     expected, _ = reference_output(batch, SCALE, window=window)
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out, expected, atol=2e-4, rtol=2e-4)
@@ -166,11 +152,7 @@ def test_decode_with_a_softcap_matches_reference(
     for dtype in DTYPES:
         batch = make_batch(spec, block_size=16, num_heads=8, num_kv_heads=2, head_dim=64,
                            dtype=dtype, device=DEVICE, seed=num_splits)  # fmt: skip
-        write_kv(batch.k, batch.v, batch.kv_cache, batch.meta.slot_mapping)
-        m = batch.meta
-        out = decode_attention(batch.q, batch.kv_cache, m.block_tables, m.seq_lens, 0.25,
-                               m.max_seq_len, num_splits=num_splits, window=window,
-                               softcap=softcap)  # fmt: skip
+        out = _run_decode(batch, 0.25, num_splits=num_splits, window=window, softcap=softcap)
         expected, _ = reference_output(batch, 0.25, window=window, softcap=softcap)
         tol = max(2e-4, tolerance(dtype))
         torch.testing.assert_close(out.float(), expected, atol=tol, rtol=tol)

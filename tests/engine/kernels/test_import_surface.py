@@ -7,9 +7,9 @@ accidental import there would turn the whole GPU check into an import error.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.utils.python_child import run_python
 
 REPO = Path(__file__).resolve().parents[3]
 FORBIDDEN = [
@@ -42,6 +42,7 @@ MODULES = [
     "engine.kernels.fused_moe",
     "engine.model.moe",
     "tests.engine.kernels.batch_factory",
+    "tests.utils.python_child",  # this test runs its probe through it
 ]
 
 _PROBE = """
@@ -63,13 +64,8 @@ print("ok")
 
 def test_kernel_modules_need_only_the_gpu_image_packages() -> None:
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    done = subprocess.run(
-        [sys.executable, "-c", _PROBE, " ".join(FORBIDDEN), " ".join(MODULES)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    done = run_python(
+        _PROBE, [" ".join(FORBIDDEN), " ".join(MODULES)], cwd=REPO, env=env, timeout=120
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "ok"

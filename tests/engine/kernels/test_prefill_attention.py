@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 import torch
@@ -13,27 +14,25 @@ from tests.engine.kernels.batch_factory import (
     DEVICE,
     MATRIX_DTYPES,
     PagedBatch,
-    dtype_id,
+    assert_matches_reference,
+    device_batch,
     make_batch,
     reference_output,
+    shape_matrix,
     tolerance,
 )
 
-GQA = [(4, 4), (6, 2), (16, 2)]  # group sizes 1, 3 and 8
 SCALE = 0.125
 
 
-def _run_prefill(batch: PagedBatch) -> torch.Tensor:
+def _run_prefill(batch: PagedBatch, scale: float = SCALE, **options: Any) -> torch.Tensor:
+    """Writes the batch's new K/V into its cache, then runs the prefill kernel on it
+    (`options`: out, window, softcap)."""
     write_kv(batch.k, batch.v, batch.kv_cache, batch.meta.slot_mapping)
     m = batch.meta
+    starts, lens = m.query_start_loc, m.seq_lens
     return prefill_attention(
-        batch.q,
-        batch.kv_cache,
-        m.block_tables,
-        m.query_start_loc,
-        m.seq_lens,
-        SCALE,
-        m.max_query_len,
+        batch.q, batch.kv_cache, m.block_tables, starts, lens, scale, m.max_query_len, **options
     )
 
 
@@ -48,36 +47,29 @@ def _ragged_spec(block_size: int, seed: int) -> list[tuple[int, int]]:
     ]
 
 
-@pytest.mark.parametrize("dtype", MATRIX_DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize(("num_heads", "num_kv_heads"), GQA, ids=["gqa1", "gqa3", "gqa8"])
-@pytest.mark.parametrize("block_size", [8, 16, 32])
+@shape_matrix
 def test_prefill_matches_reference(
     block_size: int, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
 ) -> None:
-    batch = make_batch(
+    assert_matches_reference(
+        _run_prefill,
         _ragged_spec(block_size, seed=block_size * 3 + head_dim),
+        SCALE,
         block_size=block_size,
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
         dtype=dtype,
-        device=DEVICE,
         seed=num_heads + head_dim,
     )
-    expected, _ = reference_output(batch, SCALE)
-    got = _run_prefill(batch)
-    assert got.dtype == dtype
-    tol = tolerance(dtype)
-    torch.testing.assert_close(got.float(), expected, atol=tol, rtol=tol)
 
 
 def test_prefill_spanning_several_query_tiles() -> None:
     # 70 new rows after a 21-token prefix: two 64-row tiles, the second mostly empty.
     block_m, _ = prefill_tile_sizes(70, 64)
     assert block_m == 64
-    batch = make_batch(
-        [(21, 70), (3, 5)], block_size=16, num_heads=2, num_kv_heads=1, head_dim=64, device=DEVICE
+    batch = device_batch(
+        [(21, 70), (3, 5)], block_size=16, num_heads=2, num_kv_heads=1, head_dim=64
     )
     expected, _ = reference_output(batch, SCALE)
     torch.testing.assert_close(_run_prefill(batch).float(), expected, atol=1e-4, rtol=1e-4)
@@ -85,41 +77,18 @@ def test_prefill_spanning_several_query_tiles() -> None:
 
 def test_sequence_with_no_new_tokens_is_skipped() -> None:
     # The middle sequence contributes no rows; its neighbours' rows must stay aligned.
-    batch = make_batch(
-        [(4, 6), (12, 0), (9, 3)],
-        block_size=8,
-        num_heads=3,
-        num_kv_heads=1,
-        head_dim=64,
-        device=DEVICE,
+    batch = device_batch(
+        [(4, 6), (12, 0), (9, 3)], block_size=8, num_heads=3, num_kv_heads=1, head_dim=64
     )
     expected, _ = reference_output(batch, SCALE)
     torch.testing.assert_close(_run_prefill(batch).float(), expected, atol=1e-4, rtol=1e-4)
 
 
 def test_padding_rows_after_the_batch_are_left_untouched() -> None:
-    batch = make_batch(
-        [(0, 5), (7, 2)],
-        block_size=8,
-        num_heads=2,
-        num_kv_heads=2,
-        head_dim=64,
-        device=DEVICE,
-        pad_slots=3,
-    )
-    write_kv(batch.k, batch.v, batch.kv_cache, batch.meta.slot_mapping)
-    m = batch.meta
+    spec = [(0, 5), (7, 2)]
+    batch = device_batch(spec, block_size=8, num_heads=2, num_kv_heads=2, head_dim=64, pad_slots=3)
     out = torch.full_like(batch.q, 7.0)
-    prefill_attention(
-        batch.q,
-        batch.kv_cache,
-        m.block_tables,
-        m.query_start_loc,
-        m.seq_lens,
-        SCALE,
-        m.max_query_len,
-        out=out,
-    )
+    _run_prefill(batch, out=out)
     assert torch.equal(out[7:], torch.full_like(out[7:], 7.0))
     assert not torch.equal(out[:7], torch.full_like(out[:7], 7.0))
 
@@ -145,10 +114,7 @@ def test_prefill_with_a_sliding_window_matches_reference(block_size: int, window
     spec = [(0, 70), (45, 40), (90, 1), (7, 33)]
     batch = make_batch(spec, block_size=block_size, num_heads=6, num_kv_heads=2, head_dim=64,
                        dtype=torch.float32, device=DEVICE, seed=window)  # fmt: skip
-    write_kv(batch.k, batch.v, batch.kv_cache, batch.meta.slot_mapping)
-    m = batch.meta
-    out = prefill_attention(batch.q, batch.kv_cache, m.block_tables, m.query_start_loc,
-                            m.seq_lens, SCALE, m.max_query_len, window=window)  # fmt: skip
+    out = _run_prefill(batch, window=window)
     expected, _ = reference_output(batch, SCALE, window=window)
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out, expected, atol=2e-4, rtol=2e-4)
@@ -165,11 +131,7 @@ def test_prefill_with_a_softcap_matches_reference(softcap: float, window: int | 
     for dtype in MATRIX_DTYPES:
         batch = make_batch(spec, block_size=16, num_heads=6, num_kv_heads=2, head_dim=64,
                            dtype=dtype, device=DEVICE, seed=7)  # fmt: skip
-        write_kv(batch.k, batch.v, batch.kv_cache, batch.meta.slot_mapping)
-        m = batch.meta
-        out = prefill_attention(batch.q, batch.kv_cache, m.block_tables, m.query_start_loc,
-                                m.seq_lens, 0.25, m.max_query_len, window=window,
-                                softcap=softcap)  # fmt: skip
+        out = _run_prefill(batch, 0.25, window=window, softcap=softcap)
         expected, _ = reference_output(batch, 0.25, window=window, softcap=softcap)
         tol = max(2e-4, tolerance(dtype))
         torch.testing.assert_close(out.float(), expected, atol=tol, rtol=tol)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -11,7 +13,7 @@ from engine.attention.triton_backend import TritonAttentionBackend
 from tests.engine.kernels.batch_factory import (
     DEVICE,
     DTYPES,
-    PagedBatch,
+    device_batch,
     dtype_id,
     make_batch,
     reference_output,
@@ -21,8 +23,10 @@ from tests.engine.kernels.batch_factory import (
 SCALE = 64**-0.5
 
 
-def _check(batch: PagedBatch, rows: int | None = None) -> None:
-    """The triton backend agrees with the naive oracle and with the torch backend."""
+def _check(spec: list[tuple[int, int]], rows: int | None = None, **options: Any) -> None:
+    """On a batch from `spec` (`options`: device_batch's), the triton backend agrees with
+    the naive oracle and with the torch backend."""
+    batch = device_batch(spec, **options)
     expected, expected_cache = reference_output(batch, SCALE)
     torch_cache = batch.kv_cache.clone()
     torch_out = TorchAttentionBackend().forward(
@@ -46,61 +50,25 @@ def _check(batch: PagedBatch, rows: int | None = None) -> None:
 @pytest.mark.parametrize("block_size", [8, 16, 32])
 def test_pure_decode_batch(block_size: int, dtype: torch.dtype) -> None:
     spec = [(0, 1), (block_size - 1, 1), (2 * block_size + 3, 1)]
-    _check(
-        make_batch(
-            spec,
-            block_size=block_size,
-            num_heads=9,
-            num_kv_heads=3,
-            head_dim=64,
-            dtype=dtype,
-            device=DEVICE,
-        )
-    )
+    _check(spec, block_size=block_size, num_heads=9, num_kv_heads=3, head_dim=64, dtype=dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("block_size", [8, 16, 32])
 def test_mixed_prefill_and_decode_batch(block_size: int, dtype: torch.dtype) -> None:
     spec = [(0, 13), (30, 1), (block_size + 2, 7), (5, 1)]
-    _check(
-        make_batch(
-            spec,
-            block_size=block_size,
-            num_heads=8,
-            num_kv_heads=1,
-            head_dim=128,
-            dtype=dtype,
-            device=DEVICE,
-            seed=1,
-        )
-    )
+    dims = {"num_heads": 8, "num_kv_heads": 1, "head_dim": 128}
+    _check(spec, block_size=block_size, dtype=dtype, seed=1, **dims)
 
 
 def test_padded_decode_batch_ignores_padding_rows() -> None:
-    batch = make_batch(
-        [(4, 1), (17, 1)],
-        block_size=8,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=64,
-        device=DEVICE,
-        pad_slots=2,
-    )
-    _check(batch, rows=2)
+    spec = [(4, 1), (17, 1)]
+    _check(spec, rows=2, block_size=8, num_heads=4, num_kv_heads=2, head_dim=64, pad_slots=2)
 
 
 def test_decode_step_with_an_idle_sequence_takes_the_general_path() -> None:
     # max_query_len is 1 but one sequence adds nothing, so q row i is not sequence i.
-    batch = make_batch(
-        [(4, 1), (9, 0), (17, 1)],
-        block_size=8,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=64,
-        device=DEVICE,
-    )
-    _check(batch)
+    _check([(4, 1), (9, 0), (17, 1)], block_size=8, num_heads=4, num_kv_heads=2, head_dim=64)
 
 
 def test_backend_is_selected_by_name() -> None:
