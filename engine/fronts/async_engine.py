@@ -318,6 +318,14 @@ class EngineFront(abc.ABC):
     # -- for subclasses -----------------------------------------------------------------
 
     @abc.abstractmethod
+    async def start(self) -> None:
+        """Starts the engine loop's side of the front on the running event loop."""
+
+    @abc.abstractmethod
+    async def shutdown(self) -> None:
+        """Stops the engine loop; live requests end with an error."""
+
+    @abc.abstractmethod
     def _send(self, item: InboxItem) -> None:
         """Hands one inbox item to the engine loop, wherever it runs."""
 

@@ -14,15 +14,11 @@ A push of the files already loaded under that name (several gateways push the sa
 registry) answers the loaded record without reloading. The folder stays while the
 adapter is loaded (the engine may read it again after
 evicting the weights from host memory) and is removed once it is replaced or unloaded.
-
-`CountingFront` counts the requests that name an adapter as they are submitted, for
-the `cloister_adapter_requests_total` series, without touching the completions path.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import shutil
 import tempfile
 import uuid
@@ -40,10 +36,10 @@ from engine.errors import (
     EngineDeadError,
     InvalidRequestError,
 )
+from engine.fronts.async_engine import EngineFront
 from engine.lora.archive import AdapterArchiveError, ArchiveLimits, extract_members
 from engine.lora.peft import CONFIG_FILE, WEIGHTS_FILE, content_digest
-from engine.request import EngineRequest, check_adapter_name
-from engine_hop.adapter_metrics import AdapterMetrics
+from engine.request import check_adapter_name
 from engine_server.auth import ServiceAuth
 from engine_server.refusals import TOO_LARGE, UNAUTHORIZED, refusal, refusal_of, response_of
 
@@ -85,7 +81,7 @@ class AdapterRoutes:
 
     def __init__(
         self,
-        front: Any,
+        front: EngineFront,
         auth: ServiceAuth,
         *,
         parent: Path | None = None,
@@ -132,10 +128,8 @@ class AdapterRoutes:
         return name
 
     def listing(self) -> list[dict[str, Any]]:
-        """The front's loaded adapters, as JSON-ready records (none for a front without
-        adapter calls)."""
-        adapters = getattr(self.front, "adapters", None)
-        return [] if adapters is None else [info_to_wire(a) for a in adapters()]
+        """The front's loaded adapters, as JSON-ready records."""
+        return [info_to_wire(a) for a in self.front.adapters()]
 
     async def list_adapters(self, request: Request) -> Response:
         """GET /internal/adapters."""
@@ -149,8 +143,6 @@ class AdapterRoutes:
         name = self._named(request)
         if isinstance(name, Response):
             return name
-        if getattr(self.front, "load_adapter", None) is None:
-            return error(501, "this engine serves no adapters", type_="not_implemented")
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
             return _too_large(self.max_bytes)
@@ -210,9 +202,7 @@ def _too_large(cap: int) -> JSONResponse:
 def _engine_refusal(exc: Exception) -> JSONResponse:
     """The engine's refusals other than bad input: in use (409, the adapter routes' own),
     dead (503, engine_hop.refusals)."""
-    # Matched by name too: a front may raise its own class of that name (as the gateway's
-    # clients do; see gateway.adapters.is_in_use_error).
-    if isinstance(exc, AdapterInUseError) or type(exc).__name__ == "AdapterInUseError":
+    if isinstance(exc, AdapterInUseError):
         return error(409, str(exc), type_="invalid_request_error", code="adapter_in_use")
     if isinstance(exc, EngineDeadError):
         return response_of(refusal_of(exc))
@@ -241,25 +231,3 @@ def _unpack(archive: Path, folder: Path) -> str:
     if CONFIG_FILE not in names or WEIGHTS_FILE not in names:
         raise AdapterArchiveError(f"the archive needs {CONFIG_FILE} and {WEIGHTS_FILE}")
     return content_digest((folder / WEIGHTS_FILE).read_bytes(), (folder / CONFIG_FILE).read_bytes())
-
-
-class CountingFront:
-    """An engine front that counts, per adapter, the requests submitted to it.
-
-    Everything but `submit` is the wrapped front's own; a request without an adapter
-    costs one comparison.
-    """
-
-    def __init__(self, front: Any, metrics: AdapterMetrics, model_name: str) -> None:
-        self._front, self._metrics, self._model = front, metrics, model_name
-
-    def submit(self, request: EngineRequest) -> Any:
-        """The front's `submit`; counted once it is queued."""
-        stream = self._front.submit(request)
-        if request.adapter is not None:
-            with contextlib.suppress(Exception):  # a metric never fails a request
-                self._metrics.requests.labels(self._model, request.adapter).inc()
-        return stream
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._front, name)

@@ -39,6 +39,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 
 from engine.errors import EngineDeadError, InvalidRequestError
+from engine.fronts.async_engine import EngineFront, RequestStream
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest
 from engine_hop.collect import collect, completion_body
@@ -53,7 +54,7 @@ from engine_hop.wire import (
     request_from_wire,
     rules_from_wire,
 )
-from engine_server.adapters import AdapterRoutes, CountingFront
+from engine_server.adapters import AdapterRoutes
 from engine_server.auth import ServiceAuth
 from engine_server.link import EngineLink
 from engine_server.metrics import EngineMetrics
@@ -95,7 +96,7 @@ class EngineServer:
 
     def __init__(
         self,
-        front: Any,
+        front: EngineFront,
         *,
         model_name: str,
         auth: ServiceAuth,
@@ -116,7 +117,7 @@ class EngineServer:
         self.device, self.dtype = device, dtype
         self.metrics = EngineMetrics(front, model_name)
         # Requests naming an adapter are counted as they are submitted (/metrics).
-        self.front = CountingFront(front, self.metrics.adapters, model_name)
+        self.front = front
         self.adapter_routes = AdapterRoutes(front, auth, parent=adapter_dir)
         self.link = EngineLink(self)
 
@@ -251,17 +252,22 @@ class EngineServer:
             return None
         return GenerateSpan(self.tracer, engine_request, headers, self.model_name)
 
-    def submit(self, engine_request: EngineRequest, span: GenerateSpan | None) -> Any:
-        """The engine's stream of `engine_request`; a refusal (a bad request, overload, a
-        dead engine) is a `Refused`, and ends the span."""
+    def submit(self, engine_request: EngineRequest, span: GenerateSpan | None) -> RequestStream:
+        """The engine's stream of `engine_request`, counted on /metrics when it names an
+        adapter; a refusal (a bad request, overload, a dead engine) is a `Refused`, and
+        ends the span."""
         try:
-            return self.front.submit(engine_request)
+            stream = self.front.submit(engine_request)
         except Exception as exc:
             if span is not None:
                 span.end(exc)
             if isinstance(exc, REFUSED_ERRORS):
                 raise Refused(refusal_of(exc)) from None
             raise
+        if engine_request.adapter is not None:
+            with contextlib.suppress(Exception):  # a metric never fails a request
+                self.metrics.adapters.requests.labels(self.model_name, engine_request.adapter).inc()
+        return stream
 
     async def _with_token_ids(self, body: dict[str, Any]) -> dict[str, Any]:
         """The body with a text prompt tokenized by the engine's tokenizer (a router or a

@@ -5,7 +5,7 @@ the request path but the requests that name a LoRA adapter. The series carry
 `model_name` (and an adapter's name) only, never a tenant. The adapter series are the
 gateway's own (engine_hop.adapter_metrics): `vllm:lora_requests_info` from the engine's
 per-adapter counts, and `cloister_adapter_requests_total` per adapter (counted as
-requests are submitted, by engine_server.adapters.CountingFront). The KV tiers' series are
+requests are submitted, by EngineServer.submit). The KV tiers' series are
 the gateway's too: `cloister:kv_tier_*` per tier, and under vLLM's names the figures of
 engine_hop.tier_metrics.tier_totals, the one function both ends compute them with.
 """
@@ -24,6 +24,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from engine.fronts.async_engine import EngineFront
 from engine_hop.adapter_metrics import AdapterMetrics, lora_snapshot
 from engine_hop.tier_metrics import (
     OFFLOAD_TOTAL_BYTES,
@@ -37,7 +38,7 @@ from engine_hop.tier_metrics import (
 class EngineMetrics:
     """The collector and registry of one engine server."""
 
-    def __init__(self, front: Any, model_name: str) -> None:
+    def __init__(self, front: EngineFront, model_name: str) -> None:
         self._front, self._model = front, model_name
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)

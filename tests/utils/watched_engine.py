@@ -1,9 +1,8 @@
 """A real engine front, watched: the requests it took, the aborts it was asked for,
 the requests still live in it.
 
-`Watched(front)` stands for `front` (an `EngineFront`, e.g. an AsyncEngine) as the
-engine server's `CountingFront` does: `submit` and `abort` are the front's own,
-recorded; everything else is the front's. Attributes a test sets on it (a tokenizer,
+`Watched(front)` stands for `front` (an `EngineFront`, e.g. an AsyncEngine):
+`submit` and `abort` are the front's own, recorded; everything else is the front's. Attributes a test sets on it (a tokenizer,
 a vocabulary size) are what the gateway's client reads, not the engine. Failures are
 patched on it (tests/utils/engine_faults.py) after it is made, so that a refused
 request is not counted as taken.
