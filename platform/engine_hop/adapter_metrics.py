@@ -100,6 +100,12 @@ class AdapterMetrics:
         with self._lock:
             self._in_flight.setdefault(model, Tally())[adapter] += 1
 
+    def submitted(self, *, model: str, adapter: str | None) -> None:
+        """An engine server took a request naming `adapter` (None: no adapter, not
+        counted); it counts at submission, since it does not see the request end."""
+        if adapter is not None:
+            self.requests.labels(model, adapter).inc()
+
     def finished(self, *, model: str, adapter: str) -> None:
         """One request of `adapter` finished; it is counted."""
         with self._lock:

@@ -253,9 +253,8 @@ class EngineServer:
         return GenerateSpan(self.tracer, engine_request, headers, self.model_name)
 
     def submit(self, engine_request: EngineRequest, span: GenerateSpan | None) -> RequestStream:
-        """The engine's stream of `engine_request`, counted on /metrics when it names an
-        adapter; a refusal (a bad request, overload, a dead engine) is a `Refused`, and
-        ends the span."""
+        """The engine's stream of `engine_request` (counted, if it names an adapter); a
+        refusal (a bad request, overload, a dead engine) is a `Refused`, and ends the span."""
         try:
             stream = self.front.submit(engine_request)
         except Exception as exc:
@@ -264,9 +263,7 @@ class EngineServer:
             if isinstance(exc, REFUSED_ERRORS):
                 raise Refused(refusal_of(exc)) from None
             raise
-        if engine_request.adapter is not None:
-            with contextlib.suppress(Exception):  # a metric never fails a request
-                self.metrics.adapters.requests.labels(self.model_name, engine_request.adapter).inc()
+        self.metrics.adapters.submitted(model=self.model_name, adapter=engine_request.adapter)
         return stream
 
     async def _with_token_ids(self, body: dict[str, Any]) -> dict[str, Any]:
