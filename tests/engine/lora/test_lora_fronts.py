@@ -57,7 +57,7 @@ def test_adapters_through_a_front(adapters: Adapters, make: Callable[[Adapters],
             assert info.rank == 8 and info.target_modules == ("q_proj", "v_proj")
             (listed,) = front.adapters()
             assert listed == info  # the load's answer is what the listing says
-            assert listed.location == "host"  # read at load, not yet in a slot
+            assert listed.location == info.location == "host"  # read, not yet in a slot
             stream = front.submit(request)
             first = await stream.__anext__()
             assert [a.location for a in front.adapters()] == ["device"]
