@@ -21,6 +21,7 @@ from typing import Annotated, TypeVar
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.params import Depends as DependsParam
+from pydantic import BaseModel
 from sqlalchemy.orm import Session, sessionmaker
 
 from admin.audit_log import AuditLog
@@ -42,6 +43,7 @@ from tenancy.errors import (
 from tenancy.models import Tenant
 
 T = TypeVar("T")
+Public = TypeVar("Public", bound=BaseModel)
 Detail = Mapping[str, object]
 UPLOAD_CONCURRENCY = 2  # adapter uploads received and validated at once
 
@@ -123,6 +125,16 @@ class AdminContext:
             detail=detail(result) if callable(detail) else detail,
         )
         return result
+
+    def write_new(
+        self, action: str, resource: str, fn: Callable[[], T], public: Callable[[T], Public]
+    ) -> Public:
+        """`write`s a creation audited with the new thing's public form ("after"), and
+        returns that form."""
+        created = self.write(
+            action, resource, fn, detail=lambda r: {"after": public(r).model_dump(mode="json")}
+        )
+        return public(created)
 
     def require(self, *roles: Role) -> None:
         """403 (audited) unless the caller has one of `roles`."""

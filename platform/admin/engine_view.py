@@ -23,6 +23,7 @@ from admin.schemas.engines import (
     KVTier,
     SpeculativeDecoding,
 )
+from server.field_copy import copy_fields
 
 if TYPE_CHECKING:  # the admin service also runs without a gateway in its process
     from engine.kv_cache.host_tier import TierStats
@@ -61,22 +62,7 @@ def _replica(state: ReplicaState, model: RegisteredModel | None) -> EngineReplic
 
 def _tier(t: TierStats) -> KVTier:
     """The page's figures of one KV tier under the device pool."""
-    return KVTier(
-        medium=t.medium,
-        blocks=t.blocks,
-        capacity_blocks=t.capacity_blocks,
-        bytes=t.bytes,
-        capacity_bytes=t.capacity_bytes,
-        lookups=t.lookups,
-        hits=t.hits,
-        hit_rate=t.hits / t.lookups if t.lookups else None,
-        hit_blocks=t.hit_blocks,
-        loads=t.loads,
-        write_backs=t.write_backs,
-        recomputed_instead=t.recomputed_instead,
-        evictions=t.evictions,
-        expirations=t.expirations,
-    )
+    return copy_fields(KVTier, t, hit_rate=t.hits / t.lookups if t.lookups else None)
 
 
 def _speculative(stats: SpecDecodeStats | None) -> SpeculativeDecoding | None:

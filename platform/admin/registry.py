@@ -9,10 +9,10 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy import ColumnElement, select
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from admin.models import (
     ADAPTER_STATUSES,
@@ -34,6 +34,9 @@ MAX_ALLOWED_TENANTS = 1000  # bounds one allow-list (and the query checking it)
 # A model's own output cap: far above any context we serve, far below the INTEGER column.
 MAX_MODEL_OUTPUT_TOKENS = 10_000_000
 KEEP: Any = object()  # "leave this setting as it is" (None clears it)
+
+# The registry's named rows: each has a unique `name` column.
+Named = TypeVar("Named", RegisteredModel, LoraAdapter, SharedPrefix)
 
 
 @dataclass(frozen=True)
@@ -85,12 +88,36 @@ def check_batch_discount(value: Any) -> int:
     return value
 
 
+def _named(session: Session, table: type[Named], name: str, what: str) -> Named:
+    """The `table` row called `name`, or NotFoundError naming it a `what`."""
+    row = session.scalars(select(table).where(table.name == name)).first()
+    if row is None:
+        raise NotFoundError(f"no {what} named {name!r}")
+    return row
+
+
+def _check_name_free(session: Session, table: type[Named], name: str, what: str) -> None:
+    """ConflictError when a `table` row is already called `name` (`what`: "a model")."""
+    if session.scalars(select(table.id).where(table.name == name)).first():
+        raise ConflictError(f"{what} named {name!r} already exists")
+
+
+def _by_name(
+    session: Session, table: type[Named], *filters: ColumnElement[bool]
+) -> Sequence[Named]:
+    """The `table` rows passing every filter, by name."""
+    return session.scalars(select(table).where(*filters).order_by(table.name)).all()
+
+
+def _name_map(session: Session, value: InstrumentedAttribute[Any]) -> dict[str, Any]:
+    """Model name -> its `value` column, for the models where it is set."""
+    rows = session.execute(select(RegisteredModel.name, value).where(value.is_not(None))).all()
+    return {name: v for name, v in rows if v is not None}
+
+
 def get_model(session: Session, name: str) -> RegisteredModel:
     """The registered model called `name`, or NotFoundError."""
-    row = session.scalars(select(RegisteredModel).where(RegisteredModel.name == name)).first()
-    if row is None:
-        raise NotFoundError(f"no model named {name!r}")
-    return row
+    return _named(session, RegisteredModel, name, "model")
 
 
 def register_model(
@@ -119,8 +146,7 @@ def register_model(
         raise InvalidValueError("name must be 1-128 characters and context_length positive")
     if not source or len(source) > MAX_SOURCE_CHARS:
         raise InvalidValueError(f"source must be 1-{MAX_SOURCE_CHARS} characters")
-    if session.scalars(select(RegisteredModel.id).where(RegisteredModel.name == name)).first():
-        raise ConflictError(f"a model named {name!r} already exists")
+    _check_name_free(session, RegisteredModel, name, "a model")
     if allowed_tenants is not None:
         check_tenant_ids(session, allowed_tenants)
     if fallback_model is not None:
@@ -186,12 +212,7 @@ def check_model_output_cap(value: Any, *, context_length: int | None) -> int | N
 
 def output_caps(session: Session) -> dict[str, int]:
     """Model name -> its own `max_output_tokens`, for the models that have one."""
-    rows = session.execute(
-        select(RegisteredModel.name, RegisteredModel.max_output_tokens).where(
-            RegisteredModel.max_output_tokens.is_not(None)
-        )
-    ).all()
-    return {name: cap for name, cap in rows if cap is not None}
+    return _name_map(session, RegisteredModel.max_output_tokens)
 
 
 def check_fallback(session: Session, model: str, fallback: Any) -> None:
@@ -219,12 +240,7 @@ def check_fallback(session: Session, model: str, fallback: Any) -> None:
 
 def fallbacks(session: Session) -> dict[str, str]:
     """Model name -> its fallback model's name, for the models that have one."""
-    rows = session.execute(
-        select(RegisteredModel.name, RegisteredModel.fallback_model).where(
-            RegisteredModel.fallback_model.is_not(None)
-        )
-    ).all()
-    return {name: fallback for name, fallback in rows if fallback is not None}
+    return _name_map(session, RegisteredModel.fallback_model)
 
 
 def allow_lists(session: Session) -> dict[str, frozenset[str] | None]:
@@ -274,10 +290,8 @@ def update_model(
 
 def list_models(session: Session, *, status: str | None = None) -> Sequence[RegisteredModel]:
     """Registered models by name, optionally filtered by status."""
-    query = select(RegisteredModel).order_by(RegisteredModel.name)
-    if status is not None:
-        query = query.where(RegisteredModel.status == status)
-    return session.scalars(query).all()
+    filters = [] if status is None else [RegisteredModel.status == status]
+    return _by_name(session, RegisteredModel, *filters)
 
 
 def _add_price(
@@ -369,10 +383,7 @@ def price_in_force(
 
 def get_adapter(session: Session, name: str) -> LoraAdapter:
     """The adapter called `name`, or NotFoundError."""
-    row = session.scalars(select(LoraAdapter).where(LoraAdapter.name == name)).first()
-    if row is None:
-        raise NotFoundError(f"no adapter named {name!r}")
-    return row
+    return _named(session, LoraAdapter, name, "adapter")
 
 
 def check_adapter_name(name: str) -> None:
@@ -397,8 +408,7 @@ def register_adapter(
         raise InvalidValueError(f"rank must be between 1 and {MAX_RANK}")
     if not source_path or len(source_path) > MAX_SOURCE_CHARS:
         raise InvalidValueError(f"source_path must be 1-{MAX_SOURCE_CHARS} characters")
-    if session.scalars(select(LoraAdapter.id).where(LoraAdapter.name == name)).first():
-        raise ConflictError(f"an adapter named {name!r} already exists")
+    _check_name_free(session, LoraAdapter, name, "an adapter")
     row = LoraAdapter(
         id=new_id("lora"),
         name=name,
@@ -442,15 +452,15 @@ def list_adapters(
     session: Session, *, visible_to_tenant: str | None = None, base_model: str | None = None
 ) -> Sequence[LoraAdapter]:
     """Adapters by name; with `visible_to_tenant`, only that tenant's and public ones."""
-    query = select(LoraAdapter).order_by(LoraAdapter.name)
+    filters: list[ColumnElement[bool]] = []
     if visible_to_tenant is not None:
-        query = query.where(
+        filters.append(
             (LoraAdapter.owner_tenant_id.is_(None))
             | (LoraAdapter.owner_tenant_id == visible_to_tenant)
         )
     if base_model is not None:
-        query = query.where(LoraAdapter.base_model == base_model)
-    return session.scalars(query).all()
+        filters.append(LoraAdapter.base_model == base_model)
+    return _by_name(session, LoraAdapter, *filters)
 
 
 def publish_prefix(
@@ -471,8 +481,7 @@ def publish_prefix(
     if text is not None and not text:
         raise InvalidValueError("text must not be empty")
     get_model(session, model)
-    if session.scalars(select(SharedPrefix.id).where(SharedPrefix.name == name)).first():
-        raise ConflictError(f"a shared prefix named {name!r} already exists")
+    _check_name_free(session, SharedPrefix, name, "a shared prefix")
     row = SharedPrefix(
         id=new_id("pfx"),
         name=name,
@@ -487,17 +496,13 @@ def publish_prefix(
 
 def list_prefixes(session: Session, *, model: str | None = None) -> Sequence[SharedPrefix]:
     """Published prefixes by name."""
-    query = select(SharedPrefix).order_by(SharedPrefix.name)
-    if model is not None:
-        query = query.where(SharedPrefix.model == model)
-    return session.scalars(query).all()
+    filters = [] if model is None else [SharedPrefix.model == model]
+    return _by_name(session, SharedPrefix, *filters)
 
 
 def withdraw_prefix(session: Session, *, name: str) -> SharedPrefix:
     """Withdraw (delete) the published prefix called `name`; NotFoundError if none."""
-    row = session.scalars(select(SharedPrefix).where(SharedPrefix.name == name)).first()
-    if row is None:
-        raise NotFoundError(f"no shared prefix named {name!r}")
+    row = _named(session, SharedPrefix, name, "shared prefix")
     session.delete(row)
     session.commit()
     return row

@@ -32,6 +32,7 @@ from admin.schemas.prefixes import PrefixPublic
 from admin.schemas.tenants import TenantPublic
 from admin.schemas.tokens import TokenPublic
 from admin.schemas.usage import UsageRecordPublic
+from server.field_copy import copy_fields
 from tenancy import store
 from tenancy.limits import EffectiveLimits
 from tenancy.models import ApiKey, Tenant
@@ -59,21 +60,7 @@ def page(
 
 def tenant_public(t: Tenant) -> TenantPublic:
     """A tenant."""
-    return TenantPublic(
-        id=t.id,
-        name=t.name,
-        status=t.status,
-        isolation_level=t.isolation_level,
-        weight=t.weight,
-        cache_floor_blocks=t.cache_floor_blocks,
-        cache_floor_share=t.cache_floor_share,
-        retention_ttl_s=t.retention_ttl_s,
-        scrub_on_free=t.scrub_on_free,
-        never_cache=bool(t.never_cache),
-        kv_quota_blocks=t.kv_quota_blocks,
-        stream_cadence=t.stream_cadence,
-        created_at=t.created_at,
-    )
+    return copy_fields(TenantPublic, t, never_cache=bool(t.never_cache))
 
 
 def tenant_dict(t: Tenant) -> dict[str, Any]:
@@ -83,18 +70,7 @@ def tenant_dict(t: Tenant) -> dict[str, Any]:
 
 def key_public(k: ApiKey) -> KeyPublic:
     """A key by its display prefix; the hash stays in the database."""
-    return KeyPublic(
-        id=k.id,
-        tenant_id=k.tenant_id,
-        prefix=k.prefix,
-        name=k.name,
-        allowed_models=k.allowed_models,
-        created_at=k.created_at,
-        expires_at=k.expires_at,
-        revoked_at=k.revoked_at,
-        last_used_at=k.last_used_at,
-        status=store.key_status(k),
-    )
+    return copy_fields(KeyPublic, k, status=store.key_status(k))
 
 
 def limits_public(limits: EffectiveLimits) -> LimitsPublic:
@@ -123,95 +99,33 @@ def _prices(session: Session, model: str) -> list[PricePublic]:
     return [price_public(p) for p in registry.price_history(session, model=model)]
 
 
-def _model_fields(m: RegisteredModel) -> dict[str, Any]:
-    return {
-        "id": m.id,
-        "name": m.name,
-        "revision": m.revision,
-        "source": m.source,
-        "format": m.format,
-        "context_length": m.context_length,
-        "status": m.status,
-        "allowed_tenants": m.allowed_tenants,
-        "device": m.device,
-        "dtype": m.dtype,
-        "max_output_tokens": m.max_output_tokens,
-        "family": m.family,
-        "quantization": m.quantization,
-        "fallback_model": m.fallback_model,
-        "created_at": m.created_at,
-    }
-
-
 def model_public(session: Session, m: RegisteredModel) -> ModelPublic:
     """A model with its current price (None: unpriced)."""
     prices = _prices(session, m.name)
-    return ModelPublic(**_model_fields(m), price=prices[-1] if prices else None)
+    return copy_fields(ModelPublic, m, price=prices[-1] if prices else None)
 
 
 def model_detail(session: Session, m: RegisteredModel) -> ModelDetail:
     """A model with its current price and its whole price history."""
     prices = _prices(session, m.name)
-    return ModelDetail(
-        **_model_fields(m), price=prices[-1] if prices else None, price_history=prices
-    )
+    return copy_fields(ModelDetail, m, price=prices[-1] if prices else None, price_history=prices)
 
 
 def adapter_public(a: LoraAdapter) -> AdapterPublic:
     """A LoRA adapter."""
-    return AdapterPublic(
-        id=a.id,
-        name=a.name,
-        base_model=a.base_model,
-        owner_tenant_id=a.owner_tenant_id,
-        rank=a.rank,
-        source_path=a.source_path,
-        status=a.status,
-        created_at=a.created_at,
-    )
+    return copy_fields(AdapterPublic, a)
 
 
 def prefix_public(p: SharedPrefix) -> PrefixPublic:
     """A published shared prefix."""
-    return PrefixPublic(
-        id=p.id,
-        name=p.name,
-        model=p.model,
-        token_ids=p.token_ids,
-        text=p.text,
-        created_at=p.created_at,
-    )
+    return copy_fields(PrefixPublic, p)
 
 
 def token_public(t: AdminToken) -> TokenPublic:
     """An admin token by its prefix."""
-    return TokenPublic(
-        id=t.id,
-        name=t.name,
-        role=t.role,
-        tenant_id=t.tenant_id,
-        prefix=t.prefix,
-        created_at=t.created_at,
-        revoked_at=t.revoked_at,
-    )
+    return copy_fields(TokenPublic, t)
 
 
 def usage_record_public(u: UsageRow) -> UsageRecordPublic:
     """One request's usage record, with the gateway's and the client's request ids."""
-    return UsageRecordPublic(
-        request_id=u.request_id,
-        client_request_id=u.client_request_id,
-        occurred_at=u.occurred_at,
-        tenant_id=u.tenant_id,
-        key_id=u.key_id,
-        model=u.model,
-        adapter=u.adapter or None,
-        prompt_tokens=u.prompt_tokens,
-        cached_tokens=u.cached_tokens,
-        completion_tokens=u.completion_tokens,
-        cost_pico_usd=u.cost_pico_usd,
-        status=u.status,
-        finish_reason=u.finish_reason,
-        client_disconnected=u.client_disconnected,
-        batch=u.batch,
-    )
+    return copy_fields(UsageRecordPublic, u, adapter=u.adapter or None)

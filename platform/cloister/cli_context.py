@@ -139,6 +139,16 @@ def echo_result(data: Any, as_json: bool, text: Callable[[], str]) -> None:
     click.echo(json.dumps(data, sort_keys=True) if as_json else text())
 
 
+def echo_table(
+    rows: list[dict[str, Any]],
+    as_json: bool,
+    header: str,
+    line: Callable[[dict[str, Any]], str],
+) -> None:
+    """`rows` as one JSON list when `as_json`, else a table: `header`, then a line a row."""
+    echo_result(rows, as_json, lambda: "\n".join([header, *(line(r) for r in rows)]))
+
+
 class Cleared:
     """The value of a limit option given as `none`: clear the setting."""
 

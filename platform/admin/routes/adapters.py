@@ -80,7 +80,7 @@ def register_adapter(ctx: Ctx, body: AdapterCreate) -> AdapterPublic:
         ctx.audit("adapter.register", resource, outcome="invalid")
         raise HTTPException(400, str(exc)) from exc
     owner = _owner_id(ctx, body.owner_tenant)
-    a = ctx.write(
+    return ctx.write_new(
         "adapter.register",
         resource,
         lambda: registry.register_adapter(
@@ -91,9 +91,8 @@ def register_adapter(ctx: Ctx, body: AdapterCreate) -> AdapterPublic:
             source_path=body.source_path,
             owner_tenant_id=owner,
         ),
-        detail=lambda a: {"after": adapter_public(a).model_dump(mode="json")},
+        adapter_public,
     )
-    return adapter_public(a)
 
 
 def _refused(ctx: AdminContext, name: str, exc: HTTPException, outcome: str) -> HTTPException:
@@ -151,7 +150,7 @@ def _finish_upload(
         store_adapter(validated, folder)
     except OSError as exc:  # a concurrent upload of the same name stored its files first
         raise _refused(ctx, name, conflict, "error") from exc
-    a = ctx.write(
+    return ctx.write_new(
         "adapter.upload",
         f"adapters/{name}",
         lambda: registry.register_adapter(
@@ -162,9 +161,8 @@ def _finish_upload(
             source_path=str(folder),
             owner_tenant_id=owner,
         ),
-        detail=lambda a: {"after": adapter_public(a).model_dump(mode="json")},
+        adapter_public,
     )
-    return adapter_public(a)
 
 
 @router.post("/upload", status_code=201, dependencies=[allow(PLATFORM_WRITE)])

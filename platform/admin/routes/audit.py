@@ -17,6 +17,7 @@ from admin.roles import AUDIT_READ
 from admin.schemas.audit import AuditEventPublic, AuditVerifyPublic
 from admin.schemas.common import Page
 from admin.serialize import Limit, Offset, page
+from server.field_copy import copy_fields
 
 router = APIRouter(
     prefix="/audit",
@@ -116,12 +117,4 @@ def audit_verify(ctx: Ctx) -> AuditVerifyPublic:
     report = ctx.services.audit.verify(
         public_key=public_hex(load_private_key(key.get_secret_value()))
     )
-    return AuditVerifyPublic(
-        ok=report.ok,
-        records=report.records,
-        checkpoints=report.checkpoints,
-        first_bad_seq=report.first_bad_seq,
-        reason=report.reason,
-        newest_checkpoint_seq=report.newest_checkpoint_seq,
-        newest_checkpoint_at=report.newest_checkpoint_at,
-    )
+    return copy_fields(AuditVerifyPublic, report)

@@ -14,6 +14,7 @@ from admin.deps import PathTenant, ServicesDep, allow
 from admin.roles import TENANT_READ
 from admin.schemas.batches import BatchProgress, TenantBatches
 from gateway.batch_api.batch_store import BatchInfo, BatchStore
+from server.field_copy import copy_fields
 
 router = APIRouter(prefix="/tenants", tags=["tenants"])
 _ENDED_AT = ("completed_at", "failed_at", "expired_at", "cancelled_at")
@@ -21,22 +22,14 @@ _ENDED_AT = ("completed_at", "failed_at", "expired_at", "cancelled_at")
 
 def _progress(info: BatchInfo) -> BatchProgress:
     ended = [info.times[name] for name in _ENDED_AT if info.times[name] is not None]
-    return BatchProgress(
-        id=info.id,
-        status=info.status,
-        endpoint=info.endpoint,
-        input_file_id=info.input_file_id,
-        output_file_id=info.output_file_id,
-        error_file_id=info.error_file_id,
-        created_at=info.created_at,
-        expires_at=info.expires_at,
+    return copy_fields(
+        BatchProgress,
+        info,
         ended_at=ended[0] if ended else None,
-        total_lines=info.total_lines,
         completed_lines=info.counts.completed,
         failed_lines=info.counts.failed,
         prompt_tokens=info.counts.prompt_tokens,
         completion_tokens=info.counts.completion_tokens,
-        estimated_tokens=info.estimated_tokens,
     )
 
 

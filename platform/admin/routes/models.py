@@ -45,7 +45,7 @@ def register_model(ctx: Ctx, body: ModelCreate) -> ModelPublic:
         ctx.audit("model.register", f"models/{body.name}", outcome="invalid")
         raise HTTPException(400, str(exc)) from exc
     prices = body.prices()
-    m = ctx.write(
+    return ctx.write_new(
         "model.register",
         f"models/{body.name}",
         lambda: registry.register_model(
@@ -59,9 +59,8 @@ def register_model(ctx: Ctx, body: ModelCreate) -> ModelPublic:
             allowed_tenants=body.allowed_tenants,
             fallback_model=body.fallback_model,
         ),
-        detail=lambda m: {"after": model_public(ctx.session, m).model_dump(mode="json")},
+        lambda m: model_public(ctx.session, m),
     )
-    return model_public(ctx.session, m)
 
 
 @router.get("/{name}", dependencies=[allow(PLATFORM_READ)])

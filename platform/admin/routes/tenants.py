@@ -73,7 +73,7 @@ def list_tenants(
 @router.post("", status_code=201, dependencies=[allow(PLATFORM_WRITE)])
 def create_tenant(ctx: Ctx, body: TenantCreate) -> TenantPublic:
     """Creates a tenant."""
-    t = ctx.write(
+    return ctx.write_new(
         "tenant.create",
         f"tenants/{body.name}",
         lambda: store.create_tenant(
@@ -83,9 +83,8 @@ def create_tenant(ctx: Ctx, body: TenantCreate) -> TenantPublic:
             weight=body.weight,
             stream_cadence=body.stream_cadence,
         ),
-        detail=lambda t: {"after": tenant_public(t).model_dump(mode="json")},
+        tenant_public,
     )
-    return tenant_public(t)
 
 
 @router.get("/{name}", dependencies=[allow(TENANT_READ)])

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import click
 
-from cloister.cli_context import json_option, storage_options
+from cloister.cli_context import echo_table, json_option, storage_options
 from cloister.cli_db import session_factory
 
 
@@ -51,16 +50,15 @@ def list_(tenant: str, limit: int, as_json: bool) -> None:
             tenant_id = store.get_tenant(session, tenant).id
         page, _ = BatchStore(sessions).page(tenant_id, limit=limit, after=None)
         rows = [batch_dict(b) for b in page]
-    if as_json:
-        click.echo(json.dumps(rows, sort_keys=True))
-        return
-    lines = [f"{'BATCH':<32} {'STATUS':<12} {'DONE':>7} {'FAILED':>7} {'TOTAL':>7} OUTPUT TOKENS"]
-    lines += [
-        f"{r['id']:<32} {r['status']:<12} {r['completed_lines']:>7} {r['failed_lines']:>7}"
-        f" {r['total_lines']:>7} {r['completion_tokens']}"
-        for r in rows
-    ]
-    click.echo("\n".join(lines))
+    echo_table(
+        rows,
+        as_json,
+        f"{'BATCH':<32} {'STATUS':<12} {'DONE':>7} {'FAILED':>7} {'TOTAL':>7} OUTPUT TOKENS",
+        lambda r: (
+            f"{r['id']:<32} {r['status']:<12} {r['completed_lines']:>7} {r['failed_lines']:>7}"
+            f" {r['total_lines']:>7} {r['completion_tokens']}"
+        ),
+    )
 
 
 commands: list[click.Command] = [batches]

@@ -7,7 +7,13 @@ from typing import Any
 
 import click
 
-from cloister.cli_context import InvalidArgument, echo_result, json_option, storage_options
+from cloister.cli_context import (
+    InvalidArgument,
+    echo_result,
+    echo_table,
+    json_option,
+    storage_options,
+)
 from cloister.cli_db import open_session
 from cloister.commands.cli_audit import audit_change
 from cloister.commands.tenants import parse_models
@@ -119,17 +125,15 @@ def list_(tenant_name: str, as_json: bool) -> None:
     """List a tenant's keys (prefixes, aliases and metadata; never a secret)."""
     with open_session() as (_settings, session):
         rows = [key_dict(k) for k in store.list_keys(session, tenant_name=tenant_name)]
-
-    def text() -> str:
-        lines = [f"{'ID':<18} {'PREFIX':<14} {'NAME':<16} {'STATE':<8} {'EXPIRES':<25} METADATA"]
-        lines += [
+    echo_table(
+        rows,
+        as_json,
+        f"{'ID':<18} {'PREFIX':<14} {'NAME':<16} {'STATE':<8} {'EXPIRES':<25} METADATA",
+        lambda r: (
             f"{r['id']:<18} {r['prefix']:<14} {r['name'] or '-':<16} {r['status']:<8} "
             f"{r['expires_at'] or 'never':<25} {metadata_text(r['metadata'])}"
-            for r in rows
-        ]
-        return "\n".join(lines)
-
-    echo_result(rows, as_json, text)
+        ),
+    )
 
 
 @keys.command("revoke")

@@ -16,25 +16,29 @@ from cloister.cli_context import (
     InvalidArgument,
     NoneOr,
     echo_result,
+    echo_table,
     json_option,
     storage_options,
 )
 from cloister.cli_db import open_session
 from cloister.commands.cli_audit import audit_change
+from server.field_copy import attrs_dict
+
+_MODEL_FIELDS = (
+    "id",
+    "name",
+    "format",
+    "context_length",
+    "status",
+    "max_output_tokens",
+    "allowed_tenants",
+    "fallback_model",
+)
 
 
 def model_dict(row: Any) -> dict[str, Any]:
     """A registered model as JSON-ready values (its prices are the admin API's)."""
-    return {
-        "id": row.id,
-        "name": row.name,
-        "format": row.format,
-        "context_length": row.context_length,
-        "status": row.status,
-        "max_output_tokens": row.max_output_tokens,
-        "allowed_tenants": row.allowed_tenants,
-        "fallback_model": row.fallback_model,
-    }
+    return attrs_dict(row, _MODEL_FIELDS)
 
 
 @click.group("models")
@@ -51,18 +55,16 @@ def list_(as_json: bool) -> None:
 
     with open_session() as (_settings, session):
         rows = [model_dict(m) for m in registry.list_models(session)]
-
-    def text() -> str:
-        lines = [f"{'NAME':<32} {'STATUS':<11} {'CONTEXT':>8} {'MAX OUTPUT':<10} FALLBACK"]
-        lines += [
+    echo_table(
+        rows,
+        as_json,
+        f"{'NAME':<32} {'STATUS':<11} {'CONTEXT':>8} {'MAX OUTPUT':<10} FALLBACK",
+        lambda r: (
             f"{r['name']:<32} {r['status']:<11} {r['context_length']:>8} "
             + f"{'context' if r['max_output_tokens'] is None else r['max_output_tokens']:<10} "
             + (r["fallback_model"] or "-")
-            for r in rows
-        ]
-        return "\n".join(lines)
-
-    echo_result(rows, as_json, text)
+        ),
+    )
 
 
 @models.command("set")

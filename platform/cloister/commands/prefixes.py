@@ -6,14 +6,14 @@ change to its engine within its refresh interval.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import click
 
-from cloister.cli_context import echo_result, json_option, storage_options
+from cloister.cli_context import echo_result, echo_table, json_option, storage_options
 from cloister.cli_db import open_session
 from cloister.commands.cli_audit import audit_change
+from server.field_copy import attrs_dict
 
 
 def parse_token_ids(value: str) -> list[int]:
@@ -29,14 +29,9 @@ def parse_token_ids(value: str) -> list[int]:
 
 def prefix_dict(row: Any) -> dict[str, Any]:
     """A published prefix as JSON-ready values."""
-    return {
-        "id": row.id,
-        "name": row.name,
-        "model": row.model,
-        "token_ids": row.token_ids,
-        "text": row.text,
-        "created_at": row.created_at.isoformat(),
-    }
+    return attrs_dict(
+        row, ("id", "name", "model", "token_ids", "text"), created_at=row.created_at.isoformat()
+    )
 
 
 @click.group("prefixes")
@@ -90,16 +85,15 @@ def list_(model: str | None, as_json: bool) -> None:
 
     with open_session() as (_settings, session):
         rows = [prefix_dict(p) for p in registry.list_prefixes(session, model=model)]
-    if as_json:
-        click.echo(json.dumps(rows, sort_keys=True))
-        return
-    lines = [f"{'NAME':<32} {'MODEL':<24} KIND"]
-    lines += [
-        f"{r['name']:<32} {r['model']:<24} "
-        + (f"{len(r['token_ids'])} token ids" if r["token_ids"] is not None else "text")
-        for r in rows
-    ]
-    click.echo("\n".join(lines))
+    echo_table(
+        rows,
+        as_json,
+        f"{'NAME':<32} {'MODEL':<24} KIND",
+        lambda r: (
+            f"{r['name']:<32} {r['model']:<24} "
+            + (f"{len(r['token_ids'])} token ids" if r["token_ids"] is not None else "text")
+        ),
+    )
 
 
 @prefixes.command("withdraw")

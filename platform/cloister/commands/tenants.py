@@ -14,11 +14,13 @@ from cloister.cli_context import (
     InvalidArgument,
     NoneOr,
     echo_result,
+    echo_table,
     json_option,
     storage_options,
 )
 from cloister.cli_db import open_session
 from cloister.commands.cli_audit import audit_change
+from server.field_copy import attrs_dict
 from tenancy import store
 from tenancy.limits import EffectiveLimits
 from tenancy.models import Tenant
@@ -36,25 +38,35 @@ def parse_models(value: str | None) -> list[str] | None:
     return models
 
 
+_TENANT_FIELDS = (
+    "id",
+    "name",
+    "status",
+    "deleted_at",
+    "isolation_level",
+    "weight",
+    "cache_floor_blocks",
+    "cache_floor_share",
+    "retention_ttl_s",
+    "scrub_on_free",
+    "never_cache",
+    "kv_quota_blocks",
+    "stream_cadence",
+    "created_at",
+)
+
+
 def tenant_dict(tenant: Tenant) -> dict[str, Any]:
     """A tenant as JSON-ready values."""
-    return {
-        "id": tenant.id,
-        "name": tenant.name,
+    return attrs_dict(
+        tenant,
+        _TENANT_FIELDS,
         # A deleted tenant is stored suspended; people and scripts see "deleted".
-        "status": "deleted" if tenant.deleted_at is not None else tenant.status,
-        "deleted_at": tenant.deleted_at.isoformat() if tenant.deleted_at else None,
-        "isolation_level": tenant.isolation_level,
-        "weight": tenant.weight,
-        "cache_floor_blocks": tenant.cache_floor_blocks,
-        "cache_floor_share": tenant.cache_floor_share,
-        "retention_ttl_s": tenant.retention_ttl_s,
-        "scrub_on_free": tenant.scrub_on_free,
-        "never_cache": bool(tenant.never_cache),
-        "kv_quota_blocks": tenant.kv_quota_blocks,
-        "stream_cadence": tenant.stream_cadence,
-        "created_at": tenant.created_at.isoformat(),
-    }
+        status="deleted" if tenant.deleted_at is not None else tenant.status,
+        deleted_at=tenant.deleted_at.isoformat() if tenant.deleted_at else None,
+        never_cache=bool(tenant.never_cache),
+        created_at=tenant.created_at.isoformat(),
+    )
 
 
 def limits_dict(limits: EffectiveLimits) -> dict[str, Any]:
@@ -122,17 +134,15 @@ def list_(include_deleted: bool, as_json: bool) -> None:
     with open_session() as (_settings, session):
         found = store.list_tenants(session, include_deleted=include_deleted)
         rows = [tenant_dict(t) for t in found]
-
-    def text() -> str:
-        lines = [f"{'ID':<18} {'NAME':<24} {'STATUS':<10} {'ISOLATION':<10} WEIGHT"]
-        lines += [
+    echo_table(
+        rows,
+        as_json,
+        f"{'ID':<18} {'NAME':<24} {'STATUS':<10} {'ISOLATION':<10} WEIGHT",
+        lambda r: (
             f"{r['id']:<18} {r['name']:<24} {r['status']:<10} {r['isolation_level']:<10} "
             f"{r['weight']:g}"
-            for r in rows
-        ]
-        return "\n".join(lines)
-
-    echo_result(rows, as_json, text)
+        ),
+    )
 
 
 COUNT = NoneOr(click.IntRange(min=0))

@@ -54,6 +54,21 @@ async def owned(
         raise
 
 
+async def owned_item(
+    request: Request, param: str, read: Callable[[BatchApi, str, str], T]
+) -> tuple[BatchApi, str, T]:
+    """The caller's Batch API, the id in path parameter `param`, and
+    `read(api, tenant_id, that id)` through `owned` (another tenant's id: an audited 404)."""
+    state, api, principal = await caller(request)
+    item_id: str = request.path_params[param]
+    tenant_id = principal.tenant_id
+    return (
+        api,
+        item_id,
+        await owned(request, state, principal, lambda: read(api, tenant_id, item_id)),
+    )
+
+
 def int_query(request: Request, name: str, default: int, low: int, high: int) -> int:
     """An integer query parameter within [low, high] (400 naming it otherwise)."""
     raw = request.query_params.get(name)

@@ -24,6 +24,7 @@ from gateway.batch_api.errors import (
     well_formed_id,
 )
 from gateway.batch_api.tables import BatchJob, BatchLineResult
+from server.field_copy import copy_fields
 from tenancy.models import utcnow
 
 COMPLETION_WINDOW = dt.timedelta(hours=24)
@@ -121,22 +122,10 @@ class BatchStore:
         }
 
     def _info(self, row: BatchJob, counts: LineCounts) -> BatchInfo:
-        return BatchInfo(
-            id=row.id,
-            tenant_id=row.tenant_id,
-            key_id=row.key_id,
-            endpoint=row.endpoint,
-            input_file_id=row.input_file_id,
-            completion_window=row.completion_window,
-            status=row.status,
-            total_lines=row.total_lines,
-            estimated_tokens=row.estimated_tokens,
+        return copy_fields(
+            BatchInfo,
+            row,
             metadata=row.batch_metadata,
-            output_file_id=row.output_file_id,
-            error_file_id=row.error_file_id,
-            errors=row.errors,
-            created_at=row.created_at,
-            expires_at=row.expires_at,
             times={name: getattr(row, name) for name in _TIMES},
             counts=counts,
         )

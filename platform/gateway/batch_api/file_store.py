@@ -29,6 +29,7 @@ from gateway.batch_api.blob_store import (
 )
 from gateway.batch_api.errors import QuotaExceededError, ResourceNotFoundError, well_formed_id
 from gateway.batch_api.tables import StoredFile
+from server.field_copy import copy_fields
 from tenancy.models import utcnow
 
 UPLOAD_PURPOSE = "batch"
@@ -59,15 +60,7 @@ class FileInfo:
 
 
 def _info(row: StoredFile) -> FileInfo:
-    return FileInfo(
-        id=row.id,
-        tenant_id=row.tenant_id,
-        filename=row.filename,
-        purpose=row.purpose,
-        bytes=row.bytes,
-        lines=row.lines,
-        created_at=row.created_at,
-    )
+    return copy_fields(FileInfo, row)
 
 
 def _owned(session: Session, tenant_id: str, file_id: str) -> StoredFile:

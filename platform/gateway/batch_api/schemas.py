@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 MAX_METADATA_PAIRS = 16  # OpenAI's own bounds on `metadata`
 MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 512
+Listing = TypeVar("Listing", bound=BaseModel)  # FileList or BatchList
 
 
 class FileObject(BaseModel):
@@ -33,6 +34,14 @@ class FileList(BaseModel):
     first_id: str | None = None
     last_id: str | None = None
     has_more: bool = False
+
+
+def list_page(
+    cls: type[Listing], data: list[FileObject] | list[BatchObject], has_more: bool
+) -> Listing:
+    """A `cls` page of `data`, with the ids at its two ends."""
+    first, last = page_ends(data)
+    return cls(data=data, first_id=first, last_id=last, has_more=has_more)
 
 
 def page_ends(data: list[FileObject] | list[BatchObject]) -> tuple[str | None, str | None]:

@@ -7,10 +7,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.batch_api.access import caller, int_query, owned
+from gateway.batch_api.access import caller, int_query, owned, owned_item
 from gateway.batch_api.batch_lines import survey
 from gateway.batch_api.file_store import UPLOAD_PURPOSE
-from gateway.batch_api.schemas import BatchCreateRequest, BatchList, page_ends
+from gateway.batch_api.schemas import BatchCreateRequest, BatchList, list_page
 from gateway.batch_api.serialize import batch_object
 from gateway.body import parse_body
 from gateway.errors import InvalidParameterError
@@ -68,28 +68,18 @@ async def list_batches(request: Request) -> Response:
     page, more = await anyio.to_thread.run_sync(
         lambda: api.batches.page(principal.tenant_id, limit=limit, after=after)
     )
-    data = [batch_object(b) for b in page]
-    first, last = page_ends(data)
-    return json_model_response(BatchList(data=data, first_id=first, last_id=last, has_more=more))
+    return json_model_response(list_page(BatchList, [batch_object(b) for b in page], more))
 
 
 async def retrieve_batch(request: Request) -> Response:
     """One of the caller's batches, with its progress."""
-    state, api, principal = await caller(request)
-    batch_id = request.path_params["batch_id"]
-    info = await owned(
-        request, state, principal, lambda: api.batches.get(principal.tenant_id, batch_id)
-    )
+    _, _, info = await owned_item(request, "batch_id", lambda api, t, b: api.batches.get(t, b))
     return json_model_response(batch_object(info))
 
 
 async def cancel_batch(request: Request) -> Response:
     """Cancels one of the caller's batches: lines in flight finish, no new line starts."""
-    state, api, principal = await caller(request)
-    batch_id = request.path_params["batch_id"]
-    info = await owned(
-        request, state, principal, lambda: api.batches.cancel(principal.tenant_id, batch_id)
-    )
+    api, _, info = await owned_item(request, "batch_id", lambda api, t, b: api.batches.cancel(t, b))
     api.runner.wake()
     return json_model_response(batch_object(info))
 

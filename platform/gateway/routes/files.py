@@ -7,12 +7,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.batch_api.access import caller, int_query, owned
+from gateway.batch_api.access import caller, int_query, owned_item
 from gateway.batch_api.content_stream import content_response
 from gateway.batch_api.errors import well_formed_id
 from gateway.batch_api.file_store import UPLOAD_PURPOSE
 from gateway.batch_api.file_upload import receive_upload
-from gateway.batch_api.schemas import FileDeleted, FileList, page_ends
+from gateway.batch_api.schemas import FileDeleted, FileList, list_page
 from gateway.batch_api.serialize import file_object
 from gateway.errors import InvalidParameterError
 from gateway.sse import json_model_response
@@ -72,36 +72,26 @@ async def list_files(request: Request) -> Response:
             order=order,
         )
     )
-    data = [file_object(f) for f in page]
-    first, last = page_ends(data)
-    return json_model_response(FileList(data=data, first_id=first, last_id=last, has_more=more))
+    return json_model_response(list_page(FileList, [file_object(f) for f in page], more))
 
 
 async def retrieve_file(request: Request) -> Response:
     """One of the caller's files (404 for any other id)."""
-    state, api, principal = await caller(request)
-    file_id = request.path_params["file_id"]
-    info = await owned(
-        request, state, principal, lambda: api.files.get(principal.tenant_id, file_id)
-    )
+    _, _, info = await owned_item(request, "file_id", lambda api, t, f: api.files.get(t, f))
     return json_model_response(file_object(info))
 
 
 async def file_content(request: Request) -> Response:
     """The bytes of one of the caller's files."""
-    state, api, principal = await caller(request)
-    file_id = request.path_params["file_id"]
-    info, stream = await owned(
-        request, state, principal, lambda: api.files.open_content(principal.tenant_id, file_id)
+    _, _, (info, stream) = await owned_item(
+        request, "file_id", lambda api, t, f: api.files.open_content(t, f)
     )
     return content_response(info, stream)
 
 
 async def delete_file(request: Request) -> Response:
     """Deletes one of the caller's files."""
-    state, api, principal = await caller(request)
-    file_id = request.path_params["file_id"]
-    await owned(request, state, principal, lambda: api.files.delete(principal.tenant_id, file_id))
+    _, file_id, _ = await owned_item(request, "file_id", lambda api, t, f: api.files.delete(t, f))
     return json_model_response(FileDeleted(id=file_id))
 
 
