@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from pydantic import ValidationError
 
 from server.settings import Settings
+from tests.utils.cli_refusals import assert_refused_by_name
 
 BAD_SETTINGS = [
     ("num_speculative_tokens", 0),
@@ -28,7 +29,7 @@ BAD_SETTINGS = [
 
 
 @pytest.mark.parametrize(("name", "value"), BAD_SETTINGS)
-def test_bad_speculative_settings_are_refused_by_name(name: str, value: object) -> None:
+def test_bad_speculative_settings_areassert_refused_by_name(name: str, value: object) -> None:
     with pytest.raises(ValidationError, match=name):
         Settings(**{name: value})
 
@@ -113,16 +114,6 @@ SPEC_FLAGS = [
 ]
 
 
-def _refused_by_name(result: Any, flags: list[str]) -> None:
-    assert result.exit_code in (1, 2), result.output
-    assert not isinstance(result.exception, Exception) or isinstance(
-        result.exception, SystemExit
-    ), result.exception
-    assert "Traceback" not in result.output and "No such option" not in result.output
-    name = flags[0].removeprefix("--")
-    assert name in result.output or name.replace("-", "_") in result.output, result.output
-
-
 @pytest.mark.parametrize("flags", SPEC_FLAGS)
 def test_cloister_serve_refuses_bad_speculative_flags(flags: list[str], tmp_path: Path) -> None:
     from cloister.commands.serve import serve
@@ -130,7 +121,7 @@ def test_cloister_serve_refuses_bad_speculative_flags(flags: list[str], tmp_path
     handlers = list(logging.getLogger().handlers)
     result = CliRunner().invoke(serve, ["--data-dir", str(tmp_path), *flags])
     assert logging.getLogger().handlers == handlers
-    _refused_by_name(result, flags)
+    assert_refused_by_name(result, flags)
     assert not (tmp_path / "cloister.db").exists()  # refused before anything started
 
 
@@ -143,7 +134,7 @@ def test_cloister_engine_serve_refuses_bad_speculative_flags(
     result = CliRunner().invoke(
         engine, ["serve", "--insecure-loopback", "--data-dir", str(tmp_path), *flags]
     )
-    _refused_by_name(result, flags)
+    assert_refused_by_name(result, flags)
 
 
 @pytest.mark.parametrize("command", ["serve", "engine serve"])

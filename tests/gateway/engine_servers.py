@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import uvicorn
-
 from engine_hop.client import EngineClient
-from engine_server.link import UVICORN_WS
 from tenancy.limiter.memory import MemoryLimiter
 from tests.utils.live_gateway import LiveGateway, start_gateway
+from tests.utils.live_gateway import ThreadServer as ThreadServer
+from tests.utils.live_gateway import serve_in_thread as serve_in_thread
+from tests.utils.live_gateway import start_in_thread as start_in_thread
 from tests.utils.services import free_port, stop_process, wait_http_ok
 
 SERVICE_TOKEN = "svc-" + "s3cret-token-for-tests-only"
@@ -116,41 +113,3 @@ def gateway_over(
         yield gw
     finally:
         stop()
-
-
-@dataclass(frozen=True)
-class ThreadServer:
-    """uvicorn serving an app in a daemon thread: its URL, its stop, and its event loop
-    (what the server's own tasks, a drain among them, must run on)."""
-
-    url: str
-    stop: Callable[[], None]
-    loop: asyncio.AbstractEventLoop
-
-
-def start_in_thread(app: Any) -> ThreadServer:
-    """uvicorn on a free loopback port in a daemon thread, started."""
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, host="127.0.0.1", port=port, log_config=None, lifespan="on", ws=UVICORN_WS
-        )
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.02)
-
-    def stop() -> None:
-        server.should_exit = True
-        thread.join(timeout=30)
-
-    return ThreadServer(f"http://127.0.0.1:{port}", stop, server.servers[0].get_loop())
-
-
-def serve_in_thread(app: Any) -> tuple[str, Callable[[], None]]:
-    """uvicorn on a free loopback port in a daemon thread; returns its URL and stop."""
-    started = start_in_thread(app)
-    return started.url, started.stop

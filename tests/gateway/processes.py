@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from admin.identity import create_admin_token
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tests.utils.principals import PEPPER
@@ -54,6 +55,17 @@ def create_tenant_key(sessions: sessionmaker[Session], name: str, **limits: Any)
         if limits:
             store.set_limits(s, tenant_name=name, **limits)
         return store.create_key(s, tenant_name=name, pepper=PEPPER).secret
+
+
+def tenants_a_and_b(data_dir: Path) -> tuple[str, str, str]:
+    """Migrates the shared database in `data_dir` with tenants "tenant-a" and "tenant-b",
+    one key each; returns their secrets and a new admin token's."""
+    sessions = database(data_dir)
+    key_a = create_tenant_key(sessions, "tenant-a")
+    key_b = create_tenant_key(sessions, "tenant-b")
+    with sessions() as s:
+        admin = create_admin_token(s, pepper=PEPPER, role="admin").secret
+    return key_a, key_b, admin
 
 
 def gateway_env(data_dir: Path, model_dir: Path, **settings: Any) -> dict[str, str]:

@@ -18,13 +18,17 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from admin.identity import create_admin_token
 from admin.models import UsageRow
 from assembly.app import build_app
 from server.settings import Settings
-from tenancy import store
-from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tests.admin.zip_archives import zip_of
+from tests.utils.built_app import (
+    alpha_beta_and_admin,
+    close_app,
+    migrated_sessions,
+    sdk_over,
+    wait_until,
+)
 from tests.utils.lora_adapters import make_peft_adapter
 from tests.utils.principals import PEPPER
 from tests.utils.tiny_model import make_tiny_model_dir
@@ -51,14 +55,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         max_loras=1,
         lora_slot_quantum=1,
     )
-    upgrade_database(settings.resolved_database_url)
-    sessions = make_session_factory(make_engine(settings.resolved_database_url))
-    with sessions() as s:
-        store.create_tenant(s, name="alpha")
-        store.create_tenant(s, name="beta")
-        key_a = store.create_key(s, tenant_name="alpha", pepper=PEPPER).secret
-        key_b = store.create_key(s, tenant_name="beta", pepper=PEPPER).secret
-        admin = create_admin_token(s, pepper=PEPPER, role="admin").secret
+    sessions = migrated_sessions(settings)
+    key_a, key_b, admin = alpha_beta_and_admin(sessions)
     app = build_app(settings)
     with TestClient(app) as client:
         for name, folder in (("my-lora", adapter), ("my-other", second)):
@@ -77,23 +75,21 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
             "sessions": sessions,
             "admin": {"Authorization": f"Bearer {admin}"},
         }
-    for writer in app.state.background_writers:
-        writer.close()
-    app.state.metering.close()
+    close_app(app)
 
 
 def _sdk(served: dict[str, Any], key: str) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url="http://testserver/v1", api_key=key, http_client=served["client"], max_retries=0
-    )
+    return sdk_over(served["client"], key)
 
 
 def test_an_uploaded_adapter_is_served_and_billed_under_its_name(served: dict[str, Any]) -> None:
     alpha = _sdk(served, served["key_a"])
-    deadline = time.monotonic() + 5.0  # servable within 5 s of the upload, no restart
-    while "tiny:my-lora" not in {m.id for m in alpha.models.list()}:
-        assert time.monotonic() < deadline, "the adapter did not become servable in 5 s"
-        time.sleep(0.1)
+    # Servable within 5 s of the upload, no restart.
+    wait_until(
+        lambda: "tiny:my-lora" in {m.id for m in alpha.models.list()},
+        5.0,
+        "the adapter did not become servable in 5 s",
+    )
 
     def logprobs(model: str) -> list[float]:
         out = alpha.completions.create(
@@ -134,10 +130,11 @@ def test_two_adapters_share_one_slot_over_http(served: dict[str, Any]) -> None:
     """max_loras=1: streams on two adapters at once both finish, each with the tokens it
     gets alone, and /metrics reports the one slot."""
     alpha = _sdk(served, served["key_a"])
-    deadline = time.monotonic() + 5.0
-    while not {"tiny:my-lora", "tiny:my-other"} <= {m.id for m in alpha.models.list()}:
-        assert time.monotonic() < deadline, "the adapters did not become servable in 5 s"
-        time.sleep(0.1)
+    wait_until(
+        lambda: {"tiny:my-lora", "tiny:my-other"} <= {m.id for m in alpha.models.list()},
+        5.0,
+        "the adapters did not become servable in 5 s",
+    )
 
     def tokens(model: str) -> str:
         stream = alpha.completions.create(

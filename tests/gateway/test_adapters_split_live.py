@@ -11,8 +11,7 @@ the LoRA series. (test_adapters_real_engine.py is the in-process version.)
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +21,18 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from admin.identity import create_admin_token
 from admin.models import UsageRow
 from assembly.app import build_app
 from server.settings import Settings
-from tenancy import store
-from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tests.admin.zip_archives import adapter_files, zip_of
 from tests.gateway.engine_servers import SERVICE_TOKEN, EngineProcess, engine_servers
+from tests.utils.built_app import (
+    alpha_beta_and_admin,
+    close_app,
+    migrated_sessions,
+    sdk_over,
+    wait_until,
+)
 from tests.utils.lora_adapters import make_peft_adapter
 from tests.utils.principals import PEPPER
 from tests.utils.tiny_model import make_tiny_model_dir
@@ -58,14 +61,8 @@ def split(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             service_token=SERVICE_TOKEN,
             config_refresh_s=0.2,
         )
-        upgrade_database(settings.resolved_database_url)
-        sessions = make_session_factory(make_engine(settings.resolved_database_url))
-        with sessions() as s:
-            store.create_tenant(s, name="alpha")
-            store.create_tenant(s, name="beta")
-            key_a = store.create_key(s, tenant_name="alpha", pepper=PEPPER).secret
-            key_b = store.create_key(s, tenant_name="beta", pepper=PEPPER).secret
-            admin = create_admin_token(s, pepper=PEPPER, role="admin").secret
+        sessions = migrated_sessions(settings)
+        key_a, key_b, admin = alpha_beta_and_admin(sessions)
         app = build_app(settings)
         admin_headers = {"Authorization": f"Bearer {admin}"}
         with TestClient(app) as client:
@@ -85,28 +82,17 @@ def split(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                 "key_b": key_b,
                 "sessions": sessions,
             }
-        for writer in app.state.background_writers:
-            writer.close()
-        app.state.metering.close()
+        close_app(app)
 
 
 def _sdk(split: dict[str, Any], key: str) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url="http://testserver/v1", api_key=key, http_client=split["client"], max_retries=0
-    )
+    return sdk_over(split["client"], key)
 
 
 def _loaded(engine: EngineProcess) -> set[str]:
     listing = httpx.get(f"{engine.base_url}/internal/adapters", headers=SERVICE, timeout=10)
     assert listing.status_code == 200, listing.text
     return {a["name"] for a in listing.json()["adapters"]}
-
-
-def _until(condition: Callable[[], bool], seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
 
 
 def test_an_uploaded_adapter_is_pushed_served_billed_and_retired(split: dict[str, Any]) -> None:
@@ -119,9 +105,11 @@ def test_an_uploaded_adapter_is_pushed_served_billed_and_retired(split: dict[str
     )
     assert upload.status_code == 201, upload.text
     # Servable within 5 s of the upload, on every replica, without a restart.
-    _until(lambda: all("my-lora" in _loaded(e) for e in engines), 5.0, "not pushed to both in 5 s")
+    wait_until(
+        lambda: all("my-lora" in _loaded(e) for e in engines), 5.0, "not pushed to both in 5 s"
+    )
     alpha = _sdk(split, split["key_a"])
-    _until(lambda: "tiny:my-lora" in {m.id for m in alpha.models.list()}, 5.0, "not listed")
+    wait_until(lambda: "tiny:my-lora" in {m.id for m in alpha.models.list()}, 5.0, "not listed")
 
     def logprobs(model: str) -> list[float]:
         out = alpha.completions.create(
@@ -140,7 +128,7 @@ def test_an_uploaded_adapter_is_pushed_served_billed_and_retired(split: dict[str
         assert {r.model for r in rows} <= {"tiny"}
         return len(rows)
 
-    _until(lambda: usage_rows() == 2, 10.0, "the adapter's usage was not recorded")
+    wait_until(lambda: usage_rows() == 2, 10.0, "the adapter's usage was not recorded")
     served = [httpx.get(f"{e.base_url}/metrics", timeout=10).text for e in engines]
     assert all('vllm:lora_requests_info{max_lora="4"' in text for text in served)
     counted = 'cloister_adapter_requests_total{adapter="my-lora",model_name="tiny"}'
@@ -150,7 +138,7 @@ def test_an_uploaded_adapter_is_pushed_served_billed_and_retired(split: dict[str
         "/admin/api/v1/adapters/my-lora", json={"status": "retired"}, headers=split["admin"]
     )
     assert retired.status_code == 200, retired.text
-    _until(lambda: not any(_loaded(e) for e in engines), 5.0, "not unloaded from both in 5 s")
+    wait_until(lambda: not any(_loaded(e) for e in engines), 5.0, "not unloaded from both in 5 s")
 
 
 def test_another_tenant_gets_the_404_an_unknown_name_gets(split: dict[str, Any]) -> None:

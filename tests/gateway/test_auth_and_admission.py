@@ -18,7 +18,7 @@ from tenancy.limiter.base import Admission
 from tenancy.limiter.memory import MemoryLimiter
 from tenancy.limits import LimitValues, merge_limits
 from tenancy.principal import Principal
-from tests.utils.live_gateway import make_test_engine, start_gateway
+from tests.utils.live_gateway import hold_streams, make_test_engine, start_gateway
 
 
 def principal(**limits: int) -> Principal:
@@ -303,14 +303,7 @@ def test_concurrency_2_queue_mode_third_stream_waits_for_a_slot(tmp_path: Path) 
         key = gw.tenant("acme", max_concurrent=2)
         client = gw.client(key)
         messages = [{"role": "user", "content": "hi"}]
-        streams = [
-            client.chat.completions.create(
-                model="tiny", messages=messages, max_tokens=400, stream=True, temperature=0
-            )
-            for _ in range(2)
-        ]
-        for s in streams:
-            next(iter(s))  # both hold their slot now
+        streams = hold_streams(client, messages)  # both hold their slot now
         result: list[httpx.Response] = []
         third = threading.Thread(
             target=lambda: result.append(

@@ -10,11 +10,15 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from admin.identity import create_admin_token
 from assembly.app import build_app
-from server.settings import Settings
 from tenancy import store
-from tenancy.db import make_engine, make_session_factory, upgrade_database
+from tests.utils.built_app import (
+    admin_secret,
+    close_app,
+    fake_settings,
+    migrated_sessions,
+    tenant_keys,
+)
 from tests.utils.fast_fake_model import gateway_test_engine
 from tests.utils.principals import PEPPER
 
@@ -22,15 +26,8 @@ from tests.utils.principals import PEPPER
 def test_bad_keys_suspended_tenants_and_disallowed_models_are_audited_in_aggregate(
     tmp_path: Path,
 ) -> None:
-    settings = Settings(
-        data_dir=tmp_path,
-        key_pepper=PEPPER,
-        model_name="fake",
-        config_refresh_s=0.0,
-        auth_failure_limit=0,
-    )
-    upgrade_database(settings.resolved_database_url)
-    sessions = make_session_factory(make_engine(settings.resolved_database_url))
+    settings = fake_settings(tmp_path)
+    sessions = migrated_sessions(settings)
     with sessions() as s:
         store.create_tenant(s, name="acme")
         store.set_limits(s, tenant_name="acme", allowed_models=["other"])
@@ -38,7 +35,7 @@ def test_bad_keys_suspended_tenants_and_disallowed_models_are_audited_in_aggrega
         store.create_tenant(s, name="gone")
         suspended = store.create_key(s, tenant_name="gone", pepper=PEPPER).secret
         store.set_tenant_status(s, name="gone", status="suspended")
-        admin = create_admin_token(s, pepper=PEPPER, role="admin").secret
+    admin = admin_secret(sessions)
     app = build_app(settings, engine=gateway_test_engine())
     body = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     with TestClient(app) as client:
@@ -72,25 +69,14 @@ def test_bad_keys_suspended_tenants_and_disallowed_models_are_audited_in_aggrega
     model = by_outcome["denied:403"]
     assert model["detail"]["count"] == 3 and model["actor"] == f"key:{narrow.id}"
     assert model["tenant_id"] == narrow.tenant_id and model["resource"] == "fake"
-    for writer in app.state.background_writers:
-        writer.close()
-    app.state.metering.close()
+    close_app(app)
 
 
 def test_bad_keys_from_one_source_get_429_with_retry_after(tmp_path: Path) -> None:
-    settings = Settings(
-        data_dir=tmp_path,
-        key_pepper=PEPPER,
-        model_name="fake",
-        config_refresh_s=60.0,
-        auth_failure_limit=3,
-        auth_failure_window_s=60.0,
+    settings = fake_settings(
+        tmp_path, config_refresh_s=60.0, auth_failure_limit=3, auth_failure_window_s=60.0
     )
-    upgrade_database(settings.resolved_database_url)
-    sessions = make_session_factory(make_engine(settings.resolved_database_url))
-    with sessions() as s:
-        store.create_tenant(s, name="acme")
-        good = store.create_key(s, tenant_name="acme", pepper=PEPPER).secret
+    good = tenant_keys(migrated_sessions(settings), ("acme",))["acme"]
     app = build_app(settings, engine=gateway_test_engine())
     body = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     with TestClient(app) as client:
@@ -111,6 +97,4 @@ def test_bad_keys_from_one_source_get_429_with_retry_after(tmp_path: Path) -> No
             "code",
         }
         assert chat(good).status_code == 200  # a key known to be valid still passes
-    for writer in app.state.background_writers:
-        writer.close()
-    app.state.metering.close()
+    close_app(app)

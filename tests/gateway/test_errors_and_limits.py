@@ -11,7 +11,13 @@ import openai
 import pytest
 
 from tenancy import store
-from tests.utils.live_gateway import OPERATOR_HEADERS, LiveGateway
+from tests.utils.live_gateway import (
+    OPERATOR_HEADERS,
+    LiveGateway,
+    assert_aborted_and_metered_once,
+    hold_streams,
+    leave_stream_early,
+)
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -157,14 +163,7 @@ def test_budget_stops_the_tenant(gateway: LiveGateway) -> None:
 def test_concurrency_2_third_parallel_stream_is_429(gateway: LiveGateway) -> None:
     key = gateway.tenant("acme", max_concurrent=2)
     client = gateway.client(key)
-    streams = [
-        client.chat.completions.create(
-            model="tiny", messages=MESSAGES, max_tokens=400, stream=True, temperature=0
-        )
-        for _ in range(2)
-    ]
-    for s in streams:
-        next(iter(s))  # both hold their slot now
+    streams = hold_streams(client, MESSAGES)  # both hold their slot now
     with pytest.raises(openai.RateLimitError) as info:
         client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2)
     assert info.value.response.headers.get("retry-after")
@@ -269,22 +268,7 @@ def test_disconnect_mid_stream_aborts_and_meters_once(gateway: LiveGateway) -> N
     stream = client.chat.completions.create(
         model="tiny", messages=MESSAGES, max_tokens=400, stream=True, temperature=0
     )
-    first = next(iter(stream))
-    for _ in range(3):
-        next(iter(stream))
-    stream.close()
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        recs = [r for r in gateway.usage.records if r.request_id == first.id]
-        if recs:
-            break
-        time.sleep(0.05)
-    assert len(recs) == 1
-    assert recs[0].client_disconnected and recs[0].finish_reason == "abort"
-    assert 1 <= recs[0].completion_tokens < 400
-    time.sleep(0.2)
-    assert len([r for r in gateway.usage.records if r.request_id == first.id]) == 1
-    assert gateway.engine.stats().num_running == 0
+    assert_aborted_and_metered_once(gateway, leave_stream_early(stream), max_tokens=400)
 
 
 def test_keys_never_appear_in_logs(gateway: LiveGateway) -> None:

@@ -14,8 +14,7 @@ import pytest
 from starlette.requests import Request
 
 from gateway.body import MAX_BODY_BYTES, BodyTooLargeError, read_body
-from tenancy.limiter.memory import MemoryLimiter
-from tests.utils.live_gateway import LiveGateway, make_test_engine, start_gateway
+from tests.utils.live_gateway import LiveGateway, started_gateway
 
 MESSAGES = '[{"role": "user", "content": "hi"}]'
 GOOD_CHAT = f'{{"model": "tiny", "messages": {MESSAGES}, "max_tokens": 2}}'.encode()
@@ -108,10 +107,8 @@ def calls_on_one_connection(
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveGateway, str]]:
     """One live gateway and one tenant key for the whole module (the cases share nothing)."""
-    tmp = tmp_path_factory.mktemp("hostile_body")
-    gw, stop = start_gateway(tmp, engine=make_test_engine(tmp), limiter=MemoryLimiter())
-    yield gw, gw.tenant("acme")
-    stop()
+    with started_gateway(tmp_path_factory.mktemp("hostile_body")) as gw:
+        yield gw, gw.tenant("acme")
 
 
 @pytest.mark.parametrize("case", sorted(BAD_BODIES))

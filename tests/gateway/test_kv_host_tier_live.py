@@ -15,9 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from admin.identity import create_admin_token
-from tests.gateway.processes import create_tenant_key, database, gateways
-from tests.utils.principals import PEPPER
+from tests.gateway.processes import gateways, tenants_a_and_b
+from tests.utils.openai_http import cached_tokens, post_ok
 from tests.utils.tiny_model import make_tiny_model_dir
 
 pytestmark = pytest.mark.slow
@@ -33,29 +32,13 @@ def _words(seed: int, n: int) -> str:
 
 
 def _chat(base_url: str, key: str, messages: list[dict[str, str]]) -> dict[str, Any]:
-    r = httpx.post(
-        base_url + "/v1/chat/completions",
-        json={"model": "tiny", "messages": messages, "max_tokens": 2, "temperature": 0},
-        headers={"Authorization": f"Bearer {key}"},
-        timeout=120,
-    )
-    assert r.status_code == 200, r.text
-    body: dict[str, Any] = r.json()
-    return body
-
-
-def _cached(body: dict[str, Any]) -> int:
-    details = body["usage"].get("prompt_tokens_details") or {}
-    return int(details.get("cached_tokens") or 0)
+    body = {"model": "tiny", "messages": messages, "max_tokens": 2, "temperature": 0}
+    return post_ok(base_url, "/v1/chat/completions", key, body)
 
 
 def test_an_evicted_turn_comes_back_from_l2_and_only_to_its_tenant(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
-    sessions = database(data_dir)
-    key_a = create_tenant_key(sessions, "tenant-a")
-    key_b = create_tenant_key(sessions, "tenant-b")
-    with sessions() as s:
-        admin = create_admin_token(s, pepper=PEPPER, role="admin").secret
+    key_a, key_b, admin = tenants_a_and_b(data_dir)
     model = make_tiny_model_dir(tmp_path / "model")
     config = {
         "kv_cache_bytes": POOL_BLOCKS * BYTES_PER_BLOCK,
@@ -69,14 +52,14 @@ def test_an_evicted_turn_comes_back_from_l2_and_only_to_its_tenant(tmp_path: Pat
         turn1 = [{"role": "user", "content": _words(1, 30)}]
         first = _chat(gw.base_url, key_a, turn1)
         prompt1 = first["usage"]["prompt_tokens"]
-        assert prompt1 > 6 * BLOCK and _cached(first) == 0
+        assert prompt1 > 6 * BLOCK and cached_tokens(first) == 0
         # B's flood: distinct prompts, each most of the pool.
         flood = [
             _chat(gw.base_url, key_b, [{"role": "user", "content": _words(i, 36)}])
             for i in range(2, 6)
         ]
         # What B finds of its own: the chat template's opening, common to all its prompts.
-        own_opening = _cached(flood[-1])
+        own_opening = cached_tokens(flood[-1])
         assert own_opening < 2 * BLOCK
         reply = first["choices"][0]["message"]["content"]
         turn2 = [
@@ -86,11 +69,11 @@ def test_an_evicted_turn_comes_back_from_l2_and_only_to_its_tenant(tmp_path: Pat
         ]
         # The flooding tenant sends A's very turn: nothing of A's, in the pool or in L2
         # (only the template opening it cached itself).
-        assert _cached(_chat(gw.base_url, key_b, turn2)) == own_opening
+        assert cached_tokens(_chat(gw.base_url, key_b, turn2)) == own_opening
         second = _chat(gw.base_url, key_a, turn2)
         # More than the floor kept in the pool: the rest came back from the host tier.
-        assert _cached(second) > FLOOR_TOKENS + 2 * BLOCK, second["usage"]
-        assert _cached(second) <= prompt1
+        assert cached_tokens(second) > FLOOR_TOKENS + 2 * BLOCK, second["usage"]
+        assert cached_tokens(second) <= prompt1
         metrics = httpx.get(
             gw.base_url + "/metrics", headers={"Authorization": f"Bearer {admin}"}, timeout=30
         ).text

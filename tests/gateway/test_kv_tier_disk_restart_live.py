@@ -23,10 +23,9 @@ from typing import Any
 import httpx
 import pytest
 
-from admin.identity import create_admin_token
 from engine.kv_cache.host_setup import disk_file_bytes
-from tests.gateway.processes import create_tenant_key, database, gateways
-from tests.utils.principals import PEPPER
+from tests.gateway.processes import gateways, tenants_a_and_b
+from tests.utils.openai_http import cached_tokens, post_ok
 from tests.utils.tiny_model import make_tiny_model_dir
 
 pytestmark = pytest.mark.slow
@@ -43,31 +42,15 @@ def _text(tag: str, n: int) -> str:
 
 
 def _complete(base_url: str, key: str, prompt: str) -> dict[str, Any]:
-    r = httpx.post(
-        base_url + "/v1/completions",
-        json={"model": "tiny", "prompt": prompt, "max_tokens": 2, "temperature": 0},
-        headers={"Authorization": f"Bearer {key}"},
-        timeout=120,
-    )
-    assert r.status_code == 200, r.text
-    body: dict[str, Any] = r.json()
-    return body
-
-
-def _cached(body: dict[str, Any]) -> int:
-    details = body["usage"].get("prompt_tokens_details") or {}
-    return int(details.get("cached_tokens") or 0)
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 2, "temperature": 0}
+    return post_ok(base_url, "/v1/completions", key, body)
 
 
 def test_a_tenants_blocks_on_disk_survive_a_restart_for_that_tenant_only(
     tmp_path: Path,
 ) -> None:
     data_dir = tmp_path / "data"
-    sessions = database(data_dir)
-    key_a = create_tenant_key(sessions, "tenant-a")
-    key_b = create_tenant_key(sessions, "tenant-b")
-    with sessions() as s:
-        admin = create_admin_token(s, pepper=PEPPER, role="admin").secret
+    key_a, key_b, admin = tenants_a_and_b(data_dir)
     model = make_tiny_model_dir(tmp_path / "model")
     disk = tmp_path / "l3"
     config = {
@@ -83,7 +66,7 @@ def test_a_tenants_blocks_on_disk_survive_a_restart_for_that_tenant_only(
         assert "disk KV tier in" in gw.logs() and "0 found from a previous run" in gw.logs()
         first = _complete(gw.base_url, key_a, prompt)
         prompt_tokens = first["usage"]["prompt_tokens"]
-        assert prompt_tokens > 6 * BLOCK and _cached(first) == 0
+        assert prompt_tokens > 6 * BLOCK and cached_tokens(first) == 0
         for tag in ("kilo", "mike", "zulu"):  # A's own later work pushes the first down
             flood = _complete(gw.base_url, key_a, _text(tag, 75))
             assert flood["usage"]["prompt_tokens"] > (POOL_BLOCKS - 8) * BLOCK
@@ -93,11 +76,11 @@ def test_a_tenants_blocks_on_disk_survive_a_restart_for_that_tenant_only(
         found = re.search(r"(\d+) found from a previous run", gw.logs())
         assert found is not None and int(found.group(1)) > 0, gw.logs()[-2000:]
         # The other tenant first: its identical prompt finds nothing of A's on disk.
-        assert _cached(_complete(gw.base_url, key_b, prompt)) == 0
+        assert cached_tokens(_complete(gw.base_url, key_b, prompt)) == 0
         again = _complete(gw.base_url, key_a, prompt)
         # The device pool and host memory started empty: these came from the disk tier.
-        assert 0 < _cached(again) <= prompt_tokens, again["usage"]
-        assert _cached(again) >= 4 * BLOCK, again["usage"]
+        assert 0 < cached_tokens(again) <= prompt_tokens, again["usage"]
+        assert cached_tokens(again) >= 4 * BLOCK, again["usage"]
         # The operators' /metrics: the disk tier's loads, and vLLM's external-cache hits
         # in tokens, which are exactly what A was served (the restarted pool held none).
         metrics = httpx.get(
@@ -105,7 +88,7 @@ def test_a_tenants_blocks_on_disk_survive_a_restart_for_that_tenant_only(
         ).text
         assert _sample(metrics, 'cloister:kv_tier_loads_total{model_name="tiny",tier="DISK"}') > 0
         hits = _sample(metrics, 'vllm:external_prefix_cache_hits_total{model_name="tiny"}')
-        assert hits == _cached(again)
+        assert hits == cached_tokens(again)
 
 
 def _sample(text: str, series: str) -> float:

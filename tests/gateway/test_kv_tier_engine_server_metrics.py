@@ -15,6 +15,7 @@ from engine.stats import EngineStats
 from engine_hop.in_process import InProcessEngineClient
 from gateway.metrics import GatewayMetrics
 from tests.admin.engine_stand_ins import FixedStatsEngine, idle_stats
+from tests.utils.prometheus_text import labelled_samples
 from tests.utils.tier_samples import HOST_TIER
 
 TOKEN = "svc-token-for-the-kv-tier-metrics-test"
@@ -29,16 +30,6 @@ ALIASES = (
     "vllm:kv_offload_store_bytes_total",
     "vllm:kv_offload_total_bytes_total",
 )
-
-
-def _series(text: str, name: str) -> dict[str, float]:
-    """`name`'s samples by their label text (inside the braces)."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith(name + "{"):
-            labels, value = line[len(name) + 1 :].rsplit("} ", 1)
-            out[labels] = float(value)
-    return out
 
 
 def _engine_server_metrics(stats: EngineStats) -> str:
@@ -69,27 +60,29 @@ def test_an_engine_server_exports_the_tiers_under_vllm_names() -> None:
     # tiers loaded (9 from host memory, 2 from disk), 176 tokens; the pool's own, 224.
     stats = idle_stats(prefix_cache_queries=1000, prefix_cache_hits=400, kv_tiers=(HOST, DISK))
     text = _engine_server_metrics(stats)
-    assert _series(text, "vllm:external_prefix_cache_hits_total") == {MODEL: 11 * BLOCK}
-    assert _series(text, "vllm:external_prefix_cache_queries_total") == {MODEL: 1000 - 224}
-    assert _series(text, "vllm:kv_offload_load_bytes_total") == {MODEL: 9 * 4096 + 2 * 8192}
+    assert labelled_samples(text, "vllm:external_prefix_cache_hits_total") == {MODEL: 11 * BLOCK}
+    assert labelled_samples(text, "vllm:external_prefix_cache_queries_total") == {MODEL: 1000 - 224}
+    assert labelled_samples(text, "vllm:kv_offload_load_bytes_total") == {
+        MODEL: 9 * 4096 + 2 * 8192
+    }
     # Only what the device pool wrote down (to host memory); disk writes come from there.
-    assert _series(text, "vllm:kv_offload_store_bytes_total") == {MODEL: 20 * 4096}
-    assert _series(text, "vllm:kv_offload_total_bytes_total") == {
+    assert labelled_samples(text, "vllm:kv_offload_store_bytes_total") == {MODEL: 20 * 4096}
+    assert labelled_samples(text, "vllm:kv_offload_total_bytes_total") == {
         f'{MODEL},transfer_type="CPU_to_GPU"': 9 * 4096 + 2 * 8192,
         f'{MODEL},transfer_type="GPU_to_CPU"': 20 * 4096,
     }
     # The tiers' own series are there too, as before.
-    assert _series(text, "cloister:kv_tier_loads_total")[f'{MODEL},tier="DISK"'] == 2
+    assert labelled_samples(text, "cloister:kv_tier_loads_total")[f'{MODEL},tier="DISK"'] == 2
     # The gateway's /metrics gives the same figures for the same stats.
     gateway = _gateway_metrics(stats)
     for name in ALIASES:
-        assert _series(text, name) == _series(gateway, name), name
+        assert labelled_samples(text, name) == labelled_samples(gateway, name), name
 
 
 def test_an_engine_without_a_block_size_gets_the_byte_figures_only() -> None:
     """As on the gateway: the token figures need the pool's block size."""
     text = _engine_server_metrics(idle_stats(block_size=0, kv_tiers=(HOST,)))
-    assert _series(text, "vllm:kv_offload_load_bytes_total") == {MODEL: 9 * 4096}
+    assert labelled_samples(text, "vllm:kv_offload_load_bytes_total") == {MODEL: 9 * 4096}
     assert "vllm:external_prefix_cache" not in text
 
 

@@ -49,21 +49,11 @@ def test_an_engine_server_exports_and_carries_its_tiers() -> None:
     from dataclasses import asdict
     from types import SimpleNamespace
 
-    from engine.stats import EngineStats
     from engine_hop.remote_client import _tiers_from_json
     from engine_server.metrics import EngineMetrics
+    from tests.admin.engine_stand_ins import idle_stats
 
-    stats = EngineStats(
-        num_running=0,
-        num_waiting=0,
-        kv_cache_usage=0.0,
-        prefix_cache_queries=0,
-        prefix_cache_hits=0,
-        num_preemptions=0,
-        num_blocks=8,
-        block_size=16,
-        kv_tiers=(TIER,),
-    )
+    stats = idle_stats(num_blocks=8, kv_tiers=(TIER,))
     front = SimpleNamespace(stats=lambda: stats)
     text = EngineMetrics(front, "tiny").render()[0].decode()
     assert 'cloister:kv_tier_loads_total{model_name="tiny",tier="CPU_HOST"} 9.0' in text

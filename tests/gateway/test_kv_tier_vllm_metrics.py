@@ -24,6 +24,7 @@ from tenancy.db import make_engine, make_session_factory
 from tests.admin.engine_stand_ins import idle_stats
 from tests.utils.fast_fake_model import GATEWAY_ENGINE_OPTIONS, fast_fake_llm_engine
 from tests.utils.principals import PEPPER
+from tests.utils.prometheus_text import labelled_samples
 from tests.utils.tier_samples import HOST_TIER
 
 BLOCK = 16  # idle_stats' pool: 40 blocks of 16 tokens
@@ -61,16 +62,6 @@ def served(tmp_path: Path) -> Iterator[tuple[TestClient, TieredEngine, str]]:
         app.state.metering.close()
 
 
-def _series(text: str, name: str) -> dict[str, float]:
-    """`name`'s samples by their label text (inside the braces)."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith(name + "{"):
-            labels, value = line[len(name) + 1 :].rsplit("} ", 1)
-            out[labels] = float(value)
-    return out
-
-
 def _scrape(client: TestClient, token: str | None) -> str:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     r = client.get("/metrics", headers=headers)
@@ -88,17 +79,17 @@ def test_vllm_tier_series_for_operators_with_vllm_units(
         prefix_cache_queries=1000, prefix_cache_hits=400, kv_tiers=(HOST, DISK)
     )
     text = _scrape(client, admin)
-    assert _series(text, "vllm:external_prefix_cache_hits_total") == {MODEL: 11 * BLOCK}
-    assert _series(text, "vllm:external_prefix_cache_queries_total") == {MODEL: 1000 - 224}
-    assert _series(text, "vllm:kv_offload_load_bytes_total") == {MODEL: 11 * 4096}
+    assert labelled_samples(text, "vllm:external_prefix_cache_hits_total") == {MODEL: 11 * BLOCK}
+    assert labelled_samples(text, "vllm:external_prefix_cache_queries_total") == {MODEL: 1000 - 224}
+    assert labelled_samples(text, "vllm:kv_offload_load_bytes_total") == {MODEL: 11 * 4096}
     # Only what the device pool wrote down (to host memory); disk writes come from there.
-    assert _series(text, "vllm:kv_offload_store_bytes_total") == {MODEL: 20 * 4096}
-    assert _series(text, "vllm:kv_offload_total_bytes_total") == {
+    assert labelled_samples(text, "vllm:kv_offload_store_bytes_total") == {MODEL: 20 * 4096}
+    assert labelled_samples(text, "vllm:kv_offload_total_bytes_total") == {
         f'{MODEL},transfer_type="CPU_to_GPU"': 11 * 4096,
         f'{MODEL},transfer_type="GPU_to_CPU"': 20 * 4096,
     }
     # The tier's own series are there too, as before.
-    assert _series(text, "cloister:kv_tier_loads_total")[f'{MODEL},tier="CPU_HOST"'] == 9
+    assert labelled_samples(text, "cloister:kv_tier_loads_total")[f'{MODEL},tier="CPU_HOST"'] == 9
     # Anonymous scrapes see none of it: these move with every tenant's traffic.
     anonymous = _scrape(client, None)
     for name in ("external_prefix_cache", "kv_offload", "kv_tier"):
@@ -112,17 +103,19 @@ def test_vllm_tier_series_for_operators_with_vllm_units(
         kv_tiers=(replace(HOST, loads=14, write_backs=30), DISK),
     )
     text = _scrape(client, admin)
-    assert _series(text, "vllm:external_prefix_cache_hits_total") == {MODEL: 16 * BLOCK}
-    assert _series(text, "vllm:external_prefix_cache_queries_total") == {
+    assert labelled_samples(text, "vllm:external_prefix_cache_hits_total") == {MODEL: 16 * BLOCK}
+    assert labelled_samples(text, "vllm:external_prefix_cache_queries_total") == {
         MODEL: 1500 - (600 - 16 * BLOCK)
     }
-    assert _series(text, "vllm:kv_offload_store_bytes_total") == {MODEL: 30 * 4096}
+    assert labelled_samples(text, "vllm:kv_offload_store_bytes_total") == {MODEL: 30 * 4096}
     # A restarted engine counts from zero: its whole value is added.
     engine.figures = idle_stats(
         prefix_cache_queries=100, prefix_cache_hits=32, kv_tiers=(replace(HOST, loads=1), DISK)
     )
     text = _scrape(client, admin)
-    assert _series(text, "vllm:external_prefix_cache_hits_total") == {MODEL: 16 * BLOCK + 3 * BLOCK}
+    assert labelled_samples(text, "vllm:external_prefix_cache_hits_total") == {
+        MODEL: 16 * BLOCK + 3 * BLOCK
+    }
 
 
 def test_no_vllm_tier_series_while_no_tier_is_on(
@@ -147,13 +140,10 @@ def test_a_replica_set_sums_its_replicas_tiers_and_exports_them() -> None:
     gateway's replica set adds them medium by medium (they were dropped before), and the
     vLLM token series use the replicas' block size from /internal/info (the stats poll
     carries none)."""
-    import asyncio
     import dataclasses
 
-    from engine_hop.replica_set import ReplicaSetClient
     from gateway.metrics import GatewayMetrics, tier_totals
-    from tests.admin.engine_stand_ins import REMOTE_INFO, remote_engine_server
-    from tests.utils.byte_tokenizer import ByteTokenizer
+    from tests.admin.engine_stand_ins import REMOTE_INFO, polled_replica_set, remote_engine_server
 
     def body(tiers: tuple[TierStats, ...]) -> dict[str, object]:
         stats = idle_stats(kv_tiers=tiers)
@@ -169,17 +159,7 @@ def test_a_replica_set_sums_its_replicas_tiers_and_exports_them() -> None:
 
     servers = [remote_engine_server(body((HOST, DISK))), remote_engine_server(body((HOST,)))]
     try:
-        remote = ReplicaSetClient(
-            [url for _, url in servers], token=None, tokenizer=ByteTokenizer(), model_name="remote"
-        )
-
-        async def poll() -> None:
-            for replica in remote.replicas():
-                await replica.poll_once()
-                await replica.http.aclose()
-
-        asyncio.run(poll())
-        summed = remote.stats()
+        summed = polled_replica_set([url for _, url in servers]).stats()
     finally:
         for srv, _ in servers:
             srv.shutdown()

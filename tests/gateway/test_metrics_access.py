@@ -12,10 +12,9 @@ from fastapi.testclient import TestClient
 
 from admin.identity import create_admin_token
 from assembly.app import build_app
-from assembly.database import prepare_database
 from server.settings import Settings
 from tenancy import store
-from tenancy.db import make_engine, make_session_factory
+from tests.utils.built_app import chat_hi, prepared_sessions
 from tests.utils.fast_fake_model import gateway_test_engine
 from tests.utils.principals import PEPPER
 
@@ -28,8 +27,7 @@ def served(tmp_path: Path) -> Iterator[tuple[TestClient, dict[str, str]]]:
     settings = Settings(
         data_dir=tmp_path, key_pepper=PEPPER, config_refresh_s=0.0, model_name="fake-model"
     )
-    prepare_database(settings)
-    sessions = make_session_factory(make_engine(settings.resolved_database_url))
+    sessions = prepared_sessions(settings)
     tokens: dict[str, str] = {}
     with sessions() as s:
         store.create_tenant(s, name=TENANT)
@@ -41,11 +39,7 @@ def served(tmp_path: Path) -> Iterator[tuple[TestClient, dict[str, str]]]:
     app = build_app(settings, engine=gateway_test_engine())
     try:
         with TestClient(app) as client:
-            r = client.post(
-                "/v1/chat/completions",
-                json={"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]},
-                headers={"Authorization": f"Bearer {key}"},
-            )
+            r = chat_hi(client, key, "fake-model")
             assert r.status_code == 200, r.text
             yield client, tokens
     finally:

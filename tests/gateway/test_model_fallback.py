@@ -21,42 +21,34 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import select
-from sqlalchemy.orm import Session, sessionmaker
 
 from admin import registry
-from admin.metering import MeteringSink
-from admin.models import UsageRow
-from assembly.served_models import registry_model_access
 from engine.fronts.async_engine import AsyncEngine
 from engine.model.hf_loader import architecture_from_config
 from engine.request import EngineRequest
 from engine_hop.in_process import InProcessEngineClient
-from gateway.app import create_app
-from server.settings import Settings
 from tenancy import store
-from tenancy.authenticator import Authenticator
-from tenancy.db import make_engine, make_session_factory, upgrade_database
-from tenancy.limiter.memory import MemoryLimiter
 from tests.utils.byte_tokenizer import ByteTokenizer
 from tests.utils.engine_faults import SubmitPatch, overloaded, refuse
+from tests.utils.fallback_gateway import (
+    SMALL_PRICE,
+    MeteredGateway,
+    fallback_count,
+    register_big_falling_back_to_small,
+    sqlite_sessions,
+)
 from tests.utils.fast_fake_model import (
     GATEWAY_ENGINE_OPTIONS,
     fast_fake_llm_engine,
     gateway_test_engine,
 )
-from tests.utils.live_gateway import OPERATOR_HEADERS, operator_auth
 from tests.utils.lora_adapters import make_peft_adapter
-from tests.utils.principals import PEPPER
 from tests.utils.scripted_engine import inject_script, one_token_per_char
 from tests.utils.tiny_model import tiny_config
 from tests.utils.watched_engine import Watched
 
 REPLY = "fallback says hi"
 MESSAGES = [{"role": "user", "content": "hello"}]
-# Micro-USD per million tokens: the fallback's price is what its usage must cost.
-SMALL_PRICE = registry.Prices(input=7, cached_input=7, output=11)
-BIG_PRICE = registry.Prices(input=1_000, cached_input=1_000, output=3_000)
 
 
 class DoubleByteTokenizer(ByteTokenizer):
@@ -96,15 +88,13 @@ def refuse_after(engine: Any, n: int) -> SubmitPatch:
     return SubmitPatch(engine, wrap)
 
 
-class Served:
+class Served(MeteredGateway):
     """One gateway serving "big" (always overloaded, falls back to "small"), "small",
     "lone" (overloaded, no fallback) and "orphan" (overloaded, falls back to a registered
     model this gateway does not serve), over the real registry reader and metering."""
 
     def __init__(self, tmp_path: Path) -> None:
-        url = f"sqlite:///{tmp_path / 'cloister.db'}"
-        upgrade_database(url)
-        self.sessions: sessionmaker[Session] = make_session_factory(make_engine(url))
+        self.sessions = sqlite_sessions(tmp_path)
         self.tmp_path = tmp_path
         self.big = overloaded_engine()
         self.lone = overloaded_engine()
@@ -115,46 +105,14 @@ class Served:
             self.acme = store.create_tenant(s, name="acme").id
             store.create_tenant(s, name="other")
             store.set_limits(s, tenant_name="acme", rpm=5)
-            for name in ("big", "small", "lone", "orphan", "unserved"):
-                registry.register_model(
-                    s, name=name, source="/m", format="gguf", context_length=512
-                )
-            registry.set_price(s, model="big", prices=BIG_PRICE)
-            registry.set_price(s, model="small", prices=SMALL_PRICE)
-            registry.update_model(s, name="big", fallback_model="small")
+            names = ("big", "small", "lone", "orphan", "unserved")
+            register_big_falling_back_to_small(s, names, self.acme)
             registry.update_model(s, name="orphan", fallback_model="unserved")
-            # "other" may use big but not its fallback.
-            registry.update_model(s, name="small", allowed_tenants=[self.acme])
-        settings = Settings(data_dir=tmp_path, key_pepper=PEPPER, config_refresh_s=0.0)
-        self.metering = MeteringSink(self.sessions, tmp_path / "spool.jsonl", fsync=False).start()
-        self.access = registry_model_access(settings, self.sessions)
         engines = {"big": self.big, "small": self.small, "lone": self.lone, "orphan": self.orphan}
-        self.app = create_app(
-            settings,
-            engines={n: InProcessEngineClient(e, model_name=n) for n, e in engines.items()},
-            authenticator=Authenticator(self.sessions, PEPPER, refresh_s=0.0),
-            limiter=MemoryLimiter(),
-            usage_sink=self.metering,
-            operator_auth=operator_auth,
-            model_access=self.access,
+        self.serve(
+            tmp_path, {n: InProcessEngineClient(e, model_name=n) for n, e in engines.items()}
         )
         self.key = self.new_key("acme")
-
-    def new_key(self, tenant: str, **kwargs: Any) -> str:
-        """A new key of `tenant`."""
-        with self.sessions() as s:
-            return store.create_key(s, tenant_name=tenant, pepper=PEPPER, **kwargs).secret
-
-    def usage(self) -> list[UsageRow]:
-        """Every usage row, once metering wrote what it was given."""
-        assert self.metering.flush()
-        with self.sessions() as s:
-            return list(s.scalars(select(UsageRow).order_by(UsageRow.occurred_at)).all())
-
-    def close(self) -> None:
-        """Stops the metering thread and the registry reader."""
-        self.metering.close()
-        self.access.close()
 
 
 @pytest.fixture
@@ -189,14 +147,6 @@ def _text(api: str, body: dict[str, Any]) -> str:
     return str(body["output"][0]["content"][0]["text"])
 
 
-def _fallback_count(client: TestClient) -> float:
-    text = client.get("/metrics", headers=OPERATOR_HEADERS).text
-    for line in text.splitlines():
-        if line.startswith('cloister:fallback_requests_total{fallback="small",model_name="big"}'):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
 @pytest.mark.parametrize("api", sorted(CALLS))
 def test_an_overloaded_model_answers_from_its_fallback(
     served: tuple[Served, TestClient], api: str
@@ -223,7 +173,7 @@ def test_an_overloaded_model_answers_from_its_fallback(
     assert row.cost_pico_usd == SMALL_PRICE.cost_pico_usd(
         prompt_tokens=row.prompt_tokens, cached_tokens=0, completion_tokens=len(REPLY)
     )
-    assert _fallback_count(client) == 1.0
+    assert fallback_count(client) == 1.0
 
 
 @pytest.mark.parametrize("api", ["chat", "completions", "responses"])
@@ -255,7 +205,7 @@ def test_a_streamed_request_answers_from_the_fallback(
     assert models == {"small"} and text == REPLY
     (row,) = s.usage()
     assert (row.model, row.status, row.completion_tokens) == ("small", 200, len(REPLY))
-    assert _fallback_count(client) == 1.0
+    assert fallback_count(client) == 1.0
 
 
 def _refused(r: httpx.Response) -> None:
@@ -281,7 +231,7 @@ def test_no_usable_fallback_is_the_503(
     assert s.small.domains == [], case
     (row,) = s.usage()
     assert (row.model, row.status, row.prompt_tokens) == (model, 503, 0)
-    assert _fallback_count(client) == 0.0
+    assert fallback_count(client) == 0.0
 
 
 def test_a_fallback_the_tenant_may_not_use_is_the_503(served: tuple[Served, TestClient]) -> None:
@@ -309,7 +259,7 @@ def test_an_overloaded_fallback_is_the_first_503_and_keeps_nothing_queued(
     assert s.small.running == set() and s.big.running == set()
     (row,) = s.usage()
     assert (row.model, row.status) == ("big", 503)
-    assert _fallback_count(client) == 0.0
+    assert fallback_count(client) == 0.0
 
 
 def test_a_fallback_that_cannot_fit_is_the_503(served: tuple[Served, TestClient]) -> None:

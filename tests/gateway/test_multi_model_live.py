@@ -9,8 +9,6 @@ names the model, and the registry lists both as loaded.
 from __future__ import annotations
 
 import datetime as dt
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +17,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 from openai import OpenAI
 
@@ -28,8 +25,8 @@ from assembly.app import build_app
 from server.settings import Settings
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
+from tests.utils.live_gateway import serve_in_thread
 from tests.utils.principals import PEPPER
-from tests.utils.services import free_port
 from tests.utils.tiny_model import make_tiny_model_dir
 
 pytestmark = pytest.mark.slow
@@ -83,21 +80,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         key = store.create_key(s, tenant_name="acme", pepper=PEPPER).secret
         admin = create_admin_token(s, pepper=PEPPER, role="admin").secret
     app = build_app(settings)
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 120
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.05)
+    url, stop = serve_in_thread(app, start_timeout_s=120, stop_timeout_s=60)
     try:
-        yield Served(f"http://127.0.0.1:{port}", key, admin, app)
+        yield Served(url, key, admin, app)
     finally:
-        server.should_exit = True
-        thread.join(timeout=60)
+        stop()
         app.state.metering.close()
         for writer in app.state.background_writers:
             writer.close()

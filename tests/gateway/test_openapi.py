@@ -15,19 +15,15 @@ from openapi_spec_validator import validate
 from openapi_spec_validator.validation import OpenAPIV31SpecValidator
 
 from gateway.openapi import tenant_document
-from tenancy.limiter.memory import MemoryLimiter
 from tests.utils.fast_fake_model import gateway_test_engine
-from tests.utils.live_gateway import LiveGateway, start_gateway
+from tests.utils.live_gateway import LiveGateway, started_gateway
 
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveGateway]:
     """One live gateway (the fast fake engine: the document does not depend on the model)."""
-    gw, stop = start_gateway(
-        tmp_path_factory.mktemp("openapi"), engine=gateway_test_engine(), limiter=MemoryLimiter()
-    )
-    yield gw
-    stop()
+    with started_gateway(tmp_path_factory.mktemp("openapi"), engine=gateway_test_engine()) as gw:
+        yield gw
 
 
 @pytest.fixture(scope="module")

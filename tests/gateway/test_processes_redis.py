@@ -19,6 +19,7 @@ from sqlalchemy import text
 
 from tests.gateway.engine_servers import SERVICE_TOKEN, engine_servers
 from tests.gateway.processes import GatewayProcess, create_tenant_key, database, gateways
+from tests.utils.openai_http import post_json
 from tests.utils.services import delete_prefix, private_redis_server, redis_url
 from tests.utils.tiny_model import make_tiny_model_dir
 
@@ -28,12 +29,7 @@ pytestmark = pytest.mark.services
 
 def chat(gw: GatewayProcess, key: str) -> httpx.Response:
     """One small chat completion."""
-    return httpx.post(
-        gw.base_url + "/v1/chat/completions",
-        json=BODY,
-        headers={"Authorization": f"Bearer {key}"},
-        timeout=60,
-    )
+    return post_json(gw.base_url, "/v1/chat/completions", key, BODY)
 
 
 def backend_errors(gw: GatewayProcess) -> float:

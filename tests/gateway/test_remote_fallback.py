@@ -30,13 +30,7 @@ import httpx
 import orjson
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import select
-from sqlalchemy.orm import Session, sessionmaker
 
-from admin import registry
-from admin.metering import MeteringSink
-from admin.models import UsageRow
-from assembly.served_models import registry_model_access
 from engine.errors import EngineOverloadedError
 from engine.fronts.async_engine import AsyncEngine
 from engine.request import EngineRequest
@@ -55,16 +49,16 @@ from engine_hop.wire import (
 )
 from engine_server.app import EngineServer
 from engine_server.auth import ServiceAuth
-from gateway.app import create_app
-from server.settings import Settings
 from tenancy import store
-from tenancy.authenticator import Authenticator
-from tenancy.db import make_engine, make_session_factory, upgrade_database
-from tenancy.limiter.memory import MemoryLimiter
 from tests.gateway.engine_servers import serve_in_thread
+from tests.utils.fallback_gateway import (
+    SMALL_PRICE,
+    MeteredGateway,
+    fallback_count,
+    register_big_falling_back_to_small,
+    sqlite_sessions,
+)
 from tests.utils.fast_fake_model import fast_fake_engine
-from tests.utils.live_gateway import OPERATOR_HEADERS, operator_auth
-from tests.utils.principals import PEPPER
 
 TOKEN = "svc-" + "remote-fallback-token-for-tests-only"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
@@ -77,8 +71,6 @@ ENGINE_OPTIONS: dict[str, Any] = {
     "max_model_len": 512,
 }
 OCCUPIER = "occupier"  # the fairness key whose requests fill the engine
-SMALL_PRICE = registry.Prices(input=7, cached_input=7, output=11)
-BIG_PRICE = registry.Prices(input=1_000, cached_input=1_000, output=3_000)
 
 
 @pytest.fixture(scope="module")
@@ -149,26 +141,16 @@ def engine_full(url: str, slots: int = 2) -> Iterator[None]:
         _wait_for(lambda: _stats(http)["num_running"] + _stats(http)["num_waiting"] == 0, "idle")
 
 
-class Gateway:
+class Gateway(MeteredGateway):
     """A gateway serving "big" from the engine server over `transport` (falls back to
     "small") and "small" in-process, over the real registry reader and metering."""
 
     def __init__(self, tmp_path: Path, url: str, transport: Transport) -> None:
-        db = f"sqlite:///{tmp_path / 'cloister.db'}"
-        upgrade_database(db)
-        self.sessions: sessionmaker[Session] = make_session_factory(make_engine(db))
+        self.sessions = sqlite_sessions(tmp_path)
         with self.sessions() as s:
             self.acme = store.create_tenant(s, name="acme").id
             store.create_tenant(s, name="other")
-            for name in ("big", "small"):
-                registry.register_model(
-                    s, name=name, source="/m", format="gguf", context_length=512
-                )
-            registry.set_price(s, model="big", prices=BIG_PRICE)
-            registry.set_price(s, model="small", prices=SMALL_PRICE)
-            registry.update_model(s, name="big", fallback_model="small")
-            # "other" may use big but not its fallback.
-            registry.update_model(s, name="small", allowed_tenants=[self.acme])
+            register_big_falling_back_to_small(s, ("big", "small"), self.acme)
         self.small: AsyncEngine = fast_fake_engine(max_model_len=512)
         big = RemoteEngineClient(
             url,
@@ -178,34 +160,9 @@ class Gateway:
             poll_s=60,
             transport=transport,
         )
-        settings = Settings(data_dir=tmp_path, key_pepper=PEPPER, config_refresh_s=0.0)
-        self.metering = MeteringSink(self.sessions, tmp_path / "spool.jsonl", fsync=False).start()
-        self.access = registry_model_access(settings, self.sessions)
-        self.app = create_app(
-            settings,
-            engines={"big": big, "small": InProcessEngineClient(self.small, model_name="small")},
-            authenticator=Authenticator(self.sessions, PEPPER, refresh_s=0.0),
-            limiter=MemoryLimiter(),
-            usage_sink=self.metering,
-            operator_auth=operator_auth,
-            model_access=self.access,
+        self.serve(
+            tmp_path, {"big": big, "small": InProcessEngineClient(self.small, model_name="small")}
         )
-
-    def key(self, tenant: str) -> str:
-        """A new key of `tenant`."""
-        with self.sessions() as s:
-            return store.create_key(s, tenant_name=tenant, pepper=PEPPER).secret
-
-    def usage(self) -> list[UsageRow]:
-        """Every usage row, once metering wrote what it was given."""
-        assert self.metering.flush()
-        with self.sessions() as s:
-            return list(s.scalars(select(UsageRow).order_by(UsageRow.occurred_at)).all())
-
-    def close(self) -> None:
-        """Stops the metering thread and the registry reader."""
-        self.metering.close()
-        self.access.close()
 
 
 @pytest.fixture(scope="module", params=TRANSPORTS)
@@ -225,14 +182,6 @@ def _post(client: TestClient, body: dict[str, Any], key: str) -> httpx.Response:
     return client.post("/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"})
 
 
-def _fallback_count(client: TestClient) -> float:
-    text = client.get("/metrics", headers=OPERATOR_HEADERS).text
-    for line in text.splitlines():
-        if line.startswith('cloister:fallback_requests_total{fallback="small",model_name="big"}'):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
 def _events(response: httpx.Response) -> list[dict[str, Any]]:
     return [
         json.loads(line.removeprefix("data: "))
@@ -249,12 +198,12 @@ def test_an_overloaded_remote_model_answers_from_its_fallback(
     gateway: tuple[Gateway, TestClient], big_server: str, stream: bool
 ) -> None:
     gw, client = gateway
-    before_rows, before_count = len(gw.usage()), _fallback_count(client)
+    before_rows, before_count = len(gw.usage()), fallback_count(client)
     body: dict[str, Any] = {**BODY, "stream": stream}
     if stream:
         body["stream_options"] = {"include_usage": True}
     with engine_full(big_server):
-        r = _post(client, body, gw.key("acme"))
+        r = _post(client, body, gw.new_key("acme"))
     assert r.status_code == 200, r.text
     if stream:
         events = _events(r)
@@ -276,7 +225,7 @@ def test_an_overloaded_remote_model_answers_from_its_fallback(
     assert row.cost_pico_usd == SMALL_PRICE.cost_pico_usd(
         prompt_tokens=row.prompt_tokens, cached_tokens=0, completion_tokens=row.completion_tokens
     )
-    assert _fallback_count(client) == before_count + 1
+    assert fallback_count(client) == before_count + 1
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
@@ -284,10 +233,10 @@ def test_a_remote_overload_without_a_usable_fallback_is_a_503_status(
     gateway: tuple[Gateway, TestClient], big_server: str, stream: bool
 ) -> None:
     gw, client = gateway
-    before_rows, before_count = len(gw.usage()), _fallback_count(client)
+    before_rows, before_count = len(gw.usage()), fallback_count(client)
     with engine_full(big_server):
         # "other" may not use the fallback.
-        r = _post(client, {**BODY, "stream": stream}, gw.key("other"))
+        r = _post(client, {**BODY, "stream": stream}, gw.new_key("other"))
     assert r.status_code == 503, r.text
     assert not r.headers["content-type"].startswith("text/event-stream")
     assert r.headers["retry-after"].isdigit()
@@ -299,14 +248,14 @@ def test_a_remote_overload_without_a_usable_fallback_is_a_503_status(
     )
     rows = gw.usage()[before_rows:]
     assert [(row.model, row.status, row.prompt_tokens) for row in rows] == [("big", 503, 0)]
-    assert _fallback_count(client) == before_count
+    assert fallback_count(client) == before_count
 
 
 def test_a_remote_model_not_overloaded_answers_itself(
     gateway: tuple[Gateway, TestClient],
 ) -> None:
     gw, client = gateway
-    r = _post(client, {**BODY, "stream": True}, gw.key("acme"))
+    r = _post(client, {**BODY, "stream": True}, gw.new_key("acme"))
     assert r.status_code == 200, r.text
     assert {e["model"] for e in _events(r)} == {"big"}
 

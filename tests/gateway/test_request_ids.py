@@ -17,10 +17,9 @@ from admin.metering import usage_row
 from admin.models import UsageRow
 from admin.usage_store import write_usage
 from gateway.usage import UsageRecord
-from tenancy.limiter.memory import MemoryLimiter
 from tests.utils.engine_faults import refuse
 from tests.utils.fast_fake_model import gateway_test_engine
-from tests.utils.live_gateway import LiveGateway, start_gateway
+from tests.utils.live_gateway import LiveGateway, started_gateway
 
 OWN = "x-cloister-request-id"
 CHAT = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
@@ -29,11 +28,8 @@ CHAT = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveGateway]:
     """One live gateway over the fast fake engine (ids do not depend on the model)."""
-    gw, stop = start_gateway(
-        tmp_path_factory.mktemp("ids"), engine=gateway_test_engine(), limiter=MemoryLimiter()
-    )
-    yield gw
-    stop()
+    with started_gateway(tmp_path_factory.mktemp("ids"), engine=gateway_test_engine()) as gw:
+        yield gw
 
 
 @pytest.fixture(scope="module")

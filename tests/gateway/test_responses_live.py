@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from tenancy.limiter.memory import MemoryLimiter
-from tests.utils.live_gateway import LiveGateway, make_test_engine, start_gateway
+from tests.utils.live_gateway import LiveGateway, started_gateway
+from tests.utils.openai_http import post_json
 
 STREAM_TYPES = [
     "response.created",
@@ -34,10 +33,8 @@ CLOSING_TYPES = [
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveGateway]:
     """One live gateway for the module; each test makes its own tenants."""
-    tmp: Path = tmp_path_factory.mktemp("responses")
-    gw, stop = start_gateway(tmp, engine=make_test_engine(tmp), limiter=MemoryLimiter())
-    yield gw
-    stop()
+    with started_gateway(tmp_path_factory.mktemp("responses")) as gw:
+        yield gw
 
 
 def _tenant(gw: LiveGateway, name: str, **limits: Any) -> str:
@@ -50,12 +47,7 @@ def _records(gw: LiveGateway, request_id: str) -> list[Any]:
 
 
 def _post(gw: LiveGateway, key: str, body: Any) -> httpx.Response:
-    return httpx.post(
-        gw.base_url + "/v1/responses",
-        json=body,
-        headers={"Authorization": f"Bearer {key}"},
-        timeout=60,
-    )
+    return post_json(gw.base_url, "/v1/responses", key, body)
 
 
 def test_create_returns_a_response_with_usage_and_one_usage_record(gateway: LiveGateway) -> None:

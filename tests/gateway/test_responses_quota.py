@@ -27,11 +27,8 @@ from fastapi.testclient import TestClient
 
 from assembly.app import build_app
 from gateway.response_store_redis import RedisResponses
-from server.settings import Settings
-from tenancy import store
-from tenancy.db import make_engine, make_session_factory, upgrade_database
+from tests.utils.built_app import close_app, fake_settings, migrated_sessions, tenant_keys
 from tests.utils.fast_fake_model import gateway_test_engine
-from tests.utils.principals import PEPPER
 from tests.utils.services import delete_prefix, redis_url
 
 RECORD = 64_000  # responses_max_record_bytes
@@ -51,30 +48,14 @@ def _auth(key: str) -> dict[str, str]:
 def _serve(
     tmp: Path, tenants: tuple[str, ...], **options: Any
 ) -> Iterator[tuple[TestClient, dict[str, str]]]:
-    settings = Settings(
-        data_dir=tmp,
-        key_pepper=PEPPER,
-        model_name="fake",
-        config_refresh_s=0.0,
-        auth_failure_limit=0,
-        tool_parser="hermes",
-        **options,
-    )
-    upgrade_database(settings.resolved_database_url)
-    sessions = make_session_factory(make_engine(settings.resolved_database_url))
-    keys = {}
-    with sessions() as s:
-        for name in tenants:
-            store.create_tenant(s, name=name)
-            keys[name] = store.create_key(s, tenant_name=name, pepper=PEPPER).secret
+    settings = fake_settings(tmp, tool_parser="hermes", **options)
+    keys = tenant_keys(migrated_sessions(settings), tenants)
     app = build_app(settings, engine=gateway_test_engine(max_model_len=8192))
     try:
         with TestClient(app) as client:
             yield client, keys
     finally:
-        for writer in app.state.background_writers:
-            writer.close()
-        app.state.metering.close()
+        close_app(app)
 
 
 @pytest.fixture(scope="module", params=["memory", "redis"])

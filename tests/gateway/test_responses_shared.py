@@ -24,8 +24,7 @@ from assembly.app import build_app
 from gateway.response_store import StoredResponse
 from gateway.response_store_redis import RedisResponses, ResponseStoreUnavailableError
 from server.settings import Settings
-from tenancy import store
-from tenancy.db import make_engine, make_session_factory, upgrade_database
+from tests.utils.built_app import close_app, migrated_sessions, tenant_keys
 from tests.utils.fast_fake_model import gateway_test_engine
 from tests.utils.principals import PEPPER
 from tests.utils.services import delete_prefix, redis_url
@@ -54,13 +53,7 @@ def replicas(
         responses_max_per_tenant=2,
     )
     first, second = Settings(**common), Settings(**common)
-    upgrade_database(first.resolved_database_url)
-    sessions = make_session_factory(make_engine(first.resolved_database_url))
-    keys = {}
-    with sessions() as s:
-        for name in ("acme", "other"):
-            store.create_tenant(s, name=name)
-            keys[name] = store.create_key(s, tenant_name=name, pepper=PEPPER).secret
+    keys = tenant_keys(migrated_sessions(first), ("acme", "other"))
     apps = [
         build_app(first, engine=gateway_test_engine()),
         build_app(second, engine=gateway_test_engine()),
@@ -70,9 +63,7 @@ def replicas(
             yield a, b, keys
     finally:
         for app in apps:
-            for writer in app.state.background_writers:
-                writer.close()
-            app.state.metering.close()
+            close_app(app)
         delete_prefix(redis.Redis.from_url(url), f"test:{tag}:")
 
 

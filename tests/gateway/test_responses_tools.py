@@ -16,8 +16,11 @@ from typing import Any
 import openai
 import pytest
 
-from tenancy.limiter.memory import MemoryLimiter
-from tests.utils.live_gateway import LiveGateway, make_test_engine, start_gateway
+from tests.utils.live_gateway import (
+    LiveGateway,
+    running,
+    started_gateway,
+)
 from tests.utils.scripted_tools import TIME_FUNCTION, WEATHER_FUNCTION, start_scripted_tools_gateway
 
 WEATHER = {"type": "function", **WEATHER_FUNCTION}
@@ -27,18 +30,16 @@ EXPECTED = [("get_weather", {"city": "Paris"}), ("get_time", {"utc": True})]
 
 @pytest.fixture(scope="module")
 def scripted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveGateway]:
-    tmp = tmp_path_factory.mktemp("responses-tools-fake")
-    gw, stop = start_scripted_tools_gateway(tmp)
-    yield gw
-    stop()
+    with running(
+        start_scripted_tools_gateway(tmp_path_factory.mktemp("responses-tools-fake"))
+    ) as gw:
+        yield gw
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveGateway]:
-    tmp = tmp_path_factory.mktemp("responses-tools-tiny")
-    gw, stop = start_gateway(tmp, engine=make_test_engine(tmp), limiter=MemoryLimiter())
-    yield gw
-    stop()
+    with started_gateway(tmp_path_factory.mktemp("responses-tools-tiny")) as gw:
+        yield gw
 
 
 def _client(gw: LiveGateway, tenant: str) -> openai.OpenAI:

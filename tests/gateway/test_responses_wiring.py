@@ -13,44 +13,33 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from admin.identity import create_admin_token
 from assembly.app import build_app
 from engine.fronts.async_engine import AsyncEngine
-from server.settings import Settings
 from tenancy import store
-from tenancy.db import make_engine, make_session_factory, upgrade_database
+from tests.utils.built_app import (
+    admin_secret,
+    close_app,
+    fake_settings,
+    migrated_sessions,
+    tenant_keys,
+)
 from tests.utils.engine_faults import fail_after
 from tests.utils.fast_fake_model import gateway_test_engine
-from tests.utils.principals import PEPPER
 
 TTL_S = 0.5
 
 
 def _serve(tmp_path: Path, engine: AsyncEngine) -> Iterator[tuple[TestClient, dict[str, str]]]:
-    settings = Settings(
-        data_dir=tmp_path,
-        key_pepper=PEPPER,
-        model_name="fake",
-        config_refresh_s=0.0,
-        auth_failure_limit=0,
-        responses_ttl_s=TTL_S,
-        responses_max_per_tenant=2,
-    )
-    upgrade_database(settings.resolved_database_url)
-    sessions = make_session_factory(make_engine(settings.resolved_database_url))
+    settings = fake_settings(tmp_path, responses_ttl_s=TTL_S, responses_max_per_tenant=2)
+    sessions = migrated_sessions(settings)
+    keys = tenant_keys(sessions, ("acme", "narrow"))
     with sessions() as s:
-        keys = {}
-        for name in ("acme", "narrow"):
-            store.create_tenant(s, name=name)
-            keys[name] = store.create_key(s, tenant_name=name, pepper=PEPPER).secret
         store.set_limits(s, tenant_name="narrow", allowed_models=["other"])
-        keys["admin"] = create_admin_token(s, pepper=PEPPER, role="admin").secret
+    keys["admin"] = admin_secret(sessions)
     app = build_app(settings, engine=engine)
     with TestClient(app) as client:
         yield client, keys
-    for writer in app.state.background_writers:
-        writer.close()
-    app.state.metering.close()
+    close_app(app)
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tenancy.limiter.memory import MemoryLimiter
-from tests.utils.live_gateway import LiveGateway, make_test_engine, start_gateway
+from tests.utils.live_gateway import LiveGateway, started_gateway
 
 EOS = 2  # tests/utils/tiny_model.py
 CHAT = {"messages": [{"role": "user", "content": "Say something long."}]}
@@ -20,10 +19,8 @@ PROMPT = {"prompt": "Once upon a time there was"}
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveGateway]:
     """One live gateway over the tiny random-weight model."""
-    tmp = tmp_path_factory.mktemp("extras")
-    gw, stop = start_gateway(tmp, engine=make_test_engine(tmp), limiter=MemoryLimiter())
-    yield gw
-    stop()
+    with started_gateway(tmp_path_factory.mktemp("extras")) as gw:
+        yield gw
 
 
 @pytest.fixture(scope="module")

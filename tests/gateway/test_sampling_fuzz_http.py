@@ -16,8 +16,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tenancy.limiter.memory import MemoryLimiter
-from tests.utils.live_gateway import LiveGateway, make_test_engine, start_gateway
+from tests.utils.live_gateway import LiveGateway, started_gateway
 
 FIELDS = [
     "temperature",
@@ -52,10 +51,8 @@ VICTIM = {"prompt": "Write a poem about the tides.", "max_tokens": 24, "temperat
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveGateway]:
     """One live gateway over the tiny engine for the whole fuzz."""
-    tmp = tmp_path_factory.mktemp("fuzz")
-    gw, stop = start_gateway(tmp, engine=make_test_engine(tmp), limiter=MemoryLimiter())
-    yield gw
-    stop()
+    with started_gateway(tmp_path_factory.mktemp("fuzz")) as gw:
+        yield gw
 
 
 def _victim_text(gw: LiveGateway, key: str) -> str:

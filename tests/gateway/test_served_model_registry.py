@@ -13,10 +13,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from admin import registry
-from admin.identity import create_admin_token
 from assembly.app import build_app
 from server.settings import Settings
-from tenancy.db import make_engine, make_session_factory, upgrade_database
+from tenancy.db import make_engine, make_session_factory
+from tests.utils.built_app import admin_secret, close_app, migrated_sessions
 from tests.utils.principals import PEPPER
 from tests.utils.tiny_model import make_tiny_model_dir
 
@@ -26,16 +26,12 @@ OPTIONS: dict[str, Any] = {"attention_backend": "torch", "max_model_len": 256}
 def _serve_once(settings: Settings) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Builds the app, reads the registry and the audit through the admin API, shuts down."""
     sessions = make_session_factory(make_engine(settings.resolved_database_url))
-    with sessions() as s:
-        admin = create_admin_token(s, pepper=PEPPER, role="admin").secret
-    headers = {"Authorization": f"Bearer {admin}"}
+    headers = {"Authorization": f"Bearer {admin_secret(sessions)}"}
     app = build_app(settings, max_model_len=256)
     with TestClient(app) as client:
         models = client.get("/admin/api/v1/models", headers=headers)
         audit = client.get("/admin/api/v1/audit", params={"limit": 500}, headers=headers)
-    for writer in app.state.background_writers:
-        writer.close()
-    app.state.metering.close()
+    close_app(app)
     assert models.status_code == 200 and audit.status_code == 200, (models.text, audit.text)
     served = {m["name"]: m for m in models.json()["items"]}
     events = [e for e in audit.json()["items"] if e["actor"] == "system:serve"]
@@ -54,8 +50,7 @@ def test_serve_registers_its_model_as_loaded(
         attention_backend="torch",
         max_model_len=256,
     )
-    upgrade_database(settings.resolved_database_url)
-    sessions = make_session_factory(make_engine(settings.resolved_database_url))
+    sessions = migrated_sessions(settings)
     with sessions() as s:  # left `loaded` by an earlier server that served another model
         registry.register_model(
             s, name="old", source=str(folder), format="safetensors", context_length=64

@@ -5,7 +5,6 @@ gateway's replica set, whose replicas' counters are summed."""
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import replace
 
 from prometheus_client import generate_latest
@@ -17,7 +16,12 @@ from engine_hop.client import EngineSnapshot, sum_spec_decode
 from engine_hop.in_process import InProcessEngineClient
 from engine_hop.stats_json import spec_decode_from_json, spec_decode_to_json
 from gateway.metrics import GatewayMetrics
-from tests.admin.engine_stand_ins import FixedStatsEngine, idle_stats, remote_engine_server
+from tests.admin.engine_stand_ins import (
+    FixedStatsEngine,
+    idle_stats,
+    polled_replica_set,
+    remote_engine_server,
+)
 
 SPEC = SpecDecodeStats(
     num_drafts=10, num_draft_tokens=40, num_accepted_tokens=25, accepted_per_pos=(9, 7, 5, 4)
@@ -136,9 +140,6 @@ def test_remote_replicas_carry_their_counters_and_the_gateway_sums_them() -> Non
     """Two engine servers, one speculating more than the other: each /internal/stats
     carries its counters, the replica set sums them, and the gateway's /metrics shows the
     sum under the model's name."""
-    from engine_hop.replica_set import ReplicaSetClient
-    from tests.utils.byte_tokenizer import ByteTokenizer
-
     other = replace(SPEC, num_drafts=1, num_draft_tokens=4, num_accepted_tokens=4)
     other = replace(other, accepted_per_pos=(1, 1, 1, 1))
     bodies = [_stats_json(idle_stats(spec_decode=s)) for s in (SPEC, other)]
@@ -151,16 +152,7 @@ def test_remote_replicas_carry_their_counters_and_the_gateway_sums_them() -> Non
     assert _stats_json(idle_stats())["spec_decode"] is None
     servers = [remote_engine_server(body) for body in bodies]
     try:
-        remote = ReplicaSetClient(
-            [url for _, url in servers], token=None, tokenizer=ByteTokenizer(), model_name="remote"
-        )
-
-        async def poll() -> None:
-            for replica in remote.replicas():
-                await replica.poll_once()
-                await replica.http.aclose()
-
-        asyncio.run(poll())
+        remote = polled_replica_set([url for _, url in servers])
         carried = [r.stats().spec_decode for r in remote.replicas()]
         summed = remote.stats().spec_decode
     finally:

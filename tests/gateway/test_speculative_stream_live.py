@@ -45,32 +45,30 @@ def spec_gateway(tmp_path: Path) -> Iterator[LiveGateway]:
     stop()
 
 
-def _stream(gw: LiveGateway, key: str, **extra: Any) -> list[str]:
-    """The streamed content chunks' texts."""
+def _greedy(gw: LiveGateway, key: str, extra: dict[str, Any], **params: Any) -> Any:
+    """A greedy completion of PROMPT, MAX_TOKENS long whatever EOS says; `extra` goes into
+    the request body as it is."""
     client: Any = gw.client(key)
-    stream = client.completions.create(
+    return client.completions.create(
         model=gw.model,
         prompt=PROMPT,
         max_tokens=MAX_TOKENS,
         temperature=0,
-        stream=True,
         extra_body={"ignore_eos": True, **extra},
+        **params,
     )
+
+
+def _stream(gw: LiveGateway, key: str, **extra: Any) -> list[str]:
+    """The streamed content chunks' texts."""
+    stream = _greedy(gw, key, extra, stream=True)
     return [c.choices[0].text for c in stream if c.choices and c.choices[0].text]
 
 
 def _token_texts(gw: LiveGateway, key: str) -> list[str]:
     """Each output token's text, from logprobs (a request with logprobs never speculates;
     greedy, its tokens are the same)."""
-    client: Any = gw.client(key)
-    done = client.completions.create(
-        model=gw.model,
-        prompt=PROMPT,
-        max_tokens=MAX_TOKENS,
-        temperature=0,
-        logprobs=0,
-        extra_body={"ignore_eos": True},
-    )
+    done = _greedy(gw, key, {}, logprobs=0)
     tokens: list[str] = done.choices[0].logprobs.tokens
     assert done.usage.completion_tokens == MAX_TOKENS
     return tokens
@@ -98,13 +96,6 @@ def test_cadence_hides_accepted_drafts_and_text_is_unchanged(
 
     # A tenant cannot steer speculation: such fields are ignored, the text is the same.
     assert "".join(_stream(gw, plain, **HOSTILE)) == text
-    client: Any = gw.client(plain)
-    hostile = client.completions.create(
-        model=gw.model,
-        prompt=PROMPT,
-        max_tokens=MAX_TOKENS,
-        temperature=0,
-        extra_body={"ignore_eos": True, **HOSTILE},
-    )
+    hostile = _greedy(gw, plain, HOSTILE)
     assert hostile.choices[0].text == text
     assert hostile.usage.completion_tokens == MAX_TOKENS

@@ -10,7 +10,6 @@ decoding does), the `token` tenant sees the step sizes and the `fixed:4` tenant 
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,13 @@ from tenancy import store
 from tenancy.limiter.memory import MemoryLimiter
 from tests.utils.byte_tokenizer import ByteTokenizer
 from tests.utils.fast_fake_model import GATEWAY_ENGINE_OPTIONS, fast_fake_llm_engine
-from tests.utils.live_gateway import LiveGateway, make_test_engine, start_gateway
+from tests.utils.live_gateway import (
+    LiveGateway,
+    assert_aborted_and_metered_once,
+    leave_stream_early,
+    make_test_engine,
+    start_gateway,
+)
 
 MESSAGES = [{"role": "user", "content": "Say something about side channels."}]
 MAX_TOKENS = 18  # 4 + 4 + 4 + 4 + 2 under fixed:4
@@ -271,22 +276,7 @@ def test_a_paced_stream_left_mid_way_aborts_and_meters_once(gateway: LiveGateway
         model="tiny", messages=MESSAGES, max_tokens=400, stream=True, temperature=0,
         extra_body={"ignore_eos": True},
     )  # fmt: skip
-    chunks = iter(stream)
-    first = next(chunks)
-    for _ in range(3):
-        next(chunks)
-    stream.close()
-    deadline = time.monotonic() + 20
-    recs: list[Any] = []
-    while time.monotonic() < deadline and not recs:
-        recs = [r for r in gateway.usage.records if r.request_id == first.id]
-        time.sleep(0.05)
-    assert len(recs) == 1
-    assert recs[0].client_disconnected and recs[0].finish_reason == "abort"
-    assert 1 <= recs[0].completion_tokens < 400
-    time.sleep(0.2)
-    assert len([r for r in gateway.usage.records if r.request_id == first.id]) == 1
-    assert gateway.engine.stats().num_running == 0
+    assert_aborted_and_metered_once(gateway, leave_stream_early(stream), max_tokens=400)
 
 
 def test_each_of_n_choices_is_paced_apart(gateway: LiveGateway) -> None:

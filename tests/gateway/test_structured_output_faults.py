@@ -20,8 +20,7 @@ import httpx
 import pytest
 
 from gateway.usage import UsageRecord
-from tenancy.limiter.memory import MemoryLimiter
-from tests.utils.live_gateway import LiveGateway, make_test_engine, start_gateway
+from tests.utils.live_gateway import LiveGateway, started_gateway
 
 MESSAGES: Any = [{"role": "user", "content": "Say something."}]
 # Free text, then a lexeme whose language is empty: llguidance compiles it and computes
@@ -38,10 +37,8 @@ NEVER_FINISH = [
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveGateway]:
     """One live gateway over the tiny random model."""
-    tmp = tmp_path_factory.mktemp("structured-faults")
-    gateway, stop = start_gateway(tmp, engine=make_test_engine(tmp), limiter=MemoryLimiter())
-    yield gateway
-    stop()
+    with started_gateway(tmp_path_factory.mktemp("structured-faults")) as gateway:
+        yield gateway
 
 
 def _post(gw: LiveGateway, key: str, client: httpx.Client | None = None, **body: Any) -> Any:

@@ -17,8 +17,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from engine.structured.spec import MAX_SPEC_BYTES
-from tenancy.limiter.memory import MemoryLimiter
-from tests.utils.live_gateway import LiveGateway, make_test_engine, start_gateway
+from tests.utils.live_gateway import LiveGateway, started_gateway
 
 MESSAGES: Any = [{"role": "user", "content": "Describe a pet as JSON."}]
 
@@ -45,10 +44,8 @@ class Pet(BaseModel):
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveGateway]:
     """One live gateway over the tiny random model."""
-    tmp = tmp_path_factory.mktemp("structured")
-    gateway, stop = start_gateway(tmp, engine=make_test_engine(tmp), limiter=MemoryLimiter())
-    yield gateway
-    stop()
+    with started_gateway(tmp_path_factory.mktemp("structured")) as gateway:
+        yield gateway
 
 
 def _post(gw: LiveGateway, key: str, path: str = "/v1/chat/completions", **body: Any) -> Any:

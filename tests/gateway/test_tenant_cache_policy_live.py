@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import logging
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,7 +18,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import uvicorn
 from openai import OpenAI
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -32,8 +30,8 @@ from server.logging_setup import configure_logging
 from server.settings import Settings
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
+from tests.utils.live_gateway import serve_in_thread
 from tests.utils.principals import PEPPER
-from tests.utils.services import free_port
 from tests.utils.tiny_model import make_tiny_model_dir
 
 pytestmark = pytest.mark.slow
@@ -125,25 +123,15 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PolicyGateway]
     )
     app = build_app(settings, engine=engine)
     handler = configure_logging("WARNING", stream=io.StringIO())
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 120
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "gateway did not start"
-        time.sleep(0.05)
+    url, stop = serve_in_thread(app, start_timeout_s=120, stop_timeout_s=60)
     yield PolicyGateway(
-        f"http://127.0.0.1:{port}",
+        url,
         sessions,
         {"Authorization": f"Bearer {admin}"},
         app.state.cache_rules_syncs[settings.model_name],
         engine.tokenizer,
     )
-    server.should_exit = True
-    thread.join(timeout=60)
+    stop()
     for writer in app.state.background_writers:
         writer.close()
     app.state.metering.close()

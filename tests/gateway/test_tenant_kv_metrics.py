@@ -17,7 +17,6 @@ from fastapi.testclient import TestClient
 
 from admin.identity import create_admin_token
 from assembly.app import build_app
-from assembly.database import prepare_database
 from engine.fronts.async_engine import AsyncEngine
 from engine.stats import EngineStats, TenantKVStats
 from engine_hop.client import EngineSnapshot, sum_tenant_kv
@@ -28,8 +27,9 @@ from engine_server.auth import ServiceAuth
 from gateway.metrics import OTHER_TENANT, GatewayMetrics
 from server.settings import Settings
 from tenancy import store
-from tenancy.db import make_engine, make_session_factory
 from tenancy.limiter.memory import MemoryLimiter
+from tests.admin.engine_stand_ins import idle_stats
+from tests.utils.built_app import prepared_sessions
 from tests.utils.fast_fake_model import gateway_test_engine
 from tests.utils.live_gateway import OPERATOR_HEADERS, start_gateway
 from tests.utils.principals import PEPPER
@@ -115,15 +115,11 @@ def test_tenant_labels_are_bounded_and_per_model() -> None:
 
 
 def test_in_process_client_and_replica_set_carry_tenant_kv() -> None:
-    stats = EngineStats(
+    stats = idle_stats(
         num_running=1,
-        num_waiting=0,
         kv_cache_usage=0.1,
-        prefix_cache_queries=0,
-        prefix_cache_hits=0,
         num_preemptions=3,
         num_blocks=64,
-        block_size=16,
         tenant_kv={"t:x": TenantKVStats(5, 3, 0)},
     )
 
@@ -159,8 +155,7 @@ def served(tmp_path: Path) -> Iterator[tuple[TestClient, AsyncEngine, str, dict[
     settings = Settings(
         data_dir=tmp_path, key_pepper=PEPPER, config_refresh_s=0.0, model_name="fake-model"
     )
-    prepare_database(settings)
-    sessions = make_session_factory(make_engine(settings.resolved_database_url))
+    sessions = prepared_sessions(settings)
     tokens: dict[str, str] = {}
     with sessions() as s:
         tenant_id = store.create_tenant(s, name=TENANT).id

@@ -15,8 +15,11 @@ from typing import Any
 import httpx
 import pytest
 
-from tenancy.limiter.memory import MemoryLimiter
-from tests.utils.live_gateway import LiveGateway, make_test_engine, start_gateway
+from tests.utils.live_gateway import (
+    LiveGateway,
+    running,
+    started_gateway,
+)
 from tests.utils.scripted_tools import (
     SCRIPTED,
     TIME_FUNCTION,
@@ -32,19 +35,15 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveGateway]:
     """The tiny random model behind a live gateway (SmolLM2's template: smollm2 format)."""
-    tmp = tmp_path_factory.mktemp("tools")
-    gw, stop = start_gateway(tmp, engine=make_test_engine(tmp), limiter=MemoryLimiter())
-    yield gw
-    stop()
+    with started_gateway(tmp_path_factory.mktemp("tools")) as gw:
+        yield gw
 
 
 @pytest.fixture(scope="module")
 def scripted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveGateway]:
     """The scripted engine answering every greedy request with SCRIPTED; hermes format."""
-    tmp = tmp_path_factory.mktemp("tools-fake")
-    gw, stop = start_scripted_tools_gateway(tmp)
-    yield gw
-    stop()
+    with running(start_scripted_tools_gateway(tmp_path_factory.mktemp("tools-fake"))) as gw:
+        yield gw
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from assembly.app import build_app
-from assembly.database import prepare_database
 from assembly.engine_stats_log import EngineStatsLogger, engine_line
 from assembly.engines import shows_progress
 from assembly.lifespan import with_server_logs
@@ -24,7 +23,7 @@ from engine_hop.client import EngineSnapshot
 from server.logging_setup import configure_logging
 from server.settings import Settings
 from tenancy import store
-from tenancy.db import make_engine, make_session_factory
+from tests.utils.built_app import chat_hi, prepared_sessions
 from tests.utils.fast_fake_model import gateway_test_engine
 from tests.utils.principals import PEPPER
 
@@ -153,19 +152,14 @@ def test_cloister_serve_app_logs_its_summary_and_engine_lines(
         engine_log_interval_s=0.05,
         port=8123,
     )
-    prepare_database(settings)
-    sessions = make_session_factory(make_engine(settings.resolved_database_url))
+    sessions = prepared_sessions(settings)
     with sessions() as s:
         store.create_tenant(s, name="acme")
         key = store.create_key(s, tenant_name="acme", pepper=PEPPER).secret
     app = build_app(settings, engine=gateway_test_engine(num_blocks=64))  # 64 blocks of 16
     try:
         with TestClient(app) as client:
-            r = client.post(
-                "/v1/chat/completions",
-                json={"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]},
-                headers={"Authorization": f"Bearer {key}"},
-            )
+            r = chat_hi(client, key, "fake-model")
             assert r.status_code == 200
             deadline = time.monotonic() + 10
             while len(lines_of(logs, "cloister.engine")) < 2 and time.monotonic() < deadline:

@@ -8,12 +8,14 @@ CLOISTER_GATEWAY_TEST_ENGINE=fake to run the same engine over the fast fake mode
 
 from __future__ import annotations
 
+import asyncio
 import io
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from sqlalchemy.orm import Session, sessionmaker
 
 from engine_hop.in_process import InProcessEngineClient
+from engine_server.link import UVICORN_WS
 from gateway.app import create_app
 from gateway.usage import UsageRecord
 from server.logging_setup import configure_logging
@@ -32,6 +35,7 @@ from tenancy import store
 from tenancy.authenticator import Authenticator
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tenancy.limiter.base import Limiter
+from tenancy.limiter.memory import MemoryLimiter
 from tests.utils.fast_fake_model import gateway_test_engine
 from tests.utils.principals import PEPPER
 from tests.utils.services import free_port
@@ -102,6 +106,10 @@ class LiveGateway:
         self.secrets.append(created.secret)
         return created.secret
 
+    def records(self, request_id: str) -> list[UsageRecord]:
+        """The usage records of the gateway's request id `request_id` so far."""
+        return [r for r in self.usage.records if r.request_id == request_id]
+
     def key_id(self, secret: str) -> str:
         """The id of the key whose secret is `secret`."""
         from tenancy.keys import find_key
@@ -110,6 +118,91 @@ class LiveGateway:
             row = find_key(s, PEPPER, secret)
             assert row is not None
             return row.id
+
+
+def leave_stream_early(stream: Any, chunks: int = 3) -> str:
+    """Reads an SDK stream's first chunk and `chunks` more, then closes it (the client
+    leaves); returns the first chunk's id, the request's id."""
+    read = iter(stream)
+    first = next(read)
+    for _ in range(chunks):
+        next(read)
+    stream.close()
+    return str(first.id)
+
+
+def hold_streams(client: OpenAI, messages: list[dict[str, str]], n: int = 2) -> list[Any]:
+    """Opens `n` greedy chat streams of up to 400 tokens on model "tiny" and reads the
+    first chunk of each, so that each holds its concurrency slot; returns the streams."""
+    streams = [
+        client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=400, stream=True, temperature=0
+        )
+        for _ in range(n)
+    ]
+    for s in streams:
+        next(iter(s))  # holds its slot now
+    return streams
+
+
+def assert_aborted_and_metered_once(gw: LiveGateway, request_id: str, max_tokens: int) -> None:
+    """Waits up to 20 s for the usage record of a stream its client left; checks it is the
+    only one, an abort on disconnect billed 1 to `max_tokens` - 1 tokens, that no second
+    one follows, and that the engine runs nothing any more."""
+    deadline = time.monotonic() + 20
+    recs = gw.records(request_id)
+    while not recs and time.monotonic() < deadline:
+        time.sleep(0.05)
+        recs = gw.records(request_id)
+    assert len(recs) == 1
+    assert recs[0].client_disconnected and recs[0].finish_reason == "abort"
+    assert 1 <= recs[0].completion_tokens < max_tokens
+    time.sleep(0.2)
+    assert len(gw.records(request_id)) == 1
+    assert gw.engine.stats().num_running == 0
+
+
+@dataclass(frozen=True)
+class ThreadServer:
+    """uvicorn serving an app in a daemon thread: its URL, its stop, and its event loop
+    (what the server's own tasks, a drain among them, must run on)."""
+
+    url: str
+    stop: Callable[[], None]
+    loop: asyncio.AbstractEventLoop
+
+
+def start_in_thread(
+    app: Any, start_timeout_s: float = 30.0, stop_timeout_s: float = 30.0
+) -> ThreadServer:
+    """uvicorn on a free loopback port in a daemon thread, started within
+    `start_timeout_s`; its stop waits up to `stop_timeout_s` for the thread."""
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host="127.0.0.1", port=port, log_config=None, lifespan="on", ws=UVICORN_WS
+        )
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + start_timeout_s
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
+        time.sleep(0.02)
+
+    def stop() -> None:
+        server.should_exit = True
+        thread.join(timeout=stop_timeout_s)
+
+    return ThreadServer(f"http://127.0.0.1:{port}", stop, server.servers[0].get_loop())
+
+
+def serve_in_thread(
+    app: Any, start_timeout_s: float = 30.0, stop_timeout_s: float = 30.0
+) -> tuple[str, Callable[[], None]]:
+    """uvicorn on a free loopback port in a daemon thread; returns its URL and stop."""
+    started = start_in_thread(app, start_timeout_s, stop_timeout_s)
+    return started.url, started.stop
 
 
 def start_gateway(
@@ -146,22 +239,31 @@ def start_gateway(
     )
     logs = io.StringIO()
     handler = configure_logging("INFO", stream=logs)
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("gateway did not start")
-        time.sleep(0.02)
+    started = start_in_thread(app, start_timeout_s=60)
 
     def stop() -> None:
-        server.should_exit = True
-        thread.join(timeout=30)
+        started.stop()
         logging.getLogger().removeHandler(handler)
 
-    gw = LiveGateway(f"http://127.0.0.1:{port}", "tiny", engine, sessions, usage, logs, app=app)
+    gw = LiveGateway(started.url, "tiny", engine, sessions, usage, logs, app=app)
     return gw, stop
+
+
+@contextmanager
+def running(started: tuple[LiveGateway, Callable[[], None]]) -> Iterator[LiveGateway]:
+    """The gateway of a `(gateway, stop)` pair, stopped when the block ends."""
+    gw, stop = started
+    try:
+        yield gw
+    finally:
+        stop()
+
+
+@contextmanager
+def started_gateway(tmp_path: Path, engine: Any = None, **settings: Any) -> Iterator[LiveGateway]:
+    """A live gateway over `engine` (by default `make_test_engine(tmp_path)`) with an
+    in-memory limiter, stopped when the block ends; `settings` go to `start_gateway`."""
+    if engine is None:
+        engine = make_test_engine(tmp_path)
+    with running(start_gateway(tmp_path, engine=engine, limiter=MemoryLimiter(), **settings)) as gw:
+        yield gw

@@ -98,6 +98,16 @@ def gate(copier: TierCopier, gates: list[threading.Event]) -> threading.Event:
     return opened
 
 
+def evicted_and_gated(
+    model: pathlib.Path, gates: list[threading.Event]
+) -> tuple[LLM, TierCopier, threading.Event]:
+    """`evicted_to_l2(model)`, its engine's tier copier, and the gate that holds back
+    that copier's loads until it is set."""
+    llm = evicted_to_l2(model)
+    copier = copier_of(llm.engine)
+    return llm, copier, gate(copier, gates)
+
+
 def add(engine: LLMEngine, prompt: list[int], domain: str) -> str:
     return engine.add_request(
         EngineRequest(prompt_token_ids=tuple(prompt), params=GREEDY, cache_domain=domain)
@@ -120,10 +130,8 @@ def finish(engine: LLMEngine, ids: list[str]) -> dict[str, RequestOutput]:
 def test_a_loading_sequence_waits_while_the_batch_runs(
     tiny_model: pathlib.Path, gates: list[threading.Event]
 ) -> None:
-    llm = evicted_to_l2(tiny_model)
+    llm, copier, opened = evicted_and_gated(tiny_model, gates)
     engine = llm.engine
-    copier = copier_of(engine)
-    opened = gate(copier, gates)
     loads_before = engine.stats().kv_tiers[0].loads
     a = add(engine, PROMPT_A, "t:a")
     assert engine.step() == []  # nothing ran: the only sequence waits for its blocks
@@ -158,10 +166,8 @@ def test_a_loading_sequence_waits_while_the_batch_runs(
 def test_a_second_sequence_over_a_loading_block_waits_too(
     tiny_model: pathlib.Path, gates: list[threading.Event]
 ) -> None:
-    llm = evicted_to_l2(tiny_model)
+    llm, copier, opened = evicted_and_gated(tiny_model, gates)
     engine = llm.engine
-    copier = copier_of(engine)
-    opened = gate(copier, gates)
     a = add(engine, PROMPT_A, "t:a")
     assert engine.step() == []
     seq_a = seq_of(engine, a)

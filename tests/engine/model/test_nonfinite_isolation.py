@@ -102,6 +102,19 @@ def _adapter(name: str, seed: int, rank: int = 4, poison: bool = False) -> Adapt
     return AdapterWeights(info, modules)
 
 
+def _fuse_and_quantize(model: LlamaForCausalLM, mode: str, head_int8: bool) -> None:
+    """Fuses `model`'s projections and, unless `mode` is "none", quantizes its weights so
+    (`head_int8`: the LM head's activations in int8 too)."""
+    model.fuse()
+    if mode != "none":
+        model.quantize_weights(
+            mode,  # type: ignore[arg-type]
+            max_rows=None,
+            prefill_bf16=False,
+            head_int8_activations=head_int8,
+        )
+
+
 def _run(
     model: LlamaForCausalLM,
     steps: Sequence[Sequence[Sequence[int]]],
@@ -155,14 +168,7 @@ def test_a_nan_adapter_leaves_other_tenants_logits_bit_identical(
     torch.manual_seed(2)
     model = LlamaForCausalLM(ARCH).eval()
     model.requires_grad_(False)
-    model.fuse()
-    if mode != "none":
-        model.quantize_weights(
-            mode,  # type: ignore[arg-type]
-            max_rows=None,
-            prefill_bf16=False,
-            head_int8_activations=head_int8,
-        )
+    _fuse_and_quantize(model, mode, head_int8)
     assert model.lm_head_quant is None or (model.lm_head_quant.packed is not None) == head_int8
 
     def stacks_with(slot_1: AdapterWeights) -> LoraStacks:
@@ -200,14 +206,7 @@ def test_a_nan_hidden_state_leaves_other_sequences_as_when_alone(
     model = LlamaForCausalLM(arch).eval()
     model.requires_grad_(False)
     model.model.embed_tokens.weight[90] = NAN  # token 90: only sequence 1 reads it
-    model.fuse()
-    if mode != "none":
-        model.quantize_weights(
-            mode,  # type: ignore[arg-type]
-            max_rows=None,
-            prefill_bf16=False,
-            head_int8_activations=head_int8,
-        )
+    _fuse_and_quantize(model, mode, head_int8)
     steps = [[PROMPTS[0], [90, 4, 5], *PROMPTS[2:]], *STEPS[1:]]
     slots = [None] * 4
     batch = _run(model, steps, slots, None, False)

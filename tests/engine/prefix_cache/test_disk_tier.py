@@ -119,6 +119,15 @@ def bury_a(llm: LLM) -> RequestOutput:
     return out
 
 
+def restarted_with_a_on_disk(model: pathlib.Path, path: pathlib.Path, block_bytes: int) -> LLM:
+    """An engine with L3 in `path` buries a's prompt on disk (`bury_a`) and closes; returns
+    a fresh engine over the same disk (empty pool and host tier)."""
+    llm = with_l3(model, path, block_bytes)
+    bury_a(llm)
+    llm.engine.close()
+    return with_l3(model, path, block_bytes)
+
+
 def llm_path(llm: LLM) -> pathlib.Path:
     return disk_of(llm).files.root
 

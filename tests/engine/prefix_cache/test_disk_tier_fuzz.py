@@ -65,23 +65,7 @@ class DiskTieredDriver(TieredDriver):
                 self.d.identity[op.block] = ident
                 self.fetches += 1
             else:
-                self._run_host_op(op)
-
-    def _run_host_op(self, op: object) -> None:
-        from engine.kv_cache.host_tier import TierOp
-
-        assert isinstance(op, TierOp)
-        bs = self.d.kv.block_size
-        if op.kind == "save":
-            self.host[op.slot] = (list(self.d.store[op.block]), self.d.identity.get(op.block))
-        elif op.kind == "load":
-            tokens, ident = self.host[op.slot]
-            self.d.store[op.block] = list(tokens)
-            assert ident is not None
-            self.d.identity[op.block] = ident
-            self.loads += 1
-        else:
-            self.host[op.slot] = ([0] * bs, None)
+                self.run_host_op(op)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

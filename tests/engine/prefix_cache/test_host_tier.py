@@ -16,6 +16,7 @@ import torch
 from engine import LLM, SamplingParams
 from engine.kv_cache.tier_cost import LoadCostRule
 from engine.llm_engine import LLMEngine
+from engine.outputs import RequestOutput
 from tests.utils.tiny_model import make_tiny_model_dir
 
 GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=5)
@@ -34,6 +35,15 @@ def with_l2(model: pathlib.Path, **options: object) -> LLM:
     return LLM(str(model), **opts)  # type: ignore[arg-type]
 
 
+def a_pushed_to_l2(model: pathlib.Path) -> tuple[LLM, RequestOutput]:
+    """An L2 engine where tenant a cached PROMPT_A, then b's flood evicted a's blocks
+    (all but the floor's) down to the host tier; a's first output."""
+    llm = with_l2(model)
+    (first,) = llm.generate([PROMPT_A], GREEDY, cache_domain="t:a")
+    llm.generate([FLOOD_B], GREEDY, cache_domain="t:b")
+    return llm, first
+
+
 def test_evicted_blocks_load_back_with_identical_logits(tiny_model: pathlib.Path) -> None:
     recompute = LLM(str(tiny_model), num_blocks=64, block_size=8, prefix_cache="off")
     (ref,) = recompute.generate([PROMPT_A], GREEDY, cache_domain="t:a")
@@ -43,10 +53,8 @@ def test_evicted_blocks_load_back_with_identical_logits(tiny_model: pathlib.Path
     roomy.generate([PROMPT_A], GREEDY, cache_domain="t:a")
     (device_hit,) = roomy.generate([PROMPT_A], GREEDY, cache_domain="t:a")
     assert device_hit.num_cached_tokens == 56
-    llm = with_l2(tiny_model)
+    llm, first = a_pushed_to_l2(tiny_model)
     engine = llm.engine
-    (first,) = llm.generate([PROMPT_A], GREEDY, cache_domain="t:a")
-    llm.generate([FLOOD_B], GREEDY, cache_domain="t:b")
     tier = engine.kv.tier
     assert tier is not None
     assert tier.stats().write_backs >= 6  # a's evicted blocks went down, not away
@@ -72,10 +80,8 @@ def test_evicted_blocks_load_back_with_identical_logits(tiny_model: pathlib.Path
 
 def test_a_load_that_is_skipped_would_change_the_logits(tiny_model: pathlib.Path) -> None:
     """The test above can fail: blocks that are not filled give other logits."""
-    llm = with_l2(tiny_model)
+    llm, first = a_pushed_to_l2(tiny_model)
     engine = llm.engine
-    (first,) = llm.generate([PROMPT_A], GREEDY, cache_domain="t:a")
-    llm.generate([FLOOD_B], GREEDY, cache_domain="t:b")
     assert engine.host_kv is not None
     for host in engine.host_kv.slots:
         host.zero_()  # as if no write-back had run
@@ -85,12 +91,10 @@ def test_a_load_that_is_skipped_would_change_the_logits(tiny_model: pathlib.Path
 
 
 def test_two_tenants_never_find_each_others_blocks(tiny_model: pathlib.Path) -> None:
-    llm = with_l2(tiny_model)
+    llm, _ = a_pushed_to_l2(tiny_model)
     engine = llm.engine
     tier = engine.kv.tier
     assert tier is not None
-    llm.generate([PROMPT_A], GREEDY, cache_domain="t:a")
-    llm.generate([FLOOD_B], GREEDY, cache_domain="t:b")
     assert tier.domain_blocks().get("t:a", 0) >= 6
     hits_before = tier.stats().hit_blocks
     # Same prompt, another tenant (and another key of tenant a): nothing from a's L2.
@@ -149,12 +153,10 @@ def test_ttl_expiry_holds_in_the_host_tier(tiny_model: pathlib.Path) -> None:
 
 
 def test_cost_rule_recomputes_when_that_is_cheaper(tiny_model: pathlib.Path) -> None:
-    llm = with_l2(tiny_model)
+    llm, _ = a_pushed_to_l2(tiny_model)
     engine = llm.engine
     tier = engine.kv.tier
     assert tier is not None
-    llm.generate([PROMPT_A], GREEDY, cache_domain="t:a")
-    llm.generate([FLOOD_B], GREEDY, cache_domain="t:b")
     slow = LoadCostRule(engine.capacity.bytes_per_block, 8)
     slow.observe_copy(1, 1.0)  # one byte a second: loading never pays
     slow.observe_prefill(100, 1e-3)

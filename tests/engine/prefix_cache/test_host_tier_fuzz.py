@@ -14,7 +14,7 @@ import random
 import pytest
 
 from engine.kv_cache.eviction import CachePolicy
-from engine.kv_cache.host_tier import HostTier
+from engine.kv_cache.host_tier import HostTier, TierOp
 from engine.scheduler.output import SchedulerOutput
 from tests.engine.prefix_cache.cache_driver import CacheDriver, Identity
 
@@ -29,21 +29,22 @@ class TieredDriver:
         self.loads = 0
 
     def run_ops(self) -> None:
-        bs = self.d.kv.block_size
         for op in self.tier.take_ops():
-            if op.kind == "save":
-                self.host[op.slot] = (
-                    list(self.d.store[op.block]),
-                    self.d.identity.get(op.block),
-                )
-            elif op.kind == "load":
-                tokens, ident = self.host[op.slot]
-                self.d.store[op.block] = list(tokens)
-                assert ident is not None
-                self.d.identity[op.block] = ident
-                self.loads += 1
-            else:
-                self.host[op.slot] = ([0] * bs, None)
+            self.run_host_op(op)
+
+    def run_host_op(self, op: TierOp) -> None:
+        """One host-tier op on the fake blocks: save (block -> slot), load (slot ->
+        block) or scrub (the slot zeroed)."""
+        if op.kind == "save":
+            self.host[op.slot] = (list(self.d.store[op.block]), self.d.identity.get(op.block))
+        elif op.kind == "load":
+            tokens, ident = self.host[op.slot]
+            self.d.store[op.block] = list(tokens)
+            assert ident is not None
+            self.d.identity[op.block] = ident
+            self.loads += 1
+        else:
+            self.host[op.slot] = ([0] * self.d.kv.block_size, None)
 
     def step(self) -> SchedulerOutput:
         # The driver schedules and runs in one call: run the ops the lookups of this

@@ -16,12 +16,11 @@ from tests.engine.prefix_cache.test_disk_tier import (
     BLOCK,
     PROMPT_A,
     block_bytes,
-    bury_a,
     disk_of,
     host_of,
+    restarted_with_a_on_disk,
     run,
     tiny_model,
-    with_l3,
 )
 
 __all__ = ["block_bytes", "tiny_model"]  # fixtures shared with test_disk_tier.py
@@ -30,11 +29,8 @@ __all__ = ["block_bytes", "tiny_model"]  # fixtures shared with test_disk_tier.p
 def test_a_block_served_from_disk_is_an_l3_hit_and_not_an_l2_hit(
     tiny_model: pathlib.Path, tmp_path: pathlib.Path, block_bytes: int
 ) -> None:
-    llm = with_l3(tiny_model, tmp_path, block_bytes)
-    bury_a(llm)
-    llm.engine.close()
     # A restarted engine: its pool and host tier are empty, so every hit is on disk.
-    restarted = with_l3(tiny_model, tmp_path, block_bytes)
+    restarted = restarted_with_a_on_disk(tiny_model, tmp_path, block_bytes)
     host, disk = host_of(restarted), disk_of(restarted)
     out = run(restarted, PROMPT_A, "t:a")
     assert out.num_cached_tokens == 7 * BLOCK
@@ -50,10 +46,7 @@ def test_a_block_served_from_disk_is_an_l3_hit_and_not_an_l2_hit(
 def test_a_run_recomputed_instead_counts_in_the_tier_that_held_it(
     tiny_model: pathlib.Path, tmp_path: pathlib.Path, block_bytes: int
 ) -> None:
-    llm = with_l3(tiny_model, tmp_path, block_bytes)
-    bury_a(llm)
-    llm.engine.close()
-    restarted = with_l3(tiny_model, tmp_path, block_bytes)
+    restarted = restarted_with_a_on_disk(tiny_model, tmp_path, block_bytes)
     engine = restarted.engine
     slow = LoadCostRule(engine.capacity.bytes_per_block, BLOCK)
     slow.observe_copy(1, 1.0)  # one byte a second: loading never pays

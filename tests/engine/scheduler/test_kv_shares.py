@@ -153,38 +153,28 @@ def test_a_quota_caps_a_tenants_blocks_and_holds_nobody_else() -> None:
     d.assert_clean()
 
 
+def _tenant_request(prompt_len: int, params: SamplingParams, tenant: str) -> EngineRequest:
+    """A request of `prompt_len` tokens (1, 2, ...) whose fairness key and cache domain
+    are both `tenant`."""
+    return EngineRequest(
+        prompt_token_ids=tuple(range(1, prompt_len + 1)),
+        params=params,
+        fairness_key=tenant,
+        cache_domain=tenant,
+    )
+
+
 def test_a_request_that_can_never_fit_its_quota_is_refused() -> None:
     engine = fast_fake_llm_engine(num_blocks=64, block_size=16)
     engine.kv.apply_rules(CacheRules(domains=(("t:a", DomainRule(kv_quota_blocks=2)),)))
     params = SamplingParams(max_tokens=20, temperature=0)
     with pytest.raises(KVQuotaExceededError, match="KV quota of 2 blocks") as caught:
-        engine.add_request(
-            EngineRequest(
-                prompt_token_ids=tuple(list(range(1, 20))),
-                params=params,
-                fairness_key="t:a",
-                cache_domain="t:a",
-            )
-        )
+        engine.add_request(_tenant_request(19, params, "t:a"))
     assert caught.value.param == "max_tokens"
     assert not engine.scheduler.has_unfinished()
     # 12 + 20 tokens fit 2 blocks of 16; another tenant is not bound by a's quota.
-    engine.add_request(
-        EngineRequest(
-            prompt_token_ids=tuple(list(range(1, 13))),
-            params=params,
-            fairness_key="t:a",
-            cache_domain="t:a",
-        )
-    )
-    engine.add_request(
-        EngineRequest(
-            prompt_token_ids=tuple(list(range(1, 40))),
-            params=params,
-            fairness_key="t:b",
-            cache_domain="t:b",
-        )
-    )
+    engine.add_request(_tenant_request(12, params, "t:a"))
+    engine.add_request(_tenant_request(39, params, "t:b"))
     assert engine.scheduler.num_waiting == 2
 
 
