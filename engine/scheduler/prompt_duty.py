@@ -98,7 +98,8 @@ class PromptDuty:
             if item.num_prompt_tokens:
                 chunks[key] = chunks.get(key, 0) + item.num_prompt_tokens
             else:
-                decoders.add(key)
+                if not item.seq.batch:  # batch decodes are owed nothing (traffic.py)
+                    decoders.add(key)
                 rows += 1
         charged = {key: tokens for key, tokens in chunks.items() if decoders - {key}}
         decode = budget.decode_estimate(rows) if rows else 0.0

@@ -209,16 +209,15 @@ class Scheduler:
         sequences sit this step out for a newcomer's first chunk."""
         if not self.kv_shares.enabled:
             return PrefillShares(self._prefill_left, (), self.tenants.weight), set()
-        decoding = [
-            s.fairness_key for s in self.running if s.num_tokens - s.num_computed_tokens == 1
-        ]
+        decoding = [s for s in self.running if s.num_tokens - s.num_computed_tokens == 1]
         cap = min(self._prefill_left, self.step_budget.contended_cap(len(decoding)))
         shares = self.prefill_split.shares(
             cap, self.running, self.tenants.waiting, self.tenants.weight
         )
-        # Resting matters only beside another tenant's decodes; holding a tenant with
-        # nobody else decoding would leave the step empty for nothing.
-        decoders = set(decoding)
+        # Resting matters only beside another tenant's interactive decodes; holding a
+        # tenant with nobody else decoding would leave the step empty for nothing, and
+        # batch work runs in what interactive work leaves, so its decodes hold no one.
+        decoders = {s.fairness_key for s in decoding if not s.batch}
         shares.hold(k for k in self.prompt_duty.resting() if decoders - {k})
         newcomers = self._newcomers()
         if not newcomers:

@@ -37,7 +37,12 @@ class Driver:
         return cls(Scheduler(cfg, kv, eos_token_ids=frozenset({EOS}), max_model_len=10_000))
 
     def add(
-        self, prompt: list[int], max_tokens: int, seq_id: str | None = None, domain: str = "d"
+        self,
+        prompt: list[int],
+        max_tokens: int,
+        seq_id: str | None = None,
+        domain: str = "d",
+        batch: bool = False,
     ) -> Sequence:
         seq_id = seq_id or f"r{len(self.seqs)}"
         seq = make_sequence(
@@ -48,6 +53,7 @@ class Driver:
             params=SamplingParams(max_tokens=max_tokens, temperature=0),
             max_tokens=max_tokens,
             cache_domain=domain,
+            batch=batch,
         )
         self.seqs.append(seq)
         self.scheduler.add(seq)

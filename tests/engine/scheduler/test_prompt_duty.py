@@ -112,3 +112,21 @@ def test_a_tenant_alone_is_never_held() -> None:
         d.scheduler.observe_step(out, synthetic_cost(out))
         assert any(i.num_prompt_tokens for i in out.scheduled), "an empty step"
     assert all(s.is_finished for s in flood)
+
+
+def test_prompts_beside_batch_decodes_only_owe_nothing() -> None:
+    """Batch work (service_tier flex) runs in the capacity interactive work leaves: an
+    interactive tenant's prompts beside nothing but batch decodes are never held."""
+    d = Driver.make(num_blocks=4096, max_num_batched_tokens=2048, itl_budget_ms=200)
+    warm_up(d)
+    lines = d.add([3, 4, 5, 6], max_tokens=200, domain="batch", batch=True)
+    while lines.num_computed_tokens < len(lines.prompt_token_ids):  # decoding from here on
+        out = d.step()
+        d.scheduler.observe_step(out, synthetic_cost(out))
+    prompts = [d.add([9 + i] * 256, max_tokens=1, domain="interactive") for i in range(4)]
+    while not all(s.is_finished for s in prompts):
+        out = d.step()
+        d.scheduler.observe_step(out, synthetic_cost(out))
+        assert any(i.seq in prompts for i in out.scheduled), "an interactive prompt was held"
+        assert d.scheduler.prompt_duty.resting() == set()
+    assert not lines.is_finished, "set up: the batch line decoded beside them throughout"
