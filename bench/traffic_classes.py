@@ -17,7 +17,9 @@ ignored) for --seconds, in four phases:
 Printed: the interactive TTFT and ITL p50 of phases 3 and 4 over phase 1 (goal: at
 most 1.10 in phase 3), and the batch lines' output rate in phase 3 over the capacity
 the interactive clients leave, C minus their own output rate in phase 3 (goal: at
-least 0.6). The last line is JSON.
+least 0.6). Then the ceiling: the most batch output any schedule can get while
+stretching the interactive steps by at most 10%, from the engine's measured cost of
+a decode row and a prompt token. The last line is JSON.
 
     .venv/bin/python bench/traffic_classes.py --seconds 20
 """
@@ -43,6 +45,9 @@ from engine.request import EngineRequest  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 from server.settings import Settings  # noqa: E402
 
+# The issue's bound on what batch work may add to interactive inter-token time.
+GOAL_ITL_STRETCH = 0.1
+
 
 @dataclass
 class Phase:
@@ -62,9 +67,13 @@ class Phase:
     def summary(self) -> dict[str, Any]:
         """The phase as plain data (ms and tokens/s)."""
         ttft, itl = self.p50(self.ttft_s), self.p50(self.itl_s)
+        itl_mean = statistics.fmean(self.itl_s) if self.itl_s else None
         return {
             "ttft_p50_ms": None if ttft is None else round(ttft * 1000, 1),
             "itl_p50_ms": None if itl is None else round(itl * 1000, 1),
+            # The mean too: a scheduler could keep the median and push the slack into
+            # a few long gaps; this shows whether it did.
+            "itl_mean_ms": None if itl_mean is None else round(itl_mean * 1000, 1),
             "interactive_tok_s": round(self.interactive_tokens / self.seconds, 1),
             "batch_tok_s": round(self.batch_tokens / self.seconds, 1),
             "requests": len(self.ttft_s),
@@ -176,12 +185,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     alone, capacity = phases["interactive alone"].summary(), phases["batch alone"].summary()
     report: dict[str, Any] = {"phases": {k: v.summary() for k, v in phases.items()}}
-    print(f"{'phase':32} {'TTFT p50':>9} {'ITL p50':>8} {'inter tok/s':>11} {'batch tok/s':>11}")
+    head = f"{'phase':32} {'TTFT p50':>9} {'ITL p50':>8} {'ITL mean':>8}"
+    print(f"{head} {'inter tok/s':>11} {'batch tok/s':>11}")
     for name, phase in phases.items():
         s = phase.summary()
         print(
             f"{name:32} {s['ttft_p50_ms'] or '-':>9} {s['itl_p50_ms'] or '-':>8} "
-            f"{s['interactive_tok_s']:>11} {s['batch_tok_s']:>11}"
+            f"{s['itl_mean_ms'] or '-':>8} {s['interactive_tok_s']:>11} {s['batch_tok_s']:>11}"
         )
     for key, label in (("both, lines as batch (flex)", "flex"), ("both, one class (peer)", "peer")):
         s = phases[key].summary()
@@ -198,6 +208,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"{report[label]['batch_share_of_left']:.0%} of the capacity left"
         )
     flex = report["flex"]
+    report["ceiling"] = _ceiling(engine, args, capacity, phases["both, lines as batch (flex)"])
+    if report["ceiling"] is not None:
+        c = report["ceiling"]
+        print(
+            f"ceiling: a batch line's output token costs {c['ms_per_batch_token']} ms of "
+            f"step time on this machine, so batch work that stretches interactive steps "
+            f"by at most {GOAL_ITL_STRETCH:.0%} reaches at most {c['batch_tok_s']} tok/s, "
+            f"{c['share_of_left']:.0%} of the capacity left"
+        )
     within = [flex["ttft_ratio"], flex["itl_ratio"]]
     report["goals_met"] = {
         # A phase too short for a second token has no ITL: no ratio, so not met.
@@ -206,6 +225,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     print(json.dumps(report))
     return report
+
+
+def _ceiling(
+    engine: LLMEngine, args: argparse.Namespace, capacity: dict[str, Any], flex: Phase
+) -> dict[str, Any] | None:
+    """The most batch output a scheduler can get beside the interactive clients while
+    stretching their steps by at most GOAL_ITL_STRETCH on average: from the engine's own
+    measured cost of one more decode row and of a prompt token (a line's prompt is paid
+    once over its --new-tokens). When every row costs compute, as on a CPU, this is far
+    below the capacity left; on a GPU a few more rows cost next to nothing."""
+    costs = engine.scheduler.step_budget.marginal_costs()
+    if costs is None:
+        return None
+    row_s, token_s = costs
+    per_batch_token = row_s + token_s * args.prompt_tokens / args.new_tokens
+    if per_batch_token <= 0:
+        return None
+    # Of each second, the stretched steps spend stretch / (1 + stretch) on batch work.
+    rate = GOAL_ITL_STRETCH / (1 + GOAL_ITL_STRETCH) / per_batch_token
+    left = capacity["batch_tok_s"] - flex.summary()["interactive_tok_s"]
+    return {
+        "ms_per_batch_token": round(per_batch_token * 1000, 2),
+        "batch_tok_s": round(rate, 1),
+        "share_of_left": round(rate / max(left, 1e-9), 3),
+    }
 
 
 def _ratio(value: float | None, reference: float | None) -> float | None:

@@ -66,6 +66,9 @@ class Scheduler:
         self._prefill_left = config.max_num_batched_tokens  # this step's, while scheduling
         # Which tenants share the step's prompt tokens (those with work, and a grace).
         self.prefill_split = PrefillSplit()
+        # Batch work alone splits among its own tenants: their grace never reaches
+        # interactive work's split (a batch tenant is no party to it, _split_parties).
+        self.batch_prefill_split = PrefillSplit()
         # Which tenants' prompt chunks sit out steps that carry others' decodes.
         self.prompt_duty = PromptDuty()
         self._prompted: set[str] = set()  # tenants with prompt chunks in the last step
@@ -189,8 +192,8 @@ class Scheduler:
 
     def _batch_pace(self) -> BatchPace | None:
         """This step's allowance for batch work beside interactive work (traffic.py)."""
-        if newest_batch(self.running) is None:
-            return None
+        if newest_batch(self.running) is None and self._interactive_waiting == len(self.waiting):
+            return None  # no batch work at all
         rows = sum(1 for s in self.running if not s.batch)
         pace = batch_pace(
             self.running, self._batch_turn, self.step_budget.extra_within(rows, BATCH_SLACK)
@@ -210,10 +213,9 @@ class Scheduler:
         if not self.kv_shares.enabled:
             return PrefillShares(self._prefill_left, (), self.tenants.weight), set()
         decoding = [s for s in self.running if s.num_tokens - s.num_computed_tokens == 1]
+        split, running, waiting_keys = self._split_parties()
         cap = min(self._prefill_left, self.step_budget.contended_cap(len(decoding)))
-        shares = self.prefill_split.shares(
-            cap, self.running, self.tenants.waiting, self.tenants.weight
-        )
+        shares = split.shares(cap, running, waiting_keys, self.tenants.weight)
         # Resting matters only beside another tenant's interactive decodes; holding a
         # tenant with nobody else decoding would leave the step empty for nothing, and
         # batch work runs in what interactive work leaves, so its decodes hold no one.
@@ -236,6 +238,17 @@ class Scheduler:
         if self.kv.pool.num_free == 0:
             return shares, set()
         return shares, ahead - self._rows_held
+
+    def _split_parties(self) -> tuple[PrefillSplit, list[Sequence], set[str]]:
+        """The split, running sequences and waiting tenants the prompt tokens are split
+        among: while interactive work runs or waits, only it. Batch prompt tokens beside
+        it come from the pace's allowance (traffic.py); a part for a batch tenant would
+        halve an interactive prompt's chunks and lengthen its time to first token."""
+        running = [s for s in self.running if not s.batch]
+        waiting = {s.fairness_key for s in self.waiting if not s.batch}
+        if running or waiting:
+            return self.prefill_split, running, waiting
+        return self.batch_prefill_split, self.running, set(self.tenants.waiting)
 
     def _newcomers(self) -> set[str]:
         """Tenants with nothing running and a request never admitted, under a policy that
@@ -581,6 +594,7 @@ class Scheduler:
         self.kv.free(seq)
         if not self.running and len(self.waiting) == 0:
             self.prefill_split.clear()
+            self.batch_prefill_split.clear()
             self.prompt_duty.clear()
         if seq.adapter_digest is not None and self.adapter_slots is not None:
             assert seq.adapter is not None

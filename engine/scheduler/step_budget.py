@@ -118,14 +118,11 @@ class StepBudget:
         within (1 + slack) times their cost: from a line through the medians measured
         per number of rows, and the cost per prompt token. None until two row counts
         are measured; rows that cost nothing measurable are not limited."""
-        points = [(r, statistics.median(ts)) for r, ts in self._decode_by_rows.items() if ts]
-        if len(points) < 2:
+        line = self._row_line()
+        if line is None:
             return None
-        mean_r = statistics.fmean(r for r, _ in points)
-        mean_t = statistics.fmean(t for _, t in points)
-        spread = sum((r - mean_r) ** 2 for r, _ in points)
-        slope = sum((r - mean_r) * (t - mean_t) for r, t in points) / spread
-        base = mean_t + slope * (rows - mean_r)
+        intercept, slope = line
+        base = intercept + slope * rows
         room = slack * base
         if base <= 0 or room <= 0:
             return None
@@ -133,6 +130,27 @@ class StepBudget:
         extra_rows = self.max_tokens if slope <= 0 else int(room / slope)
         extra_tokens = self.max_tokens if per_token <= 0 else int(room / per_token)
         return extra_rows, extra_tokens
+
+    def marginal_costs(self) -> tuple[float, float] | None:
+        """(seconds one more decode row adds to a step, seconds per prompt token), from
+        the line through the medians per number of rows; None until two row counts and a
+        prompt chunk are measured."""
+        line = self._row_line()
+        if line is None or not self._per_token_s:
+            return None
+        return line[1], statistics.median(self._per_token_s)
+
+    def _row_line(self) -> tuple[float, float] | None:
+        """(intercept, slope) of the least-squares line through the median decode step
+        per number of rows; None until two row counts are measured."""
+        points = [(r, statistics.median(ts)) for r, ts in self._decode_by_rows.items() if ts]
+        if len(points) < 2:
+            return None
+        mean_r = statistics.fmean(r for r, _ in points)
+        mean_t = statistics.fmean(t for _, t in points)
+        spread = sum((r - mean_r) ** 2 for r, _ in points)
+        slope = sum((r - mean_r) * (t - mean_t) for r, t in points) / spread
+        return mean_t - slope * mean_r, slope
 
     def _compute_cap(self) -> int:
         assert self.itl_budget_s is not None

@@ -22,6 +22,9 @@ def test_a_tiny_run_reports_every_phase(capsys: pytest.CaptureFixture[str]) -> N
     assert phases["batch alone"]["interactive_tok_s"] == 0 < phases["batch alone"]["batch_tok_s"]
     assert phases["interactive alone"]["requests"] > 0
     assert set(report["goals_met"]) == {"interactive_within_10pct", "batch_60pct_of_left"}
+    assert phases["interactive alone"]["itl_mean_ms"] > 0
+    ceiling = report["ceiling"]  # row and prompt costs are measured in the four phases
+    assert ceiling["ms_per_batch_token"] > 0 and ceiling["batch_tok_s"] > 0
 
 
 def test_a_phase_without_samples_has_no_ratio_and_misses_its_goal() -> None:
@@ -31,3 +34,20 @@ def test_a_phase_without_samples_has_no_ratio_and_misses_its_goal() -> None:
 
     assert _ratio(None, 10.0) is None and _ratio(12.0, None) is None
     assert _ratio(11.0, 10.0) == 1.1
+
+
+def test_the_ceiling_prices_a_batch_token_at_a_row_and_its_share_of_the_prompt() -> None:
+    import argparse
+    from types import SimpleNamespace
+
+    from bench.traffic_classes import Phase, _ceiling
+
+    budget = SimpleNamespace(marginal_costs=lambda: (0.002, 0.001))  # 2 ms a row, 1 a token
+    engine = SimpleNamespace(scheduler=SimpleNamespace(step_budget=budget))
+    args = argparse.Namespace(prompt_tokens=64, new_tokens=32)
+    flex = Phase("flex", interactive_tokens=700, seconds=10.0)  # 70 tok/s
+    got = _ceiling(engine, args, {"batch_tok_s": 170.0}, flex)  # type: ignore[arg-type]
+    # 2 ms + 64/32 * 1 ms = 4 ms a token; 0.1/1.1 of each second: 22.7 tok/s of 100 left.
+    assert got == {"ms_per_batch_token": 4.0, "batch_tok_s": 22.7, "share_of_left": 0.227}
+    budget.marginal_costs = lambda: None
+    assert _ceiling(engine, args, {"batch_tok_s": 170.0}, flex) is None  # type: ignore[arg-type]

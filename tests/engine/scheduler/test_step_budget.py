@@ -226,3 +226,14 @@ def test_the_batch_slack_is_read_off_a_line_through_the_costs_per_row() -> None:
     assert (rows, tokens) == (0, 3)
     rows, tokens = budget.extra_within(10, 0.5) or (0, 0)
     assert (rows, tokens) == (6, 32)  # 130 ms: 65 ms of slack
+    row_s, token_s = budget.marginal_costs() or (0.0, 0.0)
+    assert (row_s, token_s) == pytest.approx((0.010, 0.002))
+
+
+def test_marginal_costs_wait_for_two_row_counts_and_a_prompt_chunk() -> None:
+    budget = StepBudget(0.2, 2048)
+    budget.observe(0, 2, 0.050)
+    budget.observe(64, 2, 0.050 + 64 * 0.002)
+    assert budget.marginal_costs() is None  # one row count: no slope yet
+    budget.observe(0, 6, 0.090)
+    assert budget.marginal_costs() == pytest.approx((0.010, 0.002))

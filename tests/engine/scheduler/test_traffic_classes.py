@@ -13,6 +13,7 @@ from engine.errors import InvalidRequestError
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 from engine.scheduler.output import SchedulerOutput
+from engine.scheduler.step_budget import MIN_PREFILL_TOKENS
 from engine.sequence import Sequence
 from tests.engine.prefix_cache.cache_driver import CacheDriver
 
@@ -139,5 +140,39 @@ def test_beside_interactive_work_batch_rows_take_turns() -> None:
         assert {u.seq_id for u in users} <= ids(out)
         assert sum(item.seq.batch for item in out.scheduled) == 1
     assert all(s.num_computed_tokens > before[s.seq_id] for s in batch)  # each had a turn
+    d.run()
+    d.assert_clean()
+
+
+def test_an_interactive_prompt_beside_batch_work_keeps_the_whole_prompt_budget() -> None:
+    # Two tenants with work split a step's prompt tokens; a batch tenant is not one of
+    # them while interactive work runs (its prompt tokens come from the pace), so the
+    # one interactive tenant's prompt goes in one step as it would alone.
+    d = CacheDriver.make("hash", num_blocks=256, max_num_seqs=8, max_num_batched_tokens=64)
+    batch = [add(d, 10 + i, 60, batch=True) for i in range(2)]
+    for _ in range(3):
+        d.step()
+    assert all(s.num_computed_tokens > 8 for s in batch)  # decoding
+    user = add(d, 99, 4, batch=False, prompt=48)
+    d.step()
+    assert user.num_computed_tokens == 48
+    d.run()
+    d.assert_clean()
+
+
+def test_before_step_costs_are_measured_a_batch_prompt_beside_users_goes_in_small_chunks() -> None:
+    # Until the step budget knows what a batch row and a prompt token cost, a batch
+    # prompt beside interactive decodes takes at most the budget's least chunk a step,
+    # never the whole token budget (which would stretch the users' step many times).
+    d = CacheDriver.make("hash", num_blocks=256, max_num_seqs=8, max_num_batched_tokens=256)
+    users = [add(d, 20 + i, 40, batch=False) for i in range(2)]
+    d.step()
+    big = add(d, 10, 4, batch=True, prompt=128)
+    chunks: list[int] = []
+    while big.num_computed_tokens < 128:
+        out = d.step()
+        assert {u.seq_id for u in users} <= ids(out)
+        chunks += [i.num_new_tokens for i in out.scheduled if i.seq is big]
+    assert max(chunks) == MIN_PREFILL_TOKENS and sum(chunks) == 128
     d.run()
     d.assert_clean()
