@@ -13,7 +13,7 @@ registry lists only adapters not retired), so an in-use adapter drains.
 
 The database is read and written off the event loop. A failure (database, a bad
 adapter folder, an engine refusal) is logged once per adapter and cause and retried
-next period; an engine that serves no adapters is noted once and left alone.
+next period.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from assembly.periodic_sync import PeriodicSync
-from engine_hop.adapters import AdapterInfo, AdapterInUseError, AdaptersUnsupportedError
+from engine_hop.adapters import AdapterInfo, AdapterInUseError
 
 if TYPE_CHECKING:
     pass
@@ -96,7 +96,6 @@ class AdapterSync(PeriodicSync):
         self._client = client
         self._sessions = sessions
         super().__init__(max(MIN_INTERVAL_S, interval_s))
-        self._unsupported = False
         self._failed: dict[str, str] = {}  # adapter -> the last failure logged for it
 
     def _read(self) -> list[WantedAdapter]:
@@ -109,8 +108,6 @@ class AdapterSync(PeriodicSync):
 
     async def sync_once(self) -> bool:
         """One pass; True when it loaded or unloaded an adapter. Never raises."""
-        if self._unsupported:
-            return False
         try:
             wanted = await asyncio.to_thread(self._read)
         except Exception:  # noqa: BLE001  (any read failure: retry next period)
@@ -130,10 +127,6 @@ class AdapterSync(PeriodicSync):
                 continue
             try:
                 info = await self._client.load_adapter(name, want.source_path)
-            except AdaptersUnsupportedError as exc:
-                self._unsupported = True
-                log.warning("%s; registered adapters are not served", exc)
-                return changed
             except Exception as exc:  # noqa: BLE001  (a bad folder must not stop the rest)
                 self._note_failure(name, "loading", exc)
                 continue

@@ -221,9 +221,7 @@ class EngineClient(Protocol):
         ...
 
     async def load_adapter(self, name: str, path: str) -> AdapterInfo:
-        """Loads the PEFT adapter at `path` as `name` (idempotent for the same files).
-
-        Raises `AdaptersUnsupportedError` when this engine serves no adapters."""
+        """Loads the PEFT adapter at `path` as `name` (idempotent for the same files)."""
         ...
 
     async def unload_adapter(self, name: str) -> None:
@@ -231,7 +229,7 @@ class EngineClient(Protocol):
         ...
 
     def adapters(self) -> list[AdapterInfo]:
-        """The adapters loaded now (empty for an engine that serves none)."""
+        """The adapters loaded now (empty when none is)."""
         ...
 
     def stats(self) -> EngineSnapshot:

@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from engine.kv_cache.cache_rules import CacheRules
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest
 from engine.structured.spec import StructuredSpec
-from engine_hop.adapters import AdapterInfo, AdaptersUnsupportedError
+from engine_hop.adapters import AdapterInfo
 from engine_hop.client import EngineSnapshot, TokenizerLike
 from engine_hop.replicas import IN_PROCESS, ReplicaState
 
 if TYPE_CHECKING:
     from engine.fronts.async_engine import AsyncEngine
     from engine.fronts.process_engine import ProcessEngine
-
-Call = TypeVar("Call", bound=Callable[..., object])
 
 
 class InProcessEngineClient:
@@ -57,27 +55,17 @@ class InProcessEngineClient:
         """Forwards to `EngineFront.update_cache_rules`."""
         await self._engine.update_cache_rules(rules)
 
-    def _adapter_call(self, call: Call | None) -> Call:
-        """One of the front's adapter calls; a front that serves no adapters has them
-        set to None."""
-        if call is None:
-            raise AdaptersUnsupportedError(f"engine {self.model_name!r} does not serve adapters")
-        return call
-
     async def load_adapter(self, name: str, path: str) -> AdapterInfo:
-        """Forwards to the front's `load_adapter`."""
-        load: Callable[[str, str], Awaitable[AdapterInfo]] | None = self._engine.load_adapter
-        return await self._adapter_call(load)(name, path)
+        """Forwards to `EngineFront.load_adapter`."""
+        return await self._engine.load_adapter(name, path)
 
     async def unload_adapter(self, name: str) -> None:
-        """Forwards to the front's `unload_adapter` (AdapterInUseError while in use)."""
-        unload: Callable[[str], Awaitable[None]] | None = self._engine.unload_adapter
-        await self._adapter_call(unload)(name)
+        """Forwards to `EngineFront.unload_adapter` (AdapterInUseError while in use)."""
+        await self._engine.unload_adapter(name)
 
     def adapters(self) -> list[AdapterInfo]:
-        """The front's loaded adapters; none when it serves no adapters."""
-        listing: Callable[[], Iterable[AdapterInfo]] | None = self._engine.adapters
-        return [] if listing is None else list(listing())
+        """The front's loaded adapters (`EngineFront.adapters`)."""
+        return self._engine.adapters()
 
     def stats(self) -> EngineSnapshot:
         """Copies the fields the gateway exports out of `AsyncEngine.stats()`."""

@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -110,12 +110,8 @@ class EngineLink:
         self._connections: set[_Connection] = set()
         self._idle = asyncio.Event()
         self._idle.set()
-        # The engine's own fronts say when a report has been routed: events are batched
-        # until then. Another front's events go one frame each.
-        after_each_report = getattr(server.front, "after_each_report", None)
-        self.batches = after_each_report is not None
-        if after_each_report is not None:
-            after_each_report(self.flush)
+        # The front says when a report has been routed: events are batched until then.
+        server.front.after_each_report(self.flush)
 
     def flush(self) -> None:
         """Sends each connection's batched events."""
@@ -320,7 +316,6 @@ class _LinkRequest:
         self.connection, self.request_id = connection, request_id
         self.span: GenerateSpan | None = None
         self.ended = False
-        self._pump: asyncio.Future[None] | None = None
 
     async def submit(self, body: dict[str, Any], headers: Mapping[str, str]) -> None:
         """Submits the request, or sends its refusal."""
@@ -339,26 +334,8 @@ class _LinkRequest:
             self._refuse(refusal(FAILED, "the engine server failed"))
             return
         if self.connection.says_accepted:  # before any event, which `listen` may hand over
-            self._send({"id": self.request_id, ACCEPTED_KEY: 1})
-        listen = getattr(stream, "listen", None)
-        if listen is not None:  # the engine's own fronts
-            listen(self.on_item)
-        else:  # any other async iterator of events
-            self._pump = asyncio.ensure_future(self._pumped(stream))
-            self.connection.track(self._pump)
-
-    async def _pumped(self, stream: AsyncIterator[StreamEvent]) -> None:
-        """Feeds a stream that cannot be listened to into `on_item`, from a task."""
-        try:
-            async for event in stream:
-                self.on_item(event)
-        except Exception as exc:
-            self.on_item(exc)
-        finally:
-            aclose = getattr(stream, "aclose", None)
-            if aclose is not None:
-                with contextlib.suppress(Exception):
-                    await aclose()
+            self.connection.post_event({"id": self.request_id, ACCEPTED_KEY: 1})
+        stream.listen(self.on_item)
 
     def _refuse(self, refusal: Refusal) -> None:
         if not self.ended:
@@ -376,7 +353,7 @@ class _LinkRequest:
                 return
             if self.span is not None:
                 self.span.observe(item)
-            self._send({"id": self.request_id, "e": event_to_compact(item)})
+            self.connection.post_event({"id": self.request_id, "e": event_to_compact(item)})
             if item.finished:
                 self._end(None)
         except Exception:  # never break the report the other requests' events are in
@@ -386,21 +363,11 @@ class _LinkRequest:
                 failure = "the engine server could not send the request's events"
                 self.connection.post({"id": self.request_id, "f": failure})
 
-    def _send(self, message: dict[str, Any]) -> None:
-        """Sends one of the request's messages, batched with the step's events where the
-        engine's front reports steps."""
-        if self.connection.link.batches:
-            self.connection.post_event(message)
-        else:
-            self.connection.post(message)
-
     def leave(self) -> None:
         """The gateway aborted the request or went away: stop it in the engine."""
         if self.ended:
             return
         self._end(None, aborted=True)
-        if self._pump is not None:
-            self._pump.cancel()
         self.connection.abort_in_engine(self.request_id)
 
     def _end(self, error: BaseException | None, *, aborted: bool = False) -> None:

@@ -1,6 +1,6 @@
 """The adapter seams without a server: model-name parsing, the in-process client over
-fronts with and without adapter calls, the registry sync's failure handling, and the
-lora info gauge's sources."""
+a front's adapter calls, the registry sync's failure handling, and the lora info
+gauge's sources."""
 
 from __future__ import annotations
 
@@ -19,18 +19,14 @@ from engine.errors import AdapterInUseError as EngineInUse
 from engine.fronts.async_engine import AsyncEngine
 from engine.lora.peft import AdapterInfo as EngineAdapterInfo
 from engine.model.hf_loader import architecture_from_config
-from engine_hop.adapters import AdapterInfo, AdaptersUnsupportedError
+from engine_hop.adapters import AdapterInfo
 from engine_hop.adapters import AdapterInUseError as GatewayInUse
 from engine_hop.client import EngineSnapshot
 from engine_hop.in_process import InProcessEngineClient
 from gateway.adapters import split_model
 from gateway.metrics import GatewayMetrics
 from tenancy.db import make_engine, make_session_factory, upgrade_database
-from tests.utils.fast_fake_model import (
-    GATEWAY_ENGINE_OPTIONS,
-    fast_fake_llm_engine,
-    gateway_test_engine,
-)
+from tests.utils.fast_fake_model import GATEWAY_ENGINE_OPTIONS, fast_fake_llm_engine
 from tests.utils.lora_adapters import make_peft_adapter
 from tests.utils.tiny_model import tiny_config
 
@@ -40,18 +36,6 @@ def test_split_model() -> None:
     assert split_model("org/model:a:b") == ("org/model", "a:b")
     for plain in ("tiny", "tiny:", ":adapter"):
         assert split_model(plain) == (plain, None)
-
-
-def test_a_front_without_adapter_calls_says_so_clearly() -> None:
-    front = gateway_test_engine()
-    for name in ("load_adapter", "unload_adapter", "adapters"):
-        setattr(front, name, None)  # shadow the front's methods: an engine without LoRA
-    client = InProcessEngineClient(front, model_name="tiny")
-    with pytest.raises(AdaptersUnsupportedError, match="'tiny' does not serve adapters"):
-        asyncio.run(client.load_adapter("a", "/x"))
-    with pytest.raises(AdaptersUnsupportedError):
-        asyncio.run(client.unload_adapter("a"))
-    assert client.adapters() == []
 
 
 def test_the_engines_in_use_error_and_records_reach_the_gateway_as_they_are() -> None:
@@ -127,20 +111,6 @@ def test_the_sync_loads_what_it_can_logs_a_failure_once_and_marks_loaded(
     with sessions() as s:
         statuses = {a.name: a.status for a in registry.list_adapters(s)}
     assert statuses == {"good": "loaded", "bad": "registered", "elsewhere": "registered"}
-
-
-def test_the_sync_leaves_an_engine_without_adapters_alone(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'r.db'}"
-    upgrade_database(url)
-    sessions = make_session_factory(make_engine(url))
-    with sessions() as s:
-        registry.register_model(s, name="m", source="/x", format="gguf", context_length=64)
-        registry.register_adapter(s, name="a", base_model="m", rank=2, source_path="/a")
-    front = gateway_test_engine()
-    front.load_adapter = None  # type: ignore[assignment,method-assign]
-    sync = AdapterSync(InProcessEngineClient(front, model_name="m"), sessions, interval_s=0.0)
-    assert asyncio.run(sync.sync_once()) is False
-    assert asyncio.run(sync.sync_once()) is False
 
 
 def _info_lines(metrics: GatewayMetrics) -> list[str]:

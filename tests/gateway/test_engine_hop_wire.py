@@ -10,8 +10,7 @@ import asyncio
 import dataclasses
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import httpx
 import orjson
@@ -19,7 +18,8 @@ import pytest
 from starlette.requests import Request
 
 from engine.errors import EngineDeadError, EngineOverloadedError, InvalidRequestError
-from engine.fronts.async_engine import AsyncEngine
+from engine.fronts.async_engine import AsyncEngine, RequestStream
+from engine.fronts.core_loop import AbortRequest, RequestFailure, StepReport
 from engine.outputs import (
     CompletionDelta,
     PositionLogprobs,
@@ -54,61 +54,68 @@ class ScriptedEngine(AsyncEngine):
     queue does), and fails the requests whose prompt starts with `FAIL` after their
     first event.
 
-    Its streams are not the front's own (`RequestStream`s): every event is stamped with
-    metrics (see `_stamped`), so the engine server's link reads them one by one and
-    sends one frame an event. It says nothing of when a report has been routed either
-    (no `after_each_report`): the link's batching of a report's events into one array
-    frame is left out, as tests/gateway/test_engine_link.py reads raw frames one
-    message an event.
+    Its streams are the front's own (`RequestStream`s); what the engine reports is
+    scripted before the front routes it (`_on_report`): every event is stamped with
+    metrics, and a `FAIL` request's first event comes with that request's failure, as
+    the engine reports a request that failed in a step.
     """
 
     FAIL = 99
     MAX_LIVE = 4
-    after_each_report = None  # type: ignore[assignment]
 
     def __init__(self) -> None:
         super().__init__(fast_fake_llm_engine(**GATEWAY_ENGINE_OPTIONS, compute_s=0.01))
         self.abort_calls: list[str] = []
         self.submitted: list[str] = []
+        self._arrivals: dict[str, float] = {}  # request id -> when it was submitted
+        self._failing: set[str] = set()  # FAIL requests whose first event is to come
 
     @property
     def running(self) -> set[str]:
         """The ids of the requests the front has not ended yet."""
         return set(self._streams)
 
-    def submit(self, request: EngineRequest) -> Any:
-        """The engine's stream, or one that breaks after its first event."""
+    def submit(self, request: EngineRequest) -> RequestStream:
+        """The engine's stream; a `FAIL` request's fails after its first event."""
         self.submitted.append(request.request_id)  # refused or not
         if len(self.running) >= self.MAX_LIVE:
             raise overloaded()
-        stream = self._stamped(super().submit(request))
-        if request.prompt_token_ids[0] != self.FAIL:
-            return stream
-        return self._failing(request.request_id, stream)
+        stream = super().submit(request)
+        self._arrivals[request.request_id] = time.time()
+        if request.prompt_token_ids[0] == self.FAIL:
+            self._failing.add(request.request_id)
+        return stream
 
-    @staticmethod
-    async def _stamped(stream: AsyncIterator[StreamEvent]) -> AsyncIterator[StreamEvent]:
-        """The stream, each event with metrics: the engine times a request on its last
-        event only; the others get the time so far, as an engine timing every step
-        would, so that the hop's carrying them is checked on every event."""
-        arrival = time.time()
-        async for event in stream:
+    def _on_report(self, report: StepReport) -> None:
+        """Routes `report` with each event stamped with metrics: the engine times a
+        request on its last event only; the others get the time so far, as an engine
+        timing every step would, so that the hop's carrying them is checked on every
+        event. A `FAIL` request's first event is followed by its failure, and the request
+        is aborted in the engine (as the engine drops a request that failed)."""
+        now = time.time()
+        events: list[StreamEvent] = []
+        failures = list(report.failures)
+        failed: set[str] = set()
+        for event in report.events:
+            rid = event.request_id
+            if rid in failed:
+                continue
+            arrival = self._arrivals.get(rid, now)
             if event.metrics is None:
-                now = time.time()
                 event = dataclasses.replace(
                     event, metrics=RequestMetrics(arrival, arrival, now, None)
                 )
-            yield event
-
-    async def _failing(
-        self, rid: str, stream: AsyncIterator[StreamEvent]
-    ) -> AsyncIterator[StreamEvent]:
-        try:
-            async for event in stream:
-                yield event
-                raise RuntimeError("the device fell over")
-        finally:
-            await super().abort(rid)  # as the real front ends a request that failed
+            events.append(event)
+            if rid in self._failing:
+                self._failing.discard(rid)
+                failed.add(rid)
+                failures.append(RequestFailure(rid, RuntimeError("the device fell over")))
+                self._send(AbortRequest(rid, next(self._abort_tokens)))
+            if event.finished or rid in failed:
+                self._arrivals.pop(rid, None)
+        super()._on_report(
+            dataclasses.replace(report, events=tuple(events), failures=tuple(failures))
+        )
 
     async def abort(self, request_id: str) -> None:
         """Aborts, then records the call (once the request's blocks are free)."""

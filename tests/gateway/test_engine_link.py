@@ -1,8 +1,9 @@
 """The link: the gateway's requests to an engine server over one WebSocket.
 
-In one process (fast): an engine server app over the scripted fake engine, served
-by uvicorn in a thread, reached by `RemoteEngineClient` on its default transport (the
-link) and, for hostile frames, by a raw aiohttp WebSocket.
+In one process (fast): an engine server app over the scripted front (the real one over
+the fake fast model, tests/gateway/test_engine_hop_wire.py), served by uvicorn in a
+thread, reached by `RemoteEngineClient` on its default transport (the link) and, for
+hostile frames, by a raw aiohttp WebSocket.
 """
 
 from __future__ import annotations
@@ -136,17 +137,20 @@ def test_the_link_refuses_a_handshake_without_the_service_credential(served: Ser
 
 
 async def frames_until(ws: aiohttp.ClientWebSocketResponse, request_id: str) -> list[Any]:
-    """The frames for `request_id` up to its last (finished, refused or failed)."""
+    """The messages for `request_id` up to its last (finished, refused or failed), each
+    on its own: a frame of one engine step's events (an array) is read message by
+    message."""
     got = []
     while True:
         message = await asyncio.wait_for(ws.receive(), 10)
         assert message.type == aiohttp.WSMsgType.BINARY, message
         frame = orjson.loads(message.data)
-        if frame.get("id") != request_id:
-            continue
-        got.append(frame)
-        if "x" in frame or "f" in frame or frame["e"]["f"]:
-            return got
+        for one in frame if isinstance(frame, list) else [frame]:
+            if one.get("id") != request_id:
+                continue
+            got.append(one)
+            if "x" in one or "f" in one or one["e"]["f"]:
+                return got
 
 
 def test_hostile_frames_are_refused_and_the_link_keeps_serving(served: Served) -> None:

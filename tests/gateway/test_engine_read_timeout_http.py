@@ -10,10 +10,9 @@ abort, exactly one usage record is kept, and another tenant's stream is not held
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ import httpx
 import orjson
 import pytest
 
-from engine.fronts.async_engine import AsyncEngine
+from engine.fronts.async_engine import AsyncEngine, RequestStream
 from engine.outputs import StreamEvent
 from engine.request import EngineRequest
 from engine_server.app import EngineServer
@@ -39,6 +38,22 @@ READ_TIMEOUT_S = 0.8
 REPLY = "abcdefgh" * 10
 
 
+class SilencedStream(RequestStream):
+    """A request's stream (the front's own, routed as usual) that hands on its first
+    `after` items, then nothing: the request goes on in the engine, its consumer hears
+    no more of it."""
+
+    def __init__(self, stream: RequestStream, after: int) -> None:
+        super().__init__(stream.request_id, stream.prompt, stream.key, stream.size)
+        self._left = after
+
+    def put(self, item: StreamEvent | BaseException) -> None:
+        """Hands `item` on while the stream still speaks; drops it after."""
+        if self._left > 0:
+            self._left -= 1
+            super().put(item)
+
+
 class SilentEngine(AsyncEngine):
     """The real front over the fake fast model, answering greedy requests one character
     a token (tests/utils/scripted_engine.py); it falls silent on prompts that say
@@ -49,26 +64,23 @@ class SilentEngine(AsyncEngine):
         super().__init__(inject_script(llm, one_token_per_char(llm, REPLY)))
         self.abort_calls: list[str] = []
 
-    def submit(self, request: EngineRequest) -> Any:
+    def submit(self, request: EngineRequest) -> RequestStream:
         """The engine's stream, or one that goes silent."""
         stream = super().submit(request)
         # The gateway's client (tests/gateway/test_engine_link.py) tokenizes bytes.
         text = bytes(t for t in request.prompt_token_ids if t < 256).decode(errors="ignore")
         if "STALL-FIRST" in text:
-            return self._silent(stream, after=0)
+            return self._silenced(stream, after=0)
         if "STALL-MID" in text:
-            return self._silent(stream, after=2)
+            return self._silenced(stream, after=2)
         return stream
 
-    async def _silent(
-        self, stream: AsyncIterator[StreamEvent], after: int
-    ) -> AsyncIterator[StreamEvent]:
-        sent = 0
-        async for event in stream:
-            if sent == after:
-                await asyncio.Event().wait()  # stuck until the request is cancelled
-            sent += 1
-            yield event
+    def _silenced(self, stream: RequestStream, after: int) -> RequestStream:
+        """`stream` replaced, where the front routes the request's events, by one that
+        goes silent after `after` items (nothing was routed to it yet)."""
+        silent = SilencedStream(stream, after)
+        self._streams[stream.request_id] = silent
+        return silent
 
     async def abort(self, request_id: str) -> None:
         """Records the call, then aborts."""
