@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # ...and platform/ ahead of this folder, whose engine_hop.py would shadow the package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "platform"))
 
+from bench.nearest_rank import nearest_rank  # noqa: E402
 from engine.model.tokenizer import load_tokenizer  # noqa: E402
 from engine_hop.replica_set import ReplicaSetClient  # noqa: E402
 from tests.gateway.engine_servers import SERVICE_TOKEN, engine_servers, gateway_over  # noqa: E402
@@ -125,8 +126,7 @@ def build_sessions(w: Workload) -> list[Session]:
 
 def percentile(xs: Sequence[float], q: float) -> float:
     """Nearest-rank percentile (0 when empty)."""
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(q * len(s)))] if s else 0.0
+    return nearest_rank(xs, q) if xs else 0.0
 
 
 def complete(

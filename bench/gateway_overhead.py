@@ -60,6 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "platform"))
 from assembly.engine_options import serve_engine_options  # noqa: E402
 from bench.floor_gateway import serve_floor  # noqa: E402
 from bench.litellm_peer import litellm_proxy  # noqa: E402
+from bench.nearest_rank import nearest_rank  # noqa: E402
 from cloister.commands.serve import run_server  # noqa: E402
 from engine.fronts.async_engine import AsyncEngine  # noqa: E402
 from engine.request import EngineRequest  # noqa: E402
@@ -126,12 +127,6 @@ def cpu_s(pid: int, *, main_thread_only: bool = False) -> float | None:
     return sum(used[p] for p in tree) / tick
 
 
-def percentile(values: list[float], q: float) -> float:
-    """The q-quantile (0..1) by nearest rank."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 async def sequential(call: Call, n: int, first: int) -> list[float]:
     """Latencies of `n` calls one after another."""
     out = []
@@ -196,8 +191,8 @@ def ms(seconds: float) -> float:
 
 def figures(direct: list[float], gateway: list[float]) -> dict[str, float]:
     """p50/p99 of both sides and the differences."""
-    d50, d99 = statistics.median(direct), percentile(direct, 0.99)
-    g50, g99 = statistics.median(gateway), percentile(gateway, 0.99)
+    d50, d99 = statistics.median(direct), nearest_rank(direct, 0.99)
+    g50, g99 = statistics.median(gateway), nearest_rank(gateway, 0.99)
     return {
         "direct_p50_ms": ms(d50),
         "direct_p99_ms": ms(d99),

@@ -148,6 +148,16 @@ def random_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[
     return torch.randint(1, vocab - 1, (count, length), generator=gen).tolist()
 
 
+def ragged_prompts(
+    count: int, below: int, vocab: int, seed: int
+) -> tuple[list[int], list[list[int]]]:
+    """The parity checks' inputs: `count` seeded lengths in [4, `below`) and a seeded
+    random prompt of each (`random_prompts`, seed + its index)."""
+    gen = torch.Generator().manual_seed(seed)
+    lens: list[int] = torch.randint(4, below, (count,), generator=gen).tolist()
+    return lens, [random_prompts(1, n, vocab, seed + i)[0] for i, n in enumerate(lens)]
+
+
 def weight_bytes(model: torch.nn.Module) -> int:
     """Bytes of every distinct parameter (a tied matrix once)."""
     return sum(p.numel() * p.element_size() for p in model.parameters())
@@ -337,9 +347,7 @@ def bf16_parity(
     """Greedy tokens of `dtype` on `device` vs float32 on the CPU, same random weights."""
     arch = arch_from_shape(shape, 512)
     cpu = torch.device("cpu")
-    gen = torch.Generator().manual_seed(seed)
-    lens = torch.randint(4, 48, (num_prompts,), generator=gen).tolist()
-    prompts = [random_prompts(1, n, arch.vocab_size, seed + i)[0] for i, n in enumerate(lens)]
+    lens, prompts = ragged_prompts(num_prompts, 48, arch.vocab_size, seed)
     blocks = num_prompts * -(-(max(lens) + steps) // BLOCK_SIZE) + 8
 
     def run(run_dtype: torch.dtype, run_device: torch.device, backend: str) -> Any:

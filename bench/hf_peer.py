@@ -207,12 +207,8 @@ def parity(
     """Greedy tokens, same random weights and device: ours vs HF (float32, and bfloat16 on
     CUDA), and our triton attention backend vs our torch one. `passed` is the float32
     comparison's; the others are reported with their rounding explanation."""
-    gen = torch.Generator().manual_seed(seed)
-    lens = torch.randint(4, 80, (num_prompts,), generator=gen).tolist()
+    lens, prompts = gpu_engine.ragged_prompts(num_prompts, 80, shape.vocab_size, seed)
     arch = gpu_engine.arch_from_shape(shape, max(lens) + steps + 64)
-    prompts = [
-        gpu_engine.random_prompts(1, n, arch.vocab_size, seed + i)[0] for i, n in enumerate(lens)
-    ]
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     cuda = device.type == "cuda"
     dtypes = [torch.float32] + ([torch.bfloat16] if cuda else [])

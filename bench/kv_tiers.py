@@ -64,6 +64,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.arg_types import at_least  # noqa: E402
+from bench.nearest_rank import nearest_rank  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.request import EngineRequest  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
@@ -91,12 +92,6 @@ class Result:
     l3_loads: int = 0
     l3_write_backs: int = 0
     l3_recomputed_instead: int = 0
-
-
-def percentile(xs: list[float], q: float) -> float:
-    """Nearest-rank percentile."""
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 def own_bound(previous: list[int] | None, prompt: list[int], block: int) -> int:
@@ -213,8 +208,8 @@ def serve(args: argparse.Namespace, name: str, engine: LLMEngine) -> Result:
         device_hit_rate=max(0, cached - l2_served - l3_served) / prompts,
         l2_hit_rate=l2_served / prompts,
         l3_hit_rate=l3_served / prompts,
-        ttft_p50=percentile(ttfts, 0.5),
-        ttft_p95=percentile(ttfts, 0.95),
+        ttft_p50=nearest_rank(ttfts, 0.5),
+        ttft_p95=nearest_rank(ttfts, 0.95),
         ttft_mean=statistics.fmean(ttfts),
         requests=len(ttfts),
         cross_tenant_hits=cross,
@@ -286,8 +281,8 @@ def short_result(args: argparse.Namespace, side: ShortSide, prompt_tokens: int) 
         hit_rate=side.cached / prompts,
         device_hit_rate=max(0, side.cached - l2_served) / prompts,
         l2_hit_rate=l2_served / prompts,
-        ttft_p50=percentile(side.ttfts, 0.5),
-        ttft_p95=percentile(side.ttfts, 0.95),
+        ttft_p50=nearest_rank(side.ttfts, 0.5),
+        ttft_p95=nearest_rank(side.ttfts, 0.95),
         ttft_mean=statistics.fmean(side.ttfts),
         requests=len(side.ttfts),
         cross_tenant_hits=side.cross_tenant_hits,
@@ -355,7 +350,8 @@ def run_short(args: argparse.Namespace) -> dict[str, object]:
     # split says whether a slower L2 comes from its write-backs or from its loads.
     first = args.short_tenants
     by_round = {
-        part: percentile(sides[1].ttfts[cut], 0.5) / max(1e-9, percentile(sides[0].ttfts[cut], 0.5))
+        part: nearest_rank(sides[1].ttfts[cut], 0.5)
+        / max(1e-9, nearest_rank(sides[0].ttfts[cut], 0.5))
         for part, cut in (("first_round", slice(None, first)), ("later_rounds", slice(first, None)))
         if sides[0].ttfts[cut]
     }

@@ -20,12 +20,17 @@ import argparse
 import json
 import random
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from engine.llm_engine import LLMEngine
-from engine.request import EngineRequest
-from engine.sampling_params import SamplingParams
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.nearest_rank import nearest_rank  # noqa: E402
+from engine.llm_engine import LLMEngine  # noqa: E402
+from engine.request import EngineRequest  # noqa: E402
+from engine.sampling_params import SamplingParams  # noqa: E402
 
 
 @dataclass
@@ -50,12 +55,6 @@ class Result:
     ttft_p50: float
     ttft_p95: float
     requests: int
-
-
-def percentile(xs: list[float], q: float) -> float:
-    """Nearest-rank percentile."""
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 def replay_upper_bound(prompts: list[tuple[int, list[int]]], published: int, bs: int) -> float:
@@ -142,8 +141,8 @@ def run(args: argparse.Namespace, mode: str, isolated: bool) -> Result:
         cached / max(1, prompt_tokens),
         replay_upper_bound(prompts, len(published), args.block_size),
         statistics.fmean(ttfts),
-        percentile(ttfts, 0.5),
-        percentile(ttfts, 0.95),
+        nearest_rank(ttfts, 0.5),
+        nearest_rank(ttfts, 0.95),
         len(ttfts),
     )
 

@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "platform"))
 
 from assembly.engine_options import serve_engine_options  # noqa: E402
+from bench.nearest_rank import nearest_rank  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.request import EngineRequest  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
@@ -148,9 +149,7 @@ class Cell:
 
 def percentile(sorted_xs: list[float], q: float) -> float | None:
     """Nearest-rank percentile of an ascending list; None when it is empty."""
-    if not sorted_xs:
-        return None
-    return sorted_xs[min(len(sorted_xs) - 1, int(q * len(sorted_xs)))]
+    return nearest_rank(sorted_xs, q) if sorted_xs else None
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -30,6 +30,7 @@ from admin.errors import Unauthenticated
 from admin.identity import AdminIdentity, authenticate_admin
 from admin.roles import OPERATOR_ROLES, Role
 from admin.settings import AdminSettings
+from admin.source_paths import SourcePathError, check_source
 from admin.upload_intake import UploadSlots
 from server.request_ids import REQUEST_ID_HEADER, request_ids_of, valid_client_id
 from tenancy import store
@@ -135,6 +136,16 @@ class AdminContext:
             action, resource, fn, detail=lambda r: {"after": public(r).model_dump(mode="json")}
         )
         return public(created)
+
+    def check_source(self, source: str, action: str, resource: str) -> None:
+        """400 unless `source` may be registered (admin/source_paths.py: under the model
+        roots, regular files only); the refusal is audited as an invalid `action`, like
+        any refused write, since it never reaches `write`."""
+        try:
+            check_source(source, self.services.settings.model_roots)
+        except SourcePathError as exc:
+            self.audit(action, resource, outcome="invalid")
+            raise HTTPException(400, str(exc)) from exc
 
     def require(self, *roles: Role) -> None:
         """403 (audited) unless the caller has one of `roles`."""

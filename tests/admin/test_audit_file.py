@@ -8,6 +8,7 @@ import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 import pytest
@@ -98,22 +99,22 @@ def test_an_export_verifies_offline(cli: click.Group, export_lines: list[str]) -
     assert re.match(rf"FAILED at line {_line_of(export_lines, 'checkpoint', 4)}\b", out)
 
 
-def _changed_field(lines: list[str]) -> list[str]:
+def _record_6_edited(lines: list[str], edit: Callable[[dict[str, Any]], None]) -> list[str]:
+    """The export with record 6 parsed, changed in place by `edit` and written back."""
     out = list(lines)
     n = _line_of(lines, "record", 6) - 1
     item = json.loads(out[n])
-    item["actor"] = "token:adm_someone_else"
+    edit(item)
     out[n] = json.dumps(item, separators=(",", ":"))
     return out
+
+
+def _changed_field(lines: list[str]) -> list[str]:
+    return _record_6_edited(lines, lambda item: item.update(actor="token:adm_someone_else"))
 
 
 def _changed_detail(lines: list[str]) -> list[str]:
-    out = list(lines)
-    n = _line_of(lines, "record", 6) - 1
-    item = json.loads(out[n])
-    item["detail"]["weight"] = 99
-    out[n] = json.dumps(item, separators=(",", ":"))
-    return out
+    return _record_6_edited(lines, lambda item: item["detail"].update(weight=99))
 
 
 def _deleted(lines: list[str]) -> list[str]:

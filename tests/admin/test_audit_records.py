@@ -12,6 +12,7 @@ from admin import registry
 from admin.audit_log import AuditLog, event_dict
 from admin.identity import create_admin_token
 from admin.models import AuditEvent
+from tests.admin.stand_in_models import register_stand_in
 from tests.utils.admin_db import migrated_postgres
 from tests.utils.admin_env import PEPPER, AdminEnv
 
@@ -52,12 +53,9 @@ def test_updates_record_before_after_actor_name_and_request_id(env: AdminEnv) ->
     assert update["detail"] == {"weight": 2.5, "before": {"weight": 1.0}, "after": {"weight": 2.5}}
 
     with env.sessions() as s:
-        registry.register_model(
+        register_stand_in(
             s,
-            name="m",
-            source="/m",
-            format="gguf",
-            context_length=8,
+            "m",
             prices=registry.Prices(1, 1, 2),
         )
     body = {"input_price": 3, "cached_input_price": 1, "output_price": 6}

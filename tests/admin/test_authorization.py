@@ -14,6 +14,7 @@ from admin.identity import create_admin_token
 from admin.models import AuditEvent
 from admin.roles import ROLES
 from tenancy import store
+from tests.admin.stand_in_models import register_stand_in
 from tests.utils.admin_env import PEPPER, AdminEnv
 
 OK = {200, 201}
@@ -296,7 +297,7 @@ def _routes(env: AdminEnv) -> set[tuple[str, str]]:
 
 def _fixtures(env: AdminEnv) -> dict[str, Any]:
     with env.sessions() as s:
-        registry.register_model(s, name="base", source="/m", format="gguf", context_length=8)
+        register_stand_in(s, "base")
         registry.register_adapter(s, name="ad1", base_model="base", rank=4, source_path="/a")
         ids = {t.name: t.id for t in store.list_tenants(s)}
 

@@ -24,6 +24,7 @@ from admin.usage_store import write_usage
 from gateway.usage import UsageRecord
 from tenancy import store
 from tenancy.errors import InvalidValueError
+from tests.admin.stand_in_models import register_stand_in
 from tests.utils.admin_db import migrated_sessions
 from tests.utils.admin_env import AdminEnv
 from tests.utils.admin_seed import usage_record
@@ -56,9 +57,7 @@ def _full_cost(prices: registry.Prices) -> int:
 def test_a_batch_line_is_stored_as_batch_and_costs_half_by_default(tmp_path: Path) -> None:
     sessions = _sessions(tmp_path)
     with sessions() as s:
-        registry.register_model(
-            s, name="m", source="/m", format="gguf", context_length=8, prices=PRICES, now=T0
-        )
+        register_stand_in(s, "m", prices=PRICES, now=T0)
     # Through the gateway's sink, as RequestLifecycle hands its records over.
     sink = MeteringSink(sessions, tmp_path / "spool.jsonl", clock=lambda: WHEN).start()
     sink.record(_record("r-interactive", batch=False))
@@ -83,9 +82,7 @@ def test_the_discount_of_the_price_in_force_is_taken_off(
 ) -> None:
     sessions = _sessions(tmp_path)
     with sessions() as s:
-        registry.register_model(
-            s, name="m", source="/m", format="gguf", context_length=8, prices=PRICES, now=T0
-        )
+        register_stand_in(s, "m", prices=PRICES, now=T0)
         priced = registry.Prices(PRICES.input, PRICES.cached_input, PRICES.output, discount)
         registry.set_price(s, model="m", prices=priced, effective_from=WHEN)
         before = usage_row(_record("r-before", batch=True), WHEN - dt.timedelta(minutes=1))
@@ -101,7 +98,7 @@ def test_the_discount_of_the_price_in_force_is_taken_off(
 def test_the_registry_and_the_database_refuse_a_discount_out_of_range(tmp_path: Path) -> None:
     sessions = _sessions(tmp_path)
     with sessions() as s:
-        registry.register_model(s, name="m", source="/m", format="gguf", context_length=8)
+        register_stand_in(s, "m")
         for bad in (-1, 101):
             with pytest.raises(InvalidValueError, match="batch_discount_pct"):
                 registry.set_price(s, model="m", prices=registry.Prices(1, 1, 1, bad))
@@ -190,9 +187,7 @@ def _two_kinds(env: AdminEnv) -> tuple[str, int, int]:
     with env.sessions() as s:
         tenant = store.get_tenant(s, "alpha").id
         priced = registry.Prices(PRICES.input, PRICES.cached_input, PRICES.output, 40)
-        registry.register_model(
-            s, name="m", source="/m", format="gguf", context_length=8, prices=priced, now=T0
-        )
+        register_stand_in(s, "m", prices=priced, now=T0)
         rows = [
             usage_row(_record(f"r{i}", batch=i >= 3, tenant=tenant), WHEN + dt.timedelta(minutes=i))
             for i in range(5)
@@ -247,9 +242,7 @@ def test_an_hour_split_by_a_discount_change_keeps_batch_and_interactive_apart(
     sessions = _sessions(tmp_path)
     change = WHEN.replace(minute=30)
     with sessions() as s:
-        registry.register_model(
-            s, name="m", source="/m", format="gguf", context_length=8, prices=PRICES, now=T0
-        )
+        register_stand_in(s, "m", prices=PRICES, now=T0)
         cheaper = registry.Prices(PRICES.input, PRICES.cached_input, PRICES.output, 80)
         registry.set_price(s, model="m", prices=cheaper, effective_from=change)
         uses = [

@@ -18,6 +18,7 @@ from admin.billing_export import build_statement, render_statement
 from admin.metering import MeteringSink
 from admin.models import UsageRow
 from gateway.usage import UsageRecord
+from tests.admin.stand_in_models import register_stand_in
 from tests.utils.admin_db import migrated_sessions
 from tests.utils.admin_seed import usage_record
 
@@ -48,9 +49,7 @@ def _meter(
 def test_export_totals_equal_the_requests(tmp_path: Path, price_change: bool) -> None:
     sessions = migrated_sessions(tmp_path / "b.db")
     with sessions() as s:
-        registry.register_model(
-            s, name="m", source="/m", format="gguf", context_length=8, prices=P1, now=START
-        )
+        register_stand_in(s, "m", prices=P1, now=START)
         if price_change:
             registry.set_price(s, model="m", prices=P2, effective_from=MID)
     # 300 requests spread over the month; each stamped with its own time of use.
@@ -129,18 +128,10 @@ def test_unpriced_usage_is_marked_and_a_price_of_zero_is_not(tmp_path: Path) -> 
     sessions = migrated_sessions(tmp_path / "b.db")
     with sessions() as s:
         # "free": deliberately priced at 0; "later": no price until MID; "never": none at all.
-        registry.register_model(
-            s,
-            name="free",
-            source="/m",
-            format="gguf",
-            context_length=8,
-            prices=registry.FREE,
-            now=START,
-        )
-        registry.register_model(s, name="later", source="/m", format="gguf", context_length=8)
+        register_stand_in(s, "free", prices=registry.FREE, now=START)
+        register_stand_in(s, "later")
         registry.set_price(s, model="later", prices=P1, effective_from=MID)
-        registry.register_model(s, name="never", source="/m", format="gguf", context_length=8)
+        register_stand_in(s, "never")
         assert registry.price_in_force(s, model="never", when=MID) is None
         assert registry.price_at(s, model="never", when=MID) == registry.FREE
         assert registry.price_in_force(s, model="free", when=MID) == registry.FREE
@@ -194,9 +185,7 @@ def test_unpriced_usage_is_marked_and_a_price_of_zero_is_not(tmp_path: Path) -> 
 def test_rejected_requests_are_never_billable_even_with_tokens(tmp_path: Path) -> None:
     sessions = migrated_sessions(tmp_path / "b.db")
     with sessions() as s:
-        registry.register_model(
-            s, name="m", source="/m", format="gguf", context_length=8, prices=P1, now=START
-        )
+        register_stand_in(s, "m", prices=P1, now=START)
     uses = [_record_of(1, "m"), _record_of(2, "m", status=500), _record_of(3, "m", status=499)]
     _meter(sessions, tmp_path, [(MID, record) for record in uses])
     with sessions() as s:
@@ -214,9 +203,7 @@ def test_rejected_requests_are_never_billable_even_with_tokens(tmp_path: Path) -
 def test_an_hour_with_a_price_change_is_split_at_the_change(tmp_path: Path) -> None:
     sessions = migrated_sessions(tmp_path / "b.db")
     with sessions() as s:
-        registry.register_model(
-            s, name="m", source="/m", format="gguf", context_length=8, prices=P1, now=START
-        )
+        register_stand_in(s, "m", prices=P1, now=START)
         registry.set_price(s, model="m", prices=P2, effective_from=MID)  # 12:30
     early, late = MID - dt.timedelta(minutes=20), MID + dt.timedelta(minutes=20)
     _meter(sessions, tmp_path, [(early, _record_of(1, "m")), (late, _record_of(2, "m", tokens=20))])

@@ -13,6 +13,7 @@ from admin import registry
 from admin.billing_export import FIELDS
 from admin.usage_store import write_usage
 from tenancy import store
+from tests.admin.stand_in_models import register_stand_in
 from tests.utils.admin_env import AdminEnv
 
 P = "/admin/api/v1"
@@ -43,10 +44,8 @@ def _row(i: int, tenant_id: str, model: str, status: int = 200, tokens: int = 40
 def test_billing_export_reconciles_with_the_usage_api(env: AdminEnv) -> None:
     with env.sessions() as s:
         ids = {t.name: t.id for t in store.list_tenants(s)}
-        registry.register_model(
-            s, name="priced", source="/m", format="gguf", context_length=8, prices=PRICES, now=DAY
-        )
-        registry.register_model(s, name="nopri", source="/m", format="gguf", context_length=8)
+        register_stand_in(s, "priced", prices=PRICES, now=DAY)
+        register_stand_in(s, "nopri")
         rows = [_row(i, ids["alpha" if i % 3 else "beta"], "priced") for i in range(30)]
         rows += [_row(100 + i, ids["alpha"], "nopri") for i in range(4)]
         rows += [_row(200 + i, ids["beta"], "priced", status=429) for i in range(3)]

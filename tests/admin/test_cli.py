@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from cloister.commands import admin as admin_cmd
 from cloister.commands import audit as audit_cmd
 from cloister.commands import billing as billing_cmd
+from tests.admin.stand_in_models import register_stand_in
 from tests.utils.admin_env import SIGNING_SEED
 
 
@@ -75,7 +76,6 @@ def test_billing_export_command(cli: click.Group) -> None:
 def test_billing_export_command_marks_unpriced_usage(cli: click.Group) -> None:
     import datetime as dt
 
-    from admin import registry
     from admin.usage_store import write_usage
     from server.settings import Settings
     from tenancy.db import make_engine, make_session_factory, upgrade_database
@@ -85,7 +85,7 @@ def test_billing_export_command_marks_unpriced_usage(cli: click.Group) -> None:
     sessions = make_session_factory(make_engine(url))
     when = dt.datetime(2026, 11, 3, 10, tzinfo=dt.UTC)
     with sessions() as s:
-        registry.register_model(s, name="nopri", source="/m", format="gguf", context_length=8)
+        register_stand_in(s, "nopri")
         row = {
             "request_id": "r1",
             "occurred_at": when.isoformat(),

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from admin.models import AuditEvent
+from tests.admin.stand_in_models import register_stand_in
 from tests.utils.admin_env import AdminEnv
 
 P = "/admin/api/v1"
@@ -158,10 +159,9 @@ def test_tenant_max_output_tokens_bad_values_are_400_by_name(env: AdminEnv, valu
 
 @pytest.mark.parametrize("value", [0, -1, 10**9, "x", True, 513, 10**7 + 1, 1.5, "64"])
 def test_model_max_output_tokens_bad_values_are_400_by_name(env: AdminEnv, value: Any) -> None:
-    from admin import registry
 
     with env.sessions() as s:
-        registry.register_model(s, name="tiny", source="/m", format="gguf", context_length=512)
+        register_stand_in(s, "tiny", context_length=512)
     admin = env.token("admin")
     r = env.client.patch(f"{P}/models/tiny", json={"max_output_tokens": value}, headers=admin)
     assert r.status_code == 400, r.text

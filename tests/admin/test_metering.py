@@ -20,6 +20,7 @@ from admin.metering import MeteringSink, usage_row
 from admin.models import UsageHourly, UsageRow
 from admin.usage_store import ROLLUP_SUMS, write_usage
 from gateway.usage import UsageGuard, UsageRecord
+from tests.admin.stand_in_models import register_stand_in
 from tests.utils.admin_db import migrated_engine, migrated_postgres, migrated_sessions
 from tests.utils.admin_seed import usage_record
 from tests.utils.services import postgres_database
@@ -179,9 +180,7 @@ def _database(kind: str, tmp_path: Path) -> Iterator[tuple[sa.Engine, sessionmak
             url = stack.enter_context(postgres_database())
         engine, sessions = stack.enter_context(migrated_engine(url))
         with sessions() as s:
-            registry.register_model(
-                s, name="m", source="/m", format="gguf", context_length=8, prices=P, now=T0
-            )
+            register_stand_in(s, "m", prices=P, now=T0)
         yield engine, sessions
 
 

@@ -12,6 +12,7 @@ from sqlalchemy import select
 from admin import registry
 from admin.audit_log import event_dict
 from admin.models import AuditEvent
+from tests.admin.stand_in_models import register_stand_in
 from tests.utils.admin_env import AdminEnv
 
 P = "/admin/api/v1"
@@ -29,7 +30,7 @@ def admin(env: AdminEnv) -> dict[str, str]:
     """An admin's headers, with models big, small and tiny registered (no fallbacks)."""
     with env.sessions() as s:
         for name in ("big", "small", "tiny"):
-            registry.register_model(s, name=name, source="/m", format="gguf", context_length=512)
+            register_stand_in(s, name, context_length=512)
     return env.token("admin")
 
 

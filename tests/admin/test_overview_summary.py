@@ -9,6 +9,7 @@ import pytest
 
 from admin import registry
 from admin.overview_stats import StatsSampler
+from tests.admin.stand_in_models import register_stand_in
 from tests.utils.admin_env import AdminEnv
 from tests.utils.admin_seed import seed_usage
 
@@ -33,12 +34,9 @@ def seeded(env: AdminEnv) -> AdminEnv:
     """alpha: 2 served requests and one 500 now; beta: one served and one 429 now, and one
     served request 3 hours ago (outside a 1 h window, inside today unless just past midnight)."""
     with env.sessions() as s:
-        registry.register_model(
+        register_stand_in(
             s,
-            name="priced",
-            source="/m",
-            format="gguf",
-            context_length=8,
+            "priced",
             prices=PRICES,
             now=dt.datetime(2020, 1, 1, tzinfo=dt.UTC),
         )

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from admin import registry
 from admin.models import AuditEvent
 from engine_hop.in_process import InProcessEngineClient
 from tests.admin.engine_stand_ins import FixedStatsEngine, connect_engines, idle_stats
+from tests.admin.stand_in_models import register_stand_in
 from tests.utils.admin_env import AdminEnv
 
 P = "/admin/api/v1"
@@ -218,7 +218,7 @@ def test_only_admins_change_policy(env: AdminEnv) -> None:
 def test_withdraw_prefix_is_audited_and_unknown_is_404(env: AdminEnv) -> None:
     admin = env.token("admin")
     with env.sessions() as s:
-        registry.register_model(s, name="base", source="/m", format="gguf", context_length=8)
+        register_stand_in(s, "base")
     r = env.client.post(
         f"{P}/prefixes", json={"name": "sys", "model": "base", "text": "You are"}, headers=admin
     )
@@ -258,7 +258,7 @@ def test_withdraw_prefix_is_audited_and_unknown_is_404(env: AdminEnv) -> None:
 )
 def test_bad_prefix_is_400(env: AdminEnv, body: dict[str, Any]) -> None:
     with env.sessions() as s:
-        registry.register_model(s, name="base", source="/m", format="gguf", context_length=8)
+        register_stand_in(s, "base")
     r = env.client.post(f"{P}/prefixes", json=body, headers=env.token("admin"))
     assert r.status_code == 400, r.text
     assert env.client.get(f"{P}/prefixes", headers=env.token("admin")).json()["total"] == 0

@@ -28,6 +28,7 @@ from cloister.cli import main
 from cloister.commands.serve import load_settings
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
+from tests.admin.stand_in_models import register_stand_in
 from tests.utils.admin_env import AdminEnv, make_env
 from tests.utils.services import postgres_database
 
@@ -79,11 +80,9 @@ def _usage(env: AdminEnv) -> tuple[set[str], set[str]]:
     april = dt.datetime(2026, 4, 1, tzinfo=dt.UTC)
     with env.sessions() as s:
         alpha, beta = (store.get_tenant(s, n).id for n in ("alpha", "beta"))
-        registry.register_model(
-            s, name="priced", source="/m", format="gguf", context_length=8, prices=PRICES, now=april
-        )
+        register_stand_in(s, "priced", prices=PRICES, now=april)
         registry.set_price(s, model="priced", prices=LATER_PRICES, effective_from=REPRICED_AT)
-        registry.register_model(s, name="late", source="/m", format="gguf", context_length=8)
+        register_stand_in(s, "late")
         registry.set_price(s, model="late", prices=PRICES, effective_from=LATE_PRICED_AT)
         old = [
             _row("apr-1", alpha, "priced", april + dt.timedelta(days=3, minutes=7)),

@@ -27,7 +27,6 @@ from admin.schemas.adapters import (
 )
 from admin.schemas.common import Page
 from admin.serialize import Limit, Offset, adapter_public, page
-from admin.source_paths import SourcePathError, check_source
 from admin.upload_intake import new_upload_dir, receive_to_file, remove_upload_dir
 from tenancy import store
 from tenancy.errors import InvalidValueError, NotFoundError
@@ -74,11 +73,7 @@ def adapter_runtime(request: Request) -> AdapterRuntimeMap:
 def register_adapter(ctx: Ctx, body: AdapterCreate) -> AdapterPublic:
     """Registers an adapter already on disk (PEFT folder, under the model roots)."""
     resource = f"adapters/{body.name}"
-    try:
-        check_source(body.source_path, ctx.services.settings.model_roots)
-    except SourcePathError as exc:
-        ctx.audit("adapter.register", resource, outcome="invalid")
-        raise HTTPException(400, str(exc)) from exc
+    ctx.check_source(body.source_path, "adapter.register", resource)
     owner = _owner_id(ctx, body.owner_tenant)
     return ctx.write_new(
         "adapter.register",

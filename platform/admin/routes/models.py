@@ -13,7 +13,6 @@ from admin.roles import PLATFORM_READ, PLATFORM_WRITE
 from admin.schemas.common import Page
 from admin.schemas.models import ModelCreate, ModelDetail, ModelPublic, ModelUpdate, PriceCreate
 from admin.serialize import Limit, Offset, model_detail, model_public, price_public
-from admin.source_paths import SourcePathError, check_source
 from tenancy.errors import NotFoundError
 
 router = APIRouter(prefix="/models", tags=["models"], route_class=CappedJsonRoute)
@@ -39,11 +38,7 @@ def list_models(
 @router.post("", status_code=201, dependencies=[allow(PLATFORM_WRITE)])
 def register_model(ctx: Ctx, body: ModelCreate) -> ModelPublic:
     """Registers a model with its first price; its source must lie under the model roots."""
-    try:
-        check_source(body.source, ctx.services.settings.model_roots)
-    except SourcePathError as exc:
-        ctx.audit("model.register", f"models/{body.name}", outcome="invalid")
-        raise HTTPException(400, str(exc)) from exc
+    ctx.check_source(body.source, "model.register", f"models/{body.name}")
     prices = body.prices()
     return ctx.write_new(
         "model.register",
