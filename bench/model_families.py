@@ -7,6 +7,7 @@ greedily (EOS held off) at each batch size, and the ratio of decode tokens/s (ou
 transformers) is printed. Goal (issue 39): at least 1.5x at batch 8 for every family.
 
     python bench/model_families.py                      # the default shape, batches 1 and 8
+    python bench/model_families.py --no-cpu-packed-linears   # our side without packed weights
     python bench/model_families.py --families qwen3,phi3 --plot families.png
 
 The last line is the JSON report.
@@ -24,12 +25,14 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "platform"))
 
 from bench import gpu_engine  # noqa: E402
 from bench.hf_peer import throughput_row  # noqa: E402
 from engine.model.hf_loader import architecture_from_config  # noqa: E402
 from engine.model.llama import LlamaForCausalLM  # noqa: E402
 from engine.model.registry import FAMILIES, family_named  # noqa: E402
+from server.settings import Settings  # noqa: E402
 
 GOAL = 1.5  # ours / transformers, decode tokens/s at batch 8
 SHAPES: dict[str, dict[str, int]] = {
@@ -188,8 +191,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--cpu-packed-linears",
-        action="store_true",
-        help="our side with CLOISTER_CPU_PACKED_LINEARS (oneDNN-packed fp32 weights)",
+        action=argparse.BooleanOptionalAction,
+        # Our side as `cloister serve` runs it unless told otherwise.
+        default=Settings.model_fields["cpu_packed_linears"].default,
+        help="our side with oneDNN-packed fp32 weights (CLOISTER_CPU_PACKED_LINEARS; "
+        "default: serve's default)",
     )
     p.add_argument("--plot", type=pathlib.Path, default=None, help="write a PNG of the ratios")
     args = p.parse_args(argv)

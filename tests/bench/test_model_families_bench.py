@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.model_families import main
+from server.settings import Settings
 
 
 @pytest.mark.slow
@@ -32,3 +33,5 @@ def test_a_tiny_run_reports_both_sides_per_family(
     assert report["goal"] == {"batch": 2, "ratio": 1.5}
     assert set(report["goal_met"]) == {"qwen3", "phi3"}
     assert png.stat().st_size > 1000
+    # Our side runs as `cloister serve` does by default.
+    assert report["cpu_packed_linears"] is Settings().cpu_packed_linears
