@@ -17,17 +17,10 @@ from engine_hop.in_process import InProcessEngineClient
 from tests.admin.engine_stand_ins import FixedStatsEngine, connect_engines, idle_stats
 from tests.admin.stand_in_models import register_stand_in
 from tests.utils.admin_env import AdminEnv
+from tests.utils.cache_policy_defaults import DEFAULT_CACHE_POLICY
 
 P = "/admin/api/v1"
-DEFAULTS = {
-    "weight": 1.0,
-    "cache_floor_blocks": None,
-    "cache_floor_share": None,
-    "retention_ttl_s": None,
-    "scrub_on_free": None,
-    "never_cache": False,
-    "kv_quota_blocks": None,
-}
+DEFAULTS = DEFAULT_CACHE_POLICY
 
 
 def _policy(env: AdminEnv, name: str = "alpha") -> dict[str, Any]:

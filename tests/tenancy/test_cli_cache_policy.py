@@ -20,6 +20,7 @@ from admin.models import AuditEvent
 from cloister.commands.prefixes import commands as prefix_commands
 from cloister.commands.tenants import commands as tenant_commands
 from tenancy.db import make_engine, make_session_factory
+from tests.utils.cache_policy_defaults import DEFAULT_CACHE_POLICY
 
 
 @pytest.fixture
@@ -59,15 +60,7 @@ def audit(tmp_path: Path, action: str) -> list[AuditEvent]:
     return rows
 
 
-DEFAULTS = {
-    "weight": 1.0,
-    "cache_floor_blocks": None,
-    "cache_floor_share": None,
-    "retention_ttl_s": None,
-    "scrub_on_free": None,
-    "never_cache": False,
-    "kv_quota_blocks": None,
-}
+DEFAULTS = DEFAULT_CACHE_POLICY
 
 
 def test_update_sets_clears_and_audits(cli: click.Group, tmp_path: Path) -> None:
