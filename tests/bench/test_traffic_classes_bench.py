@@ -23,9 +23,10 @@ def test_a_tiny_run_reports_every_phase(capsys: pytest.CaptureFixture[str]) -> N
     assert phases["interactive alone"]["requests"] > 0
     assert set(report["goals_met"]) == {"interactive_within_10pct", "batch_60pct_of_left"}
     assert phases["interactive alone"]["itl_mean_ms"] > 0
-    # Every phase measures decode rows, and 16-token prompts are sampled for their cost.
+    # The ceiling needs decode-only steps of two row counts, which a loaded machine's
+    # 1.5 s phases may not give (null then); its arithmetic is tested below.
     ceiling = report["ceiling"]
-    assert ceiling["ms_per_batch_token"] > 0 and ceiling["batch_tok_s"] > 0
+    assert ceiling is None or (ceiling["ms_per_batch_token"] > 0 and ceiling["batch_tok_s"] > 0)
 
 
 def test_a_phase_without_samples_has_no_ratio_and_misses_its_goal() -> None:
