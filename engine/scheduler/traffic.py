@@ -24,9 +24,10 @@ from engine.scheduler.step_budget import MIN_PREFILL_TOKENS
 from engine.sequence import Sequence
 
 # How much longer batch work may make a step that carries interactive work: below the
-# 10% the issue allows, because the row cost is read off a line through every row count
-# measured, and on a CPU the first rows beyond a few cost more than that line says
-# (bench/traffic_classes.py measured ITL x1.116 of alone at 0.1).
+# 10% the issue allows, because the estimates it is spent by are off on a CPU (a batch
+# prompt chunk of a few tokens beside decode rows costs more a token than the large
+# prompts the per-token cost is learned from), and rows and prompt tokens are each
+# sized to the whole slack (bench/traffic_classes.py measured ITL x1.116 of alone at 0.1).
 BATCH_SLACK = 0.08
 
 
