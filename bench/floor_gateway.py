@@ -43,7 +43,7 @@ class FloorApp:
             redis.asyncio.Redis.from_url(settings.redis_url) if settings.redis_url else None
         )
         self.script = self.redis.register_script(COUNT_SCRIPT) if self.redis else None
-        self.counter_key = settings.redis_key_prefix + "floor:requests"
+        self.counter_key = settings.gateway.redis_key_prefix + "floor:requests"
         self.served = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -32,7 +32,7 @@ from bench.hf_peer import throughput_row  # noqa: E402
 from engine.model.hf_loader import architecture_from_config  # noqa: E402
 from engine.model.llama import LlamaForCausalLM  # noqa: E402
 from engine.model.registry import FAMILIES, family_named  # noqa: E402
-from server.settings import Settings  # noqa: E402
+from server.settings import EngineSettings  # noqa: E402
 
 GOAL = 1.5  # ours / transformers, decode tokens/s at batch 8
 SHAPES: dict[str, dict[str, int]] = {
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--cpu-packed-linears",
         action=argparse.BooleanOptionalAction,
         # Our side as `cloister serve` runs it unless told otherwise.
-        default=Settings.model_fields["cpu_packed_linears"].default,
+        default=EngineSettings.model_fields["cpu_packed_linears"].default,
         help="our side with oneDNN-packed fp32 weights (CLOISTER_CPU_PACKED_LINEARS; "
         "default: serve's default)",
     )

@@ -30,10 +30,10 @@ def build_app(settings: Settings, *, engine: Any | None = None, **engine_options
     `engine` may be an already built engine front (tests, benchmarks), served as the one
     model `settings.model_name`; otherwise one engine per `settings.served_models` is
     loaded (the default: the bundled SmolLM2) with `engine_options`, each on a thread or
-    in a child process as `settings.engine_mode` says, and recorded in the registry.
+    in a child process as `settings.engine.engine_mode` says, and recorded in the registry.
     """
     # A given engine (tests, benchmarks) or remote engines: no model file is loaded here.
-    loads_model = engine is None and not settings.engine_urls
+    loads_model = engine is None and not settings.gateway.engine_urls
     clients = engine_clients(settings, engine, engine_options)
     resolved = {**serve_engine_options(settings), **engine_options} if loads_model else {}
     pools = open_pools(settings)

@@ -84,57 +84,21 @@ def serve_engine_options(
     On CUDA, "auto" attention is triton and "auto" fused ops are on (the engine's own
     choices for the device); CUDA graphs are captured unless enforce_eager.
     """
-    device = resolve_device(settings.device, cuda_available=cuda_available)
-    return {
+    engine = settings.engine
+    device = resolve_device(engine.device, cuda_available=cuda_available)
+    # Every engine setting is an engine option of the same name, but where the engine
+    # loop runs (engine_mode), which the server's wiring reads.
+    return engine.model_dump(exclude={"engine_mode"}) | {
         "device": device,
-        "dtype": resolve_dtype(settings.dtype, device),
-        "weight_quant": resolve_weight_quant_setting(settings.weight_quant, device),
-        "cpu_packed_linears": settings.cpu_packed_linears,
-        "max_model_len": settings.max_model_len,
-        "enforce_eager": settings.enforce_eager,
-        "kv_cache_bytes": settings.kv_cache_bytes,
-        "kv_host_bytes": settings.kv_host_bytes,
-        "kv_disk_path": settings.kv_disk_path,
-        "kv_disk_bytes": settings.kv_disk_bytes,
-        "speculative_method": settings.speculative_method,
-        "num_speculative_tokens": settings.num_speculative_tokens,
-        "speculative_model": settings.speculative_model,
-        "speculative_max_batch": settings.speculative_max_batch,
-        "gpu_memory_utilization": settings.gpu_memory_utilization,
-        "block_size": settings.block_size,
-        "prefix_cache": settings.prefix_cache,
-        "min_cached_blocks": settings.min_cached_blocks,
-        "min_cached_share": settings.min_cached_share,
-        "fair_cached_share": settings.fair_cached_share,
-        "kv_shares": settings.kv_shares,
-        "grammar_compile_timeout_s": settings.grammar_compile_timeout_s,
-        "grammar_mask_budget_s": settings.grammar_mask_budget_s,
-        "strict_partition": settings.strict_partition,
-        "retention_ttl_s": settings.retention_ttl_s,
-        "scrub_freed_blocks": settings.scrub_freed_blocks,
-        "max_num_seqs": settings.max_num_seqs,
-        "max_loras": settings.max_loras,
-        "max_cpu_loras": settings.max_cpu_loras,
-        "max_lora_rank": settings.max_lora_rank,
-        "lora_kernel": settings.lora_kernel,
-        "lora_slot_quantum": settings.lora_slot_quantum,
-        "max_num_batched_tokens": settings.max_num_batched_tokens,
-        "prefill_chunk_size": settings.prefill_chunk_size,
-        "itl_budget_ms": settings.itl_budget_ms,
-        "kv_events_endpoint": settings.kv_events_endpoint,
+        "dtype": resolve_dtype(engine.dtype, device),
+        "weight_quant": resolve_weight_quant_setting(engine.weight_quant, device),
         "kv_events_topic": kv_events_topic(settings, settings.served_models[0].name),
-        "kv_events_replay_endpoint": settings.kv_events_replay_endpoint,
-        "kv_events_buffer_steps": settings.kv_events_buffer_steps,
-        "max_waiting": settings.max_waiting,
-        "max_n": settings.max_n,
-        "scheduling_policy": settings.scheduling_policy,
-        "attention_backend": settings.attention_backend,
-        "fused_ops": resolve_fused_ops_setting(settings.fused_ops, device),
+        "fused_ops": resolve_fused_ops_setting(engine.fused_ops, device),
     }
 
 
 def kv_events_topic(settings: Settings, model_name: str) -> str:
     """The topic of a model's KV events: the setting, else llm-d's kv@<host>@<model>."""
-    if settings.kv_events_topic:
-        return settings.kv_events_topic
+    if settings.engine.kv_events_topic:
+        return settings.engine.kv_events_topic
     return f"kv@{socket.gethostname()}@{model_name}"

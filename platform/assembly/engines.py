@@ -24,7 +24,7 @@ def load_engine(
     model: str | None = None,
     **engine_options: Any,
 ) -> Any:
-    """The engine front `settings.engine_mode` asks for.
+    """The engine front `settings.engine.engine_mode` asks for.
 
     "thread": an AsyncEngine whose loop is a thread of this process; "process": a
     ProcessEngine whose loop is a child process (this call waits for it to be ready).
@@ -33,23 +33,23 @@ def load_engine(
     """
     options = {**serve_engine_options(settings), **engine_options}
     path = model if model is not None else settings.model
-    if settings.engine_mode == "process":
+    if settings.engine.engine_mode == "process":
         from engine.fronts.process_engine import ProcessEngine
 
         return ProcessEngine(
             factory
             or functools.partial(
                 build_engine_in_child,
-                settings.log_level,
+                settings.telemetry.log_level,
                 path,
                 options,
-                log_format=settings.log_format,
+                log_format=settings.telemetry.log_format,
             )
         )
     from engine.fronts.async_engine import AsyncEngine
     from engine.fronts.scratch_thread import run_on_scratch_thread
 
-    progress = shows_progress(settings.log_format)
+    progress = shows_progress(settings.telemetry.log_format)
     # Built off this thread: the engine steps on a thread of its own (see scratch_thread).
     built = run_on_scratch_thread(
         factory or functools.partial(build_engine, path, options, progress=progress)
@@ -97,11 +97,11 @@ def load_engines(settings: Settings, **engine_options: Any) -> dict[str, Any]:
     try:
         for i, spec in enumerate(specs):
             options = dict(engine_options)
-            if settings.kv_events_endpoint is not None:  # each model's events on its topic
+            if settings.engine.kv_events_endpoint is not None:  # each model's events on its topic
                 options.setdefault("kv_events_topic", kv_events_topic(settings, spec.name))
             if len(specs) > 1 and "gpu_memory_utilization" not in options:
                 options["gpu_memory_utilization"] = (
-                    settings.gpu_memory_utilization * (i + 1) / len(specs)
+                    settings.engine.gpu_memory_utilization * (i + 1) / len(specs)
                 )
             engines[spec.name] = load_engine(settings, model=spec.path, **options)
     except BaseException:

@@ -21,12 +21,12 @@ if TYPE_CHECKING:
 def engine_clients(
     settings: Settings, engine: Any | None, engine_options: dict[str, Any]
 ) -> dict[str, EngineClient]:
-    """One client per served model: over `settings.engine_urls` when set (engine
+    """One client per served model: over `settings.gateway.engine_urls` when set (engine
     servers), else over `engine` (a front built by the caller, served as the one model
     `settings.model_name`), else over the engines loaded here."""
     from engine_hop.in_process import InProcessEngineClient
 
-    if settings.engine_urls and engine is None:
+    if settings.gateway.engine_urls and engine is None:
         from assembly.remote_engines import remote_engine_clients
 
         return remote_engine_clients(settings)
@@ -57,12 +57,14 @@ def build_gateway(
     from tenancy.limiter import make_limiter
 
     pepper = settings.key_pepper.get_secret_value()
-    last_used = LastUsedWriter(pools.writers, interval_s=max(1.0, settings.config_refresh_s))
+    last_used = LastUsedWriter(
+        pools.writers, interval_s=max(1.0, settings.gateway.config_refresh_s)
+    )
     limiter = make_limiter(
         settings.redis_url,
-        fail_mode=settings.limiter_fail_mode,
-        local_cap_rpm=settings.limiter_local_cap_rpm,
-        key_prefix=settings.redis_key_prefix,
+        fail_mode=settings.gateway.limiter_fail_mode,
+        local_cap_rpm=settings.gateway.limiter_local_cap_rpm,
+        key_prefix=settings.gateway.redis_key_prefix,
         budget_ledger=UsageLedger(pools.writers),
     )
     # One cache (the gateway's): the inner Authenticator keeps none, so the revocation
@@ -70,9 +72,9 @@ def build_gateway(
     keys = Authenticator(pools.gateway, pepper, refresh_s=0.0, last_used=last_used.start())
     authenticator = CachingAuthenticator(
         keys,
-        refresh_s=settings.config_refresh_s,
-        max_stale_s=settings.auth_max_stale_s,
-        read_timeout_s=settings.auth_read_timeout_s,
+        refresh_s=settings.gateway.config_refresh_s,
+        max_stale_s=settings.gateway.auth_max_stale_s,
+        read_timeout_s=settings.gateway.auth_read_timeout_s,
         throttle=FailureThrottle(
             limit=settings.auth_failure_limit, window_s=settings.auth_failure_window_s
         ),

@@ -19,7 +19,7 @@ def with_server_logs(
     app: FastAPI, settings: Settings, *, engine_options: dict[str, Any] | None = None
 ) -> None:
     """Once the app's engines started: logs the start-up summary (once), then an engine
-    line every `settings.engine_log_interval_s` (0: none) until the app stops."""
+    line every `settings.telemetry.engine_log_interval_s` (0: none) until the app stops."""
     import asyncio
     import logging
 
@@ -37,8 +37,8 @@ def with_server_logs(
             except Exception:  # a summary never keeps a server from serving
                 logging.getLogger("cloister.serve").exception("start-up summary failed")
             task = None
-            if settings.engine_log_interval_s > 0:
-                stats_log = EngineStatsLogger(engines, settings.engine_log_interval_s)
+            if settings.telemetry.engine_log_interval_s > 0:
+                stats_log = EngineStatsLogger(engines, settings.telemetry.engine_log_interval_s)
                 task = asyncio.create_task(stats_log.run(), name="engine-stats-log")
             try:
                 yield

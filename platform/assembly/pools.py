@@ -31,14 +31,14 @@ def open_pools(settings: Settings) -> DatabasePools:
     from tenancy.db import make_engine, make_session_factory
 
     url = settings.resolved_database_url
-    timeout_ms = int(settings.auth_read_timeout_s * 1000)
+    timeout_ms = int(settings.gateway.auth_read_timeout_s * 1000)
     return DatabasePools(
         gateway=make_session_factory(
             make_engine(
                 url,
                 pool_size=READ_THREADS,
                 max_overflow=0,
-                pool_timeout_s=settings.auth_read_timeout_s,
+                pool_timeout_s=settings.gateway.auth_read_timeout_s,
                 statement_timeout_ms=timeout_ms,
             )
         ),
@@ -51,7 +51,7 @@ def open_pools(settings: Settings) -> DatabasePools:
                 url,
                 pool_size=1,
                 max_overflow=0,
-                pool_timeout_s=settings.auth_read_timeout_s,
+                pool_timeout_s=settings.gateway.auth_read_timeout_s,
                 statement_timeout_ms=timeout_ms,
             )
         ),

@@ -22,7 +22,7 @@ class RemoteEngineConfigError(ValueError):
 
 
 def remote_engine_clients(settings: Settings) -> dict[str, Any]:
-    """model name -> the engine client over its `settings.engine_urls` (NAME=URL entries
+    """model name -> the engine client over its `settings.gateway.engine_urls` (NAME=URL entries
     with several models; plain URLs with one)."""
     from engine.model.loader import default_model_path
     from engine.model.tokenizer import load_tokenizer
@@ -32,7 +32,7 @@ def remote_engine_clients(settings: Settings) -> dict[str, Any]:
     specs = settings.served_models
     token = None if settings.service_token is None else settings.service_token.get_secret_value()
     try:
-        groups = engine_url_groups(settings.engine_urls, tuple(s.name for s in specs))
+        groups = engine_url_groups(settings.gateway.engine_urls, tuple(s.name for s in specs))
     except ValueError as exc:
         raise RemoteEngineConfigError(str(exc)) from None
     clients: dict[str, Any] = {}
@@ -48,8 +48,8 @@ def remote_engine_clients(settings: Settings) -> dict[str, Any]:
                 tokenizer=tokenizer,
                 info=info,
                 model_name=spec.name,
-                transport=settings.engine_transport,
-                request_timeout_s=settings.engine_read_timeout_s,
+                transport=settings.gateway.engine_transport,
+                request_timeout_s=settings.gateway.engine_read_timeout_s,
             )
             continue
         clients[spec.name] = ReplicaSetClient(
@@ -58,10 +58,10 @@ def remote_engine_clients(settings: Settings) -> dict[str, Any]:
             tokenizer=tokenizer,
             model_name=spec.name,
             resolve=expand_urls,
-            policy=settings.router_policy,
+            policy=settings.gateway.router_policy,
             connect_wait_s=CONNECT_WAIT_S,
-            transport=settings.engine_transport,
-            request_timeout_s=settings.engine_read_timeout_s,
+            transport=settings.gateway.engine_transport,
+            request_timeout_s=settings.gateway.engine_read_timeout_s,
         )
     return clients
 

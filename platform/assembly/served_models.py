@@ -29,7 +29,9 @@ def registry_model_access(settings: Settings, sessions: sessionmaker[Session]) -
             return RegistryView(allowed, registry.output_caps(session), registry.fallbacks(session))
 
     return ModelAccess.load(
-        read, refresh_s=settings.config_refresh_s, read_timeout_s=settings.auth_read_timeout_s
+        read,
+        refresh_s=settings.gateway.config_refresh_s,
+        read_timeout_s=settings.gateway.auth_read_timeout_s,
     )
 
 

@@ -138,22 +138,22 @@ def build_summary(
             )
         )
     floors = []
-    if settings.min_cached_blocks:
-        floors.append(f"{settings.min_cached_blocks} blocks")
-    if settings.min_cached_share:
-        floors.append(f"{settings.min_cached_share:.0%} of the pool")
+    if settings.engine.min_cached_blocks:
+        floors.append(f"{settings.engine.min_cached_blocks} blocks")
+    if settings.engine.min_cached_share:
+        floors.append(f"{settings.engine.min_cached_share:.0%} of the pool")
     isolation = (
         f"cache per tenant unless a tenant narrows it (key, user); prefix cache "
-        f"{settings.prefix_cache}; floor per domain {' or '.join(floors) or 'none'}; "
-        f"flood floor {settings.fair_cached_share:.0%} of the pool split among tenants; "
-        f"strict partition {'on' if settings.strict_partition else 'off'}; "
-        f"scrub freed blocks {'on' if settings.scrub_freed_blocks else 'off'}"
+        f"{settings.engine.prefix_cache}; floor per domain {' or '.join(floors) or 'none'}; "
+        f"flood floor {settings.engine.fair_cached_share:.0%} of the pool split among tenants; "
+        f"strict partition {'on' if settings.engine.strict_partition else 'off'}; "
+        f"scrub freed blocks {'on' if settings.engine.scrub_freed_blocks else 'off'}"
     )
     fairness = (
-        f"{settings.scheduling_policy} scheduling (per tenant, by weight); KV shares "
-        f"{'on' if settings.kv_shares else 'off (newest sequence preempted)'}; "
-        f"concurrency {settings.concurrency_mode}; limiter "
-        f"{'redis' if settings.redis_url else 'in-memory'} (fail {settings.limiter_fail_mode})"
+        f"{settings.engine.scheduling_policy} scheduling (per tenant, by weight); KV shares "
+        f"{'on' if settings.engine.kv_shares else 'off (newest sequence preempted)'}; "
+        f"concurrency {settings.gateway.concurrency_mode}; limiter "
+        f"{'redis' if settings.redis_url else 'in-memory'} (fail {settings.gateway.limiter_fail_mode})"
     )
     base = f"http://{settings.host}:{settings.port}"
     return StartupSummary(
@@ -161,7 +161,7 @@ def build_summary(
         device=str(engine_options.get("device", "given")),
         dtype=str(engine_options.get("dtype", "given")),
         attention=str(engine_options.get("attention_backend", "given")),
-        engine_mode=settings.engine_mode,
+        engine_mode=settings.engine.engine_mode,
         isolation=isolation,
         fairness=fairness,
         decoding=describe_speculation(engine_options),

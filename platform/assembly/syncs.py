@@ -28,7 +28,7 @@ def start_syncs(
 ) -> None:
     """Each model's cache rules and adapter syncs, run while `app` serves (on `sessions`,
     the background writers' pool) and kept on `app.state` for the tests and the CLI."""
-    interval_s = settings.config_refresh_s
+    interval_s = settings.gateway.config_refresh_s
     app.state.cache_rules_syncs = {
         name: CacheRulesSync(client, sessions, interval_s=interval_s)
         for name, client in clients.items()

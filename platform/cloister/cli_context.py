@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from server.settings import Settings
+from server.settings.flat_names import refused_values
 
 _LOCATION_KEY = "cloister.location"
 _SETTINGS_KEY = "cloister.settings"
@@ -120,12 +121,7 @@ def cli_settings() -> Settings:
     try:
         settings = Settings(**location().overrides())
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}"
-            for e in exc.errors()
-            if e["type"] != "default_factory_not_called"
-        )
-        raise CliError(f"invalid settings: {problems}") from None
+        raise CliError(f"invalid settings: {'; '.join(refused_values(exc))}") from None
     except OSError as exc:  # the data folder or a secret file in it cannot be made or read
         raise CliError(f"cannot use {exc.filename or 'the data folder'}: {exc.strerror}") from None
     except ValueError as exc:  # a secret file with loose permissions, or empty

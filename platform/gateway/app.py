@@ -39,26 +39,26 @@ logger = logging.getLogger("cloister.gateway")
 def response_repository(settings: Settings) -> ResponseRepository:
     """Stored responses: shared in Redis when gateways share one (`responses_store` auto
     or redis), else in this process's memory."""
-    if settings.responses_store == "redis" or (
-        settings.responses_store == "auto" and settings.redis_url is not None
+    if settings.responses.store == "redis" or (
+        settings.responses.store == "auto" and settings.redis_url is not None
     ):
         assert settings.redis_url is not None, "Settings refuses redis without a URL"
         return RedisResponses.from_url(
             settings.redis_url,
-            ttl_s=settings.responses_ttl_s,
-            max_per_tenant=settings.responses_max_per_tenant,
-            max_record_bytes=settings.responses_max_record_bytes,
-            max_bytes_per_tenant=settings.responses_max_bytes_per_tenant,
-            key_prefix=settings.responses_key_prefix,
+            ttl_s=settings.responses.ttl_s,
+            max_per_tenant=settings.responses.max_per_tenant,
+            max_record_bytes=settings.responses.max_record_bytes,
+            max_bytes_per_tenant=settings.responses.max_bytes_per_tenant,
+            key_prefix=settings.responses.key_prefix,
         )
     return InMemoryResponses(
         ResponseStore(
-            ttl_s=settings.responses_ttl_s,
-            max_entries=settings.responses_max_entries,
-            max_per_tenant=settings.responses_max_per_tenant,
-            max_bytes=settings.responses_max_chars,
-            max_bytes_per_tenant=settings.responses_max_bytes_per_tenant,
-            max_record_bytes=settings.responses_max_record_bytes,
+            ttl_s=settings.responses.ttl_s,
+            max_entries=settings.responses.max_entries,
+            max_per_tenant=settings.responses.max_per_tenant,
+            max_bytes=settings.responses.max_chars,
+            max_bytes_per_tenant=settings.responses.max_bytes_per_tenant,
+            max_record_bytes=settings.responses.max_record_bytes,
         )
     )
 
@@ -97,15 +97,15 @@ def create_app(
         engines=served,
         auth=authenticator
         if isinstance(authenticator, CachingAuthenticator)
-        else CachingAuthenticator(authenticator, refresh_s=settings.config_refresh_s),
+        else CachingAuthenticator(authenticator, refresh_s=settings.gateway.config_refresh_s),
         limits=AsyncLimiter(
             limiter,
-            concurrency_mode=settings.concurrency_mode,
-            queue_timeout_s=settings.concurrency_queue_timeout_s,
+            concurrency_mode=settings.gateway.concurrency_mode,
+            queue_timeout_s=settings.gateway.concurrency_queue_timeout_s,
         ),
         usage_sink=usage_sink or LoggingUsageSink(),
         metrics=GatewayMetrics(
-            model_name=next(iter(served)), top_tenants=settings.metrics_top_tenants
+            model_name=next(iter(served)), top_tenants=settings.telemetry.metrics_top_tenants
         ),
         tracer=gateway_tracer(provider),
         started_at=int(time.time()),

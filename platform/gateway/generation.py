@@ -115,10 +115,10 @@ async def admit_and_submit(
         max_tokens=max_tokens,
         logprobs=logprobs,
         vocab_size=call.engine.vocab_size,
-        max_n=state.settings.max_n,
+        max_n=state.settings.engine.max_n,
         structured=None if constraint is None else constraint[0],
     )
-    check_request_fits(len(prompts), body.n, max_waiting=state.settings.max_waiting)
+    check_request_fits(len(prompts), body.n, max_waiting=state.settings.engine.max_waiting)
     domain = derive_cache_domain(principal, body.user)
     if constraint is not None:
         # Compiled before admission: a bad or slow grammar costs the limiter nothing.

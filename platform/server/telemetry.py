@@ -85,10 +85,10 @@ def provider_from_settings(
 ) -> TracerProvider:
     """The provider of one service; `role` ("gateway", "engine") suffixes the service name."""
     return make_tracer_provider(
-        settings.otel_exporter,
-        endpoint=settings.otel_endpoint,
-        protocol=settings.otel_protocol,
-        service_name=f"{settings.otel_service_name}-{role}",
+        settings.telemetry.otel_exporter,
+        endpoint=settings.telemetry.otel_endpoint,
+        protocol=settings.telemetry.otel_protocol,
+        service_name=f"{settings.telemetry.otel_service_name}-{role}",
         extra_processor=extra_processor,
     )
 

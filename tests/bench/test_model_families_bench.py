@@ -34,4 +34,4 @@ def test_a_tiny_run_reports_both_sides_per_family(
     assert set(report["goal_met"]) == {"qwen3", "phi3"}
     assert png.stat().st_size > 1000
     # Our side runs as `cloister serve` does by default.
-    assert report["cpu_packed_linears"] is Settings().cpu_packed_linears
+    assert report["cpu_packed_linears"] is Settings().engine.cpu_packed_linears

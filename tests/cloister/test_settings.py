@@ -156,7 +156,7 @@ def test_kv_events_topics_default_to_llm_d_form_per_model(
     host = socket.gethostname()
     assert serve_engine_options(settings)["kv_events_topic"] == f"kv@{host}@smol"
     assert kv_events_topic(settings, "other") == f"kv@{host}@other"
-    assert Settings(data_dir=tmp_path, kv_events_endpoint=" ").kv_events_endpoint is None
+    assert Settings(data_dir=tmp_path, kv_events_endpoint=" ").engine.kv_events_endpoint is None
 
 
 def test_every_engine_setting_reaches_the_engine_config(tmp_path: Path) -> None:
@@ -187,7 +187,7 @@ def test_multi_tenant_defaults_and_auto_device() -> None:
     from assembly.engine_options import serve_engine_options
 
     settings = Settings()
-    assert settings.scheduling_policy == "fair_lpm"
+    assert settings.engine.scheduling_policy == "fair_lpm"
     gpu = serve_engine_options(settings, cuda_available=True)
     assert (gpu["device"], gpu["dtype"], gpu["attention_backend"]) == ("cuda", "bfloat16", "auto")
     cpu = serve_engine_options(settings, cuda_available=False)
@@ -239,8 +239,8 @@ def test_bad_fairness_settings_are_refused_by_name(
 def test_fair_defaults_protect_tenants() -> None:
     """Shares on and a flood floor by default: the protections hold with no setting."""
     settings = Settings()
-    assert settings.kv_shares is True
-    assert settings.fair_cached_share == 0.2
+    assert settings.engine.kv_shares is True
+    assert settings.engine.fair_cached_share == 0.2
 
 
 def test_weight_quant_is_refused_off_the_cpu() -> None:
@@ -507,11 +507,11 @@ def test_engine_urls_for_one_model_or_named_per_model() -> None:
     from server.settings import Settings, engine_url_groups
 
     one = Settings(engine_urls="http://a:1, dns+http://engines:8100")
-    assert engine_url_groups(one.engine_urls, ("m",)) == {
+    assert engine_url_groups(one.gateway.engine_urls, ("m",)) == {
         "m": ["http://a:1", "dns+http://engines:8100"]
     }
     named = Settings(engine_urls="small=dns+http://e-small:8100,big=http://b:1,big=http://c:1")
-    groups = engine_url_groups(named.engine_urls, ("small", "big"))
+    groups = engine_url_groups(named.gateway.engine_urls, ("small", "big"))
     assert groups == {"small": ["dns+http://e-small:8100"], "big": ["http://b:1", "http://c:1"]}
     for bad, message in (
         ("ftp://x", "an engine URL is"),
@@ -529,12 +529,12 @@ def test_engine_urls_for_one_model_or_named_per_model() -> None:
 
 @pytest.mark.parametrize("off", ["off", "OFF", "none", ""])
 def test_the_itl_budget_can_be_turned_off(off: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert Settings().itl_budget_ms == 200.0  # serve's default
-    assert Settings(itl_budget_ms=off).itl_budget_ms is None  # type: ignore[arg-type]
+    assert Settings().engine.itl_budget_ms == 200.0  # serve's default
+    assert Settings(itl_budget_ms=off).engine.itl_budget_ms is None  # type: ignore[arg-type]
     monkeypatch.setenv("CLOISTER_ITL_BUDGET_MS", off)
-    assert Settings().itl_budget_ms is None
+    assert Settings().engine.itl_budget_ms is None
     monkeypatch.setenv("CLOISTER_ITL_BUDGET_MS", "120")
-    assert Settings().itl_budget_ms == 120.0
+    assert Settings().engine.itl_budget_ms == 120.0
 
 
 @pytest.mark.parametrize(
@@ -633,7 +633,7 @@ def test_disk_tier_settings_reach_the_engine_and_an_empty_path_is_off(
     from assembly.engine_options import serve_engine_options
 
     monkeypatch.setenv("CLOISTER_KV_DISK_PATH", "")
-    assert Settings().kv_disk_path is None
+    assert Settings().engine.kv_disk_path is None
     monkeypatch.setenv("CLOISTER_KV_DISK_PATH", str(tmp_path / "kv"))
     monkeypatch.setenv("CLOISTER_KV_DISK_BYTES", str(1 << 28))
     options = serve_engine_options(Settings())

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 from pydantic import ValidationError
 
-from server.settings import Settings
+from server.settings import EngineSettings, Settings
 from tests.utils.cli_refusals import assert_refused_by_name
 
 BAD_SETTINGS = [
@@ -40,7 +40,7 @@ def test_the_draft_method_needs_its_model_and_only_it_takes_one(tmp_path: Path) 
     with pytest.raises(ValidationError, match="speculative_model"):
         Settings(speculative_method="ngram", speculative_model="/models/draft")
     ok = Settings(speculative_method="draft", speculative_model=str(tmp_path))
-    assert ok.speculative_model == str(tmp_path)
+    assert ok.engine.speculative_model == str(tmp_path)
 
 
 def test_a_missing_draft_model_is_refused_before_anything_loads(tmp_path: Path) -> None:
@@ -69,7 +69,7 @@ def test_the_settings_bounds_are_the_engines() -> None:
     """Settings repeats engine.config's choices and bound (it does not import torch)."""
     from engine.config import MAX_SPECULATIVE_TOKENS, SPECULATIVE_METHODS
 
-    fields = Settings.model_fields
+    fields = EngineSettings.model_fields
     assert typing.get_args(fields["speculative_method"].annotation) == SPECULATIVE_METHODS
     bounds = {type(m).__name__: m for m in fields["num_speculative_tokens"].metadata}
     assert bounds["Ge"].ge == 1 and bounds["Le"].le == MAX_SPECULATIVE_TOKENS

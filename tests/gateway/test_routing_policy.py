@@ -90,8 +90,8 @@ def _request(domain: str, prompt: list[int], session: str | None = None) -> Rout
 
 
 def test_the_policy_is_named_by_the_setting(tmp_path: Path) -> None:
-    assert Settings(data_dir=tmp_path).router_policy == "prefix_affine"
-    assert Settings(data_dir=tmp_path, router_policy="session").router_policy == "session"
+    assert Settings(data_dir=tmp_path).gateway.router_policy == "prefix_affine"
+    assert Settings(data_dir=tmp_path, router_policy="session").gateway.router_policy == "session"
     with pytest.raises(ValidationError):
         Settings(data_dir=tmp_path, router_policy="random")
     for name in POLICY_NAMES:

@@ -50,7 +50,7 @@ def test_one_span_per_request_under_the_callers_trace(tmp_path: Path) -> None:
 
 
 def test_without_an_exporter_spans_are_not_recorded_but_carry_the_trace() -> None:
-    assert Settings().otel_exporter == "none"
+    assert Settings().telemetry.otel_exporter == "none"
     tracer = gateway_tracer(make_tracer_provider("none"))
     span = tracer.start_span(
         "gen_ai.request", context=extract_context({"traceparent": TRACEPARENT})

@@ -44,7 +44,7 @@ DERIVED = {"audit_head_path"}
 def _variable(name: str) -> str:
     """The variable an admin setting is read from: CLOISTER_ADMIN_<NAME>, or the shared
     CLOISTER_<NAME> where the gateway reads the same setting."""
-    if f"admin_{name}" in Settings.model_fields:
+    if f"admin_{name}" in Settings.setting_names():
         return f"CLOISTER_ADMIN_{name.upper()}"
     return f"CLOISTER_{name.upper()}"
 

@@ -121,9 +121,9 @@ def test_the_setting_overrides_what_the_stream_is() -> None:
 
 
 def test_log_format_is_a_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert Settings(data_dir=tmp_path, key_pepper=PEPPER).log_format == "auto"
+    assert Settings(data_dir=tmp_path, key_pepper=PEPPER).telemetry.log_format == "auto"
     monkeypatch.setenv("CLOISTER_LOG_FORMAT", "json")
-    assert Settings(data_dir=tmp_path, key_pepper=PEPPER).log_format == "json"
+    assert Settings(data_dir=tmp_path, key_pepper=PEPPER).telemetry.log_format == "json"
     with pytest.raises(ValidationError):
         Settings(data_dir=tmp_path, key_pepper=PEPPER, log_format="xml")
 

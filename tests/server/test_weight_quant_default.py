@@ -36,7 +36,7 @@ def summary_text(settings: Settings) -> str:
 
 
 def test_auto_reaches_the_engine_on_a_cpu_and_none_stays_the_default(tmp_path: Path) -> None:
-    assert Settings(data_dir=tmp_path).weight_quant == "none"
+    assert Settings(data_dir=tmp_path).engine.weight_quant == "none"
     settings = Settings(data_dir=tmp_path, weight_quant="auto")
     assert serve_engine_options(settings, cuda_available=False)["weight_quant"] == "auto"
     # On CUDA, as before: float weights (the int8/int4 kernels are the CPU's).

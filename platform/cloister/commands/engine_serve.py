@@ -84,10 +84,12 @@ def run_engine_server(
     try:
         resolved = serve_engine_options(settings)
         auth = ServiceAuth(token)
-        check_exporter(settings.otel_exporter, settings.otel_protocol)  # before the model loads
+        check_exporter(
+            settings.telemetry.otel_exporter, settings.telemetry.otel_protocol
+        )  # before the model loads
     except (DeviceUnavailableError, ServiceTokenError, TelemetryUnavailableError) as exc:
         raise click.ClickException(str(exc)) from None
-    configure_logging(settings.log_level)
+    configure_logging(settings.telemetry.log_level)
     if front is None:
         try:
             front = load_engine(settings)
@@ -95,7 +97,7 @@ def run_engine_server(
             raise click.ClickException(str(exc)) from None
     # Spans only when something exports them: `engine.generate` under the gateway's trace.
     provider = None
-    if settings.otel_exporter != "none":
+    if settings.telemetry.otel_exporter != "none":
         provider = provider_from_settings(settings, role="engine")
     server = EngineServer(
         front,

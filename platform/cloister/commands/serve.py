@@ -90,17 +90,17 @@ def model_overrides(values: tuple[str, ...]) -> dict[str, Any]:
 def load_settings(**overrides: Any) -> Settings:
     """Settings from CLOISTER_* and `overrides`; a bad value is a clear error, not a traceback."""
     from pydantic import ValidationError
+    from pydantic_settings import SettingsError
+
+    from server.settings.flat_names import refused_values
 
     try:
         return Settings(**overrides)
+    except SettingsError as exc:  # a variable that could not be read, or read twice
+        raise click.ClickException(f"invalid settings: {exc}") from None
     except ValidationError as exc:
-        lines = [
-            f"  {'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}"
-            for e in exc.errors()
-            # A secret's default waits on the other fields: not an error of its own.
-            if e["type"] != "default_factory_not_called"
-        ]
-        raise click.ClickException("invalid settings:\n" + "\n".join(lines)) from None
+        lines = "".join(f"\n  {line}" for line in refused_values(exc))
+        raise click.ClickException(f"invalid settings:{lines}") from None
 
 
 def location_flags(settings: Settings) -> str:
@@ -145,9 +145,9 @@ def run_server(settings: Settings, *, engine: Any | None = None) -> None:
         if engine is None:
             serve_engine_options(settings)
             check_model_files(settings)
-        check_exporter(settings.otel_exporter, settings.otel_protocol)
+        check_exporter(settings.telemetry.otel_exporter, settings.telemetry.otel_protocol)
         check_file_store(settings)  # a files bucket that cannot be reached, before any model
-        configure_logging(settings.log_level, fmt=settings.log_format)
+        configure_logging(settings.telemetry.log_level, fmt=settings.telemetry.log_format)
         first_start = prepare_database(settings)
         app = build_app(settings, engine=engine)
     except (

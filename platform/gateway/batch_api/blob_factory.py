@@ -12,25 +12,25 @@ def blob_store_from_settings(settings: Settings, root: Path) -> BlobStore:
     """The S3 bucket of CLOISTER_FILES_S3_BUCKET, else the folder `root`; checked once
     (FileStoreConfigError: one line naming the bucket and endpoint, no secret)."""
     store: BlobStore
-    if not settings.files_s3_bucket:
+    if not settings.gateway.files_s3_bucket:
         store = LocalBlobStore(root)
     else:
         # Imported only here: a server without a bucket never loads boto3.
         from gateway.batch_api.s3_blob_store import S3BlobStore, s3_client
 
-        secret = settings.files_s3_secret_access_key
+        secret = settings.gateway.files_s3_secret_access_key
         client = s3_client(
-            endpoint_url=settings.files_s3_endpoint_url,
-            region=settings.files_s3_region,
-            access_key_id=settings.files_s3_access_key_id or None,
+            endpoint_url=settings.gateway.files_s3_endpoint_url,
+            region=settings.gateway.files_s3_region,
+            access_key_id=settings.gateway.files_s3_access_key_id or None,
             secret_access_key=secret.get_secret_value() if secret is not None else None,
-            timeout_s=settings.files_s3_timeout_s,
+            timeout_s=settings.gateway.files_s3_timeout_s,
         )
         store = S3BlobStore(
             client,
-            bucket=settings.files_s3_bucket,
-            prefix=settings.files_s3_prefix,
-            endpoint_url=settings.files_s3_endpoint_url,
+            bucket=settings.gateway.files_s3_bucket,
+            prefix=settings.gateway.files_s3_prefix,
+            endpoint_url=settings.gateway.files_s3_endpoint_url,
         )
     store.check()
     return store
@@ -38,12 +38,12 @@ def blob_store_from_settings(settings: Settings, root: Path) -> BlobStore:
 
 def files_location(settings: Settings) -> str:
     """Where file bodies live, for the start-up summary (no credentials)."""
-    if not settings.files_s3_bucket:
+    if not settings.gateway.files_s3_bucket:
         return f"data directory {(settings.data_dir / 'files').resolve()}"
-    prefix = f"{settings.files_s3_prefix}/" if settings.files_s3_prefix else ""
+    prefix = f"{settings.gateway.files_s3_prefix}/" if settings.gateway.files_s3_prefix else ""
     return (
-        f"S3 bucket {settings.files_s3_bucket} at "
-        f"{settings.files_s3_endpoint_url or 'AWS S3'}, keys {prefix}<tenant>/<file id>"
+        f"S3 bucket {settings.gateway.files_s3_bucket} at "
+        f"{settings.gateway.files_s3_endpoint_url or 'AWS S3'}, keys {prefix}<tenant>/<file id>"
     )
 
 

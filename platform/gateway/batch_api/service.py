@@ -39,10 +39,10 @@ class BatchApi:
             sessions,
             root,
             FileLimits(
-                max_file_bytes=settings.batch_max_file_bytes,
-                max_file_lines=settings.batch_max_file_lines,
-                max_files_per_tenant=settings.batch_max_files_per_tenant,
-                max_bytes_per_tenant=settings.batch_max_bytes_per_tenant,
+                max_file_bytes=settings.gateway.batch_max_file_bytes,
+                max_file_lines=settings.gateway.batch_max_file_lines,
+                max_files_per_tenant=settings.gateway.batch_max_files_per_tenant,
+                max_bytes_per_tenant=settings.gateway.batch_max_bytes_per_tenant,
             ),
             blob_store_from_settings(settings, root),
         )
@@ -51,12 +51,12 @@ class BatchApi:
             batches,
             files,
             principal_of_key,
-            concurrency=settings.batch_concurrency,
-            lease_s=settings.batch_lease_s,
+            concurrency=settings.gateway.batch_concurrency,
+            lease_s=settings.gateway.batch_lease_s,
         )
         return cls(
             files=files,
             batches=batches,
             runner=runner,
-            max_queued_tokens=settings.batch_max_queued_tokens,
+            max_queued_tokens=settings.gateway.batch_max_queued_tokens,
         )

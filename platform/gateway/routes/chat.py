@@ -121,7 +121,7 @@ class _Chat(GenerationRoute[ChatCompletionRequest, ChatCompletionRequest, ChatTo
         self, life: RequestLifecycle, call: Authenticated, body: ChatCompletionRequest
     ) -> tuple[ChatTooling, Submitted]:
         tooling = chat_tooling(
-            body, setting=life.state.settings.tool_parser, chat_template=_template(call)
+            body, setting=life.state.settings.gateway.tool_parser, chat_template=_template(call)
         )
         if body.max_tokens is not None and body.max_completion_tokens is not None:
             raise InvalidParameterError(
@@ -168,7 +168,7 @@ class _Chat(GenerationRoute[ChatCompletionRequest, ChatCompletionRequest, ChatTo
 
 
 def _reasoning(life: RequestLifecycle, call: Authenticated) -> bool:
-    return reasoning_enabled(life.state.settings.reasoning_parser, _template(call))
+    return reasoning_enabled(life.state.settings.gateway.reasoning_parser, _template(call))
 
 
 _CHAT = _Chat()

@@ -121,7 +121,7 @@ def _tooling(
         parallel_tool_calls=body.parallel_tool_calls,
         flat=True,
     )
-    parser = choose_parser(life.state.settings.tool_parser, _template(call))
+    parser = choose_parser(life.state.settings.gateway.tool_parser, _template(call))
     if request.active and parser == "none":
         raise InvalidParameterError(
             "tool calling is not enabled for this model", param="tools", code="unsupported"
@@ -217,7 +217,7 @@ def _check_record_size(
     """400 before generation when the record to store would pass the bound without any
     output yet, naming the largest field (the stored conversation counts as
     `previous_response_id`)."""
-    limit = life.state.settings.responses_max_record_bytes
+    limit = life.state.settings.responses.max_record_bytes
     size = len(record_json((*previous, *turns), draft.response(text=None).model_dump_json()))
     if size <= limit:
         return
