@@ -8,6 +8,7 @@ share `max_num_batched_tokens`. The scheduler never touches tensors.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
 
 from engine.config import SchedulerConfig
 from engine.kv_cache.manager import KVCacheManager
@@ -23,6 +24,7 @@ from engine.scheduler.tenants import TenantBook
 from engine.scheduler.traffic import (
     BATCH_SLACK,
     BatchPace,
+    InteractiveWaiting,
     batch_pace,
     interactive_waiting,
     newest_batch,
@@ -78,7 +80,8 @@ class Scheduler:
         # and the KV manager's (one whose blocks a tier still loads waits). A sequence
         # admitted not ready keeps its blocks and runs from the first step it is ready.
         self.seq_ready: Callable[[Sequence], bool] = _always_ready
-        self._interactive_waiting = 0  # this step's, while scheduling
+        # This step's interactive waiting sequences, counted while scheduling.
+        self._interactive = InteractiveWaiting(0, frozenset())
         self._pace: BatchPace | None = None  # this step's allowance for batch work
         self._batch_tokens_left = 0  # of the allowance's prompt tokens, while scheduling
         self._batch_turn = 0  # rotates which batch rows a paced step carries
@@ -123,7 +126,7 @@ class Scheduler:
         preempted: list[Sequence] = []
 
         self._begin_adapter_step()
-        self._interactive_waiting = interactive_waiting(self.waiting)
+        self._interactive = interactive_waiting(self.waiting)
         self._pace = self._batch_pace()
         self._batch_tokens_left = 0 if self._pace is None else self._pace.prompt_tokens
         shares, held = self._prefill_shares()
@@ -134,7 +137,7 @@ class Scheduler:
                 i += 1
                 continue
             num_new = self._chunk(seq, budget)
-            if seq.batch and (num_new > 1 and self._interactive_waiting or self._paced(seq)):
+            if seq.batch and (num_new > 1 and self._interactive.count or self._paced(seq)):
                 i += 1  # batch work waits while interactive work queues, or sits its turn out
                 continue
             if seq.batch and self._pace is not None and num_new > 1:
@@ -192,7 +195,7 @@ class Scheduler:
 
     def _batch_pace(self) -> BatchPace | None:
         """This step's allowance for batch work beside interactive work (traffic.py)."""
-        if newest_batch(self.running) is None and self._interactive_waiting == len(self.waiting):
+        if newest_batch(self.running) is None and self._interactive.count == len(self.waiting):
             return None  # no batch work at all
         rows = sum(1 for s in self.running if not s.batch)
         pace = batch_pace(
@@ -239,15 +242,15 @@ class Scheduler:
             return shares, set()
         return shares, ahead - self._rows_held
 
-    def _split_parties(self) -> tuple[PrefillSplit, list[Sequence], set[str]]:
+    def _split_parties(self) -> tuple[PrefillSplit, list[Sequence], AbstractSet[str]]:
         """The split, running sequences and waiting tenants the prompt tokens are split
         among: while interactive work runs or waits, only it. Batch prompt tokens beside
         it come from the pace's allowance (traffic.py); a part for a batch tenant would
         halve an interactive prompt's chunks and lengthen its time to first token."""
         running = [s for s in self.running if not s.batch]
-        waiting = {s.fairness_key for s in self.waiting if not s.batch}
-        if running or waiting:
-            return self.prefill_split, running, waiting
+        # The queue is as it was when this step counted its interactive sequences.
+        if running or self._interactive.keys:
+            return self.prefill_split, running, self._interactive.keys
         return self.batch_prefill_split, self.running, set(self.tenants.waiting)
 
     def _newcomers(self) -> set[str]:
@@ -333,7 +336,7 @@ class Scheduler:
             if len(interactive) == len(self.running)
             else (self.kv_shares.admission_gate(interactive))
         )
-        interactive_left = self._interactive_waiting
+        interactive_left = self._interactive.count
         while budget > 0:
             full = len(self.running) >= self.config.max_num_seqs
             if full and newest_batch(self.running) is None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from collections.abc import Sequence as Seq
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from engine.scheduler.step_budget import MIN_PREFILL_TOKENS
@@ -31,9 +32,24 @@ from engine.sequence import Sequence
 BATCH_SLACK = 0.08
 
 
-def interactive_waiting(waiting: Iterable[Sequence]) -> int:
-    """How many waiting sequences are interactive."""
-    return sum(1 for seq in waiting if not seq.batch)
+@dataclass(frozen=True)
+class InteractiveWaiting:
+    """The interactive sequences in the waiting queue, as one step sees them."""
+
+    count: int  # how many wait
+    keys: AbstractSet[str]  # their tenants (fairness keys)
+
+
+def interactive_waiting(waiting: Iterable[Sequence]) -> InteractiveWaiting:
+    """How many waiting sequences are interactive, and their tenants: one walk of the
+    queue serves both the step's admission rules and its prompt-token split."""
+    count = 0
+    keys: set[str] = set()
+    for seq in waiting:
+        if not seq.batch:
+            count += 1
+            keys.add(seq.fairness_key)
+    return InteractiveWaiting(count, keys)
 
 
 def newest_batch(running: Seq[Sequence]) -> Sequence | None:
