@@ -25,13 +25,13 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels.attention_tiles import load_kv_tile, online_softmax_step, tile_scores
 from engine.kernels.common import (
     check_paged_attention_inputs,
     dot_precision,
     next_pow2,
     num_sms,
     paged_attention_strides,
-    softcap_scores,
     window_and_softcap,
 )
 
@@ -92,8 +92,6 @@ def _decode_kernel(
         mask=g_mask[:, None] & d_mask[None, :],
         other=0.0,
     )
-    # exp2 is the fast path; fold log2(e) into the scale once.
-    qk_scale = scale * 1.4426950408889634
 
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_sum = tl.zeros([BLOCK_G], tl.float32)
@@ -101,24 +99,13 @@ def _decode_kernel(
     k_base = cache_ptr + kvh * stride_c_h
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
     for start in range(lo, hi, TILE):
-        toks = start + tl.arange(0, TILE)
-        t_mask = toks < hi
-        blk = tl.load(bt_row + toks // BLOCK_SIZE, mask=t_mask, other=0).to(tl.int64)
-        row = blk * stride_c_blk + (toks % BLOCK_SIZE) * stride_c_tok
-        kv_mask = t_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_base + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(k_base + stride_c_kv + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC)
-        # Gemma 2 caps the scaled scores before the mask (a hidden key stays at -inf,
-        # not at -softcap); log2(e) then goes on separately.
-        s = softcap_scores(s * scale, softcap) * 1.4426950408889634 if SOFTCAP else s * qk_scale
+        _, t_mask, k, v = load_kv_tile(
+            k_base, bt_row, start, hi, d, d_mask, stride_c_kv, stride_c_blk, stride_c_tok,
+            BLOCK_SIZE, TILE,
+        )  # fmt: skip
+        s = tile_scores(q, k, scale, softcap, DOT_PREC, SOFTCAP)
         s = tl.where(t_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m - m_new)
-        l_sum = l_sum * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PREC)
-        m = m_new
+        m, l_sum, acc = online_softmax_step(m, l_sum, acc, s, v.to(q.dtype), DOT_PREC)
 
     out_mask = g_mask[:, None] & d_mask[None, :]
     if NUM_SPLITS == 1:

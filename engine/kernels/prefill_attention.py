@@ -27,12 +27,12 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels.attention_tiles import load_kv_tile, online_softmax_step, tile_scores
 from engine.kernels.common import (
     check_paged_attention_inputs,
     dot_precision,
     next_pow2,
     paged_attention_strides,
-    softcap_scores,
     window_and_softcap,
 )
 
@@ -93,7 +93,6 @@ def _prefill_kernel(
     # skipped (window is 2**30 without one, so this is 0).
     kv_lo = tl.maximum(ctx_len + m_tile * BLOCK_M - window + 1, 0)
     kv_lo = (kv_lo // BLOCK_N) * BLOCK_N
-    qk_scale = scale * 1.4426950408889634
 
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_sum = tl.zeros([BLOCK_M], tl.float32)
@@ -101,29 +100,15 @@ def _prefill_kernel(
     k_base = cache_ptr + kvh * stride_c_h
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
     for start in range(kv_lo, kv_hi, BLOCK_N):
-        toks = start + tl.arange(0, BLOCK_N)
-        t_mask = toks < kv_hi
-        blk = tl.load(bt_row + toks // BLOCK_SIZE, mask=t_mask, other=0).to(tl.int64)
-        row = blk * stride_c_blk + (toks % BLOCK_SIZE) * stride_c_tok
-        kv_mask = t_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_base + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(k_base + stride_c_kv + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC)
-        # Gemma 2 caps the scaled scores before the mask (a hidden key stays at -inf,
-        # not at -softcap); log2(e) then goes on separately.
-        s = softcap_scores(s * scale, softcap) * 1.4426950408889634 if SOFTCAP else s * qk_scale
+        toks, t_mask, k, v = load_kv_tile(
+            k_base, bt_row, start, kv_hi, d, d_mask, stride_c_kv, stride_c_blk, stride_c_tok,
+            BLOCK_SIZE, BLOCK_N,
+        )  # fmt: skip
+        s = tile_scores(q, k, scale, softcap, DOT_PREC, SOFTCAP)
         visible = t_mask[None, :] & (toks[None, :] <= q_pos[:, None])
         visible = visible & (toks[None, :] > q_pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        # A row with no visible key yet (a window's rows start at different keys) keeps
-        # m = -inf: a 0 in its place avoids exp(-inf - -inf).
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m - m_safe)
-        l_sum = l_sum * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PREC)
-        m = m_new
+        m, l_sum, acc = online_softmax_step(m, l_sum, acc, s, v.to(q.dtype), DOT_PREC)
 
     denom = tl.where(l_sum > 0, l_sum, 1.0)
     o = acc / denom[:, None]

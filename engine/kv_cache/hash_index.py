@@ -12,7 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from engine.kv_cache.cache_key import block_hash
-from engine.kv_cache.prefix_index import BlockKey, Chunk, MatchResult, PrefixIndexError
+from engine.kv_cache.prefix_index import (
+    BlockKey,
+    Chunk,
+    MatchResult,
+    PrefixIndexError,
+    block_chunks,
+)
 
 
 class HashIndex:
@@ -42,8 +48,7 @@ class HashIndex:
     def _keyed(
         self, root: bytes, parent: bytes | None, tokens: Sequence[int], n: int
     ) -> tuple[list[Chunk], list[BlockKey]]:
-        bs = self.block_size
-        chunks = [tuple(tokens[i * bs : (i + 1) * bs]) for i in range(n)]
+        chunks = block_chunks(tokens, self.block_size, n)
         keys: list[BlockKey] = []
         key: BlockKey | None = parent
         for chunk in chunks:

@@ -20,6 +20,11 @@ Chunk = tuple[int, ...]  # the tokens of one full block
 BlockKey = bytes | Chunk
 
 
+def block_chunks(tokens: Sequence[int], block_size: int, n: int) -> list[Chunk]:
+    """The first `n` full blocks of `tokens`, one chunk each."""
+    return [tuple(tokens[i * block_size : (i + 1) * block_size]) for i in range(n)]
+
+
 class MatchResult(NamedTuple):
     """The cached blocks of the longest block-aligned prefix, and the lookup's work."""
 

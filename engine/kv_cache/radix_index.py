@@ -16,7 +16,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from engine.kv_cache.prefix_index import BlockKey, Chunk, MatchResult, PrefixIndexError
+from engine.kv_cache.prefix_index import (
+    BlockKey,
+    Chunk,
+    MatchResult,
+    PrefixIndexError,
+    block_chunks,
+)
 
 
 @dataclass(eq=False)
@@ -42,10 +48,6 @@ class RadixIndex:
     def __len__(self) -> int:
         return len(self._node_of)
 
-    def _chunks(self, tokens: Sequence[int], n: int) -> list[Chunk]:
-        bs = self.block_size
-        return [tuple(tokens[i * bs : (i + 1) * bs]) for i in range(n)]
-
     def block_key(self, root: bytes, parent: BlockKey | None, chunk: Chunk) -> Chunk:
         """A block's own tokens: the tree is keyed by them, under the root's tree."""
         return chunk
@@ -55,7 +57,7 @@ class RadixIndex:
         n = min(max_blocks, len(tokens) // self.block_size)
         if n == 0:
             return MatchResult([], 1)
-        return self._walk(root, self._chunks(tokens, n))
+        return self._walk(root, block_chunks(tokens, self.block_size, n))
 
     def match_keys(
         self, root: bytes, chunks: Sequence[Chunk], keys: Sequence[BlockKey]
@@ -92,7 +94,7 @@ class RadixIndex:
         """Follows existing edges where blocks agree, then hangs the rest as one new node."""
         if len(tokens) != self.block_size * len(block_ids):
             raise PrefixIndexError("insert takes full blocks only")
-        chunks = self._chunks(tokens, len(block_ids))
+        chunks = block_chunks(tokens, self.block_size, len(block_ids))
         return self.insert_keys(root, parent, chunks, chunks, block_ids)
 
     def insert_keys(

@@ -71,6 +71,15 @@ _SPEC_DECODE_COUNTERS = {
 }
 
 
+def _advance(child: Counter, now: float, before: float | None) -> None:
+    """Advances a counter's series by how much an engine's cumulative figure grew since
+    its last snapshot (`before`; None: none yet). A smaller figure means the engine
+    restarted, so it counts from its zero."""
+    grown = now - before if before is not None and now >= before else now
+    if grown > 0:
+        child.inc(grown)
+
+
 class TenantLabeler:
     """Maps tenant names to a bounded label set (first come, first kept)."""
 
@@ -327,11 +336,7 @@ class GatewayMetrics:
                     prev.preemptions_caused if prev else None,
                 ),
             ):
-                # A smaller value means the engine restarted: count from its zero.
-                delta = value - old if old is not None and value >= old else value
-                child = counter.labels(label, name)
-                if delta > 0:
-                    child.inc(delta)
+                _advance(counter.labels(label, name), value, old)
         for label in self._tenant_kv_labels.get(name, set()) - set(blocks):
             with contextlib.suppress(KeyError):
                 self.tenant_kv_blocks.remove(label, name)
@@ -353,21 +358,16 @@ class GatewayMetrics:
             for field, counter in self.kv_tier_counters.items():
                 now = int(getattr(tier, field))
                 old = None if prev is None else int(getattr(prev, field))
-                delta = now - old if old is not None and now >= old else now
-                child = counter.labels(name, tier.medium)
-                if delta > 0:
-                    child.inc(delta)
+                _advance(counter.labels(name, tier.medium), now, old)
         now_totals = tier_totals(snap)
         old_totals = tier_totals(last) if last is not None else {}
         for key, value in now_totals.items():
             prior = old_totals.get(key)  # (floats: the transfer times are seconds)
-            grown = value - prior if prior is not None and value >= prior else value
             children = [self.tier_aliases[key].labels(name)]
             if key in TRANSFER_TYPES:
                 children.append(self.offload_total_bytes.labels(name, TRANSFER_TYPES[key]))
             for child in children:  # created at 0: a tier with no traffic yet still shows
-                if grown > 0:
-                    child.inc(grown)
+                _advance(child, value, prior)
 
     def _update_spec_decode(
         self, name: str, snap: EngineSnapshot, last: EngineSnapshot | None
@@ -379,19 +379,13 @@ class GatewayMetrics:
         if now is None:
             return
         prev = last.spec_decode if last is not None else None
-
-        def advance(child: Counter, value: int, old: int | None) -> None:
-            delta = value - old if old is not None and value >= old else value
-            if delta > 0:
-                child.inc(delta)
-
         for field, counter in self.spec_decode_counters.items():
             old = None if prev is None else int(getattr(prev, field))
-            advance(counter.labels(name), int(getattr(now, field)), old)
+            _advance(counter.labels(name), int(getattr(now, field)), old)
         before = prev.accepted_per_pos if prev is not None else ()
         for pos, value in enumerate(now.accepted_per_pos):
             old_pos = before[pos] if pos < len(before) else None
-            advance(self.spec_decode_per_pos.labels(name, str(pos)), int(value), old_pos)
+            _advance(self.spec_decode_per_pos.labels(name, str(pos)), int(value), old_pos)
 
     def observe_request(self, *, tenant: str, status: int, model: str) -> None:
         """Counts one finished request under its bounded tenant label."""
@@ -481,11 +475,8 @@ class GatewayMetrics:
                 before = last.kv_events_dropped if last else None
                 pairs.append((self.kv_events_dropped, snap.kv_events_dropped, before))
             for counter, now, before in pairs:
-                # A smaller value means the engine restarted: count from its zero.
-                delta = now - before if before is not None and now >= before else now
-                child = counter.labels(name)  # a model with no traffic yet still shows 0
-                if delta > 0:
-                    child.inc(delta)
+                # labels() makes the series at 0: a model with no traffic yet still shows
+                _advance(counter.labels(name), now, before)
             if snap.num_blocks and (last is None or last.num_blocks != snap.num_blocks):
                 self.cache_config.labels(
                     name, str(snap.block_size), str(snap.num_blocks), CACHE_DTYPE

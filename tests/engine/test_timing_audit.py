@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pytest
 from scipy.stats import ks_2samp
@@ -59,6 +59,36 @@ def timed(engine: LLMEngine, ids: list[int], domain: str) -> tuple[float, int]:
                 return ttft, event.num_cached_tokens
 
 
+def prompt_makers(
+    rng: random.Random, letters: list[int], tokens: int, prefix: Sequence[int] = ()
+) -> tuple[Callable[[], list[int]], Callable[[list[int]], list[int]]]:
+    """`fresh`, a new prompt of `prefix` and `tokens` random letters, and `probe_of`, a
+    prompt sharing `prefix` and SHARED of a victim's letters (its first differing token
+    forced to differ)."""
+
+    def fresh() -> list[int]:
+        return [*prefix, *(rng.choice(letters) for _ in range(tokens))]
+
+    def probe_of(victim: list[int]) -> list[int]:
+        k = len(prefix) + int(tokens * SHARED)
+        differ = rng.choice([t for t in letters if t != victim[k]])
+        return victim[:k] + [differ] + [rng.choice(letters) for _ in range(len(victim) - k - 1)]
+
+    return fresh, probe_of
+
+
+def assert_verdict(ttft: dict[str, list[float]], cached: dict[str, list[int]], tokens: int) -> None:
+    """The audit's verdict on its arms: the same domain's hits are cached and detected
+    (the test has power), another domain's are neither."""
+    same = ks_2samp(ttft["same"], ttft["base"], alternative="greater")
+    cross = ks_2samp(ttft["cross"], ttft["base"], alternative="greater")
+    report = {k: [round(x, 3) for x in v] for k, v in ttft.items()}
+    assert all(c >= int(tokens * SHARED) - 16 for c in cached["same"]), cached
+    assert cached["cross"] == [0] * TRIALS and cached["base"] == [0] * TRIALS
+    assert same.pvalue < 1e-3, (same, report)
+    assert cross.pvalue > 1e-3, (cross, report)
+
+
 def audit(
     engine: LLMEngine,
     rng: random.Random,
@@ -92,23 +122,7 @@ def audit(
 def test_cross_domain_prefix_is_untimeable_and_same_domain_is_detected() -> None:
     engine = LLMEngine.from_options(None, num_blocks=4 * TRIALS * (TOKENS // 16 + 2) + 64)
     rng = random.Random(1234)
-    letters = letter_ids(engine)
-
-    def fresh() -> list[int]:
-        return [rng.choice(letters) for _ in range(TOKENS)]
-
-    def probe_of(victim: list[int]) -> list[int]:
-        k = int(TOKENS * SHARED)
-        differ = rng.choice([t for t in letters if t != victim[k]])
-        return victim[:k] + [differ] + [rng.choice(letters) for _ in range(TOKENS - k - 1)]
-
+    fresh, probe_of = prompt_makers(rng, letter_ids(engine), TOKENS)
     timed(engine, fresh(), "t:warmup")
     ttft, cached = audit(engine, rng, fresh, probe_of)
-
-    same = ks_2samp(ttft["same"], ttft["base"], alternative="greater")
-    cross = ks_2samp(ttft["cross"], ttft["base"], alternative="greater")
-    report = {k: [round(x, 3) for x in v] for k, v in ttft.items()}
-    assert all(c >= int(TOKENS * SHARED) - 16 for c in cached["same"]), cached
-    assert cached["cross"] == [0] * TRIALS and cached["base"] == [0] * TRIALS
-    assert same.pvalue < 1e-3, (same, report)
-    assert cross.pvalue > 1e-3, (cross, report)
+    assert_verdict(ttft, cached, TOKENS)

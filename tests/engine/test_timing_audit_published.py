@@ -15,7 +15,15 @@ from scipy.stats import ks_2samp
 
 from engine.kv_cache.cache_rules import CacheRules
 from engine.llm_engine import LLMEngine
-from tests.engine.test_timing_audit import SHARED, TOKENS, TRIALS, audit, letter_ids, timed
+from tests.engine.test_timing_audit import (
+    SHARED,
+    TOKENS,
+    TRIALS,
+    audit,
+    letter_ids,
+    prompt_makers,
+    timed,
+)
 
 PUBLISHED = 64  # four full blocks, shared by every domain
 
@@ -30,15 +38,7 @@ def test_private_part_after_a_published_prefix_is_untimeable_across_domains() ->
     letters = letter_ids(engine)
     published = [rng.choice(letters) for _ in range(PUBLISHED)]
     engine.update_cache_rules(CacheRules(published=(tuple(published),)))
-
-    def fresh() -> list[int]:
-        return published + [rng.choice(letters) for _ in range(TOKENS)]
-
-    def probe_of(victim: list[int]) -> list[int]:
-        k = PUBLISHED + int(TOKENS * SHARED)
-        differ = rng.choice([t for t in letters if t != victim[k]])
-        return victim[:k] + [differ] + [rng.choice(letters) for _ in range(len(victim) - k - 1)]
-
+    fresh, probe_of = prompt_makers(rng, letters, TOKENS, published)
     timed(engine, fresh(), "t:warmup")  # also computes the published blocks
     ttft, cached = audit(engine, rng, fresh, probe_of)
 

@@ -12,14 +12,12 @@ from typing import Any
 
 import click
 import pytest
-from click.testing import CliRunner, Result
-from sqlalchemy import select
 
 from admin import registry
-from admin.models import AuditEvent
 from cloister.commands.prefixes import commands as prefix_commands
 from cloister.commands.tenants import commands as tenant_commands
 from tenancy.db import make_engine, make_session_factory
+from tests.tenancy.cli_db import audit, cli_db_url, cli_with_acme, run
 from tests.utils.cache_policy_defaults import DEFAULT_CACHE_POLICY
 
 
@@ -27,37 +25,23 @@ from tests.utils.cache_policy_defaults import DEFAULT_CACHE_POLICY
 def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> click.Group:
     """The tenants and prefixes groups on a fresh SQLite database with tenant acme and
     model tiny registered."""
-    url = f"sqlite:///{tmp_path / 'cli.db'}"
-    monkeypatch.setenv("CLOISTER_DATA_DIR", str(tmp_path))
-    monkeypatch.setenv("CLOISTER_DATABASE_URL", url)
-    monkeypatch.setenv("CLOISTER_KEY_PEPPER", "cli-policy-pepper")
-    root = click.Group("cloister")
-    for command in [*tenant_commands, *prefix_commands]:
-        root.add_command(command)
-    assert run(root, "tenants", "create", "acme").exit_code == 0
-    engine = make_engine(url)
+    root = cli_with_acme(
+        tmp_path,
+        monkeypatch,
+        pepper="cli-policy-pepper",
+        commands=[*tenant_commands, *prefix_commands],
+    )
+    engine = make_engine(cli_db_url(tmp_path))
     with make_session_factory(engine)() as s:
         registry.register_model(s, name="tiny", source="/m", format="gguf", context_length=64)
     engine.dispose()
     return root
 
 
-def run(cli: click.Group, *args: str) -> Result:
-    return CliRunner().invoke(cli, list(args))
-
-
 def policy(cli: click.Group) -> dict[str, Any]:
     (tenant,) = json.loads(run(cli, "tenants", "list", "--json").output)
     keys = ("weight", "cache_floor_blocks", "cache_floor_share", "retention_ttl_s")
     return {k: tenant[k] for k in (*keys, "scrub_on_free", "never_cache", "kv_quota_blocks")}
-
-
-def audit(tmp_path: Path, action: str) -> list[AuditEvent]:
-    engine = make_engine(f"sqlite:///{tmp_path / 'cli.db'}")
-    with make_session_factory(engine)() as s:
-        rows = list(s.scalars(select(AuditEvent).where(AuditEvent.action == action)))
-    engine.dispose()
-    return rows
 
 
 DEFAULTS = DEFAULT_CACHE_POLICY

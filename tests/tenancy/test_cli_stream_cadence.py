@@ -8,37 +8,17 @@ from pathlib import Path
 
 import click
 import pytest
-from click.testing import CliRunner, Result
-from sqlalchemy import select
 
-from admin.models import AuditEvent
 from cloister.commands.tenants import commands as tenant_commands
-from tenancy.db import make_engine, make_session_factory
+from tests.tenancy.cli_db import audit, cli_with_acme, run
 
 
 @pytest.fixture
 def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> click.Group:
     """The tenants group on a fresh SQLite database with tenant acme."""
-    monkeypatch.setenv("CLOISTER_DATA_DIR", str(tmp_path))
-    monkeypatch.setenv("CLOISTER_DATABASE_URL", f"sqlite:///{tmp_path / 'cli.db'}")
-    monkeypatch.setenv("CLOISTER_KEY_PEPPER", "cli-cadence-pepper")
-    root = click.Group("cloister")
-    for command in tenant_commands:
-        root.add_command(command)
-    assert run(root, "tenants", "create", "acme").exit_code == 0
-    return root
-
-
-def run(cli: click.Group, *args: str) -> Result:
-    return CliRunner().invoke(cli, list(args))
-
-
-def audit(tmp_path: Path, action: str) -> list[AuditEvent]:
-    engine = make_engine(f"sqlite:///{tmp_path / 'cli.db'}")
-    with make_session_factory(engine)() as s:
-        rows = list(s.scalars(select(AuditEvent).where(AuditEvent.action == action)))
-    engine.dispose()
-    return rows
+    return cli_with_acme(
+        tmp_path, monkeypatch, pepper="cli-cadence-pepper", commands=tenant_commands
+    )
 
 
 def cadence(cli: click.Group, name: str = "acme") -> str:

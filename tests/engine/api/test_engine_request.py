@@ -23,6 +23,7 @@ from engine.scheduler.fair import FairQueue
 from engine.sequence import Sequence
 from tests.utils.engine_requests import make_sequence
 from tests.utils.fast_fake_model import fast_fake_engine, fast_fake_llm_engine
+from tests.utils.queue_order import admission_order
 
 PARAMS = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
 
@@ -161,12 +162,7 @@ def _admission_order(priorities: dict[str, list[int]]) -> list[str]:
     for i in range(4):
         for key, prios in priorities.items():
             queue.push(_seq(key, i, prios[i]))
-    order: list[str] = []
-    while (seq := queue.peek()) is not None:
-        queue.pop(seq)
-        queue.charge(seq, seq.num_prompt_tokens)
-        order.append(seq.seq_id)
-    return order
+    return [seq.seq_id for seq in admission_order(queue)]
 
 
 def test_priority_orders_within_a_tenant_never_across() -> None:

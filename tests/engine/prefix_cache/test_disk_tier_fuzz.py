@@ -23,7 +23,11 @@ from engine.kv_cache.disk_tier import DiskTier
 from engine.kv_cache.eviction import CachePolicy
 from engine.kv_cache.host_tier import HostTier
 from tests.engine.prefix_cache.cache_driver import CacheDriver, Identity
-from tests.engine.prefix_cache.test_host_tier_fuzz import TieredDriver
+from tests.engine.prefix_cache.test_host_tier_fuzz import (
+    TieredDriver,
+    add_random_prompts,
+    shared_openings,
+)
 
 PAYLOAD = 512
 
@@ -88,12 +92,9 @@ def test_random_traffic_with_a_disk_tier_keeps_isolation(seed: int, tmp_path: pa
     host.attach_lower(disk)
     kv.attach_tier(host)
     tiered = DiskTieredDriver(driver, host, store)
-    domains = ["t:a", "t:b", "t:c", "t:a/k:1"]
-    openings = [[rng.randrange(50) for _ in range(rng.randrange(4, 20))] for _ in range(4)]
+    openings = shared_openings(rng)
     for _round in range(8):
-        for _ in range(rng.randrange(2, 6)):
-            prompt = rng.choice(openings) + [rng.randrange(50) for _ in range(rng.randrange(1, 12))]
-            driver.add(prompt, rng.randrange(1, 6), rng.choice(domains))
+        add_random_prompts(driver, rng, openings)
         tiered.run()
         store.flush()  # also lets a lookup read files rather than queued bytes
     driver.assert_clean()

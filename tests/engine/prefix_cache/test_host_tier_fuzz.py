@@ -72,6 +72,23 @@ class TieredDriver:
         raise AssertionError("scheduler did not finish")
 
 
+DOMAINS = ["t:a", "t:b", "t:c", "t:a/k:1"]
+
+
+def shared_openings(rng: random.Random) -> list[list[int]]:
+    """Four random prompt openings, for every domain: the same tokens under several
+    domains must never be shared."""
+    return [[rng.randrange(50) for _ in range(rng.randrange(4, 20))] for _ in range(4)]
+
+
+def add_random_prompts(driver: CacheDriver, rng: random.Random, openings: list[list[int]]) -> None:
+    """Queues a round of two to five requests, each an opening and a random tail, with
+    random output lengths, under random DOMAINS."""
+    for _ in range(rng.randrange(2, 6)):
+        prompt = rng.choice(openings) + [rng.randrange(50) for _ in range(rng.randrange(1, 12))]
+        driver.add(prompt, rng.randrange(1, 6), rng.choice(DOMAINS))
+
+
 @pytest.mark.parametrize("mode", ["hash", "radix"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_random_traffic_with_a_host_tier_keeps_isolation(mode: str, seed: int) -> None:
@@ -85,13 +102,9 @@ def test_random_traffic_with_a_host_tier_keeps_isolation(mode: str, seed: int) -
     )
     kv.attach_tier(tier)
     tiered = TieredDriver(driver, tier)
-    domains = ["t:a", "t:b", "t:c", "t:a/k:1"]
-    # Shared openings: the same tokens under several domains must never be shared.
-    openings = [[rng.randrange(50) for _ in range(rng.randrange(4, 20))] for _ in range(4)]
+    openings = shared_openings(rng)
     for _round in range(6):
-        for _ in range(rng.randrange(2, 6)):
-            prompt = rng.choice(openings) + [rng.randrange(50) for _ in range(rng.randrange(1, 12))]
-            driver.add(prompt, rng.randrange(1, 6), rng.choice(domains))
+        add_random_prompts(driver, rng, openings)
         tiered.run()
     driver.assert_clean()
     stats = tier.stats()

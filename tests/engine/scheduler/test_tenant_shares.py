@@ -16,6 +16,7 @@ from engine.scheduler.fair import FairQueue
 from engine.scheduler.tenants import TenantBook, within_share
 from tests.engine.prefix_cache.cache_driver import CacheDriver
 from tests.utils.fast_fake_model import fast_fake_llm_engine
+from tests.utils.queue_order import admission_order
 
 SHARED = list(range(1, 17))  # four blocks of 4 tokens
 
@@ -297,11 +298,6 @@ def test_the_queue_chooses_the_same_tenants_whatever_another_tenant_has_cached()
                 seq = d.add(prompt, 3, key, fairness_key=key)
                 d.scheduler.waiting.remove(seq)  # the driver's scheduler stays idle
                 queue.push(seq)
-        order: list[str] = []
-        while (seq := queue.peek()) is not None:
-            queue.pop(seq)
-            queue.charge(seq, seq.num_prompt_tokens)
-            order.append(seq.fairness_key)
-        return order
+        return [seq.fairness_key for seq in admission_order(queue)]
 
     assert picks(True) == picks(False)
