@@ -99,8 +99,8 @@ def load_settings(**overrides: Any) -> Settings:
     except SettingsError as exc:  # a variable that could not be read, or read twice
         raise click.ClickException(f"invalid settings: {exc}") from None
     except ValidationError as exc:
-        lines = "".join(f"\n  {line}" for line in refused_values(exc))
-        raise click.ClickException(f"invalid settings:{lines}") from None
+        # One line, as the CLI writes every error (cloister.cli_context words them alike).
+        raise click.ClickException(f"invalid settings: {'; '.join(refused_values(exc))}") from None
 
 
 def location_flags(settings: Settings) -> str:
