@@ -125,11 +125,10 @@ class FlatEnvSource(PydanticBaseSettingsSource):
         """{group: {field: raw value}} for each flat variable set."""
         env = {key.upper(): value for key, value in self._environ.items()}
         out: dict[str, dict[str, Any]] = {}
-        for flat, (group, field) in FLAT_NAMES.items():
-            name = f"{ENV_PREFIX}{flat}".upper()
+        for group, field in FLAT_NAMES.values():
+            _, (name, nested_name) = env_names((group, field))
             if name not in env:
                 continue
-            nested_name = f"{ENV_PREFIX}{group}{NESTED_DELIMITER}{field}".upper()
             if nested_name in env and env[nested_name] != env[name]:
                 raise SettingsError(
                     f"{name} and {nested_name} are one setting, given two values: set one of them"

@@ -18,7 +18,7 @@ from pathlib import Path
 from pydantic import BaseModel, SecretStr
 from pydantic_core import PydanticUndefined
 
-from server.settings.flat_names import ENV_PREFIX, GROUPS, NESTED_DELIMITER
+from server.settings.flat_names import GROUPS, env_names
 from server.settings.root import Settings
 
 SECRET_DEFAULT = "(a secret: none in production)"
@@ -105,26 +105,22 @@ def reference_rows() -> list[SettingRow]:
     for name in Settings.model_fields:
         if name in GROUPS:
             continue
-        variable = f"{ENV_PREFIX}{name}".upper()
         rows.append(
             SettingRow(
                 name,
-                (variable,),
+                env_names((name,))[1],
                 _values(Settings, name),
                 _default(Settings, name),
                 top_notes[name],
             )
         )
-    for group, (model, prefix) in GROUPS.items():
+    for group, (model, _) in GROUPS.items():
         notes = field_notes(model)
         for name in model.model_fields:
-            flat = f"{ENV_PREFIX}{prefix}{name}".upper()
-            nested = f"{ENV_PREFIX}{group}{NESTED_DELIMITER}{name}".upper()
-            place = f"{group}.{name}"
             rows.append(
                 SettingRow(
-                    place,
-                    (flat, nested),
+                    f"{group}.{name}",
+                    env_names((group, name))[1],
                     _values(model, name),
                     _default(model, name),
                     notes[name],

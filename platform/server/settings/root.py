@@ -122,7 +122,7 @@ class Settings(BaseSettings):
     @classmethod
     def setting_names(cls) -> frozenset[str]:
         """Every flat name a setting is given by (CLOISTER_ + the name in upper case)."""
-        top = {name for name in cls.model_fields if name not in _GROUP_NAMES}
+        top = {name for name in cls.model_fields if name not in GROUPS}
         return frozenset(top | set(FLAT_NAMES))
 
     @model_validator(mode="before")
@@ -237,7 +237,7 @@ class Settings(BaseSettings):
                 values[name] = getattr(self.admin, name)
             elif f"admin_{name}" in shared:
                 values[name] = getattr(self, f"admin_{name}")
-            elif name in shared and name not in _GROUP_NAMES:
+            elif name in shared and name not in GROUPS:
                 values[name] = getattr(self, name)
             elif name in EngineSettings.model_fields:
                 values[name] = getattr(self.engine, name)
@@ -285,6 +285,3 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'cloister.db').resolve()}"
-
-
-_GROUP_NAMES = frozenset(GROUPS)
