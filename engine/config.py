@@ -244,6 +244,9 @@ class SchedulerConfig:
     # tenant over its share is not admitted while one under its share waits. False: the
     # tenant-blind scheduler of before (newest sequence preempted), for comparisons.
     kv_shares: bool = True
+    # Step N+1 scheduled and its inputs built while step N's forward pass runs, its
+    # tokens taken while N+1's runs (engine/overlap.py); False: every step in turn.
+    overlap_scheduling: bool = True
 
 
 @dataclass(frozen=True)

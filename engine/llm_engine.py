@@ -18,6 +18,7 @@ from engine.lora.peft import AdapterInfo
 from engine.lora.registry import located
 from engine.model.loader import LoadedModel
 from engine.outputs import StreamEvent
+from engine.overlap import OverlapStepper
 from engine.request import EngineRequest, check_adapter_name
 from engine.request_state import RequestState
 from engine.runner.model_runner import SampledToken
@@ -70,6 +71,10 @@ class LLMEngine:
         self.tier_io = parts.tier_io
         self.speculator = parts.speculator
         self.kv_events = parts.kv_events
+        # Step N+1 prepared while step N runs (engine/overlap.py); None: every step in turn.
+        self.overlap: OverlapStepper | None = None
+        if config.scheduler.overlap_scheduling and self.speculator is None and self.kv.tier is None:
+            self.overlap = OverlapStepper(self)
         self.requests: dict[str, RequestState] = {}
         # Requests refused after they were queued, to make room for a tenant under its
         # share of the waiting slots; the caller reports them (`take_refused`).
@@ -279,6 +284,8 @@ class LLMEngine:
         """
         started = time.perf_counter()
         try:
+            if self.overlap is not None:
+                return self.overlap.step(started)
             if self.speculator is not None:
                 self.speculator.prepare(self.scheduler.running)
             if self.tier_io is not None:
@@ -288,26 +295,41 @@ class LLMEngine:
                 # Before the scrub and the forward pass: write-backs read blocks about to
                 # be reused; loads (into blocks no scheduled row reads) go to the worker.
                 self.tier_io.run(self.kv.tier.take_ops())
-            if output.is_empty:
-                # Every running sequence waits for its next grammar mask or for a tier
-                # load: wait for one rather than spin (the loop steps again at once).
-                if self.tier_io is not None and self.tier_io.busy:
-                    self.tier_io.wait_any(EMPTY_STEP_WAIT_S)
-                self.runner.matchers.wait_ahead(EMPTY_STEP_WAIT_S)
-                return []
-            generated = self._num_generated
-            events = self._run_step(output)
-            elapsed = time.perf_counter() - started
-            self.scheduler.observe_step(output, elapsed)
-            if self.speculator is not None:
-                self.speculator.observe_step(output, self._num_generated - generated, elapsed)
-            if self.tier_cost is not None and any(i.num_prompt_tokens for i in output.scheduled):
-                # What recomputing a token costs, for the host tier's load-or-recompute rule.
-                tokens = sum(i.num_new_tokens for i in output.scheduled)
-                self.tier_cost.observe_prefill(tokens, elapsed)
-            return events
+            return self.run_scheduled(output, started)
         finally:
             self._publish_kv_events()
+
+    def run_scheduled(
+        self,
+        output: SchedulerOutput,
+        started: float,
+        unreadable: dict[str, EngineError] | None = None,
+    ) -> list[StreamEvent]:
+        """Runs a scheduled step synchronously and takes its tokens; `unreadable`: the
+        adapters `LoraManager.prepare_step` could not read, when it was called already."""
+        if output.is_empty:
+            # Every running sequence waits for its next grammar mask or for a tier
+            # load: wait for one rather than spin (the loop steps again at once).
+            if self.tier_io is not None and self.tier_io.busy:
+                self.tier_io.wait_any(EMPTY_STEP_WAIT_S)
+            self.runner.matchers.wait_ahead(EMPTY_STEP_WAIT_S)
+            return []
+        generated = self._num_generated
+        events = self._run_step(output, unreadable)
+        elapsed = time.perf_counter() - started
+        self.observe_step(output, elapsed)
+        if self.speculator is not None:
+            self.speculator.observe_step(output, self._num_generated - generated, elapsed)
+        return events
+
+    def observe_step(self, output: SchedulerOutput, elapsed: float) -> None:
+        """Feeds a step's cost to what learns from it: the step budget and the host tier's
+        load-or-recompute rule."""
+        self.scheduler.observe_step(output, elapsed)
+        if self.tier_cost is not None and any(i.num_prompt_tokens for i in output.scheduled):
+            # What recomputing a token costs, for the host tier's load-or-recompute rule.
+            tokens = sum(i.num_new_tokens for i in output.scheduled)
+            self.tier_cost.observe_prefill(tokens, elapsed)
 
     def _publish_kv_events(self) -> None:
         """Hands the cache's changes since the last call to the KV events publisher."""
@@ -319,6 +341,8 @@ class LLMEngine:
     def close(self) -> None:
         """Releases what outlives a step: the KV events publisher's socket and thread, and
         the disk tier's writer (its queued writes finish first)."""
+        if self.overlap is not None:
+            self.overlap.close()
         if self.tier_io is not None:
             self.tier_io.close(self._requeue_over)
         if isinstance(self.kv.tier, HostTier):
@@ -336,14 +360,21 @@ class LLMEngine:
         for seq in over:
             self.runner.block_table.release(seq.seq_id)
 
-    def _run_step(self, output: SchedulerOutput) -> list[StreamEvent]:
-        """Runs a scheduled step and turns its sampled tokens into events."""
+    def mark_scheduled(self, output: SchedulerOutput) -> None:
+        """Notes when each request of a step was first scheduled."""
         now = time.time()
         for item in output.scheduled:
             state = self.requests[item.seq.request_id]
             if state.first_scheduled_time is None:
                 state.first_scheduled_time = now
-        unreadable = self.lora.prepare_step()
+
+    def _run_step(
+        self, output: SchedulerOutput, unreadable: dict[str, EngineError] | None = None
+    ) -> list[StreamEvent]:
+        """Runs a scheduled step and turns its sampled tokens into events."""
+        self.mark_scheduled(output)
+        if unreadable is None:
+            unreadable = self.lora.prepare_step()
         if unreadable:
             output = self._fail_unreadable_adapters(output, unreadable)
             if output.is_empty:
@@ -354,6 +385,15 @@ class LLMEngine:
         sampled, faults = execute_isolated(self.runner.execute, self.runner.rewind, output)
         for request_id, exc in faults.items():
             self._fail(request_id, exc)
+        return self.emit(output, sampled)
+
+    def emit(
+        self, output: SchedulerOutput, sampled: dict[str, SampledToken], *, settle: bool = False
+    ) -> list[StreamEvent]:
+        """Hands a run step's tokens to their sequences and requests; returns the events.
+
+        `settle`: the step was launched ahead (engine.overlap), its rows advanced then.
+        """
         now = time.time()
         touched: dict[str, RequestState] = {}
         for item in output.scheduled:
@@ -365,7 +405,7 @@ class LLMEngine:
                 elif item.spec and token is not None:
                     self._take_verified(item, token, now, touched)
                 else:
-                    self._take_token(item, token, now, touched)
+                    self._take_token(item, token, now, touched, settle=settle)
             except Exception as exc:
                 self._fail(seq.request_id, exc)
         events: list[StreamEvent] = []
@@ -387,10 +427,15 @@ class LLMEngine:
         token: SampledToken | None,
         now: float,
         touched: dict[str, RequestState],
+        *,
+        settle: bool = False,
     ) -> None:
-        """Advances one scheduled row and hands its sampled token, if any, to its request."""
+        """Advances one scheduled row and hands its sampled token, if any, to its request
+        (`settle`: the row was advanced when its step was launched ahead)."""
         seq = item.seq
-        if not self.scheduler.update_one(item, None if token is None else token.token_id):
+        token_id = None if token is None else token.token_id
+        update = self.scheduler.settle_one if settle else self.scheduler.update_one
+        if not update(item, token_id):
             return
         assert token is not None
         state = self.requests[seq.request_id]
@@ -491,6 +536,7 @@ class LLMEngine:
             self.scheduler.running, self.scheduler.waiting
         )
         budget = self.scheduler.step_budget
+        overlap = None if self.overlap is None else self.overlap.counters
         return EngineStats(
             max_loras=self.config.lora.max_loras,
             lora_running=lora_running,
@@ -516,4 +562,6 @@ class LLMEngine:
             tenant_kv=self.scheduler.kv_shares.stats(self.scheduler.running),
             kv_tiers=() if self.kv.tier is None else self.kv.tier.tier_stats(),
             spec_decode=None if self.speculator is None else self.speculator.stats(),
+            num_overlapped_steps=overlap.overlapped_steps if overlap else 0,
+            num_synchronous_steps=overlap.synchronous_steps if overlap else 0,
         )

@@ -9,6 +9,11 @@ from dataclasses import dataclass, field
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 
+# Stands for a token an in-flight step is sampling (overlap scheduling, engine/overlap.py):
+# appended when the step is launched so the next one can be scheduled, replaced by the
+# real token when the step's result is taken. Never a vocabulary id.
+PENDING_TOKEN = -1
+
 
 class SequenceStatus(enum.Enum):
     """Where a sequence is in its life."""
@@ -41,6 +46,9 @@ class Sequence:
     arrival_time: float = 0.0
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
+    # Of those, the tokens a launched step is still computing (overlap scheduling): their
+    # K/V are not written yet, so their blocks are not in the prefix cache yet.
+    num_unsettled_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
     # Grows in place only (append/extend); any other change assigns a new list, which
     # the runner's block table (engine/runner/block_table.py) notices by identity.
@@ -136,6 +144,19 @@ class Sequence:
         if start >= p:
             return self.output_token_ids[start - p : end - p]
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - p]
+
+    @property
+    def has_pending_token(self) -> bool:
+        """True while its last token is still being sampled by an in-flight step."""
+        return bool(self.output_token_ids) and self.output_token_ids[-1] == PENDING_TOKEN
+
+    def drop_pending_token(self) -> bool:
+        """Forgets a token still being sampled (the sequence ends or starts over); True
+        when there was one."""
+        if self.has_pending_token:
+            self.output_token_ids.pop()
+            return True
+        return False
 
     @property
     def all_token_ids(self) -> list[int]:

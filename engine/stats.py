@@ -58,3 +58,7 @@ class EngineStats:
     kv_tiers: tuple[TierStats, ...] = ()
     # Speculative decoding's drafts, draft tokens and accepted tokens (None: it is off).
     spec_decode: SpecDecodeStats | None = None
+    # Overlap scheduling (engine/overlap.py): steps launched while the one before ran, and
+    # steps run in turn because a row needed the previous token first (both 0: it is off).
+    num_overlapped_steps: int = 0
+    num_synchronous_steps: int = 0

@@ -57,7 +57,7 @@ class InFlightPrefixes:
 
     def computing(self, seq: Sequence, keys: list[FlightKey], block: int) -> bool:
         """Whether another running sequence of `seq`'s domain is computing its `block`
-        now (claimed, and not yet past it)."""
+        now (claimed, and not yet past it: a step still in flight has not written it)."""
         if block >= len(keys):
             return False
         owner = self._owner.get(keys[block])
@@ -66,5 +66,6 @@ class InFlightPrefixes:
             and owner is not seq
             and owner.cache_domain == seq.cache_domain
             and owner.status == SequenceStatus.RUNNING
-            and owner.num_computed_tokens < (block + 1) * self.block_size
+            and owner.num_computed_tokens - owner.num_unsettled_tokens
+            < (block + 1) * self.block_size
         )

@@ -139,6 +139,11 @@ class AdapterSlots:
         if adapter in self._slot_of:
             self._free.append(self._evict(adapter))
 
+    @property
+    def has_loads(self) -> bool:
+        """True when some slot must be filled before the next step runs."""
+        return bool(self._loads)
+
     def take_loads(self) -> list[tuple[int, str]]:
         """(slot, adapter) pairs placed since the last call, to copy to the device."""
         loads, self._loads = list(self._loads.items()), {}

@@ -34,6 +34,10 @@ class StepInputs:
     # Logits rows of each sampling sequence, in the order of `sampling_positions`: 1, or
     # 1 + its draft tokens for a verify row. () when every sequence has one row.
     rows_per_seq: tuple[int, ...] = ()
+    # Overlap scheduling: (index into input_ids, sequence id) of each input token the
+    # step before this one is still sampling (`PENDING_TOKEN`), filled in just before
+    # the forward pass (ModelRunner.run). () when every input token is known.
+    pending: tuple[tuple[int, str], ...] = ()
 
 
 def build_step_inputs(
@@ -61,9 +65,13 @@ def build_step_inputs(
     logits_rows: list[int] = []
     sampling_positions: list[int] = []
     rows_per_seq: list[int] = []
+    pending: list[tuple[int, str]] = []
     max_blocks = 1
     for idx, item in enumerate(output.scheduled):
         seq = item.seq
+        if seq.has_pending_token and item.known_end == seq.num_tokens:
+            # Only the last token can be pending; it is this row's last known input.
+            pending.append((query_start[-1] + item.known_end - 1 - item.start, seq.seq_id))
         input_ids.extend(seq.token_ids(item.start, item.known_end))
         input_ids.extend(item.spec)
         positions.extend(range(item.start, item.end))
@@ -104,6 +112,7 @@ def build_step_inputs(
         logits_indices=logits_t,
         sampling_positions=tuple(sampling_positions),
         rows_per_seq=tuple(rows_per_seq) if len(logits_rows) > len(rows_per_seq) else (),
+        pending=tuple(pending),
     )
 
 

@@ -8,7 +8,7 @@ logprobs, when asked for) come back. Pure-decode steps replay a CUDA graph when
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +47,16 @@ class SampledToken:
     accepted: tuple[int, ...] = ()
     # Uniforms a sampled verify row drew beyond one per emitted token (1 after a rejection).
     extra_draws: int = 0
+
+
+@dataclass(frozen=True)
+class PreparedStep:
+    """A plain step's inputs, adapter rows and sampling rows, built before it runs."""
+
+    inputs: StepInputs
+    lora: LoraBatch | None
+    seqs: tuple[Sequence, ...]  # the sequences that sample, in logits-row order
+    rows: tuple[SamplingRow, ...]
 
 
 class ModelRunner:
@@ -142,6 +152,37 @@ class ModelRunner:
         sampled.update(self._verify(verify, logits))
         return sampled
 
+    @torch.inference_mode()
+    def prepare(self, output: SchedulerOutput) -> PreparedStep:
+        """Overlap scheduling: everything of a plain step (no grammar, no drafts, no
+        penalties) the host does before the forward pass, on the engine's thread.
+
+        The sampling rows are taken now: the sequences' outputs grow on the engine's
+        thread while `run` executes on the forward worker.
+        """
+        inputs = build_step_inputs(output, self.block_size, self.device, self.block_table)
+        lora = self.lora.batch(output) if self.lora is not None else None
+        seqs = tuple(output.scheduled[i].seq for i in inputs.sampling_positions)
+        rows = tuple(self._row(seq) for seq in seqs)
+        return PreparedStep(inputs, lora, seqs, rows)
+
+    @torch.inference_mode()
+    def run(
+        self, step: PreparedStep, previous: Mapping[str, SampledToken]
+    ) -> dict[str, SampledToken]:
+        """Runs a prepared step; `previous` (the step before's tokens) fills its pending
+        input tokens first. On the forward worker's thread."""
+        inputs = step.inputs
+        if inputs.pending:
+            where = torch.tensor([i for i, _ in inputs.pending], dtype=torch.long)
+            tokens = torch.tensor([previous[s].token_id for _, s in inputs.pending])
+            inputs.input_ids[where.to(self.device)] = tokens.to(self.device)
+        hidden = self._forward(inputs, step.lora)
+        if not step.seqs:
+            return {}
+        logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        return self._sample(list(step.seqs), logits, None, list(step.rows))
+
     def _verify(
         self, rows: list[tuple[ScheduledSequence, int]], logits: torch.Tensor
     ) -> dict[str, SampledToken]:
@@ -171,10 +212,16 @@ class ModelRunner:
         return out
 
     def _sample(
-        self, seqs: list[Sequence], logits: torch.Tensor, pending: PendingMasks | None
+        self,
+        seqs: list[Sequence],
+        logits: torch.Tensor,
+        pending: PendingMasks | None,
+        rows: list[SamplingRow] | None = None,
     ) -> dict[str, SampledToken]:
-        """Samples one token per sequence from its logits row (no drafts)."""
-        rows = [self._row(seq) for seq in seqs]
+        """Samples one token per sequence from its logits row (no drafts); `rows`, when
+        given, were taken before (`prepare`)."""
+        if rows is None:
+            rows = [self._row(seq) for seq in seqs]
         mask = None if pending is None else self.matchers.finish_masks(pending)
         if mask is None and _plain_greedy(rows):
             # The common decode case needs no sampler: one argmax, one copy to the host.

@@ -30,7 +30,7 @@ from engine.scheduler.traffic import (
     newest_batch,
     same_class_or_below,
 )
-from engine.sequence import Sequence, SequenceStatus
+from engine.sequence import PENDING_TOKEN, Sequence, SequenceStatus
 
 # Bounds the sequences one step passes over while they wait for an adapter slot.
 MAX_HELD = 64
@@ -533,6 +533,10 @@ class Scheduler:
         keys are kept: its tokens are the same)."""
         self.kv.free(seq, keep_keys=True)
         seq.num_computed_tokens = 0
+        seq.num_unsettled_tokens = 0
+        # A token an in-flight step still samples is dropped: recomputation samples it
+        # again, and nothing is hashed or admitted with a placeholder in it.
+        seq.drop_pending_token()
         seq.num_preemptions += 1
         seq.status = SequenceStatus.WAITING
         self.num_preemptions += 1
@@ -566,11 +570,56 @@ class Scheduler:
         if token is None:
             return False
         seq.output_token_ids.append(token)
+        self._took(seq, token)
+        return True
+
+    def advance_one(self, item: ScheduledSequence, samples: bool) -> None:
+        """Overlap scheduling, when a step is launched: counts its tokens as computed and,
+        for a row that `samples`, holds the place of its token with `PENDING_TOKEN`, so
+        the next step can be scheduled before this one's result is known."""
+        seq = item.seq
+        if seq.is_finished:
+            return
+        seq.num_computed_tokens = item.end
+        seq.num_unsettled_tokens = item.num_new_tokens
+        if samples:
+            seq.output_token_ids.append(PENDING_TOKEN)
+
+    def settle_one(self, item: ScheduledSequence, token: int | None) -> bool:
+        """Overlap scheduling, when a launched step's result is taken: `update_one` for a
+        row `advance_one` advanced. True when the sequence received `token`.
+
+        A sequence preempted since the launch dropped its placeholder (`_preempt`): its
+        token is not taken, and it is sampled again when recomputed.
+        """
+        seq = item.seq
+        if seq.is_finished:
+            return False
+        seq.num_unsettled_tokens = 0
+        if seq.status is SequenceStatus.RUNNING and seq.num_computed_tokens >= item.end:
+            self.kv.cache_full_blocks(seq)  # the step's K/V are written now
+        if token is None or not seq.has_pending_token:
+            seq.drop_pending_token()
+            return False
+        seq.output_token_ids[-1] = token
+        self._took(seq, token)
+        return True
+
+    def rewind_one(self, item: ScheduledSequence) -> None:
+        """Overlap scheduling: undoes `advance_one` for a launched step that failed (it is
+        then run again synchronously)."""
+        seq = item.seq
+        seq.drop_pending_token()
+        seq.num_unsettled_tokens = 0
+        if seq.status is SequenceStatus.RUNNING and seq.num_computed_tokens == item.end:
+            seq.num_computed_tokens = item.start
+
+    def _took(self, seq: Sequence, token: int) -> None:
+        """Charges a sequence's new output token and ends the sequence if it stops there."""
         self.waiting.charge(seq, 2)  # an output token weighs two prompt tokens (VTC)
         reason = self._stop_reason(seq, token)
         if reason is not None:
             self.finish(seq, *reason)
-        return True
 
     def _stop_reason(self, seq: Sequence, token: int) -> tuple[str, int | None] | None:
         params = seq.params
@@ -587,6 +636,7 @@ class Scheduler:
         """Ends a sequence wherever it is and frees its blocks at once."""
         if seq.is_finished:
             return
+        seq.drop_pending_token()  # its request's outputs never show a placeholder
         was_waiting = seq.status is not SequenceStatus.RUNNING
         if was_waiting:
             self.waiting.remove(seq)

@@ -3,7 +3,7 @@
 Cloister is serving
   model      smollm2-135m-instruct  (llama, Q4_1+Q8_0; context 8192; KV 2048 blocks x 16 = ...)
   engine     device cpu, dtype float32, weights int4 (auto, from Q4_1 GGUF), attention cpu, thread mode
-  decoding   speculative decoding off
+  decoding   speculative decoding off; overlap scheduling on
   isolation  cache per tenant unless a tenant narrows it; prefix cache hash; ...
   fairness   fair_lpm scheduling; concurrency reject; limiter in-memory
   API        http://127.0.0.1:8000/v1
@@ -164,7 +164,7 @@ def build_summary(
         engine_mode=settings.engine.engine_mode,
         isolation=isolation,
         fairness=fairness,
-        decoding=describe_speculation(engine_options),
+        decoding=f"{describe_speculation(engine_options)}; {describe_overlap(engine_options)}",
         files=files_location(settings),
         urls={
             "API": f"{base}/v1",
@@ -193,6 +193,19 @@ def describe_speculation(engine_options: Mapping[str, Any]) -> str:
     model = engine_options.get("speculative_model")
     how = f"{method} with {model}" if model else str(method)
     return f"speculative decoding on ({how}, up to {tokens} draft tokens a step; {batch})"
+
+
+def describe_overlap(engine_options: Mapping[str, Any]) -> str:
+    """Whether the engines prepare each step while the one before runs (engine/overlap.py)."""
+    if "overlap_scheduling" not in engine_options:
+        return "overlap scheduling as the given engine was built"
+    if not engine_options["overlap_scheduling"]:
+        return "overlap scheduling off"
+    speculating = engine_options.get("speculative_method", "off") != "off"
+    if speculating or engine_options.get("kv_host_bytes"):
+        why = "speculative decoding" if speculating else "the KV tiers"
+        return f"overlap scheduling off (not with {why})"
+    return "overlap scheduling on"
 
 
 def _facts(path: str | None) -> ModelFacts | None:

@@ -86,6 +86,10 @@ class EngineSnapshot:
     # Speculative decoding's cumulative drafts, draft tokens and accepted tokens
     # (engine.stats.EngineStats.spec_decode; None where it is off or not reported).
     spec_decode: SpecDecodeStats | None = None
+    # Overlap scheduling's steps: launched while the one before ran, and run in turn
+    # (engine.stats.EngineStats.num_overlapped_steps; 0 where it is off or not reported).
+    num_overlapped_steps: int = 0
+    num_synchronous_steps: int = 0
 
 
 def sum_spec_decode(stats: Iterable[SpecDecodeStats | None]) -> SpecDecodeStats | None:

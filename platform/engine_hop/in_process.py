@@ -92,6 +92,8 @@ class InProcessEngineClient:
             num_batch_waiting=int(s.num_batch_waiting),
             kv_tiers=tuple(s.kv_tiers),
             spec_decode=s.spec_decode,
+            num_overlapped_steps=int(s.num_overlapped_steps),
+            num_synchronous_steps=int(s.num_synchronous_steps),
         )
 
     def public_prefix_blocks(self) -> int:

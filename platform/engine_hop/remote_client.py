@@ -477,6 +477,8 @@ class RemoteEngineClient:
                 num_batch_waiting=int(s.get("num_batch_waiting") or 0),
                 kv_tiers=_tiers_from_json(s.get("kv_tiers")),
                 spec_decode=spec_decode_from_json(s.get("spec_decode")),
+                num_overlapped_steps=int(s.get("num_overlapped_steps") or 0),
+                num_synchronous_steps=int(s.get("num_synchronous_steps") or 0),
             )
             adapters = adapters_from_stats(s)
             if adapters is not None and changes == self._adapter_changes:

@@ -312,6 +312,8 @@ class ReplicaSetClient:
             num_batch_running=sum(s.num_batch_running for s in snaps),
             num_batch_waiting=sum(s.num_batch_waiting for s in snaps),
             spec_decode=sum_spec_decode(s.spec_decode for s in snaps),
+            num_overlapped_steps=sum(s.num_overlapped_steps for s in snaps),
+            num_synchronous_steps=sum(s.num_synchronous_steps for s in snaps),
             # The stats poll carries load only; the pool's shape came with /internal/info.
             block_size=max(c.info.block_size for c in live),
             kv_tiers=sum_kv_tiers(s.kv_tiers for s in snaps),

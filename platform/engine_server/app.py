@@ -398,5 +398,8 @@ class EngineServer:
                 # Speculative decoding's counters (engine.speculative.stats.SpecDecodeStats;
                 # null where it is off).
                 "spec_decode": spec_decode_to_json(getattr(s, "spec_decode", None)),
+                # Overlap scheduling's steps (engine.stats.EngineStats; 0 where it is off).
+                "num_overlapped_steps": int(getattr(s, "num_overlapped_steps", 0)),
+                "num_synchronous_steps": int(getattr(s, "num_synchronous_steps", 0)),
             }
         )

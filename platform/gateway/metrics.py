@@ -231,6 +231,13 @@ class GatewayMetrics:
             "vllm:request_decode_time_seconds", "First token to finished.", m,
             registry=r, buckets=_LATENCY_BUCKETS,
         )  # fmt: skip
+        self.engine_steps = Counter(
+            "cloister_engine_steps_total",
+            "Engine steps under overlap scheduling: launched while the step before ran "
+            "(overlapped) or run in turn because a row needed the previous token first "
+            "(synchronous). No series where overlap scheduling is off.",
+            [*m, "mode"], registry=r,
+        )  # fmt: skip
         self.prefill_cap = Gauge(
             "cloister_engine_prefill_token_cap",
             "Prompt tokens the next engine step may carry under the ITL budget.", m,
@@ -477,6 +484,20 @@ class GatewayMetrics:
             for counter, now, before in pairs:
                 # labels() makes the series at 0: a model with no traffic yet still shows
                 _advance(counter.labels(name), now, before)
+            for mode, now_steps, before_steps in (
+                (
+                    "overlapped",
+                    snap.num_overlapped_steps,
+                    last.num_overlapped_steps if last else None,
+                ),
+                (
+                    "synchronous",
+                    snap.num_synchronous_steps,
+                    last.num_synchronous_steps if last else None,
+                ),
+            ):
+                if now_steps:  # only engines that overlap report any
+                    _advance(self.engine_steps.labels(name, mode), now_steps, before_steps)
             if snap.num_blocks and (last is None or last.num_blocks != snap.num_blocks):
                 self.cache_config.labels(
                     name, str(snap.block_size), str(snap.num_blocks), CACHE_DTYPE

@@ -192,11 +192,13 @@ def _summary(settings: Settings) -> str:
 
 
 def test_the_startup_summary_says_whether_speculation_is_on(tmp_path: Path) -> None:
-    assert "  decoding   speculative decoding off\n" in _summary(Settings(data_dir=tmp_path))
+    off = "  decoding   speculative decoding off; overlap scheduling on\n"
+    assert off in _summary(Settings(data_dir=tmp_path))
     on = _summary(Settings(data_dir=tmp_path, speculative_method="ngram", num_speculative_tokens=5))
     assert (
         "  decoding   speculative decoding on (ngram, up to 5 draft tokens a step; "
-        "batch limit from measured step costs)\n"
+        "batch limit from measured step costs); overlap scheduling off (not with "
+        "speculative decoding)\n"
     ) in on
     capped = _summary(
         Settings(data_dir=tmp_path, speculative_method="ngram", speculative_max_batch=6)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.llm_engine import LLMEngine
+from engine.runner.model_runner import PreparedStep
 from engine.scheduler.output import SchedulerOutput
 
 POISON_SEED = 666_013
@@ -26,7 +27,8 @@ def _poisoned(output: SchedulerOutput) -> bool:
 
 
 def inject_fault(engine: LLMEngine, where: str = "runner") -> LLMEngine:
-    """Makes `engine`'s model runner (`where="runner"`) or sampler raise on the mark."""
+    """Makes `engine`'s model runner (`where="runner"`: its synchronous `execute` and
+    its overlapped `run`) or sampler raise on the mark."""
     runner = engine.runner
     if where == "runner":
         real_execute = runner.execute
@@ -37,6 +39,15 @@ def inject_fault(engine: LLMEngine, where: str = "runner") -> LLMEngine:
             return real_execute(output)
 
         runner.execute = execute  # type: ignore[method-assign]
+        real_run = runner.run
+
+        # A step launched ahead (overlap scheduling) raises on the forward worker too.
+        def run(step: PreparedStep, previous: Any) -> Any:
+            if any(s.params.seed == POISON_SEED and s.num_output_tokens >= 2 for s in step.seqs):
+                raise RuntimeError(SECRET)
+            return real_run(step, previous)
+
+        runner.run = run  # type: ignore[method-assign]
     elif where == "sampler":
         real_sample = runner.sampler.sample
 

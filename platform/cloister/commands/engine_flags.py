@@ -148,6 +148,13 @@ ENGINE_OPTIONS: tuple[Callable[[Any], Any], ...] = (
     click.option("--retention-ttl-s", type=float, default=None, help="Drop idle cached blocks."),
     click.option("--scrub-freed-blocks/--no-scrub-freed-blocks", default=None),
     click.option("--strict-partition/--no-strict-partition", default=None),
+    click.option(
+        "--overlap/--no-overlap",
+        "overlap_scheduling",
+        default=None,
+        help="Overlap scheduling: the next step is prepared while the current one runs "
+        "(default on; --no-overlap runs every step in turn).",
+    ),
 )
 
 

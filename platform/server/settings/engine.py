@@ -83,6 +83,12 @@ class EngineSettings(BaseModel):
     # Weighted KV shares in the running set: under contention the preemption victim comes
     # from the tenant most over its share (false: the tenant-blind newest-first of before).
     kv_shares: bool = True
+    # Overlap scheduling: the next step is scheduled and its inputs built while the
+    # current step's forward pass runs, and the current step's tokens are taken while the
+    # next one runs (engine/overlap.py). Steps whose rows need the previous token on the
+    # host (grammars, penalties, logit bias, min_tokens) run in turn, and so does every
+    # step with speculative decoding or KV tiers. False: every step in turn.
+    overlap_scheduling: bool = True
     # Constrained decoding: the longest a grammar may take to compile (then a 400, and the
     # spec is refused from then on), and the host time one request's token masks may take
     # in all (then it ends with "length", billed, and its grammar is refused).

@@ -122,6 +122,14 @@ def test_a_failing_request_frees_its_blocks_and_the_engine_goes_on(llm: LLM, mon
         return real(output)
 
     monkeypatch.setattr(llm.engine.runner, "execute", faulty)
+    real_run = llm.engine.runner.run
+
+    def faulty_run(step, previous):  # noqa: ANN001, ANN202 (a step launched ahead)
+        if any(seq.prompt_token_ids == bad for seq in step.seqs):
+            raise RuntimeError("injected device fault")
+        return real_run(step, previous)
+
+    monkeypatch.setattr(llm.engine.runner, "run", faulty_run)
     # Offline, the call fails with the cause (its other prompt ran on and was dropped).
     with pytest.raises(RuntimeError, match="injected"):
         llm.generate(

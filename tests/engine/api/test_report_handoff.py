@@ -53,7 +53,9 @@ async def _stream_tokens(front: EngineFront, request_id: str, max_tokens: int = 
 def test_each_step_starts_after_the_loop_routed_the_reports_before_it() -> None:
     # A bound far above any wait, so that the order is certain: without the hand-off the
     # engine thread starts its next step as soon as it has woken the loop.
-    front = AsyncEngine(fast_fake_llm_engine(), report_handoff_s=30.0)
+    # Steps in turn: one step a token (with overlap scheduling a step reports the token
+    # of the step launched before it, one step later).
+    front = AsyncEngine(fast_fake_llm_engine(overlap_scheduling=False), report_handoff_s=30.0)
     counted = Counted(front)
 
     async def main() -> int:
@@ -71,7 +73,8 @@ def test_each_step_starts_after_the_loop_routed_the_reports_before_it() -> None:
 
 
 def test_a_busy_loop_holds_the_engine_up_by_at_most_the_bound() -> None:
-    front = AsyncEngine(fast_fake_llm_engine())  # the default bound, REPORT_HANDOFF_S
+    # The default bound, REPORT_HANDOFF_S; steps in turn, one step a token.
+    front = AsyncEngine(fast_fake_llm_engine(overlap_scheduling=False))
     counted = Counted(front)
 
     async def main() -> tuple[int, int]:

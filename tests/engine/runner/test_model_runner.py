@@ -117,7 +117,7 @@ def _count_host_reads(engine: LLMEngine) -> Iterator[list[str]]:
 
 @pytest.mark.parametrize("phase", ["prefill", "decode"])
 def test_a_greedy_step_reads_the_device_once(phase: str) -> None:
-    engine = _engine(torch.float32)
+    engine = _engine(torch.float32, overlap_scheduling=False)  # steps in turn: `execute`
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     for prompt in PROMPTS:
         engine.add_request(EngineRequest(prompt_token_ids=tuple(prompt), params=params))
@@ -138,8 +138,35 @@ def test_a_greedy_step_reads_the_device_once(phase: str) -> None:
     assert seen == [["tolist"]]
 
 
-def _host_reads_of_one_sampled_step(num_prompts: int) -> list[str]:
+def test_a_greedy_step_launched_ahead_reads_the_device_once() -> None:
+    """Overlap scheduling: a step's pending input tokens are filled from host values, so
+    its run reads the device once too (the sampled tokens)."""
     engine = _engine(torch.float32)
+    assert engine.overlap is not None
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    for prompt in PROMPTS:
+        engine.add_request(EngineRequest(prompt_token_ids=tuple(prompt), params=params))
+    engine.step()  # launches the prefill
+    run = engine.runner.run
+    seen: list[list[str]] = []
+    pending: list[int] = []
+
+    def counting_run(step: Any, previous: Any) -> Any:
+        with _count_host_reads(engine) as calls:
+            result = run(step, previous)
+        seen.append(list(calls))
+        pending.append(len(step.inputs.pending))
+        return result
+
+    engine.runner.run = counting_run  # type: ignore[method-assign]
+    engine.step()  # launches the first decode, whose every input token is pending
+    engine.overlap.drain()
+    assert pending == [len(PROMPTS)]
+    assert seen == [["tolist"]]
+
+
+def _host_reads_of_one_sampled_step(num_prompts: int) -> list[str]:
+    engine = _engine(torch.float32, overlap_scheduling=False)  # steps in turn: `execute`
     params = SamplingParams(temperature=0.8, top_p=0.9, top_k=50, max_tokens=4, seed=7)
     for prompt in (PROMPTS * 4)[:num_prompts]:
         engine.add_request(EngineRequest(prompt_token_ids=tuple(prompt), params=params))
