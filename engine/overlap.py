@@ -1,21 +1,30 @@
 """Overlap scheduling (the seed's §5.5): the host prepares step N+1 while step N runs.
 
-    engine thread:   schedule N+1, prepare N+1, launch | take N's tokens, events | schedule N+2 ...
-    forward worker:  ... forward + sample N ...        | forward + sample N+1 ...
+    engine thread:  forward + sample N          | forward + sample N+1          | ...
+    host thread:    take N-1's tokens, events;  | take N's tokens, events;      |
+                    schedule + prepare N+1      | schedule + prepare N+2        |
+
+The forward pass and sampling stay on the engine's own thread, as without overlap:
+on the CPU torch's kernels run on that thread's OpenMP team, and a second thread
+running kernels would start a second team, which libgomp then throttles
+(engine/fronts/scratch_thread.py). The host thread does the Python work around the
+step: stop checks, detokenizing and events for the step before, then scheduling,
+block allocation and input building for the step after.
 
 When step N is launched, each row that samples holds its token's place with
-`PENDING_TOKEN`, so N+1 can be scheduled, its blocks allocated and its inputs built at
-once. The forward worker fills N+1's pending input tokens from N's result before
-N+1's forward pass reads them (engine/runner/forward_worker.py). N's tokens are taken
-(stop checks, detokenizing, events) while N+1 runs. A sequence that N ends still has a
-row in N+1; that row's token is dropped, as an aborted sequence's is.
+`PENDING_TOKEN`, so N+1 can be scheduled and its inputs built before N's tokens are
+known; N+1's pending inputs are filled from N's result just before N+1's forward pass
+(ModelRunner.run). Steps run in order on the engine thread, so a block freed while an
+earlier step still writes it is only reused by a later step, and the scrubs that a
+launch asks for run before its forward pass. A sequence that N ends (a stop token or
+string, an abort) still has a row in N+1; that row's token is dropped.
 
-A step runs synchronously, after the one in flight has been taken, when a row needs
-the host to know the previous token before it can be sampled (a grammar mask, a
-penalty, a logit bias or a min_tokens suppression), or when an adapter must be copied
-into a device slot that the step in flight may still read. With speculative decoding or
-KV tiers configured, every step does (the engine builds no `OverlapStepper`).
-Greedy outputs are the same token for token either way; so are seeded ones.
+A step runs in turn, after the one before has been taken, when a row needs the host to
+know the previous token before it can be sampled (a grammar mask, a penalty, a logit
+bias or a min_tokens suppression), or when an adapter must be copied into a device
+slot. With speculative decoding or KV tiers configured, every step does (the engine
+builds no `OverlapStepper`). Greedy outputs are the same token for token either way,
+and so are seeded ones.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engine.outputs import StreamEvent
-from engine.runner.forward_worker import ForwardWorker, StepResult
+from engine.runner.model_runner import PreparedStep, SampledToken
 from engine.scheduler.output import ScheduledSequence, SchedulerOutput
 from engine.sequence import Sequence, SequenceStatus
 
@@ -35,22 +44,33 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class InFlight:
-    """A launched step: what was scheduled, which sequences sample, its result to come."""
+class Launch:
+    """A step scheduled and prepared, to run next."""
 
     output: SchedulerOutput
+    step: PreparedStep
     sampling: frozenset[str]  # seq ids of the rows that sample
-    future: concurrent.futures.Future[StepResult]
+    scrub: list[int]  # blocks to zero before its forward pass
     prepare_s: float  # host time spent building its inputs
+
+
+@dataclass(frozen=True)
+class Ran:
+    """A step that ran, whose tokens are not taken yet."""
+
+    output: SchedulerOutput
+    sampling: frozenset[str]
+    sampled: dict[str, SampledToken]
+    cost_s: float  # its host preparation and its run
 
 
 @dataclass
 class OverlapCounters:
-    """Steps launched ahead, steps run synchronously, and host time per kind."""
+    """Steps launched ahead, steps run in turn, and failed launches run again."""
 
     overlapped_steps: int = 0
     synchronous_steps: int = 0
-    recovered_steps: int = 0  # launched steps that failed and were run again synchronously
+    recovered_steps: int = 0
 
 
 def overlappable(item: ScheduledSequence) -> bool:
@@ -69,12 +89,16 @@ def overlappable(item: ScheduledSequence) -> bool:
 
 
 class OverlapStepper:
-    """Runs the engine's steps with step N+1 prepared while step N's forward pass runs."""
+    """Runs the engine's steps with the host's work for the steps around each one done
+    on a host thread while its forward pass runs."""
 
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
-        self.worker = ForwardWorker(engine.runner)
-        self.ahead: InFlight | None = None
+        self._host = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="engine-host")
+        self.ahead: Ran | None = None  # the step that ran last, its tokens not taken
+        # What runs next: a prepared step, or a scheduled one that must run in turn.
+        self._next: Launch | SchedulerOutput | None = None
+        self._previous: dict[str, SampledToken] = {}  # the last run's tokens
         self.counters = OverlapCounters()
         ready = engine.scheduler.seq_ready
         # A sequence whose pending token is its last, whatever it is, sits the next step
@@ -87,84 +111,114 @@ class OverlapStepper:
         )
 
     def step(self, started: float) -> list[StreamEvent]:
-        """One step of the engine: launches the next step, then takes the one before."""
-        engine = self.engine
-        output = engine.scheduler.schedule()
-        if (
-            output.is_empty
-            # An adapter copied into a slot while the step in flight may still read the
-            # slot's old adapter: the copy waits for it.
-            or engine.lora.slots.has_loads
-            or not all(overlappable(item) for item in output.scheduled)
-        ):
-            return self._synchronous(output, started)
-        engine.mark_scheduled(output)
-        prepared_at = time.perf_counter()
-        step = engine.runner.prepare(output)
-        future = self.worker.submit(step, engine.kv.take_blocks_to_scrub())
-        launched = InFlight(
-            output,
-            frozenset(seq.seq_id for seq in step.seqs),
-            future,
-            time.perf_counter() - prepared_at,
-        )
-        events, ok = self._take_ahead(launched)
-        if not ok:  # the step before failed: `launched` was skipped, and is forgotten
-            return events
-        for item in output.scheduled:
-            engine.scheduler.advance_one(item, item.seq.seq_id in launched.sampling)
-        self.ahead = launched
-        self.counters.overlapped_steps += 1
-        return events
+        """One step of the engine: runs the next step while the host takes the one before
+        and prepares the one after."""
+        events: list[StreamEvent] = []
+        upcoming = self._next
+        self._next = None
+        if not isinstance(upcoming, Launch):
+            # Nothing prepared (the first step, or one after a step in turn): take the
+            # step before, schedule now, and run in turn or launch.
+            events = self.drain()
+            if upcoming is None or upcoming.is_empty:  # an empty one may be stale by now
+                upcoming = self.engine.scheduler.schedule()
+            output = upcoming
+            output = _live(output)
+            if not self._can_launch(output):
+                if not output.is_empty:
+                    self.counters.synchronous_steps += 1
+                return events + self.engine.run_scheduled(output, started)
+            upcoming = self._launch(output)
+        return events + self._run(upcoming)
 
     def drain(self) -> list[StreamEvent]:
-        """Takes the step in flight, if any (before a synchronous step or at close)."""
-        events, _ = self._take_ahead(None)
-        return events
+        """Takes the tokens of the step that ran last, if they are not taken yet."""
+        ran, self.ahead = self.ahead, None
+        return [] if ran is None else self._take(ran)
 
     def close(self) -> None:
-        """Waits for the step in flight and stops the forward worker."""
-        self.worker.close()
+        """Stops the host thread (no host work is ever left running between steps)."""
+        self._host.shutdown(wait=True)
 
-    def _synchronous(self, output: SchedulerOutput, started: float) -> list[StreamEvent]:
-        """Takes the step in flight, then runs `output` as the synchronous engine does
-        (without the rows of sequences that the step in flight ended)."""
-        events = self.drain()
-        if not output.is_empty:
-            self.counters.synchronous_steps += 1
-        return events + self.engine.run_scheduled(_live(output), started)
+    def _can_launch(self, output: SchedulerOutput) -> bool:
+        # An adapter copied into a slot must wait for the step that may read its old one.
+        return (
+            not output.is_empty
+            and not self.engine.lora.slots.has_loads
+            and all(overlappable(item) for item in output.scheduled)
+        )
 
-    def _take_ahead(self, launched: InFlight | None) -> tuple[list[StreamEvent], bool]:
-        """Takes the step in flight's tokens; False when it failed (it is then run again
-        synchronously, and `launched`, queued behind it, was skipped)."""
-        ahead, self.ahead = self.ahead, None
-        if ahead is None:
-            return [], True
+    def _launch(self, output: SchedulerOutput) -> Launch:
+        """Prepares a scheduled step to run."""
+        engine = self.engine
+        engine.mark_scheduled(output)
+        began = time.perf_counter()
+        step = engine.runner.prepare(output)
+        scrub = engine.kv.take_blocks_to_scrub()
+        sampling = frozenset(seq.seq_id for seq in step.seqs)
+        return Launch(output, step, sampling, scrub, time.perf_counter() - began)
+
+    def _run(self, launch: Launch) -> list[StreamEvent]:
+        """Runs `launch` here while the host thread takes the step before and prepares
+        the one after; returns the events of the step before."""
+        engine = self.engine
+        ran, self.ahead = self.ahead, None
+        host = self._host.submit(self._host_work, ran, launch)
+        began = time.perf_counter()
         try:
-            result = ahead.future.result()
-        except Exception:
-            if launched is not None:
-                concurrent.futures.wait([launched.future])
-            self.worker.reset()
-            return self._recover(ahead), False
+            engine.runner.scrub_blocks(launch.scrub)
+            sampled = engine.runner.run(launch.step, self._previous)
+            failure: Exception | None = None
+        except Exception as exc:
+            failure = exc
+        run_s = time.perf_counter() - began
+        events, upcoming = host.result()
+        if failure is not None:
+            if isinstance(upcoming, Launch):  # forgotten, but its freed blocks are scrubbed
+                engine.runner.scrub_blocks(upcoming.scrub)
+            return events + self._recover(launch)
+        self.counters.overlapped_steps += 1
+        self._previous = sampled
+        self.ahead = Ran(launch.output, launch.sampling, sampled, launch.prepare_s + run_s)
+        self._next = upcoming
+        return events
+
+    def _host_work(
+        self, ran: Ran | None, launch: Launch
+    ) -> tuple[list[StreamEvent], Launch | SchedulerOutput]:
+        """On the host thread, while `launch` runs: takes `ran`'s tokens, counts
+        `launch`'s rows as computed (pending tokens in place), schedules the step after
+        and prepares it if it can be launched."""
+        events = [] if ran is None else self._take(ran)
+        for item in launch.output.scheduled:
+            self.engine.scheduler.advance_one(item, item.seq.seq_id in launch.sampling)
+        output = self.engine.scheduler.schedule()
+        if not self._can_launch(output):
+            return events, output
+        return events, self._launch(output)
+
+    def _take(self, ran: Ran) -> list[StreamEvent]:
+        """Hands a run step's tokens to their sequences and requests."""
         engine = self.engine
         dropped = [
             item
-            for item in ahead.output.scheduled
-            if item.seq.seq_id in ahead.sampling
+            for item in ran.output.scheduled
+            if item.seq.seq_id in ran.sampling
             and not item.seq.is_finished
             and not item.seq.has_pending_token
         ]
-        events = engine.emit(ahead.output, result.sampled, settle=True)
+        events = engine.emit(ran.output, ran.sampled, settle=True)
         if dropped:  # preempted since launch: their tokens are drawn again when recomputed
             engine.runner.rewind(dropped)
-        engine.observe_step(ahead.output, ahead.prepare_s + result.busy_s)
-        return events, True
+        engine.observe_step(ran.output, ran.cost_s)
+        return events
 
-    def _recover(self, failed: InFlight) -> list[StreamEvent]:
-        """Undoes a failed launched step's advance and runs it again synchronously, where
-        a request that makes it fail fails alone (engine.fronts.step_isolation)."""
+    def _recover(self, failed: Launch) -> list[StreamEvent]:
+        """Undoes a failed step's advance (and forgets the step scheduled after it) and
+        runs it again in turn, where a request that makes it fail fails alone
+        (engine.fronts.step_isolation)."""
         self.counters.recovered_steps += 1
+        self._previous = {}
         for item in failed.output.scheduled:
             self.engine.scheduler.rewind_one(item)
         output = _live(failed.output)

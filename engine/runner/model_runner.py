@@ -155,10 +155,11 @@ class ModelRunner:
     @torch.inference_mode()
     def prepare(self, output: SchedulerOutput) -> PreparedStep:
         """Overlap scheduling: everything of a plain step (no grammar, no drafts, no
-        penalties) the host does before the forward pass, on the engine's thread.
+        penalties) the host does before the forward pass, usually on the host thread
+        while the step before runs (engine/overlap.py).
 
-        The sampling rows are taken now: the sequences' outputs grow on the engine's
-        thread while `run` executes on the forward worker.
+        The sampling rows are taken now: the sequences' outputs grow on the host thread
+        while `run` executes.
         """
         inputs = build_step_inputs(output, self.block_size, self.device, self.block_table)
         lora = self.lora.batch(output) if self.lora is not None else None
@@ -171,7 +172,7 @@ class ModelRunner:
         self, step: PreparedStep, previous: Mapping[str, SampledToken]
     ) -> dict[str, SampledToken]:
         """Runs a prepared step; `previous` (the step before's tokens) fills its pending
-        input tokens first. On the forward worker's thread."""
+        input tokens first. On the engine's thread, as `execute` runs."""
         inputs = step.inputs
         if inputs.pending:
             where = torch.tensor([i for i, _ in inputs.pending], dtype=torch.long)

@@ -41,7 +41,7 @@ def inject_fault(engine: LLMEngine, where: str = "runner") -> LLMEngine:
         runner.execute = execute  # type: ignore[method-assign]
         real_run = runner.run
 
-        # A step launched ahead (overlap scheduling) raises on the forward worker too.
+        # A step launched ahead (overlap scheduling) raises too.
         def run(step: PreparedStep, previous: Any) -> Any:
             if any(s.params.seed == POISON_SEED and s.num_output_tokens >= 2 for s in step.seqs):
                 raise RuntimeError(SECRET)
