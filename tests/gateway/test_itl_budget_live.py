@@ -12,37 +12,14 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from assembly.app import build_app
-from assembly.database import prepare_database
-from server.settings import Settings
-from tenancy import store
-from tenancy.db import make_engine, make_session_factory
-from tests.utils.principals import PEPPER
-from tests.utils.tiny_model import make_tiny_model_dir
+from tests.utils.built_app import tiny_model_app
 
 CAP_SERIES = re.compile(r'^cloister_engine_prefill_token_cap\{model_name="tiny"\} (\S+)$', re.M)
 
 
 def serve(tmp_path: Path, **engine: object) -> tuple[TestClient, str]:
     """The real app on a tiny random-weight model, one tenant key."""
-    folder = make_tiny_model_dir(tmp_path / "models")
-    settings = Settings(
-        data_dir=tmp_path,
-        key_pepper=PEPPER,
-        config_refresh_s=0.0,
-        model=str(folder),
-        model_name="tiny",
-        max_model_len=1024,
-        kv_cache_bytes=4 * 1024 * 1024,
-        log_level="WARNING",
-        **engine,  # type: ignore[arg-type]
-    )
-    prepare_database(settings)
-    sessions = make_session_factory(make_engine(settings.resolved_database_url))
-    with sessions() as s:
-        store.create_tenant(s, name="acme")
-        key = store.create_key(s, tenant_name="acme", pepper=PEPPER).secret
-    return TestClient(build_app(settings)), key
+    return tiny_model_app(tmp_path, **engine)
 
 
 @pytest.fixture

@@ -11,48 +11,20 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from fastapi.testclient import TestClient
 
-from assembly.app import build_app
-from assembly.database import prepare_database
 from assembly.engine_options import serve_engine_options
 from assembly.startup_summary import build_summary
 from engine.engine_builder import build_config
 from server.settings import Settings
-from tenancy import store
-from tenancy.db import make_engine, make_session_factory
-from tests.utils.principals import PEPPER
-from tests.utils.tiny_model import make_tiny_model_dir
+from tests.utils.built_app import tiny_model_app
 
 STEPS = re.compile(r'^cloister_engine_steps_total\{mode="(\w+)",model_name="tiny"\} (\S+)$', re.M)
 PROMPTS = [[11, 12, 13, 14], [21, 22] * 9, [5] * 30, [7, 8, 9]]
 
 
-def serve(tmp_path: Path, **engine: Any) -> tuple[TestClient, str]:
-    """The real app on a tiny random-weight model, one tenant key."""
-    folder = make_tiny_model_dir(tmp_path / "models")
-    settings = Settings(
-        data_dir=tmp_path,
-        key_pepper=PEPPER,
-        config_refresh_s=0.0,
-        model=str(folder),
-        model_name="tiny",
-        max_model_len=512,
-        kv_cache_bytes=4 * 1024 * 1024,
-        log_level="WARNING",
-        **engine,
-    )
-    prepare_database(settings)
-    sessions = make_session_factory(make_engine(settings.resolved_database_url))
-    with sessions() as s:
-        store.create_tenant(s, name="acme")
-        key = store.create_key(s, tenant_name="acme", pepper=PEPPER).secret
-    return TestClient(build_app(settings)), key
-
-
 def completions(tmp_path: Path, **engine: Any) -> tuple[list[dict[str, Any]], str]:
     """Four concurrent greedy completions and a seeded one; the /metrics text after."""
-    client, key = serve(tmp_path, **engine)
+    client, key = tiny_model_app(tmp_path, max_model_len=512, **engine)
     answers: list[dict[str, Any]] = [{} for _ in PROMPTS]
 
     def complete(i: int) -> None:

@@ -33,6 +33,32 @@ def fake_settings(data_dir: Path, **overrides: Any) -> Settings:
     return Settings(**{**values, **overrides})
 
 
+def tiny_model_app(tmp_path: Path, **engine: Any) -> tuple[TestClient, str]:
+    """The real app (not yet started) on a tiny random-weight model named "tiny", with a
+    small KV pool, and one tenant key; `engine` adds or replaces settings."""
+    from assembly.app import build_app
+    from tests.utils.tiny_model import make_tiny_model_dir
+
+    folder = make_tiny_model_dir(tmp_path / "models")
+    values: dict[str, Any] = {
+        "data_dir": tmp_path,
+        "key_pepper": PEPPER,
+        "config_refresh_s": 0.0,
+        "model": str(folder),
+        "model_name": "tiny",
+        "max_model_len": 1024,
+        "kv_cache_bytes": 4 * 1024 * 1024,
+        "log_level": "WARNING",
+    }
+    settings = Settings(**{**values, **engine})
+    prepare_database(settings)
+    sessions = make_session_factory(make_engine(settings.resolved_database_url))
+    with sessions() as s:
+        store.create_tenant(s, name="acme")
+        key = store.create_key(s, tenant_name="acme", pepper=PEPPER).secret
+    return TestClient(build_app(settings)), key
+
+
 def migrated_sessions(settings: Settings) -> sessionmaker[Session]:
     """Migrates the settings' database; returns a session factory over it."""
     upgrade_database(settings.resolved_database_url)
