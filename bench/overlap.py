@@ -15,10 +15,13 @@ Workloads:
   released, as a GPU's kernels would (tests/utils/fast_fake_model.py): host time is
   the engine's own, as on a GPU, where it is a large share of a short step;
 - `smollm2-<weights>`: the bundled SmolLM2-135M on this CPU, where the forward pass
-  holds the cores and the host share is small.
+  holds the cores and the host share is small;
+- `model`: the model at `--model PATH` on `--device` (scripts/gpu_check.sh's overlap
+  step: random weights in SmolLM2's shape on the GPU, where a step is short).
 
     .venv/bin/python bench/overlap.py [--batch 8,32] [--output-tokens 64]
         [--workloads fake-2ms,fake-8ms,smollm2-int4,smollm2-none] [--repeats 2]
+        [--model PATH --device cuda]
 
 The last line is JSON.
 """
@@ -29,6 +32,7 @@ import argparse
 import json
 import pathlib
 import random
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -37,6 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from bench.arg_types import at_least  # noqa: E402
 from engine.engine_builder import build_config  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.request import EngineRequest  # noqa: E402
@@ -58,9 +63,11 @@ class Run:
     tokens_per_s: float
 
 
-def build(workload: str, overlap: bool, batch: int) -> LLMEngine:
+def build(workload: str, overlap: bool, batch: int, args: argparse.Namespace) -> LLMEngine:
     """An engine for `workload` with overlap on or off."""
     common: dict[str, Any] = {"overlap_scheduling": overlap, "max_num_seqs": max(batch, 1)}
+    if workload == "model":
+        return LLMEngine(build_config(args.model, device=args.device, **common))
     if workload.startswith("fake-"):
         from tests.utils.fast_fake_model import fast_fake_llm_engine
 
@@ -90,9 +97,16 @@ def timed(engine: LLMEngine) -> list[float]:
     return spent
 
 
-def measure(workload: str, overlap: bool, batch: int, output_tokens: int, seed: int) -> Run:
+def measure(
+    workload: str,
+    overlap: bool,
+    batch: int,
+    output_tokens: int,
+    seed: int,
+    args: argparse.Namespace,
+) -> Run:
     """Prefills `batch` requests, then times the decode steps to the end."""
-    engine = build(workload, overlap, batch)
+    engine = build(workload, overlap, batch, args)
     rng = random.Random(seed)
     params = SamplingParams(temperature=0, max_tokens=output_tokens, ignore_eos=True)
     for i in range(batch):
@@ -126,22 +140,55 @@ def measure(workload: str, overlap: bool, batch: int, output_tokens: int, seed: 
     )
 
 
-def main() -> None:
+WORKLOAD = re.compile(r"fake-\d+(\.\d+)?ms|smollm2-(none|int8|int4)|model")
+
+
+def batches(text: str) -> tuple[int, ...]:
+    """An argparse type: comma-separated batch sizes from 1 to 512."""
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list") from None
+    if not all(1 <= v <= 512 for v in values):
+        raise argparse.ArgumentTypeError("every batch must be between 1 and 512")
+    return values
+
+
+def workloads(text: str) -> tuple[str, ...]:
+    """An argparse type: fake-<N>ms, smollm2-<none|int8|int4> or model (--model's)."""
+    names = tuple(text.split(","))
+    bad = [n for n in names if not WORKLOAD.fullmatch(n)]
+    if bad:
+        raise argparse.ArgumentTypeError(
+            f"unknown {', '.join(bad)}; known: fake-<N>ms, smollm2-none|int8|int4, model"
+        )
+    return names
+
+
+def main(argv: list[str] | None = None) -> None:
     """Runs every workload and batch in both modes and prints the ratios."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--batch", default="8,32")
-    parser.add_argument("--output-tokens", type=int, default=64)
-    parser.add_argument("--workloads", default="fake-2ms,fake-8ms,smollm2-int4,smollm2-none")
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--batch", type=batches, default=(8, 32))
+    parser.add_argument("--output-tokens", type=at_least(2), default=64)
+    parser.add_argument(
+        "--workloads",
+        type=workloads,
+        default=workloads("fake-2ms,fake-8ms,smollm2-int4,smollm2-none"),
+    )
+    parser.add_argument("--repeats", type=at_least(1), default=2)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    parser.add_argument("--model", default=None, help="the folder or file of workload `model`")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    args = parser.parse_args(argv)
+    if "model" in args.workloads and not args.model:
+        parser.error("--workloads model needs --model PATH")
     rows: list[dict[str, Any]] = []
-    for workload in args.workloads.split(","):
-        for batch in (int(b) for b in args.batch.split(",")):
+    for workload in args.workloads:
+        for batch in args.batch:
             best: dict[bool, Run] = {}
             for _ in range(args.repeats):
                 for overlap in (False, True):  # alternating, so drift hits both
-                    run = measure(workload, overlap, batch, args.output_tokens, args.seed)
+                    run = measure(workload, overlap, batch, args.output_tokens, args.seed, args)
                     if overlap not in best or run.tokens_per_s > best[overlap].tokens_per_s:
                         best[overlap] = run
             in_turn, overlapped = best[False], best[True]

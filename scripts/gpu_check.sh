@@ -26,6 +26,9 @@
 #           random weights in SmolLM2-135M's shape (SERVE_SHAPE=llama-1b: a 1B
 #           Llama), the engine path it picked (device, dtype, attention, fused ops,
 #           CUDA graphs), then SGLang's bench_serving and bench/serve_load.py;
+#   overlap bench/overlap.py on random weights in SmolLM2-135M's shape (the serve
+#           shape): decode tokens/s and host time per step, steps in turn against
+#           overlap scheduling, at batch 8 and 64;
 #   decode  bench/gpu_decode.py, every part: the attention kernels (triton vs SDPA,
 #           HBM fraction), bf16 greedy parity vs the fp32 CPU reference, the HF
 #           transformers peer on the same weights (greedy parity, decode tokens/s
@@ -53,7 +56,7 @@ export PYTHONUNBUFFERED=1
 SUMMARY=$LOGS/summary.txt
 : >"$SUMMARY"
 failed=0
-STEPS=${STEPS:-env,tests,serve,decode,plot}
+STEPS=${STEPS:-env,tests,serve,overlap,decode,plot}
 
 want() { [[ ",$STEPS," == *",$1,"* ]]; }
 
@@ -200,6 +203,19 @@ if want serve; then
     kill -KILL "$(cat "$LOGS/serve.pid")"
     echo "stopped the server the serve step left running" | tee -a "$SUMMARY"
   fi
+fi
+
+# Overlap scheduling on the GPU, where a step is short and the host's share large.
+if want overlap; then
+  overlap_model=$LOGS/overlap-model
+  overlap_device=cuda
+  if ((${#smoke[@]})); then overlap_device=cpu; fi
+  run_step overlap 100 bash -c "set -e
+    '$PY' bench/serve_model.py --shape '${SERVE_SHAPE:-smollm2-135m}' \
+      --tokenizer '${ASSETS:-var/gpu}/tokenizer' --out '$overlap_model'
+    '$PY' bench/overlap.py --workloads model --model '$overlap_model' \
+      --device $overlap_device --batch 8,64 --output-tokens 32 --repeats 1
+    rm -rf '$overlap_model'"
 fi
 
 # Every part in one process; gpu.json is rewritten after each part and engine shape,

@@ -38,6 +38,15 @@ REFUSALS: dict[str, dict[str, str]] = {
         "--sides during": "--sides: sides are before and/or after",
         "--flood-prompt-tokens 5000": "flood_prompt_tokens must be below the pool",
     },
+    "bench.overlap": {
+        "--batch 8,,32": "--batch: '8,,32' is not a comma-separated list",
+        "--batch 0": "every batch must be between 1 and 512",
+        "--output-tokens 1": "--output-tokens: must be at least 2, not 1",
+        "--repeats 0": "--repeats: must be at least 1, not 0",
+        "--workloads fake-fast": "--workloads: unknown fake-fast; known:",
+        "--workloads model": "--workloads model needs --model PATH",
+        "--device tpu": "invalid choice: 'tpu'",
+    },
     "bench.speculative": {
         "--k 0": "--k must be positive",
         "--requests 0": "--requests must be positive",
