@@ -9,6 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from tenancy.db import downgrade_database, make_engine, upgrade_database
+from tests.utils.migration_rows import insert_tenant
 from tests.utils.schema import table_names
 from tests.utils.services import postgres_database
 
@@ -30,12 +31,7 @@ def _round_trip(url: str) -> None:
     engine = make_engine(url)
     now = dt.datetime.now(dt.UTC)
     with engine.begin() as c:
-        c.execute(
-            sa.text(
-                "INSERT INTO tenants (id, name, status, isolation_level, weight, created_at) VALUES ('ten_1', 'acme', 'active', 'tenant', 1.0, :n)"
-            ),
-            {"n": now},
-        )
+        insert_tenant(c, created_at=now)
     upgrade_database(url)
     assert table_names(url) >= ADMIN_TABLES
     with engine.begin() as c:

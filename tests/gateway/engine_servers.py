@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -17,7 +16,7 @@ from tests.utils.live_gateway import LiveGateway, start_gateway
 from tests.utils.live_gateway import ThreadServer as ThreadServer
 from tests.utils.live_gateway import serve_in_thread as serve_in_thread
 from tests.utils.live_gateway import start_in_thread as start_in_thread
-from tests.utils.services import free_port, stop_process, wait_http_ok
+from tests.utils.services import cloister_env, free_port, spawn_logged, stop_process, wait_http_ok
 
 SERVICE_TOKEN = "svc-" + "s3cret-token-for-tests-only"
 ENGINE_COMMAND = [sys.executable, "-c", "from cloister.cli import main; main()", "engine", "serve"]
@@ -40,8 +39,6 @@ class EngineProcess:
 
 def engine_env(model_dir: Path, *, token: str | None = SERVICE_TOKEN) -> dict[str, str]:
     """CLOISTER_* for an engine server of the tiny model."""
-    env = dict(os.environ)
-    env.pop("CLOISTER_SERVICE_TOKEN", None)
     values = {
         "model": model_dir,
         "model_name": "tiny",
@@ -51,8 +48,8 @@ def engine_env(model_dir: Path, *, token: str | None = SERVICE_TOKEN) -> dict[st
         "block_size": 16,
         "log_level": "INFO",
     }
-    for name, value in values.items():
-        env[f"CLOISTER_{name.upper()}"] = str(value)
+    env = cloister_env(values)
+    env.pop("CLOISTER_SERVICE_TOKEN", None)
     if token is not None:
         env["CLOISTER_SERVICE_TOKEN"] = token
     return env
@@ -69,14 +66,12 @@ def spawn_engine(
     """Starts an engine server on a free port (or `port`); see `wait_ready`. `env` adds to
     (or overrides) the tiny model's CLOISTER_* environment."""
     port = port or free_port()
-    log = log_path.open("ab")
-    proc = subprocess.Popen(
+    proc = spawn_logged(
         [*ENGINE_COMMAND, "--port", str(port), *extra],
-        env={**engine_env(model_dir), **(env or {})},
-        stdout=log,
-        stderr=subprocess.STDOUT,
+        {**engine_env(model_dir), **(env or {})},
+        log_path,
+        append=True,
     )
-    log.close()
     return EngineProcess(f"http://127.0.0.1:{port}", port, proc, log_path)
 
 

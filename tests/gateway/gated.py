@@ -4,7 +4,8 @@ so a test can build a backlog exactly, then open the gate and watch what happens
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,3 +34,24 @@ def start_gated_gateway(
         stop()
 
     return gw, model, stop_all
+
+
+@contextmanager
+def gated_gateway(
+    tmp_path: Path, *, max_model_len: int, num_blocks: int
+) -> Iterator[tuple[LiveGateway, GatedFakeModel]]:
+    """`start_gated_gateway` with a pool of `num_blocks` blocks, no KV byte budget and no
+    ITL budget; yields the gateway and its model, and stops them at the end."""
+    # No ITL budget: it would learn a prompt token's cost from a gated step, which lasts as
+    # long as the test holds the gate, and cap every later step at its 16-token floor.
+    gw, model, stop = start_gated_gateway(
+        tmp_path,
+        max_model_len=max_model_len,
+        num_blocks=num_blocks,
+        kv_cache_bytes=None,
+        itl_budget_ms=None,
+    )
+    try:
+        yield gw, model
+    finally:
+        stop()

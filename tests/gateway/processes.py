@@ -6,7 +6,6 @@ from; each process sees them within its `config_refresh_s`.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from admin.identity import create_admin_token
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tests.utils.principals import PEPPER
-from tests.utils.services import free_port, stop_process, wait_http_ok
+from tests.utils.services import cloister_env, free_port, spawn_logged, stop_process, wait_http_ok
 
 START_TIMEOUT_S = 120.0  # two processes importing torch on two busy cores
 
@@ -70,7 +69,6 @@ def tenants_a_and_b(data_dir: Path) -> tuple[str, str, str]:
 
 def gateway_env(data_dir: Path, model_dir: Path, **settings: Any) -> dict[str, str]:
     """Environment for `cloister serve` on the tiny model; `settings` become CLOISTER_* vars."""
-    env = dict(os.environ)
     values: dict[str, Any] = {
         "data_dir": data_dir,
         "key_pepper": PEPPER,
@@ -83,9 +81,7 @@ def gateway_env(data_dir: Path, model_dir: Path, **settings: Any) -> dict[str, s
         "log_level": "INFO",
         **settings,
     }
-    for name, value in values.items():
-        env[f"CLOISTER_{name.upper()}"] = str(value)
-    return env
+    return cloister_env(values)
 
 
 SERVE_COMMAND = [sys.executable, "-c", "from cloister.cli import main; main()", "serve"]
@@ -103,14 +99,7 @@ def spawn_gateway(
     on a free port; does not wait for it (see `wait_ready`)."""
     port = free_port()
     env = gateway_env(data_dir, model_dir, port=port, **settings)
-    log = log_path.open("wb")
-    proc = subprocess.Popen(
-        command or SERVE_COMMAND,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    log.close()  # the child keeps its own descriptor
+    proc = spawn_logged(command or SERVE_COMMAND, env, log_path)
     return GatewayProcess(f"http://127.0.0.1:{port}", proc, log_path)
 
 
@@ -122,6 +111,19 @@ def wait_ready(gw: GatewayProcess, timeout_s: float = START_TIMEOUT_S) -> None:
 def stop(gw: GatewayProcess) -> None:
     """SIGTERM, then SIGKILL if it does not exit in time."""
     stop_process(gw.proc)
+
+
+@contextmanager
+def running_gateway(
+    data_dir: Path, model_dir: Path, log_path: Path, **settings: Any
+) -> Iterator[GatewayProcess]:
+    """`spawn_gateway`, ready to serve; stopped at the end, also when the test killed it."""
+    gw = spawn_gateway(data_dir, model_dir, log_path, **settings)
+    try:
+        wait_ready(gw)
+        yield gw
+    finally:
+        stop(gw)
 
 
 @contextmanager

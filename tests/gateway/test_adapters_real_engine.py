@@ -15,26 +15,16 @@ from typing import Any
 
 import openai
 import pytest
-from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from admin.models import UsageRow
-from assembly.app import build_app
-from server.settings import Settings
 from tests.admin.zip_archives import zip_of
-from tests.utils.built_app import (
-    alpha_beta_and_admin,
-    close_app,
-    migrated_sessions,
-    sdk_over,
-    wait_until,
-)
+from tests.utils.adapter_requests import PROMPT, assert_hidden, greedy_logprobs, tiny_adapter_app
+from tests.utils.built_app import sdk_over, wait_until
 from tests.utils.lora_adapters import make_peft_adapter
-from tests.utils.principals import PEPPER
 from tests.utils.tiny_model import make_tiny_model_dir
 
 pytestmark = pytest.mark.slow
-PROMPT = [1200, 4521, 877, 12, 9031, 77, 4242, 31337 % 49152]
 
 
 @pytest.fixture(scope="module")
@@ -43,39 +33,25 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     model = make_tiny_model_dir(tmp / "models")
     adapter = make_peft_adapter(tmp / "peft", model, rank=8, alpha=16, seed=3, magnitude=1.0)
     second = make_peft_adapter(tmp / "peft2", model, rank=4, alpha=8, seed=5, magnitude=1.0)
-    settings = Settings(
-        data_dir=tmp,
-        key_pepper=PEPPER,
-        model=str(model),
-        model_name="tiny",
+    with tiny_adapter_app(
+        tmp,
+        model,
         attention_backend="torch",
         max_model_len=256,
         kv_cache_bytes=8 * 1024 * 1024,
-        config_refresh_s=0.2,
         max_loras=1,
         lora_slot_quantum=1,
-    )
-    sessions = migrated_sessions(settings)
-    key_a, key_b, admin = alpha_beta_and_admin(sessions)
-    app = build_app(settings)
-    with TestClient(app) as client:
+    ) as app:
         for name, folder in (("my-lora", adapter), ("my-other", second)):
             files = {p.name: p.read_bytes() for p in Path(folder).iterdir()}
-            upload = client.post(
+            upload = app["client"].post(
                 "/admin/api/v1/adapters/upload",
                 params={"name": name, "base_model": "tiny", "owner_tenant": "alpha"},
                 content=zip_of(files),
-                headers={"Authorization": f"Bearer {admin}"},
+                headers=app["admin"],
             )
             assert upload.status_code == 201, upload.text
-        yield {
-            "client": client,
-            "key_a": key_a,
-            "key_b": key_b,
-            "sessions": sessions,
-            "admin": {"Authorization": f"Bearer {admin}"},
-        }
-    close_app(app)
+        yield app
 
 
 def _sdk(served: dict[str, Any], key: str) -> openai.OpenAI:
@@ -92,11 +68,7 @@ def test_an_uploaded_adapter_is_served_and_billed_under_its_name(served: dict[st
     )
 
     def logprobs(model: str) -> list[float]:
-        out = alpha.completions.create(
-            model=model, prompt=PROMPT, max_tokens=4, temperature=0, logprobs=1
-        )
-        assert out.choices[0].logprobs is not None
-        return list(out.choices[0].logprobs.token_logprobs or [])
+        return greedy_logprobs(alpha, model, PROMPT)
 
     base, tuned = logprobs("tiny"), logprobs("tiny:my-lora")
     assert max(abs(a - b) for a, b in zip(base, tuned, strict=True)) > 1e-3
@@ -118,12 +90,7 @@ def test_an_uploaded_adapter_is_served_and_billed_under_its_name(served: dict[st
 
 def test_another_tenant_gets_the_404_an_unknown_name_gets(served: dict[str, Any]) -> None:
     beta = _sdk(served, served["key_b"])
-    assert "tiny:my-lora" not in {m.id for m in beta.models.list()}
-    with pytest.raises(openai.NotFoundError) as forbidden:
-        beta.completions.create(model="tiny:my-lora", prompt=PROMPT, max_tokens=2)
-    with pytest.raises(openai.NotFoundError) as unknown:
-        beta.completions.create(model="tiny:no-such", prompt=PROMPT, max_tokens=2)
-    assert forbidden.value.body["code"] == unknown.value.body["code"] == "model_not_found"  # type: ignore[index]
+    assert_hidden(beta, "tiny:my-lora", "tiny:no-such", PROMPT)
 
 
 def test_two_adapters_share_one_slot_over_http(served: dict[str, Any]) -> None:

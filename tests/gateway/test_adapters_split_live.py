@@ -18,27 +18,17 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from admin.models import UsageRow
-from assembly.app import build_app
-from server.settings import Settings
 from tests.admin.zip_archives import adapter_files, zip_of
 from tests.gateway.engine_servers import SERVICE_TOKEN, EngineProcess, engine_servers
-from tests.utils.built_app import (
-    alpha_beta_and_admin,
-    close_app,
-    migrated_sessions,
-    sdk_over,
-    wait_until,
-)
+from tests.utils.adapter_requests import PROMPT, assert_hidden, greedy_logprobs, tiny_adapter_app
+from tests.utils.built_app import sdk_over, wait_until
 from tests.utils.lora_adapters import make_peft_adapter
-from tests.utils.principals import PEPPER
 from tests.utils.tiny_model import make_tiny_model_dir
 
 pytestmark = pytest.mark.slow
-PROMPT = [1200, 4521, 877, 12, 9031, 77, 4242, 31337 % 49152]
 SERVICE = {"authorization": f"Bearer {SERVICE_TOKEN}"}
 
 
@@ -52,37 +42,15 @@ def split(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     model = make_tiny_model_dir(tmp / "models")
     adapter = make_peft_adapter(tmp / "peft", model, rank=8, alpha=16, seed=3, magnitude=1.0)
     with engine_servers(model, tmp / "engine-logs", 2) as engines:
-        settings = Settings(
-            data_dir=tmp,
-            key_pepper=PEPPER,
-            model=str(model),
-            model_name="tiny",
-            engine_urls=tuple(e.base_url for e in engines),
-            service_token=SERVICE_TOKEN,
-            config_refresh_s=0.2,
-        )
-        sessions = migrated_sessions(settings)
-        key_a, key_b, admin = alpha_beta_and_admin(sessions)
-        app = build_app(settings)
-        admin_headers = {"Authorization": f"Bearer {admin}"}
-        with TestClient(app) as client:
+        urls = tuple(e.base_url for e in engines)
+        with tiny_adapter_app(tmp, model, engine_urls=urls, service_token=SERVICE_TOKEN) as app:
             # The gateway records the served base model over engine servers too, so an
             # adapter can name it without the operator registering it first.
-            listed = client.get("/admin/api/v1/models", headers=admin_headers)
+            listed = app["client"].get("/admin/api/v1/models", headers=app["admin"])
             assert listed.status_code == 200, listed.text
             tiny = [m for m in listed.json()["items"] if m["name"] == "tiny"]
             assert len(tiny) == 1 and tiny[0]["status"] == "loaded", listed.text
-            yield {
-                "client": client,
-                "engines": engines,
-                "admin": admin_headers,
-                "adapter": adapter,
-                "model": model,
-                "key_a": key_a,
-                "key_b": key_b,
-                "sessions": sessions,
-            }
-        close_app(app)
+            yield {**app, "engines": engines, "adapter": adapter, "model": model}
 
 
 def _sdk(split: dict[str, Any], key: str) -> openai.OpenAI:
@@ -112,11 +80,7 @@ def test_an_uploaded_adapter_is_pushed_served_billed_and_retired(split: dict[str
     wait_until(lambda: "tiny:my-lora" in {m.id for m in alpha.models.list()}, 5.0, "not listed")
 
     def logprobs(model: str) -> list[float]:
-        out = alpha.completions.create(
-            model=model, prompt=PROMPT, max_tokens=4, temperature=0, logprobs=1
-        )
-        assert out.choices[0].logprobs is not None
-        return list(out.choices[0].logprobs.token_logprobs or [])
+        return greedy_logprobs(alpha, model, PROMPT)
 
     base, tuned = logprobs("tiny"), logprobs("tiny:my-lora")
     assert max(abs(a - b) for a, b in zip(base, tuned, strict=True)) > 1e-3
@@ -143,12 +107,7 @@ def test_an_uploaded_adapter_is_pushed_served_billed_and_retired(split: dict[str
 
 def test_another_tenant_gets_the_404_an_unknown_name_gets(split: dict[str, Any]) -> None:
     beta = _sdk(split, split["key_b"])
-    assert "tiny:my-lora" not in {m.id for m in beta.models.list()}
-    with pytest.raises(openai.NotFoundError) as forbidden:
-        beta.completions.create(model="tiny:my-lora", prompt=PROMPT, max_tokens=2)
-    with pytest.raises(openai.NotFoundError) as unknown:
-        beta.completions.create(model="tiny:no-such", prompt=PROMPT, max_tokens=2)
-    assert forbidden.value.body["code"] == unknown.value.body["code"] == "model_not_found"  # type: ignore[index]
+    assert_hidden(beta, "tiny:my-lora", "tiny:no-such", PROMPT)
 
 
 def test_the_real_engine_refuses_bad_adapters_with_its_message(

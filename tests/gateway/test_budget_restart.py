@@ -15,14 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
 from admin.models import UsageRow
-from tests.gateway.processes import (
-    GatewayProcess,
-    create_tenant_key,
-    database,
-    spawn_gateway,
-    stop,
-    wait_ready,
-)
+from tests.gateway.processes import GatewayProcess, create_tenant_key, database, running_gateway
 from tests.utils.services import delete_prefix, redis_url
 from tests.utils.tiny_model import make_tiny_model_dir
 
@@ -80,15 +73,15 @@ def test_budget_survives_redis_losing_its_keys(tmp_path: Path) -> None:
     key = create_tenant_key(sessions, "acme", token_budget=BUDGET, budget_period="day")
     model = make_tiny_model_dir(tmp_path)
     client = redis.Redis.from_url(url)
-    gw = spawn_gateway(data, model, tmp_path / "gw.log", redis_url=url, redis_key_prefix=prefix)
     try:
-        wait_ready(gw)
-        made = exhaust(gw, key)
-        _wait_metered(sessions, made)
-        delete_prefix(client, prefix)
-        assert not list(client.scan_iter(match=prefix + "*"))  # Redis "restarted" empty
-        still_refused(gw, key)
+        with running_gateway(
+            data, model, tmp_path / "gw.log", redis_url=url, redis_key_prefix=prefix
+        ) as gw:
+            made = exhaust(gw, key)
+            _wait_metered(sessions, made)
+            delete_prefix(client, prefix)
+            assert not list(client.scan_iter(match=prefix + "*"))  # Redis "restarted" empty
+            still_refused(gw, key)
     finally:
-        stop(gw)
         delete_prefix(client, prefix)
         client.close()

@@ -17,14 +17,7 @@ import pytest
 import sqlalchemy as sa
 
 from admin.models import UsageRow
-from tests.gateway.processes import (
-    GatewayProcess,
-    create_tenant_key,
-    database,
-    spawn_gateway,
-    stop,
-    wait_ready,
-)
+from tests.gateway.processes import GatewayProcess, create_tenant_key, database, running_gateway
 from tests.gateway.test_budget_restart import BUDGET, exhaust, still_refused
 from tests.utils.tiny_model import make_tiny_model_dir
 
@@ -61,25 +54,18 @@ def test_usage_and_budgets_survive_kill_9(tmp_path: Path) -> None:
     key = create_tenant_key(sessions, "acme")
     capped = create_tenant_key(sessions, "capped", token_budget=BUDGET, budget_period="day")
     model = make_tiny_model_dir(tmp_path)
-    gw = spawn_gateway(data, model, tmp_path / "first.log")
-    try:
-        wait_ready(gw)
+    with running_gateway(data, model, tmp_path / "first.log") as gw:
         exhaust(gw, capped)
         with ThreadPoolExecutor(max_workers=8) as pool:
             ids = [i for i in pool.map(lambda i: _complete(gw, key, i), range(N)) if i]
         os.kill(gw.proc.pid, signal.SIGKILL)  # at once: no shutdown hook runs
         gw.proc.wait(timeout=30)
-    finally:
-        stop(gw)
     assert len(ids) == N
-    again = spawn_gateway(data, model, tmp_path / "second.log")
-    try:
-        wait_ready(again)  # the restart replays the spool before it serves
+    # Ready to serve means the restart has replayed the spool: it does that first.
+    with running_gateway(data, model, tmp_path / "second.log") as again:
         with sessions() as s:
             recorded = set(s.scalars(sa.select(UsageRow.request_id)))
         still_refused(again, capped)
-    finally:
-        stop(again)
     missing = sorted(set(ids) - recorded)
     assert not missing, f"{len(missing)} of {len(ids)} completed requests lost: {missing[:5]}"
     spool = data / "usage-spool.jsonl"

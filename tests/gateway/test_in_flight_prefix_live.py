@@ -15,11 +15,9 @@ from pathlib import Path
 import pytest
 from openai import AsyncOpenAI
 
-from tenancy import store
-from tests.gateway.gated import start_gated_gateway
+from tests.gateway.gated import gated_gateway
 from tests.utils.fast_fake_model import GatedFakeModel
 from tests.utils.live_gateway import LiveGateway
-from tests.utils.principals import PEPPER
 
 pytestmark = pytest.mark.slow
 
@@ -29,18 +27,8 @@ PROMPT = "Summarise the quarterly report of the northern mills, section by secti
 @pytest.fixture
 def gated(tmp_path: Path) -> Iterator[tuple[LiveGateway, GatedFakeModel]]:
     """A live gateway over the gated fake model, with the service's engine options."""
-    gw, model, stop = start_gated_gateway(
-        tmp_path, max_model_len=512, num_blocks=1024, kv_cache_bytes=None, itl_budget_ms=None
-    )
-    yield gw, model
-    stop()
-
-
-def _key(gw: LiveGateway, name: str) -> str:
-    with gw.sessions() as s:
-        store.create_tenant(s, name=name)
-    with gw.sessions() as s:
-        return store.create_key(s, tenant_name=name, pepper=PEPPER).secret
+    with gated_gateway(tmp_path, max_model_len=512, num_blocks=1024) as started:
+        yield started
 
 
 async def _cached(client: AsyncOpenAI, content: str) -> tuple[int, int]:
@@ -58,7 +46,7 @@ def test_one_tenant_computes_a_prefix_in_flight_once_and_others_never_wait(
     gated: tuple[LiveGateway, GatedFakeModel],
 ) -> None:
     gw, model = gated
-    keys = {name: _key(gw, name) for name in ("warm-up", "acme", "globex")}
+    keys = {name: gw.tenant(name) for name in ("warm-up", "acme", "globex")}
     engine = gw.engine
 
     def client(name: str) -> AsyncOpenAI:

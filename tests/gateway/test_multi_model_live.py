@@ -20,13 +20,13 @@ import pytest
 from fastapi.testclient import TestClient
 from openai import OpenAI
 
-from admin.identity import create_admin_token
 from assembly.app import build_app
 from server.settings import Settings
 from tenancy import store
 from tenancy.db import make_engine, make_session_factory, upgrade_database
-from tests.utils.live_gateway import serve_in_thread
+from tests.utils.built_app import admin_secret, migrated_sessions, tenant_keys
 from tests.utils.principals import PEPPER
+from tests.utils.served_app import served_app, served_models_settings
 from tests.utils.tiny_model import make_tiny_model_dir
 
 pytestmark = pytest.mark.slow
@@ -63,31 +63,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tmp = tmp_path_factory.mktemp("multi")
     alpha = make_tiny_model_dir(tmp / "models", seed=1)
     beta = make_tiny_model_dir(tmp / "models", seed=2)
-    settings = Settings(
-        data_dir=tmp,
-        key_pepper=PEPPER,
-        models=[f"alpha={alpha}", f"beta={beta}"],
-        attention_backend="torch",
-        max_model_len=256,
-        kv_cache_bytes=8 * 1024 * 1024,
-        block_size=16,
-        config_refresh_s=0.0,
-    )
-    upgrade_database(settings.resolved_database_url)
-    sessions = make_session_factory(make_engine(settings.resolved_database_url))
-    with sessions() as s:
-        store.create_tenant(s, name="acme")
-        key = store.create_key(s, tenant_name="acme", pepper=PEPPER).secret
-        admin = create_admin_token(s, pepper=PEPPER, role="admin").secret
-    app = build_app(settings)
-    url, stop = serve_in_thread(app, start_timeout_s=120, stop_timeout_s=60)
-    try:
+    settings = served_models_settings(tmp, [f"alpha={alpha}", f"beta={beta}"])
+    sessions = migrated_sessions(settings)
+    key = tenant_keys(sessions, ("acme",))["acme"]
+    admin = admin_secret(sessions)
+    with served_app(settings, start_timeout_s=120, stop_timeout_s=60) as (url, app):
         yield Served(url, key, admin, app)
-    finally:
-        stop()
-        app.state.metering.close()
-        for writer in app.state.background_writers:
-            writer.close()
 
 
 def _answer(served: Served, model: str, prompt: str = "Hello there") -> tuple[str, int]:

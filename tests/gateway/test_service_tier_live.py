@@ -18,11 +18,9 @@ import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
-from tenancy import store
-from tests.gateway.gated import start_gated_gateway
+from tests.gateway.gated import gated_gateway
 from tests.utils.fast_fake_model import GatedFakeModel
 from tests.utils.live_gateway import OPERATOR_HEADERS, LiveGateway
-from tests.utils.principals import PEPPER
 
 pytestmark = pytest.mark.slow
 
@@ -30,15 +28,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def gated(tmp_path: Path) -> Iterator[tuple[LiveGateway, GatedFakeModel, str]]:
     """A live gateway over the gated fake model, and one tenant's key."""
-    gw, model, stop = start_gated_gateway(
-        tmp_path, max_model_len=256, num_blocks=512, kv_cache_bytes=None, itl_budget_ms=None
-    )
-    with gw.sessions() as s:
-        store.create_tenant(s, name="acme")
-    with gw.sessions() as s:
-        key = store.create_key(s, tenant_name="acme", pepper=PEPPER).secret
-    yield gw, model, key
-    stop()
+    with gated_gateway(tmp_path, max_model_len=256, num_blocks=512) as (gw, model):
+        yield gw, model, gw.tenant("acme")
 
 
 def _gauge(gw: LiveGateway, name: str) -> float:

@@ -23,7 +23,7 @@ from sqlalchemy import select
 
 from tenancy import store
 from tenancy.models import Tenant
-from tests.gateway.gated import start_gated_gateway
+from tests.gateway.gated import gated_gateway
 from tests.utils.fast_fake_model import GatedFakeModel
 from tests.utils.live_gateway import LiveGateway
 from tests.utils.principals import PEPPER
@@ -37,14 +37,10 @@ MAX_TOKENS = 4
 @pytest.fixture
 def gated(tmp_path: Path) -> Iterator[tuple[LiveGateway, GatedFakeModel]]:
     """A live gateway over the gated fake model, with the service's engine options."""
-    # No ITL budget: it would learn a prompt token's cost from the gated step, which lasts
-    # as long as the test holds the gate, and cap every later step at its 16-token floor;
-    # the order measured here would then follow whose prompt was cached first.
-    gw, model, stop = start_gated_gateway(
-        tmp_path, max_model_len=256, num_blocks=4096, kv_cache_bytes=None, itl_budget_ms=None
-    )
-    yield gw, model
-    stop()
+    # No ITL budget (gated_gateway's): with one, the order measured here would follow whose
+    # prompt was cached first.
+    with gated_gateway(tmp_path, max_model_len=256, num_blocks=4096) as started:
+        yield started
 
 
 def add_tenant(gw: LiveGateway, name: str, *, keys: int = 1, **tenant: Any) -> list[str]:

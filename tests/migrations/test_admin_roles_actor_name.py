@@ -9,15 +9,12 @@ import pytest
 import sqlalchemy as sa
 
 from tenancy.db import downgrade_database, make_engine, upgrade_database
+from tests.utils.migration_rows import columns
 
 TOKEN = (
     "INSERT INTO admin_tokens (id, name, role, tenant_id, prefix, secret_hash, created_at)"
     " VALUES (:id, 'n', :role, NULL, 'clo-adm-x', :h, :n)"
 )
-
-
-def _columns(engine: sa.Engine, table: str) -> set[str]:
-    return {c["name"] for c in sa.inspect(engine).get_columns(table)}
 
 
 def _token(c: sa.Connection, id_: str, role: str) -> None:
@@ -34,7 +31,7 @@ def _round_trip(url: str) -> None:
     with pytest.raises(sa.exc.IntegrityError), engine.begin() as c:
         _token(c, "adm_x", "operator")  # 0006 refuses the new roles
     upgrade_database(url, "0007")
-    assert "actor_name" in _columns(engine, "audit_events")
+    assert "actor_name" in columns(engine, "audit_events")
     with engine.begin() as c:
         for i, role in enumerate(("operator", "finance", "auditor")):
             _token(c, f"adm_n{i}", role)
@@ -44,7 +41,7 @@ def _round_trip(url: str) -> None:
         roles = c.execute(sa.text("SELECT role FROM admin_tokens ORDER BY id")).scalars().all()
     assert roles == ["viewer", "operator", "finance", "auditor"]
     downgrade_database(url, "0006")
-    assert "actor_name" not in _columns(engine, "audit_events")
+    assert "actor_name" not in columns(engine, "audit_events")
     with engine.connect() as c:
         # Tokens of roles the old schema cannot hold are gone; the others are kept.
         assert c.execute(sa.text("SELECT id, role FROM admin_tokens")).all() == [

@@ -10,6 +10,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from tenancy.db import downgrade_database, make_engine, upgrade_database
+from tests.utils.migration_rows import columns
 
 HOUR = dt.datetime(2026, 11, 3, 10, tzinfo=dt.UTC)
 PRICE = (
@@ -28,10 +29,6 @@ HOURLY = (
     " VALUES (:h, 't', 'k', 'm', '', 200{vals}, :r, 3, 0, 2, :c, 0)"
 )
 SUMS = "SELECT requests, cost_pico_usd FROM usage_hourly"
-
-
-def _columns(engine: sa.Engine, table: str) -> set[str]:
-    return {c["name"] for c in sa.inspect(engine).get_columns(table)}
 
 
 def _round_trip(url: str) -> None:
@@ -70,9 +67,9 @@ def _round_trip(url: str) -> None:
         except sa.exc.IntegrityError:
             c.rollback()
     downgrade_database(url, "0013")
-    assert "batch" not in _columns(engine, "usage_records")
-    assert "batch" not in _columns(engine, "usage_hourly")
-    assert "batch_discount_pct" not in _columns(engine, "model_prices")
+    assert "batch" not in columns(engine, "usage_records")
+    assert "batch" not in columns(engine, "usage_hourly")
+    assert "batch_discount_pct" not in columns(engine, "model_prices")
     with engine.connect() as c:
         # Batch usage folds into the interactive row and keeps its stored cost.
         assert c.execute(sa.text(SUMS)).one() == (3, 17)

@@ -11,6 +11,7 @@ import admin.models  # noqa: F401  (registers the admin tables on the shared met
 import gateway.batch_api.tables  # noqa: F401  (and the Batch API's)
 from tenancy.db import downgrade_database, make_engine, upgrade_database
 from tenancy.models import Base
+from tests.utils.migration_rows import insert_tenant
 from tests.utils.schema import table_names
 
 TABLES = {"tenants", "api_keys", "limits"}
@@ -23,13 +24,7 @@ def _round_trip(url: str) -> None:
     engine = make_engine(url)
     now = dt.datetime.now(dt.UTC)
     with engine.begin() as conn:
-        conn.execute(
-            sa.text(
-                "INSERT INTO tenants (id, name, status, isolation_level, weight, created_at) "
-                "VALUES ('ten_1', 'acme', 'active', 'tenant', 1.0, :now)"
-            ),
-            {"now": now},
-        )
+        insert_tenant(conn, created_at=now)
         conn.execute(
             sa.text("INSERT INTO limits (tenant_id, rpm, updated_at) VALUES ('ten_1', 5, :now)"),
             {"now": now},

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from pathlib import Path
 
 import sqlalchemy as sa
 
 from tenancy.db import downgrade_database, make_engine, upgrade_database
+from tests.utils.migration_rows import columns, insert_registry_model
 
 
 def _columns(engine: sa.Engine) -> set[str]:
-    return {c["name"] for c in sa.inspect(engine).get_columns("registry_models")}
+    return columns(engine, "registry_models")
 
 
 def _round_trip(url: str) -> None:
@@ -19,14 +19,7 @@ def _round_trip(url: str) -> None:
     engine = make_engine(url)
     with engine.begin() as c:
         for name in ("big", "small"):
-            c.execute(
-                sa.text(
-                    "INSERT INTO registry_models (id, name, revision, source, format,"
-                    " context_length, status, created_at) VALUES (:id, :name, 'main', '/m',"
-                    " 'gguf', 512, 'loaded', :n)"
-                ),
-                {"id": f"mdl_{name}", "name": name, "n": dt.datetime.now(dt.UTC)},
-            )
+            insert_registry_model(c, id=f"mdl_{name}", name=name)
     upgrade_database(url, "0015")
     assert "fallback_model" in _columns(engine)
     with engine.connect() as c:

@@ -8,10 +8,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from tenancy.db import downgrade_database, make_engine, upgrade_database
-
-
-def _columns(engine: sa.Engine, table: str) -> set[str]:
-    return {c["name"] for c in sa.inspect(engine).get_columns(table)}
+from tests.utils.migration_rows import columns, insert_registry_model
 
 
 def _round_trip(url: str) -> None:
@@ -19,13 +16,7 @@ def _round_trip(url: str) -> None:
     engine = make_engine(url)
     now = dt.datetime.now(dt.UTC)
     with engine.begin() as c:
-        c.execute(
-            sa.text(
-                "INSERT INTO registry_models (id, name, revision, source, format, context_length,"
-                " status, created_at) VALUES ('mdl_1', 'm', 'main', '/m', 'gguf', 8, 'loaded', :n)"
-            ),
-            {"n": now},
-        )
+        insert_registry_model(c, context_length=8, created_at=now)
         c.execute(
             sa.text(
                 "INSERT INTO usage_hourly (hour, tenant_id, key_id, model, adapter, status,"
@@ -35,7 +26,7 @@ def _round_trip(url: str) -> None:
             {"n": now.replace(minute=0, second=0, microsecond=0)},
         )
     upgrade_database(url, "0005")
-    assert {"device", "dtype"} <= _columns(engine, "registry_models")
+    assert {"device", "dtype"} <= columns(engine, "registry_models")
     with engine.connect() as c:
         row = c.execute(sa.text("SELECT device, dtype, status FROM registry_models")).one()
         assert tuple(row) == (None, None, "loaded")
@@ -44,9 +35,9 @@ def _round_trip(url: str) -> None:
     with engine.begin() as c:
         c.execute(sa.text("UPDATE registry_models SET device = 'cpu', dtype = 'float32'"))
     downgrade_database(url, "0004")
-    assert "device" not in _columns(engine, "registry_models")
-    assert "unpriced" not in _columns(engine, "usage_records")
-    assert "unpriced_requests" not in _columns(engine, "usage_hourly")
+    assert "device" not in columns(engine, "registry_models")
+    assert "unpriced" not in columns(engine, "usage_records")
+    assert "unpriced_requests" not in columns(engine, "usage_hourly")
     with engine.connect() as c:
         assert c.execute(sa.text("SELECT requests FROM usage_hourly")).scalar_one() == 3
         assert c.execute(sa.text("SELECT name FROM registry_models")).scalar_one() == "m"

@@ -2,30 +2,23 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from pathlib import Path
 
 import sqlalchemy as sa
 
 from tenancy.db import downgrade_database, make_engine, upgrade_database
+from tests.utils.migration_rows import columns, insert_registry_model
 
 
 def _columns(engine: sa.Engine) -> set[str]:
-    return {c["name"] for c in sa.inspect(engine).get_columns("registry_models")}
+    return columns(engine, "registry_models")
 
 
 def _round_trip(url: str) -> None:
     upgrade_database(url, "0012")
     engine = make_engine(url)
     with engine.begin() as c:
-        c.execute(
-            sa.text(
-                "INSERT INTO registry_models (id, name, revision, source, format, context_length,"
-                " status, created_at) VALUES ('mdl_1', 'm', 'main', '/m', 'gguf', 512, 'loaded',"
-                " :n)"
-            ),
-            {"n": dt.datetime.now(dt.UTC)},
-        )
+        insert_registry_model(c)
     upgrade_database(url, "0013")
     assert {"family", "quantization"} <= _columns(engine)
     with engine.connect() as c:

@@ -8,10 +8,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from tenancy.db import downgrade_database, make_engine, upgrade_database
-
-
-def _columns(engine: sa.Engine, table: str) -> set[str]:
-    return {c["name"] for c in sa.inspect(engine).get_columns(table)}
+from tests.utils.migration_rows import columns, insert_registry_model, insert_tenant
 
 
 def _round_trip(url: str) -> None:
@@ -19,30 +16,17 @@ def _round_trip(url: str) -> None:
     engine = make_engine(url)
     now = dt.datetime.now(dt.UTC)
     with engine.begin() as c:
-        c.execute(
-            sa.text(
-                "INSERT INTO tenants (id, name, status, isolation_level, weight, never_cache,"
-                " created_at) VALUES ('ten_1', 'acme', 'active', 'tenant', 1.0, false, :n)"
-            ),
-            {"n": now},
-        )
+        insert_tenant(c, never_cache=False, created_at=now)
         c.execute(
             sa.text(
                 "INSERT INTO limits (tenant_id, max_concurrent, updated_at) VALUES ('ten_1', 3, :n)"
             ),
             {"n": now},
         )
-        c.execute(
-            sa.text(
-                "INSERT INTO registry_models (id, name, revision, source, format, context_length,"
-                " status, created_at) VALUES ('mdl_1', 'm', 'main', '/m', 'gguf', 512, 'loaded',"
-                " :n)"
-            ),
-            {"n": now},
-        )
+        insert_registry_model(c, created_at=now)
     upgrade_database(url, "0012")
-    assert "max_output_tokens" in _columns(engine, "registry_models")
-    assert "max_tokens_in_flight" in _columns(engine, "limits")
+    assert "max_output_tokens" in columns(engine, "registry_models")
+    assert "max_tokens_in_flight" in columns(engine, "limits")
     with engine.connect() as c:
         # Existing rows gain no cap.
         assert c.execute(sa.text("SELECT max_output_tokens FROM registry_models")).one() == (None,)
@@ -52,8 +36,8 @@ def _round_trip(url: str) -> None:
         c.execute(sa.text("UPDATE registry_models SET max_output_tokens = 64"))
         c.execute(sa.text("UPDATE limits SET max_tokens_in_flight = 4096"))
     downgrade_database(url, "0011")
-    assert "max_output_tokens" not in _columns(engine, "registry_models")
-    assert "max_tokens_in_flight" not in _columns(engine, "limits")
+    assert "max_output_tokens" not in columns(engine, "registry_models")
+    assert "max_tokens_in_flight" not in columns(engine, "limits")
     with engine.connect() as c:
         assert c.execute(sa.text("SELECT max_concurrent FROM limits")).scalar_one() == 3
         assert c.execute(sa.text("SELECT context_length FROM registry_models")).scalar_one() == 512

@@ -3,40 +3,28 @@ quota below 1 by itself."""
 
 from __future__ import annotations
 
-import datetime as dt
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
 from tenancy.db import downgrade_database, make_engine, upgrade_database
+from tests.utils.migration_rows import columns, insert_tenant
 
 
 def _columns(engine: sa.Engine) -> set[str]:
-    return {c["name"] for c in sa.inspect(engine).get_columns("tenants")}
+    return columns(engine, "tenants")
 
 
 def _insert(conn: sa.Connection, tid: str, quota: int | None) -> None:
-    conn.execute(
-        sa.text(
-            "INSERT INTO tenants (id, name, status, isolation_level, weight, created_at,"
-            " kv_quota_blocks) VALUES (:id, :id, 'active', 'tenant', 1.0, :n, :q)"
-        ),
-        {"id": tid, "n": dt.datetime.now(dt.UTC), "q": quota},
-    )
+    insert_tenant(conn, id=tid, name=tid, kv_quota_blocks=quota)
 
 
 def _round_trip(url: str) -> sa.Engine:
     upgrade_database(url, "0010")
     engine = make_engine(url)
     with engine.begin() as c:
-        c.execute(
-            sa.text(
-                "INSERT INTO tenants (id, name, status, isolation_level, weight, created_at,"
-                " cache_floor_blocks) VALUES ('ten_1', 'acme', 'active', 'tenant', 1.0, :n, 8)"
-            ),
-            {"n": dt.datetime.now(dt.UTC)},
-        )
+        insert_tenant(c, cache_floor_blocks=8)
     upgrade_database(url, "0011")
     assert "kv_quota_blocks" in _columns(engine)
     with engine.connect() as c:  # an existing tenant: no quota, its policy kept

@@ -3,29 +3,23 @@ streams as before ("token")."""
 
 from __future__ import annotations
 
-import datetime as dt
 from pathlib import Path
 
 import sqlalchemy as sa
 
 from tenancy.db import downgrade_database, make_engine, upgrade_database
+from tests.utils.migration_rows import columns, insert_tenant
 
 
 def _columns(engine: sa.Engine) -> set[str]:
-    return {c["name"] for c in sa.inspect(engine).get_columns("tenants")}
+    return columns(engine, "tenants")
 
 
 def _round_trip(url: str) -> None:
     upgrade_database(url, "0016")
     engine = make_engine(url)
     with engine.begin() as c:
-        c.execute(
-            sa.text(
-                "INSERT INTO tenants (id, name, status, isolation_level, weight, created_at,"
-                " never_cache) VALUES ('ten_1', 'acme', 'active', 'tenant', 1.0, :n, true)"
-            ),
-            {"n": dt.datetime.now(dt.UTC)},
-        )
+        insert_tenant(c, never_cache=True)
     upgrade_database(url, "0017")
     assert "stream_cadence" in _columns(engine)
     with engine.connect() as c:  # an existing tenant: today's behaviour, its policy kept
@@ -34,13 +28,7 @@ def _round_trip(url: str) -> None:
     with engine.begin() as c:
         c.execute(sa.text("UPDATE tenants SET stream_cadence = 'fixed:4'"))
         # A row inserted without the column (an older writer) gets the default too.
-        c.execute(
-            sa.text(
-                "INSERT INTO tenants (id, name, status, isolation_level, weight, created_at)"
-                " VALUES ('ten_2', 'beta', 'active', 'tenant', 1.0, :n)"
-            ),
-            {"n": dt.datetime.now(dt.UTC)},
-        )
+        insert_tenant(c, id="ten_2", name="beta")
     with engine.connect() as c:
         rows = c.execute(sa.text("SELECT name, stream_cadence FROM tenants ORDER BY name"))
         assert [tuple(r) for r in rows] == [("acme", "fixed:4"), ("beta", "token")]

@@ -36,6 +36,12 @@ class BatchServer:
             data={"purpose": purpose},
         )
 
+    def create_batch(self, tenant: str, file_id: str, **extra: Any) -> Any:
+        """POSTs `batch_body(file_id, **extra)` to /v1/batches as `tenant`; the response."""
+        return self.client.post(
+            "/v1/batches", json=batch_body(file_id, **extra), headers=self.headers(tenant)
+        )
+
     def wait_batch(self, tenant: str, batch_id: str, timeout_s: float = 30.0) -> dict[str, Any]:
         """Polls the batch until it ends; its last object."""
         deadline = time.monotonic() + timeout_s
@@ -53,6 +59,26 @@ class BatchServer:
         r = self.client.get(f"/v1/files/{file_id}/content", headers=self.headers(tenant))
         assert r.status_code == 200, r.text
         return [json.loads(line) for line in r.content.splitlines() if line.strip()]
+
+
+def batch_body(file_id: str, **extra: Any) -> dict[str, Any]:
+    """The body that creates a 24h batch of `file_id` on /v1/chat/completions; `extra`
+    adds or replaces fields."""
+    body: dict[str, Any] = {
+        "input_file_id": file_id,
+        "endpoint": "/v1/chat/completions",
+        "completion_window": "24h",
+    }
+    return {**body, **extra}
+
+
+def api_error(r: Any, status: int) -> dict[str, Any]:
+    """Asserts that `r` is a `status` in OpenAI's error shape (a message and nothing
+    else but type, param and code); returns the error object."""
+    assert r.status_code == status, (r.status_code, r.text)
+    error: dict[str, Any] = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    return error
 
 
 def chat_line(custom_id: str, text: str, **body: Any) -> bytes:

@@ -8,9 +8,10 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -98,6 +99,25 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
+
+
+def cloister_env(settings: Mapping[str, Any]) -> dict[str, str]:
+    """This process's environment with each of `settings` set as CLOISTER_<NAME>."""
+    env = dict(os.environ)
+    for name, value in settings.items():
+        env[f"CLOISTER_{name.upper()}"] = str(value)
+    return env
+
+
+def spawn_logged(
+    command: Sequence[str], env: Mapping[str, str], log_path: Path, *, append: bool = False
+) -> subprocess.Popen[bytes]:
+    """Starts `command` in `env` with its stdout and stderr written to `log_path` (added to
+    the end with `append`, a restart's log after the first run's)."""
+    log = log_path.open("ab" if append else "wb")
+    proc = subprocess.Popen(list(command), env=dict(env), stdout=log, stderr=subprocess.STDOUT)
+    log.close()  # the child keeps its own descriptor
+    return proc
 
 
 def free_port() -> int:

@@ -25,13 +25,7 @@ from tests.utils.principals import PEPPER
 
 
 def _create(server: BatchServer, tenant: str, file_id: str, **extra: object) -> dict[str, object]:
-    body = {
-        "input_file_id": file_id,
-        "endpoint": "/v1/chat/completions",
-        "completion_window": "24h",
-    }
-    body.update(extra)
-    r = server.client.post("/v1/batches", json=body, headers=server.headers(tenant))
+    r = server.create_batch(tenant, file_id, **extra)
     assert r.status_code == 200, r.text
     return dict(r.json())
 

@@ -16,14 +16,7 @@ import sqlalchemy as sa
 from openai import OpenAI
 
 from admin.models import UsageRow
-from tests.gateway.processes import (
-    GatewayProcess,
-    create_tenant_key,
-    database,
-    spawn_gateway,
-    stop,
-    wait_ready,
-)
+from tests.gateway.processes import GatewayProcess, create_tenant_key, database, running_gateway
 from tests.utils.batch_server import chat_line
 from tests.utils.tiny_model import make_tiny_model_dir
 
@@ -61,9 +54,9 @@ def test_the_sdk_runs_a_batch_that_survives_kill_9(tmp_path: Path) -> None:
     sessions = database(data)
     key = create_tenant_key(sessions, "acme")
     model = make_tiny_model_dir(tmp_path)
-    gw = spawn_gateway(data, model, tmp_path / "first.log", batch_concurrency=4, batch_lease_s=5)
-    try:
-        wait_ready(gw)
+    with running_gateway(
+        data, model, tmp_path / "first.log", batch_concurrency=4, batch_lease_s=5
+    ) as gw:
         client = _client(gw, key)
         # A whole batch through the SDK, unchanged.
         upload = client.files.create(file=("in.jsonl", io.BytesIO(_input(2))), purpose="batch")
@@ -99,21 +92,15 @@ def test_the_sdk_runs_a_batch_that_survives_kill_9(tmp_path: Path) -> None:
         print(f"killed with {seen} of {KILLED_LINES} lines done")
         assert seen < KILLED_LINES  # killed mid-batch
         gw.proc.wait(timeout=30)
-    finally:
-        stop(gw)
-    again = spawn_gateway(
+    with running_gateway(
         data, model, tmp_path / "second.log", batch_concurrency=4, batch_lease_s=5
-    )
-    try:
-        wait_ready(again)
+    ) as again:
         client = _client(again, key)
         done = _wait(client, slow.id, 300)
         assert done.status == "completed", done  # type: ignore[attr-defined]
         assert done.request_counts.total == KILLED_LINES  # type: ignore[attr-defined]
         assert done.request_counts.completed == KILLED_LINES  # type: ignore[attr-defined]
         output = client.files.content(done.output_file_id).text  # type: ignore[attr-defined]
-    finally:
-        stop(again)
     lines = [json.loads(line) for line in output.splitlines()]
     assert sorted(line["custom_id"] for line in lines) == sorted(
         f"line-{i}" for i in range(KILLED_LINES)

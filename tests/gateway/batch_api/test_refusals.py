@@ -14,14 +14,7 @@ import sqlalchemy as sa
 
 from admin.models import AuditEvent
 from tenancy.models import Tenant
-from tests.utils.batch_server import BatchServer, chat_line
-
-
-def _error(r: Any, status: int) -> dict[str, Any]:
-    assert r.status_code == status, (r.status_code, r.text)
-    error: dict[str, Any] = r.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"} and error["message"]
-    return error
+from tests.utils.batch_server import BatchServer, api_error, batch_body, chat_line
 
 
 def _staged(data_dir: Path) -> list[Path]:
@@ -34,15 +27,7 @@ def test_another_tenants_files_and_batches_are_not_found_and_the_probe_is_audite
 ) -> None:
     server = batch_server({"acme": {}, "rival": {}})
     file_id = server.upload("acme", chat_line("a", "secret prompt")).json()["id"]
-    batch = server.client.post(
-        "/v1/batches",
-        json={
-            "input_file_id": file_id,
-            "endpoint": "/v1/chat/completions",
-            "completion_window": "24h",
-        },
-        headers=server.headers("acme"),
-    ).json()
+    batch = server.create_batch("acme", file_id).json()
     rival = server.headers("rival")
     c = server.client
     for r in (
@@ -51,18 +36,10 @@ def test_another_tenants_files_and_batches_are_not_found_and_the_probe_is_audite
         c.delete(f"/v1/files/{file_id}", headers=rival),
         c.get(f"/v1/batches/{batch['id']}", headers=rival),
         c.post(f"/v1/batches/{batch['id']}/cancel", headers=rival),
-        c.post(
-            "/v1/batches",
-            json={
-                "input_file_id": file_id,
-                "endpoint": "/v1/chat/completions",
-                "completion_window": "24h",
-            },
-            headers=rival,
-        ),
+        c.post("/v1/batches", json=batch_body(file_id), headers=rival),
         c.get("/v1/files/file-doesnotexist", headers=rival),
     ):
-        _error(r, 404)
+        api_error(r, 404)
     assert c.get("/v1/files", headers=rival).json()["data"] == []
     assert c.get("/v1/batches", headers=rival).json()["data"] == []
     # The owner still has both.
@@ -86,7 +63,7 @@ def test_unauthenticated_calls_are_401(batch_server: Callable[..., BatchServer])
         server.client.post("/v1/files", files={"file": ("a", b"x")}, data={"purpose": "batch"}),
         server.client.get("/v1/batches", headers={"Authorization": "Bearer sk-clo-" + "x" * 43}),
     ):
-        _error(r, 401)
+        api_error(r, 401)
 
 
 def test_bad_uploads_are_refused_with_their_reason(
@@ -94,13 +71,15 @@ def test_bad_uploads_are_refused_with_their_reason(
 ) -> None:
     server = batch_server({"acme": {}})
     c, h = server.client, server.headers("acme")
-    assert _error(server.upload("acme", b"x", purpose="fine-tune"), 400)["param"] == "purpose"
-    assert _error(server.upload("acme", b""), 400)["param"] == "file"
-    assert _error(c.post("/v1/files", json={"purpose": "batch"}, headers=h), 400)["param"] == "file"
+    assert api_error(server.upload("acme", b"x", purpose="fine-tune"), 400)["param"] == "purpose"
+    assert api_error(server.upload("acme", b""), 400)["param"] == "file"
+    assert (
+        api_error(c.post("/v1/files", json={"purpose": "batch"}, headers=h), 400)["param"] == "file"
+    )
     no_file = c.post(
         "/v1/files", data={"purpose": "batch"}, files={"other": ("a", b"x")}, headers=h
     )
-    assert _error(no_file, 400)["param"] == "file"
+    assert api_error(no_file, 400)["param"] == "file"
     garbled = c.post(
         "/v1/files",
         content=b"--b\r\nnot a header\r\n\r\nzz",
@@ -114,7 +93,7 @@ def test_a_file_over_the_line_cap_is_refused_while_it_streams(
     batch_server: Callable[..., BatchServer],
 ) -> None:
     server = batch_server({"acme": {}})
-    error = _error(server.upload("acme", b"{}\n" * 1_000_000), 413)
+    error = api_error(server.upload("acme", b"{}\n" * 1_000_000), 413)
     assert error["code"] == "too_many_lines"
     assert _staged(server.data_dir) == []
     assert server.client.get("/v1/files", headers=server.headers("acme")).json()["data"] == []
@@ -199,7 +178,9 @@ def test_per_tenant_file_caps(batch_server: Callable[..., BatchServer]) -> None:
     server = batch_server({"acme": {}, "other": {}}, batch_max_files_per_tenant=2)
     assert server.upload("acme", chat_line("a", "x")).status_code == 200
     assert server.upload("acme", chat_line("a", "x")).status_code == 200
-    assert _error(server.upload("acme", chat_line("a", "x")), 429)["code"] == "file_quota_exceeded"
+    assert (
+        api_error(server.upload("acme", chat_line("a", "x")), 429)["code"] == "file_quota_exceeded"
+    )
     assert server.upload("other", chat_line("a", "x")).status_code == 200  # its own cap
     first = server.client.get("/v1/files", headers=server.headers("acme")).json()["data"][0]["id"]
     assert server.client.delete(f"/v1/files/{first}", headers=server.headers("acme")).json() == {
@@ -219,24 +200,19 @@ def test_bad_batch_requests(batch_server: Callable[..., BatchServer]) -> None:
     big = server.upload("acme", chat_line("a", "x", max_tokens=10_000)).json()["id"]
 
     def create(**body: Any) -> Any:
-        base = {
-            "input_file_id": good,
-            "endpoint": "/v1/chat/completions",
-            "completion_window": "24h",
-        }
-        return c.post("/v1/batches", json={**base, **body}, headers=h)
+        return c.post("/v1/batches", json=batch_body(good, **body), headers=h)
 
-    assert _error(create(endpoint="/v1/embeddings"), 400)["param"] == "endpoint"
-    assert _error(create(completion_window="1h"), 400)["param"] == "completion_window"
-    assert _error(create(input_file_id="file-nope"), 404)["code"] == "file_not_found"
-    assert _error(create(metadata={f"k{i}": "v" for i in range(17)}), 400)["param"] == "metadata"
-    assert _error(create(surprise=1), 400)["param"] == "surprise"
-    assert _error(create(input_file_id=dup), 400)["code"] == "duplicate_custom_id"
-    assert _error(create(input_file_id=blank), 400)["param"] == "input_file_id"
-    assert _error(create(input_file_id=big), 429)["code"] == "batch_token_limit_exceeded"
-    assert _error(c.post("/v1/batches", content=b"{", headers=h), 400)
-    assert _error(c.get("/v1/batches?limit=0", headers=h), 400)["param"] == "limit"
-    assert _error(c.get("/v1/batches?limit=abc", headers=h), 400)["param"] == "limit"
-    assert _error(c.get("/v1/files?order=up", headers=h), 400)["param"] == "order"
-    assert _error(c.get("/v1/batches/batch_nope", headers=h), 404)["code"] == "batch_not_found"
+    assert api_error(create(endpoint="/v1/embeddings"), 400)["param"] == "endpoint"
+    assert api_error(create(completion_window="1h"), 400)["param"] == "completion_window"
+    assert api_error(create(input_file_id="file-nope"), 404)["code"] == "file_not_found"
+    assert api_error(create(metadata={f"k{i}": "v" for i in range(17)}), 400)["param"] == "metadata"
+    assert api_error(create(surprise=1), 400)["param"] == "surprise"
+    assert api_error(create(input_file_id=dup), 400)["code"] == "duplicate_custom_id"
+    assert api_error(create(input_file_id=blank), 400)["param"] == "input_file_id"
+    assert api_error(create(input_file_id=big), 429)["code"] == "batch_token_limit_exceeded"
+    assert api_error(c.post("/v1/batches", content=b"{", headers=h), 400)
+    assert api_error(c.get("/v1/batches?limit=0", headers=h), 400)["param"] == "limit"
+    assert api_error(c.get("/v1/batches?limit=abc", headers=h), 400)["param"] == "limit"
+    assert api_error(c.get("/v1/files?order=up", headers=h), 400)["param"] == "order"
+    assert api_error(c.get("/v1/batches/batch_nope", headers=h), 404)["code"] == "batch_not_found"
     assert create().status_code == 200

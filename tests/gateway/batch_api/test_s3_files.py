@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from server.settings import Settings
 from tenancy.models import ApiKey, Tenant
 from tests.gateway.batch_api.moto_s3 import SECRET_ACCESS_KEY, MotoS3
-from tests.utils.batch_server import BatchServer, chat_line
+from tests.utils.batch_server import BatchServer, api_error, batch_body, chat_line
 from tests.utils.fast_fake_model import gateway_test_engine
 from tests.utils.principals import PEPPER
 
@@ -59,13 +59,6 @@ def _local_bodies(data_dir: Path) -> list[Path]:
     if not root.exists():
         return []
     return [p for p in root.rglob("*") if p.is_file() and ".staging" not in p.parts]
-
-
-def _error(r: Any, status: int) -> dict[str, Any]:
-    assert r.status_code == status, (r.status_code, r.text)
-    error: dict[str, Any] = r.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"} and error["message"]
-    return error
 
 
 def test_files_round_trip_through_the_bucket_under_the_tenants_prefix(
@@ -133,18 +126,10 @@ def test_a_stopped_store_is_a_503_for_files_and_the_metadata_stays(
         server.upload("acme", chat_line("b", "hello")),
         c.get(f"/v1/files/{kept}/content", headers=headers),
         c.delete(f"/v1/files/{kept}", headers=headers),
-        c.post(
-            "/v1/batches",
-            json={
-                "input_file_id": kept,
-                "endpoint": "/v1/chat/completions",
-                "completion_window": "24h",
-            },
-            headers=headers,
-        ),
+        c.post("/v1/batches", json=batch_body(kept), headers=headers),
     ]
     for r in refusals:
-        error = _error(r, 503)
+        error = api_error(r, 503)
         assert error["code"] == "file_store_unavailable" and error["type"] == "service_unavailable"
         assert SECRET_ACCESS_KEY not in r.text
     # What the database holds still answers; nothing was half deleted or half added.
@@ -206,15 +191,7 @@ def test_a_batch_whose_output_cannot_be_written_finalizes_once_the_store_is_back
     server = batch_server({"acme": {}}, engine=engine, batch_concurrency=1, **s3.settings())
     content = b"".join(chat_line(f"req-{i}", f"question {i}") for i in range(4))
     file_id = server.upload("acme", content).json()["id"]
-    r = server.client.post(
-        "/v1/batches",
-        json={
-            "input_file_id": file_id,
-            "endpoint": "/v1/chat/completions",
-            "completion_window": "24h",
-        },
-        headers=server.headers("acme"),
-    )
+    r = server.create_batch("acme", file_id)
     batch_id = r.json()["id"]
 
     def wait_completed(lines: int) -> None:
