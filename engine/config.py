@@ -137,6 +137,15 @@ class ModelArchitecture:
         return self.sliding_window
 
     @property
+    def kv_window(self) -> int | None:
+        """The window W when every layer has one (Mistral v0.1, Phi-3-mini), else None.
+
+        Only then can a sequence's KV blocks behind its last W positions be given back:
+        the pool is one for all layers, so a single full-attention layer needs them all.
+        """
+        return self.sliding_window if not self.full_attention_layers else None
+
+    @property
     def kv_bytes_per_token(self) -> int:
         """Bytes of K and V per token over all layers, for fp32 (scale for other dtypes)."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * 4

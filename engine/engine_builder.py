@@ -153,7 +153,10 @@ def build_engine_parts(config: EngineConfig, loaded: LoadedModel | None = None) 
     )
     log.info(capacity.describe())
     kv = KVCacheManager.from_config(
-        config.cache, capacity.num_blocks, config.model.revision or loaded.revision
+        config.cache,
+        capacity.num_blocks,
+        config.model.revision or loaded.revision,
+        window=loaded.arch.kv_window,
     )
     eos = loaded.tokenizer.eos_token_ids
     grammars = GrammarCompiler(

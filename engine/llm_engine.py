@@ -26,7 +26,12 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler.output import ScheduledSequence, SchedulerOutput
 from engine.sequence import Sequence
 from engine.stats import EngineStats
-from engine.validation import check_kv_quota, validate_request
+from engine.validation import (
+    check_kv_quota,
+    kv_tokens_held,
+    validate_request,
+    window_peak_tokens,
+)
 
 log = logging.getLogger("engine")
 
@@ -96,6 +101,14 @@ class LLMEngine:
         """Rows of the model's output layer."""
         return self.arch.vocab_size
 
+    @property
+    def window_peak_tokens(self) -> int | None:
+        """The most KV tokens one sequence holds at once on a model whose every layer
+        has a window (engine.validation.window_peak_tokens); None without one."""
+        cfg = self.config.scheduler
+        step = min(cfg.max_num_batched_tokens, cfg.prefill_chunk_size or cfg.max_num_batched_tokens)
+        return window_peak_tokens(self.kv.window, self.kv.block_size, step)
+
     # -- requests ---------------------------------------------------------------
 
     def validate(self, prompt_token_ids: Seq[int], params: SamplingParams) -> int:
@@ -110,6 +123,7 @@ class LLMEngine:
             max_n=cfg.max_n,
             max_tokens_limit=cfg.max_tokens_limit,
             max_waiting=cfg.max_waiting,
+            window_peak=self.window_peak_tokens,
         )
 
     def add_request(
@@ -149,7 +163,9 @@ class LLMEngine:
         key, weight = request.fairness_key, request.weight
         # Again here: the front checked against the rules it knew, which may be older.
         check_kv_quota(
-            len(request.prompt_token_ids) + max_tokens, self.kv.kv_quota(key), self.kv.block_size
+            kv_tokens_held(len(request.prompt_token_ids) + max_tokens, self.window_peak_tokens),
+            self.kv.kv_quota(key),
+            self.kv.block_size,
         )
         room = self.scheduler.make_room(key, params.n, weight)
         if room is None:
@@ -355,7 +371,7 @@ class LLMEngine:
     def _requeue_over(self, blocks: set[int]) -> None:
         """Sends the running sequences holding `blocks` (a failed tier load) back to be
         recomputed, with fresh block-table rows."""
-        over = [s for s in self.scheduler.running if not blocks.isdisjoint(s.block_ids)]
+        over = [s for s in self.scheduler.running if not blocks.isdisjoint(s.held_block_ids)]
         self.scheduler.requeue(over)
         for seq in over:
             self.runner.block_table.release(seq.seq_id)

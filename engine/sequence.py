@@ -53,6 +53,9 @@ class Sequence:
     # Grows in place only (append/extend); any other change assigns a new list, which
     # the runner's block table (engine/runner/block_table.py) notices by identity.
     block_ids: list[int] = field(default_factory=list)
+    # Leading entries of `block_ids` given back because no later token can see them (a
+    # model whose every layer has a sliding window); they read 0, the table's padding.
+    num_released_blocks: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None
     stop_reason: int | str | None = None
@@ -157,6 +160,16 @@ class Sequence:
             self.output_token_ids.pop()
             return True
         return False
+
+    @property
+    def held_block_ids(self) -> list[int]:
+        """The blocks this sequence holds a reference to (`block_ids` past the released)."""
+        return self.block_ids[self.num_released_blocks :]
+
+    @property
+    def num_held_blocks(self) -> int:
+        """How many blocks this sequence holds (what it costs its tenant's KV share)."""
+        return len(self.block_ids) - self.num_released_blocks
 
     @property
     def all_token_ids(self) -> list[int]:

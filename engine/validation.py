@@ -23,12 +23,14 @@ def validate_request(
     max_n: int,
     max_tokens_limit: int | None,
     max_waiting: int | None = None,
+    window_peak: int | None = None,
 ) -> int:
     """Raises a typed error for a request that must not be queued; returns its max_tokens.
 
     A request is refused at once when it could never finish: a prompt past the
-    context, more tokens than the whole KV pool holds, or more samples than the
-    waiting queue holds (it would wait, or be refused as overloaded, forever).
+    context, more tokens than the whole KV pool holds at once (`window_peak`: the most
+    a sequence holds on a model whose every layer has a window), or more samples than
+    the waiting queue holds (it would wait, or be refused as overloaded, forever).
     """
     if not isinstance(params, SamplingParams):
         raise InvalidRequestError("sampling params must be a SamplingParams", param="params")
@@ -68,13 +70,34 @@ def validate_request(
                 param="max_tokens",
             )
     # The last sampled token is never written to the cache, hence the -1.
-    needed = n_prompt + max_tokens - 1
+    needed = kv_tokens_held(n_prompt + max_tokens - 1, window_peak)
     if needed > pool_tokens:
         raise RequestTooLargeError(
             f"the request needs up to {needed} KV tokens but the whole cache holds {pool_tokens}",
             param="max_tokens",
         )
     return max_tokens
+
+
+def window_peak_tokens(window: int | None, block_size: int, step_tokens: int) -> int | None:
+    """The most KV tokens one sequence holds at once, however long, on a model whose
+    every layer has a window of `window` positions (ModelArchitecture.kv_window); None
+    without one.
+
+    The blocks behind the window are given back after each step (KVCacheManager.
+    release_behind_window), and with overlap scheduling the next step is scheduled
+    before the one in flight is taken: a sequence holds its window, two steps of up to
+    `step_tokens` each (the most one sequence computes in a step: the token budget, or
+    the prefill chunk size when smaller), and a part-filled block at either end.
+    """
+    if window is None:
+        return None
+    return (-(-(window + 2 * step_tokens) // block_size) + 1) * block_size
+
+
+def kv_tokens_held(num_tokens: int, window_peak: int | None) -> int:
+    """KV tokens a sequence of `num_tokens` holds at its peak (see `window_peak_tokens`)."""
+    return num_tokens if window_peak is None else min(num_tokens, window_peak)
 
 
 def check_kv_quota(num_tokens: int, quota: int | None, block_size: int) -> None:

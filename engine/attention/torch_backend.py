@@ -26,14 +26,17 @@ def write_kv(
 
 
 def gather_kv(
-    kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int
+    kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int, skip_blocks: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns one sequence's K and V, [seq_len, num_kv_heads, head_dim] each."""
+    """Returns one sequence's K and V from its block `skip_blocks` on (position
+    skip_blocks * block_size) to `seq_len`, [positions, num_kv_heads, head_dim] each."""
     block_size = kv_cache.shape[2]
     num_blocks = (seq_len + block_size - 1) // block_size
+    table = block_table[skip_blocks:num_blocks].long()
     # index_select copies whole blocks (memcpy rows); advanced indexing goes element-wise.
-    kv = kv_cache.index_select(1, block_table[:num_blocks].long()).flatten(1, 2)
-    return kv[0, :seq_len], kv[1, :seq_len]
+    kv = kv_cache.index_select(1, table).flatten(1, 2)
+    end = seq_len - skip_blocks * block_size
+    return kv[0, :end], kv[1, :end]
 
 
 class TorchAttentionBackend:
@@ -105,12 +108,20 @@ def _attend_one(
     ctx_len = s_len - q_len
     k_new = k_new.to(kv_cache.dtype).to(q.dtype)
     v_new = v_new.to(kv_cache.dtype).to(q.dtype)
+    # With a window, the context is read from the block holding the first row's earliest
+    # key on: the blocks before it may have been given back (their table entries then
+    # name block 0, whose contents are anyone's). The masks shift with the keys' start;
+    # they only compare a key's position with its row's.
+    skip = 0
+    if window is not None:
+        skip = max(0, ctx_len - window + 1) // kv_cache.shape[2]
     if ctx_len:
-        k_ctx, v_ctx = gather_kv(kv_cache, meta.block_tables[seq], ctx_len)
+        k_ctx, v_ctx = gather_kv(kv_cache, meta.block_tables[seq], ctx_len, skip)
         k_all = torch.cat([k_ctx.to(q.dtype), k_new])
         v_all = torch.cat([v_ctx.to(q.dtype), v_new])
     else:
         k_all, v_all = k_new, v_new
+    s_len, ctx_len = s_len - skip * kv_cache.shape[2], ctx_len - skip * kv_cache.shape[2]
     windowed = window is not None and window < s_len
     # The soft-capped path takes its causal part from the mask too (it has no is_causal).
     masked = windowed or (ctx_len and q_len > 1) or (softcap is not None and q_len > 1)

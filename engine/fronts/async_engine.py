@@ -53,7 +53,7 @@ from engine.scheduler.tenants import within_share
 from engine.stats import EngineStats
 from engine.structured.compiler import GrammarCompiler
 from engine.structured.spec import StructuredSpec
-from engine.validation import check_kv_quota
+from engine.validation import check_kv_quota, kv_tokens_held
 
 log = logging.getLogger("engine.async")
 
@@ -178,7 +178,8 @@ class EngineFront(abc.ABC):
             # Here, so that a stream is refused with a 400 before it starts; the engine
             # checks again against the rules in force when it takes the request.
             num_tokens = len(request.prompt_token_ids) + max_tokens
-            check_kv_quota(num_tokens, quota.kv_quota_blocks, self.info.block_size)
+            held = kv_tokens_held(num_tokens, self.info.window_peak)
+            check_kv_quota(held, quota.kv_quota_blocks, self.info.block_size)
         if request.adapter is not None and request.adapter not in self._adapters:
             raise AdapterNotFoundError(
                 f"adapter {request.adapter!r} is not loaded", param="adapter"

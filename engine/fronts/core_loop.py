@@ -61,6 +61,9 @@ class EngineInfo:
     structured: StructuredConfig = StructuredConfig()
     adapters: tuple[AdapterInfo, ...] = ()  # loaded when the front was built
     block_size: int = 16  # tokens per KV block (a tenant's KV quota is in blocks)
+    # The most KV tokens a sequence holds at once on a model with a window on every
+    # layer (engine.validation.window_peak_tokens); None: all of its tokens.
+    window_peak: int | None = None
 
     @classmethod
     def of(cls, engine: LLMEngine) -> EngineInfo:
@@ -77,6 +80,7 @@ class EngineInfo:
             structured=engine.config.structured,
             adapters=tuple(engine.adapters()),
             block_size=engine.capacity.block_size,
+            window_peak=engine.window_peak_tokens,
         )
 
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> int:
@@ -93,6 +97,7 @@ class EngineInfo:
             max_n=self.max_n,
             max_tokens_limit=self.max_tokens_limit,
             max_waiting=self.max_waiting,
+            window_peak=self.window_peak,
         )
 
 

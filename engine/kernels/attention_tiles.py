@@ -23,6 +23,7 @@ def load_kv_tile(
     k_base,
     bt_row,
     start,
+    lo,
     hi,
     d,
     d_mask,
@@ -33,11 +34,14 @@ def load_kv_tile(
     TILE: tl.constexpr,
 ):
     """(toks, t_mask, k, v): the positions of the TILE keys from `start`, which of them
-    are before `hi`, and their K and V rows [TILE, BLOCK_D] (0 where masked). `k_base`
+    are in [lo, hi), and their K and V rows [TILE, BLOCK_D] (0 where masked). `k_base`
     points at the KV head's keys, `bt_row` at the sequence's block table row; each
-    token's block is looked up, so a tile may span several blocks or part of one."""
+    token's block is looked up, so a tile may span several blocks or part of one.
+
+    Keys before `lo` (a window's start) are not read at all: their blocks may have been
+    given back, and a masked score still multiplies its value (0 x NaN is NaN)."""
     toks = start + tl.arange(0, TILE)
-    t_mask = toks < hi
+    t_mask = (toks >= lo) & (toks < hi)
     blk = tl.load(bt_row + toks // BLOCK_SIZE, mask=t_mask, other=0).to(tl.int64)
     row = blk * stride_c_blk + (toks % BLOCK_SIZE) * stride_c_tok
     kv_mask = t_mask[:, None] & d_mask[None, :]

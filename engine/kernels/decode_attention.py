@@ -100,7 +100,7 @@ def _decode_kernel(
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
     for start in range(lo, hi, TILE):
         _, t_mask, k, v = load_kv_tile(
-            k_base, bt_row, start, hi, d, d_mask, stride_c_kv, stride_c_blk, stride_c_tok,
+            k_base, bt_row, start, lo, hi, d, d_mask, stride_c_kv, stride_c_blk, stride_c_tok,
             BLOCK_SIZE, TILE,
         )  # fmt: skip
         s = tile_scores(q, k, scale, softcap, DOT_PREC, SOFTCAP)

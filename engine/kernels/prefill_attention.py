@@ -91,8 +91,8 @@ def _prefill_kernel(
     kv_hi = tl.where(m_tile * BLOCK_M < q_len, kv_hi, 0)
     # The first row of this tile sees keys from its window's start; earlier ones are
     # skipped (window is 2**30 without one, so this is 0).
-    kv_lo = tl.maximum(ctx_len + m_tile * BLOCK_M - window + 1, 0)
-    kv_lo = (kv_lo // BLOCK_N) * BLOCK_N
+    kv_first = tl.maximum(ctx_len + m_tile * BLOCK_M - window + 1, 0)
+    kv_lo = (kv_first // BLOCK_N) * BLOCK_N
 
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_sum = tl.zeros([BLOCK_M], tl.float32)
@@ -101,8 +101,8 @@ def _prefill_kernel(
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
     for start in range(kv_lo, kv_hi, BLOCK_N):
         toks, t_mask, k, v = load_kv_tile(
-            k_base, bt_row, start, kv_hi, d, d_mask, stride_c_kv, stride_c_blk, stride_c_tok,
-            BLOCK_SIZE, BLOCK_N,
+            k_base, bt_row, start, kv_first, kv_hi, d, d_mask, stride_c_kv, stride_c_blk,
+            stride_c_tok, BLOCK_SIZE, BLOCK_N,
         )  # fmt: skip
         s = tile_scores(q, k, scale, softcap, DOT_PREC, SOFTCAP)
         visible = t_mask[None, :] & (toks[None, :] <= q_pos[:, None])

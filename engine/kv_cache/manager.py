@@ -61,9 +61,17 @@ class KVCacheManager:
         revision: str = "",
         policy: CachePolicy | None = None,
         clock: Callable[[], float] = time.monotonic,
+        window: int | None = None,
     ) -> None:
         self.pool = pool
         self.block_size = block_size
+        # The model's window when every layer has one (ModelArchitecture.kv_window): the
+        # blocks behind a sequence's last `window` positions are given back as it moves
+        # on (`release_behind_window`). The prefix cache then keeps only the blocks
+        # within a sequence's first `window` tokens: a cached chain is evicted from its
+        # tail, so a longer one would hold every block behind it until the sequence ends.
+        self.window = window
+        self._cache_limit = None if window is None else window // block_size
         self.index = index
         self.revision = revision
         self.policy = policy or CachePolicy()
@@ -96,8 +104,11 @@ class KVCacheManager:
         self.loading: LoadingBlocks | None = None
 
     @classmethod
-    def from_config(cls, cache: CacheConfig, num_blocks: int, revision: str) -> KVCacheManager:
-        """The manager `CacheConfig` describes, over a new pool of `num_blocks` blocks."""
+    def from_config(
+        cls, cache: CacheConfig, num_blocks: int, revision: str, window: int | None = None
+    ) -> KVCacheManager:
+        """The manager `CacheConfig` describes, over a new pool of `num_blocks` blocks
+        (`window`: the model's window on every layer, if it has one)."""
         policy = CachePolicy(
             min_cached_blocks=cache.min_cached_blocks,
             min_cached_share=cache.min_cached_share,
@@ -112,6 +123,7 @@ class KVCacheManager:
             index=make_prefix_index(cache.prefix_cache, cache.block_size),
             revision=revision,
             policy=policy,
+            window=window,
         )
         for prefix in cache.published_prefixes:
             manager.publish_prefix(prefix)
@@ -146,7 +158,7 @@ class KVCacheManager:
 
     def ready(self, seq: Sequence) -> bool:
         """False while a block of the sequence's table is still being loaded."""
-        return self.loading is None or not self.loading.any_in(seq.block_ids)
+        return self.loading is None or not self.loading.any_in(seq.held_block_ids)
 
     def finish_loads(
         self, done: list[int], failed: list[int], requeue: Callable[[set[int]], None]
@@ -183,6 +195,11 @@ class KVCacheManager:
     def blocks_needed(self, num_tokens: int) -> int:
         """Blocks that hold `num_tokens` tokens."""
         return cdiv(num_tokens, self.block_size)
+
+    def _cacheable(self, num_blocks: int) -> int:
+        """Of a sequence's first `num_blocks` blocks, how many the prefix cache may keep."""
+        limit = self._cache_limit
+        return num_blocks if limit is None else min(num_blocks, limit)
 
     # -- configuration ------------------------------------------------------------------
 
@@ -287,7 +304,7 @@ class KVCacheManager:
     def _match(self, seq: Sequence, st: SeqCacheState) -> list[int]:
         assert self.index is not None
         # Never the last token: at least one must be computed to get logits.
-        max_blocks = (seq.num_tokens - 1) // self.block_size
+        max_blocks = self._cacheable((seq.num_tokens - 1) // self.block_size)
         self._extend_keys(seq, st, max_blocks)
         found: list[int] = []
         for seg in st.segments:
@@ -338,7 +355,7 @@ class KVCacheManager:
         """
         assert self.index is not None and self.tier is not None
         n = len(found)
-        max_blocks = (seq.num_tokens - 1) // self.block_size
+        max_blocks = self._cacheable((seq.num_tokens - 1) // self.block_size)
         if n >= max_blocks:
             return []
         seg = next(s for s in st.segments if s.end is None or n < s.end)
@@ -434,7 +451,7 @@ class KVCacheManager:
         need = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - have
         if computed:
             self._acquire(computed)
-        own = len(seq.block_ids) + len(computed)
+        own = seq.num_held_blocks + len(computed)
         if need > 0 and not self._make_room(need, seq.cache_domain, own):
             if computed:
                 self._release(computed, seq.cache_domain)
@@ -575,7 +592,7 @@ class KVCacheManager:
         if self.index is None or not seq.use_cache or not seq.block_ids:
             return
         st = self._state(seq)
-        full = min(seq.num_computed_tokens // self.block_size, len(seq.block_ids))
+        full = self._cacheable(min(seq.num_computed_tokens // self.block_size, len(seq.block_ids)))
         i = st.registered
         if i < full and not st.stopped:
             self._extend_keys(seq, st, full)
@@ -662,6 +679,37 @@ class KVCacheManager:
         seq.block_ids = seq.block_ids[:keep]
         self._release(tail, seq.cache_domain)
 
+    def release_behind_window(self, seq: Sequence) -> int:
+        """Gives back the leading blocks of `seq` that no later token can see, on a model
+        whose every layer has a window W; returns how many. Their entries in
+        `block_ids` become 0, the block table's padding, which the attention backends
+        never read (they start at the window).
+
+        Call it after a step's result is taken, with `num_computed_tokens` at the next
+        step's first position p: that step reads keys from p - W + 1 on. Cached blocks
+        go idle, like those of an ended sequence.
+        """
+        if self.window is None:
+            return 0
+        first_seen = seq.num_computed_tokens - self.window + 1
+        n = min(first_seen // self.block_size, len(seq.block_ids))
+        done = seq.num_released_blocks
+        if n <= done:
+            return 0
+        gone = seq.block_ids[done:n]
+        st = self._seqs.get(seq.seq_id)
+        if st is not None and self.index is not None and st.locked:
+            leaving = set(gone)
+            for segment, block in list(st.locked.items()):
+                if block in leaving:  # the chain's deepest block: it may be evicted now
+                    self.index.unlock(block)
+                    del st.locked[segment]
+        self._release(gone, seq.cache_domain)
+        # A new list: the runner's block table resyncs the row (block_table.py).
+        seq.block_ids = [0] * n + seq.block_ids[n:]
+        seq.num_released_blocks = n
+        return n - done
+
     def free(self, seq: Sequence, *, keep_keys: bool = False) -> None:
         """Releases the sequence's blocks; cached ones stay (idle) until evicted.
 
@@ -681,8 +729,9 @@ class KVCacheManager:
                 )
                 kept = True
         if seq.block_ids:
-            self._release(seq.block_ids, seq.cache_domain)
+            self._release(seq.held_block_ids, seq.cache_domain)
             seq.block_ids = []
+            seq.num_released_blocks = 0
         if st is not None and not kept:
             self._seq_ended(st.domain)
 

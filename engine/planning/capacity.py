@@ -37,6 +37,9 @@ class ModelShape:
     # What one token runs through (a mixture of experts' top-k, not all experts).
     active_params: int | None = None
     context_limit: int | None = None  # the model's context length
+    # The window every layer has (ModelArchitecture.kv_window): a sequence then holds at
+    # most its last `kv_window` tokens' KV, its blocks behind it given back.
+    kv_window: int | None = None
 
     @classmethod
     def from_architecture(cls, arch: ModelArchitecture) -> ModelShape:
@@ -48,7 +51,12 @@ class ModelShape:
             count_parameters(arch),
             count_active_parameters(arch),
             arch.max_position_embeddings,
+            arch.kv_window,
         )
+
+    def held_tokens(self, tokens: float) -> float:
+        """KV tokens a sequence of `tokens` holds (its last `kv_window` on a window model)."""
+        return tokens if self.kv_window is None else min(tokens, self.kv_window)
 
     def kv_bytes_per_token(self, kv_dtype: str) -> int:
         """2 (K and V) x layers x KV heads x head dim x bytes per element."""
@@ -102,6 +110,7 @@ class CapacityPlan:
     num_params: int | None = None
     active_params: int | None = None
     context_limit: int | None = None
+    kv_window: int | None = None  # resident figures count at most this many per request
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready values."""
@@ -133,8 +142,9 @@ def plan_capacity(
         )
     replica_kv = budget * hardware.ranks
     capacity = replica_kv // per_token
-    # A request holds its prompt and, on average over its life, half of its output.
-    resident = workload.mean_prompt_tokens + workload.mean_output_tokens / 2
+    # A request holds its prompt and, on average over its life, half of its output (on a
+    # model with a window on every layer, no more than the window).
+    resident = shape.held_tokens(workload.mean_prompt_tokens + workload.mean_output_tokens / 2)
     residency_s = workload.mean_output_tokens * workload.itl_s
     peak_concurrency = kv_at_peak = replicas = None
     if workload.peak_rps is not None:
@@ -144,7 +154,9 @@ def plan_capacity(
     tail_ratio = concurrency_p99 = replicas_p99 = None
     if workload.p99_prompt_tokens is not None:
         tail_ratio = workload.p99_prompt_tokens / workload.mean_prompt_tokens
-        p99_resident = workload.p99_prompt_tokens + workload.mean_output_tokens / 2
+        p99_resident = shape.held_tokens(
+            workload.p99_prompt_tokens + workload.mean_output_tokens / 2
+        )
         concurrency_p99 = int(capacity // p99_resident)
         if peak_concurrency is not None:
             replicas_p99 = math.ceil(peak_concurrency * p99_resident * per_token / replica_kv)
@@ -163,7 +175,9 @@ def plan_capacity(
         token_capacity=capacity,
         mean_resident_tokens=resident,
         concurrency_at_mean=int(capacity // resident),
-        concurrency_at_context=None if context is None else capacity // context,
+        concurrency_at_context=(
+            None if context is None else int(capacity // shape.held_tokens(context))
+        ),
         decode_residency_s=residency_s,
         concurrent_requests_at_peak=peak_concurrency,
         kv_required_at_peak_bytes=kv_at_peak,
@@ -174,6 +188,7 @@ def plan_capacity(
         num_params=shape.num_params,
         active_params=shape.active_params,
         context_limit=shape.context_limit,
+        kv_window=shape.kv_window,
     )
 
 

@@ -44,6 +44,13 @@ class ModelFacts:
     sliding_window: int | None
     window_layers: int  # how many layers use the window (0 without one)
     experts: tuple[int, int] | None = None  # (experts, per token) of an MoE model
+    num_layers: int = 0
+
+    @property
+    def window_frees_blocks(self) -> bool:
+        """Every layer has the window, so blocks behind it are given back as a sequence
+        moves on (engine.kv_cache.manager.KVCacheManager.release_behind_window)."""
+        return self.sliding_window is not None and self.window_layers == self.num_layers
 
 
 def read_model_facts(path: str | Path) -> ModelFacts:
@@ -56,6 +63,7 @@ def read_model_facts(path: str | Path) -> ModelFacts:
         sliding_window=arch.sliding_window,
         window_layers=sum(arch.layer_window(i) is not None for i in range(arch.num_layers)),
         experts=(arch.num_experts, arch.num_experts_per_tok) if arch.num_experts else None,
+        num_layers=arch.num_layers,
     )
 
 

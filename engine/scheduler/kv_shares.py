@@ -51,7 +51,7 @@ def blocks_held(running: Iterable[Sequence]) -> dict[str, int]:
     used: dict[str, int] = {}
     for seq in running:
         if seq.block_ids:
-            used[seq.fairness_key] = used.get(seq.fairness_key, 0) + len(seq.block_ids)
+            used[seq.fairness_key] = used.get(seq.fairness_key, 0) + seq.num_held_blocks
     return used
 
 
@@ -114,7 +114,7 @@ class KVShares:
         quota = self.quota(seq.fairness_key)
         if quota is None:
             return False
-        return used - len(seq.block_ids) + total_blocks > quota
+        return used - seq.num_held_blocks + total_blocks > quota
 
     def preempted(self, victim: Sequence, requester: Sequence) -> None:
         """Counts one preemption of `victim` made for `requester`."""

@@ -270,8 +270,9 @@ class Scheduler:
         """Whether `num_new` more tokens of running `seq` keep its tenant within quota."""
         if self.kv_shares.quota(seq.fairness_key) is None:
             return True
-        total = self.kv.blocks_needed(seq.num_computed_tokens + num_new)
-        used = sum(len(s.block_ids) for s in self.running if s.fairness_key == seq.fairness_key)
+        # Blocks behind a sliding window were given back: they no longer count.
+        total = self.kv.blocks_needed(seq.num_computed_tokens + num_new) - seq.num_released_blocks
+        used = sum(s.num_held_blocks for s in self.running if s.fairness_key == seq.fairness_key)
         return not self.kv_shares.over_quota(seq, total, used)
 
     def _victim(self, seq: Sequence, num_new: int) -> Sequence:
@@ -567,6 +568,7 @@ class Scheduler:
             return False
         seq.num_computed_tokens = item.end
         self.kv.cache_full_blocks(seq)
+        self.kv.release_behind_window(seq)
         if token is None:
             return False
         seq.output_token_ids.append(token)
@@ -598,6 +600,9 @@ class Scheduler:
         seq.num_unsettled_tokens = 0
         if seq.status is SequenceStatus.RUNNING and seq.num_computed_tokens >= item.end:
             self.kv.cache_full_blocks(seq)  # the step's K/V are written now
+            # Only now: a failed launched step is run again from its start, and reads
+            # the window behind it.
+            self.kv.release_behind_window(seq)
         if token is None or not seq.has_pending_token:
             seq.drop_pending_token()
             return False

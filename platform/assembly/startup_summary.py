@@ -40,6 +40,7 @@ class ServedModel:
     quantization: str = ""  # how its matrices are stored (Q4_K+Q6_K, BF16, ...)
     sliding_window: int | None = None
     window_layers: int = 0  # how many layers use the window
+    window_frees_blocks: bool = False  # every layer has it: blocks behind it are freed
     experts: tuple[int, int] | None = None  # (experts, per token) of an MoE model
     # Which linears run: "int4 (auto, from Q4_1 GGUF)", "none", ...; "" when not known.
     weights: str = ""
@@ -79,7 +80,10 @@ class StartupSummary:
             if m.experts is not None:
                 facts.append(f"{m.experts[0]} experts, {m.experts[1]} per token")
             if m.sliding_window is not None:
-                facts.append(f"sliding window {m.sliding_window} on {m.window_layers} layers")
+                freed = " (blocks behind it freed)" if m.window_frees_blocks else ""
+                facts.append(
+                    f"sliding window {m.sliding_window} on {m.window_layers} layers{freed}"
+                )
             head = f"{', '.join(facts)}; " if facts else ""
             lines.append(f"  {'model':<10} {m.name}  ({head}context {m.context_tokens}; {kv})")
         lines.append(
@@ -133,6 +137,7 @@ def build_summary(
                 quantization=facts.quantization if facts else "",
                 sliding_window=facts.sliding_window if facts else None,
                 window_layers=facts.window_layers if facts else 0,
+                window_frees_blocks=facts.window_frees_blocks if facts else False,
                 experts=facts.experts if facts else None,
                 weights=_weights(engine_options, paths.get(name)) if name in paths else "",
             )

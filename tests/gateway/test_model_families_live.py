@@ -22,18 +22,14 @@ import openai
 import pytest
 from openai import OpenAI
 
-from admin.identity import create_admin_token
-from assembly.app import build_app
 from assembly.startup_summary import build_summary
 from server.settings import Settings
-from tenancy import store
-from tenancy.db import make_engine, make_session_factory, upgrade_database
 from tests.admin.zip_archives import zip_of
-from tests.gateway.engine_servers import serve_in_thread
+from tests.utils.built_app import admin_secret, migrated_sessions, tenant_keys
 from tests.utils.hf_families import make_family_dir
 from tests.utils.int_checkpoints import Layout, make_int_folder
 from tests.utils.lora_adapters import make_peft_adapter
-from tests.utils.principals import PEPPER
+from tests.utils.served_app import served_app, served_models_settings
 
 pytestmark = pytest.mark.slow
 
@@ -110,42 +106,22 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     gemma2 = make_family_dir(tmp / "models", "gemma2", seed=6)
     (gemma2 / "chat_template.jinja").write_text(GEMMA_TEMPLATE)
     phi4 = make_family_dir(tmp / "models", "phi3", seed=7, **PHI4_MINI)
-    settings = Settings(
-        data_dir=tmp,
-        key_pepper=PEPPER,
-        models=[
-            f"q3={qwen3}",
-            f"phi={phi3}",
-            f"mis={mistral}",
-            f"mix={mixtral}",
-            f"gem={gemma}",
-            f"gq={gptq}",
-            f"g2={gemma2}",
-            f"p4={phi4}",
-        ],
-        attention_backend="torch",
-        max_model_len=256,
-        kv_cache_bytes=8 * 1024 * 1024,
-        block_size=16,
-        config_refresh_s=0.0,
-    )
-    upgrade_database(settings.resolved_database_url)
-    sessions = make_session_factory(make_engine(settings.resolved_database_url))
-    with sessions() as s:
-        keys = []
-        for name in ("acme", "globex"):
-            store.create_tenant(s, name=name)
-            keys.append(store.create_key(s, tenant_name=name, pepper=PEPPER).secret)
-        admin = create_admin_token(s, pepper=PEPPER, role="admin").secret
-    app = build_app(settings)
-    url, stop = serve_in_thread(app)
-    try:
-        yield Served(url, (keys[0], keys[1]), admin, app, settings)
-    finally:
-        stop()
-        app.state.metering.close()
-        for writer in app.state.background_writers:
-            writer.close()
+    models = [
+        f"q3={qwen3}",
+        f"phi={phi3}",
+        f"mis={mistral}",
+        f"mix={mixtral}",
+        f"gem={gemma}",
+        f"gq={gptq}",
+        f"g2={gemma2}",
+        f"p4={phi4}",
+    ]
+    settings = served_models_settings(tmp, models)
+    sessions = migrated_sessions(settings)
+    keys = tenant_keys(sessions, ("acme", "globex"))
+    admin = admin_secret(sessions)
+    with served_app(settings) as (url, app):
+        yield Served(url, (keys["acme"], keys["globex"]), admin, app, settings)
 
 
 def _chat(served: Served, model: str, tenant: int = 0) -> tuple[str, int]:
@@ -200,7 +176,10 @@ def test_the_startup_summary_names_family_storage_and_window(served: Served) -> 
     text = build_summary(served.settings, engines, {"device": "cpu"}).text()
     assert "q3  (qwen3, F32; context 256;" in text
     assert "phi  (phi3, F32; context 256;" in text
-    assert f"mis  (mistral, F32, sliding window {WINDOW} on 2 layers; context 256;" in text
+    assert (
+        f"mis  (mistral, F32, sliding window {WINDOW} on 2 layers (blocks behind it freed); "
+        "context 256;" in text
+    )
     assert "mix  (mixtral, F32, 4 experts, 2 per token; context 256;" in text
     assert "gq  (llama, GPTQ 4-bit g32; context 256;" in text
 
@@ -250,14 +229,21 @@ def test_a_lora_upload_for_the_mixture_of_experts_is_a_clear_400(
 THINKING = {"guided_regex": "<think>[a-z ]{4,24}</think>\n\n[a-z ]{2,16}"}
 
 
-def test_qwen3_thinking_is_returned_apart_from_the_answer(served: Served) -> None:
-    done = served.client().chat.completions.create(
-        model="q3",
-        messages=[{"role": "user", "content": "Hi"}],
-        max_tokens=60,
+def _think(served: Served, model: str, max_tokens: int, **options: Any) -> Any:
+    """A greedy chat completion of "Hi", made to write a thinking block first."""
+    messages: Any = [{"role": "user", "content": "Hi"}]
+    return served.client().chat.completions.create(
+        model=model,
+        messages=messages,
+        max_tokens=max_tokens,
         temperature=0,
         extra_body=THINKING,
+        **options,
     )
+
+
+def test_qwen3_thinking_is_returned_apart_from_the_answer(served: Served) -> None:
+    done = _think(served, "q3", 60)
     message = done.choices[0].message
     thought = message.model_extra["reasoning_content"] if message.model_extra else None
     assert isinstance(thought, str) and 4 <= len(thought) <= 24
@@ -266,14 +252,7 @@ def test_qwen3_thinking_is_returned_apart_from_the_answer(served: Served) -> Non
     )
     assert done.usage is not None and done.usage.completion_tokens > 0
     # Streamed: the same split, thinking first, as deltas of their own.
-    stream = served.client().chat.completions.create(
-        model="q3",
-        messages=[{"role": "user", "content": "Hi"}],
-        max_tokens=60,
-        temperature=0,
-        stream=True,
-        extra_body=THINKING,
-    )
+    stream = _think(served, "q3", 60, stream=True)
     thinking, answer, order = [], [], []
     for chunk in stream:
         for choice in chunk.choices:
@@ -291,13 +270,7 @@ def test_qwen3_thinking_is_returned_apart_from_the_answer(served: Served) -> Non
 def test_a_model_whose_template_does_not_think_keeps_its_text_as_content(
     served: Served,
 ) -> None:
-    done = served.client().chat.completions.create(
-        model="mis",
-        messages=[{"role": "user", "content": "Hi"}],
-        max_tokens=30,
-        temperature=0,
-        extra_body=THINKING,
-    )
+    done = _think(served, "mis", 30)
     message = done.choices[0].message
     assert not (message.model_extra or {}).get("reasoning_content")
     assert message.content is not None and message.content.startswith("<think>")
@@ -344,19 +317,27 @@ TIME_TOOL = {
 }
 
 
+def _ask_time(served: Served, **options: Any) -> Any:
+    """A greedy chat completion on "mis" that must call TIME_TOOL."""
+    messages: Any = [{"role": "user", "content": "What time is it in Paris?"}]
+    tools: Any = [TIME_TOOL]
+    return served.client().chat.completions.create(
+        model="mis",
+        messages=messages,
+        tools=tools,
+        tool_choice="required",
+        max_tokens=40,
+        temperature=0,
+        **options,
+    )
+
+
 def test_mistral_tool_calls_come_back_as_tool_calls(served: Served) -> None:
     """The template says [TOOL_CALLS]: the call is written and parsed in Mistral's format."""
     from gateway.tools import detect_parser
 
     assert detect_parser(MISTRAL_TEMPLATE) == "mistral"  # the format this server picked
-    done = served.client().chat.completions.create(
-        model="mis",
-        messages=[{"role": "user", "content": "What time is it in Paris?"}],
-        tools=[TIME_TOOL],  # type: ignore[list-item]
-        tool_choice="required",
-        max_tokens=40,
-        temperature=0,
-    )
+    done = _ask_time(served)
     choice = done.choices[0]
     assert choice.finish_reason == "tool_calls"
     (call,) = choice.message.tool_calls or []
@@ -364,15 +345,7 @@ def test_mistral_tool_calls_come_back_as_tool_calls(served: Served) -> None:
     assert set(json.loads(call.function.arguments)) == {"tz"}
     assert not choice.message.content
     # Streamed, the same call arrives as tool-call deltas.
-    stream = served.client().chat.completions.create(
-        model="mis",
-        messages=[{"role": "user", "content": "What time is it in Paris?"}],
-        tools=[TIME_TOOL],  # type: ignore[list-item]
-        tool_choice="required",
-        max_tokens=40,
-        temperature=0,
-        stream=True,
-    )
+    stream = _ask_time(served, stream=True)
     names, arguments = [], []
     for chunk in stream:
         for part in chunk.choices:

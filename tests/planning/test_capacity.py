@@ -146,3 +146,24 @@ def test_the_worksheet_refuses_a_context_past_the_models(tmp_path: Path) -> None
     refused = CliRunner().invoke(main, [*args, "--context-tokens", "4096"])
     assert refused.exit_code != 0 and "Traceback" not in refused.output
     assert "4096 exceed the model's longest context, 2048 tokens" in refused.output
+
+
+def test_a_window_on_every_layer_bounds_what_a_request_holds(tmp_path: Path) -> None:
+    """Mistral v0.1's shape: each request holds at most its last W tokens' KV, so
+    concurrency at a long context is the capacity over W; Gemma 2's shape (full layers
+    between the window ones) keeps every token."""
+    from tests.utils.hf_families import make_family_dir
+
+    args = ["capacity", "--device-memory-gb", "8", "--mean-prompt", "1500",
+            "--mean-output", "100", "--itl-ms", "30", "--context-tokens", "2048"]  # fmt: skip
+    windowed = make_family_dir(tmp_path, "mistral", seed=1, sliding_window=512)
+    plan = json.loads(CliRunner().invoke(main, [*args, "--model", str(windowed), "--json"]).output)
+    assert plan["kv_window"] == 512
+    assert plan["mean_resident_tokens"] == 512
+    assert plan["concurrency_at_context"] == plan["token_capacity"] // 512
+    text = CliRunner().invoke(main, [*args, "--model", str(windowed)]).output
+    assert "KV held per request, at most" in text and "512 tokens" in text
+    mixed = make_family_dir(tmp_path, "gemma2", seed=1)
+    plan = json.loads(CliRunner().invoke(main, [*args, "--model", str(mixed), "--json"]).output)
+    assert plan["kv_window"] is None and plan["mean_resident_tokens"] == 1550
+    assert plan["concurrency_at_context"] == plan["token_capacity"] // 2048

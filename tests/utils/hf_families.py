@@ -119,3 +119,18 @@ def load_reference(folder: Path) -> PreTrainedModel:
         str(folder), dtype=torch.float32, attn_implementation="eager"
     )
     return model.eval()
+
+
+def hf_logits(model: PreTrainedModel, ids: list[int]) -> torch.Tensor:
+    """transformers' fp32 logits for every position of `ids`, [len(ids), vocab]."""
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+def hf_greedy(model: PreTrainedModel, ids: list[int], steps: int = 32) -> list[int]:
+    """Arg-max decoding with transformers, EOS not special; the whole sequence is run
+    again each step (tiny models), so no cache of theirs is involved."""
+    tokens: list[int] = []
+    for _ in range(steps):
+        tokens.append(int(hf_logits(model, ids + tokens)[-1].argmax()))
+    return tokens

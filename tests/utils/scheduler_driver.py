@@ -31,8 +31,11 @@ class Driver:
     seqs: list[Sequence] = field(default_factory=list)
 
     @classmethod
-    def make(cls, *, num_blocks: int, block_size: int = 4, **sched: float) -> Driver:
-        kv = KVCacheManager(BlockPool(num_blocks), block_size)
+    def make(
+        cls, *, num_blocks: int, block_size: int = 4, window: int | None = None, **sched: float
+    ) -> Driver:
+        """`window`: the model's window on every layer (blocks behind it are released)."""
+        kv = KVCacheManager(BlockPool(num_blocks), block_size, window=window)
         cfg = SchedulerConfig(**sched)  # type: ignore[arg-type]
         return cls(Scheduler(cfg, kv, eos_token_ids=frozenset({EOS}), max_model_len=10_000))
 

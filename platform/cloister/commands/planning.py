@@ -213,6 +213,7 @@ def capacity(
             shape.num_params,
             shape.active_params,
             shape.context_limit,
+            shape.kv_window,
         )
         plan = plan_capacity(
             shape,
@@ -293,6 +294,9 @@ def _capacity_rows(
         )
     if plan.context_limit is not None:
         rows.append(("model context", f"{plan.context_limit:,} tokens"))
+    if plan.kv_window is not None:
+        held = f"{plan.kv_window:,} tokens (a window on every layer; blocks behind it freed)"
+        rows.append(("KV held per request, at most", held))
     rows += [
         ("KV budget per rank", f"{plan.kv_budget_bytes_per_rank / GB:,.2f} GB"),
         ("replica KV", f"{plan.replica_kv_bytes / GB:,.2f} GB"),

@@ -11,14 +11,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import PreTrainedModel
 
 from engine import LLM, SamplingParams
 from engine.attention.cpu_backend import CpuAttentionBackend
 from engine.attention.torch_backend import TorchAttentionBackend
 from engine.model.loader import load_model
 from engine.model.registry import FAMILIES
-from tests.utils.hf_families import family_config, load_reference, make_family_dir
+from tests.utils.hf_families import (
+    family_config,
+    hf_greedy,
+    hf_logits,
+    load_reference,
+    make_family_dir,
+)
 from tests.utils.model_step import ModelStepper
 
 FAMILY_NAMES = [f.name for f in FAMILIES]
@@ -30,20 +35,6 @@ NO_WINDOW = {"sliding_window": None}
 @pytest.fixture(scope="module", params=FAMILY_NAMES)
 def family_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_family_dir(tmp_path_factory.mktemp(request.param), request.param, seed=5)
-
-
-def hf_logits(model: PreTrainedModel, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0].float()
-
-
-def hf_greedy(model: PreTrainedModel, ids: list[int], steps: int = NEW_TOKENS) -> list[int]:
-    """Arg-max decoding with transformers, EOS not special; the whole sequence is run
-    again each step (tiny models), so no cache of theirs is involved."""
-    tokens: list[int] = []
-    for _ in range(steps):
-        tokens.append(int(hf_logits(model, ids + tokens)[-1].argmax()))
-    return tokens
 
 
 def test_the_loader_names_the_family(family_dir: Path) -> None:
