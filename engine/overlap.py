@@ -25,12 +25,18 @@ bias or a min_tokens suppression), or when an adapter must be copied into a devi
 slot. With speculative decoding or KV tiers configured, every step does (the engine
 builds no `OverlapStepper`). Greedy outputs are the same token for token either way,
 and so are seeded ones.
+
+A front that streams (engine.fronts.core_loop.EngineLoop) sets `deliver`: the host
+thread then hands each step's events over as soon as it has taken them, while the next
+forward pass runs. Returned with the next step instead, every token would reach its
+client one whole step late.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -100,6 +106,9 @@ class OverlapStepper:
         self._next: Launch | SchedulerOutput | None = None
         self._previous: dict[str, SampledToken] = {}  # the last run's tokens
         self.counters = OverlapCounters()
+        # Where the host thread hands a launched step's events as soon as it has them;
+        # None: they are returned by the next `step` (the offline engine's loop).
+        self.deliver: Callable[[list[StreamEvent]], None] | None = None
         ready = engine.scheduler.seq_ready
         # A sequence whose pending token is its last, whatever it is, sits the next step
         # out instead of computing a token that would be dropped.
@@ -190,6 +199,10 @@ class OverlapStepper:
         `launch`'s rows as computed (pending tokens in place), schedules the step after
         and prepares it if it can be launched."""
         events = [] if ran is None else self._take(ran)
+        if events and self.deliver is not None:
+            # The engine thread is inside the forward pass: nothing else reports now.
+            self.deliver(events)
+            events = []
         for item in launch.output.scheduled:
             self.engine.scheduler.advance_one(item, item.seq.seq_id in launch.sampling)
         output = self.engine.scheduler.schedule()

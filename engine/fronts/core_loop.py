@@ -210,6 +210,17 @@ class EngineLoop:
         # them aborted meanwhile: each comes back through the inbox once compiled.
         self._compiling: set[str] = set()
         self._aborted_compiling: set[str] = set()
+        if engine.overlap is not None:
+            engine.overlap.deliver = self._deliver_early
+
+    def _deliver_early(self, events: list[StreamEvent]) -> None:
+        """Reports a launched step's events from the overlap host thread while the next
+        forward pass runs (engine/overlap.py); this loop's own thread is inside that
+        step then, so reports never interleave, nor does anything else touch the state
+        read here."""
+        domains = self._domains_due(final=False)
+        stats = self.engine.stats(domains=domains)
+        self._sink(StepReport(tuple(events), (), (), self._num_added, stats, domains))
 
     def put(self, item: InboxItem) -> None:
         """Hands one item to the loop (any thread)."""

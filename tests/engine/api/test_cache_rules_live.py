@@ -105,6 +105,7 @@ class _RulesOnlyEngine:
 
     def __init__(self) -> None:
         self.applied: list[CacheRules] = []
+        self.overlap = None  # no overlap stepper to hand early events
 
     def update_cache_rules(self, rules: CacheRules) -> None:
         if rules.domains and rules.domains[0][0] == "refuse":

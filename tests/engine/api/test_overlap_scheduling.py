@@ -11,6 +11,7 @@ a step whose forward pass fails.
 from __future__ import annotations
 
 import pathlib
+import threading
 import time
 from typing import Any
 
@@ -146,6 +147,46 @@ def test_the_next_step_is_prepared_while_the_forward_pass_runs(tiny_model: pathl
     # turn, it would be after). Not before step k was: steps are launched in order.
     for k in range(5):
         assert prepares[k] < prepares[k + 1] < forwards[k][1], (k, forwards, prepares)
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "in-turn"])
+def test_a_streaming_front_gets_each_token_while_the_next_step_runs(
+    tiny_model: pathlib.Path, overlap: bool
+) -> None:
+    """Through the engine loop, step k's token reaches the front before step k+1's
+    forward pass ends (overlap: during it, from the host thread), not a step late."""
+    from engine.fronts.core_loop import STOP, AddRequest, EngineLoop, StepReport
+
+    engine = make_engine(tiny_model, overlap=overlap)
+    forwards: list[float] = []  # when each forward pass ended
+    real_forward = engine.runner._forward
+
+    def slow_forward(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.05)
+        out = real_forward(*args, **kwargs)
+        forwards.append(time.perf_counter())
+        return out
+
+    engine.runner._forward = slow_forward  # type: ignore[method-assign]
+    arrivals: list[float] = []  # when each token reached the front
+
+    def sink(report: StepReport) -> None:
+        now = time.perf_counter()
+        arrivals.extend(now for e in report.events for d in e.deltas for _ in d.token_ids)
+
+    loop = EngineLoop(engine, sink)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    loop.put(AddRequest(EngineRequest(prompt_token_ids=(3, 4, 5), params=params), 6))
+    serving = threading.Thread(target=loop.run)
+    serving.start()
+    deadline = time.monotonic() + 30
+    while len(arrivals) < 6 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    loop.put(STOP)
+    serving.join(timeout=30)
+    assert len(forwards) == len(arrivals) == 6
+    for k in range(5):
+        assert forwards[k] < arrivals[k] < forwards[k + 1], (k, forwards, arrivals)
 
 
 @pytest.mark.parametrize(
