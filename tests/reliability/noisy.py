@@ -221,6 +221,10 @@ class Workload:
         self.progress = progress or (lambda n: None)
         self._rng = random.Random(self.plan.seed)
         self._opened = 0  # long generations whose 200 arrived
+        # The attacker's requests sent and not yet answered, and those answered so far:
+        # an over-concurrency probe means something only while every slot is held.
+        self._in_flight = 0
+        self._ended = 0
         self._flooded = 0  # flood prompt tokens served
         self._pressure = 0  # KV the attack wrote: flood prompt tokens + streamed tokens
         self._scenario = Scenario("")
@@ -422,9 +426,14 @@ class Workload:
                 while True:
                     i += 1
                     body, what = make(i)
-                    reply = await _post(
-                        client, "/v1/completions", body, self._headers("attacker"), what
-                    )
+                    self._in_flight += 1
+                    try:
+                        reply = await _post(
+                            client, "/v1/completions", body, self._headers("attacker"), what
+                        )
+                    finally:
+                        self._in_flight -= 1
+                        self._ended += 1
                     self._scenario.attacker.append(reply)
                     if reply.status == 200:
                         on_ok()
@@ -489,6 +498,7 @@ class Workload:
         """One attacker stream, read to its end; a cancelled one keeps what it read."""
         lines: list[str] = []
         status, headers = -1, {}
+        self._in_flight += 1
         try:
             async with client.stream(
                 "POST", "/v1/completions", json=body, headers=self._headers("attacker")
@@ -506,6 +516,8 @@ class Workload:
         except httpx.HTTPError as exc:
             lines.append(f"connection failed: {exc!r}")
         finally:
+            self._in_flight -= 1
+            self._ended += 1
             reply = Reply(status, headers, "\n".join(lines), f"attacker {what}")
             self._scenario.attacker.append(reply)
         return reply
@@ -525,8 +537,9 @@ class Workload:
                 "negative max_tokens": self._long_body(max_tokens=-1),
             }
         with httpx.Client(base_url=self.server.base_url, timeout=120) as client:
-            return [
-                send(
+
+            def probe(what: str, body: dict[str, Any]) -> Reply:
+                return send(
                     client,
                     "POST",
                     "/v1/completions",
@@ -534,8 +547,30 @@ class Workload:
                     json_body={**body, "stream": False},
                     what=f"attacker probe: {what}",
                 )
-                for what, body in asks.items()
-            ]
+
+            if over_concurrency:
+                return [self._probe_while_full(lambda: probe(*next(iter(asks.items()))))]
+            return [probe(what, body) for what, body in asks.items()]
+
+    def _probe_while_full(self, probe: Callable[[], Reply]) -> Reply:
+        """`probe()` sent while the attacker's loops hold every slot of its concurrency
+        limit. Their short requests end and start again all the time, so a probe that
+        an attacker request ended around (it may have taken the freed slot) proves
+        nothing and is sent again; a 200 with every slot held throughout stands."""
+        limit = self.plan.attacker_concurrency
+        reply = Reply(-1, {}, "no probe sent", "attacker probe")
+        for _ in range(PROBE_TRIES):
+            deadline = time.monotonic() + 10.0
+            while self._in_flight < limit and time.monotonic() < deadline:
+                time.sleep(0.005)
+            ended = self._ended
+            reply = probe()
+            if reply.status != 200 or (self._ended == ended and self._in_flight >= limit):
+                return reply
+        return reply
+
+
+PROBE_TRIES = 20  # over-concurrency probes sent before a 200 is taken as it is
 
 
 async def _post(
