@@ -333,12 +333,16 @@ class EngineServer:
             return response_of(refusal_of(exc))
         return JSONResponse({"domains": len(rules.domains), "published": len(rules.published)})
 
+    def _unauthorized(self, request: Request) -> Response | None:
+        """The 401 of a request without this server's key; None when it may go on."""
+        denied = self.auth.check(request.headers.get("authorization"))
+        return None if denied is None else response_of(refusal(UNAUTHORIZED, denied))
+
     async def models(self, request: Request) -> Response:
         """The served model, as OpenAI's model list: what OpenAI clients and serving
         benchmarks ask an endpoint first."""
-        denied = self.auth.check(request.headers.get("authorization"))
-        if denied is not None:
-            return response_of(refusal(UNAUTHORIZED, denied))
+        if (unauthorized := self._unauthorized(request)) is not None:
+            return unauthorized
         model = {
             "id": self.model_name,
             "object": "model",
@@ -350,9 +354,8 @@ class EngineServer:
 
     async def info(self, request: Request) -> Response:
         """The figures a gateway validates requests against."""
-        denied = self.auth.check(request.headers.get("authorization"))
-        if denied is not None:
-            return response_of(refusal(UNAUTHORIZED, denied))
+        if (unauthorized := self._unauthorized(request)) is not None:
+            return unauthorized
         stats = self.front.stats()
         return JSONResponse(
             {
@@ -369,9 +372,8 @@ class EngineServer:
 
     async def stats(self, request: Request) -> Response:
         """Load and cumulative counters (what `EngineClient.stats` returns)."""
-        denied = self.auth.check(request.headers.get("authorization"))
-        if denied is not None:
-            return response_of(refusal(UNAUTHORIZED, denied))
+        if (unauthorized := self._unauthorized(request)) is not None:
+            return unauthorized
         s = self.front.stats()
         return JSONResponse(
             {

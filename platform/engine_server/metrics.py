@@ -5,9 +5,10 @@ the request path but the requests that name a LoRA adapter. The series carry
 `model_name` (and an adapter's name) only, never a tenant. The adapter series are the
 gateway's own (engine_hop.adapter_metrics): `vllm:lora_requests_info` from the engine's
 per-adapter counts, and `cloister_adapter_requests_total` per adapter (counted as
-requests are submitted, by EngineServer.submit). The KV tiers' series are
-the gateway's too: `cloister:kv_tier_*` per tier, and under vLLM's names the figures of
-engine_hop.tier_metrics.tier_totals, the one function both ends compute them with.
+requests are submitted, by EngineServer.submit). The engine's series are named and
+described as the gateway's (engine_hop.engine_series): `cloister:kv_tier_*` per tier
+among them, and under vLLM's names the figures of engine_hop.tier_metrics.tier_totals,
+the one function both ends compute them with.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from engine.fronts.async_engine import EngineFront
+from engine_hop import engine_series as series
 from engine_hop.adapter_metrics import AdapterMetrics, lora_snapshot
 from engine_hop.tier_metrics import (
     OFFLOAD_TOTAL_BYTES,
@@ -59,40 +61,16 @@ class EngineMetrics:
             c.add_metric(values, value)
             return c
 
-        yield gauge("vllm:num_requests_running", "Requests running.", s.num_running)
-        yield gauge("vllm:num_requests_waiting", "Requests waiting.", s.num_waiting)
-        yield gauge(
-            "cloister:num_batch_requests_running",
-            "Of the running requests, batch-class ones (service_tier flex).",
-            s.num_batch_running,
-        )
-        yield gauge(
-            "cloister:num_batch_requests_waiting",
-            "Of the waiting requests, batch-class ones (service_tier flex).",
-            s.num_batch_waiting,
-        )
-        yield gauge("vllm:kv_cache_usage_perc", "KV cache usage (0..1).", s.kv_cache_usage)
-        yield counter(
-            "vllm:prefix_cache_queries",
-            "Prompt tokens looked up in the prefix cache.",
-            s.prefix_cache_queries,
-        )
-        yield counter(
-            "vllm:prefix_cache_hits",
-            "Prompt tokens found in the prefix cache.",
-            s.prefix_cache_hits,
-        )
-        yield counter("vllm:num_preemptions", "Requests preempted.", s.num_preemptions)
+        for field, (name, doc) in series.ENGINE_GAUGES.items():
+            yield gauge(name, doc, getattr(s, field))
+        counters = {**series.PREFIX_CACHE_COUNTERS, **series.ENGINE_COUNTERS}
+        for field, (name, doc) in counters.items():
+            value = getattr(s, field)
+            if value is not None:  # kv_events_dropped: only an engine that publishes them
+                yield counter(name, doc, value)
         yield from _tier_series(self._model, s.kv_tiers)
         yield from _tier_alias_series(self._model, s)
         yield from _spec_decode_series(self._model, s.spec_decode)
-        dropped = s.kv_events_dropped
-        if dropped is not None:  # only an engine that publishes KV-cache events
-            yield counter(
-                "cloister_kv_events_dropped",
-                "KV-cache event batches dropped because the publisher's queue was full.",
-                dropped,
-            )
         info = InfoMetricFamily("vllm:cache_config", "The KV cache's configuration.")
         info.add_metric(
             [],
@@ -111,40 +89,19 @@ class EngineMetrics:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
-# The gauges and counters of each KV tier under the device pool, by TierStats field
-# (the gateway's /metrics exports the same names, gateway.metrics._TIER_COUNTERS).
-_TIER_GAUGES = {"blocks": "KV blocks held", "bytes": "Bytes of KV held"}
-_TIER_COUNTERS = (
-    "lookups",
-    "hits",
-    "hit_blocks",
-    "loads",
-    "write_backs",
-    "recomputed_instead",
-    "evictions",
-    "expirations",
-)
-
-
 def _tier_series(model: str, tiers: Any) -> Iterator[Metric]:
     """cloister:kv_tier_* per tier (label `tier`: its medium), where the engine has any."""
     tiers = tuple(tiers or ())
     if not tiers:
         return
     labels = ["model_name", "tier"]
-    for field, doc in _TIER_GAUGES.items():
-        g = GaugeMetricFamily(f"cloister:kv_tier_{field}", f"{doc} in a KV tier.", labels=labels)
+    for field, doc in series.TIER_GAUGES.items():
+        g = GaugeMetricFamily(f"cloister:kv_tier_{field}", doc, labels=labels)
         for t in tiers:
             g.add_metric([model, t.medium], float(getattr(t, field)))
         yield g
-    cap = GaugeMetricFamily("cloister:kv_tier_capacity_bytes", "Bytes of a KV tier.", labels=labels)
-    for t in tiers:
-        cap.add_metric([model, t.medium], float(t.capacity_bytes))
-    yield cap
-    for field in _TIER_COUNTERS:
-        c = CounterMetricFamily(
-            f"cloister:kv_tier_{field}", f"KV tier {field.replace('_', ' ')}.", labels=labels
-        )
+    for field, doc in series.TIER_COUNTERS.items():
+        c = CounterMetricFamily(f"cloister:kv_tier_{field}", doc, labels=labels)
         for t in tiers:
             c.add_metric([model, t.medium], float(getattr(t, field)))
         yield c
@@ -172,20 +129,11 @@ def _tier_alias_series(model: str, stats: Any) -> Iterator[Metric]:
     yield older
 
 
-# Speculative decoding's counters by SpecDecodeStats field, under vLLM's names (the
-# gateway's /metrics exports the same, gateway.metrics._SPEC_DECODE_COUNTERS).
-_SPEC_DECODE_COUNTERS = {
-    "num_drafts": "Verify rows that carried at least one draft token.",
-    "num_draft_tokens": "Draft tokens proposed and scored.",
-    "num_accepted_tokens": "Draft tokens accepted.",
-}
-
-
 def _spec_decode_series(model: str, stats: Any) -> Iterator[Metric]:
     """vllm:spec_decode_* where the engine speculates (none while it is off, as vLLM)."""
     if stats is None:
         return
-    for field, doc in _SPEC_DECODE_COUNTERS.items():
+    for field, doc in series.SPEC_DECODE_COUNTERS.items():
         c = CounterMetricFamily(f"vllm:spec_decode_{field}", doc, labels=["model_name"])
         c.add_metric([model], float(getattr(stats, field)))
         yield c

@@ -18,11 +18,20 @@ import contextlib
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from engine_hop.adapter_metrics import AdapterMetrics
 from engine_hop.client import EngineSnapshot
+from engine_hop.engine_series import (
+    ENGINE_COUNTERS,
+    ENGINE_GAUGES,
+    PREFIX_CACHE_COUNTERS,
+    SPEC_DECODE_COUNTERS,
+    TIER_COUNTERS,
+    TIER_GAUGES,
+)
 from engine_hop.replicas import ReplicaState
 from engine_hop.tier_metrics import (
     OFFLOAD_TOTAL_BYTES,
@@ -46,29 +55,69 @@ CACHE_DTYPE = "auto"
 TENANT_NAMES_KEPT = 4096
 
 
-# The counters of each KV tier (engine.kv_cache.host_tier.TierStats fields), exported as
-# cloister:kv_tier_<field>_total.
-_TIER_COUNTERS = {
-    "lookups": "Lookups that went on into a KV tier after a device-pool miss.",
-    "hits": "Of those, lookups that found at least one block in the tier.",
-    "hit_blocks": "KV blocks found in a tier (loaded or recomputed).",
-    "loads": "KV blocks loaded back from a tier into the device pool.",
-    "write_backs": (
-        "KV blocks written down to a tier when the tier above it evicted them (the device "
-        "pool, or for the disk the host tier)."
+# The gateway's own figures of each engine snapshot, besides the tables both ends export
+# (engine_hop.engine_series): its ITL budget's cap (gauge) and the tokens it counted.
+_GATEWAY_GAUGES = {
+    "prefill_token_cap": (
+        "cloister_engine_prefill_token_cap",
+        "Prompt tokens the next engine step may carry under the ITL budget.",
     ),
-    "recomputed_instead": "KV blocks found in a tier but recomputed, being cheaper to.",
-    "evictions": "KV blocks a tier dropped to make room.",
-    "expirations": "KV blocks a tier dropped at their cache domain's retention TTL.",
+}
+_TOKEN_COUNTERS = {
+    "num_prompt_tokens": (
+        "vllm:prompt_tokens",
+        "Prompt tokens of requests whose prefill finished.",
+    ),
+    "num_generation_tokens": ("vllm:generation_tokens", "Tokens generated."),
 }
 
-# Speculative decoding's counters (engine.speculative.stats.SpecDecodeStats fields), under
-# vLLM's names (vllm:spec_decode_<field>_total), so its dashboards' acceptance panels work.
-_SPEC_DECODE_COUNTERS = {
-    "num_drafts": "Verify rows that carried at least one draft token.",
-    "num_draft_tokens": "Draft tokens proposed and scored.",
-    "num_accepted_tokens": "Draft tokens accepted.",
+# Each finished sample's histograms, by EngineRequestOutcome field: (series, help, buckets).
+_OUTCOME_HISTOGRAMS = {
+    "prompt_tokens": (
+        "vllm:request_prompt_tokens",
+        "Prompt tokens per finished request.",
+        _TOKEN_BUCKETS,
+    ),
+    "generation_tokens": (
+        "vllm:request_generation_tokens",
+        "Generated tokens per finished request.",
+        _TOKEN_BUCKETS,
+    ),
+    "max_tokens": (
+        "vllm:request_max_num_generation_tokens",
+        "The max_tokens of finished requests.",
+        _TOKEN_BUCKETS,
+    ),
+    "prefill_s": (
+        "vllm:request_prefill_time_seconds",
+        "First scheduled to first token.",
+        _LATENCY_BUCKETS,
+    ),
+    "decode_s": ("vllm:request_decode_time_seconds", "First token to finished.", _LATENCY_BUCKETS),
 }
+
+# The engine's per-tenant preemption figures (engine.stats.TenantKVStats fields), exported
+# as cloister_tenant_<field>_total.
+_TENANT_PREEMPTION_COUNTERS = {
+    "preemptions_suffered": "The tenant's sequences preempted by the engine.",
+    "preemptions_caused": "Other tenants' sequences preempted to make room for this tenant's.",
+}
+
+# Overlap scheduling's step kinds (label `mode`), counted by EngineSnapshot.num_<mode>_steps.
+_STEP_MODES = ("overlapped", "synchronous")
+
+_Series = TypeVar("_Series", Counter, Gauge)
+
+
+def _model_series(
+    kind: type[_Series], table: Mapping[str, tuple[str, str]], registry: CollectorRegistry
+) -> dict[str, _Series]:
+    """One `model_name`-labelled series of `kind` per entry of `table` (key -> (series,
+    help)), by the table's key."""
+    return {
+        key: kind(series, text, ["model_name"], registry=registry)
+        for key, (series, text) in table.items()
+    }
 
 
 def _advance(child: Counter, now: float, before: float | None) -> None:
@@ -111,7 +160,7 @@ class GatewayMetrics:
         self.tenant_registry = CollectorRegistry(auto_describe=True)  # operators only
         self.model_name = model_name
         self.tenants = TenantLabeler(top_tenants)
-        r = self.registry
+        r, t = self.registry, self.tenant_registry
         m = ["model_name"]
         self.ttft = Histogram(
             "vllm:time_to_first_token_seconds", "Time to first token.", m, registry=r,
@@ -129,108 +178,54 @@ class GatewayMetrics:
             "vllm:request_queue_time_seconds", "Time spent waiting to be scheduled.", m,
             registry=r, buckets=_LATENCY_BUCKETS,
         )  # fmt: skip
-        self.running = Gauge("vllm:num_requests_running", "Requests running.", m, registry=r)
-        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting.", m, registry=r)
-        self.batch_running = Gauge(
-            "cloister:num_batch_requests_running",
-            "Of the running requests, batch-class ones (service_tier flex).", m, registry=r,
-        )  # fmt: skip
-        self.batch_waiting = Gauge(
-            "cloister:num_batch_requests_waiting",
-            "Of the waiting requests, batch-class ones (service_tier flex).", m, registry=r,
-        )  # fmt: skip
-        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV cache usage (0..1).", m, registry=r)
-        # Prefix-cache hits summed over every tenant: an anonymous scraper could watch
-        # them move with its own probes, so operators only (issue 46), like the tenant series.
-        self.prefix_queries = Counter(
-            "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", m,
-            registry=self.tenant_registry,
-        )  # fmt: skip
-        self.prefix_hits = Counter(
-            "vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", m,
-            registry=self.tenant_registry,
-        )  # fmt: skip
-        self.preemptions = Counter(
-            "vllm:num_preemptions", "Requests preempted by the engine.", m, registry=r
-        )
+        self.engine_gauges = _model_series(Gauge, {**ENGINE_GAUGES, **_GATEWAY_GAUGES}, r)
+        # The prefix cache's figures move with every tenant's traffic (an anonymous
+        # scraper could watch them move with its own probes): operators only (issue 46).
+        self.engine_counters = {
+            **_model_series(Counter, PREFIX_CACHE_COUNTERS, t),
+            **_model_series(Counter, {**ENGINE_COUNTERS, **_TOKEN_COUNTERS}, r),
+        }
         # The KV tiers under the device pool (label `tier`: the medium, "CPU_HOST" for
         # L2). Their hits and write-backs move with every tenant's traffic, so, like the
         # prefix-cache hits, operators only.
         tm = [*m, "tier"]
-        self.kv_tier_blocks = Gauge(
-            "cloister:kv_tier_blocks", "KV blocks held in a tier below the device pool.", tm,
-            registry=self.tenant_registry,
-        )  # fmt: skip
-        self.kv_tier_bytes = Gauge(
-            "cloister:kv_tier_bytes", "Bytes of KV held in a tier below the device pool.", tm,
-            registry=self.tenant_registry,
-        )  # fmt: skip
-        self.kv_tier_capacity_bytes = Gauge(
-            "cloister:kv_tier_capacity_bytes", "Bytes of a KV tier below the device pool.", tm,
-            registry=self.tenant_registry,
-        )  # fmt: skip
+        self.kv_tier_gauges = {
+            field: Gauge(f"cloister:kv_tier_{field}", text, tm, registry=t)
+            for field, text in TIER_GAUGES.items()
+        }
         self.kv_tier_counters = {
-            field: Counter(f"cloister:kv_tier_{field}", text, tm, registry=self.tenant_registry)
-            for field, text in _TIER_COUNTERS.items()
+            field: Counter(f"cloister:kv_tier_{field}", text, tm, registry=t)
+            for field, text in TIER_COUNTERS.items()
         }
         # The same tiers under vLLM's names (tier_totals), so its dashboards' external
         # cache and offload panels work; as their source, operators only.
         self.tier_aliases = {
-            name: Counter(f"vllm:{name}", text, m, registry=self.tenant_registry)
+            name: Counter(f"vllm:{name}", text, m, registry=t)
             for name, text in TIER_ALIASES.items()
         }
         self.offload_total_bytes = Counter(
-            OFFLOAD_TOTAL_BYTES, OFFLOAD_TOTAL_BYTES_HELP, [*m, "transfer_type"],
-            registry=self.tenant_registry,
-        )  # fmt: skip
+            OFFLOAD_TOTAL_BYTES, OFFLOAD_TOTAL_BYTES_HELP, [*m, "transfer_type"], registry=t
+        )
         # Speculative decoding, vLLM's series. Acceptance depends on what the requests
         # generate, so the sums over tenants move with other tenants' traffic: operators
         # only, like the prefix-cache hits.
         self.spec_decode_counters = {
-            field: Counter(f"vllm:spec_decode_{field}", text, m, registry=self.tenant_registry)
-            for field, text in _SPEC_DECODE_COUNTERS.items()
+            field: Counter(f"vllm:spec_decode_{field}", text, m, registry=t)
+            for field, text in SPEC_DECODE_COUNTERS.items()
         }
         self.spec_decode_per_pos = Counter(
             "vllm:spec_decode_num_accepted_tokens_per_pos",
             "Draft tokens accepted, by their position in the draft (0: the first).",
-            [*m, "position"], registry=self.tenant_registry,
+            [*m, "position"], registry=t,
         )  # fmt: skip
-        self.kv_events_dropped = Counter(
-            "cloister_kv_events_dropped",
-            "KV-cache event batches dropped because the publisher's queue was full.", m,
-            registry=r,
-        )  # fmt: skip
-        self.prompt_tokens = Counter(
-            "vllm:prompt_tokens", "Prompt tokens of requests whose prefill finished.", m,
-            registry=r,
-        )  # fmt: skip
-        self.generation_tokens = Counter(
-            "vllm:generation_tokens", "Tokens generated.", m, registry=r
-        )
         self.request_success = Counter(
             "vllm:request_success", "Finished requests by finish reason.",
             [*m, "finished_reason"], registry=r,
         )  # fmt: skip
-        self.request_prompt_tokens = Histogram(
-            "vllm:request_prompt_tokens", "Prompt tokens per finished request.", m,
-            registry=r, buckets=_TOKEN_BUCKETS,
-        )  # fmt: skip
-        self.request_generation_tokens = Histogram(
-            "vllm:request_generation_tokens", "Generated tokens per finished request.", m,
-            registry=r, buckets=_TOKEN_BUCKETS,
-        )  # fmt: skip
-        self.request_max_tokens = Histogram(
-            "vllm:request_max_num_generation_tokens", "The max_tokens of finished requests.",
-            m, registry=r, buckets=_TOKEN_BUCKETS,
-        )  # fmt: skip
-        self.prefill_time = Histogram(
-            "vllm:request_prefill_time_seconds", "First scheduled to first token.", m,
-            registry=r, buckets=_LATENCY_BUCKETS,
-        )  # fmt: skip
-        self.decode_time = Histogram(
-            "vllm:request_decode_time_seconds", "First token to finished.", m,
-            registry=r, buckets=_LATENCY_BUCKETS,
-        )  # fmt: skip
+        self.outcome_histograms = {
+            field: Histogram(series, text, m, registry=r, buckets=buckets)
+            for field, (series, text, buckets) in _OUTCOME_HISTOGRAMS.items()
+        }
         self.engine_steps = Counter(
             "cloister_engine_steps_total",
             "Engine steps under overlap scheduling: launched while the step before ran "
@@ -238,16 +233,10 @@ class GatewayMetrics:
             "(synchronous). No series where overlap scheduling is off.",
             [*m, "mode"], registry=r,
         )  # fmt: skip
-        self.prefill_cap = Gauge(
-            "cloister_engine_prefill_token_cap",
-            "Prompt tokens the next engine step may carry under the ITL budget.", m,
-            registry=r,
-        )  # fmt: skip
         self.cache_config = Gauge(
             "vllm:cache_config_info", "The KV cache's configuration (value 1).",
             [*m, "block_size", "num_gpu_blocks", "cache_dtype"], registry=r,
         )  # fmt: skip
-        t = self.tenant_registry
         self.requests = Counter(
             "cloister_requests", "Gateway requests by outcome.", ["tenant", "status", "model"],
             registry=t,
@@ -267,7 +256,7 @@ class GatewayMetrics:
             ["model_name", "fallback"], registry=r,
         )  # fmt: skip
         # Engine replicas are named by their internal addresses: operators only.
-        t, replica = self.tenant_registry, ["model_name", "replica"]
+        replica = ["model_name", "replica"]
         self.replica_up = Gauge(
             "cloister_engine_replica_up",
             "1 while an engine server is in service for this gateway, 0 once it left.",
@@ -286,15 +275,10 @@ class GatewayMetrics:
             "cloister_tenant_kv_blocks_in_use",
             "KV blocks held by the tenant's running sequences.", tenant_model, registry=t,
         )  # fmt: skip
-        self.tenant_preemptions_suffered = Counter(
-            "cloister_tenant_preemptions_suffered",
-            "The tenant's sequences preempted by the engine.", tenant_model, registry=t,
-        )  # fmt: skip
-        self.tenant_preemptions_caused = Counter(
-            "cloister_tenant_preemptions_caused",
-            "Other tenants' sequences preempted to make room for this tenant's.", tenant_model,
-            registry=t,
-        )  # fmt: skip
+        self.tenant_preemptions = {
+            field: Counter(f"cloister_tenant_{field}", text, tenant_model, registry=t)
+            for field, text in _TENANT_PREEMPTION_COUNTERS.items()
+        }
         self._tenant_names: OrderedDict[str, str] = OrderedDict()  # tenant id -> name
         self._tenant_kv_labels: dict[str, set[str]] = {}  # per model: gauge labels set now
         self._replicas: dict[str, set[str]] = {}  # per model: the replicas labelled now
@@ -331,19 +315,9 @@ class GatewayMetrics:
             label = self._tenant_label(key)
             blocks[label] = blocks.get(label, 0) + now.blocks_in_use
             prev = before.get(key)
-            for counter, value, old in (
-                (
-                    self.tenant_preemptions_suffered,
-                    now.preemptions_suffered,
-                    prev.preemptions_suffered if prev else None,
-                ),
-                (
-                    self.tenant_preemptions_caused,
-                    now.preemptions_caused,
-                    prev.preemptions_caused if prev else None,
-                ),
-            ):
-                _advance(counter.labels(label, name), value, old)
+            for field, counter in self.tenant_preemptions.items():
+                old = None if prev is None else int(getattr(prev, field))
+                _advance(counter.labels(label, name), int(getattr(now, field)), old)
         for label in self._tenant_kv_labels.get(name, set()) - set(blocks):
             with contextlib.suppress(KeyError):
                 self.tenant_kv_blocks.remove(label, name)
@@ -358,9 +332,8 @@ class GatewayMetrics:
         lock); a smaller value than the last one means the engine restarted."""
         before = {t.medium: t for t in last.kv_tiers} if last is not None else {}
         for tier in snap.kv_tiers:
-            self.kv_tier_blocks.labels(name, tier.medium).set(tier.blocks)
-            self.kv_tier_bytes.labels(name, tier.medium).set(tier.bytes)
-            self.kv_tier_capacity_bytes.labels(name, tier.medium).set(tier.capacity_bytes)
+            for field, gauge in self.kv_tier_gauges.items():
+                gauge.labels(name, tier.medium).set(getattr(tier, field))
             prev = before.get(tier.medium)
             for field, counter in self.kv_tier_counters.items():
                 now = int(getattr(tier, field))
@@ -433,71 +406,32 @@ class GatewayMetrics:
         name = model or self.model_name
         for one in outcomes:
             self.request_success.labels(name, one.finished_reason).inc()
-            self.request_prompt_tokens.labels(name).observe(one.prompt_tokens)
-            self.request_generation_tokens.labels(name).observe(one.generation_tokens)
-            if one.max_tokens is not None:
-                self.request_max_tokens.labels(name).observe(one.max_tokens)
-            if one.prefill_s is not None:
-                self.prefill_time.labels(name).observe(one.prefill_s)
-            if one.decode_s is not None:
-                self.decode_time.labels(name).observe(one.decode_s)
+            for field, histogram in self.outcome_histograms.items():
+                value: float | None = getattr(one, field)
+                if value is not None:  # no max_tokens, or a sample that never ran
+                    histogram.labels(name).observe(value)
 
     def update_engine(self, snap: EngineSnapshot, *, model: str | None = None) -> None:
         """Sets `model`'s gauges and advances its counters by the change since its last
         snapshot (None: the default model)."""
         name = model or self.model_name
         with self._lock:
-            self.running.labels(name).set(snap.num_running)
-            self.waiting.labels(name).set(snap.num_waiting)
-            self.batch_running.labels(name).set(snap.num_batch_running)
-            self.batch_waiting.labels(name).set(snap.num_batch_waiting)
-            self.kv_usage.labels(name).set(snap.kv_cache_usage)
-            if snap.prefill_token_cap is not None:
-                self.prefill_cap.labels(name).set(snap.prefill_token_cap)
+            for field, gauge in self.engine_gauges.items():
+                value: float | None = getattr(snap, field)
+                if value is not None:
+                    gauge.labels(name).set(value)
             last = self._last.get(name)
-            pairs = [
-                (
-                    self.prefix_queries,
-                    snap.prefix_cache_queries,
-                    last.prefix_cache_queries if last else None,
-                ),
-                (
-                    self.prefix_hits,
-                    snap.prefix_cache_hits,
-                    last.prefix_cache_hits if last else None,
-                ),
-                (self.preemptions, snap.num_preemptions, last.num_preemptions if last else None),
-                (
-                    self.prompt_tokens,
-                    snap.num_prompt_tokens,
-                    last.num_prompt_tokens if last else None,
-                ),
-                (
-                    self.generation_tokens,
-                    snap.num_generation_tokens,
-                    last.num_generation_tokens if last else None,
-                ),
-            ]
-            if snap.kv_events_dropped is not None:  # an engine that publishes KV events
-                before = last.kv_events_dropped if last else None
-                pairs.append((self.kv_events_dropped, snap.kv_events_dropped, before))
-            for counter, now, before in pairs:
-                # labels() makes the series at 0: a model with no traffic yet still shows
-                _advance(counter.labels(name), now, before)
-            for mode, now_steps, before_steps in (
-                (
-                    "overlapped",
-                    snap.num_overlapped_steps,
-                    last.num_overlapped_steps if last else None,
-                ),
-                (
-                    "synchronous",
-                    snap.num_synchronous_steps,
-                    last.num_synchronous_steps if last else None,
-                ),
-            ):
-                if now_steps:  # only engines that overlap report any
-                    _advance(self.engine_steps.labels(name, mode), now_steps, before_steps)
+            for field, counter in self.engine_counters.items():
+                now: int | None = getattr(snap, field)
+                if now is not None:
+                    # labels() makes the series at 0: a model with no traffic yet still shows
+                    _advance(counter.labels(name), now, getattr(last, field) if last else None)
+            for mode in _STEP_MODES:
+                field = f"num_{mode}_steps"
+                steps: int = getattr(snap, field)
+                if steps:  # only engines that overlap report any
+                    before = getattr(last, field) if last else None
+                    _advance(self.engine_steps.labels(name, mode), steps, before)
             if snap.num_blocks and (last is None or last.num_blocks != snap.num_blocks):
                 self.cache_config.labels(
                     name, str(snap.block_size), str(snap.num_blocks), CACHE_DTYPE

@@ -74,6 +74,12 @@ class ModelPrompts:
         """The model's tokenizer."""
         return self._engine.tokenizer
 
+    @property
+    def chat_template(self) -> str | None:
+        """The tokenizer's chat template (None: it has none)."""
+        template: str | None = getattr(self.tokenizer, "chat_template", None)
+        return template
+
     def check_size(self, chars: int, *, param: str) -> None:
         """`check_prompt_size` against this model's context."""
         check_prompt_size(chars, max_model_len=self._engine.max_model_len, param=param)

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from engine.outputs import CompletionDelta, PositionLogprobs
-from gateway.errors import InvalidParameterError, stream_error_body
+from gateway.chunk_stream import sse_chunks
+from gateway.errors import InvalidParameterError
 from gateway.generation import (
     ChoiceState,
     Submitted,
@@ -38,13 +39,8 @@ from gateway.schemas.chat import (
     TokenLogprobEntry,
     TopLogprob,
 )
-from gateway.schemas.common import make_usage
-from gateway.sse import (
-    DONE,
-    json_model_response,
-    sse_event,
-    sse_model,
-)
+from gateway.schemas.common import Usage, make_usage
+from gateway.sse import json_model_response
 from gateway.tools import StreamingToolParser, render_chat, tool_call_grammar
 from gateway.tools.chat_reply import (
     ChatTooling,
@@ -83,11 +79,6 @@ def _engine_logprobs(body: ChatCompletionRequest) -> int | None:
     return body.top_logprobs or 0
 
 
-def _template(call: Authenticated) -> str | None:
-    template: str | None = getattr(call.prompts.tokenizer, "chat_template", None)
-    return template
-
-
 async def _prompt_ids(
     call: Authenticated, body: ChatCompletionRequest, tooling: ChatTooling
 ) -> list[int]:
@@ -97,7 +88,7 @@ async def _prompt_ids(
         [m.openai_dict() for m in body.messages],
         tooling.request,
         tooling.parser,
-        chat_template=_template(call),
+        chat_template=call.prompts.chat_template,
     )
     return await call.prompts.encode_chat(call.tenant_id, rendered.messages, tools=rendered.tools)
 
@@ -121,7 +112,9 @@ class _Chat(GenerationRoute[ChatCompletionRequest, ChatCompletionRequest, ChatTo
         self, life: RequestLifecycle, call: Authenticated, body: ChatCompletionRequest
     ) -> tuple[ChatTooling, Submitted]:
         tooling = chat_tooling(
-            body, setting=life.state.settings.gateway.tool_parser, chat_template=_template(call)
+            body,
+            setting=life.state.settings.gateway.tool_parser,
+            chat_template=call.prompts.chat_template,
         )
         if body.max_tokens is not None and body.max_completion_tokens is not None:
             raise InvalidParameterError(
@@ -168,7 +161,9 @@ class _Chat(GenerationRoute[ChatCompletionRequest, ChatCompletionRequest, ChatTo
 
 
 def _reasoning(life: RequestLifecycle, call: Authenticated) -> bool:
-    return reasoning_enabled(life.state.settings.gateway.reasoning_parser, _template(call))
+    return reasoning_enabled(
+        life.state.settings.gateway.reasoning_parser, call.prompts.chat_template
+    )
 
 
 _CHAT = _Chat()
@@ -179,16 +174,26 @@ async def create_chat_completion(request: Request) -> Response:
     return await serve(_CHAT, request)
 
 
-async def _stream(run: _Run, *, reasoning: bool) -> AsyncIterator[bytes]:
-    life, body, tooling, submitted = run.life, run.vetted, run.prepared, run.submitted
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    exclude = None if include_usage else {"usage"}
+def _stream(run: _Run, *, reasoning: bool) -> AsyncIterator[bytes]:
+    life = run.life
 
-    def chunk(choices: list[ChunkChoice]) -> bytes:
-        c = ChatCompletionChunk(
+    def usage_chunk(usage: Usage) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
+            id=life.request_id, created=life.created, model=life.model, choices=[], usage=usage
+        )
+
+    return sse_chunks(life, run.vetted, _chunks(run, reasoning=reasoning), usage_chunk)
+
+
+async def _chunks(run: _Run, *, reasoning: bool) -> AsyncGenerator[ChatCompletionChunk, None]:
+    """The stream's chunks: each choice's role first, then the engine's deltas (thinking
+    and tool calls split out where the request asked for them)."""
+    life, body, tooling, submitted = run.life, run.vetted, run.prepared, run.submitted
+
+    def chunk(choices: list[ChunkChoice]) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
             id=life.request_id, created=life.created, model=life.model, choices=choices
         )
-        return sse_model(c, exclude=exclude)
 
     total = submitted.n * len(submitted.streams)
     parsers = [tooling.stream_parser() for _ in range(total)] if tooling.active else []
@@ -197,48 +202,26 @@ async def _stream(run: _Run, *, reasoning: bool) -> AsyncIterator[bytes]:
         # A turn that may be only calls has no content yet (null), as OpenAI sends it.
         first = ChunkDelta(role="assistant", content=None if tooling.active else "")
         yield chunk([ChunkChoice(index=index, delta=first)])
-    try:
-        async for prompt_index, event in stream_events(life, submitted):
-            for d in event.deltas:
-                index = choice_index(prompt_index, d.index, submitted.n)
-                if splitters:
-                    thinking, d = _split_thinking(d, splitters[index])
-                    for text in thinking:
-                        yield chunk(
-                            [ChunkChoice(index=index, delta=ChunkDelta(reasoning_content=text))]
-                        )
-                if parsers:
-                    for choice in _parsed_choices(body, index, d, parsers[index], tooling):
-                        yield chunk([choice])
-                    continue
-                if d.text or d.logprobs:
-                    logprobs = chat_logprobs(d.logprobs) if body.logprobs and d.logprobs else None
+    async for prompt_index, event in stream_events(life, submitted):
+        for d in event.deltas:
+            index = choice_index(prompt_index, d.index, submitted.n)
+            if splitters:
+                thinking, d = _split_thinking(d, splitters[index])
+                for text in thinking:
                     yield chunk(
-                        [
-                            ChunkChoice(
-                                index=index, delta=ChunkDelta(content=d.text), logprobs=logprobs
-                            )
-                        ]
+                        [ChunkChoice(index=index, delta=ChunkDelta(reasoning_content=text))]
                     )
-                if d.finish_reason is not None:
-                    yield chunk(
-                        [
-                            ChunkChoice(
-                                index=index, delta=ChunkDelta(), finish_reason=d.finish_reason
-                            )
-                        ]
-                    )
-    except Exception as exc:  # the engine failed mid-stream: tell the client in-band
-        yield sse_event(stream_error_body(exc, life.request_id))
-        return
-    if include_usage:
-        usage = make_usage(life.prompt_tokens, life.completion_tokens, life.cached_tokens)
-        final = ChatCompletionChunk(
-            id=life.request_id, created=life.created, model=life.model, choices=[], usage=usage
-        )
-        yield sse_model(final)
-    life.completed = True
-    yield DONE
+            if parsers:
+                for choice in _parsed_choices(body, index, d, parsers[index], tooling):
+                    yield chunk([choice])
+                continue
+            if d.text or d.logprobs:
+                logprobs = chat_logprobs(d.logprobs) if body.logprobs and d.logprobs else None
+                delta = ChunkDelta(content=d.text)
+                yield chunk([ChunkChoice(index=index, delta=delta, logprobs=logprobs)])
+            if d.finish_reason is not None:
+                done = ChunkChoice(index=index, delta=ChunkDelta(), finish_reason=d.finish_reason)
+                yield chunk([done])
 
 
 def _split_thinking(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -11,24 +11,20 @@ from starlette.routing import Route
 from engine.errors import ContextLengthExceededError
 from engine.outputs import PositionLogprobs
 from engine_hop.collect import ChoiceState
-from gateway.errors import InvalidParameterError, stream_error_body
+from gateway.chunk_stream import sse_chunks
+from gateway.errors import InvalidParameterError
 from gateway.generation import Submitted, admit_and_submit, choice_index, stream_events
 from gateway.lifecycle import Authenticated, RequestLifecycle
 from gateway.params import vet_extra_fields
 from gateway.request_flow import Generation, GenerationRoute, serve
-from gateway.schemas.common import make_usage
+from gateway.schemas.common import Usage, make_usage
 from gateway.schemas.completions import (
     Completion,
     CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,
 )
-from gateway.sse import (
-    DONE,
-    json_model_response,
-    sse_event,
-    sse_model,
-)
+from gateway.sse import json_model_response
 
 MAX_PROMPTS = 64
 
@@ -154,47 +150,37 @@ async def create_completion(request: Request) -> Response:
     return await serve(_COMPLETIONS, request)
 
 
-async def _stream(
+def _stream(
     life: RequestLifecycle, body: CompletionRequest, submitted: Submitted
 ) -> AsyncIterator[bytes]:
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    exclude = None if include_usage else {"usage"}
-    offsets = [0] * (submitted.n * len(submitted.streams))
-    try:
-        async for prompt_index, event in stream_events(life, submitted):
-            for d in event.deltas:
-                index = choice_index(prompt_index, d.index, submitted.n)
-                logprobs = None
-                if body.logprobs is not None and d.logprobs:
-                    logprobs = completion_logprobs(d.logprobs, offsets[index])
-                offsets[index] += len(d.text)
-                if not (d.text or logprobs or d.finish_reason):
-                    continue
-                c = Completion(
-                    id=life.request_id,
-                    created=life.created,
-                    model=life.model,
-                    choices=[
-                        CompletionChoice(
-                            index=index,
-                            text=d.text,
-                            logprobs=logprobs,
-                            finish_reason=d.finish_reason,
-                        )
-                    ],
-                )
-                yield sse_model(c, exclude=exclude)
-    except Exception as exc:  # the engine failed mid-stream: tell the client in-band
-        yield sse_event(stream_error_body(exc, life.request_id))
-        return
-    if include_usage:
-        usage = make_usage(life.prompt_tokens, life.completion_tokens, life.cached_tokens)
-        final = Completion(
+    def usage_chunk(usage: Usage) -> Completion:
+        return Completion(
             id=life.request_id, created=life.created, model=life.model, choices=[], usage=usage
         )
-        yield sse_model(final)
-    life.completed = True
-    yield DONE
+
+    return sse_chunks(life, body, _chunks(life, body, submitted), usage_chunk)
+
+
+async def _chunks(
+    life: RequestLifecycle, body: CompletionRequest, submitted: Submitted
+) -> AsyncGenerator[Completion, None]:
+    """One chunk per engine delta that carries text, logprobs or a finish reason."""
+    offsets = [0] * (submitted.n * len(submitted.streams))
+    async for prompt_index, event in stream_events(life, submitted):
+        for d in event.deltas:
+            index = choice_index(prompt_index, d.index, submitted.n)
+            logprobs = None
+            if body.logprobs is not None and d.logprobs:
+                logprobs = completion_logprobs(d.logprobs, offsets[index])
+            offsets[index] += len(d.text)
+            if not (d.text or logprobs or d.finish_reason):
+                continue
+            choice = CompletionChoice(
+                index=index, text=d.text, logprobs=logprobs, finish_reason=d.finish_reason
+            )
+            yield Completion(
+                id=life.request_id, created=life.created, model=life.model, choices=[choice]
+            )
 
 
 routes = [Route("/v1/completions", create_completion, methods=["POST"])]

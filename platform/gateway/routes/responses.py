@@ -121,17 +121,12 @@ def _tooling(
         parallel_tool_calls=body.parallel_tool_calls,
         flat=True,
     )
-    parser = choose_parser(life.state.settings.gateway.tool_parser, _template(call))
+    parser = choose_parser(life.state.settings.gateway.tool_parser, call.prompts.chat_template)
     if request.active and parser == "none":
         raise InvalidParameterError(
             "tool calling is not enabled for this model", param="tools", code="unsupported"
         )
     return ChatTooling(request, parser)
-
-
-def _template(call: Authenticated) -> str | None:
-    template: str | None = getattr(call.prompts.tokenizer, "chat_template", None)
-    return template
 
 
 def _split(text: str, tooling: ChatTooling) -> tuple[str, list[FunctionCallItem]]:
@@ -320,7 +315,7 @@ class _Responses(GenerationRoute[ResponseCreateRequest, _Vetted, _Prepared]):
                 [dict(t) for t in with_instructions(body.instructions, [*previous, *turns])],
                 tooling.request,
                 tooling.parser,
-                chat_template=_template(call),
+                chat_template=call.prompts.chat_template,
             )
             prompt = await call.prompts.encode_chat(
                 call.tenant_id, rendered.messages, tools=rendered.tools

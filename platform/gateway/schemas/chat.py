@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from gateway.schemas.common import SamplingFields, Usage
+from gateway.schemas.common import CompletionEnvelope, SamplingFields, Usage
 
 
 class TextPart(BaseModel):
@@ -143,13 +143,10 @@ class ChatChoice(BaseModel):
     finish_reason: str | None
 
 
-class ChatCompletion(BaseModel):
+class ChatCompletion(CompletionEnvelope):
     """The non-streaming response."""
 
-    id: str
     object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
     choices: list[ChatChoice]
     usage: Usage
     system_fingerprint: str | None = None
@@ -190,13 +187,10 @@ class ChunkChoice(BaseModel):
     finish_reason: str | None = None
 
 
-class ChatCompletionChunk(BaseModel):
+class ChatCompletionChunk(CompletionEnvelope):
     """One `data:` event of a streaming chat completion."""
 
-    id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
     choices: list[ChunkChoice]
     usage: Usage | None = None
     system_fingerprint: str | None = None

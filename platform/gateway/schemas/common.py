@@ -78,6 +78,18 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails
 
 
+class CompletionEnvelope(BaseModel):
+    """What a chat or text completion, and each of their stream chunks, carries before
+    its choices. Each kind narrows `object` to its own literal and adds its choices, usage
+    and fingerprint after these (pydantic keeps a narrowed field in its place, so the
+    fields stay in OpenAI's order)."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+
+
 def make_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usage:
     """Builds a `Usage` whose total is always the sum of its parts."""
     return Usage(

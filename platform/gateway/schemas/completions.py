@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from gateway.schemas.common import SamplingFields, Usage
+from gateway.schemas.common import CompletionEnvelope, SamplingFields, Usage
 
 
 class CompletionRequest(SamplingFields):
@@ -37,13 +37,10 @@ class CompletionChoice(BaseModel):
     finish_reason: str | None
 
 
-class Completion(BaseModel):
+class Completion(CompletionEnvelope):
     """The non-streaming response, and also the shape of each stream chunk."""
 
-    id: str
     object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
     choices: list[CompletionChoice]
     usage: Usage | None = None
     system_fingerprint: str | None = None
