@@ -52,6 +52,12 @@ def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
+def _unique_where(name: str, column: str, where: str) -> Index:
+    """A unique index on `column` over the rows matching `where`: a partial index, with
+    the same predicate on each backend."""
+    return Index(name, column, unique=True, sqlite_where=text(where), postgresql_where=text(where))
+
+
 class Base(DeclarativeBase):
     """Declarative base for every Cloister table (Alembic's target metadata)."""
 
@@ -134,20 +140,8 @@ class Limit(Base):
     __tablename__ = "limits"
     __table_args__ = (
         # One tenant-wide row per tenant and one override row per key.
-        Index(
-            "uq_limits_tenant",
-            "tenant_id",
-            unique=True,
-            sqlite_where=text("key_id IS NULL"),
-            postgresql_where=text("key_id IS NULL"),
-        ),
-        Index(
-            "uq_limits_key",
-            "key_id",
-            unique=True,
-            sqlite_where=text("key_id IS NOT NULL"),
-            postgresql_where=text("key_id IS NOT NULL"),
-        ),
+        _unique_where("uq_limits_tenant", "tenant_id", "key_id IS NULL"),
+        _unique_where("uq_limits_key", "key_id", "key_id IS NOT NULL"),
         CheckConstraint(
             "budget_period IS NULL OR budget_period IN ('day', 'month')",
             name="ck_limits_budget_period",

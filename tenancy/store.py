@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -315,12 +315,26 @@ def key_status(key: ApiKey, now: dt.datetime | None = None) -> str:
     return "active"
 
 
+class Revocable(Protocol):
+    """A credential row revoked by setting its `revoked_at` (a key or an admin token)."""
+
+    revoked_at: dt.datetime | None
+
+
+RevocableRow = TypeVar("RevocableRow", bound=Revocable)
+
+
+def revoke_once(session: Session, row: RevocableRow | None, missing: str) -> RevocableRow:
+    """Revokes `row` and commits, unless it already was: the first revocation time is
+    kept, so revoking twice is harmless. NotFoundError(`missing`) when `row` is None."""
+    if row is None:
+        raise NotFoundError(missing)
+    if row.revoked_at is None:
+        row.revoked_at = dt.datetime.now(dt.UTC)
+        session.commit()
+    return row
+
+
 def revoke_key(session: Session, *, key_id: str) -> ApiKey:
     """Revoke a key (idempotent: the first revocation time is kept)."""
-    key = session.get(ApiKey, key_id)
-    if key is None:
-        raise NotFoundError(f"no key {key_id!r}")
-    if key.revoked_at is None:
-        key.revoked_at = dt.datetime.now(dt.UTC)
-        session.commit()
-    return key
+    return revoke_once(session, session.get(ApiKey, key_id), f"no key {key_id!r}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 import unicodedata
-from typing import Any
+from typing import Any, TypeGuard
 
 from tenancy.errors import InvalidValueError
 
@@ -38,6 +38,16 @@ def check_tenant_name(name: Any) -> str:
 def _is_finite_number(value: Any) -> bool:
     """An int or float that is finite; a bool is not a number here (True == 1)."""
     return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+
+
+def _optional_positive(value: Any, high: float, error: str) -> float | None:
+    """None, or `value` as a float if it is a finite number in (0, `high`]; else
+    InvalidValueError(`error`)."""
+    if value is None:
+        return None
+    if not _is_finite_number(value) or not 0 < value <= high:
+        raise InvalidValueError(error)
+    return float(value)
 
 
 def check_weight(weight: Any) -> float:
@@ -112,18 +122,34 @@ def check_key_metadata(metadata: Any) -> dict[str, str] | None:
 
 def check_expires_in_days(days: Any) -> float | None:
     """A finite expiry in (0, MAX_EXPIRES_IN_DAYS] days (None: never expires)."""
-    if days is None:
+    return _optional_positive(
+        days,
+        MAX_EXPIRES_IN_DAYS,
+        f"expires-in-days must be positive and at most {MAX_EXPIRES_IN_DAYS}",
+    )
+
+
+def _is_count(value: Any, low: int) -> TypeGuard[int]:
+    """An int from `low` to MAX_LIMIT_VALUE (what an INTEGER column holds); a bool is not
+    a count here (True == 1)."""
+    return (
+        not isinstance(value, bool) and isinstance(value, int) and low <= value <= MAX_LIMIT_VALUE
+    )
+
+
+def _optional_count(value: Any, low: int, error: str) -> int | None:
+    """None, or `value` if it is a count from `low` (see `_is_count`); else
+    InvalidValueError(`error`)."""
+    if value is None:
         return None
-    if not _is_finite_number(days) or not 0 < days <= MAX_EXPIRES_IN_DAYS:
-        raise InvalidValueError(
-            f"expires-in-days must be positive and at most {MAX_EXPIRES_IN_DAYS}"
-        )
-    return float(days)
+    if not _is_count(value, low):
+        raise InvalidValueError(error)
+    return value
 
 
 def check_limit_int(field: str, value: Any) -> int:
     """A counted limit: an integer from 0 to MAX_LIMIT_VALUE."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_LIMIT_VALUE:
+    if not _is_count(value, 0):
         raise InvalidValueError(f"{field} must be an integer from 0 to {MAX_LIMIT_VALUE}")
     return value
 
@@ -134,13 +160,9 @@ MAX_RETENTION_TTL_S = 366 * 86_400.0
 
 def check_floor_blocks(value: Any) -> int | None:
     """A cache floor in KV blocks: an integer from 0 to MAX_LIMIT_VALUE (None: none)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_LIMIT_VALUE:
-        raise InvalidValueError(
-            f"cache floor blocks must be an integer from 0 to {MAX_LIMIT_VALUE}"
-        )
-    return value
+    return _optional_count(
+        value, 0, f"cache floor blocks must be an integer from 0 to {MAX_LIMIT_VALUE}"
+    )
 
 
 def check_floor_share(value: Any) -> float | None:
@@ -155,24 +177,20 @@ def check_floor_share(value: Any) -> float | None:
 def check_kv_quota_blocks(value: Any) -> int | None:
     """A KV quota: the most KV blocks a tenant's running sequences may hold, an integer
     from 1 to MAX_LIMIT_VALUE (None: no quota). 0 would admit nothing: refused."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT_VALUE:
-        raise InvalidValueError(
-            f"kv_quota_blocks (KV quota) must be an integer from 1 to {MAX_LIMIT_VALUE} blocks"
-        )
-    return value
+    return _optional_count(
+        value,
+        1,
+        f"kv_quota_blocks (KV quota) must be an integer from 1 to {MAX_LIMIT_VALUE} blocks",
+    )
 
 
 def check_retention_ttl(value: Any) -> float | None:
     """A retention TTL in seconds, in (0, MAX_RETENTION_TTL_S] (None: engine default)."""
-    if value is None:
-        return None
-    if not _is_finite_number(value) or not 0 < value <= MAX_RETENTION_TTL_S:
-        raise InvalidValueError(
-            f"retention TTL must be a number of seconds above 0 and at most {MAX_RETENTION_TTL_S:g}"
-        )
-    return float(value)
+    return _optional_positive(
+        value,
+        MAX_RETENTION_TTL_S,
+        f"retention TTL must be a number of seconds above 0 and at most {MAX_RETENTION_TTL_S:g}",
+    )
 
 
 def check_optional_flag(field: str, value: Any) -> bool | None:

@@ -69,14 +69,7 @@ def _speculative(stats: SpecDecodeStats | None) -> SpeculativeDecoding | None:
     """The page's speculative decoding figures; None where the engine does not speculate."""
     if stats is None:
         return None
-    return SpeculativeDecoding(
-        num_drafts=stats.num_drafts,
-        num_draft_tokens=stats.num_draft_tokens,
-        num_accepted_tokens=stats.num_accepted_tokens,
-        accepted_per_pos=list(stats.accepted_per_pos),
-        acceptance_rate=stats.acceptance_rate,
-        mean_accepted_length=stats.mean_accepted_length,
-    )
+    return copy_fields(SpeculativeDecoding, stats, accepted_per_pos=list(stats.accepted_per_pos))
 
 
 def engines_view(session: Session, replicas: EngineReplicas | None) -> EnginesView:

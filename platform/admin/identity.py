@@ -8,7 +8,6 @@ its own (never the key pepper), so that knowing the pepper forges nothing.
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import hashlib
 import hmac
 import json
@@ -25,6 +24,7 @@ from admin.roles import ROLES, Role
 from tenancy.errors import InvalidValueError, NotFoundError
 from tenancy.keys import hash_secret, new_id
 from tenancy.models import Tenant
+from tenancy.store import revoke_once
 from tenancy.validation import check_key_name
 
 TOKEN_PREFIX = "clo-adm-"
@@ -97,13 +97,7 @@ def create_admin_token(
 
 def revoke_admin_token(session: Session, *, token_id: str) -> AdminToken:
     """Revokes an admin token (idempotent)."""
-    row = session.get(AdminToken, token_id)
-    if row is None:
-        raise NotFoundError(f"no admin token {token_id!r}")
-    if row.revoked_at is None:
-        row.revoked_at = dt.datetime.now(dt.UTC)
-        session.commit()
-    return row
+    return revoke_once(session, session.get(AdminToken, token_id), f"no admin token {token_id!r}")
 
 
 def _session_key(key: str) -> bytes:

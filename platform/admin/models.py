@@ -35,15 +35,18 @@ ADAPTER_STATUSES = ("registered", "loaded", "retired")
 DEFAULT_BATCH_DISCOUNT_PCT = 50
 
 
+def _one_of(column: str, values: tuple[str, ...], name: str) -> CheckConstraint:
+    """A check that `column` holds one of `values`, the same tuple the code validates
+    against, so the database and the code cannot disagree."""
+    quoted = ", ".join(f"'{v}'" for v in values)
+    return CheckConstraint(f"{column} IN ({quoted})", name=name)
+
+
 class RegisteredModel(Base):
     """A model in the registry; `allowed_tenants` None means every tenant may use it."""
 
     __tablename__ = "registry_models"
-    __table_args__ = (
-        CheckConstraint(
-            "status IN ('registered', 'loaded', 'retired')", name="ck_registry_models_status"
-        ),
-    )
+    __table_args__ = (_one_of("status", MODEL_STATUSES, "ck_registry_models_status"),)
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     name: Mapped[str] = mapped_column(String(128), unique=True)
@@ -99,11 +102,7 @@ class LoraAdapter(Base):
     """A PEFT LoRA adapter; `owner_tenant_id` None means public."""
 
     __tablename__ = "lora_adapters"
-    __table_args__ = (
-        CheckConstraint(
-            "status IN ('registered', 'loaded', 'retired')", name="ck_lora_adapters_status"
-        ),
-    )
+    __table_args__ = (_one_of("status", ADAPTER_STATUSES, "ck_lora_adapters_status"),)
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     name: Mapped[str] = mapped_column(String(128), unique=True)
@@ -134,11 +133,7 @@ class AdminToken(Base):
     """An admin API token, stored as an HMAC like tenant keys."""
 
     __tablename__ = "admin_tokens"
-    __table_args__ = (
-        CheckConstraint(
-            "role IN (" + ", ".join(f"'{r}'" for r in ROLES) + ")", name="ck_admin_tokens_role"
-        ),
-    )
+    __table_args__ = (_one_of("role", ROLES, "ck_admin_tokens_role"),)
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     name: Mapped[str | None] = mapped_column(String(128), default=None)

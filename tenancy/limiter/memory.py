@@ -157,31 +157,24 @@ class MemoryLimiter:
             slots[lease_id] = expires
         if p.max_tokens_in_flight is not None:
             self._inflight.setdefault(p.inflight_scope, {})[lease_id] = p.cost
+        admission = p.admission(
+            lease_id,
+            requests=rq_info,
+            tokens=tk_info,
+            used_after=used + p.cost,
+            backend="memory",
+            charged_scopes_only=True,
+        )
         self._leases[lease_id] = _Lease(
             expires=expires,
             reserved=p.cost,
             tpm=p.tpm,
-            tpm_scope=p.tpm_scope if p.tpm is not None else None,
+            tpm_scope=admission.tpm_scope,
             budget_key=(p.budget_scope, p.budget_start) if p.token_budget is not None else None,
-            concurrency_scope=p.concurrency_scope if p.max_concurrent is not None else None,
-            inflight_scope=p.inflight_scope if p.max_tokens_in_flight is not None else None,
+            concurrency_scope=admission.concurrency_scope,
+            inflight_scope=admission.inflight_scope,
         )
-        return Admission(
-            lease_id=lease_id,
-            tenant_id=p.tenant_id,
-            reserved_tokens=p.cost,
-            requests=rq_info,
-            tokens=tk_info,
-            budget_remaining=(
-                p.token_budget - used - p.cost if p.token_budget is not None else None
-            ),
-            tpm_scope=p.tpm_scope if p.tpm is not None else None,
-            budget_scope=p.budget_scope if p.token_budget is not None else None,
-            budget_period_start=p.budget_start if p.token_budget is not None else None,
-            concurrency_scope=p.concurrency_scope if p.max_concurrent is not None else None,
-            backend="memory",
-            inflight_scope=p.inflight_scope if p.max_tokens_in_flight is not None else None,
-        )
+        return admission
 
     async def release(
         self, admission: Admission, *, actual_tokens: int, now: float | None = None

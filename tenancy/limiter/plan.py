@@ -9,8 +9,8 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from tenancy.errors import InvalidValueError, LimiterUnavailableError
-from tenancy.limiter.base import BudgetLedger, period_bounds
+from tenancy.errors import InvalidValueError, LimiterUnavailableError, RateInfo
+from tenancy.limiter.base import Admission, BudgetLedger, period_bounds
 from tenancy.principal import Principal
 
 logger = logging.getLogger("cloister.limiter")
@@ -35,6 +35,44 @@ class AcquirePlan:
     budget_key_id: str | None  # the key, when the budget is counted per key; else the tenant
     budget_start: int
     budget_end: int
+
+    def admission(
+        self,
+        lease_id: str,
+        *,
+        requests: RateInfo | None,
+        tokens: RateInfo | None,
+        used_after: int,
+        backend: str,
+        charged_scopes_only: bool,
+    ) -> Admission:
+        """This plan granted as `lease_id`, its budget at `used_after` tokens once charged.
+
+        `charged_scopes_only`: a scope whose limit is None is left out (None), for a
+        limiter that settles only what it counted; else every scope is named, as the
+        Redis scripts expect a key for each.
+        """
+
+        def scope(limit: int | None, name: str) -> str | None:
+            return name if limit is not None or not charged_scopes_only else None
+
+        budget = self.token_budget
+        return Admission(
+            lease_id=lease_id,
+            tenant_id=self.tenant_id,
+            reserved_tokens=self.cost,
+            requests=requests,
+            tokens=tokens,
+            budget_remaining=budget - used_after if budget is not None else None,
+            tpm_scope=scope(self.tpm, self.tpm_scope),
+            budget_scope=scope(self.token_budget, self.budget_scope),
+            budget_period_start=(
+                self.budget_start if budget is not None or not charged_scopes_only else None
+            ),
+            concurrency_scope=scope(self.max_concurrent, self.concurrency_scope),
+            backend=backend,
+            inflight_scope=scope(self.max_tokens_in_flight, self.inflight_scope),
+        )
 
 
 def plan_acquire(

@@ -119,21 +119,13 @@ class RedisLimiter:
         rq_info, tk_info = _info(p.rpm, float(rq)), _info(p.tpm, float(tk))
         if ok != "1":
             raise RateLimitedError(reason, float(retry), requests=rq_info, tokens=tk_info)  # type: ignore[arg-type]
-        return Admission(
-            lease_id=lease_id,
-            tenant_id=p.tenant_id,
-            reserved_tokens=p.cost,
+        return p.admission(
+            lease_id,
             requests=rq_info,
             tokens=tk_info,
-            budget_remaining=(
-                p.token_budget - int(float(used)) if p.token_budget is not None else None
-            ),
-            tpm_scope=p.tpm_scope,
-            budget_scope=p.budget_scope,
-            budget_period_start=p.budget_start,
-            concurrency_scope=p.concurrency_scope,
+            used_after=int(float(used)),
             backend="redis",
-            inflight_scope=p.inflight_scope,
+            charged_scopes_only=False,
         )
 
     async def _run_acquire(self, p: AcquirePlan, lease_id: str, now: float, *, seed: bool) -> Any:
@@ -191,15 +183,7 @@ class RedisLimiter:
             budget_period=lim.budget_period,
             key_scoped=lim.key_scoped - {"token_budget"},
         )
-        local = Principal(
-            tenant_id=principal.tenant_id,
-            tenant_name=principal.tenant_name,
-            key_id=principal.key_id,
-            isolation_level=principal.isolation_level,
-            weight=principal.weight,
-            limits=local_limits,
-            allowed_models=principal.allowed_models,
-        )
+        local = replace(principal, limits=local_limits)
         admission = await self._local.acquire(
             local, prompt_tokens=prompt_tokens, max_tokens=max_tokens, now=now
         )

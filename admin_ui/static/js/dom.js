@@ -151,3 +151,20 @@ export function fmtNum(n, digits = 0) {
 export function card(title, ...children) {
   return el("section", { class: "card", "aria-label": title }, title ? el("h2", {}, title) : null, ...children);
 }
+
+async function copyText(text, button) {
+  try {
+    await navigator.clipboard.writeText(text);
+    button.textContent = "Copied";
+  } catch {
+    // No clipboard (plain HTTP, or permission refused): the secret can still be selected.
+    button.textContent = "Select and copy manually";
+  }
+}
+
+// A secret shown once (a new key or token) under `heading`, with a button that copies it.
+export function secretBox(id, secret, heading) {
+  const code = el("code", { id }, secret);
+  const copy = el("button", { type: "button", class: "secondary", onclick: () => copyText(secret, copy) }, "Copy");
+  return el("div", { class: "secret", role: "status" }, el("strong", {}, heading), code, copy);
+}

@@ -1,27 +1,11 @@
 // Keys of one tenant: create (secret shown once, with a copy button), list, revoke.
 import { api, getAll } from "../api.js";
-import { attempt, card, confirmAction, el, field, fmtTime, showBanner, statusPill, table } from "../dom.js";
+import { attempt, card, confirmAction, el, field, fmtTime, secretBox, showBanner, statusPill, table } from "../dom.js";
 
 function keyStatus(k) {
   if (k.revoked_at) return "revoked";
   if (k.expires_at && new Date(k.expires_at) < new Date()) return "expired";
   return "active";
-}
-
-async function copyText(text, button) {
-  try {
-    await navigator.clipboard.writeText(text);
-    button.textContent = "Copied";
-  } catch {
-    button.textContent = "Select and copy manually";
-  }
-}
-
-function secretBox(created) {
-  const code = el("code", { id: "new-key-secret" }, created.secret);
-  const copy = el("button", { type: "button", class: "secondary", onclick: () => copyText(created.secret, copy) }, "Copy");
-  return el("div", { class: "secret", role: "status" },
-    el("strong", {}, "New key — copy it now, it will not be shown again:"), code, copy);
 }
 
 export async function render(ctx) {
@@ -77,7 +61,7 @@ export async function render(ctx) {
         expires_in_days: expires.input.value ? Number(expires.input.value) : null,
       }));
       if (!created) return;
-      secretSlot.replaceChildren(secretBox(created));
+      secretSlot.replaceChildren(secretBox("new-key-secret", created.secret, "New key — copy it now, it will not be shown again:"));
       form.reset();
       drawList(await getAll(path));
     } }, el("div", { class: "row" }, name, models, expires, el("button", { type: "submit" }, "Create key")));

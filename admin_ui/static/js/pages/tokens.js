@@ -1,6 +1,6 @@
 // Admin API tokens: list, create (the secret shown once, with a copy button), revoke.
 import { api, getAll } from "../api.js";
-import { attempt, card, confirmAction, el, field, fmtTime, showBanner, statusPill, table } from "../dom.js";
+import { attempt, card, confirmAction, el, field, fmtTime, secretBox, showBanner, statusPill, table } from "../dom.js";
 
 const ROLES = [
   ["viewer", "viewer: reads, no writes"],
@@ -10,22 +10,6 @@ const ROLES = [
   ["tenant-admin", "tenant-admin: one tenant"],
   ["admin", "admin: everything"],
 ];
-
-async function copyText(text, button) {
-  try {
-    await navigator.clipboard.writeText(text);
-    button.textContent = "Copied";
-  } catch {
-    button.textContent = "Select and copy manually";
-  }
-}
-
-function secretBox(created) {
-  const code = el("code", { id: "new-token-secret" }, created.token);
-  const copy = el("button", { type: "button", class: "secondary", onclick: () => copyText(created.token, copy) }, "Copy");
-  return el("div", { class: "secret", role: "status" },
-    el("strong", {}, `New ${created.role} token — copy it now, it will not be shown again. Anyone holding it acts as this role:`), code, copy);
-}
 
 export async function render(ctx) {
   const canWrite = ctx.me.role === "admin"; // POST /tokens and revoke are admin-only
@@ -79,7 +63,7 @@ export async function render(ctx) {
         name: name.input.value.trim() || null,
       }));
       if (!created) return;
-      secretSlot.replaceChildren(secretBox(created));
+      secretSlot.replaceChildren(secretBox("new-token-secret", created.token, `New ${created.role} token — copy it now, it will not be shown again. Anyone holding it acts as this role:`));
       form.reset();
       syncTenant();
       drawList(await getAll("/tokens"));
