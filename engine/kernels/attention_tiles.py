@@ -1,10 +1,11 @@
 """The per-key-tile steps both paged attention kernels (decode, prefill) run.
 
-A program walks its sequence's context a tile of keys at a time: `load_kv_tile` gathers
-the tile's K/V through the block table, `tile_scores` scores it against the program's
-query rows (in log2 units, for exp2), and `online_softmax_step` folds the tile into the
-running max, sum and output. The kernels differ only in which keys a row may see, the
-mask they apply between scoring and folding.
+A program walks its sequence's context a tile of keys at a time: `softmax_start` gives
+the empty running state, `load_kv_tile` gathers the tile's K/V through the block table,
+`tile_scores` scores it against the program's query rows (in log2 units, for exp2),
+`online_softmax_step` folds the tile into the running max, sum and output, and
+`softmax_output` normalises that output at the end. The kernels differ only in which
+keys a row may see, the mask they apply between scoring and folding.
 """
 
 # Triton kernels take untyped pointer arguments and triton.jit is untyped.
@@ -16,6 +17,15 @@ import triton
 import triton.language as tl
 
 from engine.kernels.common import softcap_scores
+
+
+@triton.jit
+def softmax_start(ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """(m, l_sum, acc) before any key: running row max -inf, exp2 sum 0, output 0."""
+    m = tl.full([ROWS], float("-inf"), tl.float32)
+    l_sum = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
+    return m, l_sum, acc
 
 
 @triton.jit
@@ -77,3 +87,11 @@ def online_softmax_step(m, l_sum, acc, s, v, DOT_PREC: tl.constexpr):
     l_sum = l_sum * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
     return m_new, l_sum, acc
+
+
+@triton.jit
+def softmax_output(l_sum, acc):
+    """The normalised output rows acc / l_sum; a row that saw no key (a zero-length
+    padding sequence) gives zeros rather than 0/0."""
+    denom = tl.where(l_sum > 0, l_sum, 1.0)
+    return acc / denom[:, None]

@@ -25,7 +25,13 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.attention_tiles import load_kv_tile, online_softmax_step, tile_scores
+from engine.kernels.attention_tiles import (
+    load_kv_tile,
+    online_softmax_step,
+    softmax_output,
+    softmax_start,
+    tile_scores,
+)
 from engine.kernels.common import (
     check_paged_attention_inputs,
     dot_precision,
@@ -93,9 +99,7 @@ def _decode_kernel(
         other=0.0,
     )
 
-    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_sum = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    m, l_sum, acc = softmax_start(BLOCK_G, BLOCK_D)
     k_base = cache_ptr + kvh * stride_c_h
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
     for start in range(lo, hi, TILE):
@@ -109,9 +113,7 @@ def _decode_kernel(
 
     out_mask = g_mask[:, None] & d_mask[None, :]
     if NUM_SPLITS == 1:
-        # A zero-length sequence (padding) yields zeros rather than 0/0.
-        denom = tl.where(l_sum > 0, l_sum, 1.0)
-        o = acc / denom[:, None]
+        o = softmax_output(l_sum, acc)
         dst = out_ptr + seq * stride_ot + heads[:, None] * stride_oh + d[None, :]
         tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=out_mask)
     else:

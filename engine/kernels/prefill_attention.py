@@ -27,7 +27,13 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.attention_tiles import load_kv_tile, online_softmax_step, tile_scores
+from engine.kernels.attention_tiles import (
+    load_kv_tile,
+    online_softmax_step,
+    softmax_output,
+    softmax_start,
+    tile_scores,
+)
 from engine.kernels.common import (
     check_paged_attention_inputs,
     dot_precision,
@@ -94,9 +100,7 @@ def _prefill_kernel(
     kv_first = tl.maximum(ctx_len + m_tile * BLOCK_M - window + 1, 0)
     kv_lo = (kv_first // BLOCK_N) * BLOCK_N
 
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_sum = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    m, l_sum, acc = softmax_start(BLOCK_M, BLOCK_D)
     k_base = cache_ptr + kvh * stride_c_h
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
     for start in range(kv_lo, kv_hi, BLOCK_N):
@@ -110,8 +114,7 @@ def _prefill_kernel(
         s = tl.where(visible, s, float("-inf"))
         m, l_sum, acc = online_softmax_step(m, l_sum, acc, s, v.to(q.dtype), DOT_PREC)
 
-    denom = tl.where(l_sum > 0, l_sum, 1.0)
-    o = acc / denom[:, None]
+    o = softmax_output(l_sum, acc)
     dst = out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + d[None, :]
     tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=r_mask[:, None] & d_mask[None, :])
 

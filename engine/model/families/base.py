@@ -128,6 +128,12 @@ def split_fused_experts(name: str, tensor: torch.Tensor) -> Iterator[tuple[str, 
         yield name, tensor
 
 
+# llama.cpp's names for the per-head q and k RMSNorms (Qwen3, Gemma 3).
+QK_NORM_GGUF_BLOCKS: Mapping[str, str] = {
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+}
+
 # llama.cpp's names for a sparse layer's router and its experts stacked in one 3-D
 # tensor each ([experts, rows, cols] once read), renamed so `split_gguf_experts` finds them.
 MOE_GGUF_BLOCKS: Mapping[str, str] = {

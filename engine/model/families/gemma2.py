@@ -11,7 +11,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from engine.model.families.base import Family, GgufField, window_of
-from engine.model.families.gemma3 import gemma_gguf_traits, gemma_traits, gemma_weights
+from engine.model.families.gemma3 import (
+    GEMMA_GGUF_BLOCKS,
+    gemma_gguf_traits,
+    gemma_traits,
+    gemma_weights,
+)
 
 # llama.cpp's defaults for what a Gemma 2 file leaves out (its hparams for the arch).
 _GGUF_WINDOW = 4096
@@ -57,10 +62,6 @@ FAMILY = Family(
     traits=gemma2_traits,
     hf_weights=gemma_weights,
     gguf_traits=gemma2_gguf_traits,
-    gguf_block_names={
-        "post_attention_norm": "post_attention_layernorm",
-        "ffn_norm": "pre_feedforward_layernorm",
-        "post_ffw_norm": "post_feedforward_layernorm",
-    },
+    gguf_block_names=GEMMA_GGUF_BLOCKS,
     notes="attention scores soft-capped (50) in every backend; window on alternate layers",
 )

@@ -18,10 +18,16 @@ import torch
 
 from engine.config import ModelArchitecture
 from engine.errors import UnsupportedModelError
-from engine.model.families.base import Family, GgufField, window_of
+from engine.model.families.base import QK_NORM_GGUF_BLOCKS, Family, GgufField, window_of
 from engine.model.rope import rope_settings
 
 _GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh", "gelu_new")
+# llama.cpp's names for the norms after attention and around the MLP (Gemma 2 and 3).
+GEMMA_GGUF_BLOCKS: Mapping[str, str] = {
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
 
 
 def _cap(value: Any) -> float | None:
@@ -128,12 +134,6 @@ FAMILY = Family(
     traits=gemma3_traits,
     hf_weights=gemma_weights,
     gguf_traits=gemma3_gguf_traits,
-    gguf_block_names={
-        "post_attention_norm": "post_attention_layernorm",
-        "ffn_norm": "pre_feedforward_layernorm",
-        "post_ffw_norm": "post_feedforward_layernorm",
-        "attn_q_norm": "self_attn.q_norm",
-        "attn_k_norm": "self_attn.k_norm",
-    },
+    gguf_block_names={**GEMMA_GGUF_BLOCKS, **QK_NORM_GGUF_BLOCKS},
     notes="5 window layers to 1 global, the window layers on their own rotary base",
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from engine.model.families.base import Family, window_of
+from engine.model.families.base import QK_NORM_GGUF_BLOCKS, Family, window_of
 
 
 def qwen3_traits(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -25,6 +25,6 @@ FAMILY = Family(
     hf_architectures=("Qwen3ForCausalLM",),
     gguf_architectures=("qwen3",),
     traits=qwen3_traits,
-    gguf_block_names={"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"},
+    gguf_block_names=QK_NORM_GGUF_BLOCKS,
     notes="per-head q/k RMSNorm; <think> comes back as reasoning_content",
 )
