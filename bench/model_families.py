@@ -33,8 +33,19 @@ from engine.model.hf_loader import architecture_from_config  # noqa: E402
 from engine.model.llama import LlamaForCausalLM  # noqa: E402
 from engine.model.registry import FAMILIES, family_named  # noqa: E402
 from server.settings import EngineSettings  # noqa: E402
+from tests.utils.hf_families import TINY_SHAPE  # noqa: E402
 
 GOAL = 1.5  # ours / transformers, decode tokens/s at batch 8
+# What a shape sets; every other config field is the family's own default.
+SHAPE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+)
 SHAPES: dict[str, dict[str, int]] = {
     # About a quarter of SmolLM2-360M: big enough that the matrices, not Python, dominate.
     "small": {
@@ -46,16 +57,9 @@ SHAPES: dict[str, dict[str, int]] = {
         "num_key_value_heads": 4,
         "head_dim": 64,
     },
-    # For the test suite: seconds, not minutes.
-    "tiny": {
-        "vocab_size": 512,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-    },
+    # For the test suite: seconds, not minutes. The test models' dimensions, with a
+    # vocabulary of 512 (theirs is SmolLM2's, and its tokenizer is not needed here).
+    "tiny": {**{field: TINY_SHAPE[field] for field in SHAPE_FIELDS}, "vocab_size": 512},
 }
 
 

@@ -18,3 +18,6 @@ class ModelShape:
     head_dim: int
     intermediate_size: int
     vocab_size: int
+    # What a written model folder needs besides (bench/serve_model.py).
+    tie: bool = True
+    rope_theta: float = 10000.0

@@ -15,42 +15,32 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-from dataclasses import dataclass
+import sys
 from pathlib import Path
 
 import torch
 
+# Run as a script (python bench/NAME.py), this folder is on the path, not the project's.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.model_shape import ModelShape  # noqa: E402
+
 VOCAB = 49152  # SmolLM2's tokenizer
 
-
-@dataclass(frozen=True)
-class ServeShape:
-    """The published dimensions of a Llama-family model (the vocabulary aside)."""
-
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    tie: bool
-    rope_theta: float
-
-
 SHAPES = {
-    "smollm2-135m": ServeShape(30, 576, 9, 3, 64, 1536, True, 100000.0),
+    "smollm2-135m": ModelShape("smollm2-135m", 30, 576, 9, 3, 64, 1536, VOCAB, rope_theta=1e5),
     # Llama-3.2-1B's layers with SmolLM2's vocabulary (its own is 128256).
-    "llama-1b": ServeShape(16, 2048, 32, 8, 64, 8192, True, 500000.0),
-    "tiny": ServeShape(2, 64, 4, 2, 16, 128, True, 10000.0),  # the CPU dry run
+    "llama-1b": ModelShape("llama-1b", 16, 2048, 32, 8, 64, 8192, VOCAB, rope_theta=5e5),
+    "tiny": ModelShape("tiny", 2, 64, 4, 2, 16, 128, VOCAB),  # the CPU dry run
 }
 
 
-def hf_config(shape: ServeShape, max_positions: int) -> dict[str, object]:
+def hf_config(shape: ModelShape, max_positions: int) -> dict[str, object]:
     """A transformers LlamaForCausalLM config.json for `shape`."""
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
-        "vocab_size": VOCAB,
+        "vocab_size": shape.vocab_size,
         "hidden_size": shape.hidden_size,
         "intermediate_size": shape.intermediate_size,
         "num_hidden_layers": shape.num_layers,
@@ -71,7 +61,7 @@ def hf_config(shape: ServeShape, max_positions: int) -> dict[str, object]:
 
 @torch.no_grad()
 def random_weights(
-    shape: ServeShape, *, dtype: torch.dtype, device: torch.device, seed: int
+    shape: ModelShape, *, dtype: torch.dtype, device: torch.device, seed: int
 ) -> dict[str, torch.Tensor]:
     """HF-named seeded weights: matrices std 1/sqrt(fan_in), the embedding hidden^-1/4
     (logits a few nats wide, like a trained model's), norms 1 + 0.1 noise."""
@@ -83,7 +73,7 @@ def random_weights(
     )
     inter = shape.intermediate_size
     shapes: dict[str, tuple[int, ...]] = {
-        "model.embed_tokens.weight": (VOCAB, h),
+        "model.embed_tokens.weight": (shape.vocab_size, h),
         "model.norm.weight": (h,),
     }
     for i in range(shape.num_layers):
@@ -100,7 +90,7 @@ def random_weights(
             p + "mlp.down_proj.weight": (h, inter),
         }
     if not shape.tie:
-        shapes["lm_head.weight"] = (VOCAB, h)
+        shapes["lm_head.weight"] = (shape.vocab_size, h)
     out: dict[str, torch.Tensor] = {}
     for name, dims in shapes.items():
         noise = torch.randn(dims, generator=gen, device=device)

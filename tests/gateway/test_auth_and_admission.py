@@ -201,21 +201,40 @@ class SlowLimiter(MemoryLimiter):
         return granted
 
 
+async def _granted_unanswered(
+    p: Principal, *, prompt_tokens: int, max_tokens: int
+) -> tuple[SlowLimiter, AsyncLimiter, asyncio.Task[Admission]]:
+    """A front over a SlowLimiter and a caller whose acquire the backend has granted but
+    not yet answered."""
+    limiter = SlowLimiter()
+    front = AsyncLimiter(limiter)
+    caller = asyncio.create_task(
+        front.acquire(p, prompt_tokens=prompt_tokens, max_tokens=max_tokens)
+    )
+    await asyncio.sleep(0.01)
+    return limiter, front, caller
+
+
+async def _leave_before_the_reply(
+    limiter: SlowLimiter, front: AsyncLimiter, caller: asyncio.Task[Admission]
+) -> None:
+    """Cancels `caller` (it must end cancelled), then lets the backend's reply arrive after
+    the caller left and waits for the front to settle what it granted."""
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    limiter.reply.set()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    await front.drain()
+
+
 def test_a_caller_cancelled_mid_acquire_does_not_leak_the_granted_slot() -> None:
     async def scenario() -> None:
-        limiter = SlowLimiter()
-        front = AsyncLimiter(limiter)
         p = principal(max_concurrent=1)
-        caller = asyncio.create_task(front.acquire(p, prompt_tokens=1, max_tokens=1))
-        await asyncio.sleep(0.01)
+        limiter, front, caller = await _granted_unanswered(p, prompt_tokens=1, max_tokens=1)
         assert limiter.open_leases() == 1  # granted by the backend, reply not in yet
-        caller.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await caller
-        limiter.reply.set()  # the reply arrives after the caller left
-        for _ in range(5):
-            await asyncio.sleep(0)
-        await front.drain()
+        await _leave_before_the_reply(limiter, front, caller)
         assert limiter.open_leases() == 0
         # The slot is free again for the next request.
         admission = await front.acquire(p, prompt_tokens=1, max_tokens=1)
@@ -255,14 +274,23 @@ def test_a_failed_release_is_logged_never_raised(caplog: pytest.LogCaptureFixtur
     assert isinstance(failures[0].exc_info[1], RuntimeError)
 
 
+async def _held_and_queued(
+    p: Principal, *, held: tuple[int, int], queued: tuple[int, int]
+) -> tuple[AsyncLimiter, Admission, asyncio.Future[Admission]]:
+    """A queue-mode front over a fresh MemoryLimiter, an admission of `held` (prompt, max)
+    tokens it holds, and an acquire of `queued` tokens given 0.2 s to be admitted or wait."""
+    front = AsyncLimiter(MemoryLimiter(), concurrency_mode="queue", queue_timeout_s=5.0)
+    first = await front.acquire(p, prompt_tokens=held[0], max_tokens=held[1])
+    waiter = asyncio.ensure_future(front.acquire(p, prompt_tokens=queued[0], max_tokens=queued[1]))
+    await asyncio.sleep(0.2)
+    return front, first, waiter
+
+
 def test_queue_mode_waits_for_a_slot_then_times_out() -> None:
     p = principal(max_concurrent=1)
 
     async def scenario() -> None:
-        front = AsyncLimiter(MemoryLimiter(), concurrency_mode="queue", queue_timeout_s=5.0)
-        held = await front.acquire(p, prompt_tokens=1, max_tokens=1)
-        waiter = asyncio.ensure_future(front.acquire(p, prompt_tokens=1, max_tokens=1))
-        await asyncio.sleep(0.2)
+        front, held, waiter = await _held_and_queued(p, held=(1, 1), queued=(1, 1))
         assert not waiter.done()  # queued behind the held slot
         front.release(held, actual_tokens=1)
         second = await asyncio.wait_for(waiter, timeout=1.0)
@@ -355,19 +383,10 @@ def test_revocation_reaches_a_caching_gateway_within_5_seconds(tmp_path: Path) -
 
 def test_a_caller_cancelled_mid_acquire_gives_its_tokens_in_flight_back() -> None:
     async def scenario() -> None:
-        limiter = SlowLimiter()
-        front = AsyncLimiter(limiter)
         p = principal(max_tokens_in_flight=100)
-        caller = asyncio.create_task(front.acquire(p, prompt_tokens=40, max_tokens=60))
-        await asyncio.sleep(0.01)
+        limiter, front, caller = await _granted_unanswered(p, prompt_tokens=40, max_tokens=60)
         assert limiter.tokens_in_flight("t:t1") == 100  # granted, reply not in yet
-        caller.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await caller
-        limiter.reply.set()
-        for _ in range(5):
-            await asyncio.sleep(0)
-        await front.drain()
+        await _leave_before_the_reply(limiter, front, caller)
         assert limiter.tokens_in_flight("t:t1") == 0 and limiter.open_leases() == 0
         again = await front.acquire(p, prompt_tokens=40, max_tokens=30)
         other = await front.acquire(p, prompt_tokens=10, max_tokens=20)
@@ -386,10 +405,7 @@ def test_queue_mode_waits_for_tokens_in_flight_to_come_back() -> None:
     p = principal(max_tokens_in_flight=100)
 
     async def scenario() -> None:
-        front = AsyncLimiter(MemoryLimiter(), concurrency_mode="queue", queue_timeout_s=5.0)
-        held = await front.acquire(p, prompt_tokens=50, max_tokens=30)
-        waiter = asyncio.ensure_future(front.acquire(p, prompt_tokens=10, max_tokens=20))
-        await asyncio.sleep(0.2)
+        front, held, waiter = await _held_and_queued(p, held=(50, 30), queued=(10, 20))
         assert not waiter.done()  # 80 + 30 > 100: queued
         front.release(held, actual_tokens=60)
         second = await asyncio.wait_for(waiter, timeout=1.0)

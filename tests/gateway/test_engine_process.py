@@ -21,7 +21,7 @@ from assembly.engines import load_engine
 from engine.fronts.process_engine import ProcessEngine
 from server.settings import Settings
 from tenancy.limiter.memory import MemoryLimiter
-from tests.utils.live_gateway import OPERATOR_HEADERS, LiveGateway, start_gateway
+from tests.utils.live_gateway import OPERATOR_HEADERS, LiveGateway, start_gateway, stream_chat
 from tests.utils.tiny_model import make_tiny_model_dir
 
 MESSAGES = [{"role": "user", "content": "Say something about caches. " * 6}]
@@ -60,18 +60,7 @@ def test_chat_and_stream_through_the_engine_process(gateway: LiveGateway) -> Non
     assert out.choices[0].finish_reason in {"stop", "length"}
     assert out.usage is not None and out.usage.completion_tokens >= 1
 
-    chunks = list(
-        client.chat.completions.create(
-            model=gateway.model,
-            messages=MESSAGES,
-            max_tokens=5,
-            temperature=0,
-            seed=1,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
-    )
-    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    chunks, text = stream_chat(client, MESSAGES, max_tokens=5, model=gateway.model, seed=1)
     assert text == out.choices[0].message.content  # greedy: the same answer either way
     usage = [c.usage for c in chunks if c.usage is not None]
     assert len(usage) == 1 and usage[0].completion_tokens == out.usage.completion_tokens

@@ -50,7 +50,7 @@ from tests.gateway.engine_servers import (
     spawn_engine,
     wait_ready,
 )
-from tests.utils.live_gateway import LiveGateway
+from tests.utils.live_gateway import LiveGateway, stream_chat
 from tests.utils.services import free_port
 from tests.utils.tiny_model import make_tiny_model_dir
 
@@ -135,17 +135,7 @@ def test_chat_through_the_engine_server(remote_gateway: LiveGateway) -> None:
     )
     assert elsewhere.usage is not None and elsewhere.usage.prompt_tokens_details is not None
     assert elsewhere.usage.prompt_tokens_details.cached_tokens == 0  # never another tenant's
-    chunks = list(
-        client.chat.completions.create(
-            model="tiny",
-            messages=MESSAGES,
-            max_tokens=6,
-            temperature=0,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
-    )
-    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    _, text = stream_chat(client, MESSAGES, max_tokens=6)
     assert text == first.choices[0].message.content
     records = [r for r in remote_gateway.usage.records if r.status == 200]
     assert len(records) == 4 and sum(r.completion_tokens for r in records) == 4 * 6

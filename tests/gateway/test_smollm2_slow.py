@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tenancy.limiter.memory import MemoryLimiter
-from tests.utils.live_gateway import start_gateway
+from tests.utils.live_gateway import start_gateway, stream_chat
 
 
 @pytest.mark.slow
@@ -23,17 +23,7 @@ def test_smollm2_chat_and_stream(tmp_path: Path) -> None:
             model="tiny", messages=messages, max_tokens=16, temperature=0
         )
         assert "Paris" in (out.choices[0].message.content or "")
-        chunks = list(
-            client.chat.completions.create(
-                model="tiny",
-                messages=messages,
-                max_tokens=16,
-                temperature=0,
-                stream=True,
-                stream_options={"include_usage": True},
-            )
-        )
-        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        chunks, text = stream_chat(client, messages, max_tokens=16)
         assert text == out.choices[0].message.content
         assert chunks[-1].usage is not None
     finally:

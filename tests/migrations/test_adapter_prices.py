@@ -4,7 +4,6 @@ price start when its base model's does."""
 from __future__ import annotations
 
 import datetime as dt
-from pathlib import Path
 
 import sqlalchemy as sa
 
@@ -40,9 +39,5 @@ def _round_trip(url: str) -> None:
     upgrade_database(url)
 
 
-def test_sqlite_0009_round_trip(tmp_path: Path) -> None:
-    _round_trip(f"sqlite:///{tmp_path / 'm.db'}")
-
-
-def test_postgres_0009_round_trip(postgres_url: str) -> None:
-    _round_trip(postgres_url)
+def test_0009_round_trip(database_url: str) -> None:
+    _round_trip(database_url)

@@ -5,7 +5,6 @@ sit beside interactive ones, and a downgrade folds them back together."""
 from __future__ import annotations
 
 import datetime as dt
-from pathlib import Path
 
 import sqlalchemy as sa
 
@@ -79,9 +78,5 @@ def _round_trip(url: str) -> None:
     upgrade_database(url)
 
 
-def test_sqlite_0014_round_trip(tmp_path: Path) -> None:
-    _round_trip(f"sqlite:///{tmp_path / 'm.db'}")
-
-
-def test_postgres_0014_round_trip(postgres_url: str) -> None:
-    _round_trip(postgres_url)
+def test_0014_round_trip(database_url: str) -> None:
+    _round_trip(database_url)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import sqlalchemy as sa
 
 from tenancy.db import downgrade_database, make_engine, upgrade_database
@@ -36,9 +34,5 @@ def _round_trip(url: str) -> None:
     upgrade_database(url)
 
 
-def test_sqlite_0013_round_trip(tmp_path: Path) -> None:
-    _round_trip(f"sqlite:///{tmp_path / 'm.db'}")
-
-
-def test_postgres_0013_round_trip(postgres_url: str) -> None:
-    _round_trip(postgres_url)
+def test_0013_round_trip(database_url: str) -> None:
+    _round_trip(database_url)

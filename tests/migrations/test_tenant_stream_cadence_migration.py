@@ -3,8 +3,6 @@ streams as before ("token")."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import sqlalchemy as sa
 
 from tenancy.db import downgrade_database, make_engine, upgrade_database
@@ -43,9 +41,5 @@ def _round_trip(url: str) -> None:
     engine.dispose()
 
 
-def test_sqlite_0017_round_trip(tmp_path: Path) -> None:
-    _round_trip(f"sqlite:///{tmp_path / 'm.db'}")
-
-
-def test_postgres_0017_round_trip(postgres_url: str) -> None:
-    _round_trip(postgres_url)
+def test_0017_round_trip(database_url: str) -> None:
+    _round_trip(database_url)

@@ -145,6 +145,26 @@ def hold_streams(client: OpenAI, messages: list[dict[str, str]], n: int = 2) -> 
     return streams
 
 
+def stream_chat(
+    client: OpenAI, messages: Any, *, max_tokens: int, model: str = "tiny", **extra: Any
+) -> tuple[list[Any], str]:
+    """Streams a greedy chat reply with its usage chunk to the end; returns the chunks and
+    the text their deltas carry. `extra` goes to the SDK (e.g. `seed`)."""
+    create: Any = client.chat.completions.create  # the SDK's overloads do not take **extra
+    chunks = list(
+        create(
+            model=model,
+            messages=messages,
+            max_tokens=max_tokens,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            **extra,
+        )
+    )
+    return chunks, "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
 def assert_aborted_and_metered_once(gw: LiveGateway, request_id: str, max_tokens: int) -> None:
     """Waits up to 20 s for the usage record of a stream its client left; checks it is the
     only one, an abort on disconnect billed 1 to `max_tokens` - 1 tokens, that no second

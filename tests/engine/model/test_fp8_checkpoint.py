@@ -12,11 +12,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.errors import UnsupportedModelError
-from engine.model.llama import LlamaForCausalLM
 from engine.model.loader import load_model
 from engine.planning.model_source import read_model_facts
+from tests.utils.decoded_reference import logits_against_decoded
 from tests.utils.hf_families import make_family_dir
-from tests.utils.model_step import ModelStepper
 
 FP8_MAX = 448.0  # the largest float8_e4m3fn value
 
@@ -87,16 +86,8 @@ def test_an_fp8_checkpoint_computes_what_its_decoded_weights_do(
     tmp_path: Path, family: str, layout: str
 ) -> None:
     folder, decoded = make_fp8_folder(tmp_path, family, layout)
-    loaded = load_model(str(folder), dtype=torch.float32, device="cpu")
-    reference = LlamaForCausalLM.empty(loaded.arch, dtype=torch.float32, device="cpu")
-    reference.load_weights(decoded.items())
-    ids = list(range(200, 214))
-    torch.testing.assert_close(
-        ModelStepper(loaded.model).step([ids]),
-        ModelStepper(reference).step([ids]),
-        atol=1e-5,
-        rtol=1e-5,
-    )
+    ours, reference = logits_against_decoded(folder, lambda _: decoded.items(), [*range(200, 214)])
+    torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-5)
     assert read_model_facts(folder).quantization.startswith("FP8 (")
 
 

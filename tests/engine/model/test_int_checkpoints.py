@@ -14,12 +14,11 @@ from safetensors.torch import load_file, save_file
 
 from engine.errors import UnsupportedModelError
 from engine.model.gptq_awq_checkpoint import unpack_columns, unpack_rows
-from engine.model.llama import LlamaForCausalLM
 from engine.model.loader import load_model
 from engine.planning.model_source import read_model_facts
+from tests.utils.decoded_reference import logits_against_decoded
 from tests.utils.hf_families import make_family_dir
 from tests.utils.int_checkpoints import AWQ_PACK_ORDER, Layout, make_int_folder, pack_words
-from tests.utils.model_step import ModelStepper
 
 LAYOUTS = [
     (Layout("gptq"), "llama", "GPTQ 4-bit g32"),
@@ -42,18 +41,12 @@ def test_a_quantized_checkpoint_computes_what_its_decoded_weights_do(
     tmp_path: Path, layout: Layout, family: str, label: str
 ) -> None:
     folder, decoded = make_int_folder(tmp_path, family, layout)
-    loaded = load_model(str(folder), dtype=torch.float32, device="cpu")
-    reference = LlamaForCausalLM.empty(loaded.arch, dtype=torch.float32, device="cpu")
-    reference.load_weights(
-        pair for name, tensor in decoded.items() for pair in _mapped(loaded.arch, name, tensor)
+    ours, reference = logits_against_decoded(
+        folder,
+        lambda arch: (pair for name, t in decoded.items() for pair in _mapped(arch, name, t)),
+        [*range(300, 316)],
     )
-    ids = list(range(300, 316))
-    torch.testing.assert_close(
-        ModelStepper(loaded.model).step([ids]),
-        ModelStepper(reference).step([ids]),
-        atol=1e-5,
-        rtol=1e-5,
-    )
+    torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-5)
     assert read_model_facts(folder).quantization == label
 
 

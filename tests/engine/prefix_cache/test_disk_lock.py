@@ -19,18 +19,14 @@ from engine.kv_cache.disk_format import model_fingerprint
 from engine.kv_cache.disk_store import LOCK_NAME, DiskStore
 from engine.kv_cache.host_tier import HostTier
 from engine.llm_engine import LLMEngine
-from tests.engine.prefix_cache.test_disk_tier import (
+from tests.engine.prefix_cache.disk_tier_setup import (
     BLOCK,
     PROMPT_A,
-    block_bytes,
     bury_a,
     disk_of,
     run,
-    tiny_model,
     with_l3,
 )
-
-__all__ = ["block_bytes", "tiny_model"]  # fixtures shared with test_disk_tier.py
 
 
 def disk_tier_of(engine: LLMEngine) -> object:

@@ -15,23 +15,19 @@ import pytest
 
 from engine.kv_cache import disk_store
 from engine.kv_cache.disk_store import DiskStore
-from tests.engine.prefix_cache.test_disk_tier import (
+from tests.engine.prefix_cache.disk_tier_setup import (
     BLOCK,
     FLOOD_2,
     FLOOD_B,
     PROMPT_A,
-    block_bytes,
     block_files,
     disk_of,
     files_by_block,
     host_of,
     run,
     settle,
-    tiny_model,
     with_l3,
 )
-
-__all__ = ["block_bytes", "tiny_model"]  # fixtures shared with test_disk_tier.py
 
 
 def test_blocks_in_host_memory_are_spilled_at_close_and_found_after_a_restart(

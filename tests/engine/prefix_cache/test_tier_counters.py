@@ -12,18 +12,14 @@ from __future__ import annotations
 import pathlib
 
 from engine.kv_cache.tier_cost import LoadCostRule
-from tests.engine.prefix_cache.test_disk_tier import (
+from tests.engine.prefix_cache.disk_tier_setup import (
     BLOCK,
     PROMPT_A,
-    block_bytes,
     disk_of,
     host_of,
     restarted_with_a_on_disk,
     run,
-    tiny_model,
 )
-
-__all__ = ["block_bytes", "tiny_model"]  # fixtures shared with test_disk_tier.py
 
 
 def test_a_block_served_from_disk_is_an_l3_hit_and_not_an_l2_hit(

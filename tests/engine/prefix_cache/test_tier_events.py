@@ -21,20 +21,16 @@ from engine.kv_cache.kv_events import (
     encode_batch,
 )
 from engine.llm import LLM
-from tests.engine.prefix_cache.test_disk_tier import (
+from tests.engine.prefix_cache.disk_tier_setup import (
     BLOCK,
     PROMPT_A,
-    block_bytes,
     bury_a,
     disk_of,
     host_of,
     run,
     settle,
-    tiny_model,
     with_l3,
 )
-
-__all__ = ["block_bytes", "tiny_model"]  # fixtures shared with test_disk_tier.py
 
 
 def events_of(llm: LLM) -> list[Any]:

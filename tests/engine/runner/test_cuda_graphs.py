@@ -66,6 +66,27 @@ def _decode_step_inputs(
     return torch.tensor(tokens), torch.tensor(stepper.lengths), meta
 
 
+def _runner(
+    stepper: ModelStepper,
+    backend: AttentionBackend,
+    *,
+    max_batch: int,
+    kv_caches: list[torch.Tensor] | None = None,
+    use_graphs: bool = False,
+) -> DecodeGraphRunner:
+    """A decode-graph runner on the CPU over `stepper`'s model (and by default its caches)."""
+    return DecodeGraphRunner(
+        stepper.model,
+        backend,
+        stepper.kv_caches if kv_caches is None else kv_caches,
+        max_batch=max_batch,
+        max_model_len=MAX_LEN,
+        block_size=BLOCK,
+        device=torch.device("cpu"),
+        use_graphs=use_graphs,
+    )
+
+
 def _backend(name: str) -> AttentionBackend:
     if name == "torch":
         return TorchAttentionBackend()
@@ -100,16 +121,8 @@ def test_padded_static_path_equals_unpadded_eager(
     with torch.inference_mode():
         ctx = ForwardContext(backend=backend, meta=meta, kv_caches=eager_kv)  # type: ignore[arg-type]
         expected = stepper.model(ids, positions, ctx)
-        runner = DecodeGraphRunner(
-            stepper.model,
-            backend,
-            graph_kv,
-            max_batch=8,
-            max_model_len=MAX_LEN,
-            block_size=BLOCK,
-            device=torch.device("cpu"),
-            use_graphs=True,  # ignored on the CPU: the same path runs eagerly
-        )
+        # use_graphs is ignored on the CPU: the same path runs eagerly.
+        runner = _runner(stepper, backend, max_batch=8, kv_caches=graph_kv, use_graphs=True)
         runner.capture()
         assert runner.captured_sizes == ()
         assert runner.can_run(meta)  # type: ignore[arg-type]
@@ -126,16 +139,7 @@ def test_padded_static_path_equals_unpadded_eager(
 def test_load_pads_rows_past_the_batch_and_clears_stale_ones() -> None:
     backend = TorchAttentionBackend()
     stepper, tokens = _prefilled(backend, [4, 6, 2, 8, 3])
-    runner = DecodeGraphRunner(
-        stepper.model,
-        backend,
-        stepper.kv_caches,
-        max_batch=8,
-        max_model_len=MAX_LEN,
-        block_size=BLOCK,
-        device=torch.device("cpu"),
-        use_graphs=False,
-    )
+    runner = _runner(stepper, backend, max_batch=8)
     ids, positions, meta = _decode_step_inputs(stepper, tokens)
     assert runner.load(ids, positions, meta) == 8  # type: ignore[arg-type]
     # A smaller batch next: rows 2.. must become padding again.
@@ -169,16 +173,7 @@ def _first(meta: object, stepper: ModelStepper, n: int) -> object:
 def test_can_run_rejects_prefill_mixed_and_oversized_batches() -> None:
     backend = TorchAttentionBackend()
     stepper, _ = _prefilled(backend, [4, 4])
-    runner = DecodeGraphRunner(
-        stepper.model,
-        backend,
-        stepper.kv_caches,
-        max_batch=2,
-        max_model_len=MAX_LEN,
-        block_size=BLOCK,
-        device=torch.device("cpu"),
-        use_graphs=False,
-    )
+    runner = _runner(stepper, backend, max_batch=2)
     kw = {"block_size": BLOCK, "blocks_per_seq": stepper.blocks_per_seq}
     assert runner.can_run(contiguous_metadata([1, 1], [4, 4], **kw))
     assert not runner.can_run(contiguous_metadata([3], [0], **kw))  # prefill

@@ -15,6 +15,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler.fair import FairQueue
 from engine.scheduler.tenants import TenantBook, within_share
 from tests.engine.prefix_cache.cache_driver import CacheDriver
+from tests.utils.engine_requests import make_request
 from tests.utils.fast_fake_model import fast_fake_llm_engine
 from tests.utils.queue_order import admission_order
 
@@ -153,30 +154,16 @@ def test_full_queue_takes_the_flooders_newest_request() -> None:
     engine = fast_fake_llm_engine(max_waiting=8, max_model_len=64, num_blocks=64)
     params = SamplingParams(max_tokens=2)
     flood = [
-        engine.add_request(
-            EngineRequest(
-                prompt_token_ids=(1, 2, 3), params=params, request_id=f"a{i}", cache_domain="a/k"
-            )
-        )
+        engine.add_request(make_request((1, 2, 3), params, request_id=f"a{i}", cache_domain="a/k"))
         for i in range(8)
     ]
     assert engine.scheduler.num_waiting == 8
     # a is over its share of a full queue: its own next request is refused.
     with pytest.raises(EngineOverloadedError):
-        engine.add_request(
-            EngineRequest(
-                prompt_token_ids=(1, 2), params=params, request_id="a8", cache_domain="a/k"
-            )
-        )
+        engine.add_request(make_request((1, 2), params, request_id="a8", cache_domain="a/k"))
     # b is under its share: a's newest request makes room for it.
     engine.add_request(
-        EngineRequest(
-            prompt_token_ids=(4, 5),
-            params=params,
-            request_id="b0",
-            cache_domain="b",
-            fairness_key="b",
-        )
+        make_request((4, 5), params, request_id="b0", cache_domain="b", fairness_key="b")
     )
     refused = engine.take_refused()
     assert [r for r, _ in refused] == [flood[-1]]
@@ -193,38 +180,20 @@ def test_waiting_shares_follow_weights() -> None:
     engine = fast_fake_llm_engine(max_waiting=8, max_model_len=64, num_blocks=64)
     params = SamplingParams(max_tokens=1)
     for i in range(8):
-        engine.add_request(
-            EngineRequest(
-                prompt_token_ids=(1, 2), params=params, request_id=f"a{i}", fairness_key="a"
-            )
-        )
+        engine.add_request(make_request((1, 2), params, request_id=f"a{i}", fairness_key="a"))
     # b weighs 3 of 4: six of the eight slots, taken back one by one from a.
     for i in range(6):
         engine.add_request(
-            EngineRequest(
-                prompt_token_ids=(3, 4),
-                params=params,
-                request_id=f"b{i}",
-                fairness_key="b",
-                weight=3.0,
-            )
+            make_request((3, 4), params, request_id=f"b{i}", fairness_key="b", weight=3.0)
         )
     with pytest.raises(EngineOverloadedError):
         engine.add_request(
-            EngineRequest(
-                prompt_token_ids=(3, 4),
-                params=params,
-                request_id="b6",
-                fairness_key="b",
-                weight=3.0,
-            )
+            make_request((3, 4), params, request_id="b6", fairness_key="b", weight=3.0)
         )
     assert sorted(r for r, _ in engine.take_refused()) == [f"a{i}" for i in range(2, 8)]
     assert engine.scheduler.tenants.waiting == {"a": 2, "b": 6}
     # A third tenant at weight 1 is entitled to 8/5 slots: one, taken from b (most over).
-    engine.add_request(
-        EngineRequest(prompt_token_ids=(5, 6), params=params, request_id="c0", fairness_key="c")
-    )
+    engine.add_request(make_request((5, 6), params, request_id="c0", fairness_key="c"))
     assert [r for r, _ in engine.take_refused()] == ["b5"]
 
 
@@ -236,12 +205,8 @@ def test_the_loop_reports_a_request_refused_to_make_room() -> None:
     loop = EngineLoop(engine, reports.append)
     params = SamplingParams(max_tokens=2)
     for rid, key in (("a0", "a"), ("a1", "a"), ("b0", "b")):
-        request = EngineRequest(
-            prompt_token_ids=(1, 2, 3),
-            params=params,
-            request_id=rid,
-            cache_domain=f"{key}/k",
-            fairness_key=key,
+        request = make_request(
+            (1, 2, 3), params, request_id=rid, cache_domain=f"{key}/k", fairness_key=key
         )
         loop.put(AddRequest(request, 2))
     loop.put(STOP)

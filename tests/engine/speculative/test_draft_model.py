@@ -45,12 +45,20 @@ def _run(target: pathlib.Path, **options: object) -> tuple[list[list[int]], LLME
     return [engine.finished[rid].seqs[0].output_token_ids for rid in ids], engine
 
 
+def _alone_and_with_draft(
+    target: pathlib.Path, draft: pathlib.Path
+) -> tuple[list[list[int]], list[list[int]], LLMEngine]:
+    """`target`'s greedy tokens alone, then with `draft` proposing, and that second engine."""
+    plain, _ = _run(target)
+    spec, engine = _run(target, speculative_method="draft", speculative_model=str(draft))
+    return plain, spec, engine
+
+
 def test_a_different_draft_model_gives_the_same_greedy_tokens(
     models: tuple[pathlib.Path, pathlib.Path],
 ) -> None:
     target, draft = models
-    plain, _ = _run(target)
-    spec, engine = _run(target, speculative_method="draft", speculative_model=str(draft))
+    plain, spec, engine = _alone_and_with_draft(target, draft)
     assert spec == plain
     stats = engine.stats().spec_decode
     assert stats is not None and stats.num_drafts > 0
@@ -66,8 +74,7 @@ def test_the_target_as_its_own_draft_accepts_nearly_everything(
     models: tuple[pathlib.Path, pathlib.Path],
 ) -> None:
     target, _ = models
-    plain, _ = _run(target)
-    spec, engine = _run(target, speculative_method="draft", speculative_model=str(target))
+    plain, spec, engine = _alone_and_with_draft(target, target)
     assert spec == plain
     stats = engine.stats().spec_decode
     assert stats is not None and stats.acceptance_rate is not None
