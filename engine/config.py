@@ -256,6 +256,15 @@ class SchedulerConfig:
     # Step N+1 scheduled and its inputs built while step N's forward pass runs, its
     # tokens taken while N+1's runs (engine/overlap.py); False: every step in turn.
     overlap_scheduling: bool = True
+    # Steps run in turn while the measured forward pass (and sampling) is shorter than
+    # this: there is nothing to hide the host's work behind, and handing each step to a
+    # second thread and back costs more than it saves (0: always overlap).
+    overlap_min_forward_ms: float = 1.0
+
+    def __post_init__(self) -> None:
+        least = self.overlap_min_forward_ms
+        if isinstance(least, bool) or not isinstance(least, int | float) or not least >= 0:
+            raise ValueError(f"overlap_min_forward_ms must be a number >= 0, not {least!r}")
 
 
 @dataclass(frozen=True)

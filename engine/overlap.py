@@ -21,8 +21,10 @@ string, an abort) still has a row in N+1; that row's token is dropped.
 
 A step runs in turn, after the one before has been taken, when a row needs the host to
 know the previous token before it can be sampled (a grammar mask, a penalty, a logit
-bias or a min_tokens suppression), or when an adapter must be copied into a device
-slot. With speculative decoding or KV tiers configured, every step does (the engine
+bias or a min_tokens suppression), when an adapter must be copied into a device
+slot, or while the forward pass measures shorter than `overlap_min_forward_ms` (a tiny
+model, or a fake one in a benchmark of what surrounds the engine: with nothing to hide
+behind, each step's two hand-offs between the threads are pure cost). With speculative decoding or KV tiers configured, every step does (the engine
 builds no `OverlapStepper`). Greedy outputs are the same token for token either way,
 and so are seeded ones.
 
@@ -106,6 +108,7 @@ class OverlapStepper:
         self._next: Launch | SchedulerOutput | None = None
         self._previous: dict[str, SampledToken] = {}  # the last run's tokens
         self.counters = OverlapCounters()
+        self.min_forward_ms = engine.config.scheduler.overlap_min_forward_ms
         # Where the host thread hands a launched step's events as soon as it has them;
         # None: they are returned by the next `step` (the offline engine's loop).
         self.deliver: Callable[[list[StreamEvent]], None] | None = None
@@ -131,8 +134,11 @@ class OverlapStepper:
             events = self.drain()
             if upcoming is None or upcoming.is_empty:  # an empty one may be stale by now
                 upcoming = self.engine.scheduler.schedule()
-            output = upcoming
-            output = _live(output)
+            output = _live(upcoming)
+            if not output.is_empty:
+                # A forward pass runs next: the step before's events go out now rather
+                # than wait for it (with nothing to run they go out with this step).
+                events = self._hand_over(events)
             if not self._can_launch(output):
                 if not output.is_empty:
                     self.counters.synchronous_steps += 1
@@ -153,9 +159,17 @@ class OverlapStepper:
         # An adapter copied into a slot must wait for the step that may read its old one.
         return (
             not output.is_empty
+            and self._forward_hides_host_work()
             and not self.engine.lora.slots.has_loads
             and all(overlappable(item) for item in output.scheduled)
         )
+
+    def _forward_hides_host_work(self) -> bool:
+        """False while the measured forward pass is shorter than the configured least:
+        the host's work could then hide behind almost nothing, and the two hand-offs
+        between threads each step would cost more than the overlap saves."""
+        forward_s = self.engine.runner.forward_s
+        return forward_s is None or forward_s * 1e3 >= self.min_forward_ms
 
     def _launch(self, output: SchedulerOutput) -> Launch:
         """Prepares a scheduled step to run."""
@@ -198,17 +212,23 @@ class OverlapStepper:
         """On the host thread, while `launch` runs: takes `ran`'s tokens, counts
         `launch`'s rows as computed (pending tokens in place), schedules the step after
         and prepares it if it can be launched."""
-        events = [] if ran is None else self._take(ran)
-        if events and self.deliver is not None:
-            # The engine thread is inside the forward pass: nothing else reports now.
-            self.deliver(events)
-            events = []
+        # The engine thread is inside the forward pass: nothing else reports now.
+        events = [] if ran is None else self._hand_over(self._take(ran))
         for item in launch.output.scheduled:
             self.engine.scheduler.advance_one(item, item.seq.seq_id in launch.sampling)
         output = self.engine.scheduler.schedule()
         if not self._can_launch(output):
             return events, output
         return events, self._launch(output)
+
+    def _hand_over(self, events: list[StreamEvent]) -> list[StreamEvent]:
+        """Reports `events` at once where a front streams them (`deliver`), and returns
+        what is left to return with the step: nothing then, else `events`. Called where
+        no other report can happen: inside a step, on its thread or on the host thread."""
+        if not events or self.deliver is None:
+            return events
+        self.deliver(events)
+        return []
 
     def _take(self, ran: Ran) -> list[StreamEvent]:
         """Hands a run step's tokens to their sequences and requests."""

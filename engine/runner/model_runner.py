@@ -8,6 +8,7 @@ logprobs, when asked for) come back. Pure-decode steps replay a CUDA graph when
 from __future__ import annotations
 
 import concurrent.futures
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -29,6 +30,10 @@ from engine.sequence import Sequence
 from engine.speculative.verify import verify_greedy, verify_sampled
 from engine.structured.compiler import GrammarCompiler
 from engine.structured.matchers import MatcherTable, PendingMasks
+
+# The weight of the newest step in `ModelRunner.forward_s`: a few steps' memory, so one
+# slow step (a first compile, a page fault) does not turn overlap back on by itself.
+FORWARD_EWMA = 0.25
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,9 @@ class ModelRunner:
         self.graphs: DecodeGraphRunner | None = None
         # Set by the engine when it serves adapters: builds each step's LoRA rows.
         self.lora: LoraManager | None = None
+        # Seconds a step's forward pass and sampling take, smoothed over sampling steps
+        # (None before the first): overlap scheduling runs steps in turn while it is short.
+        self.forward_s: float | None = None
 
     def capture_decode_graphs(self, max_batch: int, max_model_len: int) -> tuple[int, ...]:
         """Captures CUDA graphs for decode batches up to `max_batch`; returns their sizes.
@@ -131,6 +139,7 @@ class ModelRunner:
         seqs = [item.seq for item in items if not item.spec]
         # Grammar masks are filled on the host while the forward runs (on any device).
         pending = self.matchers.start_masks(seqs)
+        began = time.perf_counter()
         try:
             hidden = self._forward(inputs, lora)
         except BaseException:
@@ -141,7 +150,9 @@ class ModelRunner:
             return {}
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
         if not inputs.rows_per_seq:
-            return self._sample(seqs, logits, pending)
+            sampled = self._sample(seqs, logits, pending)
+            self._note_forward(began)
+            return sampled
         # Each sequence's first logits row; a verify row's k + 1 rows follow it.
         first = [0]
         for count in inputs.rows_per_seq[:-1]:
@@ -150,6 +161,7 @@ class ModelRunner:
         sampled = self._sample(seqs, logits[plain], pending) if seqs else {}
         verify = [(item, f) for f, item in zip(first, items, strict=True) if item.spec]
         sampled.update(self._verify(verify, logits))
+        self._note_forward(began)
         return sampled
 
     @torch.inference_mode()
@@ -178,11 +190,21 @@ class ModelRunner:
             where = torch.tensor([i for i, _ in inputs.pending], dtype=torch.long)
             tokens = torch.tensor([previous[s].token_id for _, s in inputs.pending])
             inputs.input_ids[where.to(self.device)] = tokens.to(self.device)
+        began = time.perf_counter()
         hidden = self._forward(inputs, step.lora)
         if not step.seqs:
             return {}
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
-        return self._sample(list(step.seqs), logits, None, list(step.rows))
+        sampled = self._sample(list(step.seqs), logits, None, list(step.rows))
+        self._note_forward(began)
+        return sampled
+
+    def _note_forward(self, began: float) -> None:
+        """Folds a step's forward pass and sampling, from `began` until its tokens are on
+        the host (so a GPU's queued work is in it), into `forward_s`."""
+        took = time.perf_counter() - began
+        last = self.forward_s
+        self.forward_s = took if last is None else last + FORWARD_EWMA * (took - last)
 
     def _verify(
         self, rows: list[tuple[ScheduledSequence, int]], logits: torch.Tensor

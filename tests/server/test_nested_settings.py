@@ -189,7 +189,7 @@ def _read(settings: Settings, place: tuple[str, str]) -> Any:
 
 
 # Settings added since, each with its flat name too.
-ADDED_SINCE = frozenset(["overlap_scheduling"])
+ADDED_SINCE = frozenset(["overlap_scheduling", "overlap_min_forward_ms"])
 
 
 def test_every_flat_name_from_before_the_nesting_is_still_a_setting() -> None:

@@ -89,6 +89,10 @@ class EngineSettings(BaseModel):
     # host (grammars, penalties, logit bias, min_tokens) run in turn, and so does every
     # step with speculative decoding or KV tiers. False: every step in turn.
     overlap_scheduling: bool = True
+    # Overlap only while a step's forward pass (and sampling) measures at least this
+    # long; shorter (a tiny model), each step runs in turn, since handing it to the host
+    # thread and back costs more than the overlap hides (0: overlap whatever it measures).
+    overlap_min_forward_ms: float = Field(default=1.0, ge=0.0, le=60_000.0)
     # Constrained decoding: the longest a grammar may take to compile (then a 400, and the
     # spec is refused from then on), and the host time one request's token masks may take
     # in all (then it ends with "length", billed, and its grammar is refused).

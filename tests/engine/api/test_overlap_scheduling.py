@@ -25,7 +25,14 @@ from engine.sequence import PENDING_TOKEN
 from engine.structured.spec import StructuredSpec
 from tests.utils.faulty_engine import POISON_SEED, inject_fault
 
-OPTIONS: dict[str, Any] = {"num_blocks": 64, "attention_backend": "torch", "max_model_len": 128}
+# Overlap whatever the tiny model's forward pass measures (it is near the least on a fast
+# machine), so that these tests see launched steps wherever they run.
+OPTIONS: dict[str, Any] = {
+    "num_blocks": 64,
+    "attention_backend": "torch",
+    "max_model_len": 128,
+    "overlap_min_forward_ms": 0.0,
+}
 # The tiny random model's distribution is so peaked that a usual temperature samples its
 # argmax whatever the draw; at this one a seeded row's tokens follow its draws.
 HOT = 20.0
@@ -264,3 +271,74 @@ def test_overlap_is_off_when_asked_or_with_speculation(tiny_model: pathlib.Path)
     assert make_engine(tiny_model, overlap=False).overlap is None
     speculating = make_engine(tiny_model, overlap=True, speculative_method="ngram")
     assert speculating.overlap is None
+
+
+def test_steps_run_in_turn_while_the_forward_pass_is_shorter_than_the_least(
+    tiny_model: pathlib.Path,
+) -> None:
+    """Nothing to hide the host's work behind: once a forward pass has been measured
+    under `overlap_min_forward_ms`, steps run in turn (the same tokens); before that,
+    at most the first two are launched ahead."""
+    sync = run(make_engine(tiny_model, overlap=False), requests())
+    engine = make_engine(tiny_model, overlap=True, overlap_min_forward_ms=10_000.0)
+    assert run(engine, requests()) == sync
+    assert engine.overlap is not None and engine.runner.forward_s is not None
+    assert engine.runner.forward_s < 10.0
+    assert engine.overlap.counters.overlapped_steps <= 2
+    assert engine.overlap.counters.synchronous_steps > 10
+    assert_clean(engine)
+
+
+def test_a_forward_pass_that_grows_past_the_least_turns_overlap_on(
+    tiny_model: pathlib.Path,
+) -> None:
+    """The measure follows the model: short forward passes run in turn, and once they
+    take longer than the least (a bigger batch, a slower device) steps launch ahead
+    again, with the same tokens as in turn."""
+    engine = make_engine(tiny_model, overlap=True, overlap_min_forward_ms=200.0)
+    assert engine.overlap is not None
+    counters = engine.overlap.counters
+    real_forward = engine.runner._forward
+    slow = threading.Event()
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if slow.is_set():
+            time.sleep(0.3)
+        return real_forward(*args, **kwargs)
+
+    engine.runner._forward = forward  # type: ignore[method-assign]
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    request = EngineRequest(prompt_token_ids=(3, 4, 5), params=params, request_id="r")
+    engine.add_request(request)
+    for _ in range(10):
+        engine.step()
+    in_turn = counters.synchronous_steps
+    assert in_turn >= 7 and counters.overlapped_steps <= 2  # the tiny model is fast
+    slow.set()
+    while engine.has_unfinished():
+        engine.step()
+    assert counters.overlapped_steps >= 5  # launched ahead once measured slow
+    sync = run(make_engine(tiny_model, overlap=False), [request])
+    assert [(list(s.output_token_ids), s.finish_reason) for s in engine.finished["r"].seqs] == (
+        sync["r"]
+    )
+    assert_clean(engine)
+
+
+def test_the_least_is_a_setting_that_reaches_the_engine_and_refuses_bad_values(
+    tiny_model: pathlib.Path,
+) -> None:
+    from pydantic import ValidationError
+
+    from assembly.engine_options import serve_engine_options
+    from server.settings import Settings
+
+    settings = Settings(overlap_min_forward_ms=2.5)
+    config = build_config("m", **serve_engine_options(settings))
+    assert config.scheduler.overlap_min_forward_ms == 2.5
+    assert build_config("m").scheduler.overlap_min_forward_ms == 1.0  # the default
+    for bad in (-1.0, "soon", float("nan")):
+        with pytest.raises(ValidationError):
+            Settings(overlap_min_forward_ms=bad)
+        with pytest.raises(ValueError, match="overlap_min_forward_ms"):
+            build_config("m", overlap_min_forward_ms=bad)

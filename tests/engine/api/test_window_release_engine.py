@@ -17,7 +17,7 @@ NEW_TOKENS = 70
 
 
 MODES = {
-    "overlap": {"overlap_scheduling": True},
+    "overlap": {"overlap_scheduling": True, "overlap_min_forward_ms": 0.0},  # always launched
     "in-turn": {"overlap_scheduling": False},
     # Another model's drafts: mostly rejected, so verify steps roll back.
     "draft": {"speculative_method": "draft", "speculative_max_batch": 8},

@@ -141,7 +141,7 @@ def test_a_greedy_step_reads_the_device_once(phase: str) -> None:
 def test_a_greedy_step_launched_ahead_reads_the_device_once() -> None:
     """Overlap scheduling: a step's pending input tokens are filled from host values, so
     its run reads the device once too (the sampled tokens)."""
-    engine = _engine(torch.float32)
+    engine = _engine(torch.float32, overlap_min_forward_ms=0.0)  # launched whatever it measures
     assert engine.overlap is not None
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     for prompt in PROMPTS:
