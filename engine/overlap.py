@@ -21,12 +21,13 @@ string, an abort) still has a row in N+1; that row's token is dropped.
 
 A step runs in turn, after the one before has been taken, when a row needs the host to
 know the previous token before it can be sampled (a grammar mask, a penalty, a logit
-bias or a min_tokens suppression), when an adapter must be copied into a device
-slot, or while the forward pass measures shorter than `overlap_min_forward_ms` (a tiny
+bias or a min_tokens suppression), when an adapter must be copied into a device slot,
+or while the forward pass measures shorter than `overlap_min_forward_ms` (a tiny
 model, or a fake one in a benchmark of what surrounds the engine: with nothing to hide
-behind, each step's two hand-offs between the threads are pure cost). With speculative decoding or KV tiers configured, every step does (the engine
-builds no `OverlapStepper`). Greedy outputs are the same token for token either way,
-and so are seeded ones.
+behind, each step's two hand-offs between the threads are pure cost). With speculative
+decoding or KV tiers configured, every step does (the engine builds no
+`OverlapStepper`). Greedy outputs are the same token for token either way, and so are
+seeded ones.
 
 A front that streams (engine.fronts.core_loop.EngineLoop) sets `deliver`: the host
 thread then hands each step's events over as soon as it has taken them, while the next
